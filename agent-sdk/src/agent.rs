@@ -1,0 +1,830 @@
+//! The agent: options, the handle, and the paths every message takes in and out.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::Poll;
+use std::time::Duration;
+
+use broker_adapter::{Broker, BrokerOptions, ErrorKind, Message, Subscription};
+use futures::{Stream, StreamExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::call::{Call, Reply, Target};
+use crate::codec::{self, CodecError, Encoding, decode_payload, encode_payload};
+use crate::context::Context;
+use crate::envelope::{
+    DEFAULT_HOP_LIMIT, Envelope, ExpectedReply, Kind, Performative, now_ms,
+};
+use crate::error::{HandlerError, SdkError};
+use crate::handler::{EventHandler, Handler, Output, Typed};
+use crate::stats::{AgentCounters, AgentStats};
+use crate::status::StatusCode;
+use crate::subject::{Subjects, validate_token};
+
+/// Default time a request waits for its reply.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default number of messages an agent handles at once.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+/// Default size limit of an inbound message (NATS's default `max_payload`).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// Default time [`Agent::shutdown`] waits for in-flight handlers.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How to build an [`Agent`].
+///
+/// ```no_run
+/// # async fn run() -> Result<(), agent_sdk::SdkError> {
+/// let agent = agent_sdk::AgentOptions::new("calculator")
+///     .servers(["nats://127.0.0.1:4222"])
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    id: String,
+    capabilities: Vec<String>,
+    broker: BrokerOptions,
+    root: String,
+    encoding: Encoding,
+    hop_limit: u8,
+    request_timeout: Duration,
+    max_in_flight: usize,
+    max_message_bytes: usize,
+    shutdown_timeout: Duration,
+}
+
+impl AgentOptions {
+    /// Options for agent `id` (one subject token: letters, digits, `_`, `-`), connecting to
+    /// `nats://127.0.0.1:4222` unless told otherwise.
+    pub fn new(id: impl Into<String>) -> Self {
+        AgentOptions {
+            id: id.into(),
+            capabilities: Vec::new(),
+            broker: BrokerOptions::default(),
+            root: crate::subject::DEFAULT_ROOT.to_owned(),
+            encoding: Encoding::MsgPack,
+            hop_limit: DEFAULT_HOP_LIMIT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+
+    /// Declares a capability the agent offers (serving it takes [`Agent::on_capability`]).
+    pub fn capability(mut self, capability: impl Into<String>) -> Self {
+        self.capabilities.push(capability.into());
+        self
+    }
+
+    /// The NATS servers to connect to (keeps the other broker settings).
+    pub fn servers<I, S>(mut self, servers: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.broker = self.broker.with_servers(servers);
+        self
+    }
+
+    /// All broker settings (credentials, TLS, ping interval...). The connection name and inbox
+    /// prefix are set from the agent id unless given here.
+    pub fn broker(mut self, broker: BrokerOptions) -> Self {
+        self.broker = broker;
+        self
+    }
+
+    /// The subject root (default `chorus`).
+    pub fn root(mut self, root: impl Into<String>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    /// How this agent encodes what it sends (default MessagePack). It reads both, and answers
+    /// each request in the encoding it came in.
+    pub fn encoding(mut self, encoding: Encoding) -> Self {
+        self.encoding = encoding;
+        self
+    }
+
+    /// The most hops this agent accepts and gives to the chains it starts (default 16).
+    pub fn hop_limit(mut self, limit: u8) -> Self {
+        self.hop_limit = limit;
+        self
+    }
+
+    /// Default reply timeout of calls.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How many messages are handled at once; more wait in the subscription buffer.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// Inbound messages larger than this are refused with 5006 without being decoded.
+    pub fn max_message_bytes(mut self, n: usize) -> Self {
+        self.max_message_bytes = n;
+        self
+    }
+
+    /// How long [`Agent::shutdown`] waits for in-flight handlers.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Connects and returns the agent.
+    pub async fn connect(self) -> Result<Agent, SdkError> {
+        Agent::connect(self).await
+    }
+}
+
+/// What [`Agent::shutdown`] observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Whether every in-flight handler finished before the deadline.
+    pub completed: bool,
+    /// Tasks still running when the deadline passed.
+    pub abandoned: usize,
+}
+
+/// A connected agent. Cheap to clone; all clones share one connection. When the last clone is
+/// dropped the agent stops taking messages; call [`shutdown`](Agent::shutdown) to also wait
+/// for in-flight work and drain the connection.
+#[derive(Clone)]
+pub struct Agent {
+    inner: Arc<Inner>,
+    _guard: Arc<StopOnDrop>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent").field("id", &self.inner.id).finish()
+    }
+}
+
+#[derive(Debug)]
+struct StopOnDrop(CancellationToken);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+#[derive(Clone)]
+enum Route {
+    /// Everything under `<root>.agent.<id>.*`, dispatched by command name.
+    Commands,
+    Capability(Arc<dyn Handler>),
+    Event(Arc<dyn EventHandler>),
+}
+
+/// Why an inbound message is not handled, and what to answer.
+struct Refusal {
+    status: StatusCode,
+    reason: String,
+    request: Option<Envelope>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) id: String,
+    subjects: Subjects,
+    broker: Broker,
+    encoding: Encoding,
+    hop_limit: u8,
+    request_timeout: Duration,
+    max_message_bytes: usize,
+    shutdown_timeout: Duration,
+    capabilities: Mutex<Vec<String>>,
+    commands: RwLock<HashMap<String, Arc<dyn Handler>>>,
+    inbound: tokio::sync::Mutex<bool>,
+    counters: AgentCounters,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+    in_flight: Arc<Semaphore>,
+}
+
+impl Agent {
+    async fn connect(options: AgentOptions) -> Result<Agent, SdkError> {
+        validate_token("agent id", &options.id)?;
+        let subjects = Subjects::new(&options.root)?;
+        let broker = options
+            .broker
+            .name_if_unset(options.id.clone())
+            .inbox_prefix_if_unset(subjects.inbox_prefix(&options.id)?)
+            .connect()
+            .await?;
+        let stop = CancellationToken::new();
+        let inner = Arc::new(Inner {
+            id: options.id,
+            subjects,
+            broker,
+            encoding: options.encoding,
+            hop_limit: options.hop_limit,
+            request_timeout: options.request_timeout,
+            max_message_bytes: options.max_message_bytes,
+            shutdown_timeout: options.shutdown_timeout,
+            capabilities: Mutex::new(options.capabilities),
+            commands: RwLock::new(HashMap::new()),
+            inbound: tokio::sync::Mutex::new(false),
+            counters: AgentCounters::default(),
+            tracker: TaskTracker::new(),
+            stop: stop.clone(),
+            in_flight: Arc::new(Semaphore::new(options.max_in_flight)),
+        });
+        tracing::info!(agent = %inner.id, "agent connected");
+        Ok(Agent {
+            inner,
+            _guard: Arc::new(StopOnDrop(stop)),
+        })
+    }
+
+    /// The agent's id.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// The subject builder this agent uses.
+    pub fn subjects(&self) -> &Subjects {
+        &self.inner.subjects
+    }
+
+    /// The underlying broker connection.
+    pub fn broker(&self) -> &Broker {
+        &self.inner.broker
+    }
+
+    /// Capabilities declared or served.
+    pub fn capabilities(&self) -> Vec<String> {
+        lock(&self.inner.capabilities).clone()
+    }
+
+    /// The agent's counters.
+    pub fn stats(&self) -> AgentStats {
+        self.inner.counters.snapshot()
+    }
+
+    /// Registers a typed handler for command `name`, sent to this agent with
+    /// [`Call::agent`]. The payload is decoded into `T`; the handler's `R` is the reply.
+    /// Returns once the server routes the agent's commands here.
+    pub async fn on_command<T, R, F, Fut>(&self, name: &str, f: F) -> Result<(), SdkError>
+    where
+        F: Fn(Context, T) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<R, HandlerError>> + Send + 'static,
+        T: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + 'static,
+    {
+        self.handle_command(name, Typed::new(f)).await
+    }
+
+    /// Registers an untyped [`Handler`] for command `name`.
+    pub async fn handle_command(&self, name: &str, handler: impl Handler) -> Result<(), SdkError> {
+        validate_token("command name", name)?;
+        let previous = write(&self.inner.commands).insert(name.to_owned(), Arc::new(handler));
+        if previous.is_some() {
+            tracing::warn!(agent = %self.inner.id, command = name, "command handler replaced");
+        }
+        let mut subscribed = self.inner.inbound.lock().await;
+        if !*subscribed {
+            let subject = self.inner.subjects.agent_inbound(&self.inner.id)?;
+            let sub = self.inner.broker.subscribe(&subject).await?;
+            self.inner.broker.flush().await?;
+            Inner::spawn_reader(&self.inner, sub, Route::Commands);
+            *subscribed = true;
+        }
+        Ok(())
+    }
+
+    /// Serves `capability` with a typed handler: requests to the capability's access point
+    /// are shared among all agents serving it (a queue group). Returns once subscribed.
+    pub async fn on_capability<T, R, F, Fut>(&self, capability: &str, f: F) -> Result<(), SdkError>
+    where
+        F: Fn(Context, T) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<R, HandlerError>> + Send + 'static,
+        T: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + 'static,
+    {
+        self.handle_capability(capability, Typed::new(f)).await
+    }
+
+    /// Serves `capability` with an untyped [`Handler`].
+    pub async fn handle_capability(
+        &self,
+        capability: &str,
+        handler: impl Handler,
+    ) -> Result<(), SdkError> {
+        let subject = self.inner.subjects.capability(capability)?;
+        let sub = self.inner.broker.queue_subscribe(&subject, &subject).await?;
+        self.inner.broker.flush().await?;
+        {
+            let mut caps = lock(&self.inner.capabilities);
+            if !caps.iter().any(|c| c == capability) {
+                caps.push(capability.to_owned());
+            }
+        }
+        Inner::spawn_reader(&self.inner, sub, Route::Capability(Arc::new(handler)));
+        Ok(())
+    }
+
+    /// Handles events on topics matching `pattern` (`*` one token, `>` the rest) with a typed
+    /// handler. Every subscriber gets every event. Returns once subscribed.
+    pub async fn on_event<T, F, Fut>(&self, pattern: &str, f: F) -> Result<(), SdkError>
+    where
+        F: Fn(Context, T) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), HandlerError>> + Send + 'static,
+        T: DeserializeOwned + Send + 'static,
+    {
+        self.handle_events(pattern, Typed::<F, T, ()>::new(f)).await
+    }
+
+    /// Handles events matching `pattern` with an untyped [`EventHandler`].
+    pub async fn handle_events(
+        &self,
+        pattern: &str,
+        handler: impl EventHandler,
+    ) -> Result<(), SdkError> {
+        let subject = self.inner.subjects.event_pattern(pattern)?;
+        let sub = self.inner.broker.subscribe(&subject).await?;
+        self.inner.broker.flush().await?;
+        Inner::spawn_reader(&self.inner, sub, Route::Event(Arc::new(handler)));
+        Ok(())
+    }
+
+    /// Events on topics matching `pattern`, as a stream. Messages that are not valid events,
+    /// or have expired or looped, are counted and skipped.
+    pub async fn subscribe(&self, pattern: &str) -> Result<EventStream, SdkError> {
+        let subject = self.inner.subjects.event_pattern(pattern)?;
+        let sub = self.inner.broker.subscribe(&subject).await?;
+        self.inner.broker.flush().await?;
+        Ok(EventStream {
+            sub,
+            inner: Arc::clone(&self.inner),
+        })
+    }
+
+    /// Publishes an event on `topic`.
+    pub async fn publish<T: Serialize + ?Sized>(
+        &self,
+        topic: &str,
+        value: &T,
+    ) -> Result<(), SdkError> {
+        self.inner.publish(topic, value, None).await
+    }
+
+    /// Sends a call and waits for its reply. A reply with an error status is returned as
+    /// [`SdkError::Remote`] with that status.
+    pub async fn call(&self, call: Call) -> Result<Reply, SdkError> {
+        self.inner.call(call, None).await
+    }
+
+    /// Requests `command` from agent `agent` and decodes the result.
+    pub async fn request<T, R>(&self, agent: &str, command: &str, args: &T) -> Result<R, SdkError>
+    where
+        T: Serialize + ?Sized,
+        R: DeserializeOwned,
+    {
+        self.call(Call::agent(agent, command).payload(args)?)
+            .await?
+            .payload_as()
+    }
+
+    /// Sends command `command` to agent `agent` and waits for its result.
+    pub async fn command<T, R>(&self, agent: &str, command: &str, args: &T) -> Result<R, SdkError>
+    where
+        T: Serialize + ?Sized,
+        R: DeserializeOwned,
+    {
+        self.call(Call::agent(agent, command).command().payload(args)?)
+            .await?
+            .payload_as()
+    }
+
+    /// Requests from whichever agent serves `capability`, and decodes the result.
+    pub async fn request_capability<T, R>(&self, capability: &str, args: &T) -> Result<R, SdkError>
+    where
+        T: Serialize + ?Sized,
+        R: DeserializeOwned,
+    {
+        self.call(Call::capability(capability).payload(args)?)
+            .await?
+            .payload_as()
+    }
+
+    /// Stops taking new messages, lets in-flight handlers finish (up to the shutdown
+    /// timeout), sends their replies, and drains the connection.
+    pub async fn shutdown(&self) -> ShutdownReport {
+        let inner = &self.inner;
+        tracing::info!(agent = %inner.id, "agent shutting down");
+        inner.stop.cancel();
+        inner.tracker.close();
+        let completed = tokio::time::timeout(inner.shutdown_timeout, inner.tracker.wait())
+            .await
+            .is_ok();
+        let abandoned = inner.tracker.len();
+        if !completed {
+            tracing::warn!(agent = %inner.id, abandoned, "handlers still running at the shutdown deadline");
+        }
+        if let Err(err) = inner.broker.flush().await {
+            tracing::debug!(agent = %inner.id, error = %err, "flush at shutdown failed");
+        }
+        if let Err(err) = inner.broker.drain().await {
+            tracing::debug!(agent = %inner.id, error = %err, "drain at shutdown failed");
+        }
+        ShutdownReport {
+            completed,
+            abandoned,
+        }
+    }
+}
+
+impl Inner {
+    /// Sets what a message inherits from the one being handled, and refuses a forward past
+    /// the hop limit or the inherited deadline.
+    fn inherit(&self, env: &mut Envelope, parent: Option<&Envelope>) -> Result<(), SdkError> {
+        let Some(parent) = parent else {
+            env.hop_limit = self.hop_limit;
+            return Ok(());
+        };
+        env.correlation_id = Some(parent.conversation());
+        env.hop_limit = parent.hop_limit.min(self.hop_limit);
+        env.hops = parent.hops.saturating_add(1);
+        if env.hops > env.hop_limit {
+            AgentCounters::bump(&self.counters.loop_refused);
+            return Err(SdkError::LoopDetected {
+                hops: env.hops,
+                limit: env.hop_limit,
+            });
+        }
+        if parent.is_expired_at(now_ms()) {
+            AgentCounters::bump(&self.counters.expired);
+            return Err(SdkError::Expired);
+        }
+        env.deadline_ms = parent.expires_at_ms();
+        env.trace = parent.trace.clone();
+        env.session_id = parent.session_id.clone();
+        env.customer_id = parent.customer_id.clone();
+        Ok(())
+    }
+
+    pub(crate) async fn call(
+        &self,
+        call: Call,
+        parent: Option<&Envelope>,
+    ) -> Result<Reply, SdkError> {
+        let mut env = Envelope::new(call.kind, Performative::Request, self.id.as_str());
+        let subject = match call.target {
+            Target::Agent(agent) => {
+                let name = call.name.as_deref().unwrap_or_default();
+                let subject = self.subjects.command(&agent, name)?;
+                env.to = vec![agent];
+                subject
+            }
+            Target::Capability(capability) => {
+                let subject = self.subjects.capability(&capability)?;
+                env.capability = Some(capability);
+                subject
+            }
+        };
+        env.name = call.name;
+        self.inherit(&mut env, parent)?;
+        let mut timeout = call.timeout.unwrap_or(self.request_timeout);
+        if let Some(left) = env.remaining_at(now_ms()) {
+            timeout = timeout.min(left);
+        }
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        env.ttl_ms = Some(timeout_ms);
+        env.expect = Some(ExpectedReply {
+            performative: Performative::Inform,
+            timeout_ms,
+        });
+        env.priority = call.priority;
+        env.headers = call.headers;
+        env.content_type = call.content_type;
+        env.payload = call.payload;
+        let bytes = codec::encode(&env, self.encoding)?;
+        AgentCounters::bump(&self.counters.requests_sent);
+        let msg = self
+            .broker
+            .request(&subject, None, bytes, timeout)
+            .await
+            .map_err(|e| match e.kind() {
+                ErrorKind::TimedOut => SdkError::Timeout(timeout),
+                ErrorKind::NoResponders => SdkError::NoResponders(subject.clone()),
+                _ => SdkError::Broker(e),
+            })?;
+        let (reply, _) = codec::decode_limited(msg.payload(), self.max_message_bytes)?;
+        match reply.status {
+            Some(status) if !status.is_success() => Err(SdkError::Remote {
+                status,
+                reason: reply.reason.unwrap_or_default(),
+            }),
+            _ => Ok(Reply { envelope: reply }),
+        }
+    }
+
+    pub(crate) async fn publish<T: Serialize + ?Sized>(
+        &self,
+        topic: &str,
+        value: &T,
+        parent: Option<&Envelope>,
+    ) -> Result<(), SdkError> {
+        let subject = self.subjects.event(topic)?;
+        let mut env = Envelope::new(Kind::Event, Performative::Inform, self.id.as_str());
+        env.topic = Some(topic.to_owned());
+        self.inherit(&mut env, parent)?;
+        env.content_type = self.encoding.content_type().to_owned();
+        env.payload = encode_payload(value, &env.content_type)?;
+        let bytes = codec::encode(&env, self.encoding)?;
+        self.broker.publish(&subject, bytes).await?;
+        AgentCounters::bump(&self.counters.events_published);
+        Ok(())
+    }
+
+    /// Decodes and checks an inbound message: size, encoding, version, expiry, hop limit.
+    fn admit(&self, msg: &Message) -> Result<(Envelope, Encoding), Refusal> {
+        let (env, encoding) =
+            codec::decode_limited(msg.payload(), self.max_message_bytes).map_err(|err| {
+                AgentCounters::bump(&self.counters.bad_input);
+                tracing::debug!(agent = %self.id, subject = msg.subject(), error = %err, "bad input refused");
+                Refusal {
+                    status: StatusCode::DATA_FORMAT,
+                    reason: err.to_string(),
+                    request: None,
+                }
+            })?;
+        let refuse = |status, reason: String, counter| {
+            AgentCounters::bump(counter);
+            tracing::debug!(agent = %self.id, id = %env.id, correlation = %env.conversation(), %status, %reason, "message refused");
+            Err(Refusal {
+                status,
+                reason,
+                request: Some(env.clone()),
+            })
+        };
+        if env.kind == Kind::Unknown {
+            return refuse(
+                StatusCode::DATA_FORMAT,
+                "unsupported message kind".to_owned(),
+                &self.counters.bad_input,
+            );
+        }
+        if env.is_expired_at(now_ms()) {
+            return refuse(
+                StatusCode::EXPIRED,
+                "the message's TTL or deadline passed before it was handled".to_owned(),
+                &self.counters.expired,
+            );
+        }
+        let limit = env.hop_limit.min(self.hop_limit);
+        if env.hops > limit {
+            return refuse(
+                StatusCode::LOOP_DETECTED,
+                format!("hop {} is past the limit of {limit}", env.hops),
+                &self.counters.loop_refused,
+            );
+        }
+        Ok((env, encoding))
+    }
+
+    fn spawn_reader(this: &Arc<Inner>, mut sub: Subscription, route: Route) {
+        let inner = Arc::clone(this);
+        this.tracker.spawn(async move {
+            let mut draining = false;
+            loop {
+                let next = if draining {
+                    sub.next().await
+                } else {
+                    tokio::select! {
+                        msg = sub.next() => msg,
+                        _ = inner.stop.cancelled() => {
+                            // Stop interest; what the server already routed here still comes.
+                            if let Err(err) = sub.drain().await {
+                                tracing::debug!(agent = %inner.id, error = %err, "subscription drain failed");
+                                break;
+                            }
+                            draining = true;
+                            continue;
+                        }
+                    }
+                };
+                let Some(msg) = next else { break };
+                let Ok(permit) = Arc::clone(&inner.in_flight).acquire_owned().await else {
+                    break;
+                };
+                let task_inner = Arc::clone(&inner);
+                let route = route.clone();
+                inner.tracker.spawn(async move {
+                    Inner::process(task_inner, msg, route).await;
+                    drop(permit);
+                });
+            }
+        });
+    }
+
+    async fn process(this: Arc<Inner>, msg: Message, route: Route) {
+        AgentCounters::bump(&this.counters.received);
+        let (env, encoding) = match this.admit(&msg) {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                if let Some(reply_to) = msg.reply() {
+                    this.send_refusal(reply_to, refusal).await;
+                }
+                return;
+            }
+        };
+        let handler = match route {
+            Route::Event(handler) => {
+                let ctx = Context {
+                    inner: Arc::clone(&this),
+                    request: Arc::new(env),
+                };
+                match handler.call(ctx).await {
+                    Ok(()) => AgentCounters::bump(&this.counters.handled_ok),
+                    Err(err) => {
+                        AgentCounters::bump(&this.counters.handler_errors);
+                        tracing::warn!(agent = %this.id, subject = msg.subject(), error = %err, "event handler failed");
+                    }
+                }
+                return;
+            }
+            Route::Capability(handler) => Some(handler),
+            Route::Commands => this
+                .subjects
+                .command_name(msg.subject())
+                .and_then(|name| read(&this.commands).get(name).cloned()),
+        };
+        let request = Arc::new(env);
+        let result = match handler {
+            Some(handler) => {
+                let ctx = Context {
+                    inner: Arc::clone(&this),
+                    request: Arc::clone(&request),
+                };
+                handler.call(ctx).await
+            }
+            None => {
+                AgentCounters::bump(&this.counters.unknown_command);
+                Err(HandlerError::new(
+                    StatusCode::UNKNOWN_COMMAND,
+                    format!("agent {} has no handler for {}", this.id, msg.subject()),
+                ))
+            }
+        };
+        match &result {
+            Ok(_) => AgentCounters::bump(&this.counters.handled_ok),
+            Err(err) if err.status != StatusCode::UNKNOWN_COMMAND => {
+                AgentCounters::bump(&this.counters.handler_errors);
+                tracing::debug!(agent = %this.id, id = %request.id, correlation = %request.conversation(), error = %err, "handler returned an error");
+            }
+            Err(_) => {}
+        }
+        if let Some(reply_to) = msg.reply() {
+            this.send_reply(reply_to, &request, encoding, result).await;
+        }
+    }
+
+    async fn send_refusal(&self, reply_to: &str, refusal: Refusal) {
+        let (request, encoding) = match refusal.request {
+            Some(request) => (request, self.encoding),
+            None => {
+                let mut env = Envelope::new(Kind::Response, Performative::Refuse, "");
+                env.content_type = self.encoding.content_type().to_owned();
+                (env, self.encoding)
+            }
+        };
+        let err = HandlerError::new(refusal.status, refusal.reason);
+        self.send_reply(reply_to, &request, encoding, Err(err)).await;
+    }
+
+    async fn send_reply(
+        &self,
+        reply_to: &str,
+        request: &Envelope,
+        encoding: Encoding,
+        result: Result<Output, HandlerError>,
+    ) {
+        let mut reply = match result {
+            Ok(out) => {
+                let mut reply = request.reply(self.id.as_str(), StatusCode::OK);
+                reply.payload = out.payload;
+                reply.content_type = out.content_type;
+                reply
+            }
+            Err(err) => {
+                let mut reply = request.reply(self.id.as_str(), err.status);
+                reply.reason = Some(err.reason);
+                reply
+            }
+        };
+        if request.from.is_empty() {
+            // A refusal of bytes that never decoded: there is no sender to name.
+            reply.to.clear();
+            reply.in_reply_to = None;
+            reply.correlation_id = None;
+        }
+        let mut result = self.publish_reply(reply_to, &reply, encoding).await;
+        if let Err(err) = &result
+            && err.kind() == ErrorKind::TooLarge
+        {
+            // Tell the caller rather than leave it to time out.
+            let mut refusal = request.reply(self.id.as_str(), StatusCode::DATA_FORMAT);
+            refusal.reason = Some("the reply is larger than the server's max_payload".into());
+            result = self.publish_reply(reply_to, &refusal, encoding).await;
+        }
+        match result {
+            Ok(()) => AgentCounters::bump(&self.counters.replies_sent),
+            Err(err) => {
+                AgentCounters::bump(&self.counters.reply_failures);
+                tracing::warn!(agent = %self.id, error = %err, "reply not sent");
+            }
+        }
+    }
+
+    async fn publish_reply(
+        &self,
+        reply_to: &str,
+        reply: &Envelope,
+        encoding: Encoding,
+    ) -> Result<(), broker_adapter::Error> {
+        let bytes = codec::encode(reply, encoding).map_err(|e| {
+            broker_adapter::Error::with_source(ErrorKind::InvalidInput, "reply does not encode", e)
+        })?;
+        self.broker.publish(reply_to, bytes).await
+    }
+}
+
+/// An event received by an [`EventStream`].
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// The event's envelope.
+    pub envelope: Envelope,
+}
+
+impl Event {
+    /// The topic it was published on.
+    pub fn topic(&self) -> &str {
+        self.envelope.topic.as_deref().unwrap_or_default()
+    }
+
+    /// The payload decoded by its content type.
+    pub fn payload_as<T: DeserializeOwned>(&self) -> Result<T, CodecError> {
+        decode_payload(&self.envelope.payload, &self.envelope.content_type)
+    }
+}
+
+/// A stream of events from [`Agent::subscribe`].
+pub struct EventStream {
+    sub: Subscription,
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EventStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventStream")
+    }
+}
+
+impl Stream for EventStream {
+    type Item = Event;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Event>> {
+        loop {
+            match Pin::new(&mut self.sub).poll_next(cx) {
+                Poll::Ready(Some(msg)) => {
+                    AgentCounters::bump(&self.inner.counters.received);
+                    if let Ok((envelope, _)) = self.inner.admit(&msg) {
+                        return Poll::Ready(Some(Event { envelope }));
+                    }
+                }
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -1,0 +1,143 @@
+//! Outgoing calls: a small builder for commands and requests, and the reply they bring back.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::codec::{decode_payload, encode_payload};
+use crate::envelope::{CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, Envelope, Kind, Priority};
+use crate::error::SdkError;
+use crate::status::StatusCode;
+
+/// Where a call goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// One agent, by id.
+    Agent(String),
+    /// Any one agent serving a capability (the access point's queue group picks).
+    Capability(String),
+}
+
+/// A command or request to send with [`Agent::call`](crate::Agent::call).
+///
+/// ```
+/// use std::time::Duration;
+/// use agent_sdk::Call;
+/// let call = Call::agent("calculator", "add")
+///     .payload(&(2, 3))
+///     .unwrap()
+///     .timeout(Duration::from_secs(2));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub(crate) target: Target,
+    pub(crate) name: Option<String>,
+    pub(crate) kind: Kind,
+    pub(crate) payload: Bytes,
+    pub(crate) content_type: String,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) priority: Priority,
+    pub(crate) headers: BTreeMap<String, String>,
+}
+
+impl Call {
+    /// A request to agent `agent` for command `command`.
+    pub fn agent(agent: impl Into<String>, command: impl Into<String>) -> Self {
+        Call::new(Target::Agent(agent.into()), Some(command.into()))
+    }
+
+    /// A request to whichever agent serves `capability`.
+    pub fn capability(capability: impl Into<String>) -> Self {
+        Call::new(Target::Capability(capability.into()), None)
+    }
+
+    fn new(target: Target, name: Option<String>) -> Self {
+        Call {
+            target,
+            name,
+            kind: Kind::Request,
+            payload: Bytes::new(),
+            content_type: CONTENT_TYPE_MSGPACK.to_owned(),
+            timeout: None,
+            priority: Priority::Normal,
+            headers: BTreeMap::new(),
+        }
+    }
+
+    /// Marks it a command (an instruction) rather than a request (a question). Both get a
+    /// result back; the kind tells the receiver and the logs what was meant.
+    pub fn command(mut self) -> Self {
+        self.kind = Kind::Command;
+        self
+    }
+
+    /// The payload, as MessagePack.
+    pub fn payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
+        self.payload = encode_payload(value, CONTENT_TYPE_MSGPACK)?;
+        self.content_type = CONTENT_TYPE_MSGPACK.to_owned();
+        Ok(self)
+    }
+
+    /// The payload, as JSON; the handler's reply comes back as JSON too.
+    pub fn json_payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
+        self.payload = encode_payload(value, CONTENT_TYPE_JSON)?;
+        self.content_type = CONTENT_TYPE_JSON.to_owned();
+        Ok(self)
+    }
+
+    /// Payload bytes as they are, with their content type.
+    pub fn raw_payload(mut self, payload: Bytes, content_type: impl Into<String>) -> Self {
+        self.payload = payload;
+        self.content_type = content_type.into();
+        self
+    }
+
+    /// How long to wait for the reply (default: the agent's request timeout). The message's
+    /// TTL is set to the same, so it is not handled after the caller gave up.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Priority.
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// An application header.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+}
+
+/// A successful reply.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The reply envelope.
+    pub envelope: Envelope,
+}
+
+impl Reply {
+    /// The reply's status (a success code).
+    pub fn status(&self) -> StatusCode {
+        self.envelope.status.unwrap_or(StatusCode::OK)
+    }
+
+    /// The payload bytes.
+    pub fn payload(&self) -> &Bytes {
+        &self.envelope.payload
+    }
+
+    /// The payload decoded by its content type.
+    pub fn payload_as<R: DeserializeOwned>(&self) -> Result<R, SdkError> {
+        Ok(decode_payload(
+            &self.envelope.payload,
+            &self.envelope.content_type,
+        )?)
+    }
+}

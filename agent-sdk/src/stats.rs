@@ -1,0 +1,53 @@
+//! Counters an agent keeps about what it received, refused and handled.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($( $(#[$doc:meta])* $name:ident, )*) => {
+        /// Live counters of one agent.
+        #[derive(Debug, Default)]
+        pub(crate) struct AgentCounters { $( pub(crate) $name: AtomicU64, )* }
+
+        /// A copy of an agent's counters at one moment.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[non_exhaustive]
+        pub struct AgentStats { $( $(#[$doc])* pub $name: u64, )* }
+
+        impl AgentCounters {
+            pub(crate) fn snapshot(&self) -> AgentStats {
+                AgentStats { $( $name: self.$name.load(Ordering::Relaxed), )* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Messages taken off the wire (commands, requests, events).
+    received,
+    /// Handlers that returned success.
+    handled_ok,
+    /// Handlers that returned an error (answered with its code).
+    handler_errors,
+    /// Messages refused as bad input: undecodable, unsupported version, oversized (5006).
+    bad_input,
+    /// Messages not handled because their TTL or deadline had passed (5011).
+    expired,
+    /// Messages refused for passing the hop limit, received or about to be sent (5010).
+    loop_refused,
+    /// Commands for which no handler is registered (5016).
+    unknown_command,
+    /// Replies sent.
+    replies_sent,
+    /// Replies that could not be sent (the caller's inbox gone, the connection down).
+    reply_failures,
+    /// Requests and commands sent.
+    requests_sent,
+    /// Events published.
+    events_published,
+}
+
+impl AgentCounters {
+    pub(crate) fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}

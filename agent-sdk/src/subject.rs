@@ -1,0 +1,244 @@
+//! The subject builder: every subject Chorus uses comes from here.
+//!
+//! ```text
+//! <root>.agent.<agent-id>.<command>   commands and requests to one agent
+//! <root>.cap.<capability...>          capability access points (queue group per capability)
+//! <root>.evt.<topic...>               events; subscribers may use * and >
+//! <root>.bcast.<group>                broadcast through the coordinator
+//! <root>.sys.<...>                    registry, heartbeats, discovery, coordinator control
+//! <root>.dlq.<...>                    dead letters
+//! _INBOX.<agent-id>.>                 replies to one agent (its own inbox prefix)
+//! ```
+//!
+//! Agent ids and command names are single tokens of `[A-Za-z0-9_-]`, at most 64 characters.
+//! Capabilities and topics are one or more such tokens joined by dots, so Agentify's dotted
+//! address `agent.calculator.calculation` maps to agent `calculator`, command `calculation`:
+//! `chorus.agent.calculator.calculation`, and a dotted capability `text.ocr` to
+//! `chorus.cap.text.ocr`.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// Default subject root.
+pub const DEFAULT_ROOT: &str = "chorus";
+/// Longest token accepted.
+pub const MAX_TOKEN_LEN: usize = 64;
+/// Most tokens in a capability or topic.
+pub const MAX_TOKENS: usize = 16;
+
+/// A name that cannot become part of a subject.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} {value:?}: {why}")]
+pub struct SubjectError {
+    what: &'static str,
+    value: String,
+    why: &'static str,
+}
+
+fn check_token(what: &'static str, value: &str, token: &str) -> Result<(), SubjectError> {
+    let err = |why| {
+        Err(SubjectError {
+            what,
+            value: value.to_owned(),
+            why,
+        })
+    };
+    if token.is_empty() {
+        return err("empty token");
+    }
+    if token.len() > MAX_TOKEN_LEN {
+        return err("token longer than 64 characters");
+    }
+    if !token
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return err("only letters, digits, '_' and '-' are allowed in a token");
+    }
+    Ok(())
+}
+
+/// Checks a single-token name: an agent id, a command name, a group name.
+pub fn validate_token(what: &'static str, value: &str) -> Result<(), SubjectError> {
+    check_token(what, value, value)
+}
+
+/// Checks a dotted name: a capability or a topic (no wildcards).
+pub fn validate_dotted(what: &'static str, value: &str) -> Result<(), SubjectError> {
+    let mut n = 0;
+    for token in value.split('.') {
+        check_token(what, value, token)?;
+        n += 1;
+    }
+    if n > MAX_TOKENS {
+        return Err(SubjectError {
+            what,
+            value: value.to_owned(),
+            why: "more than 16 tokens",
+        });
+    }
+    Ok(())
+}
+
+/// Checks a topic pattern: a dotted name whose tokens may also be `*`, and whose last may be `>`.
+pub fn validate_pattern(value: &str) -> Result<(), SubjectError> {
+    let tokens: Vec<&str> = value.split('.').collect();
+    for (i, token) in tokens.iter().enumerate() {
+        let last = i + 1 == tokens.len();
+        if *token == "*" || (*token == ">" && last) {
+            continue;
+        }
+        check_token("topic pattern", value, token)?;
+    }
+    if tokens.len() > MAX_TOKENS {
+        return Err(SubjectError {
+            what: "topic pattern",
+            value: value.to_owned(),
+            why: "more than 16 tokens",
+        });
+    }
+    Ok(())
+}
+
+/// Builds subjects under one root. Cheap to clone.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Subjects {
+    root: Arc<str>,
+}
+
+impl fmt::Debug for Subjects {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Subjects({})", self.root)
+    }
+}
+
+impl Default for Subjects {
+    fn default() -> Self {
+        Subjects {
+            root: Arc::from(DEFAULT_ROOT),
+        }
+    }
+}
+
+impl Subjects {
+    /// Subjects under `root` (a dotted name, for example `chorus` or `acme.chorus`).
+    pub fn new(root: &str) -> Result<Self, SubjectError> {
+        validate_dotted("subject root", root)?;
+        Ok(Subjects {
+            root: Arc::from(root),
+        })
+    }
+
+    /// The root.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// `<root>.agent.<agent>.<command>`.
+    pub fn command(&self, agent: &str, command: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        validate_token("command name", command)?;
+        Ok(format!("{}.agent.{agent}.{command}", self.root))
+    }
+
+    /// `<root>.agent.<agent>.*`: everything addressed to one agent.
+    pub fn agent_inbound(&self, agent: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        Ok(format!("{}.agent.{agent}.*", self.root))
+    }
+
+    /// The command name in a subject built by [`command`](Subjects::command), if it is one.
+    pub fn command_name<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        let rest = subject.strip_prefix(&*self.root)?.strip_prefix(".agent.")?;
+        let (_agent, command) = rest.split_once('.')?;
+        (!command.contains('.')).then_some(command)
+    }
+
+    /// `<root>.cap.<capability>`: a capability's access point. Agents serving it join a queue
+    /// group of the same name, so each request goes to one of them.
+    pub fn capability(&self, capability: &str) -> Result<String, SubjectError> {
+        validate_dotted("capability", capability)?;
+        Ok(format!("{}.cap.{capability}", self.root))
+    }
+
+    /// `<root>.evt.<topic>`: where an event on `topic` is published.
+    pub fn event(&self, topic: &str) -> Result<String, SubjectError> {
+        validate_dotted("topic", topic)?;
+        Ok(format!("{}.evt.{topic}", self.root))
+    }
+
+    /// `<root>.evt.<pattern>`: what to subscribe to for a topic pattern with `*` and `>`.
+    pub fn event_pattern(&self, pattern: &str) -> Result<String, SubjectError> {
+        validate_pattern(pattern)?;
+        Ok(format!("{}.evt.{pattern}", self.root))
+    }
+
+    /// The topic of an event subject.
+    pub fn topic_of<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        subject.strip_prefix(&*self.root)?.strip_prefix(".evt.")
+    }
+
+    /// `<root>.bcast.<group>`.
+    pub fn broadcast(&self, group: &str) -> Result<String, SubjectError> {
+        validate_token("group", group)?;
+        Ok(format!("{}.bcast.{group}", self.root))
+    }
+
+    /// `<root>.sys.<what>`: registry, heartbeats, discovery and control subjects.
+    pub fn system(&self, what: &str) -> Result<String, SubjectError> {
+        validate_dotted("system subject", what)?;
+        Ok(format!("{}.sys.{what}", self.root))
+    }
+
+    /// `<root>.dlq.<what>`: dead-letter subjects.
+    pub fn dead_letter(&self, what: &str) -> Result<String, SubjectError> {
+        validate_dotted("dead-letter subject", what)?;
+        Ok(format!("{}.dlq.{what}", self.root))
+    }
+
+    /// `_INBOX.<agent>`: the agent's own reply prefix; the server can restrict the agent to
+    /// subscribe only under it.
+    pub fn inbox_prefix(&self, agent: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        Ok(format!("_INBOX.{agent}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builds_the_documented_subjects() {
+        let s = Subjects::default();
+        assert_eq!(
+            s.command("calculator", "calculation").as_deref(),
+            Ok("chorus.agent.calculator.calculation")
+        );
+        assert_eq!(s.capability("text.ocr").as_deref(), Ok("chorus.cap.text.ocr"));
+        assert_eq!(s.event("doc.ready").as_deref(), Ok("chorus.evt.doc.ready"));
+        assert_eq!(s.event_pattern("doc.*.>").as_deref(), Ok("chorus.evt.doc.*.>"));
+        assert_eq!(s.agent_inbound("a-1").as_deref(), Ok("chorus.agent.a-1.*"));
+        assert_eq!(s.inbox_prefix("a-1").as_deref(), Ok("_INBOX.a-1"));
+        assert_eq!(s.command_name("chorus.agent.a-1.add"), Some("add"));
+        assert_eq!(s.topic_of("chorus.evt.doc.ready"), Some("doc.ready"));
+        let custom = Subjects::new("acme.bus").expect("valid root");
+        assert_eq!(custom.event("x").as_deref(), Ok("acme.bus.evt.x"));
+    }
+
+    #[test]
+    fn refuses_tokens_that_would_break_subjects() {
+        let s = Subjects::default();
+        for bad in ["", "a b", "a.b", "a*", ">", "é", &"x".repeat(65)] {
+            assert!(s.command(bad, "run").is_err(), "agent {bad:?}");
+            assert!(s.command("a", bad).is_err(), "command {bad:?}");
+        }
+        for bad in ["", "a..b", ".a", "a.", "a.*", "a.>", "a b"] {
+            assert!(s.event(bad).is_err(), "topic {bad:?}");
+            assert!(s.capability(bad).is_err(), "capability {bad:?}");
+        }
+        assert!(s.event_pattern("a.>.b").is_err());
+        assert!(s.event(&vec!["t"; 17].join(".")).is_err());
+        assert!(Subjects::new("bad root").is_err());
+    }
+}

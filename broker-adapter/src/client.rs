@@ -1,0 +1,323 @@
+//! The broker handle: a cheap clone in front of one NATS connection.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::Stream;
+use tokio::sync::broadcast;
+
+use crate::events::{ConnectionEvent, EventSink, StatsSnapshot};
+use crate::subject::{Wildcards, validate_queue_group, validate_subject};
+use crate::{BrokerOptions, Credentials, Error, ErrorKind, Headers, Message, Result};
+
+/// A connection to NATS. Cloning is cheap and every clone shares the connection; it closes
+/// when the last clone is dropped or on [`drain`](Broker::drain).
+#[derive(Debug, Clone)]
+pub struct Broker {
+    client: async_nats::Client,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    events: Arc<EventSink>,
+    inbox_prefix: String,
+    name: String,
+}
+
+impl Broker {
+    /// Connects with `options`. Fails with [`ErrorKind::Refused`] when the server rejects the
+    /// credentials, [`ErrorKind::InvalidInput`] when the options cannot work, and
+    /// [`ErrorKind::Broker`] when no server can be reached.
+    pub async fn connect(options: BrokerOptions) -> Result<Broker> {
+        if options.servers.is_empty() {
+            return Err(Error::new(ErrorKind::InvalidInput, "no NATS server given"));
+        }
+        let name = options
+            .name
+            .clone()
+            .unwrap_or_else(|| "chorus".to_owned());
+        let inbox_prefix = options
+            .inbox_prefix
+            .clone()
+            .unwrap_or_else(|| "_INBOX".to_owned());
+        validate_subject(&inbox_prefix, Wildcards::Refuse)?;
+
+        let events = Arc::new(EventSink::new(name.clone()));
+        let sink = Arc::clone(&events);
+        let max_delay = options.reconnect_max_delay;
+        let mut nats = async_nats::ConnectOptions::new()
+            .name(&name)
+            .ping_interval(options.ping_interval)
+            .connection_timeout(options.connect_timeout)
+            .subscription_capacity(options.subscription_capacity)
+            .custom_inbox_prefix(&inbox_prefix)
+            // Subjects are validated here, with typed errors, before they reach the client.
+            .skip_subject_validation(true)
+            // Requests always carry their own timeout.
+            .request_timeout(None)
+            .reconnect_delay_callback(move |attempt| crate::options::reconnect_delay(attempt, max_delay))
+            .event_callback(move |event| {
+                let sink = Arc::clone(&sink);
+                async move { sink.handle(event) }
+            });
+        nats = match options.credentials {
+            Credentials::None => nats,
+            Credentials::Token(token) => nats.token(token),
+            Credentials::UserPassword { user, password } => nats.user_and_password(user, password),
+            Credentials::NKeySeed(seed) => nats.nkey(seed),
+            Credentials::CredsFile(path) => nats.credentials_file(&path).await.map_err(|e| {
+                Error::with_source(
+                    ErrorKind::InvalidInput,
+                    format!("cannot read credentials file {}", path.display()),
+                    e,
+                )
+            })?,
+        };
+        let tls = options.tls;
+        if tls.required {
+            nats = nats.require_tls(true);
+        }
+        if let Some(ca) = tls.ca_file {
+            nats = nats.add_root_certificates(ca);
+        }
+        if let Some((cert, key)) = tls.client_cert {
+            nats = nats.add_client_certificate(cert, key);
+        }
+        if tls.handshake_first {
+            nats = nats.tls_first();
+        }
+        if options.retry_initial_connect {
+            nats = nats.retry_on_initial_connect();
+        }
+        let servers = options
+            .servers
+            .iter()
+            .map(|s| {
+                s.parse::<async_nats::ServerAddr>().map_err(|e| {
+                    Error::with_source(
+                        ErrorKind::InvalidInput,
+                        format!("bad server address {s:?}"),
+                        e,
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let client = nats.connect(servers).await.map_err(|e| {
+            use async_nats::ConnectErrorKind as K;
+            let kind = match e.kind() {
+                K::Authentication | K::AuthorizationViolation => ErrorKind::Refused,
+                K::ServerParse | K::Tls => ErrorKind::InvalidInput,
+                _ => ErrorKind::Broker,
+            };
+            Error::with_source(kind, "cannot connect to NATS", e)
+        })?;
+        Ok(Broker {
+            client,
+            shared: Arc::new(Shared {
+                events,
+                inbox_prefix,
+                name,
+            }),
+        })
+    }
+
+    /// Publishes `payload` to `subject`. Returns once the message is queued for the socket,
+    /// not when the server has it: call [`flush`](Broker::flush) to know it was written.
+    pub async fn publish(&self, subject: &str, payload: Bytes) -> Result<()> {
+        self.publish_with(subject, None, None, payload).await
+    }
+
+    /// Publishes with an optional reply subject and headers.
+    pub async fn publish_with(
+        &self,
+        subject: &str,
+        reply: Option<&str>,
+        headers: Option<Headers>,
+        payload: Bytes,
+    ) -> Result<()> {
+        validate_subject(subject, Wildcards::Refuse)?;
+        if let Some(reply) = reply {
+            validate_subject(reply, Wildcards::Refuse)?;
+        }
+        let subject = subject.to_owned();
+        let result = match (reply, headers) {
+            (None, None) => self.client.publish(subject, payload).await,
+            (None, Some(h)) => self.client.publish_with_headers(subject, h.0, payload).await,
+            (Some(r), None) => {
+                self.client
+                    .publish_with_reply(subject, r.to_owned(), payload)
+                    .await
+            }
+            (Some(r), Some(h)) => {
+                self.client
+                    .publish_with_reply_and_headers(subject, r.to_owned(), h.0, payload)
+                    .await
+            }
+        };
+        result.map_err(|e| {
+            use async_nats::client::PublishErrorKind as K;
+            let kind = match e.kind() {
+                K::MaxPayloadExceeded => ErrorKind::TooLarge,
+                K::InvalidSubject => ErrorKind::InvalidSubject,
+                K::Send => ErrorKind::Broker,
+            };
+            Error::with_source(kind, "publish failed", e)
+        })
+    }
+
+    /// Subscribes to `subject` (wildcards allowed).
+    pub async fn subscribe(&self, subject: &str) -> Result<Subscription> {
+        validate_subject(subject, Wildcards::Allow)?;
+        let inner = self
+            .client
+            .subscribe(subject.to_owned())
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Broker, "subscribe failed", e))?;
+        Ok(Subscription { inner })
+    }
+
+    /// Subscribes to `subject` as a member of queue group `group`: each message goes to one
+    /// member of the group.
+    pub async fn queue_subscribe(&self, subject: &str, group: &str) -> Result<Subscription> {
+        validate_subject(subject, Wildcards::Allow)?;
+        validate_queue_group(group)?;
+        let inner = self
+            .client
+            .queue_subscribe(subject.to_owned(), group.to_owned())
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Broker, "queue subscribe failed", e))?;
+        Ok(Subscription { inner })
+    }
+
+    /// Sends a request and waits up to `timeout` for the first reply.
+    ///
+    /// Fails with [`ErrorKind::NoResponders`] at once when nobody is subscribed, and with
+    /// [`ErrorKind::TimedOut`] when someone is but no reply came in time.
+    pub async fn request(
+        &self,
+        subject: &str,
+        headers: Option<Headers>,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<Message> {
+        validate_subject(subject, Wildcards::Refuse)?;
+        let mut request = async_nats::Request::new()
+            .payload(payload)
+            .timeout(Some(timeout));
+        if let Some(h) = headers {
+            request = request.headers(h.0);
+        }
+        self.client
+            .send_request(subject.to_owned(), request)
+            .await
+            .map(Message::from_nats)
+            .map_err(|e| {
+                use async_nats::RequestErrorKind as K;
+                let kind = match e.kind() {
+                    K::TimedOut => ErrorKind::TimedOut,
+                    K::NoResponders => ErrorKind::NoResponders,
+                    K::InvalidSubject => ErrorKind::InvalidSubject,
+                    K::MaxPayloadExceeded => ErrorKind::TooLarge,
+                    K::Other => ErrorKind::Broker,
+                };
+                Error::with_source(kind, format!("request to {subject} failed"), e)
+            })
+    }
+
+    /// Waits until everything published so far is written to the server.
+    pub async fn flush(&self) -> Result<()> {
+        self.client
+            .flush()
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Broker, "flush failed", e))
+    }
+
+    /// Drains the connection: unsubscribes everything, lets buffered messages be delivered,
+    /// flushes what was published, then closes.
+    pub async fn drain(&self) -> Result<()> {
+        self.client
+            .drain()
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Broker, "drain failed", e))
+    }
+
+    /// A fresh reply subject under this connection's inbox prefix.
+    pub fn new_inbox(&self) -> String {
+        self.client.new_inbox()
+    }
+
+    /// This connection's inbox prefix.
+    pub fn inbox_prefix(&self) -> &str {
+        &self.shared.inbox_prefix
+    }
+
+    /// The connection's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The largest message the server accepts, in bytes.
+    pub fn max_payload(&self) -> usize {
+        self.client.server_info().max_payload
+    }
+
+    /// The server's version, as it reported it.
+    pub fn server_version(&self) -> String {
+        self.client.server_info().version
+    }
+
+    /// Whether the connection is up right now.
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// Connection events from now on.
+    pub fn events(&self) -> broadcast::Receiver<ConnectionEvent> {
+        self.shared.events.tx.subscribe()
+    }
+
+    /// Counters of connection events.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.shared.events.stats.snapshot()
+    }
+}
+
+/// A subscription: a stream of [`Message`]s that ends after [`drain`](Subscription::drain) or
+/// [`unsubscribe`](Subscription::unsubscribe), or when the connection closes.
+#[derive(Debug)]
+pub struct Subscription {
+    inner: async_nats::Subscriber,
+}
+
+impl Subscription {
+    /// Stops interest at once; messages already buffered are still yielded.
+    pub async fn unsubscribe(&mut self) -> Result<()> {
+        self.inner
+            .unsubscribe()
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Broker, "unsubscribe failed", e))
+    }
+
+    /// Stops interest after the server has sent what it already routed here; the stream then
+    /// yields the rest and ends. This is the graceful way to stop taking new messages.
+    pub async fn drain(&mut self) -> Result<()> {
+        self.inner
+            .drain()
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Broker, "drain failed", e))
+    }
+}
+
+impl Stream for Subscription {
+    type Item = Message;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Message>> {
+        Pin::new(&mut self.inner)
+            .poll_next(cx)
+            .map(|m| m.map(Message::from_nats))
+    }
+}

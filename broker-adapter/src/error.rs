@@ -1,0 +1,107 @@
+//! One error type for every broker operation, with a [`ErrorKind`] a caller can match on.
+
+use std::fmt;
+
+/// What went wrong, coarse enough to decide what to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Someone is listening but did not answer in time.
+    TimedOut,
+    /// Nobody is subscribed to the subject (the server said so at once).
+    NoResponders,
+    /// The server refused: authentication failed, or a permission forbids the subject.
+    Refused,
+    /// The message is larger than the server's `max_payload`.
+    TooLarge,
+    /// The subject (or queue group) is empty, has empty tokens, whitespace, or a wildcard where
+    /// none is allowed.
+    InvalidSubject,
+    /// The input given to the adapter cannot work: a bad URL, unreadable credentials, a header
+    /// name or value NATS cannot carry.
+    InvalidInput,
+    /// Anything else: I/O, a closed connection, the server unreachable.
+    Broker,
+}
+
+impl ErrorKind {
+    /// A short stable name, used in logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::TimedOut => "timed_out",
+            ErrorKind::NoResponders => "no_responders",
+            ErrorKind::Refused => "refused",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::InvalidSubject => "invalid_subject",
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::Broker => "broker",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A broker error: its [`kind`](Error::kind), a message saying what was being done, and the
+/// underlying cause as [`source`](std::error::Error::source).
+#[derive(Debug)]
+pub struct Error {
+    kind: ErrorKind,
+    context: String,
+    source: Option<Source>,
+}
+
+impl Error {
+    /// An error of `kind` with a human-readable context.
+    pub fn new(kind: ErrorKind, context: impl Into<String>) -> Self {
+        Error {
+            kind,
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// An error of `kind` that keeps its cause.
+    pub fn with_source(
+        kind: ErrorKind,
+        context: impl Into<String>,
+        source: impl Into<Source>,
+    ) -> Self {
+        Error {
+            kind,
+            context: context.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.context, self.kind)?;
+        if let Some(source) = &self.source {
+            write!(f, " ({source})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Result of a broker operation.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,25 @@
+//! The Chorus broker adapter: everything that touches NATS.
+//!
+//! No other crate in the workspace imports `async_nats`; they use [`Broker`], [`Subscription`],
+//! [`Message`] and [`Headers`] from here, and match on [`ErrorKind`] to tell a timeout from
+//! nobody listening from a refusal.
+//!
+//! The [`server`] module starts a real `nats-server` process, for tests and the local demo.
+
+mod client;
+mod error;
+mod events;
+mod message;
+mod options;
+pub mod server;
+mod subject;
+
+pub use client::{Broker, Subscription};
+pub use error::{Error, ErrorKind, Result};
+pub use events::{ConnectionEvent, ConnectionStats, StatsSnapshot};
+pub use message::{Headers, Message};
+pub use options::{
+    BrokerOptions, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PING_INTERVAL,
+    DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_SUBSCRIPTION_CAPACITY, TlsOptions, reconnect_delay,
+};
+pub use subject::{MAX_SUBJECT_LEN, Wildcards, validate_queue_group, validate_subject};
