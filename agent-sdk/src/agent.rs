@@ -17,9 +17,7 @@ use tokio_util::task::TaskTracker;
 use crate::call::{Call, Reply, Target};
 use crate::codec::{self, CodecError, Encoding, decode_payload, encode_payload};
 use crate::context::Context;
-use crate::envelope::{
-    DEFAULT_HOP_LIMIT, Envelope, ExpectedReply, Kind, Performative, now_ms,
-};
+use crate::envelope::{DEFAULT_HOP_LIMIT, Envelope, ExpectedReply, Kind, Performative, now_ms};
 use crate::error::{HandlerError, SdkError};
 use crate::handler::{EventHandler, Handler, Output, Typed};
 use crate::stats::{AgentCounters, AgentStats};
@@ -32,6 +30,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 /// Default size limit of an inbound message (NATS's default `max_payload`).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// How long a subscribe waits for the server to confirm it has the subscription.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default time [`Agent::shutdown`] waits for in-flight handlers.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -299,7 +299,7 @@ impl Agent {
         if !*subscribed {
             let subject = self.inner.subjects.agent_inbound(&self.inner.id)?;
             let sub = self.inner.broker.subscribe(&subject).await?;
-            self.inner.broker.flush().await?;
+            self.inner.broker.sync(SYNC_TIMEOUT).await?;
             Inner::spawn_reader(&self.inner, sub, Route::Commands);
             *subscribed = true;
         }
@@ -325,8 +325,12 @@ impl Agent {
         handler: impl Handler,
     ) -> Result<(), SdkError> {
         let subject = self.inner.subjects.capability(capability)?;
-        let sub = self.inner.broker.queue_subscribe(&subject, &subject).await?;
-        self.inner.broker.flush().await?;
+        let sub = self
+            .inner
+            .broker
+            .queue_subscribe(&subject, &subject)
+            .await?;
+        self.inner.broker.sync(SYNC_TIMEOUT).await?;
         {
             let mut caps = lock(&self.inner.capabilities);
             if !caps.iter().any(|c| c == capability) {
@@ -356,7 +360,7 @@ impl Agent {
     ) -> Result<(), SdkError> {
         let subject = self.inner.subjects.event_pattern(pattern)?;
         let sub = self.inner.broker.subscribe(&subject).await?;
-        self.inner.broker.flush().await?;
+        self.inner.broker.sync(SYNC_TIMEOUT).await?;
         Inner::spawn_reader(&self.inner, sub, Route::Event(Arc::new(handler)));
         Ok(())
     }
@@ -366,7 +370,7 @@ impl Agent {
     pub async fn subscribe(&self, pattern: &str) -> Result<EventStream, SdkError> {
         let subject = self.inner.subjects.event_pattern(pattern)?;
         let sub = self.inner.broker.subscribe(&subject).await?;
-        self.inner.broker.flush().await?;
+        self.inner.broker.sync(SYNC_TIMEOUT).await?;
         Ok(EventStream {
             sub,
             inner: Arc::clone(&self.inner),
@@ -704,7 +708,8 @@ impl Inner {
             }
         };
         let err = HandlerError::new(refusal.status, refusal.reason);
-        self.send_reply(reply_to, &request, encoding, Err(err)).await;
+        self.send_reply(reply_to, &request, encoding, Err(err))
+            .await;
     }
 
     async fn send_reply(
@@ -798,10 +803,7 @@ impl std::fmt::Debug for EventStream {
 impl Stream for EventStream {
     type Item = Event;
 
-    fn poll_next(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> Poll<Option<Event>> {
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Option<Event>> {
         loop {
             match Pin::new(&mut self.sub).poll_next(cx) {
                 Poll::Ready(Some(msg)) => {

@@ -429,9 +429,7 @@ impl Envelope {
 
     /// The moment after which the message must not be handled, if any (ms since epoch).
     pub fn expires_at_ms(&self) -> Option<u64> {
-        let by_ttl = self
-            .ttl_ms
-            .map(|ttl| self.timestamp_ms.saturating_add(ttl));
+        let by_ttl = self.ttl_ms.map(|ttl| self.timestamp_ms.saturating_add(ttl));
         match (by_ttl, self.deadline_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

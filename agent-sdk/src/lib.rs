@@ -33,8 +33,8 @@ pub mod status;
 pub mod subject;
 
 pub use agent::{
-    Agent, AgentOptions, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES,
-    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, Event, EventStream, ShutdownReport,
+    Agent, AgentOptions, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_SHUTDOWN_TIMEOUT, Event, EventStream, ShutdownReport,
 };
 pub use broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, TlsOptions};
 pub use call::{Call, Reply, Target};

@@ -83,7 +83,10 @@ status_codes! {
 impl StatusCode {
     /// Whether this code reports success (5001, 5002, 5021).
     pub fn is_success(self) -> bool {
-        matches!(self, StatusCode::CONNECTED | StatusCode::OK | StatusCode::ACCEPTED)
+        matches!(
+            self,
+            StatusCode::CONNECTED | StatusCode::OK | StatusCode::ACCEPTED
+        )
     }
 }
 

@@ -215,9 +215,15 @@ mod tests {
             s.command("calculator", "calculation").as_deref(),
             Ok("chorus.agent.calculator.calculation")
         );
-        assert_eq!(s.capability("text.ocr").as_deref(), Ok("chorus.cap.text.ocr"));
+        assert_eq!(
+            s.capability("text.ocr").as_deref(),
+            Ok("chorus.cap.text.ocr")
+        );
         assert_eq!(s.event("doc.ready").as_deref(), Ok("chorus.evt.doc.ready"));
-        assert_eq!(s.event_pattern("doc.*.>").as_deref(), Ok("chorus.evt.doc.*.>"));
+        assert_eq!(
+            s.event_pattern("doc.*.>").as_deref(),
+            Ok("chorus.evt.doc.*.>")
+        );
         assert_eq!(s.agent_inbound("a-1").as_deref(), Ok("chorus.agent.a-1.*"));
         assert_eq!(s.inbox_prefix("a-1").as_deref(), Ok("_INBOX.a-1"));
         assert_eq!(s.command_name("chorus.agent.a-1.add"), Some("add"));

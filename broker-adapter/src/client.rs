@@ -36,10 +36,7 @@ impl Broker {
         if options.servers.is_empty() {
             return Err(Error::new(ErrorKind::InvalidInput, "no NATS server given"));
         }
-        let name = options
-            .name
-            .clone()
-            .unwrap_or_else(|| "chorus".to_owned());
+        let name = options.name.clone().unwrap_or_else(|| "chorus".to_owned());
         let inbox_prefix = options
             .inbox_prefix
             .clone()
@@ -59,7 +56,9 @@ impl Broker {
             .skip_subject_validation(true)
             // Requests always carry their own timeout.
             .request_timeout(None)
-            .reconnect_delay_callback(move |attempt| crate::options::reconnect_delay(attempt, max_delay))
+            .reconnect_delay_callback(move |attempt| {
+                crate::options::reconnect_delay(attempt, max_delay)
+            })
             .event_callback(move |event| {
                 let sink = Arc::clone(&sink);
                 async move { sink.handle(event) }
@@ -146,7 +145,11 @@ impl Broker {
         let subject = subject.to_owned();
         let result = match (reply, headers) {
             (None, None) => self.client.publish(subject, payload).await,
-            (None, Some(h)) => self.client.publish_with_headers(subject, h.0, payload).await,
+            (None, Some(h)) => {
+                self.client
+                    .publish_with_headers(subject, h.0, payload)
+                    .await
+            }
             (Some(r), None) => {
                 self.client
                     .publish_with_reply(subject, r.to_owned(), payload)
@@ -234,6 +237,33 @@ impl Broker {
             .flush()
             .await
             .map_err(|e| Error::with_source(ErrorKind::Broker, "flush failed", e))
+    }
+
+    /// Waits until the server has processed everything this connection sent so far, by
+    /// sending a message to a fresh inbox of its own and waiting for it to come back. Use it
+    /// after subscribing, before relying on the subscription: [`flush`](Broker::flush) only
+    /// writes to the socket, it does not wait for the server.
+    pub async fn sync(&self, timeout: Duration) -> Result<()> {
+        let inbox = self.client.new_inbox();
+        let mut sub = self
+            .client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Broker, "sync subscribe failed", e))?;
+        self.publish(&inbox, Bytes::new()).await?;
+        let echoed = tokio::time::timeout(timeout, futures::StreamExt::next(&mut sub)).await;
+        let _ = sub.unsubscribe().await;
+        match echoed {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(Error::new(
+                ErrorKind::Broker,
+                "connection closed during sync",
+            )),
+            Err(_) => Err(Error::new(
+                ErrorKind::TimedOut,
+                format!("server did not answer a sync within {timeout:?}"),
+            )),
+        }
     }
 
     /// Drains the connection: unsubscribes everything, lets buffered messages be delivered,

@@ -1,1 +1,7 @@
+//! End-to-end tests. Each test starts its own `nats-server` (see `chorus_tests::server`).
 
+mod broker;
+mod messaging;
+mod protocol;
+mod shutdown;
+mod vectors;

@@ -1,0 +1,265 @@
+//! The broker adapter against a real server: typed errors, connection events, drain.
+
+use std::time::Duration;
+
+use broker_adapter::{BrokerOptions, ConnectionEvent, ErrorKind};
+use bytes::Bytes;
+use chorus_tests::{WAIT, raw_broker, server, within};
+use futures::StreamExt;
+
+#[tokio::test]
+async fn publish_subscribe_and_queue_groups_deliver() {
+    let server = server();
+    let broker = raw_broker(&server).await;
+    let mut plain = broker.subscribe("t.*").await.expect("subscribe");
+    let mut q1 = broker.queue_subscribe("t.q", "workers").await.expect("q1");
+    let mut q2 = broker.queue_subscribe("t.q", "workers").await.expect("q2");
+    broker.sync(WAIT).await.expect("sync");
+
+    broker
+        .publish("t.a", Bytes::from_static(b"hello"))
+        .await
+        .expect("publish");
+    let msg = within(WAIT, "plain message", plain.next())
+        .await
+        .expect("message");
+    assert_eq!(msg.subject(), "t.a");
+    assert_eq!(&msg.payload()[..], b"hello");
+
+    for _ in 0..100 {
+        broker.publish("t.q", Bytes::new()).await.expect("publish");
+    }
+    broker.sync(WAIT).await.expect("sync");
+    let (mut n1, mut n2) = (0, 0);
+    while n1 + n2 < 100 {
+        tokio::select! {
+            Some(_) = q1.next() => n1 += 1,
+            Some(_) = q2.next() => n2 += 1,
+            _ = tokio::time::sleep(WAIT) => panic!("queue messages missing: {n1} + {n2}"),
+        }
+    }
+    // Each message went to exactly one member; the plain subscriber saw all 100.
+    assert_eq!(n1 + n2, 100);
+    let mut plain_count = 0;
+    while plain_count < 100 {
+        within(WAIT, "plain copies", plain.next())
+            .await
+            .expect("message");
+        plain_count += 1;
+    }
+}
+
+#[tokio::test]
+async fn request_errors_tell_timeout_from_no_responders() {
+    let server = server();
+    let broker = raw_broker(&server).await;
+
+    let err = broker
+        .request("nobody.home", None, Bytes::new(), Duration::from_secs(5))
+        .await
+        .expect_err("no responders");
+    assert_eq!(err.kind(), ErrorKind::NoResponders);
+
+    // Someone listens but never answers.
+    let _silent = broker.subscribe("silent").await.expect("subscribe");
+    broker.sync(WAIT).await.expect("sync");
+    let started = std::time::Instant::now();
+    let err = broker
+        .request("silent", None, Bytes::new(), Duration::from_millis(200))
+        .await
+        .expect_err("timeout");
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert!(started.elapsed() >= Duration::from_millis(200));
+}
+
+#[tokio::test]
+async fn bad_subjects_and_oversized_payloads_are_refused_before_sending() {
+    let server = server();
+    let broker = raw_broker(&server).await;
+    for subject in ["", "a..b", "a.*", "a.>", "has space"] {
+        let err = broker
+            .publish(subject, Bytes::new())
+            .await
+            .expect_err(subject);
+        assert_eq!(err.kind(), ErrorKind::InvalidSubject, "{subject:?}");
+    }
+    let err = broker.subscribe("a.>.b").await.expect_err("bad pattern");
+    assert_eq!(err.kind(), ErrorKind::InvalidSubject);
+
+    let too_big = Bytes::from(vec![0u8; broker.max_payload() + 1]);
+    let err = broker
+        .publish("big", too_big.clone())
+        .await
+        .expect_err("too large");
+    assert_eq!(err.kind(), ErrorKind::TooLarge);
+    let err = broker
+        .request("big", None, too_big, Duration::from_secs(1))
+        .await
+        .expect_err("too large");
+    assert_eq!(err.kind(), ErrorKind::TooLarge);
+    // The connection is still good.
+    broker.publish("fine", Bytes::new()).await.expect("publish");
+    broker.sync(WAIT).await.expect("sync");
+}
+
+#[tokio::test]
+async fn wrong_credentials_are_refused() {
+    let server = chorus_tests::ServerBuilder::default()
+        .arg("--user")
+        .arg("alice")
+        .arg("--pass")
+        .arg("correct-horse")
+        .start()
+        .expect("server");
+    let err = BrokerOptions::new([server.url()])
+        .credentials(broker_adapter::Credentials::UserPassword {
+            user: "alice".into(),
+            password: "wrong".into(),
+        })
+        .connect()
+        .await
+        .expect_err("refused");
+    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
+    let ok = BrokerOptions::new([server.url()])
+        .credentials(broker_adapter::Credentials::UserPassword {
+            user: "alice".into(),
+            password: "correct-horse".into(),
+        })
+        .connect()
+        .await;
+    assert!(ok.is_ok());
+}
+
+#[tokio::test]
+async fn permission_violations_arrive_as_typed_events() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("auth.conf");
+    std::fs::write(
+        &conf,
+        r#"
+        listen: "127.0.0.1:-1"
+        authorization {
+          users = [
+            { user: "agent", password: "pw", permissions: { publish: { allow: ["ok.>"] }, subscribe: { allow: ["ok.>"] } } }
+          ]
+        }
+        "#,
+    )
+    .expect("write conf");
+    let server = chorus_tests::ServerBuilder::default()
+        .config(&conf)
+        .start()
+        .expect("server");
+    let broker = BrokerOptions::new([server.url()])
+        .credentials(broker_adapter::Credentials::UserPassword {
+            user: "agent".into(),
+            password: "pw".into(),
+        })
+        .connect()
+        .await
+        .expect("connect");
+    let mut events = broker.events();
+    // The publish itself "succeeds": NATS reports the violation asynchronously.
+    broker
+        .publish("forbidden.x", Bytes::new())
+        .await
+        .expect("queued");
+    broker.flush().await.expect("flush");
+    let event = within(WAIT, "permission event", async {
+        loop {
+            match events.recv().await {
+                Ok(ConnectionEvent::PermissionViolation(text)) => break text,
+                Ok(_) => continue,
+                Err(e) => panic!("event channel: {e}"),
+            }
+        }
+    })
+    .await;
+    assert!(event.contains("forbidden.x"), "{event}");
+    assert_eq!(broker.stats().permission_violations, 1);
+}
+
+#[tokio::test]
+async fn slow_consumer_drops_are_counted_not_silent() {
+    let server = server();
+    let slow = BrokerOptions::new([server.url()])
+        .subscription_capacity(16)
+        .connect()
+        .await
+        .expect("connect");
+    let mut events = slow.events();
+    let _sub = slow.subscribe("firehose").await.expect("subscribe");
+    slow.sync(WAIT).await.expect("sync");
+    let publisher = raw_broker(&server).await;
+    for _ in 0..2_000 {
+        publisher
+            .publish("firehose", Bytes::from_static(b"x"))
+            .await
+            .expect("publish");
+    }
+    publisher.flush().await.expect("flush");
+    within(WAIT, "slow consumer event", async {
+        loop {
+            if let Ok(ConnectionEvent::SlowConsumer { .. }) = events.recv().await {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(slow.stats().slow_consumer_drops > 0);
+}
+
+#[tokio::test]
+async fn a_lost_server_is_reported_and_the_client_reconnects() {
+    let mut server = server();
+    let broker = BrokerOptions::new([server.url()])
+        .reconnect_max_delay(Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("connect");
+    let mut events = broker.events();
+    let mut sub = broker.subscribe("after.restart").await.expect("subscribe");
+    broker.sync(WAIT).await.expect("sync");
+
+    server.kill();
+    within(WAIT, "disconnect event", async {
+        while events.recv().await != Ok(ConnectionEvent::Disconnected) {}
+    })
+    .await;
+    server.restart().expect("restart");
+    within(WAIT, "reconnect event", async {
+        while events.recv().await != Ok(ConnectionEvent::Reconnected) {}
+    })
+    .await;
+    let stats = broker.stats();
+    assert_eq!((stats.disconnects, stats.reconnects), (1, 1));
+
+    // The subscription was restored with the connection.
+    broker.sync(WAIT).await.expect("sync");
+    broker
+        .publish("after.restart", Bytes::from_static(b"back"))
+        .await
+        .expect("publish");
+    let msg = within(WAIT, "message after reconnect", sub.next())
+        .await
+        .expect("msg");
+    assert_eq!(&msg.payload()[..], b"back");
+}
+
+#[tokio::test]
+async fn subscription_drain_delivers_what_was_routed_then_ends() {
+    let server = server();
+    let broker = raw_broker(&server).await;
+    let mut sub = broker.subscribe("d").await.expect("subscribe");
+    broker.sync(WAIT).await.expect("sync");
+    for i in 0..50u8 {
+        broker
+            .publish("d", Bytes::from(vec![i]))
+            .await
+            .expect("publish");
+    }
+    broker.sync(WAIT).await.expect("sync");
+    sub.drain().await.expect("drain");
+    let got: Vec<_> = within(WAIT, "drained stream", sub.collect::<Vec<_>>()).await;
+    assert_eq!(got.len(), 50);
+}

@@ -1,0 +1,312 @@
+//! Protocol rules on the wire: loop protection, expiry, bad input, versions.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use agent_sdk::codec::{self, Encoding};
+use agent_sdk::envelope::now_ms;
+use agent_sdk::{Context, Envelope, HandlerError, Kind, Performative, SdkError, StatusCode};
+use bytes::Bytes;
+use chorus_tests::{WAIT, agent, agent_options, raw_broker, server, within};
+
+/// Sends raw bytes as a request and decodes the reply envelope.
+async fn raw_request(broker: &broker_adapter::Broker, subject: &str, bytes: Bytes) -> Envelope {
+    let msg = broker
+        .request(subject, None, bytes, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("no reply on {subject}: {e}"));
+    codec::decode(msg.payload())
+        .expect("the reply is an envelope")
+        .0
+}
+
+fn echo_request(from: &str) -> Envelope {
+    let mut env = Envelope::new(Kind::Request, Performative::Request, from);
+    env.to = vec!["echo".into()];
+    env.name = Some("echo".into());
+    env.payload = codec::encode_payload("hi", "application/msgpack").expect("payload");
+    env
+}
+
+async fn echo_agent(server: &chorus_tests::NatsServer) -> (agent_sdk::Agent, Arc<AtomicUsize>) {
+    let echo = agent(server, "echo").await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&calls);
+    echo.on_command("echo", move |_ctx: Context, s: String| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<_, HandlerError>(s) }
+    })
+    .await
+    .expect("register");
+    (echo, calls)
+}
+
+#[tokio::test]
+async fn a_forwarding_loop_is_cut_at_the_hop_limit_with_the_loop_code() {
+    let server = server();
+    const LIMIT: u8 = 5;
+    let hits = Arc::new(AtomicUsize::new(0));
+    let mut agents = Vec::new();
+    // ping forwards to pong, pong forwards to ping: a loop by construction.
+    for (me, peer) in [("ping", "pong"), ("pong", "ping")] {
+        let a = within(
+            WAIT,
+            "connect",
+            agent_options(&server, me).hop_limit(LIMIT).connect(),
+        )
+        .await
+        .expect("connect");
+        let hits = Arc::clone(&hits);
+        a.on_command("bounce", move |ctx: Context, n: u32| {
+            let hits = Arc::clone(&hits);
+            async move {
+                hits.fetch_add(1, Ordering::SeqCst);
+                let back: u32 = ctx.request(peer, "bounce", &(n + 1)).await?;
+                Ok::<_, HandlerError>(back)
+            }
+        })
+        .await
+        .expect("register");
+        agents.push(a);
+    }
+    let starter = agent(&server, "starter").await;
+    let err = within(
+        WAIT,
+        "loop",
+        starter.request::<_, u32>("ping", "bounce", &0u32),
+    )
+    .await
+    .expect_err("the loop must be refused");
+    assert_eq!(err.status(), StatusCode::LOOP_DETECTED, "{err}");
+    // Hops 0..=LIMIT were handled; the forward that would be hop LIMIT+1 was refused.
+    assert_eq!(hits.load(Ordering::SeqCst), usize::from(LIMIT) + 1);
+    let refused: u64 = agents.iter().map(|a| a.stats().loop_refused).sum();
+    assert_eq!(refused, 1);
+}
+
+#[tokio::test]
+async fn a_received_message_past_its_hop_limit_is_refused_unhandled() {
+    let server = server();
+    let (echo, calls) = echo_agent(&server).await;
+    let raw = raw_broker(&server).await;
+    let subject = echo.subjects().command("echo", "echo").expect("subject");
+
+    let mut env = echo_request("forger");
+    env.hops = 9;
+    env.hop_limit = 8;
+    let reply = raw_request(
+        &raw,
+        &subject,
+        codec::encode(&env, Encoding::MsgPack).expect("enc"),
+    )
+    .await;
+    assert_eq!(reply.status, Some(StatusCode::LOOP_DETECTED));
+    assert_eq!(reply.in_reply_to, Some(env.id));
+
+    // A sender cannot lift the receiver's own limit (16) by claiming a higher one.
+    env.hops = 17;
+    env.hop_limit = 255;
+    let reply = raw_request(
+        &raw,
+        &subject,
+        codec::encode(&env, Encoding::MsgPack).expect("enc"),
+    )
+    .await;
+    assert_eq!(reply.status, Some(StatusCode::LOOP_DETECTED));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    env.hops = 3;
+    let reply = raw_request(
+        &raw,
+        &subject,
+        codec::encode(&env, Encoding::MsgPack).expect("enc"),
+    )
+    .await;
+    assert_eq!(reply.status, Some(StatusCode::OK));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(echo.stats().loop_refused, 2);
+}
+
+#[tokio::test]
+async fn expired_messages_are_not_handled() {
+    let server = server();
+    let (echo, calls) = echo_agent(&server).await;
+    let raw = raw_broker(&server).await;
+    let subject = echo.subjects().command("echo", "echo").expect("subject");
+
+    let mut by_ttl = echo_request("late");
+    by_ttl.timestamp_ms = now_ms() - 10_000;
+    by_ttl.ttl_ms = Some(1_000);
+    let mut by_deadline = echo_request("late");
+    by_deadline.deadline_ms = Some(now_ms() - 1);
+    for env in [by_ttl, by_deadline] {
+        let reply = raw_request(
+            &raw,
+            &subject,
+            codec::encode(&env, Encoding::Json).expect("enc"),
+        )
+        .await;
+        assert_eq!(reply.status, Some(StatusCode::EXPIRED));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(echo.stats().expired, 2);
+
+    let mut fresh = echo_request("on-time");
+    fresh.ttl_ms = Some(60_000);
+    let reply = raw_request(
+        &raw,
+        &subject,
+        codec::encode(&fresh, Encoding::Json).expect("enc"),
+    )
+    .await;
+    assert_eq!(reply.status, Some(StatusCode::OK));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_forward_inherits_the_deadline_and_is_not_sent_after_it() {
+    let server = server();
+    let slowpoke = agent(&server, "slowpoke").await;
+    let downstream_calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&downstream_calls);
+    let downstream = agent(&server, "downstream").await;
+    downstream
+        .on_command("work", move |_ctx: Context, (): ()| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, HandlerError>(()) }
+        })
+        .await
+        .expect("register");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    slowpoke
+        .on_command("relay", move |ctx: Context, (): ()| {
+            let tx = tx.clone();
+            async move {
+                // Outlive the caller's deadline, then try to forward.
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                let result = ctx.request::<_, ()>("downstream", "work", &()).await;
+                let _ = tx.send(result.map_err(|e| e.status()));
+                Ok::<_, HandlerError>(())
+            }
+        })
+        .await
+        .expect("register");
+    let caller = agent(&server, "caller").await;
+    let err = caller
+        .call(
+            agent_sdk::Call::agent("slowpoke", "relay")
+                .payload(&())
+                .expect("payload")
+                .timeout(Duration::from_millis(200)),
+        )
+        .await
+        .expect_err("caller times out");
+    assert!(matches!(err, SdkError::Timeout(_)));
+    let forwarded = within(WAIT, "relay outcome", rx.recv())
+        .await
+        .expect("outcome");
+    assert_eq!(forwarded, Err(StatusCode::EXPIRED));
+    assert_eq!(downstream_calls.load(Ordering::SeqCst), 0);
+}
+
+/// 1,000 malformed payloads of many shapes, each answered with 5006; then a good request.
+#[tokio::test]
+async fn a_thousand_malformed_payloads_are_each_answered_and_the_agent_keeps_serving() {
+    let server = server();
+    let echo = within(
+        WAIT,
+        "connect",
+        agent_options(&server, "echo")
+            .max_message_bytes(64 * 1024)
+            .connect(),
+    )
+    .await
+    .expect("connect");
+    echo.on_command("echo", |_ctx: Context, s: String| async move {
+        Ok::<_, HandlerError>(s)
+    })
+    .await
+    .expect("register");
+    let raw = raw_broker(&server).await;
+    let subject = echo.subjects().command("echo", "echo").expect("subject");
+
+    let good = codec::encode(&echo_request("tester"), Encoding::MsgPack).expect("enc");
+    let good_json = codec::encode(&echo_request("tester"), Encoding::Json).expect("enc");
+    let mut newer_major = echo_request("future");
+    newer_major.version.major = 2;
+    let newer_major = codec::encode(&newer_major, Encoding::MsgPack).expect("enc");
+
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        // xorshift: deterministic, so a failure reproduces.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut payloads: Vec<Bytes> = Vec::with_capacity(1_000);
+    for i in 0..1_000usize {
+        let r = next();
+        let bytes: Vec<u8> = match i % 8 {
+            // Random bytes.
+            0 => (0..(r % 200) as usize).map(|_| next() as u8).collect(),
+            // A good envelope cut short.
+            1 => good[..(r as usize % (good.len() - 1))].to_vec(),
+            // A good envelope with one byte flipped into garbage in its header.
+            2 => {
+                let mut b = good.to_vec();
+                b[0] = 0xc1; // never valid MessagePack
+                b
+            }
+            // JSON that is not an envelope.
+            3 => format!("{{\"version\":\"1.0\",\"id\":{r}}}").into_bytes(),
+            // JSON envelope truncated.
+            4 => good_json[..(r as usize % (good_json.len() - 1))].to_vec(),
+            // An unknown major version.
+            5 => newer_major.to_vec(),
+            // Oversized for this agent (64 KiB limit).
+            6 => vec![b'{'; 64 * 1024 + 1 + (r % 1000) as usize],
+            // An envelope whose kind is one this version does not know.
+            _ => {
+                let mut v = serde_json::to_value(echo_request("odd")).expect("value");
+                v["kind"] = "telepathy".into();
+                serde_json::to_vec(&v).expect("json")
+            }
+        };
+        payloads.push(Bytes::from(bytes));
+    }
+    // A few of the random ones might be empty: still malformed, still answered.
+    let mut answered = 0;
+    for (i, bytes) in payloads.into_iter().enumerate() {
+        let reply = raw_request(&raw, &subject, bytes).await;
+        assert_eq!(reply.status, Some(StatusCode::DATA_FORMAT), "payload #{i}");
+        assert!(reply.reason.as_deref().is_some_and(|r| !r.is_empty()));
+        answered += 1;
+    }
+    assert_eq!(answered, 1_000);
+    assert_eq!(echo.stats().bad_input, 1_000);
+
+    let reply = raw_request(&raw, &subject, good).await;
+    assert_eq!(reply.status, Some(StatusCode::OK));
+    let echoed: String = codec::decode_payload(&reply.payload, &reply.content_type).expect("str");
+    assert_eq!(echoed, "hi");
+}
+
+#[tokio::test]
+async fn an_unknown_major_version_is_refused_with_a_reason_naming_it() {
+    let server = server();
+    let (echo, _) = echo_agent(&server).await;
+    let raw = raw_broker(&server).await;
+    let subject = echo.subjects().command("echo", "echo").expect("subject");
+    let future = serde_json::json!({"version": "2.0", "something": "else entirely"});
+    let reply = raw_request(
+        &raw,
+        &subject,
+        Bytes::from(serde_json::to_vec(&future).expect("json")),
+    )
+    .await;
+    assert_eq!(reply.status, Some(StatusCode::DATA_FORMAT));
+    let reason = reply.reason.unwrap_or_default();
+    assert!(reason.contains("2.0"), "{reason}");
+}
