@@ -194,7 +194,9 @@ enum Route {
 struct Refusal {
     status: StatusCode,
     reason: String,
-    request: Option<Envelope>,
+    request: Option<Box<Envelope>>,
+    /// The encoding to answer in: the request's when it decoded.
+    encoding: Encoding,
 }
 
 pub(crate) struct Inner {
@@ -565,38 +567,40 @@ impl Inner {
                     status: StatusCode::DATA_FORMAT,
                     reason: err.to_string(),
                     request: None,
+                    encoding: self.encoding,
                 }
             })?;
-        let refuse = |status, reason: String, counter| {
-            AgentCounters::bump(counter);
-            tracing::debug!(agent = %self.id, id = %env.id, correlation = %env.conversation(), %status, %reason, "message refused");
-            Err(Refusal {
-                status,
-                reason,
-                request: Some(env.clone()),
-            })
-        };
-        if env.kind == Kind::Unknown {
-            return refuse(
+        let limit = env.hop_limit.min(self.hop_limit);
+        let refusal = if env.kind == Kind::Unknown {
+            Some((
                 StatusCode::DATA_FORMAT,
                 "unsupported message kind".to_owned(),
                 &self.counters.bad_input,
-            );
-        }
-        if env.is_expired_at(now_ms()) {
-            return refuse(
+            ))
+        } else if env.is_expired_at(now_ms()) {
+            Some((
                 StatusCode::EXPIRED,
                 "the message's TTL or deadline passed before it was handled".to_owned(),
                 &self.counters.expired,
-            );
-        }
-        let limit = env.hop_limit.min(self.hop_limit);
-        if env.hops > limit {
-            return refuse(
+            ))
+        } else if env.hops > limit {
+            Some((
                 StatusCode::LOOP_DETECTED,
                 format!("hop {} is past the limit of {limit}", env.hops),
                 &self.counters.loop_refused,
-            );
+            ))
+        } else {
+            None
+        };
+        if let Some((status, reason, counter)) = refusal {
+            AgentCounters::bump(counter);
+            tracing::debug!(agent = %self.id, id = %env.id, correlation = %env.conversation(), %status, %reason, "message refused");
+            return Err(Refusal {
+                status,
+                reason,
+                request: Some(Box::new(env)),
+                encoding,
+            });
         }
         Ok((env, encoding))
     }
@@ -699,12 +703,13 @@ impl Inner {
     }
 
     async fn send_refusal(&self, reply_to: &str, refusal: Refusal) {
-        let (request, encoding) = match refusal.request {
-            Some(request) => (request, self.encoding),
+        let encoding = refusal.encoding;
+        let request = match refusal.request {
+            Some(request) => *request,
             None => {
                 let mut env = Envelope::new(Kind::Response, Performative::Refuse, "");
-                env.content_type = self.encoding.content_type().to_owned();
-                (env, self.encoding)
+                env.content_type = encoding.content_type().to_owned();
+                env
             }
         };
         let err = HandlerError::new(refusal.status, refusal.reason);

@@ -198,6 +198,8 @@ string_enum! {
     }
 }
 
+// The enum comes from a macro, so `#[derive(Default)]` cannot mark the variant.
+#[allow(clippy::derivable_impls)]
 impl Default for Priority {
     fn default() -> Self {
         Priority::Normal

@@ -44,12 +44,14 @@ pub struct ServerBuilder {
     port: Option<u16>,
     extra_args: Vec<String>,
     ready_timeout: Duration,
+    current_dir: Option<PathBuf>,
 }
 
 impl Default for ServerBuilder {
     fn default() -> Self {
         ServerBuilder {
             binary: None,
+            current_dir: None,
             config: None,
             jetstream: true,
             port: None,
@@ -69,6 +71,12 @@ impl ServerBuilder {
     /// Start with this config file (`-c`). Its listen address, if set, wins over the port here.
     pub fn config(mut self, path: impl Into<PathBuf>) -> Self {
         self.config = Some(path.into());
+        self
+    }
+
+    /// Run the server in this directory (relative paths in a config file resolve from it).
+    pub fn current_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.current_dir = Some(dir.into());
         self
     }
 
@@ -216,6 +224,9 @@ impl NatsServer {
             if b.jetstream {
                 cmd.arg("-js").arg("-sd").arg(dir.join("jetstream"));
             }
+        }
+        if let Some(cwd) = &b.current_dir {
+            cmd.current_dir(cwd);
         }
         cmd.arg("--ports_file_dir")
             .arg(&ports_dir)

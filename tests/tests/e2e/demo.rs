@@ -1,0 +1,63 @@
+//! The demo `chorus up` runs, against a test server: every scenario does what it shows.
+
+use agent_sdk::StatusCode;
+use chorus::demo::Demo;
+use chorus_tests::{WAIT, server, within};
+
+#[tokio::test]
+async fn the_demo_scenarios_run_end_to_end() {
+    let server = server();
+    let quiet: fn(&str) = |_| {};
+    let demo = within(WAIT, "demo start", Demo::start(server.url(), quiet))
+        .await
+        .expect("demo agents start");
+    let report = within(WAIT, "demo run", demo.run(quiet))
+        .await
+        .expect("scenarios run");
+
+    // AIXP: OCR hands the text to NLP, which analyses it.
+    assert_eq!(report.ocr.analysed_by, "nlp-agent");
+    assert_eq!(report.ocr.analysis.word_count, 18);
+    assert_eq!(report.ocr.analysis.most_common_word, "the");
+    assert_eq!(report.ocr.analysis.sentiment, "positive");
+    // Agentify: results, and the division by zero refused with its code.
+    let results: Vec<_> = report.calculations.iter().map(|(_, r)| *r).collect();
+    assert_eq!(
+        results,
+        vec![Ok(10.0), Ok(42.0), Err(StatusCode::INVALID_ARGUMENT)]
+    );
+    // Fan-out: every watcher got the event.
+    let mut receivers = report.event_receivers.clone();
+    receivers.sort();
+    assert_eq!(receivers, ["audit", "dashboard", "notifier"]);
+    // The relay loop was cut.
+    assert_eq!(report.loop_status, StatusCode::LOOP_DETECTED);
+
+    // A second run works the same (the demo repeats until Ctrl-C).
+    let again = within(WAIT, "demo rerun", demo.run(quiet))
+        .await
+        .expect("rerun");
+    assert_eq!(again.event_receivers.len(), 3);
+    within(WAIT, "demo shutdown", demo.shutdown()).await;
+}
+
+#[test]
+fn the_repository_nats_conf_passes_nats_server_t() {
+    let binary = broker_adapter::server::find_binary().expect("nats-server installed");
+    let conf = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../nats.conf");
+    let out = std::process::Command::new(binary)
+        .arg("-t")
+        .arg("-c")
+        .arg(&conf)
+        .output()
+        .expect("run nats-server -t");
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "nats-server -t refused nats.conf: {text}"
+    );
+    assert!(text.contains("is valid"), "{text}");
+    let conf_text = std::fs::read_to_string(&conf).expect("read nats.conf");
+    assert!(conf_text.contains("sync_interval: always"));
+}
