@@ -2,6 +2,7 @@
 
 mod broker;
 mod demo;
+mod docs;
 mod messaging;
 mod protocol;
 mod shutdown;
