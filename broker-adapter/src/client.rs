@@ -17,7 +17,7 @@ use crate::{BrokerOptions, Credentials, Error, ErrorKind, Headers, Message, Resu
 /// when the last clone is dropped or on [`drain`](Broker::drain).
 #[derive(Debug, Clone)]
 pub struct Broker {
-    client: async_nats::Client,
+    pub(crate) client: async_nats::Client,
     shared: Arc<Shared>,
 }
 

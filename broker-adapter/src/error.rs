@@ -20,6 +20,10 @@ pub enum ErrorKind {
     /// The input given to the adapter cannot work: a bad URL, unreadable credentials, a header
     /// name or value NATS cannot carry.
     InvalidInput,
+    /// A conditional write lost: the key exists already, or its revision moved on.
+    Conflict,
+    /// The stream, consumer, key or message does not exist.
+    NotFound,
     /// Anything else: I/O, a closed connection, the server unreachable.
     Broker,
 }
@@ -34,6 +38,8 @@ impl ErrorKind {
             ErrorKind::TooLarge => "too_large",
             ErrorKind::InvalidSubject => "invalid_subject",
             ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::NotFound => "not_found",
             ErrorKind::Broker => "broker",
         }
     }

@@ -9,6 +9,7 @@
 mod client;
 mod error;
 mod events;
+pub mod jetstream;
 mod message;
 mod options;
 pub mod server;
@@ -16,6 +17,10 @@ mod subject;
 
 pub use client::{Broker, Subscription};
 pub use error::{Error, ErrorKind, Result};
+pub use jetstream::{
+    Consumer, ConsumerSpec, ConsumerState, Deliveries, Delivery, JetStream, Kv, KvEntry, KvOp,
+    KvSpec, KvWatch, PubAck, StoredMessage, StreamSpec, StreamState,
+};
 pub use events::{ConnectionEvent, ConnectionStats, StatsSnapshot};
 pub use message::{Headers, Message};
 pub use options::{

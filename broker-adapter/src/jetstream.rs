@@ -1,0 +1,750 @@
+//! JetStream: streams, durable pull consumers with explicit acks, and key-value buckets.
+//!
+//! The rest of Chorus sees specs ([`StreamSpec`], [`ConsumerSpec`], [`KvSpec`]) and small
+//! handles; every call returns the adapter's [`Error`] with a kind.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, consumer::pull, kv, stream};
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+
+use crate::{Broker, Error, ErrorKind, Headers, Result};
+
+fn broker_err(context: impl Into<String>) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> Error {
+    let context = context.into();
+    move |e| Error::with_source(ErrorKind::Broker, context, e)
+}
+
+/// Maps any displayable JetStream error, spotting "not found" in the server's answer.
+fn js_err<E>(context: &str, err: E) -> Error
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let text = err.to_string().to_ascii_lowercase();
+    let kind = if text.contains("not found") {
+        ErrorKind::NotFound
+    } else if text.contains("timed out") {
+        ErrorKind::TimedOut
+    } else if text.contains("wrong last sequence") || text.contains("already exists") {
+        ErrorKind::Conflict
+    } else if text.contains("permission") || text.contains("authorization") {
+        ErrorKind::Refused
+    } else {
+        ErrorKind::Broker
+    };
+    Error::with_source(kind, context.to_owned(), err)
+}
+
+/// What a stream should look like. [`JetStream::ensure_stream`] creates or updates it.
+#[derive(Debug, Clone)]
+pub struct StreamSpec {
+    /// Stream name.
+    pub name: String,
+    /// Subjects it captures.
+    pub subjects: Vec<String>,
+    /// Oldest message kept (zero: no limit).
+    pub max_age: Duration,
+    /// Most bytes kept (-1: no limit).
+    pub max_bytes: i64,
+    /// Most messages kept per subject (-1: no limit).
+    pub max_msgs_per_subject: i64,
+    /// Window in which a repeated `Nats-Msg-Id` is dropped as a duplicate.
+    pub duplicate_window: Duration,
+    /// Replicas (1 on a single server, 3 on a cluster).
+    pub replicas: usize,
+    /// Whether messages may carry their own TTL (`Nats-TTL`).
+    pub allow_msg_ttl: bool,
+    /// Work-queue retention: a message is removed once acked.
+    pub work_queue: bool,
+    /// Human description.
+    pub description: String,
+}
+
+impl StreamSpec {
+    /// A file-backed stream with no limits but those set afterwards.
+    pub fn new(name: impl Into<String>, subjects: Vec<String>) -> Self {
+        StreamSpec {
+            name: name.into(),
+            subjects,
+            max_age: Duration::ZERO,
+            max_bytes: -1,
+            max_msgs_per_subject: -1,
+            duplicate_window: Duration::from_secs(120),
+            replicas: 1,
+            allow_msg_ttl: false,
+            work_queue: false,
+            description: String::new(),
+        }
+    }
+
+    fn to_config(&self) -> stream::Config {
+        stream::Config {
+            name: self.name.clone(),
+            subjects: self.subjects.clone(),
+            max_age: self.max_age,
+            max_bytes: self.max_bytes,
+            max_messages_per_subject: self.max_msgs_per_subject,
+            duplicate_window: self.duplicate_window,
+            num_replicas: self.replicas.max(1),
+            allow_message_ttl: self.allow_msg_ttl,
+            retention: if self.work_queue {
+                stream::RetentionPolicy::WorkQueue
+            } else {
+                stream::RetentionPolicy::Limits
+            },
+            storage: stream::StorageType::File,
+            description: (!self.description.is_empty()).then(|| self.description.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// What a durable pull consumer should look like.
+#[derive(Debug, Clone)]
+pub struct ConsumerSpec {
+    /// Durable name: the consumer survives restarts of its clients and the server.
+    pub durable: String,
+    /// Only messages on these subjects (empty: all of the stream).
+    pub filter_subjects: Vec<String>,
+    /// Redeliver a message not acked within this time.
+    pub ack_wait: Duration,
+    /// Deliveries before the server gives up on a message (-1: unlimited).
+    pub max_deliver: i64,
+    /// Unacknowledged messages outstanding at once.
+    pub max_ack_pending: i64,
+    /// Description.
+    pub description: String,
+}
+
+impl ConsumerSpec {
+    /// A consumer with NATS's usual defaults (30 s ack wait, unlimited deliveries).
+    pub fn new(durable: impl Into<String>) -> Self {
+        ConsumerSpec {
+            durable: durable.into(),
+            filter_subjects: Vec::new(),
+            ack_wait: Duration::from_secs(30),
+            max_deliver: -1,
+            max_ack_pending: 1_000,
+            description: String::new(),
+        }
+    }
+}
+
+/// What a key-value bucket should look like.
+#[derive(Debug, Clone)]
+pub struct KvSpec {
+    /// Bucket name (`[A-Za-z0-9_-]`).
+    pub bucket: String,
+    /// Revisions kept per key.
+    pub history: i64,
+    /// Entries older than this disappear (zero: never).
+    pub max_age: Duration,
+    /// Replicas.
+    pub replicas: usize,
+    /// Description.
+    pub description: String,
+}
+
+impl KvSpec {
+    /// A bucket keeping one revision per key, forever.
+    pub fn new(bucket: impl Into<String>) -> Self {
+        KvSpec {
+            bucket: bucket.into(),
+            history: 1,
+            max_age: Duration::ZERO,
+            replicas: 1,
+            description: String::new(),
+        }
+    }
+}
+
+/// The server's answer to a JetStream publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PubAck {
+    /// The stream that stored it.
+    pub stream: String,
+    /// Its sequence in the stream.
+    pub sequence: u64,
+    /// Whether the server recognised the message id and dropped this copy.
+    pub duplicate: bool,
+}
+
+/// A message read from a stream by sequence.
+#[derive(Debug, Clone)]
+pub struct StoredMessage {
+    /// Subject it was published to.
+    pub subject: String,
+    /// Sequence in the stream.
+    pub sequence: u64,
+    /// Headers.
+    pub headers: Headers,
+    /// Payload.
+    pub payload: Bytes,
+    /// When the stream stored it, ms since the epoch.
+    pub stored_ms: u64,
+}
+
+/// Message counts of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamState {
+    /// Messages in the stream.
+    pub messages: u64,
+    /// First sequence.
+    pub first_seq: u64,
+    /// Last sequence.
+    pub last_seq: u64,
+}
+
+/// Counts of a consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerState {
+    /// Messages not yet delivered.
+    pub pending: u64,
+    /// Delivered and not acked.
+    pub ack_pending: usize,
+    /// Redelivered at least once and not yet acked.
+    pub redelivered: usize,
+}
+
+/// A JetStream handle on one connection.
+#[derive(Debug, Clone)]
+pub struct JetStream {
+    ctx: jetstream::Context,
+    client: async_nats::Client,
+}
+
+fn datetime_ms(t: &time::OffsetDateTime) -> u64 {
+    u64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+}
+
+impl Broker {
+    /// A JetStream handle. `timeout` bounds every JetStream API call and publish ack.
+    pub fn jetstream(&self, timeout: Duration) -> JetStream {
+        let mut ctx = jetstream::new(self.client.clone());
+        ctx.set_timeout(timeout);
+        JetStream {
+            ctx,
+            client: self.client.clone(),
+        }
+    }
+}
+
+impl JetStream {
+    /// Creates the stream, or updates its config to `spec`.
+    pub async fn ensure_stream(&self, spec: &StreamSpec) -> Result<()> {
+        self.ctx
+            .create_or_update_stream(spec.to_config())
+            .await
+            .map(|_| ())
+            .map_err(|e| js_err(&format!("cannot create stream {}", spec.name), e))
+    }
+
+    /// Publishes and waits for the stream's ack. `msg_id` goes in `Nats-Msg-Id` (the server
+    /// drops a repeat within the duplicate window); `ttl` in `Nats-TTL`.
+    pub async fn publish(
+        &self,
+        subject: &str,
+        headers: Option<Headers>,
+        msg_id: Option<&str>,
+        ttl: Option<Duration>,
+        payload: Bytes,
+    ) -> Result<PubAck> {
+        crate::subject::validate_subject(subject, crate::Wildcards::Refuse)?;
+        let mut publish = jetstream::message::PublishMessage::build().payload(payload);
+        if let Some(h) = headers {
+            publish = publish.headers(h.0);
+        }
+        if let Some(id) = msg_id {
+            publish = publish.message_id(id);
+        }
+        if let Some(ttl) = ttl {
+            publish = publish.ttl(ttl);
+        }
+        let ack = self
+            .ctx
+            .send_publish(subject.to_owned(), publish)
+            .await
+            .map_err(|e| js_err(&format!("publish to {subject} failed"), e))?
+            .await
+            .map_err(|e| js_err(&format!("no ack for publish to {subject}"), e))?;
+        Ok(PubAck {
+            stream: ack.stream,
+            sequence: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    async fn stream(&self, name: &str) -> Result<stream::Stream> {
+        self.ctx
+            .get_stream(name)
+            .await
+            .map_err(|e| js_err(&format!("stream {name}"), e))
+    }
+
+    /// Reads message `sequence` of stream `name`.
+    pub async fn get_message(&self, name: &str, sequence: u64) -> Result<StoredMessage> {
+        let stream = self.stream(name).await?;
+        let raw = stream
+            .get_raw_message(sequence)
+            .await
+            .map_err(|e| js_err(&format!("message {sequence} of {name}"), e))?;
+        Ok(StoredMessage {
+            subject: raw.subject.to_string(),
+            sequence: raw.sequence,
+            headers: Headers(raw.headers),
+            payload: raw.payload,
+            stored_ms: datetime_ms(&raw.time),
+        })
+    }
+
+    /// Deletes message `sequence` of stream `name`. Deleting one that is already gone is not
+    /// an error (returns `false`).
+    pub async fn delete_message(&self, name: &str, sequence: u64) -> Result<bool> {
+        let stream = self.stream(name).await?;
+        match stream.delete_message(sequence).await {
+            Ok(deleted) => Ok(deleted),
+            Err(e) => {
+                let err = js_err(&format!("delete {sequence} of {name}"), e);
+                if err.kind() == ErrorKind::NotFound {
+                    Ok(false)
+                } else {
+                    Err(err)
+                }
+            }
+        }
+    }
+
+    /// Message counts of stream `name`.
+    pub async fn stream_state(&self, name: &str) -> Result<StreamState> {
+        let mut stream = self.stream(name).await?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| js_err(&format!("stream info {name}"), e))?;
+        Ok(StreamState {
+            messages: info.state.messages,
+            first_seq: info.state.first_sequence,
+            last_seq: info.state.last_sequence,
+        })
+    }
+
+    /// Removes every message of stream `name`; returns how many.
+    pub async fn purge_stream(&self, name: &str) -> Result<u64> {
+        let stream = self.stream(name).await?;
+        stream
+            .purge()
+            .await
+            .map(|r| r.purged)
+            .map_err(|e| js_err(&format!("purge {name}"), e))
+    }
+
+    /// Creates the durable pull consumer on stream `name`, or updates it to `spec`.
+    pub async fn ensure_consumer(&self, name: &str, spec: &ConsumerSpec) -> Result<Consumer> {
+        let stream = self.stream(name).await?;
+        let (filter_subject, filter_subjects) = match spec.filter_subjects.as_slice() {
+            [one] => (one.clone(), Vec::new()),
+            many => (String::new(), many.to_vec()),
+        };
+        let config = pull::Config {
+            durable_name: Some(spec.durable.clone()),
+            description: (!spec.description.is_empty()).then(|| spec.description.clone()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: spec.ack_wait,
+            max_deliver: spec.max_deliver,
+            max_ack_pending: spec.max_ack_pending,
+            filter_subject,
+            filter_subjects,
+            ..Default::default()
+        };
+        let consumer = match stream.create_consumer(config.clone()).await {
+            Ok(c) => c,
+            Err(_) => stream
+                .update_consumer(config)
+                .await
+                .map_err(|e| js_err(&format!("consumer {} on {name}", spec.durable), e))?,
+        };
+        Ok(Consumer {
+            inner: consumer,
+            client: self.client.clone(),
+        })
+    }
+
+    /// Counts of consumer `durable` on stream `name`.
+    pub async fn consumer_state(&self, name: &str, durable: &str) -> Result<ConsumerState> {
+        let stream = self.stream(name).await?;
+        let info = stream
+            .consumer_info(durable)
+            .await
+            .map_err(|e| js_err(&format!("consumer {durable} on {name}"), e))?;
+        Ok(ConsumerState {
+            pending: info.num_pending,
+            ack_pending: info.num_ack_pending,
+            redelivered: info.num_redelivered,
+        })
+    }
+
+    /// Deletes consumer `durable` of stream `name`.
+    pub async fn delete_consumer(&self, name: &str, durable: &str) -> Result<()> {
+        let stream = self.stream(name).await?;
+        stream
+            .delete_consumer(durable)
+            .await
+            .map(|_| ())
+            .map_err(|e| js_err(&format!("delete consumer {durable} on {name}"), e))
+    }
+
+    /// Creates the key-value bucket or updates it to `spec`.
+    pub async fn ensure_kv(&self, spec: &KvSpec) -> Result<Kv> {
+        let config = kv::Config {
+            bucket: spec.bucket.clone(),
+            history: spec.history,
+            max_age: spec.max_age,
+            num_replicas: spec.replicas.max(1),
+            description: spec.description.clone(),
+            storage: stream::StorageType::File,
+            ..Default::default()
+        };
+        let store = self
+            .ctx
+            .create_or_update_key_value(config)
+            .await
+            .map_err(|e| js_err(&format!("key-value bucket {}", spec.bucket), e))?;
+        Ok(Kv { store })
+    }
+}
+
+/// A durable pull consumer.
+#[derive(Debug, Clone)]
+pub struct Consumer {
+    inner: jetstream::consumer::Consumer<pull::Config>,
+    client: async_nats::Client,
+}
+
+impl Consumer {
+    /// Messages as they become available, fetched in batches of up to `batch` (at most
+    /// `batch` unacked messages are buffered here, which bounds memory).
+    pub async fn messages(&self, batch: usize) -> Result<Deliveries> {
+        let stream = self
+            .inner
+            .stream()
+            .max_messages_per_batch(batch.max(1))
+            .heartbeat(Duration::from_secs(5))
+            .expires(Duration::from_secs(30))
+            .messages()
+            .await
+            .map_err(|e| js_err("consumer messages", e))?;
+        Ok(Deliveries {
+            inner: stream,
+            client: self.client.clone(),
+        })
+    }
+}
+
+/// The stream of deliveries of a [`Consumer`]. Errors of the pull protocol (missed
+/// heartbeats while the server is away) are yielded and the stream goes on.
+pub struct Deliveries {
+    inner: pull::Stream,
+    client: async_nats::Client,
+}
+
+impl std::fmt::Debug for Deliveries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Deliveries")
+    }
+}
+
+impl Stream for Deliveries {
+    type Item = Result<Delivery>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let client = self.client.clone();
+        self.inner.poll_next_unpin(cx).map(|next| {
+            next.map(|item| {
+                item.map(|message| Delivery::new(message, client))
+                    .map_err(|e| js_err("consumer delivery", e))
+            })
+        })
+    }
+}
+
+/// One delivery of a stored message to a consumer.
+#[derive(Debug)]
+pub struct Delivery {
+    message: jetstream::Message,
+    client: async_nats::Client,
+    stream_seq: u64,
+    delivered: u64,
+    published_ms: u64,
+}
+
+impl Delivery {
+    fn new(message: jetstream::Message, client: async_nats::Client) -> Self {
+        let (stream_seq, delivered, published_ms) = message
+            .info()
+            .map(|i| {
+                (
+                    i.stream_sequence,
+                    u64::try_from(i.delivered).unwrap_or(1),
+                    datetime_ms(&i.published),
+                )
+            })
+            .unwrap_or((0, 1, 0));
+        Delivery {
+            message,
+            client,
+            stream_seq,
+            delivered,
+            published_ms,
+        }
+    }
+
+    /// Subject it was published to.
+    pub fn subject(&self) -> &str {
+        self.message.subject.as_str()
+    }
+
+    /// Payload.
+    pub fn payload(&self) -> &Bytes {
+        &self.message.payload
+    }
+
+    /// A header, if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get_last(name))
+            .map(|v| v.as_str())
+    }
+
+    /// Sequence in the stream.
+    pub fn stream_seq(&self) -> u64 {
+        self.stream_seq
+    }
+
+    /// Which delivery this is: 1 the first time, 2 on the first redelivery, ...
+    /// This count, kept by the server, is the only attempt counter in Chorus.
+    pub fn delivered(&self) -> u64 {
+        self.delivered
+    }
+
+    /// When the stream stored the message, ms since the epoch.
+    pub fn published_ms(&self) -> u64 {
+        self.published_ms
+    }
+
+    /// Done: the server forgets it for this consumer.
+    pub async fn ack(&self) -> Result<()> {
+        self.ack_with(jetstream::AckKind::Ack).await
+    }
+
+    /// Acks and waits for the server to confirm it recorded the ack.
+    pub async fn double_ack(&self) -> Result<()> {
+        self.message
+            .double_ack()
+            .await
+            .map_err(broker_err("double ack failed"))
+    }
+
+    /// Not done: redeliver after `delay` (immediately if `None`).
+    pub async fn nak(&self, delay: Option<Duration>) -> Result<()> {
+        self.ack_with(jetstream::AckKind::Nak(delay)).await
+    }
+
+    /// Still working: extend the ack deadline by another ack wait.
+    pub async fn in_progress(&self) -> Result<()> {
+        self.ack_with(jetstream::AckKind::Progress).await
+    }
+
+    /// Never redeliver. The server emits a terminated advisory carrying `reason`, which is
+    /// how the dead-letter queue learns why.
+    pub async fn term(&self, reason: &str) -> Result<()> {
+        let Some(reply) = self.message.reply.clone() else {
+            return Err(Error::new(ErrorKind::Broker, "delivery has no ack subject"));
+        };
+        let reason: String = reason.chars().filter(|c| !c.is_control()).take(200).collect();
+        self.client
+            .publish(reply, Bytes::from(format!("+TERM {reason}")))
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Broker, "term failed", e))
+    }
+
+    async fn ack_with(&self, kind: jetstream::AckKind) -> Result<()> {
+        self.message
+            .ack_with(kind)
+            .await
+            .map_err(broker_err("ack failed"))
+    }
+}
+
+/// What happened to a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvOp {
+    /// A value was written.
+    Put,
+    /// The key was deleted or purged.
+    Delete,
+}
+
+/// One entry or change of a key-value bucket.
+#[derive(Debug, Clone)]
+pub struct KvEntry {
+    /// The key.
+    pub key: String,
+    /// The value (empty for deletes).
+    pub value: Bytes,
+    /// Its revision.
+    pub revision: u64,
+    /// Put or delete.
+    pub op: KvOp,
+}
+
+impl KvEntry {
+    fn from_nats(e: kv::Entry) -> Self {
+        KvEntry {
+            op: match e.operation {
+                kv::Operation::Put => KvOp::Put,
+                kv::Operation::Delete | kv::Operation::Purge => KvOp::Delete,
+            },
+            key: e.key,
+            value: e.value,
+            revision: e.revision,
+        }
+    }
+}
+
+/// A key-value bucket.
+#[derive(Debug, Clone)]
+pub struct Kv {
+    store: kv::Store,
+}
+
+impl Kv {
+    /// The current entry for `key`, if it exists and is not deleted.
+    pub async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
+        let entry = self
+            .store
+            .entry(key)
+            .await
+            .map_err(|e| js_err(&format!("kv get {key}"), e))?;
+        Ok(entry
+            .map(KvEntry::from_nats)
+            .filter(|e| e.op == KvOp::Put))
+    }
+
+    /// Writes `value`; returns the new revision.
+    pub async fn put(&self, key: &str, value: Bytes) -> Result<u64> {
+        self.store
+            .put(key, value)
+            .await
+            .map_err(|e| js_err(&format!("kv put {key}"), e))
+    }
+
+    /// Writes only if the key does not exist; [`ErrorKind::Conflict`] if it does.
+    pub async fn create(&self, key: &str, value: Bytes) -> Result<u64> {
+        self.store.create(key, value).await.map_err(|e| {
+            if e.kind() == kv::CreateErrorKind::AlreadyExists {
+                Error::with_source(ErrorKind::Conflict, format!("kv create {key}"), e)
+            } else {
+                js_err(&format!("kv create {key}"), e)
+            }
+        })
+    }
+
+    /// Writes only if the key is still at `revision`; [`ErrorKind::Conflict`] otherwise.
+    pub async fn update(&self, key: &str, value: Bytes, revision: u64) -> Result<u64> {
+        self.store.update(key, value, revision).await.map_err(|e| {
+            if e.kind() == kv::UpdateErrorKind::WrongLastRevision {
+                Error::with_source(ErrorKind::Conflict, format!("kv update {key}"), e)
+            } else {
+                js_err(&format!("kv update {key}"), e)
+            }
+        })
+    }
+
+    /// Deletes `key` only if it is still at `revision`; [`ErrorKind::Conflict`] otherwise.
+    pub async fn delete_if(&self, key: &str, revision: u64) -> Result<()> {
+        self.store
+            .delete_expect_revision(key, Some(revision))
+            .await
+            .map_err(|e| {
+                let text = e.to_string().to_ascii_lowercase();
+                let kind = if text.contains("wrong last sequence") {
+                    ErrorKind::Conflict
+                } else {
+                    ErrorKind::Broker
+                };
+                Error::with_source(kind, format!("kv delete {key}"), e)
+            })
+    }
+
+    /// Deletes `key`.
+    pub async fn delete(&self, key: &str) -> Result<()> {
+        self.store
+            .delete(key)
+            .await
+            .map_err(|e| js_err(&format!("kv delete {key}"), e))
+    }
+
+    /// Every live entry.
+    pub async fn entries(&self) -> Result<Vec<KvEntry>> {
+        let mut keys = self
+            .store
+            .keys()
+            .await
+            .map_err(|e| js_err("kv keys", e))?;
+        let mut out = Vec::new();
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(|e| js_err("kv keys", e))?;
+            if let Some(entry) = self.get(&key).await? {
+                out.push(entry);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every change from now on, after the current value of every key.
+    pub async fn watch(&self) -> Result<KvWatch> {
+        let inner = self
+            .store
+            .watch_with_history(">")
+            .await
+            .map_err(|e| js_err("kv watch", e))?;
+        Ok(KvWatch { inner })
+    }
+}
+
+/// Changes of a bucket; see [`Kv::watch`].
+pub struct KvWatch {
+    inner: kv::Watch,
+}
+
+impl std::fmt::Debug for KvWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KvWatch")
+    }
+}
+
+impl Stream for KvWatch {
+    type Item = Result<KvEntry>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.poll_next_unpin(cx).map(|next| {
+            next.map(|item| {
+                item.map(KvEntry::from_nats)
+                    .map_err(|e| js_err("kv watch", e))
+            })
+        })
+    }
+}
+
+/// Milliseconds since the epoch, now.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
