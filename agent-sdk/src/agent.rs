@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::task::Poll;
 use std::time::Duration;
 
-use broker_adapter::{Broker, BrokerOptions, ErrorKind, Message, Subscription};
+use broker_adapter::{
+    Broker, BrokerOptions, ConsumerSpec, ErrorKind, JetStream, Message, Subscription,
+};
 use futures::{Stream, StreamExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -17,9 +19,16 @@ use tokio_util::task::TaskTracker;
 use crate::call::{Call, Reply, Target};
 use crate::codec::{self, CodecError, Encoding, decode_payload, encode_payload};
 use crate::context::Context;
-use crate::envelope::{DEFAULT_HOP_LIMIT, Envelope, ExpectedReply, Kind, Performative, now_ms};
+use crate::durable::{self, InboxLimits};
+use crate::envelope::{
+    CONTENT_TYPE_MSGPACK, DEFAULT_HOP_LIMIT, Envelope, ExpectedReply, Kind, Performative, now_ms,
+};
 use crate::error::{HandlerError, SdkError};
 use crate::handler::{EventHandler, Handler, Output, Typed};
+use crate::metrics::{StatsSource, sdk_metrics};
+use crate::presence::Endpoint;
+use crate::registry::{AgentRecord, Availability, BroadcastReport, BroadcastTarget, DiscoverQuery};
+use crate::retry::RetryPolicies;
 use crate::stats::{AgentCounters, AgentStats};
 use crate::status::StatusCode;
 use crate::subject::{Subjects, validate_token};
@@ -30,6 +39,13 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 /// Default size limit of an inbound message (NATS's default `max_payload`).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// Default time between heartbeats.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+/// How long a durable delivery may go without an ack or progress report before the server
+/// redelivers it. Handlers that run longer report progress automatically.
+pub const DURABLE_ACK_WAIT: Duration = Duration::from_secs(30);
+/// Timeout of JetStream API calls and publish acks.
+pub const JETSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a subscribe waits for the server to confirm it has the subscription.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default time [`Agent::shutdown`] waits for in-flight handlers.
@@ -57,6 +73,14 @@ pub struct AgentOptions {
     max_in_flight: usize,
     max_message_bytes: usize,
     shutdown_timeout: Duration,
+    groups: Vec<String>,
+    capability_version: String,
+    heartbeat_interval: Duration,
+    service_discovery: bool,
+    durable_inbox: bool,
+    inbox_limits: InboxLimits,
+    retry_policies: Option<RetryPolicies>,
+    durable_ack_wait: Duration,
 }
 
 impl AgentOptions {
@@ -74,7 +98,68 @@ impl AgentOptions {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            groups: Vec::new(),
+            capability_version: "1.0".to_owned(),
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            service_discovery: true,
+            durable_inbox: false,
+            inbox_limits: InboxLimits::default(),
+            retry_policies: None,
+            durable_ack_wait: DURABLE_ACK_WAIT,
         }
+    }
+
+    /// Joins a broadcast group (one token).
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.groups.push(group.into());
+        self
+    }
+
+    /// The version announced for this agent's capabilities (default `1.0`).
+    pub fn capability_version(mut self, version: impl Into<String>) -> Self {
+        self.capability_version = version.into();
+        self
+    }
+
+    /// Time between heartbeats (default 5 s); the registry declares the agent gone after three
+    /// missed. Zero turns heartbeats off (the agent then does not appear in discovery).
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_interval = interval;
+        self
+    }
+
+    /// Whether the agent answers NATS service discovery (`$SRV.*`; default on).
+    pub fn service_discovery(mut self, on: bool) -> Self {
+        self.service_discovery = on;
+        self
+    }
+
+    /// Gives the agent a durable inbox: commands sent with [`Agent::send_durable`] wait in
+    /// JetStream while it is offline, are retried by the retry policy and dead-lettered when
+    /// they cannot be handled. Its command handlers serve both paths.
+    pub fn durable_inbox(mut self, on: bool) -> Self {
+        self.durable_inbox = on;
+        self
+    }
+
+    /// Limits of the inbox stream, used when this agent creates it.
+    pub fn inbox_limits(mut self, limits: InboxLimits) -> Self {
+        self.inbox_limits = limits;
+        self
+    }
+
+    /// Retry policies for the durable inbox. Without them the agent reads the policies the
+    /// coordinator publishes from its configuration, or uses the defaults.
+    pub fn retry_policies(mut self, policies: RetryPolicies) -> Self {
+        self.retry_policies = Some(policies);
+        self
+    }
+
+    /// How long a durable delivery may go unacknowledged before it is redelivered (default
+    /// 30 s; running handlers report progress every third of it).
+    pub fn durable_ack_wait(mut self, wait: Duration) -> Self {
+        self.durable_ack_wait = wait.max(Duration::from_millis(300));
+        self
     }
 
     /// Declares a capability the agent offers (serving it takes [`Agent::on_capability`]).
@@ -149,6 +234,17 @@ impl AgentOptions {
     }
 }
 
+/// What [`Agent::send_durable`] got back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurableReceipt {
+    /// The message id (also its JetStream dedupe id).
+    pub id: uuid::Uuid,
+    /// Its sequence in the inbox stream.
+    pub stream_seq: u64,
+    /// Whether the server already had it (a resend).
+    pub duplicate: bool,
+}
+
 /// What [`Agent::shutdown`] observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShutdownReport {
@@ -186,8 +282,10 @@ impl Drop for StopOnDrop {
 enum Route {
     /// Everything under `<root>.agent.<id>.*`, dispatched by command name.
     Commands,
-    Capability(Arc<dyn Handler>),
+    Capability(Arc<Endpoint>),
     Event(Arc<dyn EventHandler>),
+    /// NATS service discovery (`$SRV.*`).
+    Service,
 }
 
 /// Why an inbound message is not handled, and what to answer.
@@ -201,20 +299,32 @@ struct Refusal {
 
 pub(crate) struct Inner {
     pub(crate) id: String,
-    subjects: Subjects,
-    broker: Broker,
-    encoding: Encoding,
-    hop_limit: u8,
+    pub(crate) subjects: Subjects,
+    pub(crate) broker: Broker,
+    pub(crate) encoding: Encoding,
+    pub(crate) hop_limit: u8,
     request_timeout: Duration,
-    max_message_bytes: usize,
+    pub(crate) max_message_bytes: usize,
     shutdown_timeout: Duration,
-    capabilities: Mutex<Vec<String>>,
-    commands: RwLock<HashMap<String, Arc<dyn Handler>>>,
+    pub(crate) capabilities: Mutex<Vec<String>>,
+    pub(crate) commands: RwLock<HashMap<String, Arc<Endpoint>>>,
+    endpoints: Mutex<Vec<Arc<Endpoint>>>,
     inbound: tokio::sync::Mutex<bool>,
-    counters: AgentCounters,
+    pub(crate) counters: AgentCounters,
     tracker: TaskTracker,
-    stop: CancellationToken,
+    pub(crate) stop: CancellationToken,
     in_flight: Arc<Semaphore>,
+    max_in_flight: usize,
+    pub(crate) instance: String,
+    pub(crate) started_ms: u64,
+    pub(crate) groups: Vec<String>,
+    pub(crate) capability_version: String,
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) presence_changed: tokio::sync::Notify,
+    load_override: Mutex<Option<(f32, Availability)>>,
+    pub(crate) js: JetStream,
+    pub(crate) retry_policies: RwLock<RetryPolicies>,
+    pub(crate) durable_ack_wait: Duration,
 }
 
 impl Agent {
@@ -228,6 +338,10 @@ impl Agent {
             .connect()
             .await?;
         let stop = CancellationToken::new();
+        for group in &options.groups {
+            validate_token("group", group)?;
+        }
+        let js = broker.jetstream(JETSTREAM_TIMEOUT);
         let inner = Arc::new(Inner {
             id: options.id,
             subjects,
@@ -239,12 +353,43 @@ impl Agent {
             shutdown_timeout: options.shutdown_timeout,
             capabilities: Mutex::new(options.capabilities),
             commands: RwLock::new(HashMap::new()),
+            endpoints: Mutex::new(Vec::new()),
             inbound: tokio::sync::Mutex::new(false),
             counters: AgentCounters::default(),
             tracker: TaskTracker::new(),
             stop: stop.clone(),
             in_flight: Arc::new(Semaphore::new(options.max_in_flight)),
+            max_in_flight: options.max_in_flight,
+            instance: uuid::Uuid::now_v7().simple().to_string(),
+            started_ms: now_ms(),
+            groups: options.groups,
+            capability_version: options.capability_version,
+            heartbeat_interval: options.heartbeat_interval,
+            presence_changed: tokio::sync::Notify::new(),
+            load_override: Mutex::new(None),
+            js,
+            retry_policies: RwLock::new(options.retry_policies.clone().unwrap_or_default()),
+            durable_ack_wait: options.durable_ack_wait,
         });
+        let weak: std::sync::Weak<dyn StatsSource> =
+            Arc::downgrade(&(Arc::clone(&inner) as Arc<dyn StatsSource>));
+        crate::metrics::track(weak);
+        if options.service_discovery {
+            for subject in inner.service_subjects() {
+                let sub = inner.broker.subscribe(&subject).await?;
+                Inner::spawn_reader(&inner, sub, Route::Service);
+            }
+        }
+        if options.durable_inbox {
+            if options.retry_policies.is_none() {
+                inner.load_retry_policies().await;
+            }
+            inner.start_durable_inbox(&options.inbox_limits).await?;
+        }
+        if !inner.heartbeat_interval.is_zero() {
+            inner.tracker.spawn(Arc::clone(&inner).presence_loop());
+        }
+        inner.broker.sync(SYNC_TIMEOUT).await?;
         tracing::info!(agent = %inner.id, "agent connected");
         Ok(Agent {
             inner,
@@ -292,11 +437,24 @@ impl Agent {
 
     /// Registers an untyped [`Handler`] for command `name`.
     pub async fn handle_command(&self, name: &str, handler: impl Handler) -> Result<(), SdkError> {
-        validate_token("command name", name)?;
-        let previous = write(&self.inner.commands).insert(name.to_owned(), Arc::new(handler));
+        let subject = self.inner.subjects.command(&self.inner.id, name)?;
+        let endpoint = Arc::new(Endpoint::new(
+            name.to_owned(),
+            subject,
+            None,
+            false,
+            Arc::new(handler),
+        ));
+        let previous = write(&self.inner.commands).insert(name.to_owned(), Arc::clone(&endpoint));
+        {
+            let mut endpoints = lock(&self.inner.endpoints);
+            endpoints.retain(|e| e.is_capability || e.name != name);
+            endpoints.push(endpoint);
+        }
         if previous.is_some() {
             tracing::warn!(agent = %self.inner.id, command = name, "command handler replaced");
         }
+        self.inner.presence_changed.notify_one();
         let mut subscribed = self.inner.inbound.lock().await;
         if !*subscribed {
             let subject = self.inner.subjects.agent_inbound(&self.inner.id)?;
@@ -339,7 +497,16 @@ impl Agent {
                 caps.push(capability.to_owned());
             }
         }
-        Inner::spawn_reader(&self.inner, sub, Route::Capability(Arc::new(handler)));
+        let endpoint = Arc::new(Endpoint::new(
+            capability.to_owned(),
+            subject.clone(),
+            Some(subject),
+            true,
+            Arc::new(handler),
+        ));
+        lock(&self.inner.endpoints).push(Arc::clone(&endpoint));
+        Inner::spawn_reader(&self.inner, sub, Route::Capability(endpoint));
+        self.inner.presence_changed.notify_one();
         Ok(())
     }
 
@@ -427,6 +594,115 @@ impl Agent {
             .payload_as()
     }
 
+    /// Asks the coordinator which agents match `query`: live agents only, least loaded first.
+    pub async fn discover(&self, query: &DiscoverQuery) -> Result<Vec<AgentRecord>, SdkError> {
+        let mut env = Envelope::new(
+            Kind::Request,
+            Performative::Discover,
+            self.inner.id.as_str(),
+        );
+        env.content_type = CONTENT_TYPE_MSGPACK.to_owned();
+        env.payload = encode_payload(query, CONTENT_TYPE_MSGPACK)?;
+        let subject = self.inner.subjects.discover();
+        let reply = self
+            .inner
+            .exchange(&subject, env, self.inner.request_timeout)
+            .await?;
+        reply.payload_as()
+    }
+
+    /// Agents offering `capability`, least loaded first.
+    pub async fn discover_capability(
+        &self,
+        capability: &str,
+    ) -> Result<Vec<AgentRecord>, SdkError> {
+        self.discover(&DiscoverQuery::capability(capability)).await
+    }
+
+    /// Sends command `command` to every live agent in `target` through the coordinator and
+    /// returns its report: per recipient, delivered, failed (with the code) or timed out.
+    /// `timeout` is how long each recipient has to answer.
+    pub async fn broadcast<T: Serialize + ?Sized>(
+        &self,
+        target: &BroadcastTarget,
+        command: &str,
+        args: &T,
+        timeout: Duration,
+    ) -> Result<BroadcastReport, SdkError> {
+        validate_token("command name", command)?;
+        let subject = self.inner.subjects.broadcast(target)?;
+        let mut env = Envelope::new(Kind::Command, Performative::Request, self.inner.id.as_str());
+        env.name = Some(command.to_owned());
+        env.content_type = CONTENT_TYPE_MSGPACK.to_owned();
+        env.payload = encode_payload(args, CONTENT_TYPE_MSGPACK)?;
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        env.expect = Some(ExpectedReply {
+            performative: Performative::Inform,
+            timeout_ms,
+        });
+        // The coordinator needs the recipients' time plus its own fan-out and report.
+        let overall = timeout + Duration::from_secs(5);
+        let reply = self.inner.exchange(&subject, env, overall).await?;
+        reply.payload_as()
+    }
+
+    /// Stores a command in `call`'s agent's durable inbox and returns once JetStream has it.
+    /// The agent handles it when it is online, with retries; a publish whose ack is lost is
+    /// sent again with the same message id, so it is stored once.
+    pub async fn send_durable(&self, call: Call) -> Result<DurableReceipt, SdkError> {
+        let Target::Agent(agent) = &call.target else {
+            return Err(SdkError::Subject(crate::subject::SubjectError::new(
+                "durable target",
+                "capability",
+                "durable commands go to one agent",
+            )));
+        };
+        let subject = self
+            .inner
+            .subjects
+            .durable(agent, call.name.as_deref().unwrap_or_default())?;
+        let ttl = call.timeout;
+        let (_, mut env, _) = self.inner.prepare(call, None)?;
+        env.expect = None;
+        env.ttl_ms = ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+        let bytes = codec::encode(&env, self.inner.encoding)?;
+        let msg_id = env.id.to_string();
+        let mut attempt = 0;
+        let ack = loop {
+            attempt += 1;
+            match self
+                .inner
+                .js
+                .publish(&subject, None, Some(&msg_id), None, bytes.clone())
+                .await
+            {
+                Ok(ack) => break ack,
+                Err(e) if e.kind() == ErrorKind::TimedOut && attempt < 3 => {
+                    tracing::debug!(agent = %self.inner.id, %msg_id, "durable publish ack lost; resending with the same id");
+                }
+                Err(e) => return Err(SdkError::Broker(e)),
+            }
+        };
+        AgentCounters::bump(&self.inner.counters.requests_sent);
+        Ok(DurableReceipt {
+            id: env.id,
+            stream_seq: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// Overrides the load and availability announced in heartbeats (by default the load is
+    /// the share of `max_in_flight` in use).
+    pub fn set_load(&self, load: f32, availability: Availability) {
+        *lock(&self.inner.load_override) = Some((load.clamp(0.0, 1.0), availability));
+        self.inner.presence_changed.notify_one();
+    }
+
+    /// The agent's current capability manifest.
+    pub fn manifest(&self) -> crate::registry::Manifest {
+        self.inner.manifest()
+    }
+
     /// Stops taking new messages, lets in-flight handlers finish (up to the shutdown
     /// timeout), sends their replies, and drains the connection.
     pub async fn shutdown(&self) -> ShutdownReport {
@@ -483,11 +759,12 @@ impl Inner {
         Ok(())
     }
 
-    pub(crate) async fn call(
+    /// Builds the envelope of a call and the subject it goes to.
+    pub(crate) fn prepare(
         &self,
         call: Call,
         parent: Option<&Envelope>,
-    ) -> Result<Reply, SdkError> {
+    ) -> Result<(String, Envelope, Duration), SdkError> {
         let mut env = Envelope::new(call.kind, Performative::Request, self.id.as_str());
         let subject = match call.target {
             Target::Agent(agent) => {
@@ -518,15 +795,53 @@ impl Inner {
         env.headers = call.headers;
         env.content_type = call.content_type;
         env.payload = call.payload;
+        Ok((subject, env, timeout))
+    }
+
+    pub(crate) async fn call(
+        &self,
+        call: Call,
+        parent: Option<&Envelope>,
+    ) -> Result<Reply, SdkError> {
+        let (subject, env, timeout) = self.prepare(call, parent)?;
+        self.exchange(&subject, env, timeout).await
+    }
+
+    /// Sends `env` as a request on `subject` and waits up to `timeout` for the reply.
+    pub(crate) async fn exchange(
+        &self,
+        subject: &str,
+        env: Envelope,
+        timeout: Duration,
+    ) -> Result<Reply, SdkError> {
         let bytes = codec::encode(&env, self.encoding)?;
         AgentCounters::bump(&self.counters.requests_sent);
+        let started = std::time::Instant::now();
+        let result = self.request_reply(subject, bytes, timeout).await;
+        let status = match &result {
+            Ok(reply) => reply.status(),
+            Err(err) => err.status(),
+        };
+        sdk_metrics()
+            .request_seconds
+            .with_label_values(&[self.id.as_str(), status.label()])
+            .observe(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn request_reply(
+        &self,
+        subject: &str,
+        bytes: bytes::Bytes,
+        timeout: Duration,
+    ) -> Result<Reply, SdkError> {
         let msg = self
             .broker
-            .request(&subject, None, bytes, timeout)
+            .request(subject, None, bytes, timeout)
             .await
             .map_err(|e| match e.kind() {
                 ErrorKind::TimedOut => SdkError::Timeout(timeout),
-                ErrorKind::NoResponders => SdkError::NoResponders(subject.clone()),
+                ErrorKind::NoResponders => SdkError::NoResponders(subject.to_owned()),
                 _ => SdkError::Broker(e),
             })?;
         let (reply, _) = codec::decode_limited(msg.payload(), self.max_message_bytes)?;
@@ -641,10 +956,16 @@ impl Inner {
     }
 
     async fn process(this: Arc<Inner>, msg: Message, route: Route) {
+        if let Route::Service = route {
+            this.answer_service(&msg).await;
+            return;
+        }
         AgentCounters::bump(&this.counters.received);
         let (env, encoding) = match this.admit(&msg) {
             Ok(admitted) => admitted,
             Err(refusal) => {
+                let kind = refusal.request.as_ref().map_or(Kind::Unknown, |r| r.kind);
+                this.record_handled(kind, refusal.status);
                 if let Some(reply_to) = msg.reply() {
                     this.send_refusal(reply_to, refusal).await;
                 }
@@ -658,15 +979,20 @@ impl Inner {
                     request: Arc::new(env),
                 };
                 match handler.call(ctx).await {
-                    Ok(()) => AgentCounters::bump(&this.counters.handled_ok),
+                    Ok(()) => {
+                        AgentCounters::bump(&this.counters.handled_ok);
+                        this.record_handled(Kind::Event, StatusCode::OK);
+                    }
                     Err(err) => {
                         AgentCounters::bump(&this.counters.handler_errors);
+                        this.record_handled(Kind::Event, err.status);
                         tracing::warn!(agent = %this.id, subject = msg.subject(), error = %err, "event handler failed");
                     }
                 }
                 return;
             }
-            Route::Capability(handler) => Some(handler),
+            Route::Service => return,
+            Route::Capability(endpoint) => Some(endpoint),
             Route::Commands => this
                 .subjects
                 .command_name(msg.subject())
@@ -674,12 +1000,18 @@ impl Inner {
         };
         let request = Arc::new(env);
         let result = match handler {
-            Some(handler) => {
+            Some(endpoint) => {
                 let ctx = Context {
                     inner: Arc::clone(&this),
                     request: Arc::clone(&request),
                 };
-                handler.call(ctx).await
+                let started = std::time::Instant::now();
+                let result = endpoint.handler.call(ctx).await;
+                endpoint.record(
+                    started.elapsed(),
+                    result.as_ref().err().map(|e| e.reason.as_str()),
+                );
+                result
             }
             None => {
                 AgentCounters::bump(&this.counters.unknown_command);
@@ -689,6 +1021,12 @@ impl Inner {
                 ))
             }
         };
+        this.record_handled(
+            request.kind,
+            result
+                .as_ref()
+                .map_or_else(|e| e.status, |_| StatusCode::OK),
+        );
         match &result {
             Ok(_) => AgentCounters::bump(&this.counters.handled_ok),
             Err(err) if err.status != StatusCode::UNKNOWN_COMMAND => {
@@ -700,6 +1038,98 @@ impl Inner {
         if let Some(reply_to) = msg.reply() {
             this.send_reply(reply_to, &request, encoding, result).await;
         }
+    }
+
+    pub(crate) fn record_handled(&self, kind: Kind, status: StatusCode) {
+        sdk_metrics()
+            .handled
+            .with_label_values(&[self.id.as_str(), kind.as_str(), status.label()])
+            .inc();
+    }
+
+    pub(crate) fn endpoints(&self) -> Vec<Arc<Endpoint>> {
+        lock(&self.endpoints).clone()
+    }
+
+    pub(crate) fn load_and_availability(&self) -> (f32, Availability) {
+        if let Some(set) = *lock(&self.load_override) {
+            return set;
+        }
+        let busy = self.max_in_flight - self.in_flight.available_permits();
+        let load = busy as f32 / self.max_in_flight as f32;
+        let availability = if self.stop.is_cancelled() {
+            Availability::Away
+        } else if load >= 1.0 {
+            Availability::Busy
+        } else {
+            Availability::Available
+        };
+        (load, availability)
+    }
+
+    /// Reads the retry policies the coordinator published; keeps the defaults if none.
+    async fn load_retry_policies(&self) {
+        let bucket = self.subjects.bucket_name(durable::CONFIG_BUCKET);
+        let policies = match self.js.open_kv(&bucket).await {
+            Ok(kv) => match kv.get(durable::RETRY_KEY).await {
+                Ok(Some(entry)) => serde_json::from_slice::<RetryPolicies>(&entry.value)
+                    .map_err(|e| e.to_string())
+                    .and_then(|p| p.validate().map(|()| p)),
+                Ok(None) => return,
+                Err(e) => Err(e.to_string()),
+            },
+            Err(_) => return,
+        };
+        match policies {
+            Ok(p) => *write(&self.retry_policies) = p,
+            Err(err) => {
+                tracing::warn!(agent = %self.id, error = %err, "published retry policies unusable; using defaults");
+            }
+        }
+    }
+
+    /// Ensures the inbox and dead-letter streams and this agent's consumer, then starts
+    /// taking deliveries.
+    async fn start_durable_inbox(self: &Arc<Self>, limits: &InboxLimits) -> Result<(), SdkError> {
+        let inbox = durable::inbox_stream(&self.subjects, limits);
+        self.js.ensure_stream(&inbox).await?;
+        self.js
+            .ensure_stream(&durable::dlq_stream(&self.subjects, limits.replicas))
+            .await?;
+        let mut spec = ConsumerSpec::new(self.id.clone());
+        spec.filter_subjects = vec![self.subjects.durable_inbox(&self.id)?];
+        spec.ack_wait = self.durable_ack_wait;
+        spec.max_deliver = i64::from(read(&self.retry_policies).max_attempts());
+        spec.max_ack_pending = i64::try_from(self.max_in_flight).unwrap_or(i64::MAX);
+        spec.description = format!("durable inbox of agent {}", self.id);
+        let consumer = self.js.ensure_consumer(&inbox.name, &spec).await?;
+        let mut deliveries = consumer.messages(self.max_in_flight.min(256)).await?;
+        let inner = Arc::clone(self);
+        self.tracker.spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    next = deliveries.next() => next,
+                    _ = inner.stop.cancelled() => break,
+                };
+                let delivery = match next {
+                    Some(Ok(d)) => d,
+                    Some(Err(err)) => {
+                        tracing::debug!(agent = %inner.id, error = %err, "durable inbox: pull interrupted");
+                        continue;
+                    }
+                    None => break,
+                };
+                let Ok(permit) = Arc::clone(&inner.in_flight).acquire_owned().await else {
+                    break;
+                };
+                let task_inner = Arc::clone(&inner);
+                inner.tracker.spawn(async move {
+                    task_inner.process_durable(delivery).await;
+                    drop(permit);
+                });
+            }
+        });
+        Ok(())
     }
 
     async fn send_refusal(&self, reply_to: &str, refusal: Refusal) {
@@ -824,11 +1254,29 @@ impl Stream for EventStream {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+impl StatsSource for Inner {
+    fn agent_id(&self) -> &str {
+        &self.id
+    }
+
+    fn agent_stats(&self) -> AgentStats {
+        self.counters.snapshot()
+    }
+
+    fn broker_stats(&self) -> broker_adapter::StatsSnapshot {
+        self.broker.stats()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.max_in_flight - self.in_flight.available_permits()
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+pub(crate) fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     m.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

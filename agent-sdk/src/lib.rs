@@ -25,9 +25,14 @@ mod agent;
 mod call;
 pub mod codec;
 mod context;
+pub mod durable;
 pub mod envelope;
 mod error;
 mod handler;
+pub mod metrics;
+mod presence;
+pub mod registry;
+pub mod retry;
 mod stats;
 pub mod status;
 pub mod subject;
@@ -43,6 +48,10 @@ pub use context::Context;
 pub use envelope::{Envelope, Kind, Performative, Priority};
 pub use error::{HandlerError, SdkError};
 pub use handler::{BoxFuture, EventHandler, Handler, Output, Typed};
+pub use registry::{
+    AgentRecord, Availability, BroadcastReport, BroadcastTarget, DiscoverQuery, Manifest, Outcome,
+};
+pub use retry::{RetryPolicies, RetryPolicy};
 pub use stats::AgentStats;
 pub use status::StatusCode;
 pub use subject::Subjects;

@@ -13,6 +13,13 @@ macro_rules! counters {
         #[non_exhaustive]
         pub struct AgentStats { $( $(#[$doc])* pub $name: u64, )* }
 
+        impl AgentStats {
+            /// Adds `other`'s counts to these.
+            pub fn add(&mut self, other: &AgentStats) {
+                $( self.$name += other.$name; )*
+            }
+        }
+
         impl AgentCounters {
             pub(crate) fn snapshot(&self) -> AgentStats {
                 AgentStats { $( $name: self.$name.load(Ordering::Relaxed), )* }
@@ -44,6 +51,10 @@ counters! {
     requests_sent,
     /// Events published.
     events_published,
+    /// Durable deliveries that failed and were scheduled for another attempt (NAK).
+    retries,
+    /// Durable deliveries given up on and written to the dead-letter queue.
+    dead_lettered,
 }
 
 impl AgentCounters {

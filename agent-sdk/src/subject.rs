@@ -19,6 +19,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::registry::BroadcastTarget;
+
 /// Default subject root.
 pub const DEFAULT_ROOT: &str = "chorus";
 /// Longest token accepted.
@@ -56,6 +58,16 @@ fn check_token(what: &'static str, value: &str, token: &str) -> Result<(), Subje
         return err("only letters, digits, '_' and '-' are allowed in a token");
     }
     Ok(())
+}
+
+impl SubjectError {
+    pub(crate) fn new(what: &'static str, value: &str, why: &'static str) -> Self {
+        SubjectError {
+            what,
+            value: value.to_owned(),
+            why,
+        }
+    }
 }
 
 /// Checks a single-token name: an agent id, a command name, a group name.
@@ -178,10 +190,109 @@ impl Subjects {
         subject.strip_prefix(&*self.root)?.strip_prefix(".evt.")
     }
 
-    /// `<root>.bcast.<group>`.
-    pub fn broadcast(&self, group: &str) -> Result<String, SubjectError> {
-        validate_token("group", group)?;
-        Ok(format!("{}.bcast.{group}", self.root))
+    /// Where a broadcast to `target` is sent: `<root>.bcast.all`, `<root>.bcast.group.<g>` or
+    /// `<root>.bcast.cap.<capability>`.
+    pub fn broadcast(&self, target: &BroadcastTarget) -> Result<String, SubjectError> {
+        Ok(match target {
+            BroadcastTarget::All => format!("{}.bcast.all", self.root),
+            BroadcastTarget::Group(g) => {
+                validate_token("group", g)?;
+                format!("{}.bcast.group.{g}", self.root)
+            }
+            BroadcastTarget::Capability(c) => {
+                validate_dotted("capability", c)?;
+                format!("{}.bcast.cap.{c}", self.root)
+            }
+        })
+    }
+
+    /// The broadcast target a subject built by [`broadcast`](Subjects::broadcast) names.
+    pub fn broadcast_target(&self, subject: &str) -> Option<BroadcastTarget> {
+        let rest = subject.strip_prefix(&*self.root)?.strip_prefix(".bcast.")?;
+        if rest == "all" {
+            return Some(BroadcastTarget::All);
+        }
+        if let Some(g) = rest.strip_prefix("group.") {
+            return validate_token("group", g)
+                .ok()
+                .map(|_| BroadcastTarget::Group(g.to_owned()));
+        }
+        let c = rest.strip_prefix("cap.")?;
+        validate_dotted("capability", c)
+            .ok()
+            .map(|_| BroadcastTarget::Capability(c.to_owned()))
+    }
+
+    /// `<root>.bcast.>`: every broadcast, for the coordinator.
+    pub fn broadcasts(&self) -> String {
+        format!("{}.bcast.>", self.root)
+    }
+
+    /// `<root>.sys.hb.<agent>`: an agent's heartbeats (with its manifest).
+    pub fn heartbeat(&self, agent: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        Ok(format!("{}.sys.hb.{agent}", self.root))
+    }
+
+    /// `<root>.sys.hb.*`: every heartbeat.
+    pub fn heartbeats(&self) -> String {
+        format!("{}.sys.hb.*", self.root)
+    }
+
+    /// `<root>.sys.bye.<agent>`: an agent leaving in good order.
+    pub fn goodbye(&self, agent: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        Ok(format!("{}.sys.bye.{agent}", self.root))
+    }
+
+    /// `<root>.sys.bye.*`: every goodbye.
+    pub fn goodbyes(&self) -> String {
+        format!("{}.sys.bye.*", self.root)
+    }
+
+    /// `<root>.sys.discover`: discovery queries to the coordinator.
+    pub fn discover(&self) -> String {
+        format!("{}.sys.discover", self.root)
+    }
+
+    /// The queue group coordinators share work in.
+    pub fn coordinator_group(&self) -> String {
+        format!("{}.coordinator", self.root)
+    }
+
+    /// `<root>.inbox.<agent>.<command>`: a durable command, stored until the agent takes it.
+    pub fn durable(&self, agent: &str, command: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        validate_token("command name", command)?;
+        Ok(format!("{}.inbox.{agent}.{command}", self.root))
+    }
+
+    /// `<root>.inbox.<agent>.>`: one agent's durable inbox.
+    pub fn durable_inbox(&self, agent: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        Ok(format!("{}.inbox.{agent}.>", self.root))
+    }
+
+    /// `<root>.inbox.>`: every durable inbox (the inbox stream's subjects).
+    pub fn durable_all(&self) -> String {
+        format!("{}.inbox.>", self.root)
+    }
+
+    /// The command name of a durable subject.
+    pub fn durable_command<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        let rest = subject.strip_prefix(&*self.root)?.strip_prefix(".inbox.")?;
+        let (_agent, command) = rest.split_once('.')?;
+        (!command.contains('.')).then_some(command)
+    }
+
+    /// A JetStream stream name for this root: `CHORUS_<SUFFIX>` (root upper-cased, dots as `_`).
+    pub fn stream_name(&self, suffix: &str) -> String {
+        format!("{}_{suffix}", self.root.replace('.', "_").to_uppercase())
+    }
+
+    /// A key-value bucket name for this root: `chorus_<suffix>`.
+    pub fn bucket_name(&self, suffix: &str) -> String {
+        format!("{}_{suffix}", self.root.replace('.', "_"))
     }
 
     /// `<root>.sys.<what>`: registry, heartbeats, discovery and control subjects.
@@ -228,7 +339,27 @@ mod tests {
         assert_eq!(s.inbox_prefix("a-1").as_deref(), Ok("_INBOX.a-1"));
         assert_eq!(s.command_name("chorus.agent.a-1.add"), Some("add"));
         assert_eq!(s.topic_of("chorus.evt.doc.ready"), Some("doc.ready"));
+        assert_eq!(
+            s.broadcast(&BroadcastTarget::All).as_deref(),
+            Ok("chorus.bcast.all")
+        );
+        for t in [
+            BroadcastTarget::All,
+            BroadcastTarget::Group("night-shift".into()),
+            BroadcastTarget::Capability("text.ocr".into()),
+        ] {
+            let subject = s.broadcast(&t).expect("subject");
+            assert_eq!(s.broadcast_target(&subject), Some(t));
+        }
+        assert_eq!(
+            s.durable("a-1", "scan").as_deref(),
+            Ok("chorus.inbox.a-1.scan")
+        );
+        assert_eq!(s.durable_command("chorus.inbox.a-1.scan"), Some("scan"));
+        assert_eq!(s.stream_name("DLQ"), "CHORUS_DLQ");
         let custom = Subjects::new("acme.bus").expect("valid root");
+        assert_eq!(custom.stream_name("DLQ"), "ACME_BUS_DLQ");
+        assert_eq!(custom.bucket_name("registry"), "acme_bus_registry");
         assert_eq!(custom.event("x").as_deref(), Ok("acme.bus.evt.x"));
     }
 

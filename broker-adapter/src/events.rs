@@ -71,6 +71,20 @@ pub struct StatsSnapshot {
     pub lame_duck: u64,
 }
 
+impl StatsSnapshot {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &StatsSnapshot) {
+        self.connects += other.connects;
+        self.disconnects += other.disconnects;
+        self.reconnects += other.reconnects;
+        self.slow_consumer_drops += other.slow_consumer_drops;
+        self.permission_violations += other.permission_violations;
+        self.server_errors += other.server_errors;
+        self.client_errors += other.client_errors;
+        self.lame_duck += other.lame_duck;
+    }
+}
+
 impl ConnectionStats {
     /// Copies the counters.
     pub fn snapshot(&self) -> StatsSnapshot {

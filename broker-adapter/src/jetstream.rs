@@ -13,7 +13,9 @@ use futures::{Stream, StreamExt};
 
 use crate::{Broker, Error, ErrorKind, Headers, Result};
 
-fn broker_err(context: impl Into<String>) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> Error {
+fn broker_err(
+    context: impl Into<String>,
+) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> Error {
     let context = context.into();
     move |e| Error::with_source(ErrorKind::Broker, context, e)
 }
@@ -396,6 +398,16 @@ impl JetStream {
             .map_err(|e| js_err(&format!("delete consumer {durable} on {name}"), e))
     }
 
+    /// Opens an existing key-value bucket ([`ErrorKind::NotFound`] if there is none).
+    pub async fn open_kv(&self, bucket: &str) -> Result<Kv> {
+        let store = self
+            .ctx
+            .get_key_value(bucket)
+            .await
+            .map_err(|e| js_err(&format!("key-value bucket {bucket}"), e))?;
+        Ok(Kv { store })
+    }
+
     /// Creates the key-value bucket or updates it to `spec`.
     pub async fn ensure_kv(&self, spec: &KvSpec) -> Result<Kv> {
         let config = kv::Config {
@@ -565,7 +577,11 @@ impl Delivery {
         let Some(reply) = self.message.reply.clone() else {
             return Err(Error::new(ErrorKind::Broker, "delivery has no ack subject"));
         };
-        let reason: String = reason.chars().filter(|c| !c.is_control()).take(200).collect();
+        let reason: String = reason
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(200)
+            .collect();
         self.client
             .publish(reply, Bytes::from(format!("+TERM {reason}")))
             .await
@@ -630,9 +646,7 @@ impl Kv {
             .entry(key)
             .await
             .map_err(|e| js_err(&format!("kv get {key}"), e))?;
-        Ok(entry
-            .map(KvEntry::from_nats)
-            .filter(|e| e.op == KvOp::Put))
+        Ok(entry.map(KvEntry::from_nats).filter(|e| e.op == KvOp::Put))
     }
 
     /// Writes `value`; returns the new revision.
@@ -691,11 +705,7 @@ impl Kv {
 
     /// Every live entry.
     pub async fn entries(&self) -> Result<Vec<KvEntry>> {
-        let mut keys = self
-            .store
-            .keys()
-            .await
-            .map_err(|e| js_err("kv keys", e))?;
+        let mut keys = self.store.keys().await.map_err(|e| js_err("kv keys", e))?;
         let mut out = Vec::new();
         while let Some(key) = keys.next().await {
             let key = key.map_err(|e| js_err("kv keys", e))?;

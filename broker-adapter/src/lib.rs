@@ -17,11 +17,11 @@ mod subject;
 
 pub use client::{Broker, Subscription};
 pub use error::{Error, ErrorKind, Result};
+pub use events::{ConnectionEvent, ConnectionStats, StatsSnapshot};
 pub use jetstream::{
     Consumer, ConsumerSpec, ConsumerState, Deliveries, Delivery, JetStream, Kv, KvEntry, KvOp,
     KvSpec, KvWatch, PubAck, StoredMessage, StreamSpec, StreamState,
 };
-pub use events::{ConnectionEvent, ConnectionStats, StatsSnapshot};
 pub use message::{Headers, Message};
 pub use options::{
     BrokerOptions, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PING_INTERVAL,

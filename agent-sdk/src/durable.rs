@@ -1,0 +1,387 @@
+//! Durable delivery: commands stored in JetStream until their agent takes them, retried by the
+//! retry policy, and dead-lettered when they cannot be handled.
+//!
+//! - The inbox stream (`CHORUS_INBOX`, subjects `<root>.inbox.<agent>.<command>`) keeps each
+//!   command until the recipient acks it (work-queue retention), up to its limits.
+//! - Each agent with a durable inbox has a durable pull consumer named after it, filtered to its
+//!   own subjects, with `MaxDeliver` set to the largest attempt count of the retry policies.
+//! - A failed attempt is NAK'd with the policy's delay for that delivery count; the last
+//!   attempt, or a failure the policy does not retry, is written to the dead-letter stream
+//!   (`CHORUS_DLQ`) with its reason and then terminated. Deliveries that never get an answer
+//!   (a crashed handler) reach `MaxDeliver`; the coordinator dead-letters those from the
+//!   server's advisories, captured in `CHORUS_ADVISORIES`.
+//! - Dead letters are published with the message id `dlq:<stream>:<sequence>`, so however many
+//!   times a failure is reported (a retried write, two coordinators), it is stored once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use broker_adapter::{Delivery, JetStream, PubAck, StreamSpec};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::agent::Inner;
+use crate::codec;
+use crate::envelope::{Envelope, Kind, bytes_field, now_ms};
+use crate::error::HandlerError;
+use crate::stats::AgentCounters;
+use crate::status::StatusCode;
+use crate::subject::Subjects;
+
+/// Suffix of the inbox stream's name.
+pub const INBOX_STREAM: &str = "INBOX";
+/// Suffix of the dead-letter stream's name.
+pub const DLQ_STREAM: &str = "DLQ";
+/// Suffix of the stream that keeps the server's max-deliveries and terminated advisories.
+pub const ADVISORY_STREAM: &str = "ADVISORIES";
+/// Suffix of the configuration bucket (retry policies live under [`RETRY_KEY`]).
+pub const CONFIG_BUCKET: &str = "config";
+/// Key of the retry policies in the configuration bucket.
+pub const RETRY_KEY: &str = "retry";
+/// How long a repeated dead letter (same source message) is recognised and dropped.
+pub const DLQ_DEDUPE_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+/// Limits of the inbox stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InboxLimits {
+    /// Oldest command kept, in seconds (default 7 days).
+    pub max_age_secs: u64,
+    /// Most bytes kept across all inboxes (default 1 GiB).
+    pub max_bytes: i64,
+    /// Most commands kept per agent and command name (-1: no limit, the default).
+    pub max_msgs_per_subject: i64,
+    /// Stream replicas (1 on one server, 3 on a cluster).
+    pub replicas: usize,
+    /// Window in which a repeated message id is dropped, in seconds (default 120).
+    pub duplicate_window_secs: u64,
+}
+
+impl Default for InboxLimits {
+    fn default() -> Self {
+        InboxLimits {
+            max_age_secs: 7 * 24 * 3600,
+            max_bytes: 1 << 30,
+            max_msgs_per_subject: -1,
+            replicas: 1,
+            duplicate_window_secs: 120,
+        }
+    }
+}
+
+/// The inbox stream for `subjects`' root.
+pub fn inbox_stream(subjects: &Subjects, limits: &InboxLimits) -> StreamSpec {
+    let mut spec = StreamSpec::new(
+        subjects.stream_name(INBOX_STREAM),
+        vec![subjects.durable_all()],
+    );
+    spec.max_age = Duration::from_secs(limits.max_age_secs);
+    spec.max_bytes = limits.max_bytes;
+    spec.max_msgs_per_subject = limits.max_msgs_per_subject;
+    spec.replicas = limits.replicas;
+    spec.duplicate_window = Duration::from_secs(limits.duplicate_window_secs.max(1));
+    spec.work_queue = true;
+    spec.description = "Chorus durable inboxes: commands waiting for their agent".into();
+    spec
+}
+
+/// The dead-letter stream.
+pub fn dlq_stream(subjects: &Subjects, replicas: usize) -> StreamSpec {
+    let mut spec = StreamSpec::new(
+        subjects.stream_name(DLQ_STREAM),
+        vec![format!("{}.dlq.>", subjects.root())],
+    );
+    spec.max_age = Duration::from_secs(30 * 24 * 3600);
+    spec.duplicate_window = DLQ_DEDUPE_WINDOW;
+    spec.replicas = replicas;
+    spec.description = "Chorus dead letters".into();
+    spec
+}
+
+/// The stream capturing the server's advisories about the inbox stream, so none is lost
+/// while no coordinator runs.
+pub fn advisory_stream(subjects: &Subjects, replicas: usize) -> StreamSpec {
+    let inbox = subjects.stream_name(INBOX_STREAM);
+    let mut spec = StreamSpec::new(
+        subjects.stream_name(ADVISORY_STREAM),
+        vec![
+            format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{inbox}.*"),
+            format!("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{inbox}.*"),
+        ],
+    );
+    spec.max_age = Duration::from_secs(7 * 24 * 3600);
+    spec.replicas = replicas;
+    spec.description =
+        "JetStream advisories about Chorus inboxes, for the dead-letter queue".into();
+    spec
+}
+
+/// Why a message was dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadLetterReason {
+    /// Every attempt the retry policy allows failed.
+    MaxAttempts,
+    /// Delivered `MaxDeliver` times without an answer (crashes, ack timeouts).
+    MaxDeliveries,
+    /// The agent refused it as poison: undecodable, unknown command, a non-retryable failure.
+    Refused,
+    /// Its TTL or deadline passed before it was handled.
+    Expired,
+    /// A broadcast copy no agent could take.
+    Undeliverable,
+}
+
+impl DeadLetterReason {
+    /// The wire and subject form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterReason::MaxAttempts => "max_attempts",
+            DeadLetterReason::MaxDeliveries => "max_deliveries",
+            DeadLetterReason::Refused => "refused",
+            DeadLetterReason::Expired => "expired",
+            DeadLetterReason::Undeliverable => "undeliverable",
+        }
+    }
+}
+
+/// A dead letter: the original message, untouched, and what happened to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// Why it is here.
+    pub reason: DeadLetterReason,
+    /// The status code of the last failure.
+    pub status: StatusCode,
+    /// The last failure's explanation.
+    pub detail: String,
+    /// The agent it was for.
+    pub agent: String,
+    /// The subject it was published to; replay publishes there again.
+    pub subject: String,
+    /// The original envelope bytes, exactly as published (an encrypted payload stays
+    /// encrypted).
+    #[serde(with = "bytes_field")]
+    pub envelope: Bytes,
+    /// The original message id, when the envelope decoded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<Uuid>,
+    /// Deliveries made.
+    pub attempts: u64,
+    /// When the original was stored, ms since the epoch.
+    pub stored_ms: u64,
+    /// When it was dead-lettered, ms since the epoch.
+    pub dead_lettered_ms: u64,
+    /// The stream and sequence it came from, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<(String, u64)>,
+}
+
+impl DeadLetter {
+    /// The message id that makes repeated reports of the same failure one entry.
+    pub fn dedupe_id(&self) -> String {
+        match &self.source {
+            Some((stream, seq)) => format!("dlq:{stream}:{seq}"),
+            None => format!(
+                "dlq:{}:{}",
+                self.message_id.map(|u| u.to_string()).unwrap_or_default(),
+                self.agent
+            ),
+        }
+    }
+}
+
+/// Writes `letter` to the dead-letter stream (once, whatever the number of calls).
+pub async fn write_dead_letter(
+    js: &JetStream,
+    subjects: &Subjects,
+    letter: &DeadLetter,
+) -> Result<PubAck, broker_adapter::Error> {
+    let agent = if crate::subject::validate_token("agent id", &letter.agent).is_ok() {
+        letter.agent.as_str()
+    } else {
+        "unknown"
+    };
+    let subject = subjects
+        .dead_letter(&format!("{}.{agent}", letter.reason.as_str()))
+        .map_err(|e| {
+            broker_adapter::Error::new(broker_adapter::ErrorKind::InvalidSubject, e.to_string())
+        })?;
+    let body = serde_json::to_vec(letter).map_err(|e| {
+        broker_adapter::Error::new(broker_adapter::ErrorKind::InvalidInput, e.to_string())
+    })?;
+    js.publish(
+        &subject,
+        None,
+        Some(&letter.dedupe_id()),
+        None,
+        Bytes::from(body),
+    )
+    .await
+}
+
+/// A number in `0..1` for jitter: the random bits of a fresh UUIDv7.
+pub(crate) fn random_fraction() -> f64 {
+    let bits = Uuid::now_v7().as_u128() as u64 & 0xFFFF_FFFF;
+    bits as f64 / f64::from(u32::MAX)
+}
+
+/// What the agent does with one delivery after handling it.
+enum Verdict {
+    Ack,
+    Retry(Duration),
+    DeadLetter(DeadLetterReason, HandlerError),
+}
+
+impl Inner {
+    /// Handles one durable delivery: decode, check, run the handler (extending the ack
+    /// deadline while it runs), then ack, retry or dead-letter.
+    pub(crate) async fn process_durable(self: Arc<Self>, delivery: Delivery) {
+        AgentCounters::bump(&self.counters.received);
+        let delivered = delivery.delivered();
+        let decoded = codec::decode_limited(delivery.payload(), self.max_message_bytes);
+        let (verdict, envelope) = match decoded {
+            Err(err) => {
+                AgentCounters::bump(&self.counters.bad_input);
+                let e = HandlerError::new(StatusCode::DATA_FORMAT, err.to_string());
+                (Verdict::DeadLetter(DeadLetterReason::Refused, e), None)
+            }
+            Ok((env, _)) => {
+                let verdict = self.durable_verdict(&delivery, &env).await;
+                (verdict, Some(env))
+            }
+        };
+        let kind = envelope.as_ref().map_or(Kind::Unknown, |e| e.kind);
+        let outcome = match verdict {
+            Verdict::Ack => {
+                AgentCounters::bump(&self.counters.handled_ok);
+                self.record_handled(kind, StatusCode::OK);
+                delivery.ack().await
+            }
+            Verdict::Retry(delay) => {
+                AgentCounters::bump(&self.counters.retries);
+                AgentCounters::bump(&self.counters.handler_errors);
+                delivery.nak(Some(delay)).await
+            }
+            Verdict::DeadLetter(reason, err) => {
+                self.record_handled(kind, err.status);
+                let letter = DeadLetter {
+                    reason,
+                    status: err.status,
+                    detail: err.reason.clone(),
+                    agent: self.id.clone(),
+                    subject: delivery.subject().to_owned(),
+                    envelope: delivery.payload().clone(),
+                    message_id: envelope.as_ref().map(|e| e.id),
+                    attempts: delivered,
+                    stored_ms: delivery.published_ms(),
+                    dead_lettered_ms: now_ms(),
+                    source: Some((
+                        self.subjects.stream_name(INBOX_STREAM),
+                        delivery.stream_seq(),
+                    )),
+                };
+                match write_dead_letter(&self.js, &self.subjects, &letter).await {
+                    Ok(_) => {
+                        AgentCounters::bump(&self.counters.dead_lettered);
+                        tracing::warn!(agent = %self.id, seq = delivery.stream_seq(), reason = reason.as_str(), status = %err.status, detail = %err.reason, "durable message dead-lettered");
+                        let note = format!("{} {}: {}", err.status.0, reason.as_str(), err.reason);
+                        delivery.term(&note).await
+                    }
+                    // Not stored in the DLQ: keep the message and try again later.
+                    Err(write_err) => {
+                        tracing::error!(agent = %self.id, error = %write_err, "dead letter not written; will retry");
+                        delivery.nak(Some(Duration::from_secs(5))).await
+                    }
+                }
+            }
+        };
+        if let Err(err) = outcome {
+            tracing::warn!(agent = %self.id, seq = delivery.stream_seq(), error = %err, "ack not sent; the server will redeliver");
+        }
+    }
+
+    async fn durable_verdict(self: &Arc<Self>, delivery: &Delivery, env: &Envelope) -> Verdict {
+        let refuse = |status, reason: String| {
+            Verdict::DeadLetter(DeadLetterReason::Refused, HandlerError::new(status, reason))
+        };
+        if env.kind == Kind::Unknown {
+            AgentCounters::bump(&self.counters.bad_input);
+            return refuse(StatusCode::DATA_FORMAT, "unsupported message kind".into());
+        }
+        if env.is_expired_at(now_ms()) {
+            AgentCounters::bump(&self.counters.expired);
+            return Verdict::DeadLetter(
+                DeadLetterReason::Expired,
+                HandlerError::new(
+                    StatusCode::EXPIRED,
+                    "the TTL passed before the agent took it",
+                ),
+            );
+        }
+        let limit = env.hop_limit.min(self.hop_limit);
+        if env.hops > limit {
+            AgentCounters::bump(&self.counters.loop_refused);
+            return refuse(
+                StatusCode::LOOP_DETECTED,
+                format!("hop {} is past the limit of {limit}", env.hops),
+            );
+        }
+        let endpoint = self
+            .subjects
+            .durable_command(delivery.subject())
+            .and_then(|name| crate::agent::read(&self.commands).get(name).cloned());
+        let Some(endpoint) = endpoint else {
+            AgentCounters::bump(&self.counters.unknown_command);
+            return refuse(
+                StatusCode::UNKNOWN_COMMAND,
+                format!(
+                    "agent {} has no handler for {}",
+                    self.id,
+                    delivery.subject()
+                ),
+            );
+        };
+        let ctx = crate::context::Context {
+            inner: Arc::clone(self),
+            request: Arc::new(env.clone()),
+        };
+        let started = std::time::Instant::now();
+        let handling = endpoint.handler.call(ctx);
+        tokio::pin!(handling);
+        // Tell the server the work goes on, well inside each ack wait.
+        let mut progress = tokio::time::interval(self.durable_ack_wait / 3);
+        progress.tick().await;
+        let result = loop {
+            tokio::select! {
+                result = &mut handling => break result,
+                _ = progress.tick() => {
+                    if let Err(err) = delivery.in_progress().await {
+                        tracing::debug!(agent = %self.id, error = %err, "in-progress ack not sent");
+                    }
+                }
+            }
+        };
+        endpoint.record(
+            started.elapsed(),
+            result.as_ref().err().map(|e| e.reason.as_str()),
+        );
+        match result {
+            Ok(_) => Verdict::Ack,
+            Err(err) => {
+                let policies = crate::agent::read(&self.retry_policies);
+                let policy = policies.for_message(delivery.subject(), env.kind);
+                let delivered = delivery.delivered();
+                if policy.should_retry(err.status, delivered) {
+                    let delay = policy.delay(delivered, random_fraction());
+                    tracing::debug!(agent = %self.id, seq = delivery.stream_seq(), delivered, ?delay, error = %err, "durable attempt failed; retrying");
+                    Verdict::Retry(delay)
+                } else if policy.retry_on.contains(&err.status) {
+                    Verdict::DeadLetter(DeadLetterReason::MaxAttempts, err)
+                } else {
+                    Verdict::DeadLetter(DeadLetterReason::Refused, err)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! Prometheus metrics of the agents in this process, and a small HTTP listener serving them.
+//!
+//! Every agent records into one process-wide registry ([`registry`]) with an `agent` label, so
+//! a process running several agents (and the coordinator) has one `/metrics`. Hot-path counts
+//! are plain atomics read at scrape time; only the request-latency histogram and the
+//! messages-by-kind-and-status counter are updated per message.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use broker_adapter::StatsSnapshot;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use tokio_util::sync::CancellationToken;
+
+use crate::stats::AgentStats;
+
+/// The registry every agent (and the coordinator, when in the same process) records into.
+pub fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(Registry::new)
+}
+
+/// Per-message metrics shared by every agent of the process.
+#[derive(Debug, Clone)]
+pub(crate) struct SdkMetrics {
+    /// Inbound messages by kind and the status they were answered or refused with.
+    pub(crate) handled: IntCounterVec,
+    /// Requests this agent made, by outcome status, timed from send to reply.
+    pub(crate) request_seconds: HistogramVec,
+}
+
+pub(crate) fn sdk_metrics() -> &'static SdkMetrics {
+    static METRICS: OnceLock<SdkMetrics> = OnceLock::new();
+    METRICS.get_or_init(|| {
+        let handled = IntCounterVec::new(
+            Opts::new(
+                "chorus_agent_messages_total",
+                "Inbound messages by kind and the status they were answered (or refused) with.",
+            ),
+            &["agent", "kind", "status"],
+        )
+        .expect("static metric definition");
+        let request_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "chorus_agent_request_duration_seconds",
+                "Time from sending a request or command to its reply, by reply status.",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0, 2.5, 5.0, 10.0,
+            ]),
+            &["agent", "status"],
+        )
+        .expect("static metric definition");
+        let reg = registry();
+        for c in [
+            Box::new(handled.clone()) as Box<dyn Collector>,
+            Box::new(request_seconds.clone()),
+            Box::new(AgentsCollector::new()),
+        ] {
+            if let Err(err) = reg.register(c) {
+                tracing::warn!(error = %err, "agent metrics not registered");
+            }
+        }
+        SdkMetrics {
+            handled,
+            request_seconds,
+        }
+    })
+}
+
+/// Something that can report an agent's counters at scrape time.
+pub(crate) trait StatsSource: Send + Sync {
+    fn agent_id(&self) -> &str;
+    fn agent_stats(&self) -> AgentStats;
+    fn broker_stats(&self) -> StatsSnapshot;
+    fn in_flight(&self) -> usize;
+}
+
+fn live_agents() -> &'static Mutex<Vec<Weak<dyn StatsSource>>> {
+    static AGENTS: OnceLock<Mutex<Vec<Weak<dyn StatsSource>>>> = OnceLock::new();
+    AGENTS.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Makes an agent's counters visible to the collector for as long as it lives.
+pub(crate) fn track(source: Weak<dyn StatsSource>) {
+    let _ = sdk_metrics();
+    let mut agents = live_agents()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    agents.retain(|w| w.strong_count() > 0);
+    agents.push(source);
+}
+
+/// Reads every live agent's atomic counters at scrape time.
+struct AgentsCollector {
+    refusals: IntCounterVec,
+    traffic: IntCounterVec,
+    connection: IntCounterVec,
+    in_flight: IntGaugeVec,
+    descs: Vec<Desc>,
+}
+
+impl AgentsCollector {
+    fn new() -> Self {
+        let refusals = IntCounterVec::new(
+            Opts::new(
+                "chorus_agent_refusals_total",
+                "Inbound messages refused unhandled, by reason (loop_detected, expired, data_format, unknown_command).",
+            ),
+            &["agent", "reason"],
+        )
+        .expect("static metric definition");
+        let traffic = IntCounterVec::new(
+            Opts::new(
+                "chorus_agent_traffic_total",
+                "Messages by direction: received, requests_sent, events_published, replies_sent, reply_failures, retries, dead_lettered.",
+            ),
+            &["agent", "direction"],
+        )
+        .expect("static metric definition");
+        let connection = IntCounterVec::new(
+            Opts::new(
+                "chorus_agent_connection_events_total",
+                "NATS connection events: disconnects, reconnects, slow_consumer_drops, permission_violations, server_errors, client_errors.",
+            ),
+            &["agent", "event"],
+        )
+        .expect("static metric definition");
+        let in_flight = IntGaugeVec::new(
+            Opts::new(
+                "chorus_agent_in_flight",
+                "Messages being handled right now.",
+            ),
+            &["agent"],
+        )
+        .expect("static metric definition");
+        let descs = [
+            refusals.desc(),
+            traffic.desc(),
+            connection.desc(),
+            in_flight.desc(),
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+        AgentsCollector {
+            refusals,
+            traffic,
+            connection,
+            in_flight,
+            descs,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Sums {
+    agent: AgentStats,
+    broker: StatsSnapshot,
+    in_flight: usize,
+}
+
+impl Collector for AgentsCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        // Agents sharing an id in one process are summed, so no series is reported twice.
+        let mut sums: BTreeMap<String, Sums> = BTreeMap::new();
+        {
+            let agents = live_agents()
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            for source in agents.iter().filter_map(Weak::upgrade) {
+                let s = sums.entry(source.agent_id().to_owned()).or_default();
+                s.agent.add(&source.agent_stats());
+                s.broker.add(&source.broker_stats());
+                s.in_flight += source.in_flight();
+            }
+        }
+        for v in [&self.refusals, &self.traffic, &self.connection] {
+            v.reset();
+        }
+        self.in_flight.reset();
+        for (agent, s) in &sums {
+            let a = &s.agent;
+            for (reason, n) in [
+                ("loop_detected", a.loop_refused),
+                ("expired", a.expired),
+                ("data_format", a.bad_input),
+                ("unknown_command", a.unknown_command),
+            ] {
+                self.refusals.with_label_values(&[agent, reason]).inc_by(n);
+            }
+            for (direction, n) in [
+                ("received", a.received),
+                ("requests_sent", a.requests_sent),
+                ("events_published", a.events_published),
+                ("replies_sent", a.replies_sent),
+                ("reply_failures", a.reply_failures),
+                ("retries", a.retries),
+                ("dead_lettered", a.dead_lettered),
+            ] {
+                self.traffic
+                    .with_label_values(&[agent, direction])
+                    .inc_by(n);
+            }
+            let b = &s.broker;
+            for (event, n) in [
+                ("disconnects", b.disconnects),
+                ("reconnects", b.reconnects),
+                ("slow_consumer_drops", b.slow_consumer_drops),
+                ("permission_violations", b.permission_violations),
+                ("server_errors", b.server_errors),
+                ("client_errors", b.client_errors),
+            ] {
+                self.connection.with_label_values(&[agent, event]).inc_by(n);
+            }
+            self.in_flight
+                .with_label_values(&[agent])
+                .set(i64::try_from(s.in_flight).unwrap_or(i64::MAX));
+        }
+        let mut out = Vec::new();
+        out.extend(self.refusals.collect());
+        out.extend(self.traffic.collect());
+        out.extend(self.connection.collect());
+        out.extend(self.in_flight.collect());
+        out
+    }
+}
+
+/// Renders `registry` in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    if let Err(err) = prometheus::TextEncoder::new().encode_utf8(&registry.gather(), &mut out) {
+        tracing::error!(error = %err, "metrics did not encode");
+    }
+    out
+}
+
+/// A running metrics listener: `/metrics`, `/healthz`, `/readyz`. Stopped by
+/// [`MetricsServer::stop`] or when dropped.
+#[derive(Debug)]
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Answers `/readyz`: ready or not, and why not.
+pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+impl MetricsServer {
+    /// Serves the process registry on `addr` (port 0 picks a free port). `ready` answers
+    /// `/readyz`; `/healthz` answers 200 while the process runs.
+    pub async fn start(addr: SocketAddr, ready: Readiness) -> std::io::Result<MetricsServer> {
+        use axum::http::StatusCode;
+        use axum::routing::get;
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let app = axum::Router::new()
+            .route(
+                "/metrics",
+                get(|| async {
+                    (
+                        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                        render(registry()),
+                    )
+                }),
+            )
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route(
+                "/readyz",
+                get(move || {
+                    let ready = Arc::clone(&ready);
+                    async move {
+                        match ready() {
+                            Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+                            Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+                        }
+                    }
+                }),
+            );
+        let stop = CancellationToken::new();
+        let shutdown = stop.clone();
+        let task = tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await;
+            if let Err(err) = served {
+                tracing::error!(error = %err, "metrics listener failed");
+            }
+        });
+        Ok(MetricsServer {
+            addr,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops listening and waits for the listener task.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
