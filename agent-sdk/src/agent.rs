@@ -1096,6 +1096,10 @@ impl Inner {
         self.js
             .ensure_stream(&durable::dlq_stream(&self.subjects, limits.replicas))
             .await?;
+        // Captures the server's advisories even while no coordinator runs.
+        self.js
+            .ensure_stream(&durable::advisory_stream(&self.subjects, limits.replicas))
+            .await?;
         let mut spec = ConsumerSpec::new(self.id.clone());
         spec.filter_subjects = vec![self.subjects.durable_inbox(&self.id)?];
         spec.ack_wait = self.durable_ack_wait;

@@ -278,7 +278,11 @@ mod tests {
             max_attempts: 0,
             ..RetryPolicy::default()
         };
-        assert!(bad.validate().expect_err("invalid").contains("max_attempts"));
+        assert!(
+            bad.validate()
+                .expect_err("invalid")
+                .contains("max_attempts")
+        );
         let bad = RetryPolicy {
             jitter: 2.0,
             ..RetryPolicy::default()

@@ -26,7 +26,7 @@ where
     E: std::error::Error + Send + Sync + 'static,
 {
     let text = err.to_string().to_ascii_lowercase();
-    let kind = if text.contains("not found") {
+    let kind = if text.contains("not found") || text.contains("no message found") {
         ErrorKind::NotFound
     } else if text.contains("timed out") {
         ErrorKind::TimedOut
@@ -331,6 +331,22 @@ impl JetStream {
             first_seq: info.state.first_sequence,
             last_seq: info.state.last_sequence,
         })
+    }
+
+    /// Message counts per subject of stream `name`, for subjects matching `filter`.
+    pub async fn subject_counts(&self, name: &str, filter: &str) -> Result<Vec<(String, u64)>> {
+        let stream = self.stream(name).await?;
+        let mut subjects = stream
+            .info_with_subjects(filter)
+            .await
+            .map_err(|e| js_err(&format!("stream subjects {name}"), e))?;
+        let mut out = Vec::new();
+        while let Some(item) = subjects.next().await {
+            let (subject, count) =
+                item.map_err(|e| js_err(&format!("stream subjects {name}"), e))?;
+            out.push((subject, count as u64));
+        }
+        Ok(out)
     }
 
     /// Removes every message of stream `name`; returns how many.

@@ -6,11 +6,19 @@
 //!   compute, including a division by zero that comes back as a coded error.
 //! - Events: the orchestrator announces a finished task; three watchers each receive it.
 //! - Loop protection: two agents that relay to each other forever are stopped at the hop limit.
+//! - Coordinator: discovery of the OCR capability, a broadcast to the watcher group with its
+//!   per-recipient report, and a poison durable command retried and then dead-lettered.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use agent_sdk::{Agent, AgentOptions, Context, HandlerError, SdkError, StatusCode};
+use agent_sdk::durable::DeadLetter;
+use agent_sdk::{
+    Agent, AgentOptions, BroadcastReport, BroadcastTarget, Call, Context, HandlerError,
+    RetryPolicies, RetryPolicy, SdkError, StatusCode,
+};
+
+use crate::service::dlq::DeadLetterQueue;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, mpsc};
 
@@ -67,10 +75,27 @@ pub struct DemoReport {
     pub event_receivers: Vec<String>,
     /// The status the relay loop ended with.
     pub loop_status: StatusCode,
+    /// Agents discovered for capability `ocr`, least loaded first.
+    pub discovered: Vec<String>,
+    /// The broadcast to the watchers.
+    pub broadcast: BroadcastReport,
+    /// The poison command's dead letter.
+    pub dead_letter: Option<DeadLetter>,
+}
+
+/// A ledger entry; a negative amount is poison.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Posting {
+    /// Account.
+    pub account: String,
+    /// Amount in cents.
+    pub amount: i64,
 }
 
 const WATCHERS: [&str; 3] = ["audit", "dashboard", "notifier"];
 const RELAY_HOP_LIMIT: u8 = 8;
+/// Attempts the ledger makes before a poison posting is dead-lettered.
+pub const LEDGER_ATTEMPTS: u32 = 3;
 
 /// The running demo agents.
 #[derive(Debug)]
@@ -200,10 +225,49 @@ impl Demo {
             relays.push(relay);
         }
 
+        // The ledger takes postings through its durable inbox; a negative amount always fails.
+        let ledger = AgentOptions::new("ledger")
+            .servers([servers])
+            .durable_inbox(true)
+            .retry_policies(RetryPolicies {
+                default: RetryPolicy {
+                    max_attempts: LEDGER_ATTEMPTS,
+                    initial_backoff_ms: 200,
+                    max_backoff_ms: 1_000,
+                    ..RetryPolicy::default()
+                },
+                rules: Vec::new(),
+            })
+            .connect()
+            .await?;
+        ledger
+            .on_command("post", move |ctx: Context, p: Posting| async move {
+                if p.amount < 0 {
+                    say(&format!(
+                        "[dlq]   ledger refuses posting {} of {} (attempt from {})",
+                        p.account,
+                        p.amount,
+                        ctx.from()
+                    ));
+                    return Err(HandlerError::failed("negative amount"));
+                }
+                Ok(())
+            })
+            .await?;
+
         let (tx, rx) = mpsc::unbounded_channel();
         let mut watchers = Vec::new();
         for name in WATCHERS {
-            let watcher = connect(name).await?;
+            let watcher = AgentOptions::new(name)
+                .servers([servers])
+                .group("watchers")
+                .connect()
+                .await?;
+            watcher
+                .on_command("status", |ctx: Context, (): ()| async move {
+                    Ok::<_, HandlerError>(format!("{} ok", ctx.agent_id()))
+                })
+                .await?;
             let tx = tx.clone();
             watcher
                 .on_event("task.>", move |ctx: Context, task: String| {
@@ -219,7 +283,7 @@ impl Demo {
         }
 
         let orchestrator = connect("orchestrator").await?;
-        let mut agents = vec![ocr, nlp, calculator];
+        let mut agents = vec![ocr, nlp, calculator, ledger];
         agents.extend(relays);
         agents.extend(watchers);
         agents.push(orchestrator.clone());
@@ -308,11 +372,91 @@ impl Demo {
             "[loop] relay-a <-> relay-b bounce a message forever; stopped at hop {RELAY_HOP_LIMIT} with {loop_status}"
         ));
 
+        // Discovery: the coordinator knows who offers OCR (it may need a heartbeat to learn).
+        let mut discovered = Vec::new();
+        for _ in 0..50 {
+            discovered = o
+                .discover_capability("ocr")
+                .await?
+                .into_iter()
+                .map(|r| r.manifest.agent)
+                .collect();
+            if !discovered.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        say(&format!("[coordinator] discover ocr -> {discovered:?}"));
+
+        let mut broadcast = o
+            .broadcast(
+                &BroadcastTarget::Group("watchers".into()),
+                "status",
+                &(),
+                Duration::from_secs(2),
+            )
+            .await?;
+        for _ in 0..20 {
+            if broadcast.recipients.len() >= WATCHERS.len() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            broadcast = o
+                .broadcast(
+                    &BroadcastTarget::Group("watchers".into()),
+                    "status",
+                    &(),
+                    Duration::from_secs(2),
+                )
+                .await?;
+        }
+        say(&format!(
+            "[coordinator] broadcast status to group watchers: {} delivered, {} failed, {} timed out",
+            broadcast.count(agent_sdk::Outcome::Delivered),
+            broadcast.count(agent_sdk::Outcome::Failed),
+            broadcast.count(agent_sdk::Outcome::TimedOut)
+        ));
+
+        let receipt = o
+            .send_durable(Call::agent("ledger", "post").command().payload(&Posting {
+                account: "acme".into(),
+                amount: -500,
+            })?)
+            .await?;
+        say(&format!(
+            "[dlq] orchestrator stores a poison posting for the ledger (message {})",
+            receipt.id
+        ));
+        let dlq = DeadLetterQueue::new(o.broker().clone(), o.subjects().clone());
+        let mut dead_letter = None;
+        for _ in 0..100 {
+            let entries = dlq.list(1_000).await.map_err(SdkError::Broker)?;
+            if let Some(e) = entries
+                .into_iter()
+                .find(|e| e.letter.message_id == Some(receipt.id))
+            {
+                say(&format!(
+                    "[dlq] dead-lettered after {} attempts: {} ({}: {}); `chorus dlq show {}` shows it",
+                    e.letter.attempts,
+                    e.letter.reason.as_str(),
+                    e.letter.status,
+                    e.letter.detail,
+                    e.id
+                ));
+                dead_letter = Some(e.letter);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+
         Ok(DemoReport {
             ocr,
             calculations,
             event_receivers,
             loop_status,
+            discovered,
+            broadcast,
+            dead_letter,
         })
     }
 

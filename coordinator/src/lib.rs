@@ -1,9 +1,15 @@
 //! The Chorus coordinator service and command-line tool (`chorus`).
 //!
-//! This release carries the local launcher and demo (`chorus up`) and the client commands
-//! (`send`, `request`, `listen`); the coordinator service itself (`chorus serve`: registry,
-//! broadcast, retries, dead letters, metrics) builds on them.
+//! `chorus serve` runs the [`Coordinator`]: the agent registry and discovery, broadcast with
+//! per-recipient reports, the dead-letter queue fed by JetStream advisories, and Prometheus
+//! metrics. `chorus up` runs a local NATS server, a coordinator and the demo agents;
+//! `send`, `request`, `listen`, `agents`, `broadcast` and `dlq` talk to any running bus.
 
+pub mod config;
 pub mod demo;
 pub mod duration;
 pub mod local;
+pub mod service;
+
+pub use config::CoordinatorConfig;
+pub use service::Coordinator;

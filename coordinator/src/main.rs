@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use agent_sdk::{Agent, AgentOptions, Call, SdkError};
+use chorus::Coordinator;
 use chorus::demo::Demo;
 use chorus::duration::parse_duration;
 use chorus::local::{LocalNats, ensure_nats};
@@ -18,14 +19,10 @@ use futures::StreamExt;
     about = "Chorus: a message bus for AI agents, on NATS"
 )]
 struct Cli {
-    /// NATS server URL(s), comma-separated.
-    #[arg(
-        long,
-        global = true,
-        env = "CHORUS_NATS_URL",
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    server: String,
+    /// NATS server URL(s), comma-separated [default: nats://127.0.0.1:4222, or the config
+    /// file's for `serve`].
+    #[arg(long, global = true, env = "CHORUS_NATS_URL")]
+    server: Option<String>,
     /// Subject root shared by every agent of one bus.
     #[arg(long, global = true, env = "CHORUS_ROOT", default_value = "chorus")]
     root: String,
@@ -33,8 +30,51 @@ struct Cli {
     command: Command,
 }
 
+const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the coordinator: registry and discovery, broadcast, dead letters, metrics.
+    Serve {
+        /// A TOML config file (see docs/COORDINATOR.md); `CHORUS_SERVE__*` variables override it.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// List live agents (optionally only those offering a capability), least loaded first.
+    Agents {
+        /// Only agents offering this capability.
+        #[arg(long)]
+        capability: Option<String>,
+        /// Only agents in this group.
+        #[arg(long)]
+        group: Option<String>,
+    },
+    /// Send a command to all live agents, a group or a capability's holders, and print the
+    /// per-recipient report.
+    Broadcast {
+        /// Every live agent.
+        #[arg(long, conflicts_with_all = ["group", "capability"])]
+        all: bool,
+        /// A group.
+        #[arg(long)]
+        group: Option<String>,
+        /// Holders of a capability.
+        #[arg(long)]
+        capability: Option<String>,
+        /// The command.
+        #[arg(long)]
+        command: String,
+        /// The payload, as JSON (default: null).
+        json: Option<String>,
+        /// How long each recipient has to answer.
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+    /// Inspect and act on the dead-letter queue.
+    Dlq {
+        #[command(subcommand)]
+        action: DlqAction,
+    },
     /// Start a local NATS server (if none answers) and the demo agents, and show them talking.
     Up {
         /// The NATS config to start the local server with.
@@ -46,6 +86,9 @@ enum Command {
         /// Time between scenario runs.
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
         interval: Duration,
+        /// Where the coordinator serves /metrics.
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        metrics_addr: std::net::SocketAddr,
     },
     /// Publish an event (--topic), or send a command to an agent (--to, --command) and print
     /// its result.
@@ -61,9 +104,13 @@ enum Command {
         command: Option<String>,
         /// The payload, as JSON (default: null).
         json: Option<String>,
-        /// How long to wait for a command's result.
+        /// How long to wait for a command's result (with --durable: how long it may wait in
+        /// the inbox before it expires).
         #[arg(long, default_value = "5s", value_parser = parse_duration)]
         timeout: Duration,
+        /// Store the command in the agent's durable inbox instead of waiting for a result.
+        #[arg(long, requires = "to")]
+        durable: bool,
     },
     /// Send a request to an agent (--to, --command) or a capability (--capability) and print
     /// the reply.
@@ -94,6 +141,32 @@ enum Command {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum DlqAction {
+    /// List dead letters, oldest first.
+    Ls {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Show one dead letter in full.
+    Show {
+        /// Its id (from `ls`).
+        id: u64,
+    },
+    /// Publish dead letters to their original subject again and remove them from the queue.
+    Replay {
+        /// The id to replay.
+        #[arg(required_unless_present = "all")]
+        id: Option<u64>,
+        /// Replay every dead letter.
+        #[arg(long, conflicts_with = "id")]
+        all: bool,
+    },
+    /// Remove every dead letter.
+    Purge,
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -103,6 +176,20 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // The demo narrates what happens; its agents' warnings (a dead letter is expected) are
+    // noise there unless asked for with RUST_LOG.
+    let default_filter = if matches!(cli.command, Command::Up { .. }) {
+        "error"
+    } else {
+        "warn"
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     match run(cli).await {
         Ok(code) => code,
         Err(err) => {
@@ -113,22 +200,139 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let url = cli.server.clone().unwrap_or_else(|| DEFAULT_URL.to_owned());
     match cli.command {
         Command::Up {
             config,
             once,
             interval,
-        } => up(&cli.server, &config, once, interval).await,
+            metrics_addr,
+        } => up(&url, &config, once, interval, metrics_addr).await,
+        Command::Serve { config } => {
+            let mut cfg = chorus::CoordinatorConfig::load(config.as_deref())?;
+            if let Some(server) = cli.server {
+                cfg.servers = server;
+            }
+            if cli.root != agent_sdk::subject::DEFAULT_ROOT {
+                cfg.root = cli.root.clone();
+            }
+            let coordinator = Coordinator::start(cfg.clone(), true).await?;
+            println!(
+                "chorus serve: coordinator for root {:?} on {}; metrics on http://{}/metrics",
+                cfg.root,
+                cfg.servers,
+                coordinator
+                    .metrics_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default()
+            );
+            shutdown_signal().await;
+            println!("chorus serve: stopping");
+            let finished = coordinator.shutdown().await;
+            Ok(if finished {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Agents { capability, group } => {
+            let agent = cli_agent(&url, &cli.root).await?;
+            let query = agent_sdk::DiscoverQuery {
+                capability,
+                group,
+                ..Default::default()
+            };
+            let found = agent.discover(&query).await;
+            agent.shutdown().await;
+            let found = found.map_err(|e| {
+                anyhow::anyhow!("discovery failed (is `chorus serve` running?): {e}")
+            })?;
+            println!("{:<24} {:>5} {:<10} capabilities", "agent", "load", "state");
+            for r in &found {
+                let m = &r.manifest;
+                let caps: Vec<&str> = m.capabilities.iter().map(|c| c.name.as_str()).collect();
+                println!(
+                    "{:<24} {:>5.2} {:<10} {}",
+                    m.agent,
+                    m.load,
+                    format!("{:?}", m.availability).to_lowercase(),
+                    caps.join(", ")
+                );
+            }
+            eprintln!("{} live agent(s)", found.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Broadcast {
+            all: _,
+            group,
+            capability,
+            command,
+            json,
+            timeout,
+        } => {
+            let target = match (group, capability) {
+                (Some(g), _) => agent_sdk::BroadcastTarget::Group(g),
+                (_, Some(c)) => agent_sdk::BroadcastTarget::Capability(c),
+                _ => agent_sdk::BroadcastTarget::All,
+            };
+            let agent = cli_agent(&url, &cli.root).await?;
+            let payload = parse_json(json.as_deref())?;
+            let report = agent.broadcast(&target, &command, &payload, timeout).await;
+            agent.shutdown().await;
+            let report = report.map_err(|e| {
+                anyhow::anyhow!("broadcast failed (is `chorus serve` running?): {e}")
+            })?;
+            for r in &report.recipients {
+                println!(
+                    "{:<24} {:<10} {}{}",
+                    r.agent,
+                    format!("{:?}", r.outcome).to_lowercase(),
+                    r.status,
+                    r.reason
+                        .as_deref()
+                        .map(|x| format!(": {x}"))
+                        .unwrap_or_default()
+                );
+            }
+            eprintln!(
+                "broadcast {}: {} delivered, {} failed, {} timed out",
+                report.broadcast_id,
+                report.count(agent_sdk::Outcome::Delivered),
+                report.count(agent_sdk::Outcome::Failed),
+                report.count(agent_sdk::Outcome::TimedOut)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dlq { action } => dlq(&url, &cli.root, action).await,
         Command::Send {
             topic,
             to,
             command,
             json,
             timeout,
+            durable,
         } => {
-            let agent = cli_agent(&cli.server, &cli.root).await?;
+            let agent = cli_agent(&url, &cli.root).await?;
             let payload = parse_json(json.as_deref())?;
             let code = match (topic, to, command) {
+                (None, Some(to), Some(command)) if durable => {
+                    let call = Call::agent(to.clone(), command)
+                        .command()
+                        .json_payload(&payload)?
+                        .timeout(timeout);
+                    let receipt = agent.send_durable(call).await?;
+                    println!(
+                        "stored for {to}: message {} at inbox sequence {}{}",
+                        receipt.id,
+                        receipt.stream_seq,
+                        if receipt.duplicate {
+                            " (already there)"
+                        } else {
+                            ""
+                        }
+                    );
+                    ExitCode::SUCCESS
+                }
                 (Some(topic), _, _) => {
                     agent.publish(&topic, &payload).await?;
                     agent.broker().flush().await?;
@@ -151,7 +355,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             timeout,
         } => {
-            let agent = cli_agent(&cli.server, &cli.root).await?;
+            let agent = cli_agent(&url, &cli.root).await?;
             let payload = parse_json(json.as_deref())?;
             let call = match (to, command, capability) {
                 (Some(to), Some(command), _) => Call::agent(to, command),
@@ -163,9 +367,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(code)
         }
         Command::Listen { pattern, count } => {
-            let agent = cli_agent(&cli.server, &cli.root).await?;
+            let agent = cli_agent(&url, &cli.root).await?;
             let mut events = agent.subscribe(&pattern).await?;
-            eprintln!("listening on {pattern} at {} (Ctrl-C to stop)", cli.server);
+            eprintln!("listening on {pattern} at {url} (Ctrl-C to stop)");
             let mut seen = 0;
             loop {
                 tokio::select! {
@@ -237,6 +441,7 @@ async fn up(
     config: &std::path::Path,
     once: bool,
     interval: Duration,
+    metrics_addr: std::net::SocketAddr,
 ) -> anyhow::Result<ExitCode> {
     let nats = ensure_nats(url, config).await?;
     match &nats {
@@ -248,6 +453,19 @@ async fn up(
             server.monitor_url().unwrap_or("off")
         ),
     }
+    let coordinator_config = chorus::CoordinatorConfig {
+        servers: nats.url().to_owned(),
+        metrics_addr,
+        ..chorus::CoordinatorConfig::default()
+    };
+    let coordinator = Coordinator::start(coordinator_config, true).await?;
+    println!(
+        "chorus up: coordinator running; metrics at http://{}/metrics",
+        coordinator
+            .metrics_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+    );
     let say: fn(&str) = |line| println!("{line}");
     let demo = Demo::start(nats.url(), say).await?;
     println!("chorus up: agents online: {}", demo.agent_ids().join(", "));
@@ -273,6 +491,7 @@ async fn up(
     }
     println!("chorus up: stopping agents");
     demo.shutdown().await;
+    coordinator.shutdown().await;
     drop(nats);
     println!("chorus up: stopped");
     Ok(if failed {
@@ -280,6 +499,86 @@ async fn up(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+async fn dlq(url: &str, root: &str, action: DlqAction) -> anyhow::Result<ExitCode> {
+    use chorus::service::dlq::{DeadLetterQueue, describe_envelope};
+    let subjects = agent_sdk::Subjects::new(root)?;
+    let broker = agent_sdk::BrokerOptions::new([url])
+        .name("chorus-dlq-cli")
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the bus at {url}: {e}"))?;
+    let queue = DeadLetterQueue::new(broker.clone(), subjects);
+    match action {
+        DlqAction::Ls { limit } => {
+            let entries = queue.list(limit).await?;
+            println!(
+                "{:>6}  {:<15} {:<22} {:<16} {:>8}  subject",
+                "id", "reason", "status", "agent", "attempts"
+            );
+            for e in &entries {
+                let l = &e.letter;
+                println!(
+                    "{:>6}  {:<15} {:<22} {:<16} {:>8}  {}",
+                    e.id,
+                    l.reason.as_str(),
+                    l.status.to_string(),
+                    l.agent,
+                    l.attempts,
+                    l.subject
+                );
+            }
+            eprintln!(
+                "{} dead letter(s) shown, {} in the queue",
+                entries.len(),
+                queue.depth().await?
+            );
+        }
+        DlqAction::Show { id } => {
+            let e = queue.show(id).await?;
+            let l = &e.letter;
+            println!("id:              {}", e.id);
+            println!("reason:          {}", l.reason.as_str());
+            println!("status:          {}", l.status);
+            println!("detail:          {}", l.detail);
+            println!("agent:           {}", l.agent);
+            println!("subject:         {}", l.subject);
+            println!("attempts:        {}", l.attempts);
+            println!(
+                "message id:      {}",
+                l.message_id.map(|u| u.to_string()).unwrap_or_default()
+            );
+            println!("stored at (ms):  {}", l.stored_ms);
+            println!("dead at (ms):    {}", l.dead_lettered_ms);
+            println!("message:         {}", describe_envelope(&l.envelope));
+        }
+        DlqAction::Replay { id, all } => {
+            let ids: Vec<u64> = if all {
+                queue
+                    .list(usize::MAX)
+                    .await?
+                    .into_iter()
+                    .map(|e| e.id)
+                    .collect()
+            } else {
+                id.into_iter().collect()
+            };
+            for id in &ids {
+                match queue.replay(*id).await? {
+                    Some(ack) => println!("replayed {id} as inbox message {}", ack.sequence),
+                    None => println!("replayed {id} (core subject, no delivery guarantee)"),
+                }
+            }
+            eprintln!("{} replayed", ids.len());
+        }
+        DlqAction::Purge => {
+            let n = queue.purge().await?;
+            println!("purged {n} dead letter(s)");
+        }
+    }
+    let _ = broker.drain().await;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Ctrl-C or SIGTERM.

@@ -1,0 +1,184 @@
+//! The coordinator's configuration: defaults, then a TOML file, then `CHORUS_SERVE__*`
+//! environment variables (nested keys joined by `__`, for example
+//! `CHORUS_SERVE__RETRY__DEFAULT__MAX_ATTEMPTS=3`), validated at start with errors that name
+//! the offending key.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use agent_sdk::RetryPolicies;
+use agent_sdk::durable::InboxLimits;
+use serde::{Deserialize, Serialize};
+
+/// Everything `chorus serve` reads. Every field has a default; see `docs/COORDINATOR.md`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CoordinatorConfig {
+    /// NATS server URLs, comma-separated.
+    pub servers: String,
+    /// Subject root of the bus.
+    pub root: String,
+    /// Where `/metrics`, `/healthz` and `/readyz` listen.
+    pub metrics_addr: SocketAddr,
+    /// Heartbeats an agent may miss before it is declared gone.
+    pub missed_heartbeats: u32,
+    /// How often the registry looks for silent agents, in milliseconds.
+    pub reap_interval_ms: u64,
+    /// How long broadcast recipients have to answer when the sender does not say, in ms.
+    pub broadcast_timeout_ms: u64,
+    /// Recipients contacted at once by one broadcast.
+    pub broadcast_concurrency: usize,
+    /// Replicas of the coordinator's streams and buckets (1 on one server, 3 on a cluster).
+    pub replicas: usize,
+    /// How long shutdown waits for in-flight work, in milliseconds.
+    pub shutdown_timeout_ms: u64,
+    /// Retry policies for durable deliveries, published to agents through the config bucket.
+    pub retry: RetryPolicies,
+    /// Limits of the durable inbox stream.
+    pub inbox: InboxLimits,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            servers: "nats://127.0.0.1:4222".into(),
+            root: agent_sdk::subject::DEFAULT_ROOT.into(),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            missed_heartbeats: 3,
+            reap_interval_ms: 1_000,
+            broadcast_timeout_ms: 5_000,
+            broadcast_concurrency: 256,
+            replicas: 1,
+            shutdown_timeout_ms: 10_000,
+            retry: RetryPolicies::default(),
+            inbox: InboxLimits::default(),
+        }
+    }
+}
+
+impl CoordinatorConfig {
+    /// Loads defaults, then `file` if given (it must exist), then the environment.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        let defaults = config::Config::try_from(&CoordinatorConfig::default())?;
+        let mut builder = config::Config::builder().add_source(defaults);
+        if let Some(file) = file {
+            anyhow::ensure!(
+                file.is_file(),
+                "config file {} does not exist",
+                file.display()
+            );
+            builder = builder.add_source(config::File::from(file).format(config::FileFormat::Toml));
+        }
+        builder = builder.add_source(
+            config::Environment::with_prefix("CHORUS_SERVE")
+                .prefix_separator("__")
+                .separator("__")
+                .try_parsing(true),
+        );
+        let cfg: CoordinatorConfig = builder
+            .build()?
+            .try_deserialize()
+            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks values that parse but cannot work.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        agent_sdk::Subjects::new(&self.root).map_err(|e| anyhow::anyhow!("root: {e}"))?;
+        anyhow::ensure!(
+            !self.servers.trim().is_empty(),
+            "servers: no NATS server given"
+        );
+        anyhow::ensure!(
+            self.missed_heartbeats >= 1,
+            "missed_heartbeats must be at least 1"
+        );
+        anyhow::ensure!(
+            self.reap_interval_ms >= 10,
+            "reap_interval_ms must be at least 10"
+        );
+        anyhow::ensure!(
+            self.broadcast_timeout_ms >= 1,
+            "broadcast_timeout_ms must be positive"
+        );
+        anyhow::ensure!(
+            self.broadcast_concurrency >= 1,
+            "broadcast_concurrency must be at least 1"
+        );
+        anyhow::ensure!(
+            matches!(self.replicas, 1 | 3 | 5),
+            "replicas must be 1, 3 or 5, not {}",
+            self.replicas
+        );
+        self.retry
+            .validate()
+            .map_err(|e| anyhow::anyhow!("retry: {e}"))?;
+        anyhow::ensure!(
+            self.inbox.max_age_secs > 0,
+            "inbox.max_age_secs must be positive"
+        );
+        Ok(())
+    }
+
+    /// The reaper's period.
+    pub fn reap_interval(&self) -> Duration {
+        Duration::from_millis(self.reap_interval_ms)
+    }
+
+    /// The shutdown deadline.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.shutdown_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_files_and_env_override_them() {
+        CoordinatorConfig::default()
+            .validate()
+            .expect("defaults are valid");
+        let dir = tempfile_dir();
+        let file = dir.join("chorus.toml");
+        std::fs::write(
+            &file,
+            "root = \"acme\"\n[retry.default]\nmax_attempts = 3\ninitial_backoff_ms = 100\n",
+        )
+        .expect("write");
+        let cfg = CoordinatorConfig::load(Some(&file)).expect("loads");
+        assert_eq!(cfg.root, "acme");
+        assert_eq!(cfg.retry.default.max_attempts, 3);
+        assert_eq!(cfg.retry.default.initial_backoff_ms, 100);
+        assert_eq!(
+            cfg.retry.default.multiplier, 2.0,
+            "unset keys keep their defaults"
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_key_named() {
+        let dir = tempfile_dir();
+        let file = dir.join("bad.toml");
+        std::fs::write(&file, "[retry.default]\nmax_attempts = 0\n").expect("write");
+        let err = CoordinatorConfig::load(Some(&file)).expect_err("invalid");
+        assert!(err.to_string().contains("max_attempts"), "{err}");
+        std::fs::write(&file, "replicas = 2\n").expect("write");
+        let err = CoordinatorConfig::load(Some(&file)).expect_err("invalid");
+        assert!(err.to_string().contains("replicas"), "{err}");
+        std::fs::write(&file, "no_such_key = 1\n").expect("write");
+        let err = CoordinatorConfig::load(Some(&file)).expect_err("unknown key");
+        assert!(err.to_string().contains("no_such_key"), "{err}");
+        let missing = dir.join("missing.toml");
+        assert!(CoordinatorConfig::load(Some(&missing)).is_err());
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("chorus-config-test-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        dir
+    }
+}

@@ -1,0 +1,212 @@
+//! Broadcast: one command to every live agent of a target, with a report per recipient.
+//!
+//! Broadcast requests arrive on `<root>.bcast.>` in the coordinators' queue group, so each is
+//! fanned out by exactly one coordinator however many run.
+
+use std::time::Duration;
+
+use agent_sdk::codec::{self, encode_payload};
+use agent_sdk::durable::{DeadLetter, DeadLetterReason, write_dead_letter};
+use agent_sdk::envelope::now_ms;
+use agent_sdk::registry::RecipientReport;
+use agent_sdk::{BroadcastReport, BroadcastTarget, DiscoverQuery, Envelope, Outcome, StatusCode};
+use broker_adapter::{ErrorKind, Message};
+use futures::StreamExt;
+use uuid::Uuid;
+
+use super::metrics::metrics;
+use super::{Shared, reply};
+
+/// Handles one broadcast request.
+pub(crate) async fn on_broadcast(shared: &Shared, msg: &Message) {
+    let Some(reply_to) = msg.reply() else { return };
+    let (request, status, report) = match fan_out(shared, msg).await {
+        Ok((request, report)) => (Some(request), StatusCode::OK, Some(report)),
+        Err((request, status, reason)) => {
+            tracing::debug!(%status, %reason, "broadcast refused");
+            (request, status, None)
+        }
+    };
+    metrics()
+        .messages
+        .with_label_values(&["command", status.label()])
+        .inc();
+    let payload = report.and_then(|r| {
+        let content_type = request
+            .as_ref()
+            .map_or(agent_sdk::envelope::CONTENT_TYPE_MSGPACK, |e| {
+                &e.content_type
+            });
+        encode_payload(&r, content_type).ok()
+    });
+    reply(&shared.broker, reply_to, request.as_ref(), status, payload).await;
+}
+
+type Refusal = (Option<Envelope>, StatusCode, String);
+
+async fn fan_out(shared: &Shared, msg: &Message) -> Result<(Envelope, BroadcastReport), Refusal> {
+    let (request, _) =
+        codec::decode(msg.payload()).map_err(|e| (None, StatusCode::DATA_FORMAT, e.to_string()))?;
+    let refuse = |status, reason: &str| Err((Some(request.clone()), status, reason.to_owned()));
+    let Some(target) = shared.subjects.broadcast_target(msg.subject()) else {
+        return refuse(StatusCode::INVALID_ARGUMENT, "not a broadcast subject");
+    };
+    let Some(command) = request.name.clone() else {
+        return refuse(
+            StatusCode::INVALID_ARGUMENT,
+            "a broadcast names its command",
+        );
+    };
+    if request.is_expired_at(now_ms()) {
+        return refuse(StatusCode::EXPIRED, "expired before the fan-out");
+    }
+    let hops = request.hops.saturating_add(1);
+    if hops > request.hop_limit {
+        return refuse(StatusCode::LOOP_DETECTED, "hop limit reached");
+    }
+    let timeout = request
+        .expect
+        .as_ref()
+        .map(|e| Duration::from_millis(e.timeout_ms))
+        .unwrap_or(shared.config.broadcast_timeout());
+    let query = match &target {
+        BroadcastTarget::All => DiscoverQuery::default(),
+        BroadcastTarget::Group(g) => DiscoverQuery {
+            group: Some(g.clone()),
+            ..DiscoverQuery::default()
+        },
+        BroadcastTarget::Capability(c) => DiscoverQuery::capability(c.clone()),
+    };
+    let recipients: Vec<String> = shared
+        .registry
+        .discover(&query)
+        .into_iter()
+        .map(|r| r.manifest.agent)
+        .collect();
+    metrics().broadcasts.inc();
+    let mut lines: Vec<RecipientReport> = futures::stream::iter(recipients)
+        .map(|agent| deliver(shared, &request, &command, hops, agent, timeout))
+        .buffer_unordered(shared.config.broadcast_concurrency)
+        .collect()
+        .await;
+    lines.sort_by(|a, b| a.agent.cmp(&b.agent));
+    for line in &lines {
+        let label = match line.outcome {
+            Outcome::Delivered => "delivered",
+            Outcome::Failed => "failed",
+            Outcome::TimedOut => "timed_out",
+        };
+        metrics()
+            .broadcast_recipients
+            .with_label_values(&[label])
+            .inc();
+    }
+    let report = BroadcastReport {
+        broadcast_id: request.id,
+        target,
+        recipients: lines,
+    };
+    tracing::info!(
+        id = %request.id,
+        command,
+        delivered = report.count(Outcome::Delivered),
+        failed = report.count(Outcome::Failed),
+        timed_out = report.count(Outcome::TimedOut),
+        "broadcast done"
+    );
+    Ok((request, report))
+}
+
+async fn deliver(
+    shared: &Shared,
+    request: &Envelope,
+    command: &str,
+    hops: u8,
+    agent: String,
+    timeout: Duration,
+) -> RecipientReport {
+    let line = |outcome, status, reason: Option<String>| RecipientReport {
+        agent: agent.clone(),
+        outcome,
+        status,
+        reason,
+    };
+    let subject = match shared.subjects.command(&agent, command) {
+        Ok(s) => s,
+        Err(e) => {
+            return line(
+                Outcome::Failed,
+                StatusCode::INVALID_ARGUMENT,
+                Some(e.to_string()),
+            );
+        }
+    };
+    let mut copy = request.clone();
+    copy.id = Uuid::now_v7();
+    copy.correlation_id = Some(request.conversation());
+    copy.to = vec![agent.clone()];
+    copy.hops = hops;
+    copy.timestamp_ms = now_ms();
+    copy.ttl_ms = Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+    let Ok(bytes) = codec::encode(&copy, codec::Encoding::MsgPack) else {
+        return line(
+            Outcome::Failed,
+            StatusCode::INTERNAL,
+            Some("copy does not encode".into()),
+        );
+    };
+    match shared
+        .broker
+        .request(&subject, None, bytes.clone(), timeout)
+        .await
+    {
+        Ok(reply) => match codec::decode(reply.payload()) {
+            Ok((env, _)) => match env.status {
+                Some(s) if !s.is_success() => line(Outcome::Failed, s, env.reason),
+                _ => line(Outcome::Delivered, StatusCode::OK, None),
+            },
+            Err(e) => line(
+                Outcome::Failed,
+                StatusCode::DATA_FORMAT,
+                Some(e.to_string()),
+            ),
+        },
+        Err(e) if e.kind() == ErrorKind::TimedOut => {
+            line(Outcome::TimedOut, StatusCode::TIMEOUT, None)
+        }
+        Err(e) => {
+            let status = if e.kind() == ErrorKind::NoResponders {
+                StatusCode::NO_RESPONDERS
+            } else {
+                StatusCode::UNEXPECTED_DISCONNECT
+            };
+            // Nobody could take this copy: keep it.
+            let letter = DeadLetter {
+                reason: DeadLetterReason::Undeliverable,
+                status,
+                detail: e.to_string(),
+                agent: agent.clone(),
+                subject,
+                envelope: bytes,
+                message_id: Some(copy.id),
+                attempts: 1,
+                stored_ms: copy.timestamp_ms,
+                dead_lettered_ms: now_ms(),
+                source: None,
+            };
+            match write_dead_letter(&shared.js, &shared.subjects, &letter).await {
+                Ok(ack) if !ack.duplicate => {
+                    metrics()
+                        .dead_letters
+                        .with_label_values(&[DeadLetterReason::Undeliverable.as_str()])
+                        .inc();
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(agent, error = %err, "undeliverable broadcast not dead-lettered")
+                }
+            }
+            line(Outcome::Failed, status, Some(e.to_string()))
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! The dead-letter queue: the worker that turns the server's advisories into dead letters, and
+//! the operations behind `chorus dlq ls | show | replay | purge`.
+
+use agent_sdk::codec;
+use agent_sdk::durable::{
+    DLQ_STREAM, DeadLetter, DeadLetterReason, INBOX_STREAM, write_dead_letter,
+};
+use agent_sdk::envelope::now_ms;
+use agent_sdk::{StatusCode, Subjects};
+use broker_adapter::{Broker, Delivery, ErrorKind, Headers, JetStream, PubAck};
+use bytes::Bytes;
+use serde::Deserialize;
+use std::time::Duration;
+
+use super::Shared;
+use super::metrics::metrics;
+
+/// The fields Chorus reads from JetStream's max-deliveries and terminated advisories.
+#[derive(Debug, Deserialize)]
+struct Advisory {
+    #[serde(rename = "type")]
+    kind: String,
+    stream: String,
+    consumer: String,
+    stream_seq: u64,
+    deliveries: u64,
+    #[serde(default)]
+    reason: String,
+}
+
+/// Reads `"<code> <reason>: <detail>"`, the note agents terminate a delivery with.
+fn parse_term_note(note: &str) -> (StatusCode, DeadLetterReason, String) {
+    let mut parts = note.splitn(2, ' ');
+    let code = parts.next().and_then(|c| c.parse::<u16>().ok());
+    let rest = parts.next().unwrap_or_default();
+    let (label, detail) = rest.split_once(": ").unwrap_or((rest, ""));
+    let reason = match label {
+        "max_attempts" => DeadLetterReason::MaxAttempts,
+        "expired" => DeadLetterReason::Expired,
+        _ => DeadLetterReason::Refused,
+    };
+    match code {
+        Some(code) => (StatusCode(code), reason, detail.to_owned()),
+        None => (
+            StatusCode::HANDLER_FAILED,
+            DeadLetterReason::Refused,
+            note.to_owned(),
+        ),
+    }
+}
+
+/// Handles one captured advisory. Acks it only once the dead letter is stored and the
+/// original removed, so a crash anywhere in between repeats the work (and the dead letter's
+/// message id makes the repeat a no-op).
+pub(crate) async fn on_advisory(shared: &Shared, delivery: &Delivery) {
+    let outcome = handle_advisory(shared, delivery).await;
+    let ack = match outcome {
+        Ok(()) => delivery.ack().await,
+        Err(err) => {
+            tracing::warn!(error = %err, "advisory not processed; will retry");
+            delivery.nak(Some(Duration::from_secs(2))).await
+        }
+    };
+    if let Err(err) = ack {
+        tracing::debug!(error = %err, "advisory ack not sent");
+    }
+}
+
+async fn handle_advisory(
+    shared: &Shared,
+    delivery: &Delivery,
+) -> Result<(), broker_adapter::Error> {
+    let Ok(advisory) = serde_json::from_slice::<Advisory>(delivery.payload()) else {
+        tracing::warn!(
+            subject = delivery.subject(),
+            "advisory does not decode; dropped"
+        );
+        return Ok(());
+    };
+    let inbox = shared.subjects.stream_name(INBOX_STREAM);
+    if advisory.stream != inbox {
+        return Ok(());
+    }
+    let original = match shared.js.get_message(&inbox, advisory.stream_seq).await {
+        Ok(m) => m,
+        // Already dead-lettered by the agent (or an earlier run of this) and removed.
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let (status, reason, detail) = if advisory.kind.ends_with("terminated") {
+        parse_term_note(&advisory.reason)
+    } else {
+        (
+            StatusCode::TIMEOUT,
+            DeadLetterReason::MaxDeliveries,
+            format!("delivered {} times without an answer", advisory.deliveries),
+        )
+    };
+    let message_id = codec::decode(&original.payload).ok().map(|(e, _)| e.id);
+    let letter = DeadLetter {
+        reason,
+        status,
+        detail,
+        agent: advisory.consumer.clone(),
+        subject: original.subject.clone(),
+        envelope: original.payload.clone(),
+        message_id,
+        attempts: advisory.deliveries,
+        stored_ms: original.stored_ms,
+        dead_lettered_ms: now_ms(),
+        source: Some((inbox.clone(), advisory.stream_seq)),
+    };
+    let ack = write_dead_letter(&shared.js, &shared.subjects, &letter).await?;
+    if !ack.duplicate {
+        metrics()
+            .dead_letters
+            .with_label_values(&[reason.as_str()])
+            .inc();
+        tracing::warn!(agent = %advisory.consumer, seq = advisory.stream_seq, reason = reason.as_str(), "message dead-lettered from advisory");
+    }
+    shared
+        .js
+        .delete_message(&inbox, advisory.stream_seq)
+        .await?;
+    Ok(())
+}
+
+/// Updates the DLQ depth gauge from the stream's per-subject counts.
+pub(crate) async fn refresh_depth(js: &JetStream, subjects: &Subjects) {
+    let stream = subjects.stream_name(DLQ_STREAM);
+    let filter = format!("{}.dlq.>", subjects.root());
+    let Ok(counts) = js.subject_counts(&stream, &filter).await else {
+        return;
+    };
+    let depth = &metrics().dlq_depth;
+    depth.reset();
+    for (subject, n) in counts {
+        // <root>.dlq.<reason>.<agent>
+        let reason = subject
+            .strip_prefix(&format!("{}.dlq.", subjects.root()))
+            .and_then(|r| r.split('.').next())
+            .unwrap_or("unknown");
+        depth
+            .with_label_values(&[reason])
+            .add(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+/// One entry of the dead-letter queue.
+#[derive(Debug, Clone)]
+pub struct DlqEntry {
+    /// Its id: the sequence in the dead-letter stream.
+    pub id: u64,
+    /// The dead letter.
+    pub letter: DeadLetter,
+}
+
+/// The dead-letter queue of one bus, for operators.
+#[derive(Debug, Clone)]
+pub struct DeadLetterQueue {
+    broker: Broker,
+    js: JetStream,
+    subjects: Subjects,
+    stream: String,
+}
+
+/// The header a replayed message carries: the dead letter it came from.
+pub const REPLAY_HEADER: &str = "Chorus-Replay-Of";
+
+impl DeadLetterQueue {
+    /// The queue of the bus at `broker` under `subjects`' root.
+    pub fn new(broker: Broker, subjects: Subjects) -> Self {
+        let js = broker.jetstream(Duration::from_secs(10));
+        let stream = subjects.stream_name(DLQ_STREAM);
+        DeadLetterQueue {
+            broker,
+            js,
+            subjects,
+            stream,
+        }
+    }
+
+    /// Entries, oldest first, at most `limit`.
+    pub async fn list(&self, limit: usize) -> Result<Vec<DlqEntry>, broker_adapter::Error> {
+        let state = match self.js.stream_state(&self.stream).await {
+            Ok(s) => s,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        if state.messages == 0 {
+            return Ok(out);
+        }
+        for seq in state.first_seq..=state.last_seq {
+            if out.len() >= limit {
+                break;
+            }
+            match self.show(seq).await {
+                Ok(entry) => out.push(entry),
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Entry `id`.
+    pub async fn show(&self, id: u64) -> Result<DlqEntry, broker_adapter::Error> {
+        let stored = self.js.get_message(&self.stream, id).await?;
+        let letter: DeadLetter = serde_json::from_slice(&stored.payload).map_err(|e| {
+            broker_adapter::Error::with_source(
+                ErrorKind::InvalidInput,
+                format!("entry {id} does not decode"),
+                e,
+            )
+        })?;
+        Ok(DlqEntry { id, letter })
+    }
+
+    /// Publishes entry `id`'s original message to its original subject again, as a new
+    /// message (so its delivery count starts over) carrying `Chorus-Replay-Of`, then removes
+    /// the entry. Durable subjects go through JetStream and return its ack.
+    pub async fn replay(&self, id: u64) -> Result<Option<PubAck>, broker_adapter::Error> {
+        let entry = self.show(id).await?;
+        let mut headers = Headers::new();
+        headers.insert(REPLAY_HEADER, &format!("{}:{id}", self.stream))?;
+        let durable = self
+            .subjects
+            .durable_command(&entry.letter.subject)
+            .is_some();
+        let ack = if durable {
+            let msg_id = format!("replay:{}:{id}", self.stream);
+            Some(
+                self.js
+                    .publish(
+                        &entry.letter.subject,
+                        Some(headers),
+                        Some(&msg_id),
+                        None,
+                        entry.letter.envelope.clone(),
+                    )
+                    .await?,
+            )
+        } else {
+            self.broker
+                .publish_with(
+                    &entry.letter.subject,
+                    None,
+                    Some(headers),
+                    entry.letter.envelope.clone(),
+                )
+                .await?;
+            self.broker.flush().await?;
+            None
+        };
+        self.js.delete_message(&self.stream, id).await?;
+        Ok(ack)
+    }
+
+    /// Removes every entry; returns how many.
+    pub async fn purge(&self) -> Result<u64, broker_adapter::Error> {
+        match self.js.purge_stream(&self.stream).await {
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(0),
+            other => other,
+        }
+    }
+
+    /// How many entries there are.
+    pub async fn depth(&self) -> Result<u64, broker_adapter::Error> {
+        match self.js.stream_state(&self.stream).await {
+            Ok(s) => Ok(s.messages),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Bytes of an entry's original envelope, decoded when possible, for display.
+pub fn describe_envelope(bytes: &Bytes) -> String {
+    match codec::decode(bytes) {
+        Ok((env, _)) if env.encryption.is_some() => format!(
+            "{} {} from {} (payload encrypted, {} bytes)",
+            env.kind,
+            env.name.unwrap_or_default(),
+            env.from,
+            env.payload.len()
+        ),
+        Ok((env, _)) => {
+            let payload =
+                codec::decode_payload::<serde_json::Value>(&env.payload, &env.content_type)
+                    .map(|v| v.to_string())
+                    .unwrap_or_else(|_| format!("<{} bytes>", env.payload.len()));
+            format!(
+                "{} {} from {}: {payload}",
+                env.kind,
+                env.name.unwrap_or_default(),
+                env.from
+            )
+        }
+        Err(e) => format!("<{} bytes, not an envelope: {e}>", bytes.len()),
+    }
+}

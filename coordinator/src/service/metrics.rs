@@ -1,0 +1,100 @@
+//! The coordinator's metrics, in the process-wide registry the SDK serves.
+
+use std::sync::OnceLock;
+
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts};
+
+/// Metrics shared by every coordinator in the process.
+#[derive(Debug, Clone)]
+pub struct CoordinatorMetrics {
+    /// Agents by state: `registered` (in the registry bucket) and `live` (heard from lately).
+    pub agents: IntGaugeVec,
+    /// Registry events: `joined`, `left`.
+    pub registry_events: IntCounterVec,
+    /// Messages the coordinator handled, by kind and status.
+    pub messages: IntCounterVec,
+    /// Broadcasts fanned out.
+    pub broadcasts: IntCounter,
+    /// Broadcast recipients by outcome: `delivered`, `failed`, `timed_out`.
+    pub broadcast_recipients: IntCounterVec,
+    /// Dead letters written by the coordinator, by reason.
+    pub dead_letters: IntCounterVec,
+    /// Messages in the dead-letter stream, by reason (whoever wrote them).
+    pub dlq_depth: IntGaugeVec,
+    /// The coordinator's own NATS connection events.
+    pub connection_events: IntGaugeVec,
+}
+
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
+}
+
+fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition")
+}
+
+/// The coordinator metrics, registered on first use.
+pub fn metrics() -> &'static CoordinatorMetrics {
+    static METRICS: OnceLock<CoordinatorMetrics> = OnceLock::new();
+    METRICS.get_or_init(|| {
+        let m = CoordinatorMetrics {
+            agents: gauge_vec(
+                "chorus_coordinator_agents",
+                "Agents by state: registered (in the registry) and live (heartbeating).",
+                &["state"],
+            ),
+            registry_events: counter_vec(
+                "chorus_coordinator_registry_events_total",
+                "Agents joining and leaving the registry.",
+                &["event"],
+            ),
+            messages: counter_vec(
+                "chorus_coordinator_messages_total",
+                "Messages the coordinator handled, by kind and status.",
+                &["kind", "status"],
+            ),
+            broadcasts: IntCounter::new(
+                "chorus_coordinator_broadcasts_total",
+                "Broadcasts fanned out.",
+            )
+            .expect("static metric definition"),
+            broadcast_recipients: counter_vec(
+                "chorus_coordinator_broadcast_recipients_total",
+                "Broadcast recipients by outcome: delivered, failed, timed_out.",
+                &["outcome"],
+            ),
+            dead_letters: counter_vec(
+                "chorus_coordinator_dead_letters_total",
+                "Dead letters the coordinator wrote, by reason.",
+                &["reason"],
+            ),
+            dlq_depth: gauge_vec(
+                "chorus_dlq_messages",
+                "Messages in the dead-letter queue, by reason.",
+                &["reason"],
+            ),
+            connection_events: gauge_vec(
+                "chorus_coordinator_connection_events",
+                "The coordinator's NATS connection events since start: disconnects, reconnects, slow_consumer_drops, permission_violations.",
+                &["event"],
+            ),
+        };
+        let reg = agent_sdk::metrics::registry();
+        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(m.agents.clone()),
+            Box::new(m.registry_events.clone()),
+            Box::new(m.messages.clone()),
+            Box::new(m.broadcasts.clone()),
+            Box::new(m.broadcast_recipients.clone()),
+            Box::new(m.dead_letters.clone()),
+            Box::new(m.dlq_depth.clone()),
+            Box::new(m.connection_events.clone()),
+        ];
+        for c in collectors {
+            if let Err(err) = reg.register(c) {
+                tracing::warn!(error = %err, "coordinator metric not registered");
+            }
+        }
+        m
+    })
+}
