@@ -63,3 +63,175 @@ pub fn init_tracing() {
             .try_init();
     }
 }
+
+/// Starts an in-process coordinator against `server` with fast timings for tests: registry
+/// sweeps every 50 ms, metrics on a free loopback port when `metrics` is set.
+pub async fn coordinator(server: &NatsServer, metrics: bool) -> chorus::Coordinator {
+    let config = chorus::CoordinatorConfig {
+        servers: server.url().to_owned(),
+        metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        reap_interval_ms: 50,
+        ..chorus::CoordinatorConfig::default()
+    };
+    within(WAIT, "coordinator start", chorus::Coordinator::start(config, metrics))
+        .await
+        .unwrap_or_else(|e| panic!("coordinator did not start: {e:#}"))
+}
+
+/// An agent running on its own runtime and thread, so a test can make it vanish the way a
+/// crashed process does: no goodbye, no drain, its connection simply gone.
+#[derive(Debug)]
+pub struct CrashableAgent {
+    kill: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CrashableAgent {
+    /// Connects `options` on a fresh runtime, runs `setup` on the agent, and keeps it serving.
+    pub fn start<F, Fut>(options: agent_sdk::AgentOptions, setup: F) -> CrashableAgent
+    where
+        F: FnOnce(agent_sdk::Agent) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (kill_tx, kill_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            let agent = rt.block_on(async move {
+                let agent = options.connect().await.map_err(|e| e.to_string())?;
+                setup(agent.clone()).await;
+                Ok::<_, String>(agent)
+            });
+            let agent = match agent {
+                Ok(a) => {
+                    let _ = ready_tx.send(Ok(()));
+                    a
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = kill_rx.recv();
+            // Drop every task without letting it run again: no goodbye, no drain.
+            rt.shutdown_background();
+            drop(agent);
+        });
+        match ready_rx.recv_timeout(WAIT) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("crashable agent did not start: {e}"),
+            Err(e) => panic!("crashable agent did not start in time: {e}"),
+        }
+        CrashableAgent {
+            kill: Some(kill_tx),
+            thread: Some(thread),
+        }
+    }
+
+    /// Makes the agent vanish.
+    pub fn crash(&mut self) {
+        if let Some(kill) = self.kill.take() {
+            let _ = kill.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for CrashableAgent {
+    fn drop(&mut self) {
+        self.crash();
+    }
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, failing the test after `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    within(limit, what, async {
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+/// GETs `path` from an HTTP listener on `addr`: (status code, body).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&raw).into_owned())
+    };
+    let raw = within(WAIT, "http get", fetch)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    // The listener may answer chunked: join the chunks.
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let mut out = String::new();
+        let mut rest = body;
+        while let Some((size, tail)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 || tail.len() < n {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            rest = tail[n..].trim_start_matches("\r\n");
+        }
+        out
+    } else {
+        body.to_owned()
+    };
+    (status, body)
+}
+
+/// The sum of the values of every sample of `name` whose labels contain all of `labels`
+/// (each `key="value"`), in Prometheus text output.
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name) else { continue };
+        let (label_part, value) = match rest.strip_prefix('{') {
+            Some(r) => match r.split_once("} ") {
+                Some((l, v)) => (l, v),
+                None => continue,
+            },
+            None => match rest.strip_prefix(' ') {
+                Some(v) => ("", v),
+                None => continue,
+            },
+        };
+        if labels.iter().all(|l| label_part.contains(l))
+            && let Ok(v) = value.trim().parse::<f64>()
+        {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}

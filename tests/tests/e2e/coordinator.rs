@@ -1,0 +1,542 @@
+//! The coordinator against a real server: registry and discovery, liveness, NATS service
+//! discovery, broadcast reports, retries and dead letters, two coordinators at once, metrics.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use agent_sdk::durable::{DeadLetterReason, INBOX_STREAM};
+use agent_sdk::{
+    Availability, BroadcastTarget, Call, Context, HandlerError, Outcome, RetryPolicies,
+    RetryPolicy, StatusCode,
+};
+use broker_adapter::ConsumerSpec;
+use chorus::service::dlq::DeadLetterQueue;
+use chorus::service::registry::RegistryEvent;
+use chorus_tests::{
+    CrashableAgent, WAIT, agent, agent_options, coordinator, eventually, http_get, metric_sum,
+    raw_broker, server, within,
+};
+use futures::StreamExt;
+
+const HEARTBEAT: Duration = Duration::from_millis(300);
+
+async fn ids_for(client: &agent_sdk::Agent, capability: &str) -> Vec<String> {
+    client
+        .discover_capability(capability)
+        .await
+        .expect("discovery answers")
+        .into_iter()
+        .map(|r| r.manifest.agent)
+        .collect()
+}
+
+#[tokio::test]
+async fn discovery_is_least_loaded_first_and_a_crashed_agent_drops_out_within_three_heartbeats() {
+    let server = server();
+    let coordinator = coordinator(&server, false).await;
+    let client = agent(&server, "client").await;
+    let mut registry_events = client.subscribe("registry.left").await.expect("subscribe");
+
+    let serve_ocr = |load: f32| {
+        move |a: agent_sdk::Agent| async move {
+            a.on_capability("ocr", |_ctx: Context, (): ()| async { Ok::<_, HandlerError>(()) })
+                .await
+                .expect("serve");
+            a.set_load(load, Availability::Available);
+        }
+    };
+    let mut busy = CrashableAgent::start(
+        agent_options(&server, "ocr-busy").heartbeat_interval(HEARTBEAT),
+        serve_ocr(0.7),
+    );
+    let idle = agent_options(&server, "ocr-idle")
+        .heartbeat_interval(HEARTBEAT)
+        .connect()
+        .await
+        .expect("connect");
+    serve_ocr(0.2)(idle.clone()).await;
+
+    let order = eventually(WAIT, "both ocr agents discovered", || async {
+        let ids = ids_for(&client, "ocr").await;
+        (ids.len() == 2).then_some(ids)
+    })
+    .await;
+    assert_eq!(order, ["ocr-idle", "ocr-busy"], "least loaded first");
+    // Load changes are seen at the next heartbeat and reorder the answer.
+    idle.set_load(0.9, Availability::Available);
+    eventually(WAIT, "order follows load", || async {
+        (ids_for(&client, "ocr").await == ["ocr-busy", "ocr-idle"]).then_some(())
+    })
+    .await;
+    // A query can leave out agents above a load.
+    let light = client
+        .discover(&agent_sdk::DiscoverQuery {
+            capability: Some("ocr".into()),
+            max_load: Some(0.8),
+            ..Default::default()
+        })
+        .await
+        .expect("discover");
+    assert_eq!(light.len(), 1);
+    assert_eq!(light[0].manifest.agent, "ocr-busy");
+
+    // Kill one without a goodbye.
+    busy.crash();
+    let killed_at = Instant::now();
+    eventually(WAIT, "crashed agent gone from discovery", || async {
+        (ids_for(&client, "ocr").await == ["ocr-idle"]).then_some(())
+    })
+    .await;
+    let gone_after = killed_at.elapsed();
+    println!("crashed agent left discovery after {gone_after:?} (heartbeat {HEARTBEAT:?})");
+    // Three intervals, plus one registry sweep and scheduling slack.
+    assert!(
+        gone_after <= HEARTBEAT * 3 + Duration::from_millis(250),
+        "took {gone_after:?}"
+    );
+    let event = within(WAIT, "left event", registry_events.next()).await.expect("event");
+    let left: RegistryEvent = event.payload_as().expect("payload");
+    assert_eq!((left.agent.as_str(), left.reason.as_str()), ("ocr-busy", "missed heartbeats"));
+
+    // A clean shutdown leaves at once, with a goodbye.
+    idle.shutdown().await;
+    let event = within(WAIT, "goodbye event", registry_events.next()).await.expect("event");
+    let left: RegistryEvent = event.payload_as().expect("payload");
+    assert_eq!((left.agent.as_str(), left.reason.as_str()), ("ocr-idle", "goodbye"));
+    assert!(ids_for(&client, "ocr").await.is_empty());
+    coordinator.shutdown().await;
+}
+
+#[tokio::test]
+async fn agents_answer_nats_service_discovery() {
+    let server = server();
+    let worker = agent(&server, "svc-worker").await;
+    worker
+        .on_command("echo", |_ctx: Context, s: String| async move { Ok::<_, HandlerError>(s) })
+        .await
+        .expect("register");
+    worker
+        .on_capability("text.upper", |_ctx: Context, s: String| async move {
+            Ok::<_, HandlerError>(s.to_uppercase())
+        })
+        .await
+        .expect("serve");
+    let client = agent(&server, "svc-client").await;
+    for _ in 0..3 {
+        let _: String = client.request("svc-worker", "echo", "hi").await.expect("echo");
+    }
+    let raw = raw_broker(&server).await;
+    let ask = |subject: &'static str| {
+        let raw = raw.clone();
+        async move {
+            let msg = raw
+                .request(subject, None, bytes::Bytes::new(), WAIT)
+                .await
+                .unwrap_or_else(|e| panic!("{subject}: {e}"));
+            serde_json::from_slice::<serde_json::Value>(msg.payload()).expect("json")
+        }
+    };
+    let ping = ask("$SRV.PING.svc-worker").await;
+    assert_eq!(ping["type"], "io.nats.micro.v1.ping_response");
+    assert_eq!(ping["name"], "svc-worker");
+    let info = ask("$SRV.INFO.svc-worker").await;
+    assert_eq!(info["type"], "io.nats.micro.v1.info_response");
+    let endpoints: Vec<&str> = info["endpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .filter_map(|e| e["subject"].as_str())
+        .collect();
+    assert!(endpoints.contains(&"chorus.agent.svc-worker.echo"), "{endpoints:?}");
+    assert!(endpoints.contains(&"chorus.cap.text.upper"), "{endpoints:?}");
+    let stats = ask("$SRV.STATS.svc-worker").await;
+    let echo = stats["endpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .find(|e| e["name"] == "echo")
+        .expect("echo endpoint")
+        .clone();
+    assert_eq!(echo["num_requests"], 3);
+    assert_eq!(echo["num_errors"], 0);
+}
+
+#[tokio::test]
+async fn a_broadcast_to_fifty_agents_with_five_silent_reports_45_delivered_and_5_timed_out() {
+    let server = server();
+    let coordinator = coordinator(&server, false).await;
+    let mut fleet = Vec::new();
+    for i in 0..50 {
+        let silent = i % 10 == 3;
+        let a = agent_options(&server, &format!("fleet-{i:02}"))
+            .group("fleet")
+            .connect()
+            .await
+            .expect("connect");
+        a.on_command("reload", move |_ctx: Context, (): ()| async move {
+            if silent {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+            Ok::<_, HandlerError>(())
+        })
+        .await
+        .expect("register");
+        fleet.push(a);
+    }
+    let client = agent(&server, "operator").await;
+    eventually(WAIT, "50 fleet agents registered", || async {
+        let n = client
+            .discover(&agent_sdk::DiscoverQuery {
+                group: Some("fleet".into()),
+                ..Default::default()
+            })
+            .await
+            .map(|v| v.len())
+            .unwrap_or(0);
+        (n == 50).then_some(())
+    })
+    .await;
+    let started = Instant::now();
+    let report = client
+        .broadcast(
+            &BroadcastTarget::Group("fleet".into()),
+            "reload",
+            &(),
+            Duration::from_secs(1),
+        )
+        .await
+        .expect("report");
+    println!("broadcast to 50 took {:?}", started.elapsed());
+    assert_eq!(report.recipients.len(), 50);
+    assert_eq!(report.count(Outcome::Delivered), 45);
+    assert_eq!(report.count(Outcome::TimedOut), 5);
+    assert_eq!(report.count(Outcome::Failed), 0);
+    let silent: Vec<&str> = report
+        .recipients
+        .iter()
+        .filter(|r| r.outcome == Outcome::TimedOut)
+        .map(|r| r.agent.as_str())
+        .collect();
+    assert_eq!(silent, ["fleet-03", "fleet-13", "fleet-23", "fleet-33", "fleet-43"]);
+    coordinator.shutdown().await;
+}
+
+fn fast_policy(attempts: u32) -> RetryPolicies {
+    RetryPolicies {
+        default: RetryPolicy {
+            max_attempts: attempts,
+            initial_backoff_ms: 200,
+            multiplier: 2.0,
+            max_backoff_ms: 10_000,
+            jitter: 0.0,
+            ..RetryPolicy::default()
+        },
+        rules: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn a_failing_durable_command_is_tried_max_attempts_times_with_backoff_then_dead_lettered_once_and_replays() {
+    let server = server();
+    let coordinator = coordinator(&server, false).await;
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    let fixed = Arc::new(AtomicBool::new(false));
+    let worker = agent_options(&server, "payments")
+        .durable_inbox(true)
+        .retry_policies(fast_policy(4))
+        .connect()
+        .await
+        .expect("connect");
+    {
+        let attempts = Arc::clone(&attempts);
+        let fixed = Arc::clone(&fixed);
+        worker
+            .on_command("charge", move |_ctx: Context, cents: u32| {
+                attempts.lock().expect("lock").push(Instant::now());
+                let ok = fixed.load(Ordering::SeqCst);
+                async move {
+                    if ok {
+                        Ok(cents)
+                    } else {
+                        Err(HandlerError::failed("card declined"))
+                    }
+                }
+            })
+            .await
+            .expect("register");
+    }
+    let sender = agent(&server, "shop").await;
+    let receipt = sender
+        .send_durable(Call::agent("payments", "charge").command().payload(&4200u32).expect("payload"))
+        .await
+        .expect("stored");
+    let dlq = DeadLetterQueue::new(sender.broker().clone(), sender.subjects().clone());
+    let entry = eventually(WAIT, "dead letter", || async {
+        dlq.list(10).await.expect("list").into_iter().next()
+    })
+    .await;
+    let times = attempts.lock().expect("lock").clone();
+    assert_eq!(times.len(), 4, "tried exactly max_attempts times");
+    let gaps: Vec<u128> = times.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect();
+    println!("attempt gaps (ms): {gaps:?}, expected 200, 400, 800");
+    for (gap, expected) in gaps.iter().zip([200u128, 400, 800]) {
+        assert!(*gap >= expected - 5, "gap {gap} ms shorter than the backoff {expected} ms");
+        assert!(*gap <= expected + 400, "gap {gap} ms much longer than the backoff {expected} ms");
+    }
+    let letter = &entry.letter;
+    assert_eq!(letter.reason, DeadLetterReason::MaxAttempts);
+    assert_eq!(letter.status, StatusCode::HANDLER_FAILED);
+    assert_eq!(letter.detail, "card declined");
+    assert_eq!(letter.attempts, 4);
+    assert_eq!(letter.agent, "payments");
+    assert_eq!(letter.message_id, Some(receipt.id));
+
+    // The original is gone from the inbox and from the consumer; no fifth attempt comes.
+    let js = sender.broker().jetstream(WAIT);
+    let inbox = sender.subjects().stream_name(INBOX_STREAM);
+    eventually(WAIT, "inbox empty", || async {
+        let state = js.stream_state(&inbox).await.expect("state");
+        let consumer = js.consumer_state(&inbox, "payments").await.expect("consumer");
+        (state.messages == 0 && consumer.pending == 0 && consumer.ack_pending == 0).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(attempts.lock().expect("lock").len(), 4);
+    assert_eq!(dlq.depth().await.expect("depth"), 1, "exactly one dead letter");
+
+    // Replay, with the cause fixed: delivered again and handled.
+    fixed.store(true, Ordering::SeqCst);
+    let ack = dlq.replay(entry.id).await.expect("replay").expect("durable replay");
+    assert!(!ack.duplicate);
+    eventually(WAIT, "replayed command handled", || async {
+        (attempts.lock().expect("lock").len() == 5).then_some(())
+    })
+    .await;
+    eventually(WAIT, "replayed command acked", || async {
+        let state = js.stream_state(&inbox).await.expect("state");
+        (state.messages == 0).then_some(())
+    })
+    .await;
+    assert_eq!(dlq.depth().await.expect("depth"), 0);
+    coordinator.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_poison_command_is_dead_lettered_at_once_not_retried() {
+    let server = server();
+    let worker = agent_options(&server, "strict")
+        .durable_inbox(true)
+        .retry_policies(fast_policy(5))
+        .connect()
+        .await
+        .expect("connect");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&calls);
+    worker
+        .on_command("parse", move |_ctx: Context, _n: u32| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { Err::<(), _>(HandlerError::invalid_argument("not a valid order")) }
+        })
+        .await
+        .expect("register");
+    let sender = agent(&server, "client").await;
+    sender
+        .send_durable(Call::agent("strict", "parse").payload(&1u32).expect("payload"))
+        .await
+        .expect("stored");
+    // Undecodable arguments are poison too.
+    sender
+        .send_durable(Call::agent("strict", "parse").payload("not a number").expect("payload"))
+        .await
+        .expect("stored");
+    let dlq = DeadLetterQueue::new(sender.broker().clone(), sender.subjects().clone());
+    let entries = eventually(WAIT, "two dead letters", || async {
+        let e = dlq.list(10).await.expect("list");
+        (e.len() == 2).then_some(e)
+    })
+    .await;
+    let statuses: Vec<StatusCode> = entries.iter().map(|e| e.letter.status).collect();
+    assert_eq!(statuses, [StatusCode::INVALID_ARGUMENT, StatusCode::DATA_FORMAT]);
+    assert!(entries.iter().all(|e| e.letter.reason == DeadLetterReason::Refused && e.letter.attempts == 1));
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once; the bad payload never reached it");
+}
+
+/// A consumer that takes deliveries and never answers them, as an agent that crashes on
+/// every message would: each reaches MaxDeliver and only the server's advisory reports it.
+pub(crate) async fn crashing_consumer(
+    server: &chorus_tests::NatsServer,
+    agent_id: &str,
+    max_deliver: i64,
+) -> tokio::task::JoinHandle<()> {
+    let broker = raw_broker(server).await;
+    let js = broker.jetstream(WAIT);
+    let subjects = agent_sdk::Subjects::default();
+    let mut spec = ConsumerSpec::new(agent_id);
+    spec.filter_subjects = vec![subjects.durable_inbox(agent_id).expect("subject")];
+    spec.ack_wait = Duration::from_millis(500);
+    spec.max_deliver = max_deliver;
+    let consumer = js
+        .ensure_consumer(&subjects.stream_name(INBOX_STREAM), &spec)
+        .await
+        .expect("consumer");
+    let mut deliveries = consumer.messages(100).await.expect("messages");
+    tokio::spawn(async move {
+        // Holds the connection; drops every delivery unanswered.
+        let _broker = broker;
+        while let Some(d) = deliveries.next().await {
+            drop(d);
+        }
+    })
+}
+
+#[tokio::test]
+async fn two_coordinators_write_each_dead_letter_once_and_fan_out_each_broadcast_once() {
+    let server = server();
+    let c1 = coordinator(&server, false).await;
+    let c2 = coordinator(&server, false).await;
+
+    // Broadcast: each of five agents handles it exactly once.
+    let counts: Vec<Arc<AtomicUsize>> = (0..5).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let mut pair = Vec::new();
+    for (i, count) in counts.iter().enumerate() {
+        let a = agent_options(&server, &format!("pair-{i}"))
+            .group("pair")
+            .connect()
+            .await
+            .expect("connect");
+        let count = Arc::clone(count);
+        a.on_command("tick", move |_ctx: Context, (): ()| {
+            count.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, HandlerError>(()) }
+        })
+        .await
+        .expect("register");
+        pair.push(a);
+    }
+    let client = agent(&server, "client").await;
+    eventually(WAIT, "pair registered with both", || async {
+        let ok = c1.discover(&agent_sdk::DiscoverQuery { group: Some("pair".into()), ..Default::default() }).len() == 5
+            && c2.discover(&agent_sdk::DiscoverQuery { group: Some("pair".into()), ..Default::default() }).len() == 5;
+        ok.then_some(())
+    })
+    .await;
+    for _ in 0..4 {
+        let report = client
+            .broadcast(&BroadcastTarget::Group("pair".into()), "tick", &(), Duration::from_secs(2))
+            .await
+            .expect("report");
+        assert_eq!(report.count(Outcome::Delivered), 5);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ticks: Vec<usize> = counts.iter().map(|c| c.load(Ordering::SeqCst)).collect();
+    assert_eq!(ticks, [4, 4, 4, 4, 4], "four broadcasts, each fanned out once");
+
+    // Dead letters from advisories: ten messages that reach MaxDeliver.
+    let sender = agent(&server, "sender").await;
+    let js = sender.broker().jetstream(WAIT);
+    js.ensure_stream(&agent_sdk::durable::inbox_stream(sender.subjects(), &Default::default()))
+        .await
+        .expect("inbox");
+    let _crasher = crashing_consumer(&server, "crasher", 2).await;
+    let mut ids = Vec::new();
+    for n in 0..10u32 {
+        let r = sender
+            .send_durable(Call::agent("crasher", "work").payload(&n).expect("payload"))
+            .await
+            .expect("stored");
+        ids.push(r.id);
+    }
+    let dlq = DeadLetterQueue::new(sender.broker().clone(), sender.subjects().clone());
+    let entries = eventually(Duration::from_secs(60), "ten dead letters", || async {
+        let e = dlq.list(100).await.expect("list");
+        (e.len() >= 10).then_some(e)
+    })
+    .await;
+    // Give a would-be duplicate time to appear.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let entries_after = dlq.list(100).await.expect("list");
+    assert_eq!(entries_after.len(), 10, "no dead letter written twice");
+    let mut seen: HashMap<uuid::Uuid, usize> = HashMap::new();
+    for e in &entries {
+        assert_eq!(e.letter.reason, DeadLetterReason::MaxDeliveries);
+        assert_eq!(e.letter.attempts, 2);
+        *seen.entry(e.letter.message_id.expect("id")).or_default() += 1;
+    }
+    for id in &ids {
+        assert_eq!(seen.get(id), Some(&1), "message {id} dead-lettered exactly once");
+    }
+    c1.shutdown().await;
+    c2.shutdown().await;
+}
+
+#[tokio::test]
+async fn metrics_pass_promtool_and_move_with_traffic() {
+    let server = server();
+    let coordinator = coordinator(&server, true).await;
+    let addr = coordinator.metrics_addr().expect("metrics listener");
+    assert_eq!(http_get(addr, "/healthz").await.0, 200);
+    assert_eq!(http_get(addr, "/readyz").await.0, 200);
+
+    let echo = agent(&server, "metrics-echo").await;
+    echo.on_command("echo", |_ctx: Context, s: String| async move { Ok::<_, HandlerError>(s) })
+        .await
+        .expect("register");
+    let client = agent(&server, "metrics-client").await;
+    let _: String = client.request("metrics-echo", "echo", "warm-up").await.expect("echo");
+    let (_, before) = http_get(addr, "/metrics").await;
+
+    for _ in 0..25 {
+        let _: String = client.request("metrics-echo", "echo", "x").await.expect("echo");
+    }
+    let _ = client.request::<_, String>("metrics-echo", "nope", "x").await;
+    client
+        .broadcast(&BroadcastTarget::All, "echo", "hello", Duration::from_secs(1))
+        .await
+        .expect("broadcast");
+    let (status, after) = http_get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+
+    let promtool = std::env::var("PROMTOOL").unwrap_or_else(|_| "promtool".into());
+    let mut child = std::process::Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{promtool} not runnable (scripts/install-promtool installs it): {e}"));
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(after.as_bytes()).expect("write metrics");
+    }
+    let out = child.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let ok = [r#"agent="metrics-echo""#, r#"kind="request""#, r#"status="ok""#];
+    let handled_before = metric_sum(&before, "chorus_agent_messages_total", &ok).unwrap_or(0.0);
+    let handled_after = metric_sum(&after, "chorus_agent_messages_total", &ok).expect("series");
+    assert!(handled_after >= handled_before + 25.0, "{handled_before} -> {handled_after}");
+    let unknown = [r#"agent="metrics-echo""#, r#"status="unknown_command""#];
+    assert!(metric_sum(&after, "chorus_agent_messages_total", &unknown).expect("series") >= 1.0);
+    let lat = [r#"agent="metrics-client""#, r#"status="ok""#];
+    let n_before = metric_sum(&before, "chorus_agent_request_duration_seconds_count", &lat).unwrap_or(0.0);
+    let n_after = metric_sum(&after, "chorus_agent_request_duration_seconds_count", &lat).expect("series");
+    assert!(n_after >= n_before + 25.0, "{n_before} -> {n_after}");
+    assert!(metric_sum(&after, "chorus_coordinator_broadcasts_total", &[]).expect("series") >= 1.0);
+    assert!(
+        metric_sum(&after, "chorus_coordinator_broadcast_recipients_total", &[r#"outcome="delivered""#])
+            .expect("series")
+            >= 1.0
+    );
+    assert!(metric_sum(&after, "chorus_coordinator_agents", &[r#"state="live""#]).expect("series") >= 2.0);
+    assert!(metric_sum(&after, "chorus_agent_traffic_total", &[r#"direction="received""#]).expect("series") > 0.0);
+    assert!(after.contains("chorus_agent_connection_events_total"));
+    coordinator.shutdown().await;
+}
