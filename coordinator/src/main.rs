@@ -169,12 +169,6 @@ enum DlqAction {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
     // The demo narrates what happens; its agents' warnings (a dead letter is expected) are
     // noise there unless asked for with RUST_LOG.

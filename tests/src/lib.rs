@@ -73,9 +73,13 @@ pub async fn coordinator(server: &NatsServer, metrics: bool) -> chorus::Coordina
         reap_interval_ms: 50,
         ..chorus::CoordinatorConfig::default()
     };
-    within(WAIT, "coordinator start", chorus::Coordinator::start(config, metrics))
-        .await
-        .unwrap_or_else(|e| panic!("coordinator did not start: {e:#}"))
+    within(
+        WAIT,
+        "coordinator start",
+        chorus::Coordinator::start(config, metrics),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("coordinator did not start: {e:#}"))
 }
 
 /// An agent running on its own runtime and thread, so a test can make it vanish the way a
@@ -193,7 +197,10 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     // The listener may answer chunked: join the chunks.
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         let mut out = String::new();
         let mut rest = body;
         while let Some((size, tail)) = rest.split_once("\r\n") {
@@ -216,7 +223,9 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
     let mut found = None;
     for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(name) else { continue };
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
         let (label_part, value) = match rest.strip_prefix('{') {
             Some(r) => match r.split_once("} ") {
                 Some((l, v)) => (l, v),
@@ -234,4 +243,47 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
         }
     }
     found
+}
+
+/// A consumer for `agent_id`'s durable inbox that takes deliveries and never answers them, as
+/// an agent that crashes on every message would: each message reaches `max_deliver` and only
+/// the server's advisory reports it. Runs until the returned task is aborted or the test ends.
+pub async fn crashing_consumer(
+    server: &NatsServer,
+    agent_id: &str,
+    max_deliver: i64,
+) -> tokio::task::JoinHandle<()> {
+    use futures::StreamExt;
+    let broker = raw_broker(server).await;
+    let js = broker.jetstream(WAIT);
+    let subjects = agent_sdk::Subjects::default();
+    let inbox = subjects.stream_name(agent_sdk::durable::INBOX_STREAM);
+    js.ensure_stream(&agent_sdk::durable::inbox_stream(
+        &subjects,
+        &Default::default(),
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("inbox stream: {e}"));
+    let mut spec = broker_adapter::ConsumerSpec::new(agent_id);
+    spec.filter_subjects = vec![
+        subjects
+            .durable_inbox(agent_id)
+            .unwrap_or_else(|e| panic!("subject: {e}")),
+    ];
+    spec.ack_wait = Duration::from_millis(500);
+    spec.max_deliver = max_deliver;
+    let consumer = js
+        .ensure_consumer(&inbox, &spec)
+        .await
+        .unwrap_or_else(|e| panic!("consumer: {e}"));
+    let mut deliveries = consumer
+        .messages(100)
+        .await
+        .unwrap_or_else(|e| panic!("messages: {e}"));
+    tokio::spawn(async move {
+        let _broker = broker;
+        while let Some(delivery) = deliveries.next().await {
+            drop(delivery);
+        }
+    })
 }

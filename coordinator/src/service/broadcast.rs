@@ -24,7 +24,7 @@ pub(crate) async fn on_broadcast(shared: &Shared, msg: &Message) {
         Ok((request, report)) => (Some(request), StatusCode::OK, Some(report)),
         Err((request, status, reason)) => {
             tracing::debug!(%status, %reason, "broadcast refused");
-            (request, status, None)
+            (request.map(|r| *r), status, None)
         }
     };
     metrics()
@@ -42,12 +42,13 @@ pub(crate) async fn on_broadcast(shared: &Shared, msg: &Message) {
     reply(&shared.broker, reply_to, request.as_ref(), status, payload).await;
 }
 
-type Refusal = (Option<Envelope>, StatusCode, String);
+type Refusal = (Option<Box<Envelope>>, StatusCode, String);
 
 async fn fan_out(shared: &Shared, msg: &Message) -> Result<(Envelope, BroadcastReport), Refusal> {
     let (request, _) =
         codec::decode(msg.payload()).map_err(|e| (None, StatusCode::DATA_FORMAT, e.to_string()))?;
-    let refuse = |status, reason: &str| Err((Some(request.clone()), status, reason.to_owned()));
+    let refuse =
+        |status, reason: &str| Err((Some(Box::new(request.clone())), status, reason.to_owned()));
     let Some(target) = shared.subjects.broadcast_target(msg.subject()) else {
         return refuse(StatusCode::INVALID_ARGUMENT, "not a broadcast subject");
     };

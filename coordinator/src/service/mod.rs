@@ -237,7 +237,7 @@ impl Coordinator {
                     _ = s.stop.cancelled() => break,
                 }
                 s.registry.reap().await;
-                if polls % 5 == 0 {
+                if polls.is_multiple_of(5) {
                     dlq::refresh_depth(&s.js, &s.subjects).await;
                     let st = s.broker.stats();
                     let g = &metrics().connection_events;
@@ -258,7 +258,9 @@ impl Coordinator {
         // Dead letters from the captured advisories; the consumer is shared by coordinators.
         let advisories = shared.subjects.stream_name(ADVISORY_STREAM);
         let mut spec = ConsumerSpec::new(DLQ_CONSUMER);
-        spec.ack_wait = Duration::from_secs(30);
+        // Advisories a killed coordinator had taken come back to the others this soon; each
+        // takes a few milliseconds to process.
+        spec.ack_wait = Duration::from_secs(5);
         spec.max_ack_pending = 64;
         spec.description = "Chorus coordinators: advisories to dead letters".into();
         let consumer = shared.js.ensure_consumer(&advisories, &spec).await?;

@@ -11,12 +11,11 @@ use agent_sdk::{
     Availability, BroadcastTarget, Call, Context, HandlerError, Outcome, RetryPolicies,
     RetryPolicy, StatusCode,
 };
-use broker_adapter::ConsumerSpec;
 use chorus::service::dlq::DeadLetterQueue;
 use chorus::service::registry::RegistryEvent;
 use chorus_tests::{
-    CrashableAgent, WAIT, agent, agent_options, coordinator, eventually, http_get, metric_sum,
-    raw_broker, server, within,
+    CrashableAgent, WAIT, agent, agent_options, coordinator, crashing_consumer, eventually,
+    http_get, metric_sum, raw_broker, server, within,
 };
 use futures::StreamExt;
 
@@ -41,9 +40,11 @@ async fn discovery_is_least_loaded_first_and_a_crashed_agent_drops_out_within_th
 
     let serve_ocr = |load: f32| {
         move |a: agent_sdk::Agent| async move {
-            a.on_capability("ocr", |_ctx: Context, (): ()| async { Ok::<_, HandlerError>(()) })
-                .await
-                .expect("serve");
+            a.on_capability("ocr", |_ctx: Context, (): ()| async {
+                Ok::<_, HandlerError>(())
+            })
+            .await
+            .expect("serve");
             a.set_load(load, Availability::Available);
         }
     };
@@ -96,15 +97,25 @@ async fn discovery_is_least_loaded_first_and_a_crashed_agent_drops_out_within_th
         gone_after <= HEARTBEAT * 3 + Duration::from_millis(250),
         "took {gone_after:?}"
     );
-    let event = within(WAIT, "left event", registry_events.next()).await.expect("event");
+    let event = within(WAIT, "left event", registry_events.next())
+        .await
+        .expect("event");
     let left: RegistryEvent = event.payload_as().expect("payload");
-    assert_eq!((left.agent.as_str(), left.reason.as_str()), ("ocr-busy", "missed heartbeats"));
+    assert_eq!(
+        (left.agent.as_str(), left.reason.as_str()),
+        ("ocr-busy", "missed heartbeats")
+    );
 
     // A clean shutdown leaves at once, with a goodbye.
     idle.shutdown().await;
-    let event = within(WAIT, "goodbye event", registry_events.next()).await.expect("event");
+    let event = within(WAIT, "goodbye event", registry_events.next())
+        .await
+        .expect("event");
     let left: RegistryEvent = event.payload_as().expect("payload");
-    assert_eq!((left.agent.as_str(), left.reason.as_str()), ("ocr-idle", "goodbye"));
+    assert_eq!(
+        (left.agent.as_str(), left.reason.as_str()),
+        ("ocr-idle", "goodbye")
+    );
     assert!(ids_for(&client, "ocr").await.is_empty());
     coordinator.shutdown().await;
 }
@@ -114,7 +125,9 @@ async fn agents_answer_nats_service_discovery() {
     let server = server();
     let worker = agent(&server, "svc-worker").await;
     worker
-        .on_command("echo", |_ctx: Context, s: String| async move { Ok::<_, HandlerError>(s) })
+        .on_command("echo", |_ctx: Context, s: String| async move {
+            Ok::<_, HandlerError>(s)
+        })
         .await
         .expect("register");
     worker
@@ -125,7 +138,10 @@ async fn agents_answer_nats_service_discovery() {
         .expect("serve");
     let client = agent(&server, "svc-client").await;
     for _ in 0..3 {
-        let _: String = client.request("svc-worker", "echo", "hi").await.expect("echo");
+        let _: String = client
+            .request("svc-worker", "echo", "hi")
+            .await
+            .expect("echo");
     }
     let raw = raw_broker(&server).await;
     let ask = |subject: &'static str| {
@@ -149,8 +165,14 @@ async fn agents_answer_nats_service_discovery() {
         .iter()
         .filter_map(|e| e["subject"].as_str())
         .collect();
-    assert!(endpoints.contains(&"chorus.agent.svc-worker.echo"), "{endpoints:?}");
-    assert!(endpoints.contains(&"chorus.cap.text.upper"), "{endpoints:?}");
+    assert!(
+        endpoints.contains(&"chorus.agent.svc-worker.echo"),
+        "{endpoints:?}"
+    );
+    assert!(
+        endpoints.contains(&"chorus.cap.text.upper"),
+        "{endpoints:?}"
+    );
     let stats = ask("$SRV.STATS.svc-worker").await;
     let echo = stats["endpoints"]
         .as_array()
@@ -219,7 +241,10 @@ async fn a_broadcast_to_fifty_agents_with_five_silent_reports_45_delivered_and_5
         .filter(|r| r.outcome == Outcome::TimedOut)
         .map(|r| r.agent.as_str())
         .collect();
-    assert_eq!(silent, ["fleet-03", "fleet-13", "fleet-23", "fleet-33", "fleet-43"]);
+    assert_eq!(
+        silent,
+        ["fleet-03", "fleet-13", "fleet-23", "fleet-33", "fleet-43"]
+    );
     coordinator.shutdown().await;
 }
 
@@ -238,7 +263,8 @@ fn fast_policy(attempts: u32) -> RetryPolicies {
 }
 
 #[tokio::test]
-async fn a_failing_durable_command_is_tried_max_attempts_times_with_backoff_then_dead_lettered_once_and_replays() {
+async fn a_failing_durable_command_is_tried_max_attempts_times_with_backoff_then_dead_lettered_once_and_replays()
+ {
     let server = server();
     let coordinator = coordinator(&server, false).await;
     let attempts = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
@@ -269,7 +295,12 @@ async fn a_failing_durable_command_is_tried_max_attempts_times_with_backoff_then
     }
     let sender = agent(&server, "shop").await;
     let receipt = sender
-        .send_durable(Call::agent("payments", "charge").command().payload(&4200u32).expect("payload"))
+        .send_durable(
+            Call::agent("payments", "charge")
+                .command()
+                .payload(&4200u32)
+                .expect("payload"),
+        )
         .await
         .expect("stored");
     let dlq = DeadLetterQueue::new(sender.broker().clone(), sender.subjects().clone());
@@ -279,11 +310,20 @@ async fn a_failing_durable_command_is_tried_max_attempts_times_with_backoff_then
     .await;
     let times = attempts.lock().expect("lock").clone();
     assert_eq!(times.len(), 4, "tried exactly max_attempts times");
-    let gaps: Vec<u128> = times.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect();
+    let gaps: Vec<u128> = times
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_millis())
+        .collect();
     println!("attempt gaps (ms): {gaps:?}, expected 200, 400, 800");
     for (gap, expected) in gaps.iter().zip([200u128, 400, 800]) {
-        assert!(*gap >= expected - 5, "gap {gap} ms shorter than the backoff {expected} ms");
-        assert!(*gap <= expected + 400, "gap {gap} ms much longer than the backoff {expected} ms");
+        assert!(
+            *gap >= expected - 5,
+            "gap {gap} ms shorter than the backoff {expected} ms"
+        );
+        assert!(
+            *gap <= expected + 400,
+            "gap {gap} ms much longer than the backoff {expected} ms"
+        );
     }
     let letter = &entry.letter;
     assert_eq!(letter.reason, DeadLetterReason::MaxAttempts);
@@ -298,17 +338,28 @@ async fn a_failing_durable_command_is_tried_max_attempts_times_with_backoff_then
     let inbox = sender.subjects().stream_name(INBOX_STREAM);
     eventually(WAIT, "inbox empty", || async {
         let state = js.stream_state(&inbox).await.expect("state");
-        let consumer = js.consumer_state(&inbox, "payments").await.expect("consumer");
+        let consumer = js
+            .consumer_state(&inbox, "payments")
+            .await
+            .expect("consumer");
         (state.messages == 0 && consumer.pending == 0 && consumer.ack_pending == 0).then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert_eq!(attempts.lock().expect("lock").len(), 4);
-    assert_eq!(dlq.depth().await.expect("depth"), 1, "exactly one dead letter");
+    assert_eq!(
+        dlq.depth().await.expect("depth"),
+        1,
+        "exactly one dead letter"
+    );
 
     // Replay, with the cause fixed: delivered again and handled.
     fixed.store(true, Ordering::SeqCst);
-    let ack = dlq.replay(entry.id).await.expect("replay").expect("durable replay");
+    let ack = dlq
+        .replay(entry.id)
+        .await
+        .expect("replay")
+        .expect("durable replay");
     assert!(!ack.duplicate);
     eventually(WAIT, "replayed command handled", || async {
         (attempts.lock().expect("lock").len() == 5).then_some(())
@@ -343,12 +394,20 @@ async fn a_poison_command_is_dead_lettered_at_once_not_retried() {
         .expect("register");
     let sender = agent(&server, "client").await;
     sender
-        .send_durable(Call::agent("strict", "parse").payload(&1u32).expect("payload"))
+        .send_durable(
+            Call::agent("strict", "parse")
+                .payload(&1u32)
+                .expect("payload"),
+        )
         .await
         .expect("stored");
     // Undecodable arguments are poison too.
     sender
-        .send_durable(Call::agent("strict", "parse").payload("not a number").expect("payload"))
+        .send_durable(
+            Call::agent("strict", "parse")
+                .payload("not a number")
+                .expect("payload"),
+        )
         .await
         .expect("stored");
     let dlq = DeadLetterQueue::new(sender.broker().clone(), sender.subjects().clone());
@@ -358,37 +417,20 @@ async fn a_poison_command_is_dead_lettered_at_once_not_retried() {
     })
     .await;
     let statuses: Vec<StatusCode> = entries.iter().map(|e| e.letter.status).collect();
-    assert_eq!(statuses, [StatusCode::INVALID_ARGUMENT, StatusCode::DATA_FORMAT]);
-    assert!(entries.iter().all(|e| e.letter.reason == DeadLetterReason::Refused && e.letter.attempts == 1));
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once; the bad payload never reached it");
-}
-
-/// A consumer that takes deliveries and never answers them, as an agent that crashes on
-/// every message would: each reaches MaxDeliver and only the server's advisory reports it.
-pub(crate) async fn crashing_consumer(
-    server: &chorus_tests::NatsServer,
-    agent_id: &str,
-    max_deliver: i64,
-) -> tokio::task::JoinHandle<()> {
-    let broker = raw_broker(server).await;
-    let js = broker.jetstream(WAIT);
-    let subjects = agent_sdk::Subjects::default();
-    let mut spec = ConsumerSpec::new(agent_id);
-    spec.filter_subjects = vec![subjects.durable_inbox(agent_id).expect("subject")];
-    spec.ack_wait = Duration::from_millis(500);
-    spec.max_deliver = max_deliver;
-    let consumer = js
-        .ensure_consumer(&subjects.stream_name(INBOX_STREAM), &spec)
-        .await
-        .expect("consumer");
-    let mut deliveries = consumer.messages(100).await.expect("messages");
-    tokio::spawn(async move {
-        // Holds the connection; drops every delivery unanswered.
-        let _broker = broker;
-        while let Some(d) = deliveries.next().await {
-            drop(d);
-        }
-    })
+    assert_eq!(
+        statuses,
+        [StatusCode::INVALID_ARGUMENT, StatusCode::DATA_FORMAT]
+    );
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.letter.reason == DeadLetterReason::Refused && e.letter.attempts == 1)
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the handler ran once; the bad payload never reached it"
+    );
 }
 
 #[tokio::test]
@@ -417,28 +459,52 @@ async fn two_coordinators_write_each_dead_letter_once_and_fan_out_each_broadcast
     }
     let client = agent(&server, "client").await;
     eventually(WAIT, "pair registered with both", || async {
-        let ok = c1.discover(&agent_sdk::DiscoverQuery { group: Some("pair".into()), ..Default::default() }).len() == 5
-            && c2.discover(&agent_sdk::DiscoverQuery { group: Some("pair".into()), ..Default::default() }).len() == 5;
+        let ok = c1
+            .discover(&agent_sdk::DiscoverQuery {
+                group: Some("pair".into()),
+                ..Default::default()
+            })
+            .len()
+            == 5
+            && c2
+                .discover(&agent_sdk::DiscoverQuery {
+                    group: Some("pair".into()),
+                    ..Default::default()
+                })
+                .len()
+                == 5;
         ok.then_some(())
     })
     .await;
     for _ in 0..4 {
         let report = client
-            .broadcast(&BroadcastTarget::Group("pair".into()), "tick", &(), Duration::from_secs(2))
+            .broadcast(
+                &BroadcastTarget::Group("pair".into()),
+                "tick",
+                &(),
+                Duration::from_secs(2),
+            )
             .await
             .expect("report");
         assert_eq!(report.count(Outcome::Delivered), 5);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let ticks: Vec<usize> = counts.iter().map(|c| c.load(Ordering::SeqCst)).collect();
-    assert_eq!(ticks, [4, 4, 4, 4, 4], "four broadcasts, each fanned out once");
+    assert_eq!(
+        ticks,
+        [4, 4, 4, 4, 4],
+        "four broadcasts, each fanned out once"
+    );
 
     // Dead letters from advisories: ten messages that reach MaxDeliver.
     let sender = agent(&server, "sender").await;
     let js = sender.broker().jetstream(WAIT);
-    js.ensure_stream(&agent_sdk::durable::inbox_stream(sender.subjects(), &Default::default()))
-        .await
-        .expect("inbox");
+    js.ensure_stream(&agent_sdk::durable::inbox_stream(
+        sender.subjects(),
+        &Default::default(),
+    ))
+    .await
+    .expect("inbox");
     let _crasher = crashing_consumer(&server, "crasher", 2).await;
     let mut ids = Vec::new();
     for n in 0..10u32 {
@@ -465,7 +531,11 @@ async fn two_coordinators_write_each_dead_letter_once_and_fan_out_each_broadcast
         *seen.entry(e.letter.message_id.expect("id")).or_default() += 1;
     }
     for id in &ids {
-        assert_eq!(seen.get(id), Some(&1), "message {id} dead-lettered exactly once");
+        assert_eq!(
+            seen.get(id),
+            Some(&1),
+            "message {id} dead-lettered exactly once"
+        );
     }
     c1.shutdown().await;
     c2.shutdown().await;
@@ -480,19 +550,34 @@ async fn metrics_pass_promtool_and_move_with_traffic() {
     assert_eq!(http_get(addr, "/readyz").await.0, 200);
 
     let echo = agent(&server, "metrics-echo").await;
-    echo.on_command("echo", |_ctx: Context, s: String| async move { Ok::<_, HandlerError>(s) })
-        .await
-        .expect("register");
+    echo.on_command("echo", |_ctx: Context, s: String| async move {
+        Ok::<_, HandlerError>(s)
+    })
+    .await
+    .expect("register");
     let client = agent(&server, "metrics-client").await;
-    let _: String = client.request("metrics-echo", "echo", "warm-up").await.expect("echo");
+    let _: String = client
+        .request("metrics-echo", "echo", "warm-up")
+        .await
+        .expect("echo");
     let (_, before) = http_get(addr, "/metrics").await;
 
     for _ in 0..25 {
-        let _: String = client.request("metrics-echo", "echo", "x").await.expect("echo");
+        let _: String = client
+            .request("metrics-echo", "echo", "x")
+            .await
+            .expect("echo");
     }
-    let _ = client.request::<_, String>("metrics-echo", "nope", "x").await;
+    let _ = client
+        .request::<_, String>("metrics-echo", "nope", "x")
+        .await;
     client
-        .broadcast(&BroadcastTarget::All, "echo", "hello", Duration::from_secs(1))
+        .broadcast(
+            &BroadcastTarget::All,
+            "echo",
+            "hello",
+            Duration::from_secs(1),
+        )
         .await
         .expect("broadcast");
     let (status, after) = http_get(addr, "/metrics").await;
@@ -505,7 +590,9 @@ async fn metrics_pass_promtool_and_move_with_traffic() {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("{promtool} not runnable (scripts/install-promtool installs it): {e}"));
+        .unwrap_or_else(|e| {
+            panic!("{promtool} not runnable (scripts/install-promtool installs it): {e}")
+        });
     {
         use std::io::Write;
         let mut stdin = child.stdin.take().expect("stdin");
@@ -519,24 +606,48 @@ async fn metrics_pass_promtool_and_move_with_traffic() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let ok = [r#"agent="metrics-echo""#, r#"kind="request""#, r#"status="ok""#];
+    let ok = [
+        r#"agent="metrics-echo""#,
+        r#"kind="request""#,
+        r#"status="ok""#,
+    ];
     let handled_before = metric_sum(&before, "chorus_agent_messages_total", &ok).unwrap_or(0.0);
     let handled_after = metric_sum(&after, "chorus_agent_messages_total", &ok).expect("series");
-    assert!(handled_after >= handled_before + 25.0, "{handled_before} -> {handled_after}");
+    assert!(
+        handled_after >= handled_before + 25.0,
+        "{handled_before} -> {handled_after}"
+    );
     let unknown = [r#"agent="metrics-echo""#, r#"status="unknown_command""#];
     assert!(metric_sum(&after, "chorus_agent_messages_total", &unknown).expect("series") >= 1.0);
     let lat = [r#"agent="metrics-client""#, r#"status="ok""#];
-    let n_before = metric_sum(&before, "chorus_agent_request_duration_seconds_count", &lat).unwrap_or(0.0);
-    let n_after = metric_sum(&after, "chorus_agent_request_duration_seconds_count", &lat).expect("series");
+    let n_before =
+        metric_sum(&before, "chorus_agent_request_duration_seconds_count", &lat).unwrap_or(0.0);
+    let n_after =
+        metric_sum(&after, "chorus_agent_request_duration_seconds_count", &lat).expect("series");
     assert!(n_after >= n_before + 25.0, "{n_before} -> {n_after}");
     assert!(metric_sum(&after, "chorus_coordinator_broadcasts_total", &[]).expect("series") >= 1.0);
     assert!(
-        metric_sum(&after, "chorus_coordinator_broadcast_recipients_total", &[r#"outcome="delivered""#])
-            .expect("series")
+        metric_sum(
+            &after,
+            "chorus_coordinator_broadcast_recipients_total",
+            &[r#"outcome="delivered""#]
+        )
+        .expect("series")
             >= 1.0
     );
-    assert!(metric_sum(&after, "chorus_coordinator_agents", &[r#"state="live""#]).expect("series") >= 2.0);
-    assert!(metric_sum(&after, "chorus_agent_traffic_total", &[r#"direction="received""#]).expect("series") > 0.0);
+    assert!(
+        metric_sum(&after, "chorus_coordinator_agents", &[r#"state="live""#]).expect("series")
+            >= 2.0
+    );
+    assert!(
+        metric_sum(
+            &after,
+            "chorus_agent_traffic_total",
+            &[r#"direction="received""#]
+        )
+        .expect("series")
+            > 0.0
+    );
     assert!(after.contains("chorus_agent_connection_events_total"));
     coordinator.shutdown().await;
 }

@@ -1,12 +1,15 @@
 //! The demo `chorus up` runs, against a test server: every scenario does what it shows.
 
+use agent_sdk::Outcome;
 use agent_sdk::StatusCode;
-use chorus::demo::Demo;
-use chorus_tests::{WAIT, server, within};
+use agent_sdk::durable::DeadLetterReason;
+use chorus::demo::{Demo, LEDGER_ATTEMPTS};
+use chorus_tests::{WAIT, coordinator, server, within};
 
 #[tokio::test]
 async fn the_demo_scenarios_run_end_to_end() {
     let server = server();
+    let coordinator = coordinator(&server, false).await;
     let quiet: fn(&str) = |_| {};
     let demo = within(WAIT, "demo start", Demo::start(server.url(), quiet))
         .await
