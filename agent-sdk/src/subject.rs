@@ -4,9 +4,11 @@
 //! <root>.agent.<agent-id>.<command>   commands and requests to one agent
 //! <root>.cap.<capability...>          capability access points (queue group per capability)
 //! <root>.evt.<topic...>               events; subscribers may use * and >
-//! <root>.bcast.<group>                broadcast through the coordinator
-//! <root>.sys.<...>                    registry, heartbeats, discovery, coordinator control
-//! <root>.dlq.<...>                    dead letters
+//! <root>.inbox.<agent-id>.<command>   durable commands (JetStream)
+//! <root>.bcast.all|group.<g>|cap.<c>  broadcast through the coordinator
+//! <root>.sys.hb|bye.<agent-id>        heartbeats and goodbyes
+//! <root>.sys.discover                 discovery queries
+//! <root>.dlq.<reason>.<agent-id>      dead letters
 //! _INBOX.<agent-id>.>                 replies to one agent (its own inbox prefix)
 //! ```
 //!

@@ -119,3 +119,71 @@ async fn a_coordinator_killed_mid_failure_loses_no_dead_letter_and_writes_none_t
     let _ = coordinator.kill();
     let _ = coordinator.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_an_in_flight_broadcast_finish_then_exits_cleanly() {
+    use agent_sdk::{BroadcastTarget, Context, HandlerError, Outcome};
+    let server = server();
+    let mut coordinator = serve(server.url());
+    let slow = chorus_tests::agent_options(&server, "slowpoke")
+        .group("slow")
+        .connect()
+        .await
+        .expect("connect");
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
+    slow.on_command("work", move |_ctx: Context, (): ()| {
+        let started_tx = started_tx.clone();
+        async move {
+            let _ = started_tx.send(());
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            Ok::<_, HandlerError>(())
+        }
+    })
+    .await
+    .expect("register");
+    let client = agent(&server, "client").await;
+    eventually(WAIT, "slowpoke registered", || async {
+        let found = client
+            .discover(&agent_sdk::DiscoverQuery {
+                group: Some("slow".into()),
+                ..Default::default()
+            })
+            .await
+            .map(|v| v.len())
+            .unwrap_or(0);
+        (found == 1).then_some(())
+    })
+    .await;
+    let pending = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .broadcast(
+                    &BroadcastTarget::Group("slow".into()),
+                    "work",
+                    &(),
+                    Duration::from_secs(5),
+                )
+                .await
+        }
+    });
+    chorus_tests::within(WAIT, "fan-out reached the agent", started_rx.recv())
+        .await
+        .expect("started");
+    let status = Command::new("kill")
+        .args(["-TERM", &coordinator.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(status.success());
+    let report = chorus_tests::within(WAIT, "report of the in-flight broadcast", pending)
+        .await
+        .expect("task")
+        .expect("the broadcast in flight at SIGTERM still gets its report");
+    assert_eq!(report.count(Outcome::Delivered), 1);
+    let exit = eventually(WAIT, "chorus serve exits", || {
+        let done = coordinator.try_wait().expect("wait");
+        async move { done }
+    })
+    .await;
+    assert!(exit.success(), "chorus serve exited with {exit}");
+}
