@@ -36,12 +36,25 @@ async fn the_demo_scenarios_run_end_to_end() {
     // The relay loop was cut.
     assert_eq!(report.loop_status, StatusCode::LOOP_DETECTED);
 
+    // The coordinator's part: discovery, a broadcast report, a poison message dead-lettered
+    // after its retries.
+    assert_eq!(report.discovered, ["ocr-agent"]);
+    assert_eq!(report.broadcast.count(Outcome::Delivered), 3);
+    let letter = report
+        .dead_letter
+        .expect("the poison posting is dead-lettered");
+    assert_eq!(letter.reason, DeadLetterReason::MaxAttempts);
+    assert_eq!(letter.attempts, u64::from(LEDGER_ATTEMPTS));
+    assert_eq!(letter.agent, "ledger");
+
     // A second run works the same (the demo repeats until Ctrl-C).
     let again = within(WAIT, "demo rerun", demo.run(quiet))
         .await
         .expect("rerun");
     assert_eq!(again.event_receivers.len(), 3);
+    assert!(again.dead_letter.is_some());
     within(WAIT, "demo shutdown", demo.shutdown()).await;
+    coordinator.shutdown().await;
 }
 
 #[test]
