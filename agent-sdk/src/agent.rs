@@ -6,9 +6,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::task::Poll;
 use std::time::Duration;
 
-use broker_adapter::{
-    Broker, BrokerOptions, ConsumerSpec, ErrorKind, JetStream, Message, Subscription,
-};
+use broker_adapter::{Broker, BrokerOptions, ErrorKind, JetStream, Kv, Message, Subscription};
 use futures::{Stream, StreamExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -21,7 +19,8 @@ use crate::codec::{self, CodecError, Encoding, decode_payload, encode_payload};
 use crate::context::Context;
 use crate::durable::{self, InboxLimits};
 use crate::envelope::{
-    CONTENT_TYPE_MSGPACK, DEFAULT_HOP_LIMIT, Envelope, ExpectedReply, Kind, Performative, now_ms,
+    CONTENT_TYPE_MSGPACK, DEFAULT_HOP_LIMIT, DeliveryClass, Envelope, ExpectedReply, Kind,
+    Performative, now_ms,
 };
 use crate::error::{HandlerError, SdkError};
 use crate::handler::{EventHandler, Handler, Output, Typed};
@@ -46,6 +45,12 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
 pub const DURABLE_ACK_WAIT: Duration = Duration::from_secs(30);
 /// Timeout of JetStream API calls and publish acks.
 pub const JETSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default lifetime of exactly-once idempotency records.
+pub const DEFAULT_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Default number of ordering lanes of a durable inbox.
+pub const DEFAULT_ORDERING_LANES: usize = 16;
+/// Default bound of the core message queue per subscription.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
 /// How long a subscribe waits for the server to confirm it has the subscription.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default time [`Agent::shutdown`] waits for in-flight handlers.
@@ -81,6 +86,12 @@ pub struct AgentOptions {
     inbox_limits: InboxLimits,
     retry_policies: Option<RetryPolicies>,
     durable_ack_wait: Duration,
+    default_delivery: DeliveryClass,
+    idempotency_ttl: Duration,
+    ordering_lanes: usize,
+    queue_capacity: usize,
+    #[cfg(feature = "fault-injection")]
+    skip_acks: u64,
 }
 
 impl AgentOptions {
@@ -106,7 +117,51 @@ impl AgentOptions {
             inbox_limits: InboxLimits::default(),
             retry_policies: None,
             durable_ack_wait: DURABLE_ACK_WAIT,
+            default_delivery: DeliveryClass::AtMostOnce,
+            idempotency_ttl: DEFAULT_IDEMPOTENCY_TTL,
+            ordering_lanes: DEFAULT_ORDERING_LANES,
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            #[cfg(feature = "fault-injection")]
+            skip_acks: 0,
         }
+    }
+
+    /// The delivery class [`Agent::send`] uses when a call does not name one (default
+    /// at-most-once).
+    pub fn default_delivery(mut self, class: DeliveryClass) -> Self {
+        self.default_delivery = class;
+        self
+    }
+
+    /// How long exactly-once idempotency records are kept (default 24 h): a copy of a message
+    /// arriving later than this runs its handler again.
+    pub fn idempotency_ttl(mut self, ttl: Duration) -> Self {
+        self.idempotency_ttl = ttl;
+        self
+    }
+
+    /// Durable deliveries are handled in lanes, one at a time per lane; all messages from one
+    /// sender use the same lane, so they are handled in the order they were sent (default 16
+    /// lanes: up to 16 senders' messages at once).
+    pub fn ordering_lanes(mut self, lanes: usize) -> Self {
+        self.ordering_lanes = lanes.max(1);
+        self
+    }
+
+    /// Core messages waiting for a free handler slot, per subscription (default 4096). When
+    /// full, new events are dropped and counted, and new requests are answered at once with
+    /// 5019 (unavailable), so memory stays bounded under any burst.
+    pub fn queue_capacity(mut self, capacity: usize) -> Self {
+        self.queue_capacity = capacity.max(1);
+        self
+    }
+
+    /// Test hook: the first `n` successfully handled durable deliveries are not acknowledged,
+    /// so the server redelivers them after the ack wait (a lost ack).
+    #[cfg(feature = "fault-injection")]
+    pub fn skip_acks(mut self, n: u64) -> Self {
+        self.skip_acks = n;
+        self
     }
 
     /// Joins a broadcast group (one token).
@@ -234,17 +289,6 @@ impl AgentOptions {
     }
 }
 
-/// What [`Agent::send_durable`] got back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DurableReceipt {
-    /// The message id (also its JetStream dedupe id).
-    pub id: uuid::Uuid,
-    /// Its sequence in the inbox stream.
-    pub stream_seq: u64,
-    /// Whether the server already had it (a resend).
-    pub duplicate: bool,
-}
-
 /// What [`Agent::shutdown`] observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShutdownReport {
@@ -259,7 +303,7 @@ pub struct ShutdownReport {
 /// for in-flight work and drain the connection.
 #[derive(Clone)]
 pub struct Agent {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
     _guard: Arc<StopOnDrop>,
 }
 
@@ -311,10 +355,10 @@ pub(crate) struct Inner {
     endpoints: Mutex<Vec<Arc<Endpoint>>>,
     inbound: tokio::sync::Mutex<bool>,
     pub(crate) counters: AgentCounters,
-    tracker: TaskTracker,
+    pub(crate) tracker: TaskTracker,
     pub(crate) stop: CancellationToken,
     in_flight: Arc<Semaphore>,
-    max_in_flight: usize,
+    pub(crate) max_in_flight: usize,
     pub(crate) instance: String,
     pub(crate) started_ms: u64,
     pub(crate) groups: Vec<String>,
@@ -325,6 +369,13 @@ pub(crate) struct Inner {
     pub(crate) js: JetStream,
     pub(crate) retry_policies: RwLock<RetryPolicies>,
     pub(crate) durable_ack_wait: Duration,
+    pub(crate) default_delivery: DeliveryClass,
+    pub(crate) idempotency: tokio::sync::OnceCell<Kv>,
+    pub(crate) idempotency_ttl: Duration,
+    pub(crate) ordering_lanes: usize,
+    queue_capacity: usize,
+    #[cfg(feature = "fault-injection")]
+    pub(crate) skip_acks: std::sync::atomic::AtomicU64,
 }
 
 impl Agent {
@@ -370,6 +421,13 @@ impl Agent {
             js,
             retry_policies: RwLock::new(options.retry_policies.clone().unwrap_or_default()),
             durable_ack_wait: options.durable_ack_wait,
+            default_delivery: options.default_delivery,
+            idempotency: tokio::sync::OnceCell::new(),
+            idempotency_ttl: options.idempotency_ttl,
+            ordering_lanes: options.ordering_lanes,
+            queue_capacity: options.queue_capacity,
+            #[cfg(feature = "fault-injection")]
+            skip_acks: std::sync::atomic::AtomicU64::new(options.skip_acks),
         });
         let weak: std::sync::Weak<dyn StatsSource> =
             Arc::downgrade(&(Arc::clone(&inner) as Arc<dyn StatsSource>));
@@ -538,12 +596,32 @@ impl Agent {
     /// or have expired or looped, are counted and skipped.
     pub async fn subscribe(&self, pattern: &str) -> Result<EventStream, SdkError> {
         let subject = self.inner.subjects.event_pattern(pattern)?;
-        let sub = self.inner.broker.subscribe(&subject).await?;
+        let mut sub = self.inner.broker.subscribe(&subject).await?;
         self.inner.broker.sync(SYNC_TIMEOUT).await?;
-        Ok(EventStream {
-            sub,
-            inner: Arc::clone(&self.inner),
-        })
+        let (tx, rx) = tokio::sync::mpsc::channel(self.inner.queue_capacity);
+        let inner = Arc::clone(&self.inner);
+        self.inner.tracker.spawn(async move {
+            loop {
+                let msg = tokio::select! {
+                    msg = sub.next() => msg,
+                    // The stream was dropped, or the agent stops.
+                    _ = tx.closed() => break,
+                    _ = inner.stop.cancelled() => break,
+                };
+                let Some(msg) = msg else { break };
+                AgentCounters::bump(&inner.counters.received);
+                let Ok((envelope, _)) = inner.admit(&msg) else {
+                    continue;
+                };
+                if let Err(tokio::sync::mpsc::error::TrySendError::Full(_)) =
+                    tx.try_send(Event { envelope })
+                {
+                    inner.count_drop(msg.subject());
+                }
+            }
+            let _ = sub.unsubscribe().await;
+        });
+        Ok(EventStream { rx })
     }
 
     /// Publishes an event on `topic`.
@@ -644,51 +722,6 @@ impl Agent {
         let overall = timeout + Duration::from_secs(5);
         let reply = self.inner.exchange(&subject, env, overall).await?;
         reply.payload_as()
-    }
-
-    /// Stores a command in `call`'s agent's durable inbox and returns once JetStream has it.
-    /// The agent handles it when it is online, with retries; a publish whose ack is lost is
-    /// sent again with the same message id, so it is stored once.
-    pub async fn send_durable(&self, call: Call) -> Result<DurableReceipt, SdkError> {
-        let Target::Agent(agent) = &call.target else {
-            return Err(SdkError::Subject(crate::subject::SubjectError::new(
-                "durable target",
-                "capability",
-                "durable commands go to one agent",
-            )));
-        };
-        let subject = self
-            .inner
-            .subjects
-            .durable(agent, call.name.as_deref().unwrap_or_default())?;
-        let ttl = call.timeout;
-        let (_, mut env, _) = self.inner.prepare(call, None)?;
-        env.expect = None;
-        env.ttl_ms = ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
-        let bytes = codec::encode(&env, self.inner.encoding)?;
-        let msg_id = env.id.to_string();
-        let mut attempt = 0;
-        let ack = loop {
-            attempt += 1;
-            match self
-                .inner
-                .js
-                .publish(&subject, None, Some(&msg_id), None, bytes.clone())
-                .await
-            {
-                Ok(ack) => break ack,
-                Err(e) if e.kind() == ErrorKind::TimedOut && attempt < 3 => {
-                    tracing::debug!(agent = %self.inner.id, %msg_id, "durable publish ack lost; resending with the same id");
-                }
-                Err(e) => return Err(SdkError::Broker(e)),
-            }
-        };
-        AgentCounters::bump(&self.inner.counters.requests_sent);
-        Ok(DurableReceipt {
-            id: env.id,
-            stream_seq: ack.sequence,
-            duplicate: ack.duplicate,
-        })
     }
 
     /// Overrides the load and availability announced in heartbeats (by default the load is
@@ -795,6 +828,10 @@ impl Inner {
         env.headers = call.headers;
         env.content_type = call.content_type;
         env.payload = call.payload;
+        env.delivery = call.delivery.unwrap_or_default();
+        if let Some(id) = call.id {
+            env.id = id;
+        }
         Ok((subject, env, timeout))
     }
 
@@ -920,8 +957,14 @@ impl Inner {
         Ok((env, encoding))
     }
 
+    /// One reader per subscription takes messages off it as fast as they come and queues
+    /// them (bounded); a dispatcher runs them as handler slots free up. A full queue drops an
+    /// event (counted) or answers a request with 5019 at once, so a burst never grows memory
+    /// and never goes unreported.
     fn spawn_reader(this: &Arc<Inner>, mut sub: Subscription, route: Route) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Message>(this.queue_capacity);
         let inner = Arc::clone(this);
+        let reader_route = route.clone();
         this.tracker.spawn(async move {
             let mut draining = false;
             loop {
@@ -942,6 +985,18 @@ impl Inner {
                     }
                 };
                 let Some(msg) = next else { break };
+                match tx.try_send(msg) {
+                    Ok(()) => {}
+                    Err(tokio::sync::mpsc::error::TrySendError::Full(msg)) => {
+                        inner.overflow(msg, &reader_route).await;
+                    }
+                    Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => break,
+                }
+            }
+        });
+        let inner = Arc::clone(this);
+        this.tracker.spawn(async move {
+            while let Some(msg) = rx.recv().await {
                 let Ok(permit) = Arc::clone(&inner.in_flight).acquire_owned().await else {
                     break;
                 };
@@ -953,6 +1008,41 @@ impl Inner {
                 });
             }
         });
+    }
+
+    /// A message that found its queue full.
+    async fn overflow(&self, msg: Message, route: &Route) {
+        match (route, msg.reply()) {
+            (Route::Event(_), _) | (_, None) => self.count_drop(msg.subject()),
+            (_, Some(reply_to)) => {
+                let n = self
+                    .counters
+                    .shed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    + 1;
+                if n.is_power_of_two() {
+                    tracing::warn!(agent = %self.id, shed_total = n, "overloaded: requests refused with 5019");
+                }
+                let refusal = Refusal {
+                    status: StatusCode::UNAVAILABLE,
+                    reason: "overloaded: the agent's queue is full".to_owned(),
+                    request: None,
+                    encoding: self.encoding,
+                };
+                self.send_refusal(reply_to, refusal).await;
+            }
+        }
+    }
+
+    pub(crate) fn count_drop(&self, subject: &str) {
+        let n = self
+            .counters
+            .dropped
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if n.is_power_of_two() {
+            tracing::warn!(agent = %self.id, subject, dropped_total = n, "slow subscriber: messages dropped on a full queue");
+        }
     }
 
     async fn process(this: Arc<Inner>, msg: Message, route: Route) {
@@ -1088,54 +1178,6 @@ impl Inner {
         }
     }
 
-    /// Ensures the inbox and dead-letter streams and this agent's consumer, then starts
-    /// taking deliveries.
-    async fn start_durable_inbox(self: &Arc<Self>, limits: &InboxLimits) -> Result<(), SdkError> {
-        let inbox = durable::inbox_stream(&self.subjects, limits);
-        self.js.ensure_stream(&inbox).await?;
-        self.js
-            .ensure_stream(&durable::dlq_stream(&self.subjects, limits.replicas))
-            .await?;
-        // Captures the server's advisories even while no coordinator runs.
-        self.js
-            .ensure_stream(&durable::advisory_stream(&self.subjects, limits.replicas))
-            .await?;
-        let mut spec = ConsumerSpec::new(self.id.clone());
-        spec.filter_subjects = vec![self.subjects.durable_inbox(&self.id)?];
-        spec.ack_wait = self.durable_ack_wait;
-        spec.max_deliver = i64::from(read(&self.retry_policies).max_attempts());
-        spec.max_ack_pending = i64::try_from(self.max_in_flight).unwrap_or(i64::MAX);
-        spec.description = format!("durable inbox of agent {}", self.id);
-        let consumer = self.js.ensure_consumer(&inbox.name, &spec).await?;
-        let mut deliveries = consumer.messages(self.max_in_flight.min(256)).await?;
-        let inner = Arc::clone(self);
-        self.tracker.spawn(async move {
-            loop {
-                let next = tokio::select! {
-                    next = deliveries.next() => next,
-                    _ = inner.stop.cancelled() => break,
-                };
-                let delivery = match next {
-                    Some(Ok(d)) => d,
-                    Some(Err(err)) => {
-                        tracing::debug!(agent = %inner.id, error = %err, "durable inbox: pull interrupted");
-                        continue;
-                    }
-                    None => break,
-                };
-                let Ok(permit) = Arc::clone(&inner.in_flight).acquire_owned().await else {
-                    break;
-                };
-                let task_inner = Arc::clone(&inner);
-                inner.tracker.spawn(async move {
-                    task_inner.process_durable(delivery).await;
-                    drop(permit);
-                });
-            }
-        });
-        Ok(())
-    }
-
     async fn send_refusal(&self, reply_to: &str, refusal: Refusal) {
         let encoding = refusal.encoding;
         let request = match refusal.request {
@@ -1227,10 +1269,11 @@ impl Event {
     }
 }
 
-/// A stream of events from [`Agent::subscribe`].
+/// A stream of events from [`Agent::subscribe`]. Events wait in a bounded queue
+/// ([`AgentOptions::queue_capacity`]); when the reader of the stream falls that far behind, new
+/// events are dropped and counted in [`AgentStats::dropped`].
 pub struct EventStream {
-    sub: Subscription,
-    inner: Arc<Inner>,
+    rx: tokio::sync::mpsc::Receiver<Event>,
 }
 
 impl std::fmt::Debug for EventStream {
@@ -1243,18 +1286,7 @@ impl Stream for EventStream {
     type Item = Event;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Option<Event>> {
-        loop {
-            match Pin::new(&mut self.sub).poll_next(cx) {
-                Poll::Ready(Some(msg)) => {
-                    AgentCounters::bump(&self.inner.counters.received);
-                    if let Ok((envelope, _)) = self.inner.admit(&msg) {
-                        return Poll::Ready(Some(Event { envelope }));
-                    }
-                }
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        self.rx.poll_recv(cx)
     }
 }
 

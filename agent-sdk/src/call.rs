@@ -6,9 +6,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use uuid::Uuid;
 
 use crate::codec::{decode_payload, encode_payload};
-use crate::envelope::{CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, Envelope, Kind, Priority};
+use crate::envelope::{
+    CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, DeliveryClass, Envelope, Kind, Priority,
+};
 use crate::error::SdkError;
 use crate::status::StatusCode;
 
@@ -41,6 +44,9 @@ pub struct Call {
     pub(crate) timeout: Option<Duration>,
     pub(crate) priority: Priority,
     pub(crate) headers: BTreeMap<String, String>,
+    pub(crate) delivery: Option<DeliveryClass>,
+    pub(crate) id: Option<Uuid>,
+    pub(crate) ttl: Option<Duration>,
 }
 
 impl Call {
@@ -64,7 +70,31 @@ impl Call {
             timeout: None,
             priority: Priority::Normal,
             headers: BTreeMap::new(),
+            delivery: None,
+            id: None,
+            ttl: None,
         }
+    }
+
+    /// The delivery guarantee for [`Agent::send`](crate::Agent::send) (default: the agent's).
+    pub fn delivery(mut self, class: DeliveryClass) -> Self {
+        self.delivery = Some(class);
+        self
+    }
+
+    /// Uses `id` as the message id instead of a fresh UUIDv7. Sending the same id twice is
+    /// how a sender retries safely: the server's dedupe window and, for exactly-once, the
+    /// receiver's idempotency record make the second copy a no-op.
+    pub fn id(mut self, id: Uuid) -> Self {
+        self.id = Some(id);
+        self
+    }
+
+    /// How long a durable message may wait for its recipient; after that it is dead-lettered
+    /// as expired instead of handled.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
     }
 
     /// Marks it a command (an instruction) rather than a request (a question). Both get a

@@ -16,15 +16,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_adapter::{Delivery, JetStream, PubAck, StreamSpec};
+use broker_adapter::{
+    BatchMessage, ConsumerSpec, Delivery, ErrorKind, JetStream, Kv, KvSpec, PubAck, StreamSpec,
+};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::agent::Inner;
-use crate::codec;
-use crate::envelope::{Envelope, Kind, bytes_field, now_ms};
-use crate::error::HandlerError;
+use crate::agent::{Agent, Inner};
+use crate::call::{Call, Target};
+use crate::codec::{self, CodecError, Encoding};
+use crate::envelope::{DeliveryClass, Envelope, Kind, Priority, bytes_field, now_ms};
+use crate::error::{HandlerError, SdkError};
+use crate::handler::Output;
 use crate::stats::AgentCounters;
 use crate::status::StatusCode;
 use crate::subject::Subjects;
@@ -35,6 +39,10 @@ pub const INBOX_STREAM: &str = "INBOX";
 pub const DLQ_STREAM: &str = "DLQ";
 /// Suffix of the stream that keeps the server's max-deliveries and terminated advisories.
 pub const ADVISORY_STREAM: &str = "ADVISORIES";
+/// Suffix of the exactly-once idempotency bucket.
+pub const IDEMPOTENCY_BUCKET: &str = "idempotency";
+/// Acks outstanding at once in [`Agent::send_batch`].
+pub const BATCH_ACKS_IN_FLIGHT: usize = 256;
 /// Suffix of the configuration bucket (retry policies live under [`RETRY_KEY`]).
 pub const CONFIG_BUCKET: &str = "config";
 /// Key of the retry policies in the configuration bucket.
@@ -229,6 +237,8 @@ pub(crate) fn random_fraction() -> f64 {
 /// What the agent does with one delivery after handling it.
 enum Verdict {
     Ack,
+    /// An exactly-once message already handled: ack without running the handler again.
+    AlreadyDone,
     Retry(Duration),
     DeadLetter(DeadLetterReason, HandlerError),
 }
@@ -236,10 +246,16 @@ enum Verdict {
 impl Inner {
     /// Handles one durable delivery: decode, check, run the handler (extending the ack
     /// deadline while it runs), then ack, retry or dead-letter.
-    pub(crate) async fn process_durable(self: Arc<Self>, delivery: Delivery) {
+    pub(crate) async fn process_durable(
+        self: Arc<Self>,
+        delivery: Delivery,
+        decoded: Result<(Envelope, Encoding), CodecError>,
+    ) {
         AgentCounters::bump(&self.counters.received);
         let delivered = delivery.delivered();
-        let decoded = codec::decode_limited(delivery.payload(), self.max_message_bytes);
+        if delivered > 1 {
+            AgentCounters::bump(&self.counters.redelivered);
+        }
         let (verdict, envelope) = match decoded {
             Err(err) => {
                 AgentCounters::bump(&self.counters.bad_input);
@@ -254,8 +270,16 @@ impl Inner {
         let kind = envelope.as_ref().map_or(Kind::Unknown, |e| e.kind);
         let outcome = match verdict {
             Verdict::Ack => {
-                AgentCounters::bump(&self.counters.handled_ok);
                 self.record_handled(kind, StatusCode::OK);
+                if self.fault_skip_ack() {
+                    tracing::debug!(agent = %self.id, seq = delivery.stream_seq(), "fault injection: ack withheld");
+                    Ok(())
+                } else {
+                    delivery.ack().await
+                }
+            }
+            Verdict::AlreadyDone => {
+                AgentCounters::bump(&self.counters.duplicates_suppressed);
                 delivery.ack().await
             }
             Verdict::Retry(delay) => {
@@ -342,6 +366,17 @@ impl Inner {
                 ),
             );
         };
+        let exactly_once = env.delivery == DeliveryClass::ExactlyOnce;
+        if exactly_once {
+            match self.seen(env).await {
+                Ok(Some(_)) => return Verdict::AlreadyDone,
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(agent = %self.id, error = %err, "idempotency record unavailable; retrying later");
+                    return Verdict::Retry(Duration::from_secs(1));
+                }
+            }
+        }
         let ctx = crate::context::Context {
             inner: Arc::clone(self),
             request: Arc::new(env.clone()),
@@ -367,7 +402,13 @@ impl Inner {
             result.as_ref().err().map(|e| e.reason.as_str()),
         );
         match result {
-            Ok(_) => Verdict::Ack,
+            Ok(output) => {
+                AgentCounters::bump(&self.counters.handled_ok);
+                if exactly_once {
+                    self.remember(env, StatusCode::OK, &output).await;
+                }
+                Verdict::Ack
+            }
             Err(err) => {
                 let policies = crate::agent::read(&self.retry_policies);
                 let policy = policies.for_message(delivery.subject(), env.kind);
@@ -383,5 +424,347 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+/// What [`Agent::send`] got back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Receipt {
+    /// The message id (for durable classes also its JetStream dedupe id).
+    pub id: Uuid,
+    /// The delivery class it was sent with.
+    pub delivery: DeliveryClass,
+    /// Its sequence in the inbox stream, for durable classes.
+    pub stream_seq: Option<u64>,
+    /// Whether the server already had it (a resend of the same id).
+    pub duplicate: bool,
+}
+
+/// What an exactly-once receiver remembers of a handled message.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct IdempotencyRecord {
+    pub(crate) status: StatusCode,
+    pub(crate) content_type: String,
+    #[serde(with = "bytes_field")]
+    pub(crate) payload: Bytes,
+    pub(crate) handled_ms: u64,
+}
+
+impl Inner {
+    fn fault_skip_ack(&self) -> bool {
+        #[cfg(feature = "fault-injection")]
+        {
+            use std::sync::atomic::Ordering;
+            self.skip_acks
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+        }
+        #[cfg(not(feature = "fault-injection"))]
+        {
+            false
+        }
+    }
+
+    async fn idempotency_kv(&self) -> Result<&Kv, broker_adapter::Error> {
+        self.idempotency
+            .get_or_try_init(|| async {
+                let mut spec = KvSpec::new(self.subjects.bucket_name(IDEMPOTENCY_BUCKET));
+                spec.max_age = self.idempotency_ttl;
+                spec.description = "Chorus exactly-once records: handled message ids".into();
+                self.js.ensure_kv(&spec).await
+            })
+            .await
+    }
+
+    fn idempotency_key(&self, env: &Envelope) -> String {
+        format!("{}.{}", self.id, env.id)
+    }
+
+    /// The record of an exactly-once message handled before, if any.
+    pub(crate) async fn seen(
+        &self,
+        env: &Envelope,
+    ) -> Result<Option<IdempotencyRecord>, broker_adapter::Error> {
+        let kv = self.idempotency_kv().await?;
+        Ok(kv
+            .get(&self.idempotency_key(env))
+            .await?
+            .and_then(|entry| serde_json::from_slice(&entry.value).ok()))
+    }
+
+    /// Records that an exactly-once message was handled, with its reply.
+    pub(crate) async fn remember(&self, env: &Envelope, status: StatusCode, output: &Output) {
+        let record = IdempotencyRecord {
+            status,
+            content_type: output.content_type.clone(),
+            payload: output.payload.clone(),
+            handled_ms: now_ms(),
+        };
+        let Ok(value) = serde_json::to_vec(&record) else {
+            return;
+        };
+        let stored = match self.idempotency_kv().await {
+            Ok(kv) => {
+                kv.create(&self.idempotency_key(env), Bytes::from(value))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match stored {
+            Ok(_) => {}
+            // Another copy was handled at the same moment and recorded first.
+            Err(e) if e.kind() == ErrorKind::Conflict => {}
+            Err(e) => {
+                tracing::warn!(agent = %self.id, id = %env.id, error = %e, "idempotency record not written; a redelivery would run the handler again");
+            }
+        }
+    }
+
+    /// Builds the envelope and subject of a one-way send in `class`.
+    fn prepare_send(
+        &self,
+        call: Call,
+        class: DeliveryClass,
+    ) -> Result<(String, Envelope), SdkError> {
+        let ttl = call.ttl;
+        let high = matches!(call.priority, Priority::High | Priority::Critical);
+        let durable_target = match (&call.target, class) {
+            (_, DeliveryClass::AtMostOnce) => None,
+            (Target::Agent(agent), _) => {
+                Some((agent.clone(), call.name.clone().unwrap_or_default()))
+            }
+            (Target::Capability(_), _) => {
+                return Err(SdkError::Subject(crate::subject::SubjectError::new(
+                    "durable target",
+                    "capability",
+                    "durable messages go to one agent's inbox",
+                )));
+            }
+        };
+        let (core_subject, mut env, _) = self.prepare(call, None)?;
+        env.expect = None;
+        env.ttl_ms = ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+        env.delivery = class;
+        let subject = match durable_target {
+            None => core_subject,
+            Some((agent, command)) => self.subjects.durable(&agent, &command, high)?,
+        };
+        Ok((subject, env))
+    }
+
+    /// Ensures the inbox, dead-letter and advisory streams and this agent's two consumers
+    /// (normal and high priority), then starts taking deliveries.
+    pub(crate) async fn start_durable_inbox(
+        self: &Arc<Self>,
+        limits: &InboxLimits,
+    ) -> Result<(), SdkError> {
+        let inbox = inbox_stream(&self.subjects, limits);
+        self.js.ensure_stream(&inbox).await?;
+        self.js
+            .ensure_stream(&dlq_stream(&self.subjects, limits.replicas))
+            .await?;
+        // Captures the server's advisories even while no coordinator runs.
+        self.js
+            .ensure_stream(&advisory_stream(&self.subjects, limits.replicas))
+            .await?;
+        for high in [false, true] {
+            let durable = if high {
+                format!("{}_high", self.id)
+            } else {
+                self.id.clone()
+            };
+            let mut spec = ConsumerSpec::new(durable);
+            spec.filter_subjects = vec![self.subjects.durable_inbox(&self.id, high)?];
+            spec.ack_wait = self.durable_ack_wait;
+            spec.max_deliver = i64::from(crate::agent::read(&self.retry_policies).max_attempts());
+            spec.max_ack_pending = i64::try_from(self.max_in_flight).unwrap_or(i64::MAX);
+            spec.description = format!(
+                "durable inbox of agent {} ({} priority)",
+                self.id,
+                if high { "high" } else { "normal" }
+            );
+            let consumer = self.js.ensure_consumer(&inbox.name, &spec).await?;
+            let deliveries = consumer.messages(self.max_in_flight.min(256)).await?;
+            let lanes = if high {
+                (self.ordering_lanes / 4).max(1)
+            } else {
+                self.ordering_lanes
+            };
+            self.spawn_lanes(deliveries, lanes);
+        }
+        Ok(())
+    }
+
+    /// One dispatcher per consumer sends each delivery to a lane chosen by its sender; each
+    /// lane handles its deliveries one at a time, so one sender's messages are handled in the
+    /// order they were stored.
+    fn spawn_lanes(self: &Arc<Self>, mut deliveries: broker_adapter::Deliveries, lanes: usize) {
+        let mut senders = Vec::with_capacity(lanes);
+        for _ in 0..lanes {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<(
+                Delivery,
+                Result<(Envelope, Encoding), CodecError>,
+            )>(32);
+            senders.push(tx);
+            let inner = Arc::clone(self);
+            self.tracker.spawn(async move {
+                while let Some((delivery, decoded)) = rx.recv().await {
+                    Arc::clone(&inner).process_durable(delivery, decoded).await;
+                }
+            });
+        }
+        let inner = Arc::clone(self);
+        self.tracker.spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    next = futures::StreamExt::next(&mut deliveries) => next,
+                    _ = inner.stop.cancelled() => break,
+                };
+                let delivery = match next {
+                    Some(Ok(d)) => d,
+                    Some(Err(err)) => {
+                        tracing::debug!(agent = %inner.id, error = %err, "durable inbox: pull interrupted");
+                        continue;
+                    }
+                    None => break,
+                };
+                let decoded = codec::decode_limited(delivery.payload(), inner.max_message_bytes);
+                let lane = match &decoded {
+                    Ok((env, _)) => lane_of(&env.from, senders.len()),
+                    Err(_) => 0,
+                };
+                if senders[lane].send((delivery, decoded)).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+}
+
+fn lane_of(sender: &str, lanes: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    sender.hash(&mut h);
+    (h.finish() % lanes.max(1) as u64) as usize
+}
+
+impl Agent {
+    /// Sends a one-way command in the call's delivery class (or the agent's default):
+    ///
+    /// - at most once: published on core NATS to the agent's command subject; no reply, no
+    ///   storage; gone if nobody is listening;
+    /// - at least once: stored in the recipient's durable inbox, redelivered until handled,
+    ///   retried by the retry policy, dead-lettered when it cannot be handled;
+    /// - exactly once: at least once, and the recipient records the message id so the handler
+    ///   runs once however many copies arrive.
+    ///
+    /// Durable sends return once JetStream has stored the message; a publish whose ack is lost
+    /// is sent again with the same message id, so it is stored once.
+    pub async fn send(&self, call: Call) -> Result<Receipt, SdkError> {
+        let inner = &self.inner;
+        let class = call.delivery.unwrap_or(inner.default_delivery);
+        let (subject, env) = inner.prepare_send(call, class)?;
+        let bytes = codec::encode(&env, inner.encoding)?;
+        AgentCounters::bump(&inner.counters.requests_sent);
+        if class == DeliveryClass::AtMostOnce {
+            inner.broker.publish(&subject, bytes).await?;
+            return Ok(Receipt {
+                id: env.id,
+                delivery: class,
+                stream_seq: None,
+                duplicate: false,
+            });
+        }
+        let msg_id = env.id.to_string();
+        let mut attempt = 0;
+        let ack = loop {
+            attempt += 1;
+            match inner
+                .js
+                .publish(&subject, None, Some(&msg_id), None, bytes.clone())
+                .await
+            {
+                Ok(ack) => break ack,
+                Err(e) if e.kind() == ErrorKind::TimedOut && attempt < 3 => {
+                    tracing::debug!(agent = %inner.id, %msg_id, "durable publish ack lost; resending with the same id");
+                }
+                Err(e) => return Err(SdkError::Broker(e)),
+            }
+        };
+        Ok(Receipt {
+            id: env.id,
+            delivery: class,
+            stream_seq: Some(ack.sequence),
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// [`send`](Agent::send) with at least once (or exactly once, if the call asks for it).
+    pub async fn send_durable(&self, call: Call) -> Result<Receipt, SdkError> {
+        let class = match call.delivery {
+            Some(DeliveryClass::ExactlyOnce) => DeliveryClass::ExactlyOnce,
+            _ => DeliveryClass::AtLeastOnce,
+        };
+        self.send(call.delivery(class)).await
+    }
+
+    /// Sends many one-way commands at once. Durable ones are published with up to
+    /// [`BATCH_ACKS_IN_FLIGHT`] acks outstanding and their acks awaited together; core ones
+    /// are published and flushed once. Results come back in the order of `calls`; a
+    /// publisher that outruns the server waits here instead of buffering without bound.
+    pub async fn send_batch(&self, calls: Vec<Call>) -> Vec<Result<Receipt, SdkError>> {
+        let inner = &self.inner;
+        let mut results: Vec<Option<Result<Receipt, SdkError>>> = Vec::with_capacity(calls.len());
+        let mut durable: Vec<(usize, Uuid, DeliveryClass)> = Vec::new();
+        let mut batch = Vec::new();
+        let mut core_sent = false;
+        for call in calls {
+            let class = call.delivery.unwrap_or(inner.default_delivery);
+            let prepared = inner.prepare_send(call, class).and_then(|(subject, env)| {
+                Ok((subject, codec::encode(&env, inner.encoding)?, env.id))
+            });
+            let (subject, bytes, id) = match prepared {
+                Ok(p) => p,
+                Err(e) => {
+                    results.push(Some(Err(e)));
+                    continue;
+                }
+            };
+            AgentCounters::bump(&inner.counters.requests_sent);
+            if class == DeliveryClass::AtMostOnce {
+                let sent = inner.broker.publish(&subject, bytes).await;
+                core_sent = true;
+                results.push(Some(sent.map_err(SdkError::Broker).map(|()| Receipt {
+                    id,
+                    delivery: class,
+                    stream_seq: None,
+                    duplicate: false,
+                })));
+            } else {
+                durable.push((results.len(), id, class));
+                results.push(None);
+                batch.push(BatchMessage {
+                    subject,
+                    msg_id: Some(id.to_string()),
+                    payload: bytes,
+                });
+            }
+        }
+        if core_sent && let Err(e) = inner.broker.flush().await {
+            tracing::debug!(agent = %inner.id, error = %e, "flush after batch failed");
+        }
+        let acks = inner.js.publish_batch(batch, BATCH_ACKS_IN_FLIGHT).await;
+        for ((slot, id, class), ack) in durable.into_iter().zip(acks) {
+            results[slot] = Some(ack.map_err(SdkError::Broker).map(|a| Receipt {
+                id,
+                delivery: class,
+                stream_seq: Some(a.sequence),
+                duplicate: a.duplicate,
+            }));
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(SdkError::Expired)))
+            .collect()
     }
 }

@@ -198,6 +198,27 @@ string_enum! {
     }
 }
 
+string_enum! {
+    /// The delivery guarantee a sender asked for (see `docs/PROTOCOL.md`, delivery classes).
+    DeliveryClass {
+        /// Core NATS: delivered zero or one time; nothing is stored.
+        AtMostOnce = "at_most_once",
+        /// JetStream: stored until handled; redelivered until acknowledged, so a handler may
+        /// see it more than once.
+        AtLeastOnce = "at_least_once",
+        /// At least once, plus deduplication on both ends: the handler runs once per message id.
+        ExactlyOnce = "exactly_once",
+    }
+}
+
+// The enum comes from a macro, so `#[derive(Default)]` cannot mark the variant.
+#[allow(clippy::derivable_impls)]
+impl Default for DeliveryClass {
+    fn default() -> Self {
+        DeliveryClass::AtMostOnce
+    }
+}
+
 // The enum comes from a macro, so `#[derive(Default)]` cannot mark the variant.
 #[allow(clippy::derivable_impls)]
 impl Default for Priority {
@@ -337,6 +358,9 @@ pub struct Envelope {
     /// Priority.
     #[serde(default, skip_serializing_if = "is_default")]
     pub priority: Priority,
+    /// The delivery guarantee the sender asked for.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub delivery: DeliveryClass,
     /// What reply the sender expects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect: Option<ExpectedReply>,
@@ -408,6 +432,7 @@ impl Envelope {
             hops: 0,
             hop_limit: DEFAULT_HOP_LIMIT,
             priority: Priority::Normal,
+            delivery: DeliveryClass::AtMostOnce,
             expect: None,
             progress: None,
             status: None,

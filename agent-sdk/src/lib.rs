@@ -45,7 +45,8 @@ pub use broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, TlsOptions
 pub use call::{Call, Reply, Target};
 pub use codec::{CodecError, Encoding};
 pub use context::Context;
-pub use envelope::{Envelope, Kind, Performative, Priority};
+pub use durable::Receipt;
+pub use envelope::{DeliveryClass, Envelope, Kind, Performative, Priority};
 pub use error::{HandlerError, SdkError};
 pub use handler::{BoxFuture, EventHandler, Handler, Output, Typed};
 pub use registry::{

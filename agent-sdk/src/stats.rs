@@ -55,6 +55,15 @@ counters! {
     retries,
     /// Durable deliveries given up on and written to the dead-letter queue.
     dead_lettered,
+    /// Events dropped because their queue was full (a slow subscriber); exact.
+    dropped,
+    /// Requests refused with 5019 because their queue was full.
+    shed,
+    /// Durable deliveries that were redeliveries (delivery count above 1): the duplicates
+    /// at-least-once allows.
+    redelivered,
+    /// Exactly-once messages seen before and not handled again.
+    duplicates_suppressed,
 }
 
 impl AgentCounters {

@@ -262,17 +262,21 @@ impl Subjects {
         format!("{}.coordinator", self.root)
     }
 
-    /// `<root>.inbox.<agent>.<command>`: a durable command, stored until the agent takes it.
-    pub fn durable(&self, agent: &str, command: &str) -> Result<String, SubjectError> {
+    /// `<root>.inbox.<agent>.<lane>.<command>`: a durable command, stored until the agent takes
+    /// it. `lane` is `high` for high and critical priority, `normal` otherwise: each lane has its
+    /// own consumer, so urgent commands do not wait behind a backlog.
+    pub fn durable(&self, agent: &str, command: &str, high: bool) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         validate_token("command name", command)?;
-        Ok(format!("{}.inbox.{agent}.{command}", self.root))
+        let lane = if high { "high" } else { "normal" };
+        Ok(format!("{}.inbox.{agent}.{lane}.{command}", self.root))
     }
 
-    /// `<root>.inbox.<agent>.>`: one agent's durable inbox.
-    pub fn durable_inbox(&self, agent: &str) -> Result<String, SubjectError> {
+    /// `<root>.inbox.<agent>.<lane>.*`: one priority lane of an agent's durable inbox.
+    pub fn durable_inbox(&self, agent: &str, high: bool) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
-        Ok(format!("{}.inbox.{agent}.>", self.root))
+        let lane = if high { "high" } else { "normal" };
+        Ok(format!("{}.inbox.{agent}.{lane}.*", self.root))
     }
 
     /// `<root>.inbox.>`: every durable inbox (the inbox stream's subjects).
@@ -280,11 +284,19 @@ impl Subjects {
         format!("{}.inbox.>", self.root)
     }
 
+    /// The agent a durable subject is for.
+    pub fn durable_agent<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        self.durable_command(subject)?;
+        let rest = subject.strip_prefix(&*self.root)?.strip_prefix(".inbox.")?;
+        rest.split('.').next()
+    }
+
     /// The command name of a durable subject.
     pub fn durable_command<'a>(&self, subject: &'a str) -> Option<&'a str> {
         let rest = subject.strip_prefix(&*self.root)?.strip_prefix(".inbox.")?;
-        let (_agent, command) = rest.split_once('.')?;
-        (!command.contains('.')).then_some(command)
+        let mut parts = rest.split('.');
+        let (_agent, lane, command) = (parts.next()?, parts.next()?, parts.next()?);
+        (parts.next().is_none() && (lane == "high" || lane == "normal")).then_some(command)
     }
 
     /// A JetStream stream name for this root: `CHORUS_<SUFFIX>` (root upper-cased, dots as `_`).
@@ -354,10 +366,18 @@ mod tests {
             assert_eq!(s.broadcast_target(&subject), Some(t));
         }
         assert_eq!(
-            s.durable("a-1", "scan").as_deref(),
-            Ok("chorus.inbox.a-1.scan")
+            s.durable("a-1", "scan", false).as_deref(),
+            Ok("chorus.inbox.a-1.normal.scan")
         );
-        assert_eq!(s.durable_command("chorus.inbox.a-1.scan"), Some("scan"));
+        assert_eq!(
+            s.durable("a-1", "scan", true).as_deref(),
+            Ok("chorus.inbox.a-1.high.scan")
+        );
+        assert_eq!(
+            s.durable_command("chorus.inbox.a-1.high.scan"),
+            Some("scan")
+        );
+        assert_eq!(s.durable_command("chorus.inbox.a-1.scan"), None);
         assert_eq!(s.stream_name("DLQ"), "CHORUS_DLQ");
         let custom = Subjects::new("acme.bus").expect("valid root");
         assert_eq!(custom.stream_name("DLQ"), "ACME_BUS_DLQ");

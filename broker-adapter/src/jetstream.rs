@@ -163,6 +163,17 @@ impl KvSpec {
     }
 }
 
+/// One message of [`JetStream::publish_batch`].
+#[derive(Debug, Clone)]
+pub struct BatchMessage {
+    /// Subject.
+    pub subject: String,
+    /// `Nats-Msg-Id`, for the server's dedupe window.
+    pub msg_id: Option<String>,
+    /// Payload.
+    pub payload: Bytes,
+}
+
 /// The server's answer to a JetStream publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PubAck {
@@ -277,6 +288,62 @@ impl JetStream {
             sequence: ack.sequence,
             duplicate: ack.duplicate,
         })
+    }
+
+    /// Publishes many messages with at most `max_in_flight` acks outstanding, and returns each
+    /// one's ack (or error) in the order given. Memory stays bounded by `max_in_flight`: a
+    /// publisher that outruns the server waits here.
+    pub async fn publish_batch(
+        &self,
+        messages: Vec<BatchMessage>,
+        max_in_flight: usize,
+    ) -> Vec<Result<PubAck>> {
+        use futures::stream::FuturesUnordered;
+        let mut results: Vec<Option<Result<PubAck>>> = (0..messages.len()).map(|_| None).collect();
+        let mut pending = FuturesUnordered::new();
+        for (i, m) in messages.into_iter().enumerate() {
+            while pending.len() >= max_in_flight.max(1) {
+                if let Some((j, r)) = pending.next().await {
+                    results[j] = Some(r);
+                }
+            }
+            if let Err(e) = crate::subject::validate_subject(&m.subject, crate::Wildcards::Refuse) {
+                results[i] = Some(Err(e));
+                continue;
+            }
+            let mut publish = jetstream::message::PublishMessage::build().payload(m.payload);
+            if let Some(id) = &m.msg_id {
+                publish = publish.message_id(id);
+            }
+            match self.ctx.send_publish(m.subject.clone(), publish).await {
+                Ok(ack) => {
+                    let subject = m.subject;
+                    pending.push(async move {
+                        let r = ack
+                            .await
+                            .map(|a| PubAck {
+                                stream: a.stream,
+                                sequence: a.sequence,
+                                duplicate: a.duplicate,
+                            })
+                            .map_err(|e| js_err(&format!("no ack for publish to {subject}"), e));
+                        (i, r)
+                    });
+                }
+                Err(e) => {
+                    results[i] = Some(Err(js_err(&format!("publish to {} failed", m.subject), e)))
+                }
+            }
+        }
+        while let Some((j, r)) = pending.next().await {
+            results[j] = Some(r);
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(Error::new(ErrorKind::Broker, "publish not attempted")))
+            })
+            .collect()
     }
 
     async fn stream(&self, name: &str) -> Result<stream::Stream> {

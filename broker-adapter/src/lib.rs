@@ -19,8 +19,8 @@ pub use client::{Broker, Subscription};
 pub use error::{Error, ErrorKind, Result};
 pub use events::{ConnectionEvent, ConnectionStats, StatsSnapshot};
 pub use jetstream::{
-    Consumer, ConsumerSpec, ConsumerState, Deliveries, Delivery, JetStream, Kv, KvEntry, KvOp,
-    KvSpec, KvWatch, PubAck, StoredMessage, StreamSpec, StreamState,
+    BatchMessage, Consumer, ConsumerSpec, ConsumerState, Deliveries, Delivery, JetStream, Kv,
+    KvEntry, KvOp, KvSpec, KvWatch, PubAck, StoredMessage, StreamSpec, StreamState,
 };
 pub use message::{Headers, Message};
 pub use options::{

@@ -45,6 +45,7 @@ pub struct ServerBuilder {
     extra_args: Vec<String>,
     ready_timeout: Duration,
     current_dir: Option<PathBuf>,
+    sync_always: bool,
 }
 
 impl Default for ServerBuilder {
@@ -52,6 +53,7 @@ impl Default for ServerBuilder {
         ServerBuilder {
             binary: None,
             current_dir: None,
+            sync_always: false,
             config: None,
             jetstream: true,
             port: None,
@@ -77,6 +79,14 @@ impl ServerBuilder {
     /// Run the server in this directory (relative paths in a config file resolve from it).
     pub fn current_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.current_dir = Some(dir.into());
+        self
+    }
+
+    /// JetStream fsyncs every write before acknowledging it (`sync_interval: always`), so an
+    /// acknowledged message survives the process being killed. Off by default, as on the
+    /// server; on in `nats.conf` and wherever a test claims durability.
+    pub fn sync_always(mut self, on: bool) -> Self {
+        self.sync_always = on;
         self
     }
 
@@ -213,7 +223,18 @@ impl NatsServer {
 
         let b = &self.builder;
         let mut cmd = Command::new(&self.binary);
-        if let Some(config) = &b.config {
+        if b.sync_always && b.config.is_none() {
+            let port = b.port.map_or_else(|| "-1".to_owned(), |p| p.to_string());
+            let conf = dir.join("sync.conf");
+            let text = format!(
+                "listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: \"{}\"\n  sync_interval: always\n}}\n",
+                dir.join("jetstream").display()
+            );
+            fs::write(&conf, text).map_err(|e| {
+                Error::with_source(ErrorKind::Broker, "cannot write server config", e)
+            })?;
+            cmd.arg("-c").arg(conf);
+        } else if let Some(config) = &b.config {
             cmd.arg("-c").arg(config);
         } else {
             cmd.args(["-a", "127.0.0.1"]);

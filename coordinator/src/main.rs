@@ -318,7 +318,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     println!(
                         "stored for {to}: message {} at inbox sequence {}{}",
                         receipt.id,
-                        receipt.stream_seq,
+                        receipt.stream_seq.unwrap_or_default(),
                         if receipt.duplicate {
                             " (already there)"
                         } else {

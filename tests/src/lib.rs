@@ -267,7 +267,7 @@ pub async fn crashing_consumer(
     let mut spec = broker_adapter::ConsumerSpec::new(agent_id);
     spec.filter_subjects = vec![
         subjects
-            .durable_inbox(agent_id)
+            .durable_inbox(agent_id, false)
             .unwrap_or_else(|e| panic!("subject: {e}")),
     ];
     spec.ack_wait = Duration::from_millis(500);

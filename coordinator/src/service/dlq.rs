@@ -101,7 +101,11 @@ async fn handle_advisory(
         reason,
         status,
         detail,
-        agent: advisory.consumer.clone(),
+        agent: shared
+            .subjects
+            .durable_agent(&original.subject)
+            .unwrap_or(&advisory.consumer)
+            .to_owned(),
         subject: original.subject.clone(),
         envelope: original.payload.clone(),
         message_id,
