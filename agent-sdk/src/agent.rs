@@ -371,6 +371,10 @@ pub(crate) struct Inner {
     pub(crate) durable_ack_wait: Duration,
     pub(crate) default_delivery: DeliveryClass,
     pub(crate) idempotency: tokio::sync::OnceCell<Kv>,
+    pub(crate) inbox_ready: tokio::sync::OnceCell<()>,
+    /// Whether this agent has a durable inbox, and whether its consumers run yet.
+    durable_inbox: bool,
+    durable_started: tokio::sync::Mutex<bool>,
     pub(crate) idempotency_ttl: Duration,
     pub(crate) ordering_lanes: usize,
     queue_capacity: usize,
@@ -423,6 +427,9 @@ impl Agent {
             durable_ack_wait: options.durable_ack_wait,
             default_delivery: options.default_delivery,
             idempotency: tokio::sync::OnceCell::new(),
+            inbox_ready: tokio::sync::OnceCell::new(),
+            durable_inbox: options.durable_inbox,
+            durable_started: tokio::sync::Mutex::new(false),
             idempotency_ttl: options.idempotency_ttl,
             ordering_lanes: options.ordering_lanes,
             queue_capacity: options.queue_capacity,
@@ -442,7 +449,7 @@ impl Agent {
             if options.retry_policies.is_none() {
                 inner.load_retry_policies().await;
             }
-            inner.start_durable_inbox(&options.inbox_limits).await?;
+            inner.prepare_durable_inbox(&options.inbox_limits).await?;
         }
         if !inner.heartbeat_interval.is_zero() {
             inner.tracker.spawn(Arc::clone(&inner).presence_loop());
@@ -513,6 +520,13 @@ impl Agent {
             tracing::warn!(agent = %self.inner.id, command = name, "command handler replaced");
         }
         self.inner.presence_changed.notify_one();
+        if self.inner.durable_inbox {
+            let mut started = self.inner.durable_started.lock().await;
+            if !*started {
+                self.inner.start_durable_inbox().await?;
+                *started = true;
+            }
+        }
         let mut subscribed = self.inner.inbound.lock().await;
         if !*subscribed {
             let subject = self.inner.subjects.agent_inbound(&self.inner.id)?;

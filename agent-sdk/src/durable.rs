@@ -357,6 +357,15 @@ impl Inner {
             .and_then(|name| crate::agent::read(&self.commands).get(name).cloned());
         let Some(endpoint) = endpoint else {
             AgentCounters::bump(&self.counters.unknown_command);
+            // Not poison yet: another instance of this agent (a newer version in a rolling
+            // deploy) may know the command, so it is retried like a failure until the policy's
+            // attempts run out.
+            let policies = crate::agent::read(&self.retry_policies);
+            let policy = policies.for_message(delivery.subject(), env.kind);
+            let delivered = delivery.delivered();
+            if delivered < u64::from(policy.max_attempts) {
+                return Verdict::Retry(policy.delay(delivered, random_fraction()));
+            }
             return refuse(
                 StatusCode::UNKNOWN_COMMAND,
                 format!(
@@ -520,6 +529,19 @@ impl Inner {
         }
     }
 
+    /// Makes sure the inbox stream exists before the first durable send, so commands for an
+    /// agent that has never run are kept (the coordinator normally creates it first).
+    async fn ensure_inbox(&self) -> Result<(), broker_adapter::Error> {
+        self.inbox_ready
+            .get_or_try_init(|| async {
+                self.js
+                    .ensure_stream_exists(&inbox_stream(&self.subjects, &InboxLimits::default()))
+                    .await
+            })
+            .await
+            .map(|_| ())
+    }
+
     /// Builds the envelope and subject of a one-way send in `class`.
     fn prepare_send(
         &self,
@@ -552,14 +574,11 @@ impl Inner {
         Ok((subject, env))
     }
 
-    /// Ensures the inbox, dead-letter and advisory streams and this agent's two consumers
-    /// (normal and high priority), then starts taking deliveries.
-    pub(crate) async fn start_durable_inbox(
-        self: &Arc<Self>,
-        limits: &InboxLimits,
-    ) -> Result<(), SdkError> {
-        let inbox = inbox_stream(&self.subjects, limits);
-        self.js.ensure_stream(&inbox).await?;
+    /// Ensures the inbox, dead-letter and advisory streams the durable inbox needs.
+    pub(crate) async fn prepare_durable_inbox(&self, limits: &InboxLimits) -> Result<(), SdkError> {
+        self.js
+            .ensure_stream(&inbox_stream(&self.subjects, limits))
+            .await?;
         self.js
             .ensure_stream(&dlq_stream(&self.subjects, limits.replicas))
             .await?;
@@ -567,6 +586,14 @@ impl Inner {
         self.js
             .ensure_stream(&advisory_stream(&self.subjects, limits.replicas))
             .await?;
+        Ok(())
+    }
+
+    /// Creates this agent's two consumers (normal and high priority) and starts taking
+    /// deliveries. Called when the first command handler is registered, so stored commands
+    /// do not arrive before anything can handle them.
+    pub(crate) async fn start_durable_inbox(self: &Arc<Self>) -> Result<(), SdkError> {
+        let inbox = inbox_stream(&self.subjects, &InboxLimits::default());
         for high in [false, true] {
             let durable = if high {
                 format!("{}_high", self.id)
@@ -675,6 +702,7 @@ impl Agent {
                 duplicate: false,
             });
         }
+        inner.ensure_inbox().await?;
         let msg_id = env.id.to_string();
         let mut attempt = 0;
         let ack = loop {
@@ -752,6 +780,11 @@ impl Agent {
         }
         if core_sent && let Err(e) = inner.broker.flush().await {
             tracing::debug!(agent = %inner.id, error = %e, "flush after batch failed");
+        }
+        if !batch.is_empty()
+            && let Err(e) = inner.ensure_inbox().await
+        {
+            tracing::debug!(agent = %inner.id, error = %e, "inbox stream not ensured; publishing anyway");
         }
         let acks = inner.js.publish_batch(batch, BATCH_ACKS_IN_FLIGHT).await;
         for ((slot, id, class), ack) in durable.into_iter().zip(acks) {

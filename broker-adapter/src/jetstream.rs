@@ -255,6 +255,26 @@ impl JetStream {
             .map_err(|e| js_err(&format!("cannot create stream {}", spec.name), e))
     }
 
+    /// Creates the stream as `spec` says if it does not exist; an existing stream is left as
+    /// it is (its owner configured it).
+    pub async fn ensure_stream_exists(&self, spec: &StreamSpec) -> Result<()> {
+        match self.ctx.get_stream(&spec.name).await {
+            Ok(_) => Ok(()),
+            Err(_) => match self.ctx.create_stream(spec.to_config()).await {
+                Ok(_) => Ok(()),
+                // Created by someone else in the meantime.
+                Err(e)
+                    if e.to_string()
+                        .to_ascii_lowercase()
+                        .contains("already in use") =>
+                {
+                    Ok(())
+                }
+                Err(e) => Err(js_err(&format!("cannot create stream {}", spec.name), e)),
+            },
+        }
+    }
+
     /// Publishes and waits for the stream's ack. `msg_id` goes in `Nats-Msg-Id` (the server
     /// drops a repeat within the duplicate window); `ttl` in `Nats-TTL`.
     pub async fn publish(

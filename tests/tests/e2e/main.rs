@@ -2,6 +2,7 @@
 
 mod broker;
 mod coordinator;
+mod delivery;
 mod demo;
 mod docs;
 mod messaging;
