@@ -62,7 +62,7 @@ pub const DEFAULT_RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default number of messages buffered per subscription before the client drops and reports a
 /// slow consumer.
-pub const DEFAULT_SUBSCRIPTION_CAPACITY: usize = 8 * 1024;
+pub const DEFAULT_SUBSCRIPTION_CAPACITY: usize = 64 * 1024;
 
 /// Options for [`Broker::connect`](crate::Broker::connect).
 ///
