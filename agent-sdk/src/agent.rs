@@ -375,6 +375,11 @@ pub(crate) struct Inner {
     /// Whether this agent has a durable inbox, and whether its consumers run yet.
     durable_inbox: bool,
     durable_started: tokio::sync::Mutex<bool>,
+    /// A second connection for event subscriptions, opened on first use: an event firehose
+    /// never delays commands and replies, and drops on it are counted exactly
+    /// ([`Broker::undelivered`]).
+    events_broker: tokio::sync::OnceCell<Broker>,
+    broker_options: BrokerOptions,
     pub(crate) idempotency_ttl: Duration,
     pub(crate) ordering_lanes: usize,
     queue_capacity: usize,
@@ -386,12 +391,11 @@ impl Agent {
     async fn connect(options: AgentOptions) -> Result<Agent, SdkError> {
         validate_token("agent id", &options.id)?;
         let subjects = Subjects::new(&options.root)?;
-        let broker = options
+        let broker_options = options
             .broker
             .name_if_unset(options.id.clone())
-            .inbox_prefix_if_unset(subjects.inbox_prefix(&options.id)?)
-            .connect()
-            .await?;
+            .inbox_prefix_if_unset(subjects.inbox_prefix(&options.id)?);
+        let broker = broker_options.clone().connect().await?;
         let stop = CancellationToken::new();
         for group in &options.groups {
             validate_token("group", group)?;
@@ -430,6 +434,8 @@ impl Agent {
             inbox_ready: tokio::sync::OnceCell::new(),
             durable_inbox: options.durable_inbox,
             durable_started: tokio::sync::Mutex::new(false),
+            events_broker: tokio::sync::OnceCell::new(),
+            broker_options,
             idempotency_ttl: options.idempotency_ttl,
             ordering_lanes: options.ordering_lanes,
             queue_capacity: options.queue_capacity,
@@ -484,7 +490,7 @@ impl Agent {
 
     /// The agent's counters.
     pub fn stats(&self) -> AgentStats {
-        self.inner.counters.snapshot()
+        self.inner.agent_stats()
     }
 
     /// Registers a typed handler for command `name`, sent to this agent with
@@ -600,8 +606,9 @@ impl Agent {
         handler: impl EventHandler,
     ) -> Result<(), SdkError> {
         let subject = self.inner.subjects.event_pattern(pattern)?;
-        let sub = self.inner.broker.subscribe(&subject).await?;
-        self.inner.broker.sync(SYNC_TIMEOUT).await?;
+        let events = self.inner.events_connection().await?;
+        let sub = events.subscribe(&subject).await?;
+        events.sync(SYNC_TIMEOUT).await?;
         Inner::spawn_reader(&self.inner, sub, Route::Event(Arc::new(handler)));
         Ok(())
     }
@@ -610,8 +617,9 @@ impl Agent {
     /// or have expired or looped, are counted and skipped.
     pub async fn subscribe(&self, pattern: &str) -> Result<EventStream, SdkError> {
         let subject = self.inner.subjects.event_pattern(pattern)?;
-        let mut sub = self.inner.broker.subscribe(&subject).await?;
-        self.inner.broker.sync(SYNC_TIMEOUT).await?;
+        let events = self.inner.events_connection().await?;
+        let mut sub = events.subscribe(&subject).await?;
+        events.sync(SYNC_TIMEOUT).await?;
         let (tx, rx) = tokio::sync::mpsc::channel(self.inner.queue_capacity);
         let inner = Arc::clone(&self.inner);
         self.inner.tracker.spawn(async move {
@@ -769,6 +777,11 @@ impl Agent {
         }
         if let Err(err) = inner.broker.drain().await {
             tracing::debug!(agent = %inner.id, error = %err, "drain at shutdown failed");
+        }
+        if let Some(events) = inner.events_broker.get()
+            && let Err(err) = events.drain().await
+        {
+            tracing::debug!(agent = %inner.id, error = %err, "events connection drain failed");
         }
         ShutdownReport {
             completed,
@@ -1048,6 +1061,19 @@ impl Inner {
         }
     }
 
+    async fn events_connection(&self) -> Result<&Broker, SdkError> {
+        let events = self
+            .events_broker
+            .get_or_try_init(|| {
+                self.broker_options
+                    .clone()
+                    .name(format!("{}-events", self.id))
+                    .connect()
+            })
+            .await?;
+        Ok(events)
+    }
+
     pub(crate) fn count_drop(&self, subject: &str) {
         let n = self
             .counters
@@ -1310,7 +1336,12 @@ impl StatsSource for Inner {
     }
 
     fn agent_stats(&self) -> AgentStats {
-        self.counters.snapshot()
+        let mut stats = self.counters.snapshot();
+        // Events the client dropped before the SDK's queue saw them.
+        if let Some(events) = self.events_broker.get() {
+            stats.dropped += events.undelivered();
+        }
+        stats
     }
 
     fn broker_stats(&self) -> broker_adapter::StatsSnapshot {

@@ -2,6 +2,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -26,6 +27,10 @@ struct Shared {
     events: Arc<EventSink>,
     inbox_prefix: String,
     name: String,
+    /// Messages handed out by this adapter's subscriptions.
+    yielded: Arc<AtomicU64>,
+    /// Messages `sync` sent to itself and received.
+    sync_echoes: AtomicU64,
 }
 
 impl Broker {
@@ -120,6 +125,8 @@ impl Broker {
                 events,
                 inbox_prefix,
                 name,
+                yielded: Arc::new(AtomicU64::new(0)),
+                sync_echoes: AtomicU64::new(0),
             }),
         })
     }
@@ -180,7 +187,10 @@ impl Broker {
             .subscribe(subject.to_owned())
             .await
             .map_err(|e| Error::with_source(ErrorKind::Broker, "subscribe failed", e))?;
-        Ok(Subscription { inner })
+        Ok(Subscription {
+            inner,
+            yielded: Arc::clone(&self.shared.yielded),
+        })
     }
 
     /// Subscribes to `subject` as a member of queue group `group`: each message goes to one
@@ -193,7 +203,10 @@ impl Broker {
             .queue_subscribe(subject.to_owned(), group.to_owned())
             .await
             .map_err(|e| Error::with_source(ErrorKind::Broker, "queue subscribe failed", e))?;
-        Ok(Subscription { inner })
+        Ok(Subscription {
+            inner,
+            yielded: Arc::clone(&self.shared.yielded),
+        })
     }
 
     /// Sends a request and waits up to `timeout` for the first reply.
@@ -254,7 +267,10 @@ impl Broker {
         let echoed = tokio::time::timeout(timeout, futures::StreamExt::next(&mut sub)).await;
         let _ = sub.unsubscribe().await;
         match echoed {
-            Ok(Some(_)) => Ok(()),
+            Ok(Some(_)) => {
+                self.shared.sync_echoes.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
             Ok(None) => Err(Error::new(
                 ErrorKind::Broker,
                 "connection closed during sync",
@@ -310,6 +326,19 @@ impl Broker {
         self.shared.events.tx.subscribe()
     }
 
+    /// Messages the server sent this connection that no subscription of this adapter handed
+    /// out: dropped by the client for a full subscription buffer, or left in a buffer when its
+    /// subscription ended. Exact for a connection used only through this adapter's
+    /// subscriptions (no requests, no JetStream), where every message the server sends is
+    /// either handed out or lost; the client library's own slow-consumer events are not (its
+    /// event queue drops events under load).
+    pub fn undelivered(&self) -> u64 {
+        let received = self.client.statistics().in_messages.load(Ordering::Relaxed);
+        received
+            .saturating_sub(self.shared.yielded.load(Ordering::Relaxed))
+            .saturating_sub(self.shared.sync_echoes.load(Ordering::Relaxed))
+    }
+
     /// Counters of connection events.
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.events.stats.snapshot()
@@ -321,6 +350,7 @@ impl Broker {
 #[derive(Debug)]
 pub struct Subscription {
     inner: async_nats::Subscriber,
+    yielded: Arc<AtomicU64>,
 }
 
 impl Subscription {
@@ -346,8 +376,10 @@ impl Stream for Subscription {
     type Item = Message;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Message>> {
-        Pin::new(&mut self.inner)
-            .poll_next(cx)
-            .map(|m| m.map(Message::from_nats))
+        let polled = Pin::new(&mut self.inner).poll_next(cx);
+        if let Poll::Ready(Some(_)) = &polled {
+            self.yielded.fetch_add(1, Ordering::Relaxed);
+        }
+        polled.map(|m| m.map(Message::from_nats))
     }
 }

@@ -635,9 +635,16 @@ async fn metrics_pass_promtool_and_move_with_traffic() {
         .expect("series")
             >= 1.0
     );
+    // Gauges are per process; other tests' coordinators share this one, so only presence is
+    // checked here (the discovery tests check the registry's counts themselves).
+    assert!(metric_sum(&after, "chorus_coordinator_agents", &[r#"state="live""#]).is_some());
     assert!(
-        metric_sum(&after, "chorus_coordinator_agents", &[r#"state="live""#]).expect("series")
-            >= 2.0
+        metric_sum(
+            &after,
+            "chorus_coordinator_agents",
+            &[r#"state="registered""#]
+        )
+        .is_some()
     );
     assert!(
         metric_sum(
