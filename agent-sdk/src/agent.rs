@@ -1129,6 +1129,39 @@ impl Inner {
                 .and_then(|name| read(&this.commands).get(name).cloned()),
         };
         let request = Arc::new(env);
+        let exactly_once = request.delivery == DeliveryClass::ExactlyOnce;
+        if exactly_once {
+            match this.seen(&request).await {
+                Ok(Some(record)) => {
+                    // A copy of a request already answered: the same reply again, no rerun.
+                    AgentCounters::bump(&this.counters.duplicates_suppressed);
+                    if let Some(reply_to) = msg.reply() {
+                        let result = if record.status.is_success() {
+                            Ok(Output {
+                                payload: record.payload,
+                                content_type: record.content_type,
+                            })
+                        } else {
+                            Err(HandlerError::new(record.status, "failed before"))
+                        };
+                        this.send_reply(reply_to, &request, encoding, result).await;
+                    }
+                    return;
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(agent = %this.id, error = %err, "idempotency record unavailable");
+                    if let Some(reply_to) = msg.reply() {
+                        let e = HandlerError::new(
+                            StatusCode::UNAVAILABLE,
+                            "idempotency record unavailable; retry",
+                        );
+                        this.send_reply(reply_to, &request, encoding, Err(e)).await;
+                    }
+                    return;
+                }
+            }
+        }
         let result = match handler {
             Some(endpoint) => {
                 let ctx = Context {
@@ -1158,7 +1191,12 @@ impl Inner {
                 .map_or_else(|e| e.status, |_| StatusCode::OK),
         );
         match &result {
-            Ok(_) => AgentCounters::bump(&this.counters.handled_ok),
+            Ok(output) => {
+                AgentCounters::bump(&this.counters.handled_ok);
+                if exactly_once {
+                    this.remember(&request, StatusCode::OK, output).await;
+                }
+            }
             Err(err) if err.status != StatusCode::UNKNOWN_COMMAND => {
                 AgentCounters::bump(&this.counters.handler_errors);
                 tracing::debug!(agent = %this.id, id = %request.id, correlation = %request.conversation(), error = %err, "handler returned an error");

@@ -421,3 +421,58 @@ async fn a_handler_longer_than_the_ack_wait_is_not_redelivered() {
     );
     assert_eq!(worker.stats().redelivered, 0);
 }
+
+#[tokio::test]
+async fn an_exactly_once_request_retried_with_the_same_id_gets_the_stored_reply() {
+    let server = server();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let bank = agent(&server, "bank").await;
+    {
+        let runs = Arc::clone(&runs);
+        bank.on_command("transfer", move |_ctx: Context, cents: u64| {
+            let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            async move { Ok::<_, HandlerError>(format!("transfer #{n} of {cents}")) }
+        })
+        .await
+        .expect("register");
+    }
+    let client = agent(&server, "client").await;
+    let id = uuid::Uuid::now_v7();
+    let call = || {
+        Call::agent("bank", "transfer")
+            .payload(&500u64)
+            .expect("payload")
+            .id(id)
+            .delivery(DeliveryClass::ExactlyOnce)
+    };
+    let first: String = client
+        .call(call())
+        .await
+        .expect("first")
+        .payload_as()
+        .expect("str");
+    // The caller did not see the answer (say it timed out) and retries with the same id.
+    let second: String = client
+        .call(call())
+        .await
+        .expect("retry")
+        .payload_as()
+        .expect("str");
+    assert_eq!(first, "transfer #1 of 500");
+    assert_eq!(second, first, "the stored reply, not a second transfer");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(bank.stats().duplicates_suppressed, 1);
+    // A new id is a new transfer.
+    let third: String = client
+        .call(
+            Call::agent("bank", "transfer")
+                .payload(&500u64)
+                .expect("payload")
+                .delivery(DeliveryClass::ExactlyOnce),
+        )
+        .await
+        .expect("third")
+        .payload_as()
+        .expect("str");
+    assert_eq!(third, "transfer #2 of 500");
+}
