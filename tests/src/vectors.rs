@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use agent_sdk::envelope::{
     EncryptedKey, Encryption, ExpectedReply, Progress, ProgressState, Signature, TraceContext,
 };
-use agent_sdk::{Envelope, Kind, Performative, Priority, StatusCode};
+use agent_sdk::{DeliveryClass, Envelope, Kind, Performative, Priority, StatusCode};
 use bytes::Bytes;
 use uuid::Uuid;
 
@@ -77,6 +77,7 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
     command.deadline_ms = Some(T0 + 60_000);
     command.hops = 1;
     command.priority = Priority::Critical;
+    command.delivery = DeliveryClass::ExactlyOnce;
     command.progress = Some(Progress {
         state: ProgressState::Queued,
         fraction: Some(0.0),
