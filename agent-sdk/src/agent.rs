@@ -618,32 +618,12 @@ impl Agent {
     pub async fn subscribe(&self, pattern: &str) -> Result<EventStream, SdkError> {
         let subject = self.inner.subjects.event_pattern(pattern)?;
         let events = self.inner.events_connection().await?;
-        let mut sub = events.subscribe(&subject).await?;
+        let sub = events.subscribe(&subject).await?;
         events.sync(SYNC_TIMEOUT).await?;
-        let (tx, rx) = tokio::sync::mpsc::channel(self.inner.queue_capacity);
-        let inner = Arc::clone(&self.inner);
-        self.inner.tracker.spawn(async move {
-            loop {
-                let msg = tokio::select! {
-                    msg = sub.next() => msg,
-                    // The stream was dropped, or the agent stops.
-                    _ = tx.closed() => break,
-                    _ = inner.stop.cancelled() => break,
-                };
-                let Some(msg) = msg else { break };
-                AgentCounters::bump(&inner.counters.received);
-                let Ok((envelope, _)) = inner.admit(&msg) else {
-                    continue;
-                };
-                if let Err(tokio::sync::mpsc::error::TrySendError::Full(_)) =
-                    tx.try_send(Event { envelope })
-                {
-                    inner.count_drop(msg.subject());
-                }
-            }
-            let _ = sub.unsubscribe().await;
-        });
-        Ok(EventStream { rx })
+        Ok(EventStream {
+            sub,
+            inner: Arc::clone(&self.inner),
+        })
     }
 
     /// Publishes an event on `topic`.
@@ -653,6 +633,25 @@ impl Agent {
         value: &T,
     ) -> Result<(), SdkError> {
         self.inner.publish(topic, value, None).await
+    }
+
+    /// Publishes an event whose payload is `payload` as it is, labelled `content_type` (for
+    /// binary payloads, or payloads already encoded).
+    pub async fn publish_raw(
+        &self,
+        topic: &str,
+        payload: bytes::Bytes,
+        content_type: &str,
+    ) -> Result<(), SdkError> {
+        let subject = self.inner.subjects.event(topic)?;
+        let mut env = Envelope::new(Kind::Event, Performative::Inform, self.inner.id.as_str());
+        env.topic = Some(topic.to_owned());
+        env.content_type = content_type.to_owned();
+        env.payload = payload;
+        let bytes = codec::encode(&env, self.inner.encoding)?;
+        self.inner.broker.publish(&subject, bytes).await?;
+        AgentCounters::bump(&self.inner.counters.events_published);
+        Ok(())
     }
 
     /// Sends a call and waits for its reply. A reply with an error status is returned as
@@ -1347,11 +1346,14 @@ impl Event {
     }
 }
 
-/// A stream of events from [`Agent::subscribe`]. Events wait in a bounded queue
-/// ([`AgentOptions::queue_capacity`]); when the reader of the stream falls that far behind, new
-/// events are dropped and counted in [`AgentStats::dropped`].
+/// A stream of events from [`Agent::subscribe`], read straight off its subscription. Events
+/// wait in the subscription's bounded buffer (64k by default); when the reader of the stream
+/// falls that far behind, new events are dropped by the client and counted exactly in
+/// [`AgentStats::dropped`]. Messages that are not valid events, or have expired or looped, are
+/// counted and skipped.
 pub struct EventStream {
-    rx: tokio::sync::mpsc::Receiver<Event>,
+    sub: Subscription,
+    inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for EventStream {
@@ -1364,7 +1366,18 @@ impl Stream for EventStream {
     type Item = Event;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Option<Event>> {
-        self.rx.poll_recv(cx)
+        loop {
+            match Pin::new(&mut self.sub).poll_next(cx) {
+                Poll::Ready(Some(msg)) => {
+                    AgentCounters::bump(&self.inner.counters.received);
+                    if let Ok((envelope, _)) = self.inner.admit(&msg) {
+                        return Poll::Ready(Some(Event { envelope }));
+                    }
+                }
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
     }
 }
 

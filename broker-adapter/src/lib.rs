@@ -6,6 +6,7 @@
 //!
 //! The [`server`] module starts a real `nats-server` process, for tests and the local demo.
 
+pub mod baseline;
 mod client;
 mod error;
 mod events;

@@ -5,6 +5,7 @@
 //! metrics. `chorus up` runs a local NATS server, a coordinator and the demo agents;
 //! `send`, `request`, `listen`, `agents`, `broadcast` and `dlq` talk to any running bus.
 
+pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod duration;

@@ -70,6 +70,22 @@ enum Command {
         #[arg(long, default_value = "5s", value_parser = parse_duration)]
         timeout: Duration,
     },
+    /// Benchmark Chorus against raw async-nats, side by side, and print the table.
+    Bench {
+        /// Smaller counts (a minute instead of several).
+        #[arg(long)]
+        quick: bool,
+        /// Rounds per scenario (raw and Chorus alternate; medians are reported).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Only scenarios whose name contains this (events, latency, throughput, durable,
+        /// fan-out, discovery, memory).
+        #[arg(long)]
+        only: Option<String>,
+    },
     /// Inspect and act on the dead-letter queue.
     Dlq {
         #[command(subcommand)]
@@ -298,6 +314,40 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Dlq { action } => dlq(&url, &cli.root, action).await,
+        Command::Bench {
+            quick,
+            rounds,
+            json,
+            only,
+        } => {
+            let opts = chorus::bench::BenchOptions {
+                url: cli.server.clone(),
+                quick,
+                rounds,
+                only,
+            };
+            let progress: fn(&str) = |s| eprintln!("bench: {s}");
+            let (rows, version) = chorus::bench::run(&opts, progress).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "nats_server": version,
+                        "quick": quick,
+                        "rounds": rounds,
+                        "rows": rows,
+                    })
+                );
+            } else {
+                println!(
+                    "nats-server {version}, {} round(s) per scenario{}",
+                    rounds,
+                    if quick { ", quick" } else { "" }
+                );
+                print!("{}", chorus::bench::table(&rows));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Send {
             topic,
             to,

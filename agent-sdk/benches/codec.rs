@@ -1,0 +1,38 @@
+//! Envelope encode and decode, MessagePack and JSON, with a 128-byte payload: the per-message
+//! work the SDK adds on top of NATS. `cargo bench -p agent-sdk --bench codec`.
+//! (Signing and encryption benches join these when those paths exist.)
+
+use agent_sdk::codec::{self, Encoding};
+use agent_sdk::{Envelope, Kind, Performative};
+use bytes::Bytes;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use std::hint::black_box;
+
+fn sample() -> Envelope {
+    let mut e = Envelope::new(Kind::Event, Performative::Inform, "publisher-01");
+    e.topic = Some("doc.pages.scanned".into());
+    e.payload = Bytes::from(vec![0x5a; 128]);
+    e
+}
+
+fn codec_bench(c: &mut Criterion) {
+    let env = sample();
+    let mut group = c.benchmark_group("envelope");
+    group.throughput(Throughput::Elements(1));
+    for enc in [Encoding::MsgPack, Encoding::Json] {
+        let bytes = codec::encode(&env, enc).expect("encodes");
+        group.bench_function(format!("encode {enc:?}"), |b| {
+            b.iter(|| codec::encode(black_box(&env), enc).expect("encodes"))
+        });
+        group.bench_function(format!("decode {enc:?}"), |b| {
+            b.iter(|| codec::decode(black_box(&bytes)).expect("decodes"))
+        });
+    }
+    group.bench_function("new envelope (uuid v7, clock)", |b| {
+        b.iter(|| Envelope::new(Kind::Event, Performative::Inform, black_box("publisher-01")))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, codec_bench);
+criterion_main!(benches);
