@@ -1011,6 +1011,20 @@ impl Inner {
                     }
                 };
                 let Some(msg) = next else { break };
+                // The common case, nothing queued and a slot free: start the handler here,
+                // saving the hop through the queue and the dispatcher. Otherwise queue it
+                // behind the others, in order.
+                if tx.capacity() == tx.max_capacity()
+                    && let Ok(permit) = Arc::clone(&inner.in_flight).try_acquire_owned()
+                {
+                    let task_inner = Arc::clone(&inner);
+                    let route = reader_route.clone();
+                    inner.tracker.spawn(async move {
+                        Inner::process(task_inner, msg, route).await;
+                        drop(permit);
+                    });
+                    continue;
+                }
                 match tx.try_send(msg) {
                     Ok(()) => {}
                     Err(tokio::sync::mpsc::error::TrySendError::Full(msg)) => {
