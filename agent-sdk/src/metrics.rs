@@ -117,8 +117,7 @@ impl AgentsCollector {
         let traffic = IntCounterVec::new(
             Opts::new(
                 "chorus_agent_traffic_total",
-                "Messages by direction: received, requests_sent, events_published, replies_sent, reply_failures, retries, dead_lettered.",
-            ),
+                "Messages by direction: received, requests_sent, events_published, replies_sent, reply_failures, retries, dead_lettered, dropped (slow subscriber), shed (overloaded, answered 5019), redelivered, duplicates_suppressed.",),
             &["agent", "direction"],
         )
         .expect("static metric definition");
@@ -206,6 +205,10 @@ impl Collector for AgentsCollector {
                 ("reply_failures", a.reply_failures),
                 ("retries", a.retries),
                 ("dead_lettered", a.dead_lettered),
+                ("dropped", a.dropped),
+                ("shed", a.shed),
+                ("redelivered", a.redelivered),
+                ("duplicates_suppressed", a.duplicates_suppressed),
             ] {
                 self.traffic
                     .with_label_values(&[agent, direction])

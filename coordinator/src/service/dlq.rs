@@ -138,6 +138,17 @@ pub(crate) async fn refresh_depth(js: &JetStream, subjects: &Subjects) {
     };
     let depth = &metrics().dlq_depth;
     depth.reset();
+    // Every reason has a series, zero included, so dashboards and alerts see an empty queue
+    // rather than no data.
+    for reason in [
+        DeadLetterReason::MaxAttempts,
+        DeadLetterReason::MaxDeliveries,
+        DeadLetterReason::Refused,
+        DeadLetterReason::Expired,
+        DeadLetterReason::Undeliverable,
+    ] {
+        depth.with_label_values(&[reason.as_str()]).set(0);
+    }
     for (subject, n) in counts {
         // <root>.dlq.<reason>.<agent>
         let reason = subject

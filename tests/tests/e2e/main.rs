@@ -4,6 +4,7 @@ mod broker;
 mod coordinator;
 mod delivery;
 mod demo;
+mod deploy;
 mod docs;
 mod messaging;
 mod protocol;
