@@ -300,3 +300,60 @@ pub fn rss_bytes() -> u64 {
         })
         .map_or(0, |kb| kb * 1024)
 }
+
+/// A free TCP port on loopback (bound, read and released; the caller binds it next).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free port: {e}"))
+}
+
+/// Three `nats-server`s clustered on loopback, JetStream on every node with fsync per write.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The nodes, in order.
+    pub nodes: Vec<NatsServer>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts the three nodes and waits until each listens.
+    pub fn start() -> Cluster {
+        init_tracing();
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let clients: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let route_list = routes
+            .iter()
+            .map(|p| format!("nats-route://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut nodes = Vec::new();
+        for i in 0..3 {
+            let conf = dir.path().join(format!("n{i}.conf"));
+            let store = dir.path().join(format!("store-{i}"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "server_name: n{i}\nlisten: \"127.0.0.1:{}\"\njetstream {{\n  store_dir: \"{}\"\n  sync_interval: always\n}}\ncluster {{\n  name: chorus-test\n  listen: \"127.0.0.1:{}\"\n  routes: [{route_list}]\n}}\n",
+                    clients[i],
+                    store.display(),
+                    routes[i]
+                ),
+            )
+            .unwrap_or_else(|e| panic!("write config: {e}"));
+            let node = ServerBuilder::default()
+                .config(&conf)
+                .start()
+                .unwrap_or_else(|e| panic!("cluster node {i} did not start: {e}"));
+            nodes.push(node);
+        }
+        Cluster { nodes, _dir: dir }
+    }
+
+    /// Every node's client URL.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url().to_owned()).collect()
+    }
+}

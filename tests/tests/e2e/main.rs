@@ -1,6 +1,7 @@
 //! End-to-end tests. Each test starts its own `nats-server` (see `chorus_tests::server`).
 
 mod broker;
+mod cluster;
 mod coordinator;
 mod delivery;
 mod demo;
