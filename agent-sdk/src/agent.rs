@@ -332,6 +332,14 @@ enum Route {
     Service,
 }
 
+/// The message being handled when a handler sends: its envelope (for correlation, hops,
+/// deadline) and its handling span (the parent of what it sends).
+#[derive(Clone, Copy)]
+pub(crate) struct Parent<'a> {
+    pub(crate) env: &'a Envelope,
+    pub(crate) otel: &'a opentelemetry::Context,
+}
+
 /// Why an inbound message is not handled, and what to answer.
 struct Refusal {
     status: StatusCode,
@@ -648,10 +656,9 @@ impl Agent {
         env.topic = Some(topic.to_owned());
         env.content_type = content_type.to_owned();
         env.payload = payload;
-        let bytes = codec::encode(&env, self.inner.encoding)?;
-        self.inner.broker.publish(&subject, bytes).await?;
-        AgentCounters::bump(&self.inner.counters.events_published);
-        Ok(())
+        self.inner
+            .publish_envelope(&subject, env, &opentelemetry::Context::current())
+            .await
     }
 
     /// Sends a call and waits for its reply. A reply with an error status is returned as
@@ -705,7 +712,12 @@ impl Agent {
         let subject = self.inner.subjects.discover();
         let reply = self
             .inner
-            .exchange(&subject, env, self.inner.request_timeout)
+            .exchange(
+                &subject,
+                env,
+                self.inner.request_timeout,
+                &opentelemetry::Context::current(),
+            )
             .await?;
         reply.payload_as()
     }
@@ -741,7 +753,10 @@ impl Agent {
         });
         // The coordinator needs the recipients' time plus its own fan-out and report.
         let overall = timeout + Duration::from_secs(5);
-        let reply = self.inner.exchange(&subject, env, overall).await?;
+        let reply = self
+            .inner
+            .exchange(&subject, env, overall, &opentelemetry::Context::current())
+            .await?;
         reply.payload_as()
     }
 
@@ -864,19 +879,34 @@ impl Inner {
     pub(crate) async fn call(
         &self,
         call: Call,
-        parent: Option<&Envelope>,
+        parent: Option<Parent<'_>>,
     ) -> Result<Reply, SdkError> {
-        let (subject, env, timeout) = self.prepare(call, parent)?;
-        self.exchange(&subject, env, timeout).await
+        let (subject, env, timeout) = self.prepare(call, parent.map(|p| p.env))?;
+        let otel = parent.map_or_else(opentelemetry::Context::current, |p| p.otel.clone());
+        self.exchange(&subject, env, timeout, &otel).await
     }
 
     /// Sends `env` as a request on `subject` and waits up to `timeout` for the reply.
     pub(crate) async fn exchange(
         &self,
         subject: &str,
-        env: Envelope,
+        mut env: Envelope,
         timeout: Duration,
+        parent: &opentelemetry::Context,
     ) -> Result<Reply, SdkError> {
+        let (span, trace) = crate::trace::start(
+            format!(
+                "chorus.request {}",
+                env.name
+                    .as_deref()
+                    .or(env.capability.as_deref())
+                    .unwrap_or(subject)
+            ),
+            opentelemetry::trace::SpanKind::Client,
+            parent,
+            crate::trace::attributes(&self.id, &env),
+        );
+        env.trace = Some(trace);
         let bytes = codec::encode(&env, self.encoding)?;
         AgentCounters::bump(&self.counters.requests_sent);
         let started = std::time::Instant::now();
@@ -889,6 +919,7 @@ impl Inner {
             .request_seconds
             .with_label_values(&[self.id.as_str(), status.label()])
             .observe(started.elapsed().as_secs_f64());
+        crate::trace::finish(&span, result.as_ref().err().map(|e| e.to_string()));
         result
     }
 
@@ -921,16 +952,36 @@ impl Inner {
         &self,
         topic: &str,
         value: &T,
-        parent: Option<&Envelope>,
+        parent: Option<Parent<'_>>,
     ) -> Result<(), SdkError> {
         let subject = self.subjects.event(topic)?;
         let mut env = Envelope::new(Kind::Event, Performative::Inform, self.id.as_str());
         env.topic = Some(topic.to_owned());
-        self.inherit(&mut env, parent)?;
+        self.inherit(&mut env, parent.map(|p| p.env))?;
         env.content_type = self.encoding.content_type().to_owned();
         env.payload = encode_payload(value, &env.content_type)?;
+        let otel = parent.map_or_else(opentelemetry::Context::current, |p| p.otel.clone());
+        self.publish_envelope(&subject, env, &otel).await
+    }
+
+    /// Publishes an event envelope under a producer span.
+    pub(crate) async fn publish_envelope(
+        &self,
+        subject: &str,
+        mut env: Envelope,
+        parent: &opentelemetry::Context,
+    ) -> Result<(), SdkError> {
+        let (span, trace) = crate::trace::start(
+            format!("chorus.publish {}", env.topic.as_deref().unwrap_or(subject)),
+            opentelemetry::trace::SpanKind::Producer,
+            parent,
+            crate::trace::attributes(&self.id, &env),
+        );
+        env.trace = Some(trace);
         let bytes = codec::encode(&env, self.encoding)?;
-        self.broker.publish(&subject, bytes).await?;
+        let sent = self.broker.publish(subject, bytes).await;
+        crate::trace::finish(&span, sent.as_ref().err().map(|e| e.to_string()));
+        sent?;
         AgentCounters::bump(&self.counters.events_published);
         Ok(())
     }
@@ -1117,11 +1168,20 @@ impl Inner {
         };
         let handler = match route {
             Route::Event(handler) => {
+                let (otel, _) = crate::trace::start(
+                    format!("chorus.handle {}", env.topic.as_deref().unwrap_or_default()),
+                    opentelemetry::trace::SpanKind::Consumer,
+                    &crate::trace::remote_parent(&env),
+                    crate::trace::attributes(&this.id, &env),
+                );
                 let ctx = Context {
                     inner: Arc::clone(&this),
                     request: Arc::new(env),
+                    otel: otel.clone(),
                 };
-                match handler.call(ctx).await {
+                let result = handler.call(ctx).await;
+                crate::trace::finish(&otel, result.as_ref().err().map(|e| e.to_string()));
+                match result {
                     Ok(()) => {
                         AgentCounters::bump(&this.counters.handled_ok);
                         this.record_handled(Kind::Event, StatusCode::OK);
@@ -1177,12 +1237,28 @@ impl Inner {
         }
         let result = match handler {
             Some(endpoint) => {
+                let (otel, _) = crate::trace::start(
+                    format!("chorus.handle {}", endpoint.name),
+                    opentelemetry::trace::SpanKind::Server,
+                    &crate::trace::remote_parent(&request),
+                    crate::trace::attributes(&this.id, &request),
+                );
                 let ctx = Context {
                     inner: Arc::clone(&this),
                     request: Arc::clone(&request),
+                    otel: otel.clone(),
                 };
                 let started = std::time::Instant::now();
-                let result = endpoint.handler.call(ctx).await;
+                let span = tracing::info_span!(
+                    "chorus.handle",
+                    agent = %this.id,
+                    command = %endpoint.name,
+                    message_id = %request.id,
+                    correlation_id = %request.conversation(),
+                );
+                let result =
+                    tracing::Instrument::instrument(endpoint.handler.call(ctx), span).await;
+                crate::trace::finish(&otel, result.as_ref().err().map(|e| e.to_string()));
                 endpoint.record(
                     started.elapsed(),
                     result.as_ref().err().map(|e| e.reason.as_str()),

@@ -18,6 +18,8 @@ use crate::error::SdkError;
 pub struct Context {
     pub(crate) inner: Arc<Inner>,
     pub(crate) request: Arc<Envelope>,
+    /// The handling span: the parent of everything this handler sends.
+    pub(crate) otel: opentelemetry::Context,
 }
 
 impl std::fmt::Debug for Context {
@@ -30,6 +32,18 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
+    fn parent(&self) -> crate::agent::Parent<'_> {
+        crate::agent::Parent {
+            env: &self.request,
+            otel: &self.otel,
+        }
+    }
+
+    /// The OpenTelemetry context of the handling span (to start spans of your own under it).
+    pub fn otel_context(&self) -> &opentelemetry::Context {
+        &self.otel
+    }
+
     /// The message being handled.
     pub fn message(&self) -> &Envelope {
         &self.request
@@ -47,7 +61,7 @@ impl Context {
 
     /// Sends a call as a forward of the message being handled.
     pub async fn call(&self, call: Call) -> Result<Reply, SdkError> {
-        self.inner.call(call, Some(&self.request)).await
+        self.inner.call(call, Some(self.parent())).await
     }
 
     /// Requests `command` from agent `agent` as a forward, and decodes the result.
@@ -78,6 +92,6 @@ impl Context {
         topic: &str,
         value: &T,
     ) -> Result<(), SdkError> {
-        self.inner.publish(topic, value, Some(&self.request)).await
+        self.inner.publish(topic, value, Some(self.parent())).await
     }
 }

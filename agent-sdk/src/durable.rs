@@ -386,9 +386,16 @@ impl Inner {
                 }
             }
         }
+        let (otel, _) = crate::trace::start(
+            format!("chorus.handle {}", endpoint.name),
+            opentelemetry::trace::SpanKind::Consumer,
+            &crate::trace::remote_parent(env),
+            crate::trace::attributes(&self.id, env),
+        );
         let ctx = crate::context::Context {
             inner: Arc::clone(self),
             request: Arc::new(env.clone()),
+            otel: otel.clone(),
         };
         let started = std::time::Instant::now();
         let handling = endpoint.handler.call(ctx);
@@ -412,6 +419,7 @@ impl Inner {
             started.elapsed(),
             result.as_ref().err().map(|e| e.reason.as_str()),
         );
+        crate::trace::finish(&otel, result.as_ref().err().map(|e| e.to_string()));
         match result {
             Ok(output) => {
                 AgentCounters::bump(&self.counters.handled_ok);
@@ -569,6 +577,14 @@ impl Inner {
         env.expect = None;
         env.ttl_ms = ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
         env.delivery = class;
+        let (span, trace) = crate::trace::start(
+            format!("chorus.send {}", env.name.as_deref().unwrap_or_default()),
+            opentelemetry::trace::SpanKind::Producer,
+            &opentelemetry::Context::current(),
+            crate::trace::attributes(&self.id, &env),
+        );
+        env.trace = Some(trace);
+        crate::trace::finish(&span, None);
         let subject = match durable_target {
             None => core_subject,
             Some((agent, command)) => self.subjects.durable(&agent, &command, high)?,

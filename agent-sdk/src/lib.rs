@@ -36,6 +36,7 @@ pub mod retry;
 mod stats;
 pub mod status;
 pub mod subject;
+pub mod trace;
 
 pub use agent::{
     Agent, AgentOptions, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_REQUEST_TIMEOUT,
