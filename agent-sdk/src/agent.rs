@@ -895,16 +895,19 @@ impl Inner {
         parent: &opentelemetry::Context,
     ) -> Result<Reply, SdkError> {
         let (span, trace) = crate::trace::start(
-            format!(
-                "chorus.request {}",
-                env.name
-                    .as_deref()
-                    .or(env.capability.as_deref())
-                    .unwrap_or(subject)
-            ),
             opentelemetry::trace::SpanKind::Client,
             parent,
-            crate::trace::attributes(&self.id, &env),
+            env.trace.as_ref(),
+            || {
+                format!(
+                    "chorus.request {}",
+                    env.name
+                        .as_deref()
+                        .or(env.capability.as_deref())
+                        .unwrap_or(subject)
+                )
+            },
+            || crate::trace::attributes(&self.id, &env),
         );
         env.trace = Some(trace);
         let bytes = codec::encode(&env, self.encoding)?;
@@ -919,7 +922,7 @@ impl Inner {
             .request_seconds
             .with_label_values(&[self.id.as_str(), status.label()])
             .observe(started.elapsed().as_secs_f64());
-        crate::trace::finish(&span, result.as_ref().err().map(|e| e.to_string()));
+        crate::trace::finish(span.as_ref(), result.as_ref().err().map(|e| e.to_string()));
         result
     }
 
@@ -972,15 +975,16 @@ impl Inner {
         parent: &opentelemetry::Context,
     ) -> Result<(), SdkError> {
         let (span, trace) = crate::trace::start(
-            format!("chorus.publish {}", env.topic.as_deref().unwrap_or(subject)),
             opentelemetry::trace::SpanKind::Producer,
             parent,
-            crate::trace::attributes(&self.id, &env),
+            env.trace.as_ref(),
+            || format!("chorus.publish {}", env.topic.as_deref().unwrap_or(subject)),
+            || crate::trace::attributes(&self.id, &env),
         );
         env.trace = Some(trace);
         let bytes = codec::encode(&env, self.encoding)?;
         let sent = self.broker.publish(subject, bytes).await;
-        crate::trace::finish(&span, sent.as_ref().err().map(|e| e.to_string()));
+        crate::trace::finish(span.as_ref(), sent.as_ref().err().map(|e| e.to_string()));
         sent?;
         AgentCounters::bump(&self.counters.events_published);
         Ok(())
@@ -1168,11 +1172,11 @@ impl Inner {
         };
         let handler = match route {
             Route::Event(handler) => {
-                let (otel, _) = crate::trace::start(
-                    format!("chorus.handle {}", env.topic.as_deref().unwrap_or_default()),
+                let otel = crate::trace::handle(
                     opentelemetry::trace::SpanKind::Consumer,
-                    &crate::trace::remote_parent(&env),
-                    crate::trace::attributes(&this.id, &env),
+                    &env,
+                    || format!("chorus.handle {}", env.topic.as_deref().unwrap_or_default()),
+                    || crate::trace::attributes(&this.id, &env),
                 );
                 let ctx = Context {
                     inner: Arc::clone(&this),
@@ -1180,7 +1184,7 @@ impl Inner {
                     otel: otel.clone(),
                 };
                 let result = handler.call(ctx).await;
-                crate::trace::finish(&otel, result.as_ref().err().map(|e| e.to_string()));
+                crate::trace::finish(Some(&otel), result.as_ref().err().map(|e| e.to_string()));
                 match result {
                     Ok(()) => {
                         AgentCounters::bump(&this.counters.handled_ok);
@@ -1237,11 +1241,11 @@ impl Inner {
         }
         let result = match handler {
             Some(endpoint) => {
-                let (otel, _) = crate::trace::start(
-                    format!("chorus.handle {}", endpoint.name),
+                let otel = crate::trace::handle(
                     opentelemetry::trace::SpanKind::Server,
-                    &crate::trace::remote_parent(&request),
-                    crate::trace::attributes(&this.id, &request),
+                    &request,
+                    || format!("chorus.handle {}", endpoint.name),
+                    || crate::trace::attributes(&this.id, &request),
                 );
                 let ctx = Context {
                     inner: Arc::clone(&this),
@@ -1258,7 +1262,7 @@ impl Inner {
                 );
                 let result =
                     tracing::Instrument::instrument(endpoint.handler.call(ctx), span).await;
-                crate::trace::finish(&otel, result.as_ref().err().map(|e| e.to_string()));
+                crate::trace::finish(Some(&otel), result.as_ref().err().map(|e| e.to_string()));
                 endpoint.record(
                     started.elapsed(),
                     result.as_ref().err().map(|e| e.reason.as_str()),

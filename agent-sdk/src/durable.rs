@@ -386,11 +386,11 @@ impl Inner {
                 }
             }
         }
-        let (otel, _) = crate::trace::start(
-            format!("chorus.handle {}", endpoint.name),
+        let otel = crate::trace::handle(
             opentelemetry::trace::SpanKind::Consumer,
-            &crate::trace::remote_parent(env),
-            crate::trace::attributes(&self.id, env),
+            env,
+            || format!("chorus.handle {}", endpoint.name),
+            || crate::trace::attributes(&self.id, env),
         );
         let ctx = crate::context::Context {
             inner: Arc::clone(self),
@@ -419,7 +419,7 @@ impl Inner {
             started.elapsed(),
             result.as_ref().err().map(|e| e.reason.as_str()),
         );
-        crate::trace::finish(&otel, result.as_ref().err().map(|e| e.to_string()));
+        crate::trace::finish(Some(&otel), result.as_ref().err().map(|e| e.to_string()));
         match result {
             Ok(output) => {
                 AgentCounters::bump(&self.counters.handled_ok);
@@ -578,13 +578,14 @@ impl Inner {
         env.ttl_ms = ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
         env.delivery = class;
         let (span, trace) = crate::trace::start(
-            format!("chorus.send {}", env.name.as_deref().unwrap_or_default()),
             opentelemetry::trace::SpanKind::Producer,
             &opentelemetry::Context::current(),
-            crate::trace::attributes(&self.id, &env),
+            env.trace.as_ref(),
+            || format!("chorus.send {}", env.name.as_deref().unwrap_or_default()),
+            || crate::trace::attributes(&self.id, &env),
         );
         env.trace = Some(trace);
-        crate::trace::finish(&span, None);
+        crate::trace::finish(span.as_ref(), None);
         let subject = match durable_target {
             None => core_subject,
             Some((agent, command)) => self.subjects.durable(&agent, &command, high)?,

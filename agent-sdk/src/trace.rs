@@ -2,9 +2,9 @@
 //! request, publish and handling.
 //!
 //! Spans go to whatever OpenTelemetry tracer provider the process installs
-//! (`opentelemetry::global::set_tracer_provider`, before agents connect); with none, the spans
-//! are no-ops but every envelope still carries a `traceparent`, so a trace can be followed in
-//! logs and picked up by agents that do export. One request crossing agents A, B and C is one
+//! (`opentelemetry::global::set_tracer_provider`, then [`enable_spans`]); without that, no
+//! span is made, but every envelope still carries a `traceparent` (the inherited trace id and
+//! a new span id), so a trace can be followed in logs and picked up by agents that do export. One request crossing agents A, B and C is one
 //! trace: A's request span, B's handle span as its child, B's request span under that, C's
 //! handle span under that.
 
@@ -12,12 +12,23 @@ use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
 };
 use opentelemetry::{Context as OtelContext, KeyValue, global};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::envelope::{Envelope, TraceContext};
 
-/// The tracer spans are started with.
-pub(crate) fn tracer() -> global::BoxedTracer {
-    global::tracer("chorus")
+static SPANS: AtomicBool = AtomicBool::new(false);
+
+/// Turns OpenTelemetry spans on for every agent in the process: call it after installing a
+/// tracer provider (`opentelemetry::global::set_tracer_provider`). Off by default, so an agent
+/// that exports nothing pays only for the `traceparent` it writes.
+pub fn enable_spans() {
+    SPANS.store(true, Ordering::Relaxed);
+}
+
+/// Whether spans are on.
+pub fn spans_enabled() -> bool {
+    SPANS.load(Ordering::Relaxed)
 }
 
 /// `00-<trace id>-<span id>-<flags>`.
@@ -48,8 +59,11 @@ pub fn parse_traceparent(text: &str) -> Option<SpanContext> {
     sc.is_valid().then_some(sc)
 }
 
-/// The remote parent an envelope names, as a context to start a span in.
+/// The context to handle an envelope in: its remote parent when spans are on, empty otherwise.
 pub(crate) fn remote_parent(env: &Envelope) -> OtelContext {
+    if !spans_enabled() {
+        return OtelContext::new();
+    }
     env.trace
         .as_ref()
         .and_then(|t| parse_traceparent(&t.traceparent))
@@ -58,55 +72,119 @@ pub(crate) fn remote_parent(env: &Envelope) -> OtelContext {
         })
 }
 
-fn random_ids() -> (u128, u64) {
-    let a = uuid::Uuid::now_v7().as_u128();
-    let b = uuid::Uuid::now_v7().as_u128();
-    // The low 62 bits of a UUIDv7 are random.
-    ((a << 64) ^ b, (b as u64) | 1)
+thread_local! {
+    static RNG: Cell<u64> = Cell::new(
+        (uuid::Uuid::now_v7().as_u128() as u64) | 1
+    );
 }
 
-/// Starts a span of `kind` named `name` under `parent`, and returns its context together with
-/// the `traceparent` to put in the outgoing envelope. Without an exporting provider the span
-/// is a no-op; the trace context is then made here, keeping the parent's trace id.
+/// A non-zero random 64-bit number (xorshift, seeded per thread from a UUIDv7's random bits).
+fn random_u64() -> u64 {
+    RNG.with(|r| {
+        let mut x = r.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        r.set(x);
+        x
+    })
+}
+
+/// The trace id of a `traceparent`, when it has a well-formed one.
+fn trace_id_of(tc: &TraceContext) -> Option<&str> {
+    let id = tc.traceparent.get(3..35)?;
+    (tc.traceparent.starts_with("00-") && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
+}
+
+/// A span for something this agent sends, and the `traceparent` for its envelope.
+///
+/// With spans on, an OpenTelemetry span of `kind` named `name()` starts under `parent` (or,
+/// if that is empty, under the trace the envelope inherited). With spans off, only the trace
+/// context is made: the inherited trace id (or a new one) and a new span id.
 pub(crate) fn start(
-    name: String,
     kind: SpanKind,
     parent: &OtelContext,
-    attributes: Vec<KeyValue>,
-) -> (OtelContext, TraceContext) {
-    let tracer = tracer();
-    let span = tracer
-        .span_builder(name)
-        .with_kind(kind)
-        .with_attributes(attributes)
-        .start_with_context(&tracer, parent);
-    let cx = parent.with_span(span);
-    let mut sc = cx.span().span_context().clone();
-    if !sc.is_valid() || sc == *parent.span().span_context() {
-        let (trace, span) = random_ids();
-        let parent_sc = parent.span().span_context().clone();
-        let trace_id = if parent_sc.is_valid() {
-            parent_sc.trace_id()
-        } else {
-            TraceId::from_bytes(trace.to_be_bytes())
+    inherited: Option<&TraceContext>,
+    name: impl FnOnce() -> String,
+    attributes: impl FnOnce() -> Vec<KeyValue>,
+) -> (Option<OtelContext>, TraceContext) {
+    if !spans_enabled() {
+        let traceparent = match inherited.and_then(trace_id_of) {
+            Some(trace) => format!("00-{trace}-{:016x}-01", random_u64()),
+            None => format!(
+                "00-{:016x}{:016x}-{:016x}-01",
+                random_u64(),
+                random_u64(),
+                random_u64()
+            ),
         };
-        sc = SpanContext::new(
-            trace_id,
-            SpanId::from_bytes(span.to_be_bytes()),
-            TraceFlags::SAMPLED,
-            false,
-            TraceState::default(),
+        return (
+            None,
+            TraceContext {
+                traceparent,
+                tracestate: None,
+            },
         );
     }
-    let trace = TraceContext {
-        traceparent: format_traceparent(&sc),
-        tracestate: None,
+    let parent = if parent.span().span_context().is_valid() {
+        parent.clone()
+    } else {
+        inherited
+            .and_then(|t| parse_traceparent(&t.traceparent))
+            .map_or_else(OtelContext::new, |sc| {
+                OtelContext::new().with_remote_span_context(sc)
+            })
     };
-    (cx, trace)
+    let tracer = global::tracer("chorus");
+    let span = tracer
+        .span_builder(name())
+        .with_kind(kind)
+        .with_attributes(attributes())
+        .start_with_context(&tracer, &parent);
+    let cx = parent.with_span(span);
+    let sc = cx.span().span_context().clone();
+    let traceparent = if sc.is_valid() {
+        format_traceparent(&sc)
+    } else {
+        format!(
+            "00-{:016x}{:016x}-{:016x}-01",
+            random_u64(),
+            random_u64(),
+            random_u64()
+        )
+    };
+    (
+        Some(cx),
+        TraceContext {
+            traceparent,
+            tracestate: None,
+        },
+    )
 }
 
-/// Ends the span in `cx` with an error status when `error` is set.
-pub(crate) fn finish(cx: &OtelContext, error: Option<String>) {
+/// The span to handle a message in (an empty context when spans are off).
+pub(crate) fn handle(
+    kind: SpanKind,
+    env: &Envelope,
+    name: impl FnOnce() -> String,
+    attributes: impl FnOnce() -> Vec<KeyValue>,
+) -> OtelContext {
+    if !spans_enabled() {
+        return OtelContext::new();
+    }
+    let parent = remote_parent(env);
+    let tracer = global::tracer("chorus");
+    let span = tracer
+        .span_builder(name())
+        .with_kind(kind)
+        .with_attributes(attributes())
+        .start_with_context(&tracer, &parent);
+    parent.with_span(span)
+}
+
+/// Ends the span in `cx` (if any) with an error status when `error` is set.
+pub(crate) fn finish(cx: Option<&OtelContext>, error: Option<String>) {
+    let Some(cx) = cx else { return };
     let span = cx.span();
     if let Some(e) = error {
         span.set_status(Status::error(e));

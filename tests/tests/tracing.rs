@@ -15,8 +15,9 @@ async fn a_request_across_three_agents_is_one_trace_with_parent_child_spans() {
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
         .build();
-    // Installed before the agents connect, as the SDK documents.
+    // Installed, and spans turned on, before any traffic.
     opentelemetry::global::set_tracer_provider(provider.clone());
+    agent_sdk::trace::enable_spans();
 
     let server = server();
     let seen_traceparent = Arc::new(Mutex::new(None::<String>));

@@ -321,3 +321,66 @@ async fn ten_thousand_requests_get_ten_thousand_correct_replies() {
     let stats = client.stats();
     assert_eq!(stats.requests_sent, 10_000);
 }
+
+#[tokio::test]
+async fn trace_context_travels_in_every_envelope_and_keeps_its_trace_id_across_agents() {
+    let server = server();
+    let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let c = agent(&server, "trace-c").await;
+    {
+        let seen = Arc::clone(&seen);
+        c.on_command("leaf", move |ctx: Context, (): ()| {
+            seen.lock().expect("lock").push(
+                ctx.message()
+                    .trace
+                    .as_ref()
+                    .expect("trace")
+                    .traceparent
+                    .clone(),
+            );
+            async { Ok::<_, HandlerError>(()) }
+        })
+        .await
+        .expect("register");
+    }
+    let b = agent(&server, "trace-b").await;
+    {
+        let seen = Arc::clone(&seen);
+        b.on_command("mid", move |ctx: Context, (): ()| {
+            seen.lock().expect("lock").push(
+                ctx.message()
+                    .trace
+                    .as_ref()
+                    .expect("trace")
+                    .traceparent
+                    .clone(),
+            );
+            async move {
+                ctx.request::<_, ()>("trace-c", "leaf", &()).await?;
+                Ok::<_, HandlerError>(())
+            }
+        })
+        .await
+        .expect("register");
+    }
+    let a = agent(&server, "trace-a").await;
+    a.request::<_, ()>("trace-b", "mid", &())
+        .await
+        .expect("chain");
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 2);
+    let parsed: Vec<_> = seen
+        .iter()
+        .map(|t| agent_sdk::trace::parse_traceparent(t).expect("valid W3C traceparent"))
+        .collect();
+    assert_eq!(
+        parsed[0].trace_id(),
+        parsed[1].trace_id(),
+        "one trace across agents"
+    );
+    assert_ne!(
+        parsed[0].span_id(),
+        parsed[1].span_id(),
+        "a new span per hop"
+    );
+}
