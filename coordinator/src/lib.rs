@@ -10,6 +10,7 @@ pub mod config;
 pub mod demo;
 pub mod duration;
 pub mod local;
+pub mod otel;
 pub mod service;
 
 pub use config::CoordinatorConfig;

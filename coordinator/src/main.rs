@@ -226,6 +226,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if cli.root != agent_sdk::subject::DEFAULT_ROOT {
                 cfg.root = cli.root.clone();
             }
+            let _otel = chorus::otel::from_env()?;
             let coordinator = Coordinator::start(cfg.clone(), true).await?;
             println!(
                 "chorus serve: coordinator for root {:?} on {}; metrics on http://{}/metrics",
@@ -487,6 +488,7 @@ async fn up(
     interval: Duration,
     metrics_addr: std::net::SocketAddr,
 ) -> anyhow::Result<ExitCode> {
+    let _otel = chorus::otel::from_env()?;
     let nats = ensure_nats(url, config).await?;
     match &nats {
         LocalNats::Existing(url) => println!("chorus up: using the NATS server at {url}"),

@@ -72,3 +72,74 @@ fn client_commands_report_codes_and_exit_status() {
         text(&out)
     );
 }
+
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` switches the OTLP exporter on: a stand-in collector receives
+/// the demo's spans over OTLP/HTTP.
+#[cfg(feature = "otlp")]
+#[test]
+fn up_exports_spans_over_otlp_when_an_endpoint_is_configured() {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+    let collector = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let endpoint = format!("http://{}", collector.local_addr().expect("addr"));
+    let received: Arc<Mutex<Vec<u8>>> = Arc::default();
+    {
+        let received = Arc::clone(&received);
+        std::thread::spawn(move || {
+            for stream in collector.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut buf = vec![0u8; 1 << 20];
+                let mut got = Vec::new();
+                // Read the request: headers, then as much body as Content-Length says.
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+                    if let Some(head_end) = text.find("\r\n\r\n") {
+                        let len = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if got.len() >= head_end + 4 + len {
+                            break;
+                        }
+                    }
+                }
+                received.lock().expect("lock").extend_from_slice(&got);
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+            }
+        });
+    }
+    let server = chorus_tests::server();
+    let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args([
+            "--server",
+            server.url(),
+            "up",
+            "--once",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .output()
+        .expect("run chorus up");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = String::from_utf8_lossy(&received.lock().expect("lock")).into_owned();
+    assert!(
+        got.starts_with("POST /v1/traces"),
+        "collector saw: {:.200}",
+        got
+    );
+    assert!(
+        got.contains("chorus.handle calculation"),
+        "spans of the demo's calculator exported"
+    );
+}
