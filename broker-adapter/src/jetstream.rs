@@ -436,6 +436,21 @@ impl JetStream {
         Ok(out)
     }
 
+    /// How many replicas stream `name` has, and on how many servers they are current (the leader
+    /// included).
+    pub async fn stream_replicas(&self, name: &str) -> Result<(usize, usize)> {
+        let mut stream = self.stream(name).await?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| js_err(&format!("stream info {name}"), e))?;
+        let configured = info.config.num_replicas;
+        let current = info.cluster.as_ref().map_or(1, |c| {
+            usize::from(c.leader.is_some()) + c.replicas.iter().filter(|r| r.current).count()
+        });
+        Ok((configured, current))
+    }
+
     /// Removes every message of stream `name`; returns how many.
     pub async fn purge_stream(&self, name: &str) -> Result<u64> {
         let stream = self.stream(name).await?;

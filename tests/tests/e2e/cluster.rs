@@ -72,7 +72,16 @@ async fn a_node_killed_under_at_least_once_traffic_loses_no_acknowledged_message
     let inbox = sender
         .subjects()
         .stream_name(agent_sdk::durable::INBOX_STREAM);
-    js.stream_state(&inbox).await.expect("inbox stream");
+    let (configured, current) = eventually(WAIT, "three current replicas", || async {
+        let r = js.stream_replicas(&inbox).await.ok()?;
+        (r.1 == 3).then_some(r)
+    })
+    .await;
+    assert_eq!(
+        (configured, current),
+        (3, 3),
+        "the inbox is replicated on all three nodes"
+    );
 
     const SENT: u32 = 4_000;
     let acked = Arc::new(Mutex::new(Vec::<u32>::new()));
