@@ -90,6 +90,9 @@ pub struct AgentOptions {
     idempotency_ttl: Duration,
     ordering_lanes: usize,
     queue_capacity: usize,
+    identity: Option<Arc<crate::security::Identity>>,
+    signature_policy: Option<crate::security::SignaturePolicy>,
+    trusted: Vec<(String, String)>,
     #[cfg(feature = "fault-injection")]
     skip_acks: u64,
 }
@@ -121,9 +124,34 @@ impl AgentOptions {
             idempotency_ttl: DEFAULT_IDEMPOTENCY_TTL,
             ordering_lanes: DEFAULT_ORDERING_LANES,
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            identity: None,
+            signature_policy: None,
+            trusted: Vec::new(),
             #[cfg(feature = "fault-injection")]
             skip_acks: 0,
         }
+    }
+
+    /// Signs everything the agent sends with `identity` (and announces its public key in the
+    /// manifest, so the registry holds it for receivers).
+    pub fn identity(mut self, identity: crate::security::Identity) -> Self {
+        self.identity = Some(Arc::new(identity));
+        self
+    }
+
+    /// Checks signatures on what the agent receives: signed messages must verify against the
+    /// sender's registered key (from [`trust`](AgentOptions::trust) or the registry), within
+    /// the timestamp tolerance and never twice; unsigned ones are refused if the policy says
+    /// so. Off unless set.
+    pub fn verify_signatures(mut self, policy: crate::security::SignaturePolicy) -> Self {
+        self.signature_policy = Some(policy);
+        self
+    }
+
+    /// Registers `agent`'s public key for signature checks, in addition to the registry's.
+    pub fn trust(mut self, agent: impl Into<String>, public_key: impl Into<String>) -> Self {
+        self.trusted.push((agent.into(), public_key.into()));
+        self
     }
 
     /// The delivery class [`Agent::send`] uses when a call does not name one (default
@@ -391,6 +419,8 @@ pub(crate) struct Inner {
     pub(crate) idempotency_ttl: Duration,
     pub(crate) ordering_lanes: usize,
     queue_capacity: usize,
+    pub(crate) identity: Option<Arc<crate::security::Identity>>,
+    pub(crate) verifier: Option<crate::security::Verifier>,
     #[cfg(feature = "fault-injection")]
     pub(crate) skip_acks: std::sync::atomic::AtomicU64,
 }
@@ -447,9 +477,22 @@ impl Agent {
             idempotency_ttl: options.idempotency_ttl,
             ordering_lanes: options.ordering_lanes,
             queue_capacity: options.queue_capacity,
+            identity: options.identity.clone(),
+            verifier: options.signature_policy.clone().map(|policy| {
+                let verifier = crate::security::Verifier::new(policy);
+                for (agent, key) in &options.trusted {
+                    verifier.trust(agent, key);
+                }
+                verifier
+            }),
             #[cfg(feature = "fault-injection")]
             skip_acks: std::sync::atomic::AtomicU64::new(options.skip_acks),
         });
+        if inner.verifier.is_some() {
+            inner
+                .tracker
+                .spawn(Arc::clone(&inner).watch_registered_keys());
+        }
         let weak: std::sync::Weak<dyn StatsSource> =
             Arc::downgrade(&(Arc::clone(&inner) as Arc<dyn StatsSource>));
         crate::metrics::track(weak);
@@ -910,6 +953,7 @@ impl Inner {
             || crate::trace::attributes(&self.id, &env),
         );
         env.trace = Some(trace);
+        self.seal(subject, &mut env);
         let bytes = codec::encode(&env, self.encoding)?;
         AgentCounters::bump(&self.counters.requests_sent);
         let started = std::time::Instant::now();
@@ -982,6 +1026,7 @@ impl Inner {
             || crate::trace::attributes(&self.id, &env),
         );
         env.trace = Some(trace);
+        self.seal(subject, &mut env);
         let bytes = codec::encode(&env, self.encoding)?;
         let sent = self.broker.publish(subject, bytes).await;
         crate::trace::finish(span.as_ref(), sent.as_ref().err().map(|e| e.to_string()));
@@ -1142,6 +1187,60 @@ impl Inner {
         Ok(events)
     }
 
+    /// Signs `env` for `subject` when the agent has an identity.
+    pub(crate) fn seal(&self, subject: &str, env: &mut Envelope) {
+        if let Some(identity) = &self.identity {
+            identity.sign(subject, env);
+        }
+    }
+
+    /// Checks the signature of a received envelope when the agent verifies signatures.
+    pub(crate) fn verify(
+        &self,
+        subject: &str,
+        env: &Envelope,
+    ) -> Result<(), crate::security::Refused> {
+        let Some(verifier) = &self.verifier else {
+            return Ok(());
+        };
+        verifier.verify(subject, env, now_ms()).inspect_err(|(status, reason)| {
+            AgentCounters::bump(&self.counters.security_refused);
+            tracing::warn!(agent = %self.id, from = %env.from, id = %env.id, %status, %reason, "message refused by signature check");
+        })
+    }
+
+    /// Keeps the verifier's keys in step with the public keys agents announce in the registry.
+    async fn watch_registered_keys(self: Arc<Self>) {
+        let bucket = self.subjects.bucket_name("registry");
+        let Ok(kv) = self.js.open_kv(&bucket).await else {
+            tracing::debug!(agent = %self.id, "no registry bucket: only explicitly trusted keys are known");
+            return;
+        };
+        let Ok(mut watch) = kv.watch().await else {
+            return;
+        };
+        loop {
+            let change = tokio::select! {
+                change = watch.next() => change,
+                _ = self.stop.cancelled() => break,
+            };
+            let Some(Ok(entry)) = change else { break };
+            let Some(verifier) = &self.verifier else {
+                break;
+            };
+            match entry.op {
+                broker_adapter::KvOp::Put => {
+                    if let Ok(record) = serde_json::from_slice::<AgentRecord>(&entry.value)
+                        && let Some(key) = record.manifest.public_key
+                    {
+                        verifier.trust(&entry.key, &key);
+                    }
+                }
+                broker_adapter::KvOp::Delete => verifier.forget(&entry.key),
+            }
+        }
+    }
+
     pub(crate) fn count_drop(&self, subject: &str) {
         let n = self
             .counters
@@ -1170,6 +1269,19 @@ impl Inner {
                 return;
             }
         };
+        if let Err((status, reason)) = this.verify(msg.subject(), &env) {
+            this.record_handled(env.kind, status);
+            if let Some(reply_to) = msg.reply() {
+                let refusal = Refusal {
+                    status,
+                    reason,
+                    request: Some(Box::new(env)),
+                    encoding,
+                };
+                this.send_refusal(reply_to, refusal).await;
+            }
+            return;
+        }
         let handler = match route {
             Route::Event(handler) => {
                 let otel = crate::trace::handle(
@@ -1414,6 +1526,14 @@ impl Inner {
         reply: &Envelope,
         encoding: Encoding,
     ) -> Result<(), broker_adapter::Error> {
+        let mut sealed;
+        let reply = if self.identity.is_some() {
+            sealed = reply.clone();
+            self.seal(reply_to, &mut sealed);
+            &sealed
+        } else {
+            reply
+        };
         let bytes = codec::encode(reply, encoding).map_err(|e| {
             broker_adapter::Error::with_source(ErrorKind::InvalidInput, "reply does not encode", e)
         })?;
@@ -1464,7 +1584,9 @@ impl Stream for EventStream {
             match Pin::new(&mut self.sub).poll_next(cx) {
                 Poll::Ready(Some(msg)) => {
                     AgentCounters::bump(&self.inner.counters.received);
-                    if let Ok((envelope, _)) = self.inner.admit(&msg) {
+                    if let Ok((envelope, _)) = self.inner.admit(&msg)
+                        && self.inner.verify(msg.subject(), &envelope).is_ok()
+                    {
                         return Poll::Ready(Some(Event { envelope }));
                     }
                 }

@@ -333,6 +333,9 @@ impl Inner {
             AgentCounters::bump(&self.counters.bad_input);
             return refuse(StatusCode::DATA_FORMAT, "unsupported message kind".into());
         }
+        if let Err((status, reason)) = self.verify(delivery.subject(), env) {
+            return refuse(status, reason);
+        }
         if env.is_expired_at(now_ms()) {
             AgentCounters::bump(&self.counters.expired);
             return Verdict::DeadLetter(
@@ -709,7 +712,8 @@ impl Agent {
     pub async fn send(&self, call: Call) -> Result<Receipt, SdkError> {
         let inner = &self.inner;
         let class = call.delivery.unwrap_or(inner.default_delivery);
-        let (subject, env) = inner.prepare_send(call, class)?;
+        let (subject, mut env) = inner.prepare_send(call, class)?;
+        inner.seal(&subject, &mut env);
         let bytes = codec::encode(&env, inner.encoding)?;
         AgentCounters::bump(&inner.counters.requests_sent);
         if class == DeliveryClass::AtMostOnce {
@@ -767,9 +771,12 @@ impl Agent {
         let mut core_sent = false;
         for call in calls {
             let class = call.delivery.unwrap_or(inner.default_delivery);
-            let prepared = inner.prepare_send(call, class).and_then(|(subject, env)| {
-                Ok((subject, codec::encode(&env, inner.encoding)?, env.id))
-            });
+            let prepared = inner
+                .prepare_send(call, class)
+                .and_then(|(subject, mut env)| {
+                    inner.seal(&subject, &mut env);
+                    Ok((subject, codec::encode(&env, inner.encoding)?, env.id))
+                });
             let (subject, bytes, id) = match prepared {
                 Ok(p) => p,
                 Err(e) => {

@@ -33,6 +33,7 @@ pub mod metrics;
 mod presence;
 pub mod registry;
 pub mod retry;
+pub mod security;
 mod stats;
 pub mod status;
 pub mod subject;

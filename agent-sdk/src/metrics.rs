@@ -194,6 +194,7 @@ impl Collector for AgentsCollector {
                 ("expired", a.expired),
                 ("data_format", a.bad_input),
                 ("unknown_command", a.unknown_command),
+                ("signature", a.security_refused),
             ] {
                 self.refusals.with_label_values(&[agent, reason]).inc_by(n);
             }

@@ -109,7 +109,7 @@ impl Inner {
             load,
             availability,
             eta_ms: None,
-            public_key: None,
+            public_key: self.identity.as_ref().map(|i| i.public_key()),
             heartbeat_ms: u64::try_from(self.heartbeat_interval.as_millis()).unwrap_or(u64::MAX),
             started_ms: self.started_ms,
             sdk_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -126,6 +126,7 @@ impl Inner {
         env.content_type = CONTENT_TYPE_MSGPACK.to_owned();
         env.payload = codec::encode_payload(&self.manifest(), CONTENT_TYPE_MSGPACK)
             .map_err(|e| e.to_string())?;
+        self.seal(&subject, &mut env);
         let bytes = codec::encode(&env, self.encoding).map_err(|e| e.to_string())?;
         self.broker
             .publish(&subject, bytes)

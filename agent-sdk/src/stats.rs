@@ -29,42 +29,43 @@ macro_rules! counters {
 }
 
 counters! {
-    /// Messages taken off the wire (commands, requests, events).
-    received,
-    /// Handlers that returned success.
-    handled_ok,
-    /// Handlers that returned an error (answered with its code).
-    handler_errors,
-    /// Messages refused as bad input: undecodable, unsupported version, oversized (5006).
-    bad_input,
-    /// Messages not handled because their TTL or deadline had passed (5011).
-    expired,
-    /// Messages refused for passing the hop limit, received or about to be sent (5010).
-    loop_refused,
-    /// Commands for which no handler is registered (5016).
-    unknown_command,
-    /// Replies sent.
-    replies_sent,
-    /// Replies that could not be sent (the caller's inbox gone, the connection down).
-    reply_failures,
-    /// Requests and commands sent.
-    requests_sent,
-    /// Events published.
-    events_published,
-    /// Durable deliveries that failed and were scheduled for another attempt (NAK).
-    retries,
-    /// Durable deliveries given up on and written to the dead-letter queue.
-    dead_lettered,
-    /// Events dropped because their queue was full (a slow subscriber); exact.
-    dropped,
-    /// Requests refused with 5019 because their queue was full.
-    shed,
-    /// Durable deliveries that were redeliveries (delivery count above 1): the duplicates
-    /// at-least-once allows.
-    redelivered,
-    /// Exactly-once messages seen before and not handled again.
-    duplicates_suppressed,
-}
+/// Messages taken off the wire (commands, requests, events).
+received,
+/// Handlers that returned success.
+handled_ok,
+/// Handlers that returned an error (answered with its code).
+handler_errors,
+/// Messages refused as bad input: undecodable, unsupported version, oversized (5006).
+bad_input,
+/// Messages not handled because their TTL or deadline had passed (5011).
+expired,
+/// Messages refused for passing the hop limit, received or about to be sent (5010).
+loop_refused,
+/// Commands for which no handler is registered (5016).
+unknown_command,
+/// Replies sent.
+replies_sent,
+/// Replies that could not be sent (the caller's inbox gone, the connection down).
+reply_failures,
+/// Requests and commands sent.
+requests_sent,
+/// Events published.
+events_published,
+/// Durable deliveries that failed and were scheduled for another attempt (NAK).
+retries,
+/// Durable deliveries given up on and written to the dead-letter queue.
+dead_lettered,
+/// Events dropped because their queue was full (a slow subscriber); exact.
+dropped,
+/// Requests refused with 5019 because their queue was full.
+shed,
+/// Durable deliveries that were redeliveries (delivery count above 1): the duplicates
+/// at-least-once allows.
+redelivered,
+/// Exactly-once messages seen before and not handled again.
+duplicates_suppressed,
+/// Messages refused by the signature check (unsigned, forged, unknown key, stale, replayed).
+security_refused,}
 
 impl AgentCounters {
     pub(crate) fn bump(counter: &AtomicU64) {

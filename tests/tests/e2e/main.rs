@@ -9,5 +9,6 @@ mod deploy;
 mod docs;
 mod messaging;
 mod protocol;
+mod security;
 mod shutdown;
 mod vectors;
