@@ -93,8 +93,20 @@ pub struct AgentOptions {
     identity: Option<Arc<crate::security::Identity>>,
     signature_policy: Option<crate::security::SignaturePolicy>,
     trusted: Vec<(String, String)>,
+    grants: Vec<(String, Vec<String>)>,
+    rate_limit: Option<RateLimit>,
     #[cfg(feature = "fault-injection")]
     skip_acks: u64,
+}
+
+/// A per-sender request rate limit: a token bucket of `burst` requests refilled at
+/// `per_second`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    /// Sustained requests a second, per sender.
+    pub per_second: f64,
+    /// Requests a sender may make at once.
+    pub burst: f64,
 }
 
 impl AgentOptions {
@@ -127,9 +139,33 @@ impl AgentOptions {
             identity: None,
             signature_policy: None,
             trusted: Vec::new(),
+            grants: Vec::new(),
+            rate_limit: None,
             #[cfg(feature = "fault-injection")]
             skip_acks: 0,
         }
+    }
+
+    /// Grants `agent` permissions (strings the application chooses, such as
+    /// `payments:write`), checked against what handlers require ([`Agent::require`]). Grants
+    /// name the sender by its `from` field: pair them with signature checks so that field is
+    /// proven.
+    pub fn grant<I, S>(mut self, agent: impl Into<String>, permissions: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.grants.push((
+            agent.into(),
+            permissions.into_iter().map(Into::into).collect(),
+        ));
+        self
+    }
+
+    /// Limits how many requests and commands each sender may make (refused with 5013 beyond).
+    pub fn rate_limit(mut self, limit: RateLimit) -> Self {
+        self.rate_limit = Some(limit);
+        self
     }
 
     /// Signs everything the agent sends with `identity` (and announces its public key in the
@@ -421,6 +457,9 @@ pub(crate) struct Inner {
     queue_capacity: usize,
     pub(crate) identity: Option<Arc<crate::security::Identity>>,
     pub(crate) verifier: Option<crate::security::Verifier>,
+    grants: RwLock<HashMap<String, std::collections::HashSet<String>>>,
+    rate_limit: Option<RateLimit>,
+    buckets: Mutex<HashMap<String, (f64, std::time::Instant)>>,
     #[cfg(feature = "fault-injection")]
     pub(crate) skip_acks: std::sync::atomic::AtomicU64,
 }
@@ -485,6 +524,15 @@ impl Agent {
                 }
                 verifier
             }),
+            grants: RwLock::new(
+                options
+                    .grants
+                    .iter()
+                    .map(|(a, p)| (a.clone(), p.iter().cloned().collect()))
+                    .collect(),
+            ),
+            rate_limit: options.rate_limit,
+            buckets: Mutex::new(HashMap::new()),
             #[cfg(feature = "fault-injection")]
             skip_acks: std::sync::atomic::AtomicU64::new(options.skip_acks),
         });
@@ -801,6 +849,30 @@ impl Agent {
             .exchange(&subject, env, overall, &opentelemetry::Context::current())
             .await?;
         reply.payload_as()
+    }
+
+    /// Requires `permissions` of senders of command or capability `name` (registered before):
+    /// a request from a sender not granted all of them is refused with 5007 and a reason
+    /// naming what is missing.
+    pub fn require(&self, name: &str, permissions: &[&str]) -> Result<(), SdkError> {
+        let endpoints = self.inner.endpoints();
+        let endpoint = endpoints.iter().find(|e| e.name == name).ok_or_else(|| {
+            SdkError::Subject(crate::subject::SubjectError::new(
+                "command or capability",
+                name,
+                "no handler is registered under this name",
+            ))
+        })?;
+        *write(&endpoint.required) = permissions.iter().map(|p| (*p).to_owned()).collect();
+        Ok(())
+    }
+
+    /// Grants `agent` more permissions at run time.
+    pub fn grant(&self, agent: &str, permissions: &[&str]) {
+        write(&self.inner.grants)
+            .entry(agent.to_owned())
+            .or_default()
+            .extend(permissions.iter().map(|p| (*p).to_owned()));
     }
 
     /// Overrides the load and availability announced in heartbeats (by default the load is
@@ -1187,6 +1259,58 @@ impl Inner {
         Ok(events)
     }
 
+    /// Whether the sender of `env` may be served by `endpoint`: its permissions, then its rate.
+    pub(crate) fn authorize(
+        &self,
+        endpoint: &Endpoint,
+        env: &Envelope,
+    ) -> Result<(), (StatusCode, String)> {
+        let required = read(&endpoint.required);
+        if !required.is_empty() {
+            let grants = read(&self.grants);
+            let held = grants.get(&env.from);
+            let missing: Vec<&str> = required
+                .iter()
+                .filter(|p| !held.is_some_and(|h| h.contains(*p)))
+                .map(String::as_str)
+                .collect();
+            if !missing.is_empty() {
+                AgentCounters::bump(&self.counters.access_refused);
+                return Err((
+                    StatusCode::ACCESS,
+                    format!(
+                        "{} lacks permission {} for {}",
+                        env.from,
+                        missing.join(", "),
+                        endpoint.name
+                    ),
+                ));
+            }
+        }
+        if let Some(limit) = self.rate_limit {
+            let now = std::time::Instant::now();
+            let mut buckets = lock(&self.buckets);
+            let (tokens, last) = buckets
+                .entry(env.from.clone())
+                .or_insert((limit.burst, now));
+            *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * limit.per_second)
+                .min(limit.burst);
+            *last = now;
+            if *tokens < 1.0 {
+                AgentCounters::bump(&self.counters.rate_limited);
+                return Err((
+                    StatusCode::RATE_LIMITED,
+                    format!(
+                        "{} exceeds {} requests a second",
+                        env.from, limit.per_second
+                    ),
+                ));
+            }
+            *tokens -= 1.0;
+        }
+        Ok(())
+    }
+
     /// Signs `env` for `subject` when the agent has an identity.
     pub(crate) fn seal(&self, subject: &str, env: &mut Envelope) {
         if let Some(identity) = &self.identity {
@@ -1351,8 +1475,12 @@ impl Inner {
                 }
             }
         }
-        let result = match handler {
-            Some(endpoint) => {
+        let denied = handler
+            .as_ref()
+            .and_then(|endpoint| this.authorize(endpoint, &request).err());
+        let result = match (handler, denied) {
+            (Some(_), Some((status, reason))) => Err(HandlerError::new(status, reason)),
+            (Some(endpoint), None) => {
                 let otel = crate::trace::handle(
                     opentelemetry::trace::SpanKind::Server,
                     &request,
@@ -1381,7 +1509,7 @@ impl Inner {
                 );
                 result
             }
-            None => {
+            (None, _) => {
                 AgentCounters::bump(&this.counters.unknown_command);
                 Err(HandlerError::new(
                     StatusCode::UNKNOWN_COMMAND,

@@ -378,6 +378,11 @@ impl Inner {
                 ),
             );
         };
+        match self.authorize(&endpoint, env) {
+            Ok(()) => {}
+            Err((StatusCode::RATE_LIMITED, _)) => return Verdict::Retry(Duration::from_secs(1)),
+            Err((status, reason)) => return refuse(status, reason),
+        }
         let exactly_once = env.delivery == DeliveryClass::ExactlyOnce;
         if exactly_once {
             match self.seen(env).await {

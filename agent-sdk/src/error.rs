@@ -68,6 +68,7 @@ impl SdkError {
                 K::NoResponders => StatusCode::NO_RESPONDERS,
                 K::Refused => StatusCode::ACCESS,
                 K::TooLarge => StatusCode::DATA_FORMAT,
+                K::ConnectionLimit => StatusCode::CONNECTION_LIMIT,
                 K::InvalidSubject | K::InvalidInput => StatusCode::INVALID_ARGUMENT,
                 _ => StatusCode::UNEXPECTED_DISCONNECT,
             },

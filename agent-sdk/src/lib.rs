@@ -41,7 +41,7 @@ pub mod trace;
 
 pub use agent::{
     Agent, AgentOptions, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_SHUTDOWN_TIMEOUT, Event, EventStream, ShutdownReport,
+    DEFAULT_SHUTDOWN_TIMEOUT, Event, EventStream, RateLimit, ShutdownReport,
 };
 pub use broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, TlsOptions};
 pub use call::{Call, Reply, Target};

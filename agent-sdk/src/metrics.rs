@@ -195,6 +195,8 @@ impl Collector for AgentsCollector {
                 ("data_format", a.bad_input),
                 ("unknown_command", a.unknown_command),
                 ("signature", a.security_refused),
+                ("access", a.access_refused),
+                ("rate_limited", a.rate_limited),
             ] {
                 self.refusals.with_label_values(&[agent, reason]).inc_by(n);
             }

@@ -26,6 +26,8 @@ pub(crate) struct Endpoint {
     pub(crate) handler: Arc<dyn Handler>,
     requests: AtomicU64,
     errors: AtomicU64,
+    /// Permissions a sender must hold to be served here.
+    pub(crate) required: std::sync::RwLock<Vec<String>>,
     processing_ns: AtomicU64,
     last_error: std::sync::Mutex<String>,
 }
@@ -46,6 +48,7 @@ impl Endpoint {
             handler,
             requests: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            required: std::sync::RwLock::new(Vec::new()),
             processing_ns: AtomicU64::new(0),
             last_error: std::sync::Mutex::new(String::new()),
         }

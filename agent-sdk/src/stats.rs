@@ -65,7 +65,11 @@ redelivered,
 /// Exactly-once messages seen before and not handled again.
 duplicates_suppressed,
 /// Messages refused by the signature check (unsigned, forged, unknown key, stale, replayed).
-security_refused,}
+    security_refused,
+    /// Requests refused because the sender lacks a permission the handler requires (5007).
+    access_refused,
+    /// Requests refused because the sender exceeded its rate limit (5013).
+    rate_limited,}
 
 impl AgentCounters {
     pub(crate) fn bump(counter: &AtomicU64) {

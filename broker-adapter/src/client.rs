@@ -115,6 +115,13 @@ impl Broker {
             let kind = match e.kind() {
                 K::Authentication | K::AuthorizationViolation => ErrorKind::Refused,
                 K::ServerParse | K::Tls => ErrorKind::InvalidInput,
+                _ if e
+                    .to_string()
+                    .to_ascii_lowercase()
+                    .contains("maximum connections") =>
+                {
+                    ErrorKind::ConnectionLimit
+                }
                 _ => ErrorKind::Broker,
             };
             Error::with_source(kind, "cannot connect to NATS", e)

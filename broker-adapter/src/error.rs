@@ -14,6 +14,8 @@ pub enum ErrorKind {
     Refused,
     /// The message is larger than the server's `max_payload`.
     TooLarge,
+    /// The server refused the connection: it has as many as its `max_connections` allows.
+    ConnectionLimit,
     /// The subject (or queue group) is empty, has empty tokens, whitespace, or a wildcard where
     /// none is allowed.
     InvalidSubject,
@@ -36,6 +38,7 @@ impl ErrorKind {
             ErrorKind::NoResponders => "no_responders",
             ErrorKind::Refused => "refused",
             ErrorKind::TooLarge => "too_large",
+            ErrorKind::ConnectionLimit => "connection_limit",
             ErrorKind::InvalidSubject => "invalid_subject",
             ErrorKind::InvalidInput => "invalid_input",
             ErrorKind::Conflict => "conflict",

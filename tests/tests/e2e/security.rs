@@ -220,3 +220,97 @@ fn a_hundred_thousand_hostile_inputs_never_panic_the_decoder_or_the_signature_ch
     );
     let _ = Bytes::new();
 }
+
+#[tokio::test]
+async fn handlers_refuse_senders_without_the_required_permission_and_over_their_rate() {
+    let server = server();
+    let vault = agent_options(&server, "vault")
+        .grant("admin", ["secrets:read"])
+        .rate_limit(agent_sdk::RateLimit {
+            per_second: 1.0,
+            burst: 3.0,
+        })
+        .connect()
+        .await
+        .expect("vault");
+    vault
+        .on_command("read", |_ctx: Context, key: String| async move {
+            Ok::<_, HandlerError>(format!("value of {key}"))
+        })
+        .await
+        .expect("register");
+    vault.require("read", &["secrets:read"]).expect("require");
+    vault
+        .on_command("ping", |_ctx: Context, (): ()| async {
+            Ok::<_, HandlerError>(())
+        })
+        .await
+        .expect("register");
+
+    let admin = agent_options(&server, "admin")
+        .connect()
+        .await
+        .expect("admin");
+    let intern = agent_options(&server, "intern")
+        .connect()
+        .await
+        .expect("intern");
+    let ok: String = admin.request("vault", "read", "db").await.expect("granted");
+    assert_eq!(ok, "value of db");
+    let err = intern
+        .request::<_, String>("vault", "read", "db")
+        .await
+        .expect_err("not granted");
+    assert_eq!(err.status(), StatusCode::ACCESS);
+    assert!(err.to_string().contains("secrets:read"), "{err}");
+    assert_eq!(vault.stats().access_refused, 1);
+
+    // The intern may ping, three at once, then about one a second.
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        outcomes.push(
+            intern
+                .request::<_, ()>("vault", "ping", &())
+                .await
+                .map_err(|e| e.status()),
+        );
+    }
+    assert_eq!(&outcomes[..3], &[Ok(()), Ok(()), Ok(())]);
+    assert!(
+        outcomes[3..]
+            .iter()
+            .all(|o| *o == Err(StatusCode::RATE_LIMITED)),
+        "{outcomes:?}"
+    );
+    assert!(vault.stats().rate_limited >= 2);
+    // Other senders have their own budget.
+    admin
+        .request::<_, ()>("vault", "ping", &())
+        .await
+        .expect("admin's own bucket");
+}
+
+#[tokio::test]
+async fn the_servers_connection_limit_is_reported_with_the_connection_limit_code() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("limit.conf");
+    std::fs::write(&conf, "listen: \"127.0.0.1:-1\"\nmax_connections: 2\n").expect("write");
+    let server = chorus_tests::ServerBuilder::default()
+        .config(&conf)
+        .start()
+        .expect("server");
+    let first = agent_options(&server, "first")
+        .connect()
+        .await
+        .expect("first fits");
+    let second = agent_options(&server, "second")
+        .connect()
+        .await
+        .expect("second fits");
+    let err = agent_options(&server, "third")
+        .connect()
+        .await
+        .expect_err("third is over the limit");
+    assert_eq!(err.status(), StatusCode::CONNECTION_LIMIT, "{err}");
+    drop((first, second));
+}
