@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod creds;
 pub mod demo;
 pub mod duration;
 pub mod local;

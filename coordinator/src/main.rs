@@ -86,6 +86,33 @@ enum Command {
         #[arg(long)]
         only: Option<String>,
     },
+    /// Create an agent's NATS identity (an nkey seed file) and print the `nats.conf`
+    /// authorization entry that confines it to its own subjects.
+    Creds {
+        /// The agent id (or `coordinator` with --coordinator).
+        agent: String,
+        /// The entry for the coordinator's user instead of an agent's.
+        #[arg(long)]
+        coordinator: bool,
+        /// Capabilities the agent serves.
+        #[arg(long)]
+        serves: Vec<String>,
+        /// What it may call: agent:<id> or cap:<capability> (default: anything).
+        #[arg(long)]
+        calls: Vec<String>,
+        /// Event topic patterns it may publish (default: any).
+        #[arg(long)]
+        publishes: Vec<String>,
+        /// Event topic patterns it may subscribe to (default: any).
+        #[arg(long)]
+        listens: Vec<String>,
+        /// It has a durable inbox.
+        #[arg(long)]
+        durable: bool,
+        /// Directory for the seed file `<agent>.nk` (written with mode 0600).
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+    },
     /// Inspect and act on the dead-letter queue.
     Dlq {
         #[command(subcommand)]
@@ -315,6 +342,41 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Dlq { action } => dlq(&url, &cli.root, action).await,
+        Command::Creds {
+            agent,
+            coordinator,
+            serves,
+            calls,
+            publishes,
+            listens,
+            durable,
+            out,
+        } => {
+            let subjects = agent_sdk::Subjects::new(&cli.root)?;
+            let identity = agent_sdk::security::Identity::generate();
+            let seed = identity.seed().map_err(|e| anyhow::anyhow!(e))?;
+            let path = out.join(format!("{agent}.nk"));
+            write_secret(&path, &seed)?;
+            let entry = if coordinator {
+                chorus::creds::coordinator_entry(&subjects, &identity.public_key())
+            } else {
+                let role = chorus::creds::Role {
+                    agent: agent.clone(),
+                    serves,
+                    calls,
+                    publishes,
+                    listens,
+                    durable,
+                };
+                chorus::creds::authorization_entry(&subjects, &role, &identity.public_key())?
+            };
+            eprintln!(
+                "seed written to {} (keep it secret; the agent connects with it)",
+                path.display()
+            );
+            println!("{entry}");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench {
             quick,
             rounds,
@@ -625,6 +687,24 @@ async fn dlq(url: &str, root: &str, action: DlqAction) -> anyhow::Result<ExitCod
     }
     let _ = broker.drain().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes a secret readable by its owner only.
+fn write_secret(path: &std::path::Path, secret: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))?;
+    file.write_all(secret.as_bytes())?;
+    file.write_all(b"\n")?;
+    Ok(())
 }
 
 /// Ctrl-C or SIGTERM.

@@ -7,7 +7,7 @@ use agent_sdk::codec::{self, Encoding};
 use agent_sdk::security::{Identity, SignaturePolicy, Verifier};
 use agent_sdk::{Context, Envelope, HandlerError, Kind, Performative, StatusCode};
 use bytes::Bytes;
-use chorus_tests::{WAIT, agent_options, coordinator, eventually, raw_broker, server};
+use chorus_tests::{WAIT, agent_options, coordinator, eventually, raw_broker, server, within};
 
 fn pay(from: &str, cents: u32) -> Envelope {
     let mut env = Envelope::new(Kind::Request, Performative::Request, from);
@@ -313,4 +313,115 @@ async fn the_servers_connection_limit_is_reported_with_the_connection_limit_code
         .expect_err("third is over the limit");
     assert_eq!(err.status(), StatusCode::CONNECTION_LIMIT, "{err}");
     drop((first, second));
+}
+
+/// A server whose users are the entries `chorus creds` makes: alice may call only the
+/// `nlp.analyze` capability; bob may call alice.
+#[tokio::test]
+async fn per_agent_credentials_confine_each_agent_to_its_own_subjects() {
+    use broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, ErrorKind};
+    use chorus::creds::{Role, authorization_entry};
+    let subjects = agent_sdk::Subjects::default();
+    let alice = Identity::generate();
+    let bob = Identity::generate();
+    let alice_entry = authorization_entry(
+        &subjects,
+        &Role {
+            agent: "alice".into(),
+            calls: vec!["cap:nlp.analyze".into()],
+            ..Role::default()
+        },
+        &alice.public_key(),
+    )
+    .expect("alice entry");
+    let bob_entry = authorization_entry(
+        &subjects,
+        &Role {
+            agent: "bob".into(),
+            calls: vec!["agent:alice".into()],
+            ..Role::default()
+        },
+        &bob.public_key(),
+    )
+    .expect("bob entry");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("auth.conf");
+    std::fs::write(
+        &conf,
+        format!("listen: \"127.0.0.1:-1\"\nauthorization {{\n  users = [\n{alice_entry}\n{bob_entry}\n  ]\n}}\n"),
+    )
+    .expect("write");
+    let server = chorus_tests::ServerBuilder::default()
+        .config(&conf)
+        .start()
+        .expect("server");
+    let creds = |id: &Identity| Credentials::NKeySeed(id.seed().expect("seed"));
+
+    // No valid credentials: refused at connect.
+    let err = BrokerOptions::new([server.url()])
+        .credentials(creds(&Identity::generate()))
+        .connect()
+        .await
+        .expect_err("an unknown key cannot connect");
+    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
+
+    // The legitimate flow works: bob calls alice, alice's reply reaches bob's inbox.
+    let alice_agent = agent_options(&server, "alice")
+        .broker(BrokerOptions::new([server.url()]).credentials(creds(&alice)))
+        .connect()
+        .await
+        .expect("alice connects with her key");
+    alice_agent
+        .on_command("hello", |ctx: Context, (): ()| async move {
+            Ok::<_, HandlerError>(format!("hi {}", ctx.from()))
+        })
+        .await
+        .expect("alice may serve her own subjects");
+    let bob_agent = agent_options(&server, "bob")
+        .broker(BrokerOptions::new([server.url()]).credentials(creds(&bob)))
+        .connect()
+        .await
+        .expect("bob connects");
+    let hi: String = bob_agent
+        .request("alice", "hello", &())
+        .await
+        .expect("bob may call alice");
+    assert_eq!(hi, "hi bob");
+
+    // Everything alice may not do is refused by the server, and she sees it.
+    let raw = BrokerOptions::new([server.url()])
+        .credentials(creds(&alice))
+        .inbox_prefix("_INBOX.alice")
+        .connect()
+        .await
+        .expect("alice's raw connection");
+    let mut events = raw.events();
+    let attempts: [(&str, bool); 3] = [
+        ("chorus.agent.bob.*", true),    // subscribe to bob's commands
+        ("_INBOX.bob.>", true),          // read bob's replies
+        ("chorus.agent.bob.pay", false), // send bob a command
+    ];
+    for (subject, subscribe) in attempts {
+        if subscribe {
+            let _sub = raw
+                .subscribe(subject)
+                .await
+                .expect("the client sends the SUB");
+        } else {
+            raw.publish(subject, Bytes::from_static(b"x"))
+                .await
+                .expect("the client sends the PUB");
+        }
+        raw.flush().await.expect("flush");
+        let violation = within(WAIT, "permission violation", async {
+            loop {
+                if let Ok(ConnectionEvent::PermissionViolation(text)) = events.recv().await {
+                    break text;
+                }
+            }
+        })
+        .await;
+        assert!(violation.contains(subject), "{subject}: {violation}");
+    }
+    assert_eq!(raw.stats().permission_violations, 3);
 }
