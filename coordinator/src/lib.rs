@@ -6,6 +6,7 @@
 //! `send`, `request`, `listen`, `agents`, `broadcast` and `dlq` talk to any running bus.
 
 pub mod bench;
+pub mod certs;
 pub mod config;
 pub mod creds;
 pub mod demo;

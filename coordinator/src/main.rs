@@ -113,6 +113,18 @@ enum Command {
         #[arg(long, default_value = ".")]
         out: PathBuf,
     },
+    /// Generate a development CA, server and client certificates for NATS with TLS.
+    Certs {
+        /// Directory to write ca.pem, server.pem, server-key.pem, client.pem, client-key.pem.
+        #[arg(long, default_value = ".tls")]
+        out: PathBuf,
+        /// Names and addresses the server certificate is for.
+        #[arg(long = "host", default_values = ["localhost", "127.0.0.1"])]
+        hosts: Vec<String>,
+        /// The client certificate's common name.
+        #[arg(long, default_value = "chorus-client")]
+        client: String,
+    },
     /// Inspect and act on the dead-letter queue.
     Dlq {
         #[command(subcommand)]
@@ -342,6 +354,27 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Dlq { action } => dlq(&url, &cli.root, action).await,
+        Command::Certs { out, hosts, client } => {
+            let files = chorus::certs::generate(&out, &hosts, &client)?;
+            println!("CA:     {}", files.ca.display());
+            println!(
+                "server: {} (key {})",
+                files.server_cert.display(),
+                files.server_key.display()
+            );
+            println!(
+                "client: {} (key {})",
+                files.client_cert.display(),
+                files.client_key.display()
+            );
+            println!(
+                "nats.conf:\n  tls {{\n    cert_file: \"{}\"\n    key_file: \"{}\"\n    ca_file: \"{}\"\n    verify: true   # mutual TLS: clients must present a certificate from this CA\n  }}",
+                files.server_cert.display(),
+                files.server_key.display(),
+                files.ca.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Creds {
             agent,
             coordinator,

@@ -425,3 +425,118 @@ async fn per_agent_credentials_confine_each_agent_to_its_own_subjects() {
     }
     assert_eq!(raw.stats().permission_violations, 3);
 }
+
+fn tls_server(certs: &chorus::certs::DevCerts, verify: bool) -> chorus_tests::NatsServer {
+    let dir = certs.ca.parent().expect("dir").to_owned();
+    let conf = dir.join(format!("tls-{verify}.conf"));
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: \"127.0.0.1:-1\"\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: {verify}\n  timeout: 2\n}}\n",
+            certs.server_cert.display(),
+            certs.server_key.display(),
+            certs.ca.display()
+        ),
+    )
+    .expect("write");
+    chorus_tests::ServerBuilder::default()
+        .config(&conf)
+        .start()
+        .expect("TLS server")
+}
+
+#[tokio::test]
+async fn tls_listeners_refuse_plain_and_unverified_clients_and_serve_verified_ones() {
+    use broker_adapter::{BrokerOptions, TlsOptions};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = chorus::certs::generate(
+        dir.path(),
+        &["localhost".into(), "127.0.0.1".into()],
+        "agent-tls",
+    )
+    .expect("dev certificates");
+
+    // TLS, no client certificates required.
+    let server = tls_server(&certs, false);
+    // A client that does not speak TLS gets no further than the server's INFO.
+    {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let addr = server
+            .url()
+            .rsplit("://")
+            .next()
+            .expect("address")
+            .to_owned();
+        let stream = tokio::net::TcpStream::connect(&addr).await.expect("tcp");
+        let mut stream = BufReader::new(stream);
+        let mut info = String::new();
+        within(WAIT, "INFO", stream.read_line(&mut info))
+            .await
+            .expect("info");
+        assert!(info.contains("\"tls_required\":true"), "{info}");
+        stream
+            .get_mut()
+            .write_all(b"CONNECT {}\r\nPING\r\n")
+            .await
+            .expect("write");
+        let mut reply = String::new();
+        let _ = within(WAIT, "server answer", stream.read_line(&mut reply)).await;
+        assert!(
+            !reply.starts_with("PONG"),
+            "a plain-text client was served: {reply:?}"
+        );
+    }
+    // A client that does not trust the CA cannot connect.
+    let untrusting = BrokerOptions::new([server.url()])
+        .connect_timeout(std::time::Duration::from_secs(3))
+        .connect()
+        .await;
+    assert!(untrusting.is_err(), "a client without the CA connected");
+    // One that trusts it can, and the SDK works over it.
+    let tls = || TlsOptions {
+        required: true,
+        ca_file: Some(certs.ca.clone()),
+        ..TlsOptions::default()
+    };
+    let worker = agent_options(&server, "tls-worker")
+        .broker(BrokerOptions::new([server.url()]).tls(tls()))
+        .connect()
+        .await
+        .expect("TLS agent");
+    worker
+        .on_command("echo", |_ctx: Context, s: String| async move {
+            Ok::<_, HandlerError>(s)
+        })
+        .await
+        .expect("register");
+    let client = agent_options(&server, "tls-client")
+        .broker(BrokerOptions::new([server.url()]).tls(tls()))
+        .connect()
+        .await
+        .expect("TLS client");
+    let echoed: String = client
+        .request("tls-worker", "echo", "over tls")
+        .await
+        .expect("request over TLS");
+    assert_eq!(echoed, "over tls");
+
+    // Mutual TLS: a client must also present a certificate from the CA.
+    let mtls = tls_server(&certs, true);
+    let no_cert = BrokerOptions::new([mtls.url()])
+        .tls(tls())
+        .connect_timeout(std::time::Duration::from_secs(3))
+        .connect()
+        .await;
+    assert!(
+        no_cert.is_err(),
+        "a client without a certificate connected to the mutual-TLS listener"
+    );
+    let with_cert = BrokerOptions::new([mtls.url()])
+        .tls(TlsOptions {
+            client_cert: Some((certs.client_cert.clone(), certs.client_key.clone())),
+            ..tls()
+        })
+        .connect()
+        .await;
+    assert!(with_cert.is_ok(), "{:?}", with_cert.err());
+}
