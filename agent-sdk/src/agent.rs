@@ -95,6 +95,8 @@ pub struct AgentOptions {
     trusted: Vec<(String, String)>,
     grants: Vec<(String, Vec<String>)>,
     rate_limit: Option<RateLimit>,
+    decryption: Option<Arc<crate::encryption::EncryptionKey>>,
+    encryption_trust: Vec<(String, String)>,
     #[cfg(feature = "fault-injection")]
     skip_acks: u64,
 }
@@ -141,9 +143,30 @@ impl AgentOptions {
             trusted: Vec::new(),
             grants: Vec::new(),
             rate_limit: None,
+            decryption: None,
+            encryption_trust: Vec::new(),
             #[cfg(feature = "fault-injection")]
             skip_acks: 0,
         }
+    }
+
+    /// The agent's decryption key: payloads encrypted for it are opened before its handlers
+    /// see them, and its public half is announced in the manifest.
+    pub fn encryption_key(mut self, key: crate::encryption::EncryptionKey) -> Self {
+        self.decryption = Some(Arc::new(key));
+        self
+    }
+
+    /// Registers `agent`'s public encryption key, for [`Call::encrypt_for`], in addition to
+    /// the registry's.
+    pub fn trust_encryption(
+        mut self,
+        agent: impl Into<String>,
+        public_key: impl Into<String>,
+    ) -> Self {
+        self.encryption_trust
+            .push((agent.into(), public_key.into()));
+        self
     }
 
     /// Grants `agent` permissions (strings the application chooses, such as
@@ -460,6 +483,8 @@ pub(crate) struct Inner {
     grants: RwLock<HashMap<String, std::collections::HashSet<String>>>,
     rate_limit: Option<RateLimit>,
     buckets: Mutex<HashMap<String, (f64, std::time::Instant)>>,
+    pub(crate) decryption: Option<Arc<crate::encryption::EncryptionKey>>,
+    encryption_keys: RwLock<HashMap<String, String>>,
     #[cfg(feature = "fault-injection")]
     pub(crate) skip_acks: std::sync::atomic::AtomicU64,
 }
@@ -533,10 +558,12 @@ impl Agent {
             ),
             rate_limit: options.rate_limit,
             buckets: Mutex::new(HashMap::new()),
+            decryption: options.decryption.clone(),
+            encryption_keys: RwLock::new(options.encryption_trust.iter().cloned().collect()),
             #[cfg(feature = "fault-injection")]
             skip_acks: std::sync::atomic::AtomicU64::new(options.skip_acks),
         });
-        if inner.verifier.is_some() {
+        if inner.verifier.is_some() || inner.decryption.is_some() {
             inner
                 .tracker
                 .spawn(Arc::clone(&inner).watch_registered_keys());
@@ -988,6 +1015,22 @@ impl Inner {
         if let Some(id) = call.id {
             env.id = id;
         }
+        if !call.encrypt_for.is_empty() {
+            let keys = read(&self.encryption_keys);
+            let recipients = call
+                .encrypt_for
+                .iter()
+                .map(|agent| {
+                    keys.get(agent)
+                        .map(|k| (agent.clone(), k.clone()))
+                        .ok_or_else(|| {
+                            SdkError::Encryption(format!("no encryption key is known for {agent}"))
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            drop(keys);
+            crate::encryption::encrypt(&mut env, &recipients).map_err(SdkError::Encryption)?;
+        }
         Ok((subject, env, timeout))
     }
 
@@ -1349,18 +1392,25 @@ impl Inner {
                 _ = self.stop.cancelled() => break,
             };
             let Some(Ok(entry)) = change else { break };
-            let Some(verifier) = &self.verifier else {
-                break;
-            };
             match entry.op {
                 broker_adapter::KvOp::Put => {
-                    if let Ok(record) = serde_json::from_slice::<AgentRecord>(&entry.value)
-                        && let Some(key) = record.manifest.public_key
+                    let Ok(record) = serde_json::from_slice::<AgentRecord>(&entry.value) else {
+                        continue;
+                    };
+                    if let (Some(verifier), Some(key)) =
+                        (&self.verifier, record.manifest.public_key)
                     {
                         verifier.trust(&entry.key, &key);
                     }
+                    if let Some(key) = record.manifest.encryption_key {
+                        write(&self.encryption_keys).insert(entry.key.clone(), key);
+                    }
                 }
-                broker_adapter::KvOp::Delete => verifier.forget(&entry.key),
+                broker_adapter::KvOp::Delete => {
+                    if let Some(verifier) = &self.verifier {
+                        verifier.forget(&entry.key);
+                    }
+                }
             }
         }
     }
@@ -1393,7 +1443,19 @@ impl Inner {
                 return;
             }
         };
-        if let Err((status, reason)) = this.verify(msg.subject(), &env) {
+        let mut env = env;
+        // The signature covers the payload as sent (ciphertext): check it, then decrypt.
+        let verified = this.verify(msg.subject(), &env).and_then(|()| {
+            match (&env.encryption, &this.decryption) {
+                (None, _) => Ok(()),
+                (Some(_), Some(key)) => key.decrypt(&this.id, &mut env),
+                (Some(_), None) => Err((
+                    StatusCode::ACCESS,
+                    "this agent has no decryption key".to_owned(),
+                )),
+            }
+        });
+        if let Err((status, reason)) = verified {
             this.record_handled(env.kind, status);
             if let Some(reply_to) = msg.reply() {
                 let refusal = Refusal {

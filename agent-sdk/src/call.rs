@@ -47,6 +47,7 @@ pub struct Call {
     pub(crate) delivery: Option<DeliveryClass>,
     pub(crate) id: Option<Uuid>,
     pub(crate) ttl: Option<Duration>,
+    pub(crate) encrypt_for: Vec<String>,
 }
 
 impl Call {
@@ -73,7 +74,20 @@ impl Call {
             delivery: None,
             id: None,
             ttl: None,
+            encrypt_for: Vec::new(),
         }
+    }
+
+    /// Encrypts the payload end to end for these agents (their public keys come from the
+    /// registry or [`AgentOptions::trust_encryption`](crate::AgentOptions::trust_encryption)):
+    /// nobody else, broker and coordinator included, can read it.
+    pub fn encrypt_for<I, S>(mut self, recipients: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.encrypt_for = recipients.into_iter().map(Into::into).collect();
+        self
     }
 
     /// The delivery guarantee for [`Agent::send`](crate::Agent::send) (default: the agent's).

@@ -400,9 +400,23 @@ impl Inner {
             || format!("chorus.handle {}", endpoint.name),
             || crate::trace::attributes(&self.id, env),
         );
+        let mut plain = env.clone();
+        if plain.encryption.is_some() {
+            let opened = match &self.decryption {
+                Some(key) => key.decrypt(&self.id, &mut plain),
+                None => Err((
+                    StatusCode::ACCESS,
+                    "this agent has no decryption key".to_owned(),
+                )),
+            };
+            if let Err((status, reason)) = opened {
+                crate::trace::finish(Some(&otel), Some(reason.clone()));
+                return refuse(status, reason);
+            }
+        }
         let ctx = crate::context::Context {
             inner: Arc::clone(self),
-            request: Arc::new(env.clone()),
+            request: Arc::new(plain),
             otel: otel.clone(),
         };
         let started = std::time::Instant::now();

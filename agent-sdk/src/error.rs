@@ -45,6 +45,9 @@ pub enum SdkError {
     /// The broker failed; its [`kind`](broker_adapter::Error::kind) says how.
     #[error(transparent)]
     Broker(#[from] broker_adapter::Error),
+    /// A payload could not be encrypted (a recipient's key unknown, a bad key).
+    #[error("encryption: {0}")]
+    Encryption(String),
     /// The agent is shutting down and takes no new work.
     #[error("the agent is shutting down")]
     ShuttingDown,
@@ -63,6 +66,7 @@ impl SdkError {
             SdkError::Codec(_) => StatusCode::DATA_FORMAT,
             SdkError::Subject(_) => StatusCode::INVALID_ARGUMENT,
             SdkError::ShuttingDown => StatusCode::UNAVAILABLE,
+            SdkError::Encryption(_) => StatusCode::INVALID_ARGUMENT,
             SdkError::Broker(e) => match e.kind() {
                 K::TimedOut => StatusCode::TIMEOUT,
                 K::NoResponders => StatusCode::NO_RESPONDERS,

@@ -26,6 +26,7 @@ mod call;
 pub mod codec;
 mod context;
 pub mod durable;
+pub mod encryption;
 pub mod envelope;
 mod error;
 mod handler;

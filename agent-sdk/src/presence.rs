@@ -113,6 +113,7 @@ impl Inner {
             availability,
             eta_ms: None,
             public_key: self.identity.as_ref().map(|i| i.public_key()),
+            encryption_key: self.decryption.as_ref().map(|k| k.public_key()),
             heartbeat_ms: u64::try_from(self.heartbeat_interval.as_millis()).unwrap_or(u64::MAX),
             started_ms: self.started_ms,
             sdk_version: env!("CARGO_PKG_VERSION").to_owned(),

@@ -60,6 +60,9 @@ pub struct Manifest {
     /// Its public signing key (an nkey), once signing is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_key: Option<String>,
+    /// Its public encryption key (X25519, base64), when it accepts encrypted payloads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key: Option<String>,
     /// Heartbeat interval in ms: the coordinator declares the agent gone after three missed.
     pub heartbeat_ms: u64,
     /// When this instance started, ms since the epoch.

@@ -540,3 +540,121 @@ async fn tls_listeners_refuse_plain_and_unverified_clients_and_serve_verified_on
         .await;
     assert!(with_cert.is_ok(), "{:?}", with_cert.err());
 }
+
+#[tokio::test]
+async fn an_encrypted_payload_is_readable_by_its_recipient_only_and_stays_ciphertext_in_the_dlq() {
+    use agent_sdk::encryption::EncryptionKey;
+    use agent_sdk::{Call, DeliveryClass};
+    use futures::StreamExt;
+    let server = server();
+    let bob_key = EncryptionKey::generate();
+    let bob_public = bob_key.public_key();
+    let bob = agent_options(&server, "bob")
+        .encryption_key(bob_key)
+        .durable_inbox(true)
+        .retry_policies(agent_sdk::RetryPolicies {
+            default: agent_sdk::RetryPolicy {
+                max_attempts: 1,
+                ..Default::default()
+            },
+            rules: Vec::new(),
+        })
+        .connect()
+        .await
+        .expect("bob");
+    bob.on_command("secret", |_ctx: Context, text: String| async move {
+        Ok::<_, HandlerError>(text.len())
+    })
+    .await
+    .expect("register");
+    bob.on_command("reject", |_ctx: Context, _text: String| async move {
+        Err::<(), _>(HandlerError::failed("not today"))
+    })
+    .await
+    .expect("register");
+    assert_eq!(
+        bob.manifest().encryption_key.as_deref(),
+        Some(bob_public.as_str())
+    );
+
+    // Eve listens on bob's subjects with a plain connection.
+    let eve = raw_broker(&server).await;
+    let mut tap = eve.subscribe("chorus.agent.bob.*").await.expect("tap");
+    eve.sync(WAIT).await.expect("sync");
+
+    let alice = agent_options(&server, "alice")
+        .trust_encryption("bob", bob_public.clone())
+        .connect()
+        .await
+        .expect("alice");
+    let plaintext = "the launch code is 0000";
+    let len: usize = alice
+        .call(
+            Call::agent("bob", "secret")
+                .payload(plaintext)
+                .expect("payload")
+                .encrypt_for(["bob"]),
+        )
+        .await
+        .expect("bob reads it")
+        .payload_as()
+        .expect("len");
+    assert_eq!(len, plaintext.len());
+    let seen = within(WAIT, "eve's copy", tap.next()).await.expect("copy");
+    assert!(
+        !String::from_utf8_lossy(seen.payload()).contains("launch code"),
+        "eve read the plaintext"
+    );
+    let (copy, _) = codec::decode(seen.payload()).expect("envelope");
+    assert!(
+        copy.encryption.is_some()
+            && copy.content_type == agent_sdk::encryption::CONTENT_TYPE_ENCRYPTED
+    );
+
+    // Encrypting for someone whose key is unknown fails before anything is sent.
+    let err = alice
+        .call(
+            Call::agent("bob", "secret")
+                .payload(plaintext)
+                .expect("payload")
+                .encrypt_for(["carol"]),
+        )
+        .await
+        .expect_err("carol's key is unknown");
+    assert!(matches!(err, agent_sdk::SdkError::Encryption(_)), "{err}");
+
+    // A durable encrypted command that fails goes to the DLQ as ciphertext.
+    let receipt = alice
+        .send(
+            Call::agent("bob", "reject")
+                .delivery(DeliveryClass::AtLeastOnce)
+                .payload(plaintext)
+                .expect("payload")
+                .encrypt_for(["bob"]),
+        )
+        .await
+        .expect("stored");
+    let dlq = chorus::service::dlq::DeadLetterQueue::new(
+        alice.broker().clone(),
+        alice.subjects().clone(),
+    );
+    let entry = eventually(WAIT, "the dead letter", || async {
+        dlq.list(10)
+            .await
+            .expect("list")
+            .into_iter()
+            .find(|e| e.letter.message_id == Some(receipt.id))
+    })
+    .await;
+    let stored = String::from_utf8_lossy(&entry.letter.envelope).into_owned();
+    assert!(!stored.contains("launch code"), "the DLQ holds plaintext");
+    let (original, _) = codec::decode(&entry.letter.envelope).expect("envelope");
+    assert!(
+        original.encryption.is_some(),
+        "the dead letter keeps the encrypted envelope"
+    );
+    assert_eq!(
+        entry.letter.detail, "not today",
+        "bob could read it and refused it"
+    );
+}
