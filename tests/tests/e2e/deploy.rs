@@ -102,6 +102,15 @@ fn every_nats_config_passes_nats_server_t() {
         .expect("nats.conf in the ConfigMap")
         .to_owned();
     let dir = tempfile::tempdir().expect("tempdir");
+    // The TLS files the Secret would mount, made by `chorus certs`.
+    let certs = chorus::certs::generate(&dir.path().join("tls"), &["chorus-nats".into()], "client")
+        .expect("dev certificates");
+    let tls_dir = dir.path().join("tls");
+    std::fs::copy(&certs.server_cert, tls_dir.join("tls.crt")).expect("copy");
+    std::fs::copy(&certs.server_key, tls_dir.join("tls.key")).expect("copy");
+    std::fs::copy(&certs.ca, tls_dir.join("ca.crt")).expect("copy");
+    let conf = conf.replace("/etc/nats/tls/", &format!("{}/", tls_dir.display()));
+    assert!(conf.contains("verify: true"), "client TLS is mutual");
     let path = dir.path().join("nats.conf");
     std::fs::write(&path, conf).expect("write");
     nats_t(&path, &[("POD_NAME", "chorus-nats-0")]);
