@@ -113,7 +113,8 @@ pub type Refused = (StatusCode, String);
 #[derive(Debug, Default)]
 pub struct Verifier {
     policy: SignaturePolicy,
-    keys: Mutex<HashMap<String, String>>,
+    /// Agent id to its public key, parsed once.
+    keys: Mutex<HashMap<String, (String, std::sync::Arc<nkeys::KeyPair>)>>,
     seen: Mutex<SeenIds>,
 }
 
@@ -139,8 +140,15 @@ impl Verifier {
 
     /// Registers (or replaces) `agent`'s public key.
     pub fn trust(&self, agent: &str, public_key: &str) {
+        let Ok(parsed) = nkeys::KeyPair::from_public_key(public_key) else {
+            tracing::warn!(agent, "ignoring an unusable public key");
+            return;
+        };
         if let Ok(mut keys) = self.keys.lock() {
-            keys.insert(agent.to_owned(), public_key.to_owned());
+            keys.insert(
+                agent.to_owned(),
+                (public_key.to_owned(), std::sync::Arc::new(parsed)),
+            );
         }
     }
 
@@ -153,6 +161,10 @@ impl Verifier {
 
     /// The key registered for `agent`.
     pub fn key_of(&self, agent: &str) -> Option<String> {
+        self.keys.lock().ok()?.get(agent).map(|(k, _)| k.clone())
+    }
+
+    fn parsed_key_of(&self, agent: &str) -> Option<(String, std::sync::Arc<nkeys::KeyPair>)> {
         self.keys.lock().ok()?.get(agent).cloned()
     }
 
@@ -174,7 +186,7 @@ impl Verifier {
                 format!("unsupported signature algorithm {:?}", sig.alg),
             ));
         }
-        let Some(registered) = self.key_of(&env.from) else {
+        let Some((registered, verifier)) = self.parsed_key_of(&env.from) else {
             return Err((
                 StatusCode::IDENTITY,
                 format!("no key is registered for {:?}", env.from),
@@ -186,12 +198,6 @@ impl Verifier {
                 format!("signed with a key that is not {:?}'s", env.from),
             ));
         }
-        let verifier = nkeys::KeyPair::from_public_key(&registered).map_err(|e| {
-            (
-                StatusCode::IDENTITY,
-                format!("registered key unusable: {e}"),
-            )
-        })?;
         if verifier
             .verify(&canonical_bytes(subject, env), &sig.value)
             .is_err()
