@@ -391,9 +391,8 @@ async fn idle_agent_rss(url: &str) -> anyhow::Result<u64> {
     Ok(rss)
 }
 
-/// Publishes heartbeats for `agents` synthetic agents (every third with capability `ocr`).
-async fn register_fakes(url: &str, agents: usize) -> anyhow::Result<Agent> {
-    let publisher = agent(url, "bench-registrar").await?;
+/// Publishes one heartbeat for each of `agents` synthetic agents (every tenth offering `ocr`).
+async fn publish_fake_heartbeats(publisher: &Agent, agents: usize) -> anyhow::Result<()> {
     let subjects = publisher.subjects().clone();
     for i in 0..agents {
         let id = format!("fake-{i:04}");
@@ -429,6 +428,13 @@ async fn register_fakes(url: &str, agents: usize) -> anyhow::Result<Agent> {
             .await?;
     }
     publisher.broker().flush().await?;
+    Ok(())
+}
+
+/// Publishes heartbeats for `agents` synthetic agents (every third with capability `ocr`).
+async fn register_fakes(url: &str, agents: usize) -> anyhow::Result<Agent> {
+    let publisher = agent(url, "bench-registrar").await?;
+    publish_fake_heartbeats(&publisher, agents).await?;
     Ok(publisher)
 }
 
@@ -455,39 +461,7 @@ async fn coordinator_rss(url: &str, agents: usize) -> anyhow::Result<u64> {
         .service_discovery(false)
         .connect()
         .await?;
-    let subjects = publisher.subjects().clone();
-    for i in 0..agents {
-        let id = format!("fake-{i:04}");
-        let manifest = Manifest {
-            agent: id.clone(),
-            instance: "bench".into(),
-            capabilities: vec![agent_sdk::registry::CapabilityInfo {
-                name: format!("cap{}", i % 50),
-                version: "1".into(),
-            }],
-            commands: vec!["run".into()],
-            groups: vec![],
-            content_types: vec![],
-            load: 0.5,
-            availability: agent_sdk::Availability::Available,
-            eta_ms: None,
-            public_key: None,
-            encryption_key: None,
-            heartbeat_ms: 60_000,
-            started_ms: agent_sdk::envelope::now_ms(),
-            sdk_version: String::new(),
-        };
-        let mut env = Envelope::new(Kind::Heartbeat, Performative::Health, id.as_str());
-        env.payload = codec::encode_payload(&manifest, CONTENT_TYPE_MSGPACK)?;
-        publisher
-            .broker()
-            .publish(
-                &subjects.heartbeat(&id)?,
-                codec::encode(&env, Encoding::MsgPack)?,
-            )
-            .await?;
-    }
-    publisher.broker().flush().await?;
+    publish_fake_heartbeats(&publisher, agents).await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         if publisher
