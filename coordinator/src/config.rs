@@ -37,6 +37,52 @@ pub struct CoordinatorConfig {
     pub retry: RetryPolicies,
     /// Limits of the durable inbox stream.
     pub inbox: InboxLimits,
+    /// How to reach a secured NATS: CA, client certificate and key, nkey seed file.
+    pub security: ConnectionSecurity,
+}
+
+/// Credentials and TLS for the coordinator's (and the CLI's) NATS connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConnectionSecurity {
+    /// PEM file of the CA that signs the server's certificate; setting it requires TLS.
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate, for mutual TLS.
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// Its key.
+    pub tls_key: Option<std::path::PathBuf>,
+    /// File holding the nkey seed this connection authenticates with (`chorus creds`).
+    pub nkey_seed_file: Option<std::path::PathBuf>,
+}
+
+impl ConnectionSecurity {
+    /// Applies these settings to broker options.
+    pub fn apply(
+        &self,
+        mut options: broker_adapter::BrokerOptions,
+    ) -> anyhow::Result<broker_adapter::BrokerOptions> {
+        if let Some(path) = &self.nkey_seed_file {
+            let seed = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read nkey seed {}: {e}", path.display()))?;
+            options = options.credentials(broker_adapter::Credentials::NKeySeed(
+                seed.trim().to_owned(),
+            ));
+        }
+        if self.tls_ca.is_some() || self.tls_cert.is_some() {
+            let client_cert = match (&self.tls_cert, &self.tls_key) {
+                (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+                (None, None) => None,
+                _ => anyhow::bail!("tls_cert and tls_key go together"),
+            };
+            options = options.tls(broker_adapter::TlsOptions {
+                required: true,
+                ca_file: self.tls_ca.clone(),
+                client_cert,
+                handshake_first: false,
+            });
+        }
+        Ok(options)
+    }
 }
 
 impl Default for CoordinatorConfig {
@@ -53,6 +99,7 @@ impl Default for CoordinatorConfig {
             shutdown_timeout_ms: 10_000,
             retry: RetryPolicies::default(),
             inbox: InboxLimits::default(),
+            security: ConnectionSecurity::default(),
         }
     }
 }

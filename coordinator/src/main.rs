@@ -23,6 +23,18 @@ struct Cli {
     /// file's for `serve`].
     #[arg(long, global = true, env = "CHORUS_NATS_URL")]
     server: Option<String>,
+    /// CA certificate (PEM) of a TLS-secured server [env: CHORUS_TLS_CA].
+    #[arg(long, global = true, env = "CHORUS_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM), for mutual TLS [env: CHORUS_TLS_CERT].
+    #[arg(long, global = true, env = "CHORUS_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Client key (PEM) [env: CHORUS_TLS_KEY].
+    #[arg(long, global = true, env = "CHORUS_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// File with the nkey seed to authenticate with (`chorus creds`) [env: CHORUS_NKEY_FILE].
+    #[arg(long, global = true, env = "CHORUS_NKEY_FILE")]
+    nkey_file: Option<PathBuf>,
     /// Subject root shared by every agent of one bus.
     #[arg(long, global = true, env = "CHORUS_ROOT", default_value = "chorus")]
     root: String,
@@ -250,6 +262,13 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let url = cli.server.clone().unwrap_or_else(|| DEFAULT_URL.to_owned());
+    let security = chorus::config::ConnectionSecurity {
+        tls_ca: cli.tls_ca.clone(),
+        tls_cert: cli.tls_cert.clone(),
+        tls_key: cli.tls_key.clone(),
+        nkey_seed_file: cli.nkey_file.clone(),
+    };
+    SECURITY.set(security.clone()).ok();
     match cli.command {
         Command::Up {
             config,
@@ -264,6 +283,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             if cli.root != agent_sdk::subject::DEFAULT_ROOT {
                 cfg.root = cli.root.clone();
+            }
+            if security != chorus::config::ConnectionSecurity::default() {
+                cfg.security = security.clone();
             }
             let _otel = chorus::otel::from_env()?;
             let coordinator = Coordinator::start(cfg.clone(), true).await?;
@@ -534,10 +556,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The connection security given on the command line, for every command's connection.
+static SECURITY: std::sync::OnceLock<chorus::config::ConnectionSecurity> =
+    std::sync::OnceLock::new();
+
+fn broker_options(server: &str) -> anyhow::Result<agent_sdk::BrokerOptions> {
+    let options = agent_sdk::BrokerOptions::new([server]);
+    match SECURITY.get() {
+        Some(security) => security.apply(options),
+        None => Ok(options),
+    }
+}
+
 async fn cli_agent(server: &str, root: &str) -> anyhow::Result<Agent> {
     let id = format!("cli-{}", std::process::id());
     AgentOptions::new(id)
-        .servers([server])
+        .broker(broker_options(server)?)
         .root(root)
         .encoding(agent_sdk::Encoding::Json)
         .connect()
@@ -645,7 +679,7 @@ async fn up(
 async fn dlq(url: &str, root: &str, action: DlqAction) -> anyhow::Result<ExitCode> {
     use chorus::service::dlq::{DeadLetterQueue, describe_envelope};
     let subjects = agent_sdk::Subjects::new(root)?;
-    let broker = agent_sdk::BrokerOptions::new([url])
+    let broker = broker_options(url)?
         .name("chorus-dlq-cli")
         .connect()
         .await

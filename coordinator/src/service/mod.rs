@@ -125,9 +125,13 @@ impl Coordinator {
     ) -> anyhow::Result<Coordinator> {
         config.validate()?;
         let subjects = Subjects::new(&config.root)?;
-        let broker = BrokerOptions::new([config.servers.as_str()])
-            .name("chorus-coordinator")
-            .inbox_prefix("_INBOX.coordinator")
+        let broker = config
+            .security
+            .apply(
+                BrokerOptions::new([config.servers.as_str()])
+                    .name("chorus-coordinator")
+                    .inbox_prefix("_INBOX.coordinator"),
+            )?
             .connect()
             .await
             .map_err(|e| {

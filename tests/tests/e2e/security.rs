@@ -658,3 +658,58 @@ async fn an_encrypted_payload_is_readable_by_its_recipient_only_and_stays_cipher
         "bob could read it and refused it"
     );
 }
+
+#[tokio::test]
+async fn the_coordinator_takes_tls_and_credentials_from_its_config() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = chorus::certs::generate(
+        dir.path(),
+        &["localhost".into(), "127.0.0.1".into()],
+        "coordinator",
+    )
+    .expect("certs");
+    let subjects = agent_sdk::Subjects::default();
+    let coordinator_key = Identity::generate();
+    let seed_file = dir.path().join("coordinator.nk");
+    std::fs::write(&seed_file, coordinator_key.seed().expect("seed")).expect("write seed");
+    let conf = dir.path().join("secure.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: \"127.0.0.1:-1\"\njetstream {{ store_dir: \"{}\" }}\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n}}\nauthorization {{\n  users = [\n{}\n  ]\n}}\n",
+            dir.path().join("js").display(),
+            certs.server_cert.display(),
+            certs.server_key.display(),
+            certs.ca.display(),
+            chorus::creds::coordinator_entry(&subjects, &coordinator_key.public_key())
+        ),
+    )
+    .expect("write conf");
+    let server = chorus_tests::ServerBuilder::default()
+        .config(&conf)
+        .start()
+        .expect("secure server");
+    let base = chorus::CoordinatorConfig {
+        servers: server.url().to_owned(),
+        metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..chorus::CoordinatorConfig::default()
+    };
+    let refused = chorus::Coordinator::start(base.clone(), false).await;
+    assert!(
+        refused.is_err(),
+        "no TLS and no credentials must not connect"
+    );
+    let secured = chorus::CoordinatorConfig {
+        security: chorus::config::ConnectionSecurity {
+            tls_ca: Some(certs.ca.clone()),
+            tls_cert: Some(certs.client_cert.clone()),
+            tls_key: Some(certs.client_key.clone()),
+            nkey_seed_file: Some(seed_file),
+        },
+        ..base
+    };
+    let coordinator = chorus::Coordinator::start(secured, false)
+        .await
+        .expect("the coordinator connects over mutual TLS with its nkey");
+    coordinator.shutdown().await;
+}
