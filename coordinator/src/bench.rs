@@ -726,7 +726,7 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
     }
 
     if want("secure") {
-        let count = if q { 2_000 } else { 20_000 };
+        let count = if q { 200 } else { 20_000 };
         progress(&format!("signed and verified events x {count}"));
         let signed = secure_events(&url, count, false).await?;
         rows.push(Row {
