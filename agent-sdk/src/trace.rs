@@ -135,13 +135,7 @@ pub(crate) fn start(
                 OtelContext::new().with_remote_span_context(sc)
             })
     };
-    let tracer = global::tracer("chorus");
-    let span = tracer
-        .span_builder(name())
-        .with_kind(kind)
-        .with_attributes(attributes())
-        .start_with_context(&tracer, &parent);
-    let cx = parent.with_span(span);
+    let cx = child(kind, &parent, name, attributes);
     let sc = cx.span().span_context().clone();
     let traceparent = if sc.is_valid() {
         format_traceparent(&sc)
@@ -172,13 +166,22 @@ pub(crate) fn handle(
     if !spans_enabled() {
         return OtelContext::new();
     }
-    let parent = remote_parent(env);
+    child(kind, &remote_parent(env), name, attributes)
+}
+
+/// A new span of `kind` under `parent`, as a context.
+fn child(
+    kind: SpanKind,
+    parent: &OtelContext,
+    name: impl FnOnce() -> String,
+    attributes: impl FnOnce() -> Vec<KeyValue>,
+) -> OtelContext {
     let tracer = global::tracer("chorus");
     let span = tracer
         .span_builder(name())
         .with_kind(kind)
         .with_attributes(attributes())
-        .start_with_context(&tracer, &parent);
+        .start_with_context(&tracer, parent);
     parent.with_span(span)
 }
 

@@ -388,13 +388,10 @@ impl Demo {
         }
         say(&format!("[coordinator] discover ocr -> {discovered:?}"));
 
+        // The coordinator may need a heartbeat to learn of every watcher: ask again until it has.
+        let watchers = BroadcastTarget::Group("watchers".into());
         let mut broadcast = o
-            .broadcast(
-                &BroadcastTarget::Group("watchers".into()),
-                "status",
-                &(),
-                Duration::from_secs(2),
-            )
+            .broadcast(&watchers, "status", &(), Duration::from_secs(2))
             .await?;
         for _ in 0..20 {
             if broadcast.recipients.len() >= WATCHERS.len() {
@@ -402,12 +399,7 @@ impl Demo {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
             broadcast = o
-                .broadcast(
-                    &BroadcastTarget::Group("watchers".into()),
-                    "status",
-                    &(),
-                    Duration::from_secs(2),
-                )
+                .broadcast(&watchers, "status", &(), Duration::from_secs(2))
                 .await?;
         }
         say(&format!(
