@@ -1207,25 +1207,7 @@ impl Inner {
         let inner = Arc::clone(this);
         let reader_route = route.clone();
         this.tracker.spawn(async move {
-            let mut draining = false;
-            loop {
-                let next = if draining {
-                    sub.next().await
-                } else {
-                    tokio::select! {
-                        msg = sub.next() => msg,
-                        _ = inner.stop.cancelled() => {
-                            // Stop interest; what the server already routed here still comes.
-                            if let Err(err) = sub.drain().await {
-                                tracing::debug!(agent = %inner.id, error = %err, "subscription drain failed");
-                                break;
-                            }
-                            draining = true;
-                            continue;
-                        }
-                    }
-                };
-                let Some(msg) = next else { break };
+            while let Some(msg) = sub.next_until(inner.stop.cancelled()).await {
                 // The common case, nothing queued and a slot free: start the handler here,
                 // saving the hop through the queue and the dispatcher. Otherwise queue it
                 // behind the others, in order.

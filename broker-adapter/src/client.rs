@@ -197,6 +197,7 @@ impl Broker {
         Ok(Subscription {
             inner,
             yielded: Arc::clone(&self.shared.yielded),
+            draining: false,
         })
     }
 
@@ -213,6 +214,7 @@ impl Broker {
         Ok(Subscription {
             inner,
             yielded: Arc::clone(&self.shared.yielded),
+            draining: false,
         })
     }
 
@@ -358,6 +360,7 @@ impl Broker {
 pub struct Subscription {
     inner: async_nats::Subscriber,
     yielded: Arc<AtomicU64>,
+    draining: bool,
 }
 
 impl Subscription {
@@ -367,6 +370,28 @@ impl Subscription {
             .unsubscribe()
             .await
             .map_err(|e| Error::with_source(ErrorKind::Broker, "unsubscribe failed", e))
+    }
+
+    /// The next message, until `stop` completes: then the subscription drains (the server stops
+    /// routing here, what it already routed still arrives) and this yields the rest, then
+    /// `None`. The graceful loop of every reader: `while let Some(m) = sub.next_until(stop).await`.
+    pub async fn next_until(
+        &mut self,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Option<Message> {
+        if !self.draining {
+            tokio::select! {
+                msg = futures::StreamExt::next(self) => return msg,
+                () = stop => {
+                    if let Err(err) = self.drain().await {
+                        tracing::debug!(error = %err, "subscription drain failed");
+                        return None;
+                    }
+                    self.draining = true;
+                }
+            }
+        }
+        futures::StreamExt::next(self).await
     }
 
     /// Stops interest after the server has sent what it already routed here; the stream then

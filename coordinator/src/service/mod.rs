@@ -352,23 +352,7 @@ impl Coordinator {
 fn spawn_reader(shared: &Arc<Shared>, mut sub: Subscription, route: Route) {
     let s = Arc::clone(shared);
     shared.tracker.spawn(async move {
-        let mut draining = false;
-        loop {
-            let next = if draining {
-                sub.next().await
-            } else {
-                tokio::select! {
-                    msg = sub.next() => msg,
-                    _ = s.stop.cancelled() => {
-                        if sub.drain().await.is_err() {
-                            break;
-                        }
-                        draining = true;
-                        continue;
-                    }
-                }
-            };
-            let Some(msg) = next else { break };
+        while let Some(msg) = sub.next_until(s.stop.cancelled()).await {
             let Ok(permit) = Arc::clone(&s.work).acquire_owned().await else {
                 break;
             };
