@@ -16,7 +16,7 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::envelope::{Envelope, Signature, now_ms};
+use crate::envelope::{Envelope, Signature};
 use crate::status::StatusCode;
 
 /// The signature algorithm name carried in envelopes.
@@ -229,11 +229,6 @@ impl Verifier {
         }
         Ok(())
     }
-}
-
-/// Signs and checks at `now`.
-pub fn now() -> u64 {
-    now_ms()
 }
 
 #[cfg(test)]

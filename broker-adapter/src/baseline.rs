@@ -39,6 +39,30 @@ impl Throughput {
     }
 }
 
+/// Counts items of `stream` until `count` have arrived, or `idle` passes without one (up to
+/// 30 s for the first, while the sender sets up). Returns the count and when the last came.
+/// Both sides of every benchmark count with this.
+pub async fn count_arrivals<S: futures::Stream + Unpin>(
+    stream: &mut S,
+    count: u64,
+    idle: Duration,
+) -> (u64, Instant) {
+    let mut n = 0u64;
+    let mut last = Instant::now();
+    let mut wait = Duration::from_secs(30).max(idle);
+    while n < count {
+        match tokio::time::timeout(wait, stream.next()).await {
+            Ok(Some(_)) => {
+                n += 1;
+                last = Instant::now();
+                wait = idle;
+            }
+            _ => break,
+        }
+    }
+    (n, last)
+}
+
 /// Publishes `count` messages of `size` bytes to one subscriber on another connection and
 /// counts what arrives (waiting at most `idle` after the last arrival).
 pub async fn pubsub(
@@ -62,18 +86,7 @@ pub async fn pubsub(
         counters.push(rx);
         subs.push(tokio::spawn(async move {
             let _client = client;
-            let mut n = 0u64;
-            let mut last = Instant::now();
-            let mut wait = Duration::from_secs(30).max(idle);
-            while let Ok(Some(_)) = tokio::time::timeout(wait, sub.next()).await {
-                wait = idle;
-                n += 1;
-                last = Instant::now();
-                if n == count {
-                    break;
-                }
-            }
-            let _ = tx.send((n, last));
+            let _ = tx.send(count_arrivals(&mut sub, count, idle).await);
         }));
     }
     // Let the subscriptions reach the server before publishing.

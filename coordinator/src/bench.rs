@@ -15,6 +15,9 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde::Serialize;
 
+/// Silence that ends a count once messages have started arriving.
+const IDLE: Duration = Duration::from_secs(2);
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -51,6 +54,32 @@ pub struct Row {
     pub received: u64,
     /// `sent - received`.
     pub lost: u64,
+}
+
+impl Row {
+    /// A scenario with no raw counterpart.
+    fn chorus_only(scenario: &str, unit: &str, value: f64, goal: &str, met: Option<bool>) -> Row {
+        Row {
+            scenario: scenario.to_owned(),
+            unit: unit.to_owned(),
+            raw: None,
+            chorus: Some(value),
+            ratio: None,
+            goal: goal.to_owned(),
+            met,
+            sent: 0,
+            received: 0,
+            lost: 0,
+        }
+    }
+
+    /// Sets the message counts.
+    fn counts(mut self, sent: u64, received: u64) -> Row {
+        self.sent = sent;
+        self.received = received;
+        self.lost = sent.saturating_sub(received);
+        self
+    }
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -135,20 +164,7 @@ async fn chorus_events(
         counters.push(rx);
         keep.push(sub);
         tokio::spawn(async move {
-            let mut n = 0u64;
-            let mut last = Instant::now();
-            // Until the first event the publisher may still be setting up; after it, 2 s of
-            // silence ends the count.
-            let mut wait = Duration::from_secs(30);
-            while let Ok(Some(_)) = tokio::time::timeout(wait, events.next()).await {
-                wait = Duration::from_secs(2);
-                n += 1;
-                last = Instant::now();
-                if n == count {
-                    break;
-                }
-            }
-            let _ = tx.send((n, last));
+            let _ = tx.send(baseline::count_arrivals(&mut events, count, IDLE).await);
         });
     }
     let publisher = agent(url, "bench-pub").await?;
@@ -275,18 +291,8 @@ async fn chorus_durable(
     let payload = Bytes::from(vec![7u8; size]);
     let started = Instant::now();
     let counter = tokio::spawn(async move {
-        let mut n = 0u64;
-        let mut last = Instant::now();
-        while n < count {
-            match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
-                Ok(Some(())) => {
-                    n += 1;
-                    last = Instant::now();
-                }
-                _ => break,
-            }
-        }
-        (n, last)
+        let mut arrivals = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        baseline::count_arrivals(&mut arrivals, count, IDLE).await
     });
     let calls: Vec<Call> = (0..count)
         .map(|_| {
@@ -533,20 +539,8 @@ async fn secure_events(
     let payload = Bytes::from(vec![0x5a; 128]);
     let started = Instant::now();
     let counter = tokio::spawn(async move {
-        let mut n = 0u64;
-        let mut last = Instant::now();
-        let mut wait = Duration::from_secs(30);
-        while n < count {
-            match tokio::time::timeout(wait, rx.recv()).await {
-                Ok(Some(())) => {
-                    n += 1;
-                    last = Instant::now();
-                    wait = Duration::from_secs(2);
-                }
-                _ => break,
-            }
-        }
-        (n, last)
+        let mut arrivals = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        baseline::count_arrivals(&mut arrivals, count, IDLE).await
     });
     for _ in 0..count {
         if encrypt {
@@ -583,6 +577,14 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             server = tokio::task::spawn_blocking(|| NatsServer::builder().start()).await??;
             server.url().to_owned()
         }
+    };
+    let version = {
+        let b = broker_adapter::BrokerOptions::new([url.as_str()])
+            .connect()
+            .await?;
+        let v = b.server_version();
+        let _ = b.drain().await;
+        v
     };
     let q = opts.quick;
     let rounds = opts.rounds.max(1);
@@ -729,90 +731,69 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         let count = if q { 200 } else { 20_000 };
         progress(&format!("signed and verified events x {count}"));
         let signed = secure_events(&url, count, false).await?;
-        rows.push(Row {
-            scenario: "signed and verified events, 128 B".into(),
-            unit: "msg/s".into(),
-            raw: None,
-            chorus: Some(signed.per_second()),
-            ratio: None,
-            goal: ">= 25,000/s".into(),
-            met: Some(signed.per_second() >= 25_000.0 && signed.received == signed.sent),
-            sent: signed.sent,
-            received: signed.received,
-            lost: signed.sent.saturating_sub(signed.received),
-        });
+        let met = signed.per_second() >= 25_000.0 && signed.received == signed.sent;
+        rows.push(
+            Row::chorus_only(
+                "signed and verified events, 128 B",
+                "msg/s",
+                signed.per_second(),
+                ">= 25,000/s",
+                Some(met),
+            )
+            .counts(signed.sent, signed.received),
+        );
         progress(&format!("encrypted and signed commands x {count}"));
         let sealed = secure_events(&url, count, true).await?;
-        rows.push(Row {
-            scenario: "encrypted (and signed) one-way commands, 128 B".into(),
-            unit: "msg/s".into(),
-            raw: None,
-            chorus: Some(sealed.per_second()),
-            ratio: None,
-            goal: "(reported)".into(),
-            met: None,
-            sent: sealed.sent,
-            received: sealed.received,
-            lost: sealed.sent.saturating_sub(sealed.received),
-        });
+        rows.push(
+            Row::chorus_only(
+                "encrypted (and signed) one-way commands, 128 B",
+                "msg/s",
+                sealed.per_second(),
+                "(reported)",
+                None,
+            )
+            .counts(sealed.sent, sealed.received),
+        );
     }
 
     if want("discovery") {
         progress("discovery with 1,000 agents");
         let (mut lat, registered) = discovery(&url, 1_000, if q { 100 } else { 1_000 }).await?;
         lat.sort();
-        rows.push(Row {
-            scenario: format!("discovery query, {registered} agents registered, p50"),
-            unit: "us".into(),
-            raw: None,
-            chorus: Some(percentile(&lat, 0.5)),
-            ratio: None,
-            goal: "(reported)".into(),
-            met: None,
-            sent: lat.len() as u64,
-            received: lat.len() as u64,
-            lost: 0,
-        });
+        let n = lat.len() as u64;
+        rows.push(
+            Row::chorus_only(
+                &format!("discovery query, {registered} agents registered, p50"),
+                "us",
+                percentile(&lat, 0.5),
+                "(reported)",
+                None,
+            )
+            .counts(n, n),
+        );
     }
 
     if want("memory") {
         progress("idle agent memory");
+        let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
         let rss = idle_agent_rss(&url).await?;
-        rows.push(Row {
-            scenario: "idle agent resident memory (chorus listen)".into(),
-            unit: "MiB".into(),
-            raw: None,
-            chorus: Some(rss as f64 / (1 << 20) as f64),
-            ratio: None,
-            goal: "< 10 MiB".into(),
-            met: Some(rss < 10 << 20),
-            sent: 0,
-            received: 0,
-            lost: 0,
-        });
+        rows.push(Row::chorus_only(
+            "idle agent resident memory (chorus listen)",
+            "MiB",
+            mib(rss),
+            "< 10 MiB",
+            Some(rss < 10 << 20),
+        ));
         let rss = coordinator_rss(&url, 1_000).await?;
-        rows.push(Row {
-            scenario: "coordinator resident memory, 1,000 agents registered".into(),
-            unit: "MiB".into(),
-            raw: None,
-            chorus: Some(rss as f64 / (1 << 20) as f64),
-            ratio: None,
-            goal: "< 64 MiB".into(),
-            met: Some(rss < 64 << 20),
-            sent: 0,
-            received: 0,
-            lost: 0,
-        });
+        rows.push(Row::chorus_only(
+            "coordinator resident memory, 1,000 agents registered",
+            "MiB",
+            mib(rss),
+            "< 64 MiB",
+            Some(rss < 64 << 20),
+        ));
     }
 
-    let version = {
-        let b = broker_adapter::BrokerOptions::new([url.as_str()])
-            .connect()
-            .await?;
-        let v = b.server_version();
-        let _ = b.drain().await;
-        v
-    };
     Ok((rows, version))
 }
 
