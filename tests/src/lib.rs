@@ -357,3 +357,94 @@ impl Cluster {
         self.nodes.iter().map(|n| n.url().to_owned()).collect()
     }
 }
+
+/// What a publisher under faults got acknowledged, as it goes.
+#[derive(Debug, Clone, Default)]
+pub struct Acked {
+    numbers: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
+}
+
+impl Acked {
+    /// How many so far.
+    pub fn count(&self) -> usize {
+        self.numbers.lock().map_or(0, |n| n.len())
+    }
+
+    /// Every acknowledged number.
+    pub fn set(&self) -> std::collections::HashSet<u32> {
+        self.numbers
+            .lock()
+            .map(|n| n.iter().copied().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Sends `work(n)` for every `n` below `sent` as at-least-once `work` commands to agent
+/// `worker`, in batches of `chunk`, recording the acknowledged ones. Returns the sender when done.
+pub fn publish_tracking_acks(
+    sender: agent_sdk::Agent,
+    worker: &'static str,
+    sent: u32,
+    chunk: usize,
+) -> (tokio::task::JoinHandle<agent_sdk::Agent>, Acked) {
+    let acked = Acked::default();
+    let numbers = std::sync::Arc::clone(&acked.numbers);
+    let task = tokio::spawn(async move {
+        for batch in (0..sent).collect::<Vec<_>>().chunks(chunk) {
+            let calls = batch
+                .iter()
+                .map(|n| {
+                    agent_sdk::Call::agent(worker, "work")
+                        .delivery(agent_sdk::DeliveryClass::AtLeastOnce)
+                        .payload(n)
+                        .unwrap_or_else(|e| panic!("payload: {e}"))
+                })
+                .collect();
+            let results = sender.send_batch(calls).await;
+            let ok = batch
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| r.is_ok())
+                .map(|(n, _)| *n);
+            if let Ok(mut numbers) = numbers.lock() {
+                numbers.extend(ok);
+            }
+        }
+        sender
+    });
+    (task, acked)
+}
+
+/// Sent, acked, handled and lost, after a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LossReport {
+    /// Acknowledged by the server.
+    pub acked: usize,
+    /// Distinct messages handled.
+    pub handled: usize,
+    /// Acknowledged and never handled.
+    pub lost: usize,
+    /// Handler calls beyond the first for a message.
+    pub duplicated: usize,
+}
+
+/// Waits (up to `limit`) until every acknowledged number is among the handled ones, and counts.
+pub async fn await_acked_handled(
+    acked: &Acked,
+    seen: &std::sync::Mutex<Vec<u32>>,
+    limit: Duration,
+) -> LossReport {
+    let acked = acked.set();
+    let handled = eventually(limit, "every acked message handled", || async {
+        let handled: std::collections::HashSet<u32> = seen.lock().ok()?.iter().copied().collect();
+        acked.is_subset(&handled).then_some(handled)
+    })
+    .await;
+    let calls = seen.lock().map_or(0, |s| s.len());
+    LossReport {
+        acked: acked.len(),
+        handled: handled.len(),
+        lost: acked.difference(&handled).count(),
+        duplicated: calls.saturating_sub(handled.len()),
+    }
+}

@@ -2,13 +2,11 @@
 //! times, and a node killed with SIGKILL while at-least-once traffic flows loses nothing that
 //! was acknowledged.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_sdk::durable::InboxLimits;
-use agent_sdk::{AgentOptions, Call, Context, DeliveryClass, HandlerError};
+use agent_sdk::{AgentOptions, Context, HandlerError};
 use chorus_tests::{Cluster, WAIT, eventually, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,68 +82,30 @@ async fn a_node_killed_under_at_least_once_traffic_loses_no_acknowledged_message
     );
 
     const SENT: u32 = 4_000;
-    let acked = Arc::new(Mutex::new(Vec::<u32>::new()));
-    let acked_count = Arc::new(AtomicUsize::new(0));
-    let publisher = tokio::spawn({
-        let acked = Arc::clone(&acked);
-        let acked_count = Arc::clone(&acked_count);
-        async move {
-            for chunk in (0..SENT).collect::<Vec<_>>().chunks(200) {
-                let calls = chunk
-                    .iter()
-                    .map(|n| {
-                        Call::agent("worker", "work")
-                            .delivery(DeliveryClass::AtLeastOnce)
-                            .payload(n)
-                            .expect("payload")
-                    })
-                    .collect();
-                let results = sender.send_batch(calls).await;
-                let ok: Vec<u32> = chunk
-                    .iter()
-                    .zip(&results)
-                    .filter(|(_, r)| r.is_ok())
-                    .map(|(n, _)| *n)
-                    .collect();
-                acked_count.fetch_add(ok.len(), Ordering::SeqCst);
-                acked.lock().expect("lock").extend(ok);
-            }
-            sender
-        }
-    });
+    let (publisher, acked) = chorus_tests::publish_tracking_acks(sender, "worker", SENT, 200);
     eventually(Duration::from_secs(60), "a third acked", || async {
-        (acked_count.load(Ordering::SeqCst) >= 1_300).then_some(())
+        (acked.count() >= 1_300).then_some(())
     })
     .await;
     // Kill the node the worker is connected to.
     cluster.nodes[0].kill();
-    let acked_at_kill = acked_count.load(Ordering::SeqCst);
+    let acked_at_kill = acked.count();
     let sender = within(Duration::from_secs(180), "publisher", publisher)
         .await
         .expect("publisher task");
     cluster.nodes[0]
         .restart()
         .expect("node restarts with its store");
-    let acked: HashSet<u32> = acked.lock().expect("lock").iter().copied().collect();
-    let handled = eventually(
-        Duration::from_secs(120),
-        "every acked message handled",
-        || async {
-            let handled: HashSet<u32> = seen.lock().expect("lock").iter().copied().collect();
-            acked.is_subset(&handled).then_some(handled)
-        },
-    )
-    .await;
-    let calls = seen.lock().expect("lock").len();
-    let lost = acked.difference(&handled).count();
+    let report = chorus_tests::await_acked_handled(&acked, &seen, Duration::from_secs(120)).await;
     println!(
-        "cluster: sent {SENT}, acked {} ({acked_at_kill} before node 0 was killed), handled {} unique, lost {lost}, duplicated {}; worker reconnects {}",
-        acked.len(),
-        handled.len(),
-        calls - handled.len(),
+        "cluster: sent {SENT}, acked {} ({acked_at_kill} before node 0 was killed), handled {} unique, lost {}, duplicated {}; worker reconnects {}",
+        report.acked,
+        report.handled,
+        report.lost,
+        report.duplicated,
         worker.broker().stats().reconnects
     );
-    assert_eq!(lost, 0);
+    assert_eq!(report.lost, 0);
     assert!(
         worker.broker().stats().reconnects >= 1,
         "the worker moved to another node"

@@ -203,56 +203,23 @@ async fn killing_the_server_mid_stream_loses_no_acknowledged_message() {
     let sender = agent(&server, "producer").await;
 
     const SENT: u32 = 10_000;
-    let acked = Arc::new(Mutex::new(Vec::<u32>::new()));
-    let acked_count = Arc::new(AtomicUsize::new(0));
-    let publisher = tokio::spawn({
-        let acked = Arc::clone(&acked);
-        let acked_count = Arc::clone(&acked_count);
-        async move {
-            for chunk in (0..SENT).collect::<Vec<_>>().chunks(250) {
-                let results = sender
-                    .send_batch(chunk.iter().map(|n| work(*n)).collect())
-                    .await;
-                let ok: Vec<u32> = chunk
-                    .iter()
-                    .zip(&results)
-                    .filter(|(_, r)| r.is_ok())
-                    .map(|(n, _)| *n)
-                    .collect();
-                acked_count.fetch_add(ok.len(), Ordering::SeqCst);
-                acked.lock().expect("lock").extend(ok);
-            }
-        }
-    });
+    let (publisher, acked) = chorus_tests::publish_tracking_acks(sender, "worker", SENT, 250);
     eventually(Duration::from_secs(60), "3,000 acked", || async {
-        (acked_count.load(Ordering::SeqCst) >= 3_000).then_some(())
+        (acked.count() >= 3_000).then_some(())
     })
     .await;
     server.kill();
-    let killed_at = acked_count.load(Ordering::SeqCst);
+    let killed_at = acked.count();
     server.restart().expect("restart with the same store");
     chorus_tests::within(Duration::from_secs(120), "publisher", publisher)
         .await
         .expect("publisher task");
-    let acked: HashSet<u32> = acked.lock().expect("lock").iter().copied().collect();
-    let handled = eventually(
-        Duration::from_secs(120),
-        "every acked message handled",
-        || async {
-            let handled: HashSet<u32> = seen.lock().expect("lock").iter().copied().collect();
-            acked.is_subset(&handled).then_some(handled)
-        },
-    )
-    .await;
-    let calls = seen.lock().expect("lock").len();
-    let lost = acked.difference(&handled).count();
+    let report = chorus_tests::await_acked_handled(&acked, &seen, Duration::from_secs(120)).await;
     println!(
-        "server SIGKILL: sent {SENT}, acked {} ({killed_at} before the kill), handled {} unique, lost {lost}, duplicated {}",
-        acked.len(),
-        handled.len(),
-        calls - handled.len()
+        "server SIGKILL: sent {SENT}, acked {} ({killed_at} before the kill), handled {} unique, lost {}, duplicated {}",
+        report.acked, report.handled, report.lost, report.duplicated
     );
-    assert_eq!(lost, 0);
+    assert_eq!(report.lost, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
