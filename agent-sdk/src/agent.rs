@@ -749,6 +749,7 @@ impl Agent {
         Ok(EventStream {
             sub,
             inner: Arc::clone(&self.inner),
+            ready: std::collections::VecDeque::new(),
         })
     }
 
@@ -1343,19 +1344,31 @@ impl Inner {
         }
     }
 
-    /// Checks the signature of a received envelope when the agent verifies signatures.
+    /// Checks `env`'s signature, timestamp and id when the agent verifies signatures.
     pub(crate) fn verify(
         &self,
         subject: &str,
         env: &Envelope,
     ) -> Result<(), crate::security::Refused> {
+        self.verify_batch(&[(subject, env)]).pop().unwrap_or(Ok(()))
+    }
+
+    /// [`Inner::verify`] for several received messages at once, signatures checked as a batch.
+    fn verify_batch(
+        &self,
+        items: &[(&str, &Envelope)],
+    ) -> Vec<Result<(), crate::security::Refused>> {
         let Some(verifier) = &self.verifier else {
-            return Ok(());
+            return items.iter().map(|_| Ok(())).collect();
         };
-        verifier.verify(subject, env, now_ms()).inspect_err(|(status, reason)| {
-            AgentCounters::bump(&self.counters.security_refused);
-            tracing::warn!(agent = %self.id, from = %env.from, id = %env.id, %status, %reason, "message refused by signature check");
-        })
+        let results = verifier.verify_batch(items, now_ms());
+        for ((_, env), result) in items.iter().zip(&results) {
+            if let Err((status, reason)) = result {
+                AgentCounters::bump(&self.counters.security_refused);
+                tracing::warn!(agent = %self.id, from = %env.from, id = %env.id, %status, %reason, "message refused by signature check");
+            }
+        }
+        results
     }
 
     /// Keeps the verifier's keys in step with the public keys agents announce in the registry.
@@ -1740,6 +1753,8 @@ impl Event {
 pub struct EventStream {
     sub: Subscription,
     inner: Arc<Inner>,
+    /// Checked events not yet handed out.
+    ready: std::collections::VecDeque<Event>,
 }
 
 impl std::fmt::Debug for EventStream {
@@ -1748,22 +1763,54 @@ impl std::fmt::Debug for EventStream {
     }
 }
 
+/// Most events an [`EventStream`] takes off its subscription at once, so that their
+/// signatures are checked together.
+const VERIFY_BATCH: usize = 64;
+
 impl Stream for EventStream {
     type Item = Event;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Option<Event>> {
+        let this = &mut *self;
         loop {
-            match Pin::new(&mut self.sub).poll_next(cx) {
-                Poll::Ready(Some(msg)) => {
-                    AgentCounters::bump(&self.inner.counters.received);
-                    if let Ok((envelope, _)) = self.inner.admit(&msg)
-                        && self.inner.verify(msg.subject(), &envelope).is_ok()
-                    {
-                        return Poll::Ready(Some(Event { envelope }));
+            if let Some(event) = this.ready.pop_front() {
+                return Poll::Ready(Some(event));
+            }
+            // Take what has already arrived, never waiting for more: a burst is checked as a
+            // batch, a lone event alone.
+            let mut batch = Vec::new();
+            let mut ended = false;
+            while batch.len() < VERIFY_BATCH {
+                match Pin::new(&mut this.sub).poll_next(cx) {
+                    Poll::Ready(Some(msg)) => {
+                        AgentCounters::bump(&this.inner.counters.received);
+                        if let Ok((envelope, _)) = this.inner.admit(&msg) {
+                            batch.push((msg, envelope));
+                        }
                     }
+                    Poll::Ready(None) => {
+                        ended = true;
+                        break;
+                    }
+                    Poll::Pending => break,
                 }
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => return Poll::Pending,
+            }
+            if batch.is_empty() {
+                return if ended {
+                    Poll::Ready(None)
+                } else {
+                    Poll::Pending
+                };
+            }
+            let items: Vec<_> = batch.iter().map(|(m, e)| (m.subject(), e)).collect();
+            let checked = this.inner.verify_batch(&items);
+            for ((_, envelope), result) in batch.into_iter().zip(checked) {
+                if result.is_ok() {
+                    this.ready.push_back(Event { envelope });
+                }
+            }
+            if ended && this.ready.is_empty() {
+                return Poll::Ready(None);
             }
         }
     }

@@ -9,7 +9,7 @@
 //! need to change.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,32 +25,45 @@ pub const SIGNATURE_ALG: &str = "ed25519";
 /// An agent's signing identity: an nkey user key pair.
 pub struct Identity {
     key: nkeys::KeyPair,
+    /// The same key as `key`, held by ed25519-dalek directly: nkeys keeps no expanded key, so
+    /// signing through it redoes work per message.
+    signer: ed25519_dalek::SigningKey,
+    /// `key.public_key()`, encoded once.
+    public: String,
 }
 
 impl std::fmt::Debug for Identity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Identity({})", self.key.public_key())
+        write!(f, "Identity({})", self.public)
     }
 }
 
 impl Identity {
     /// A new random identity.
     pub fn generate() -> Self {
-        Identity {
-            key: nkeys::KeyPair::new_user(),
-        }
+        Self::from_key(nkeys::KeyPair::new_user()).expect("a fresh user key has a seed")
     }
 
     /// The identity of a user nkey seed (`SU...`).
     pub fn from_seed(seed: &str) -> Result<Self, String> {
         nkeys::KeyPair::from_seed(seed)
-            .map(|key| Identity { key })
             .map_err(|e| format!("not a valid nkey seed: {e}"))
+            .and_then(Self::from_key)
+    }
+
+    fn from_key(key: nkeys::KeyPair) -> Result<Self, String> {
+        let seed = key.seed().map_err(|e| e.to_string())?;
+        let (_, raw) = nkeys::decode_seed(&seed).map_err(|e| e.to_string())?;
+        Ok(Identity {
+            signer: ed25519_dalek::SigningKey::from_bytes(&raw),
+            public: key.public_key(),
+            key,
+        })
     }
 
     /// The public key (`U...`), what others register and verify against.
     pub fn public_key(&self) -> String {
-        self.key.public_key()
+        self.public.clone()
     }
 
     /// The seed, to store securely.
@@ -58,33 +71,40 @@ impl Identity {
         self.key.seed().map_err(|e| e.to_string())
     }
 
-    /// Signs `env` for publication on `subject`.
+    /// Signs `env` as published to `subject`.
     pub fn sign(&self, subject: &str, env: &mut Envelope) {
-        let input = canonical_bytes(subject, env);
-        match self.key.sign(&input) {
-            Ok(sig) => {
-                env.signature = Some(Signature {
-                    alg: SIGNATURE_ALG.to_owned(),
-                    key: self.key.public_key(),
-                    value: Bytes::from(sig),
-                });
-            }
-            Err(e) => tracing::error!(error = %e, "signing failed; sending unsigned"),
-        }
+        use ed25519_dalek::Signer;
+        let sig = self.signer.sign(&canonical_bytes(subject, env));
+        env.signature = Some(Signature {
+            alg: SIGNATURE_ALG.to_owned(),
+            key: self.public.clone(),
+            value: Bytes::copy_from_slice(&sig.to_bytes()),
+        });
     }
 }
 
 /// The bytes a signature covers.
 pub fn canonical_bytes(subject: &str, env: &Envelope) -> Vec<u8> {
+    use std::io::Write;
     let digest = Sha256::digest(&env.payload);
-    format!(
-        "chorus-sig-v1\n{subject}\n{}\n{}\n{}\n{}",
-        env.id,
+    let mut out =
+        Vec::with_capacity(14 + subject.len() + 1 + 36 + 1 + 20 + 1 + env.from.len() + 1 + 64);
+    // Writes to a Vec do not fail.
+    let _ = write!(
+        out,
+        "chorus-sig-v1\n{subject}\n{}\n{}\n{}\n",
+        env.id.hyphenated(),
         env.timestamp_ms,
         env.from,
-        hex::encode(digest)
-    )
-    .into_bytes()
+    );
+    let mut hex = [0u8; 64];
+    for (i, b) in digest.iter().enumerate() {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        hex[2 * i] = DIGITS[usize::from(b >> 4)];
+        hex[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
+    }
+    out.extend_from_slice(&hex);
+    out
 }
 
 /// What a receiver accepts.
@@ -114,8 +134,15 @@ pub type Refused = (StatusCode, String);
 pub struct Verifier {
     policy: SignaturePolicy,
     /// Agent id to its public key, parsed once.
-    keys: Mutex<HashMap<String, (String, std::sync::Arc<nkeys::KeyPair>)>>,
+    keys: Mutex<HashMap<String, Arc<TrustedKey>>>,
     seen: Mutex<SeenIds>,
+}
+
+/// A registered public key: as written (`U...`) and parsed.
+#[derive(Debug)]
+struct TrustedKey {
+    encoded: String,
+    key: ed25519_dalek::VerifyingKey,
 }
 
 #[derive(Debug, Default)]
@@ -140,14 +167,20 @@ impl Verifier {
 
     /// Registers (or replaces) `agent`'s public key.
     pub fn trust(&self, agent: &str, public_key: &str) {
-        let Ok(parsed) = nkeys::KeyPair::from_public_key(public_key) else {
+        let parsed = nkeys::from_public_key(public_key)
+            .ok()
+            .and_then(|(_, raw)| ed25519_dalek::VerifyingKey::from_bytes(&raw).ok());
+        let Some(key) = parsed else {
             tracing::warn!(agent, "ignoring an unusable public key");
             return;
         };
         if let Ok(mut keys) = self.keys.lock() {
             keys.insert(
                 agent.to_owned(),
-                (public_key.to_owned(), std::sync::Arc::new(parsed)),
+                Arc::new(TrustedKey {
+                    encoded: public_key.to_owned(),
+                    key,
+                }),
             );
         }
     }
@@ -161,15 +194,83 @@ impl Verifier {
 
     /// The key registered for `agent`.
     pub fn key_of(&self, agent: &str) -> Option<String> {
-        self.keys.lock().ok()?.get(agent).map(|(k, _)| k.clone())
+        self.keys.lock().ok()?.get(agent).map(|k| k.encoded.clone())
     }
 
-    fn parsed_key_of(&self, agent: &str) -> Option<(String, std::sync::Arc<nkeys::KeyPair>)> {
+    fn trusted_key_of(&self, agent: &str) -> Option<Arc<TrustedKey>> {
         self.keys.lock().ok()?.get(agent).cloned()
     }
 
     /// Checks `env`, received on `subject`, at `now_ms`.
     pub fn verify(&self, subject: &str, env: &Envelope, now_ms: u64) -> Result<(), Refused> {
+        self.verify_batch(&[(subject, env)], now_ms)
+            .pop()
+            .unwrap_or(Ok(()))
+    }
+
+    /// Checks several envelopes at once, each received on its subject, at `now_ms`; one
+    /// result per envelope, in order. The same checks as [`Verifier::verify`], but the
+    /// signatures are verified together (ed25519 batch verification, about half the work per
+    /// signature from eight on); when a batch fails, each is verified alone, so one bad
+    /// signature does not cost the good ones. Ids repeated within the batch are replays too.
+    pub fn verify_batch(
+        &self,
+        items: &[(&str, &Envelope)],
+        now_ms: u64,
+    ) -> Vec<Result<(), Refused>> {
+        let tolerance = u64::try_from(self.policy.tolerance.as_millis()).unwrap_or(u64::MAX);
+        let mut results: Vec<Result<(), Refused>> = Vec::with_capacity(items.len());
+        // (index, signed bytes, signature, key) of each envelope that passed the cheap checks.
+        let mut pending = Vec::new();
+        for (i, (subject, env)) in items.iter().enumerate() {
+            match self.precheck(env, now_ms, tolerance) {
+                Ok(Some((signature, key))) => {
+                    pending.push((i, canonical_bytes(subject, env), signature, key));
+                    results.push(Ok(()));
+                }
+                Ok(None) => results.push(Ok(())),
+                Err(refused) => results.push(Err(refused)),
+            }
+        }
+        let all_good = pending.len() > 1 && {
+            let messages: Vec<&[u8]> = pending.iter().map(|p| p.1.as_slice()).collect();
+            let signatures: Vec<_> = pending.iter().map(|p| p.2).collect();
+            let keys: Vec<_> = pending.iter().map(|p| p.3.key).collect();
+            ed25519_dalek::verify_batch(&messages, &signatures, &keys).is_ok()
+        };
+        let Ok(mut seen) = self.seen.lock() else {
+            return items
+                .iter()
+                .map(|_| Err((StatusCode::INTERNAL, "replay cache unavailable".to_owned())))
+                .collect();
+        };
+        if now_ms >= seen.next_prune_ms {
+            seen.expiry.retain(|_, until| *until > now_ms);
+            seen.next_prune_ms = now_ms + tolerance.max(1_000);
+        }
+        for (i, bytes, signature, key) in &pending {
+            if !all_good && key.key.verify_strict(bytes, signature).is_err() {
+                results[*i] = Err((StatusCode::IDENTITY, "the signature does not verify".into()));
+                continue;
+            }
+            let env = items[*i].1;
+            // An id is remembered as long as its timestamp could still pass the tolerance check.
+            let until = env.timestamp_ms.saturating_add(tolerance).saturating_add(1);
+            if seen.expiry.insert(env.id, until).is_some() {
+                results[*i] = Err((StatusCode::REPLAY, "this message id was seen before".into()));
+            }
+        }
+        results
+    }
+
+    /// Everything but the signature arithmetic and the replay cache: `Ok(None)` for an unsigned
+    /// envelope this policy lets through, else the signature and the key to check it with.
+    fn precheck(
+        &self,
+        env: &Envelope,
+        now_ms: u64,
+        tolerance: u64,
+    ) -> Result<Option<(ed25519_dalek::Signature, Arc<TrustedKey>)>, Refused> {
         let Some(sig) = &env.signature else {
             return if self.policy.require_signed {
                 Err((
@@ -177,7 +278,7 @@ impl Verifier {
                     "unsigned messages are refused here".into(),
                 ))
             } else {
-                Ok(())
+                Ok(None)
             };
         };
         if sig.alg != SIGNATURE_ALG {
@@ -186,25 +287,21 @@ impl Verifier {
                 format!("unsupported signature algorithm {:?}", sig.alg),
             ));
         }
-        let Some((registered, verifier)) = self.parsed_key_of(&env.from) else {
+        let Some(trusted) = self.trusted_key_of(&env.from) else {
             return Err((
                 StatusCode::IDENTITY,
                 format!("no key is registered for {:?}", env.from),
             ));
         };
-        if registered != sig.key {
+        if trusted.encoded != sig.key {
             return Err((
                 StatusCode::IDENTITY,
                 format!("signed with a key that is not {:?}'s", env.from),
             ));
         }
-        if verifier
-            .verify(&canonical_bytes(subject, env), &sig.value)
-            .is_err()
-        {
+        let Ok(signature) = ed25519_dalek::Signature::from_slice(&sig.value) else {
             return Err((StatusCode::IDENTITY, "the signature does not verify".into()));
-        }
-        let tolerance = u64::try_from(self.policy.tolerance.as_millis()).unwrap_or(u64::MAX);
+        };
         if env.timestamp_ms.abs_diff(now_ms) > tolerance {
             return Err((
                 StatusCode::REPLAY,
@@ -214,20 +311,7 @@ impl Verifier {
                 ),
             ));
         }
-        let mut seen = self
-            .seen
-            .lock()
-            .map_err(|_| (StatusCode::INTERNAL, "replay cache unavailable".to_owned()))?;
-        if now_ms >= seen.next_prune_ms {
-            seen.expiry.retain(|_, until| *until > now_ms);
-            seen.next_prune_ms = now_ms + tolerance.max(1_000);
-        }
-        // An id is remembered as long as its timestamp could still pass the tolerance check.
-        let until = env.timestamp_ms.saturating_add(tolerance).saturating_add(1);
-        if seen.expiry.insert(env.id, until).is_some() {
-            return Err((StatusCode::REPLAY, "this message id was seen before".into()));
-        }
-        Ok(())
+        Ok(Some((signature, trusted)))
     }
 }
 
@@ -281,5 +365,48 @@ mod tests {
             verifier.verify("s", &unsigned, now).map_err(|e| e.0),
             Err(StatusCode::UNAUTHORIZED)
         );
+    }
+
+    #[test]
+    fn a_batch_refuses_exactly_its_bad_members_and_replays_within_it() {
+        let alice = Identity::generate();
+        let verifier = Verifier::new(SignaturePolicy {
+            require_signed: true,
+            ..Default::default()
+        });
+        verifier.trust("alice", &alice.public_key());
+        let subject = "chorus.evt.t";
+        let mut envs: Vec<Envelope> = (0..10)
+            .map(|i| {
+                let mut env = Envelope::new(Kind::Event, Performative::Inform, "alice");
+                env.payload = Bytes::from(vec![i; 16]);
+                alice.sign(subject, &mut env);
+                env
+            })
+            .collect();
+        envs[3].payload = Bytes::from_static(b"tampered");
+        envs[7].signature = None;
+        let replayed = envs[1].clone();
+        envs.push(replayed);
+        let now = envs[0].timestamp_ms;
+        let items: Vec<_> = envs.iter().map(|e| (subject, e)).collect();
+        let codes: Vec<Option<StatusCode>> = verifier
+            .verify_batch(&items, now)
+            .into_iter()
+            .map(|r| r.err().map(|e| e.0))
+            .collect();
+        let mut expected = vec![None; 11];
+        expected[3] = Some(StatusCode::IDENTITY);
+        expected[7] = Some(StatusCode::UNAUTHORIZED);
+        expected[10] = Some(StatusCode::REPLAY);
+        assert_eq!(codes, expected);
+        // The good ones are remembered: sending any of them again is a replay.
+        assert_eq!(
+            verifier.verify(subject, &envs[0], now).map_err(|e| e.0),
+            Err(StatusCode::REPLAY)
+        );
+        // A tampered one was not remembered: its untampered original still verifies.
+        envs[3].payload = Bytes::from(vec![3; 16]);
+        assert_eq!(verifier.verify(subject, &envs[3], now), Ok(()));
     }
 }
