@@ -25,7 +25,7 @@ fn codec_bench(c: &mut Criterion) {
             b.iter(|| codec::encode(black_box(&env), enc).expect("encodes"))
         });
         group.bench_function(format!("decode {enc:?}"), |b| {
-            b.iter(|| codec::decode(black_box(&bytes)).expect("decodes"))
+            b.iter(|| codec::decode_shared(black_box(&bytes)).expect("decodes"))
         });
     }
     group.bench_function("new envelope (uuid v7, clock)", |b| {

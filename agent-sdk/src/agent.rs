@@ -771,12 +771,16 @@ impl Agent {
         content_type: &str,
     ) -> Result<(), SdkError> {
         let subject = self.inner.subjects.event(topic)?;
-        let mut env = Envelope::new(Kind::Event, Performative::Inform, self.inner.id.as_str());
+        let mut env = Envelope::new_typed(
+            Kind::Event,
+            Performative::Inform,
+            self.inner.id.as_str(),
+            content_type.to_owned(),
+        );
         env.topic = Some(topic.to_owned());
-        env.content_type = content_type.to_owned();
         env.payload = payload;
         self.inner
-            .publish_envelope(&subject, env, &opentelemetry::Context::current())
+            .publish_envelope(subject, env, &opentelemetry::Context::current())
             .await
     }
 
@@ -1118,19 +1122,24 @@ impl Inner {
         parent: Option<Parent<'_>>,
     ) -> Result<(), SdkError> {
         let subject = self.subjects.event(topic)?;
-        let mut env = Envelope::new(Kind::Event, Performative::Inform, self.id.as_str());
+        let content_type = self.encoding.content_type();
+        let mut env = Envelope::new_typed(
+            Kind::Event,
+            Performative::Inform,
+            self.id.as_str(),
+            content_type.to_owned(),
+        );
         env.topic = Some(topic.to_owned());
         self.inherit(&mut env, parent.map(|p| p.env))?;
-        env.content_type = self.encoding.content_type().to_owned();
-        env.payload = encode_payload(value, &env.content_type)?;
+        env.payload = encode_payload(value, content_type)?;
         let otel = parent.map_or_else(opentelemetry::Context::current, |p| p.otel.clone());
-        self.publish_envelope(&subject, env, &otel).await
+        self.publish_envelope(subject, env, &otel).await
     }
 
     /// Publishes an event envelope under a producer span.
     pub(crate) async fn publish_envelope(
         &self,
-        subject: &str,
+        subject: String,
         mut env: Envelope,
         parent: &opentelemetry::Context,
     ) -> Result<(), SdkError> {
@@ -1138,13 +1147,18 @@ impl Inner {
             opentelemetry::trace::SpanKind::Producer,
             parent,
             env.trace.as_ref(),
-            || format!("chorus.publish {}", env.topic.as_deref().unwrap_or(subject)),
+            || {
+                format!(
+                    "chorus.publish {}",
+                    env.topic.as_deref().unwrap_or(&subject)
+                )
+            },
             || crate::trace::attributes(&self.id, &env),
         );
         env.trace = Some(trace);
-        self.seal(subject, &mut env);
+        self.seal(&subject, &mut env);
         let bytes = codec::encode(&env, self.encoding)?;
-        let sent = self.broker.publish(subject, bytes).await;
+        let sent = self.broker.publish_owned(subject, bytes).await;
         crate::trace::finish(span.as_ref(), sent.as_ref().err().map(|e| e.to_string()));
         sent?;
         AgentCounters::bump(&self.counters.events_published);

@@ -96,23 +96,40 @@ const ENVELOPE_OVERHEAD: usize = 320;
 /// Encodes `envelope` in `encoding`.
 pub fn encode(envelope: &Envelope, encoding: Encoding) -> Result<Bytes, CodecError> {
     // Sized once for the fixed fields plus the payload: no regrowth on the hot path.
-    let mut buf = Vec::with_capacity(ENVELOPE_OVERHEAD + envelope.payload.len() * 4 / 3);
-    let out = match encoding {
-        Encoding::MsgPack => envelope
-            .serialize(&mut rmp_serde::Serializer::new(&mut buf).with_struct_map())
-            .map_err(|e| e.to_string()),
-        Encoding::Json => serde_json::to_writer(&mut buf, envelope).map_err(|e| e.to_string()),
-    };
-    out.map(|()| Bytes::from(buf))
-        .map_err(CodecError::Malformed)
+    match encoding {
+        Encoding::MsgPack => {
+            let mut buf = Vec::with_capacity(ENVELOPE_OVERHEAD + envelope.payload.len());
+            crate::wire::encode(envelope, &mut buf);
+            Ok(Bytes::from(buf))
+        }
+        Encoding::Json => {
+            let mut buf = Vec::with_capacity(ENVELOPE_OVERHEAD + envelope.payload.len() * 4 / 3);
+            serde_json::to_writer(&mut buf, envelope)
+                .map_err(|e| CodecError::Malformed(e.to_string()))?;
+            Ok(Bytes::from(buf))
+        }
+    }
 }
 
 /// Decodes an envelope, telling which encoding it was in. Refuses an unknown major version
-/// and ignores fields it does not know.
+/// and ignores fields it does not know. The payload is copied out of `bytes`; see
+/// [`decode_shared`] to borrow it.
 pub fn decode(bytes: &[u8]) -> Result<(Envelope, Encoding), CodecError> {
+    decode_from(bytes, None)
+}
+
+/// [`decode`], with the payload a slice of `bytes` instead of a copy.
+pub fn decode_shared(bytes: &Bytes) -> Result<(Envelope, Encoding), CodecError> {
+    decode_from(bytes, Some(bytes))
+}
+
+fn decode_from(bytes: &[u8], shared: Option<&Bytes>) -> Result<(Envelope, Encoding), CodecError> {
     let encoding = Encoding::sniff(bytes).ok_or(CodecError::UnknownEncoding)?;
     let result: Result<Envelope, String> = match encoding {
-        Encoding::MsgPack => rmp_serde::from_slice(bytes).map_err(|e| e.to_string()),
+        Encoding::MsgPack => match crate::wire::decode(bytes, shared) {
+            Some(envelope) => Ok(envelope),
+            None => rmp_serde::from_slice(bytes).map_err(|e| e.to_string()),
+        },
         Encoding::Json => serde_json::from_slice(bytes).map_err(|e| e.to_string()),
     };
     match result {
@@ -130,15 +147,15 @@ pub fn decode(bytes: &[u8]) -> Result<(Envelope, Encoding), CodecError> {
     }
 }
 
-/// Decodes with a size limit checked first.
-pub fn decode_limited(bytes: &[u8], limit: usize) -> Result<(Envelope, Encoding), CodecError> {
+/// [`decode_shared`] with a size limit checked first.
+pub fn decode_limited(bytes: &Bytes, limit: usize) -> Result<(Envelope, Encoding), CodecError> {
     if bytes.len() > limit {
         return Err(CodecError::TooLarge {
             size: bytes.len(),
             limit,
         });
     }
-    decode(bytes)
+    decode_shared(bytes)
 }
 
 fn unsupported(found: String) -> CodecError {

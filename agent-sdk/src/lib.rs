@@ -39,6 +39,7 @@ mod stats;
 pub mod status;
 pub mod subject;
 pub mod trace;
+mod wire;
 
 pub use agent::{
     Agent, AgentOptions, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_REQUEST_TIMEOUT,

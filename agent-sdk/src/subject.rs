@@ -178,7 +178,12 @@ impl Subjects {
     /// `<root>.evt.<topic>`: where an event on `topic` is published.
     pub fn event(&self, topic: &str) -> Result<String, SubjectError> {
         validate_dotted("topic", topic)?;
-        Ok(format!("{}.evt.{topic}", self.root))
+        // Built to its exact length: handed to the client as it is, no copy or regrowth.
+        let mut subject = String::with_capacity(self.root.len() + 5 + topic.len());
+        subject.push_str(&self.root);
+        subject.push_str(".evt.");
+        subject.push_str(topic);
+        Ok(subject)
     }
 
     /// `<root>.evt.<pattern>`: what to subscribe to for a topic pattern with `*` and `>`.

@@ -90,6 +90,16 @@ fn random_u64() -> u64 {
     })
 }
 
+/// Appends `v` as 16 lowercase hex digits (what `{:016x}` writes, without the formatter).
+fn push_hex(out: &mut String, v: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = [0u8; 16];
+    for (i, digit) in hex.iter_mut().enumerate() {
+        *digit = DIGITS[((v >> ((15 - i) * 4)) & 0xf) as usize];
+    }
+    out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
+}
+
 /// The trace id of a `traceparent`, when it has a well-formed one.
 fn trace_id_of(tc: &TraceContext) -> Option<&str> {
     let id = tc.traceparent.get(3..35)?;
@@ -109,15 +119,18 @@ pub(crate) fn start(
     attributes: impl FnOnce() -> Vec<KeyValue>,
 ) -> (Option<OtelContext>, TraceContext) {
     if !spans_enabled() {
-        let traceparent = match inherited.and_then(trace_id_of) {
-            Some(trace) => format!("00-{trace}-{:016x}-01", random_u64()),
-            None => format!(
-                "00-{:016x}{:016x}-{:016x}-01",
-                random_u64(),
-                random_u64(),
-                random_u64()
-            ),
-        };
+        let mut traceparent = String::with_capacity(55);
+        traceparent.push_str("00-");
+        match inherited.and_then(trace_id_of) {
+            Some(trace) => traceparent.push_str(trace),
+            None => {
+                push_hex(&mut traceparent, random_u64());
+                push_hex(&mut traceparent, random_u64());
+            }
+        }
+        traceparent.push('-');
+        push_hex(&mut traceparent, random_u64());
+        traceparent.push_str("-01");
         return (
             None,
             TraceContext {
@@ -228,5 +241,33 @@ mod tests {
         ] {
             assert!(parse_traceparent(bad).is_none(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn traceparents_made_without_spans_are_valid_and_keep_the_inherited_trace() {
+        for v in [0, 1, 0xabc, u64::MAX, 0x0123_4567_89ab_cdef] {
+            let mut out = String::new();
+            push_hex(&mut out, v);
+            assert_eq!(out, format!("{v:016x}"));
+        }
+        let (_, fresh) = start(
+            SpanKind::Producer,
+            &OtelContext::new(),
+            None,
+            String::new,
+            Vec::new,
+        );
+        let sc = parse_traceparent(&fresh.traceparent).expect("a valid traceparent");
+        assert_eq!(fresh.traceparent.len(), 55);
+        let (_, child) = start(
+            SpanKind::Producer,
+            &OtelContext::new(),
+            Some(&fresh),
+            String::new,
+            Vec::new,
+        );
+        let child_sc = parse_traceparent(&child.traceparent).expect("a valid traceparent");
+        assert_eq!(child_sc.trace_id(), sc.trace_id());
+        assert_ne!(child_sc.span_id(), sc.span_id());
     }
 }

@@ -144,6 +144,12 @@ impl Broker {
         self.publish_with(subject, None, None, payload).await
     }
 
+    /// [`publish`](Broker::publish), taking the subject by value: it is handed to the client
+    /// as it is, without a copy (the hot path of a sender that builds its subjects).
+    pub async fn publish_owned(&self, subject: String, payload: Bytes) -> Result<()> {
+        self.publish_subject(subject, None, None, payload).await
+    }
+
     /// Publishes with an optional reply subject and headers.
     pub async fn publish_with(
         &self,
@@ -152,11 +158,21 @@ impl Broker {
         headers: Option<Headers>,
         payload: Bytes,
     ) -> Result<()> {
-        validate_subject(subject, Wildcards::Refuse)?;
+        self.publish_subject(subject.to_owned(), reply, headers, payload)
+            .await
+    }
+
+    async fn publish_subject(
+        &self,
+        subject: String,
+        reply: Option<&str>,
+        headers: Option<Headers>,
+        payload: Bytes,
+    ) -> Result<()> {
+        validate_subject(&subject, Wildcards::Refuse)?;
         if let Some(reply) = reply {
             validate_subject(reply, Wildcards::Refuse)?;
         }
-        let subject = subject.to_owned();
         let result = match (reply, headers) {
             (None, None) => self.client.publish(subject, payload).await,
             (None, Some(h)) => {
