@@ -969,7 +969,7 @@ impl Inner {
                 limit: env.hop_limit,
             });
         }
-        if parent.is_expired_at(now_ms()) {
+        if parent.is_expired() {
             AgentCounters::bump(&self.counters.expired);
             return Err(SdkError::Expired);
         }
@@ -1185,7 +1185,7 @@ impl Inner {
                 "unsupported message kind".to_owned(),
                 &self.counters.bad_input,
             ))
-        } else if env.is_expired_at(now_ms()) {
+        } else if env.is_expired() {
             Some((
                 StatusCode::EXPIRED,
                 "the message's TTL or deadline passed before it was handled".to_owned(),
@@ -1786,6 +1786,21 @@ impl Stream for EventStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Option<Event>> {
         let this = &mut *self;
+        if this.inner.verifier.is_none() {
+            // Nothing to batch: each event is handed out as it is admitted.
+            loop {
+                match Pin::new(&mut this.sub).poll_next(cx) {
+                    Poll::Ready(Some(msg)) => {
+                        AgentCounters::bump(&this.inner.counters.received);
+                        if let Ok((envelope, _)) = this.inner.admit(&msg) {
+                            return Poll::Ready(Some(Event { envelope }));
+                        }
+                    }
+                    Poll::Ready(None) => return Poll::Ready(None),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        }
         loop {
             if let Some(event) = this.ready.pop_front() {
                 return Poll::Ready(Some(event));

@@ -97,8 +97,9 @@ impl Call {
     }
 
     /// Uses `id` as the message id instead of a fresh UUIDv7. Sending the same id twice is
-    /// how a sender retries safely: the server's dedupe window and, for exactly-once, the
-    /// receiver's idempotency record make the second copy a no-op.
+    /// how a sender retries safely with exactly-once delivery: the server's dedupe window and
+    /// the receiver's idempotency record make the second copy a no-op. (At least once, the
+    /// second copy is handled again.)
     pub fn id(mut self, id: Uuid) -> Self {
         self.id = Some(id);
         self

@@ -476,6 +476,12 @@ impl Envelope {
         }
     }
 
+    /// Whether the TTL or deadline has passed; the clock is read only for an envelope that
+    /// expires (most do not, and this is checked on every received message).
+    pub fn is_expired(&self) -> bool {
+        self.expires_at_ms().is_some_and(|t| now_ms() > t)
+    }
+
     /// Whether the TTL or deadline has passed at `now_ms`.
     pub fn is_expired_at(&self, now_ms: u64) -> bool {
         self.expires_at_ms().is_some_and(|t| now_ms > t)

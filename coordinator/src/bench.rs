@@ -1,6 +1,8 @@
 //! `chorus bench`: each scenario run against raw async-nats and against Chorus, alternating,
 //! in one process and against one server, so the ratio is measured rather than remembered.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use agent_sdk::codec::{self, Encoding};
@@ -285,15 +287,13 @@ async fn chorus_durable(
         .durable_inbox(true)
         .connect()
         .await?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    worker.handle_command("work", SignalHandler(tx)).await?;
+    let tally = Arc::new(Tally::new(count));
+    worker
+        .handle_command("work", SignalHandler(Arc::clone(&tally)))
+        .await?;
     let sender = agent(url, "bench-sender").await?;
     let payload = Bytes::from(vec![7u8; size]);
     let started = Instant::now();
-    let counter = tokio::spawn(async move {
-        let mut arrivals = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
-        baseline::count_arrivals(&mut arrivals, count, IDLE).await
-    });
     let calls: Vec<Call> = (0..count)
         .map(|_| {
             Call::agent(id.clone(), "work")
@@ -302,13 +302,13 @@ async fn chorus_durable(
                 .raw_payload(payload.clone(), "application/octet-stream")
         })
         .collect();
-    for chunk in calls.chunks(4_096) {
-        for r in sender.send_batch(chunk.to_vec()).await {
-            r?;
-        }
+    // One batch, so that 256 acks stay in flight from the first publish to the last, as on
+    // the raw side (chunks would drain the window at each boundary).
+    for r in sender.send_batch(calls).await {
+        r?;
     }
 
-    let (received, end) = counter.await?;
+    let (received, end) = tally.wait(IDLE).await;
 
     sender.shutdown().await;
     worker.shutdown().await;
@@ -319,11 +319,63 @@ async fn chorus_durable(
     })
 }
 
-struct SignalHandler(tokio::sync::mpsc::UnboundedSender<()>);
+/// Counts handled messages in the handler itself, with no task hop per message: the raw
+/// side counts in its reading loop, so a channel to a counting task here would charge Chorus
+/// a wake-up per message that the baseline does not pay.
+struct Tally {
+    target: u64,
+    handled: AtomicU64,
+    /// When the last one was handled, in nanoseconds after `base`.
+    last_ns: AtomicU64,
+    base: Instant,
+    done: tokio::sync::Notify,
+}
+
+impl Tally {
+    fn new(target: u64) -> Self {
+        Tally {
+            target,
+            handled: AtomicU64::new(0),
+            last_ns: AtomicU64::new(0),
+            base: Instant::now(),
+            done: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn hit(&self) {
+        let ns = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_ns.fetch_max(ns, Ordering::Relaxed);
+        if self.handled.fetch_add(1, Ordering::Relaxed) + 1 == self.target {
+            self.done.notify_one();
+        }
+    }
+
+    /// Waits until all have been handled, or `idle` passes without one (up to 30 s for the
+    /// first). Returns the count and when the last was handled.
+    async fn wait(&self, idle: Duration) -> (u64, Instant) {
+        let mut seen = 0;
+        let mut wait = Duration::from_secs(30).max(idle);
+        while tokio::time::timeout(wait, self.done.notified())
+            .await
+            .is_err()
+        {
+            let now = self.handled.load(Ordering::Relaxed);
+            if now == seen {
+                break;
+            }
+            seen = now;
+            wait = idle;
+        }
+        let last = self.base + Duration::from_nanos(self.last_ns.load(Ordering::Relaxed));
+        (self.handled.load(Ordering::Relaxed), last)
+    }
+}
+
+struct SignalHandler(Arc<Tally>);
 
 impl agent_sdk::Handler for SignalHandler {
     fn call(&self, _ctx: Context) -> agent_sdk::BoxFuture<Result<agent_sdk::Output, HandlerError>> {
-        let _ = self.0.send(());
+        self.0.hit();
         Box::pin(async { Ok(agent_sdk::Output::default()) })
     }
 }
@@ -515,22 +567,21 @@ async fn secure_events(
         .encryption_key(receiver_key)
         .connect()
         .await?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let topic = format!("bench.signed.{}", uuid::Uuid::now_v7().simple());
     let mut events = receiver.subscribe(&topic).await?;
+    let tally = Arc::new(Tally::new(count));
     if encrypt {
         receiver
-            .handle_command("sealed", SignalHandler(tx.clone()))
+            .handle_command("sealed", SignalHandler(Arc::clone(&tally)))
             .await?;
     } else {
-        let tx = tx.clone();
+        let tally = Arc::clone(&tally);
         tokio::spawn(async move {
             while events.next().await.is_some() {
-                let _ = tx.send(());
+                tally.hit();
             }
         });
     }
-    drop(tx);
     let sender = base("bench-signer")
         .identity(sender_id)
         .trust_encryption("bench-verifier", receiver_public)
@@ -538,10 +589,6 @@ async fn secure_events(
         .await?;
     let payload = Bytes::from(vec![0x5a; 128]);
     let started = Instant::now();
-    let counter = tokio::spawn(async move {
-        let mut arrivals = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
-        baseline::count_arrivals(&mut arrivals, count, IDLE).await
-    });
     for _ in 0..count {
         if encrypt {
             sender
@@ -558,7 +605,7 @@ async fn secure_events(
         }
     }
     sender.broker().flush().await?;
-    let (received, end) = counter.await?;
+    let (received, end) = tally.wait(IDLE).await;
     sender.shutdown().await;
     receiver.shutdown().await;
     Ok(baseline::Throughput {

@@ -58,7 +58,7 @@ async fn fan_out(shared: &Shared, msg: &Message) -> Result<(Envelope, BroadcastR
             "a broadcast names its command",
         );
     };
-    if request.is_expired_at(now_ms()) {
+    if request.is_expired() {
         return refuse(StatusCode::EXPIRED, "expired before the fan-out");
     }
     let hops = request.hops.saturating_add(1);
