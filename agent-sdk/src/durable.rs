@@ -263,6 +263,7 @@ impl Inner {
                 (Verdict::DeadLetter(DeadLetterReason::Refused, e), None)
             }
             Ok((env, _)) => {
+                let env = Arc::new(env);
                 let verdict = self.durable_verdict(&delivery, &env).await;
                 (verdict, Some(env))
             }
@@ -325,7 +326,11 @@ impl Inner {
         }
     }
 
-    async fn durable_verdict(self: &Arc<Self>, delivery: &Delivery, env: &Envelope) -> Verdict {
+    async fn durable_verdict(
+        self: &Arc<Self>,
+        delivery: &Delivery,
+        env: &Arc<Envelope>,
+    ) -> Verdict {
         let refuse = |status, reason: String| {
             Verdict::DeadLetter(DeadLetterReason::Refused, HandlerError::new(status, reason))
         };
@@ -400,8 +405,9 @@ impl Inner {
             || format!("chorus.handle {}", endpoint.name),
             || crate::trace::attributes(&self.id, env),
         );
-        let mut plain = env.clone();
-        if plain.encryption.is_some() {
+        // The handler shares the decoded envelope; only an encrypted one is copied, to open.
+        let request = if env.encryption.is_some() {
+            let mut plain = Envelope::clone(env);
             let opened = match &self.decryption {
                 Some(key) => key.decrypt(&self.id, &mut plain),
                 None => Err((
@@ -413,10 +419,13 @@ impl Inner {
                 crate::trace::finish(Some(&otel), Some(reason.clone()));
                 return refuse(status, reason);
             }
-        }
+            Arc::new(plain)
+        } else {
+            Arc::clone(env)
+        };
         let ctx = crate::context::Context {
             inner: Arc::clone(self),
-            request: Arc::new(plain),
+            request,
             otel: otel.clone(),
         };
         let started = std::time::Instant::now();
