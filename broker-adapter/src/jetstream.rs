@@ -226,7 +226,6 @@ pub struct ConsumerState {
 #[derive(Debug, Clone)]
 pub struct JetStream {
     ctx: jetstream::Context,
-    client: async_nats::Client,
 }
 
 fn datetime_ms(t: &time::OffsetDateTime) -> u64 {
@@ -238,10 +237,7 @@ impl Broker {
     pub fn jetstream(&self, timeout: Duration) -> JetStream {
         let mut ctx = jetstream::new(self.client.clone());
         ctx.set_timeout(timeout);
-        JetStream {
-            ctx,
-            client: self.client.clone(),
-        }
+        JetStream { ctx }
     }
 }
 
@@ -486,10 +482,7 @@ impl JetStream {
                 .await
                 .map_err(|e| js_err(&format!("consumer {} on {name}", spec.durable), e))?,
         };
-        Ok(Consumer {
-            inner: consumer,
-            client: self.client.clone(),
-        })
+        Ok(Consumer { inner: consumer })
     }
 
     /// Counts of consumer `durable` on stream `name`.
@@ -550,7 +543,6 @@ impl JetStream {
 #[derive(Debug, Clone)]
 pub struct Consumer {
     inner: jetstream::consumer::Consumer<pull::Config>,
-    client: async_nats::Client,
 }
 
 impl Consumer {
@@ -566,10 +558,7 @@ impl Consumer {
             .messages()
             .await
             .map_err(|e| js_err("consumer messages", e))?;
-        Ok(Deliveries {
-            inner: stream,
-            client: self.client.clone(),
-        })
+        Ok(Deliveries { inner: stream })
     }
 }
 
@@ -577,7 +566,6 @@ impl Consumer {
 /// heartbeats while the server is away) are yielded and the stream goes on.
 pub struct Deliveries {
     inner: pull::Stream,
-    client: async_nats::Client,
 }
 
 impl std::fmt::Debug for Deliveries {
@@ -590,10 +578,9 @@ impl Stream for Deliveries {
     type Item = Result<Delivery>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let client = self.client.clone();
         self.inner.poll_next_unpin(cx).map(|next| {
             next.map(|item| {
-                item.map(|message| Delivery::new(message, client))
+                item.map(Delivery::new)
                     .map_err(|e| js_err("consumer delivery", e))
             })
         })
@@ -604,14 +591,13 @@ impl Stream for Deliveries {
 #[derive(Debug)]
 pub struct Delivery {
     message: jetstream::Message,
-    client: async_nats::Client,
     stream_seq: u64,
     delivered: u64,
     published_ms: u64,
 }
 
 impl Delivery {
-    fn new(message: jetstream::Message, client: async_nats::Client) -> Self {
+    fn new(message: jetstream::Message) -> Self {
         let (stream_seq, delivered, published_ms) = message
             .info()
             .map(|i| {
@@ -624,7 +610,6 @@ impl Delivery {
             .unwrap_or((0, 1, 0));
         Delivery {
             message,
-            client,
             stream_seq,
             delivered,
             published_ms,
@@ -700,7 +685,11 @@ impl Delivery {
             .filter(|c| !c.is_control())
             .take(200)
             .collect();
-        self.client
+        // The message's own connection (the context every delivery carries), so that no
+        // client handle is cloned per delivery for this rare case.
+        self.message
+            .context
+            .client()
             .publish(reply, Bytes::from(format!("+TERM {reason}")))
             .await
             .map_err(|e| Error::with_source(ErrorKind::Broker, "term failed", e))

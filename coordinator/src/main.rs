@@ -254,7 +254,7 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("chorus: {err:#}");
+            eprintln!("chorus: {}", chorus::error_chain(&err));
             ExitCode::FAILURE
         }
     }
