@@ -1763,7 +1763,8 @@ impl Event {
 /// wait in the subscription's bounded buffer (64k by default); when the reader of the stream
 /// falls that far behind, new events are dropped by the client and counted exactly in
 /// [`AgentStats::dropped`]. Messages that are not valid events, or have expired or looped, are
-/// counted and skipped.
+/// counted and skipped. When the agent verifies signatures, the events already waiting (up to
+/// 64) are verified together, which costs about half as much per signature as one by one.
 pub struct EventStream {
     sub: Subscription,
     inner: Arc<Inner>,
