@@ -21,6 +21,26 @@ fn broker_err(
 }
 
 /// Maps any displayable JetStream error, spotting "not found" in the server's answer.
+/// Why a stream could not be created, with what to do when the server has no room for it:
+/// JetStream reserves a stream's `max_bytes` up front, so a nearly full disk refuses it even
+/// while the stream is empty.
+fn stream_err<E>(spec: &StreamSpec, err: E) -> Error
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let context = if err.to_string().contains("insufficient storage") && spec.max_bytes > 0 {
+        format!(
+            "cannot create stream {}: the server cannot reserve its max_bytes of {} MiB \
+             (free disk space, raise the server's max_file_store, or lower the limit)",
+            spec.name,
+            spec.max_bytes >> 20
+        )
+    } else {
+        format!("cannot create stream {}", spec.name)
+    };
+    js_err(&context, err)
+}
+
 fn js_err<E>(context: &str, err: E) -> Error
 where
     E: std::error::Error + Send + Sync + 'static,
@@ -248,7 +268,7 @@ impl JetStream {
             .create_or_update_stream(spec.to_config())
             .await
             .map(|_| ())
-            .map_err(|e| js_err(&format!("cannot create stream {}", spec.name), e))
+            .map_err(|e| stream_err(spec, e))
     }
 
     /// Creates the stream as `spec` says if it does not exist; an existing stream is left as
@@ -266,7 +286,7 @@ impl JetStream {
                 {
                     Ok(())
                 }
-                Err(e) => Err(js_err(&format!("cannot create stream {}", spec.name), e)),
+                Err(e) => Err(stream_err(spec, e)),
             },
         }
     }

@@ -263,3 +263,36 @@ async fn subscription_drain_delivers_what_was_routed_then_ends() {
     let got: Vec<_> = within(WAIT, "drained stream", sub.collect::<Vec<_>>()).await;
     assert_eq!(got.len(), 50);
 }
+
+#[tokio::test]
+async fn a_stream_the_server_has_no_room_for_is_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("small.conf");
+    std::fs::write(
+        &conf,
+        "listen: \"127.0.0.1:-1\"\njetstream { max_file_store: 64MB }\n",
+    )
+    .expect("write");
+    let server = chorus_tests::ServerBuilder::default()
+        .config(&conf)
+        .start()
+        .expect("server");
+    let broker = raw_broker(&server).await;
+    let js = broker.jetstream(WAIT);
+    let mut spec = broker_adapter::StreamSpec::new("ROOMY", vec!["roomy.>".into()]);
+    spec.max_bytes = 1 << 30;
+    let err = within(WAIT, "ensure stream", js.ensure_stream(&spec))
+        .await
+        .expect_err("a 1 GiB reservation does not fit in 64 MB");
+    let text = err.to_string();
+    assert!(
+        text.contains("cannot reserve its max_bytes of 1024 MiB")
+            && text.contains("lower the limit"),
+        "{text}"
+    );
+    // A stream that fits is created as usual.
+    spec.max_bytes = 16 << 20;
+    within(WAIT, "ensure stream", js.ensure_stream(&spec))
+        .await
+        .expect("16 MiB fits");
+}
