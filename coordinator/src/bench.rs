@@ -50,9 +50,9 @@ pub struct Row {
     pub goal: String,
     /// Whether the goal is met, when the scenario has one.
     pub met: Option<bool>,
-    /// Messages sent in the last Chorus round.
+    /// Messages sent in all the Chorus rounds together (a loss in any round shows).
     pub sent: u64,
-    /// Messages received in the last Chorus round.
+    /// Messages received in all the Chorus rounds together.
     pub received: u64,
     /// `sent - received`.
     pub lost: u64,
@@ -678,8 +678,8 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             p.raw.push(r.per_second());
             let c = chorus_events(&url, count, size, 1).await?;
             p.chorus.push(c.per_second());
-            p.sent = c.sent;
-            p.received = c.received;
+            p.sent += c.sent;
+            p.received += c.received;
         }
         let goal = if size == 128 {
             ">= 0.85 of raw, no loss"
@@ -743,8 +743,8 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             );
             let c = chorus_request_throughput(&url, 64, dur, 128).await?;
             p.chorus.push(c.per_second());
-            p.sent = c.sent;
-            p.received = c.received;
+            p.sent += c.sent;
+            p.received += c.received;
         }
         rows.push(p.row(
             "request-reply throughput, 64 concurrent",
@@ -766,8 +766,8 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             );
             let c = chorus_durable(&url, count, 128).await?;
             p.chorus.push(c.per_second());
-            p.sent = c.sent;
-            p.received = c.received;
+            p.sent += c.sent;
+            p.received += c.received;
         }
         rows.push(p.row(
             "durable at-least-once publish->handled, 256 acks in flight",
@@ -789,8 +789,8 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             );
             let c = chorus_events(&url, count, 128, 100).await?;
             p.chorus.push(c.per_second());
-            p.sent = c.sent;
-            p.received = c.received;
+            p.sent += c.sent;
+            p.received += c.received;
         }
         rows.push(p.row(
             "event fan-out to 100 subscribers (deliveries)",
