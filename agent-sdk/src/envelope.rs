@@ -427,19 +427,34 @@ impl Envelope {
     ) -> Self {
         let id = Uuid::now_v7();
         Envelope {
-            version: PROTOCOL_VERSION,
             id,
+            // The id's own millisecond timestamp: one clock read for both.
+            timestamp_ms: (id.as_u128() >> 80) as u64,
+            ..Self::blank(kind, performative, from.into(), content_type)
+        }
+    }
+
+    /// Every field at its default, with a nil id and a zero timestamp: the start of a new
+    /// envelope, and of one being decoded (which takes the id and time from the bytes).
+    pub(crate) fn blank(
+        kind: Kind,
+        performative: Performative,
+        from: String,
+        content_type: String,
+    ) -> Self {
+        Envelope {
+            version: PROTOCOL_VERSION,
+            id: Uuid::nil(),
             correlation_id: None,
             in_reply_to: None,
-            from: from.into(),
+            from,
             to: Vec::new(),
             topic: None,
             capability: None,
             name: None,
             kind,
             performative,
-            // The id's own millisecond timestamp: one clock read for both.
-            timestamp_ms: (id.as_u128() >> 80) as u64,
+            timestamp_ms: 0,
             ttl_ms: None,
             deadline_ms: None,
             hops: 0,

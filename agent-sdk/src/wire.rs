@@ -6,15 +6,13 @@
 //! repeated or missing field, an array for a map) to the serde decoder, so that what is
 //! accepted, and every error, stays serde's.
 
-use std::collections::BTreeMap;
-
 use bytes::Bytes;
 use rmp::encode as w;
 use uuid::Uuid;
 
 use crate::envelope::{
-    DEFAULT_HOP_LIMIT, DeliveryClass, Envelope, ExpectedReply, PROTOCOL_VERSION, Priority,
-    Progress, Signature, TraceContext, Version,
+    DEFAULT_HOP_LIMIT, DeliveryClass, Envelope, ExpectedReply, Kind, PROTOCOL_VERSION,
+    Performative, Priority, Progress, Signature, TraceContext, Version,
 };
 use crate::status::StatusCode;
 
@@ -215,44 +213,17 @@ pub(crate) fn decode(bytes: &[u8], shared: Option<&Bytes>) -> Option<Envelope> {
         pos: 0,
     };
     let fields = r.map_len()?;
-    let mut env = Envelope {
-        version: PROTOCOL_VERSION,
-        id: Uuid::nil(),
-        correlation_id: None,
-        in_reply_to: None,
-        from: String::new(),
-        to: Vec::new(),
-        topic: None,
-        capability: None,
-        name: None,
-        kind: crate::envelope::Kind::Unknown,
-        performative: crate::envelope::Performative::Unknown,
-        timestamp_ms: 0,
-        ttl_ms: None,
-        deadline_ms: None,
-        hops: 0,
-        hop_limit: DEFAULT_HOP_LIMIT,
-        priority: Priority::Normal,
-        delivery: DeliveryClass::AtMostOnce,
-        expect: None,
-        progress: None,
-        status: None,
-        reason: None,
-        trace: None,
-        session_id: None,
-        customer_id: None,
-        headers: BTreeMap::new(),
-        // Filled in at the end when absent, saving an allocation when present.
-        content_type: String::new(),
-        payload: Bytes::new(),
-        token: None,
-        signature: None,
-        encryption: None,
-    };
+    // The content type is filled in at the end when absent, saving an allocation when present.
+    let mut env = Envelope::blank(
+        Kind::Unknown,
+        Performative::Unknown,
+        String::new(),
+        String::new(),
+    );
     // One bit per field seen: a repeated field, or a missing required one, goes to serde.
     let mut seen = 0u32;
     for _ in 0..fields {
-        let name = r.key()?;
+        let name = r.str_bytes()?;
         let bit = match name {
             b"version" => {
                 env.version = match r.str()? {
@@ -469,17 +440,9 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// A field name, as bytes: names are matched, never kept, so need no UTF-8 check.
-    fn key(&mut self) -> Option<&'a [u8]> {
-        let n = match self.byte()? {
-            m @ 0xa0..=0xbf => usize::from(m & 0x1f),
-            0xd9 => self.len(1)?,
-            _ => return None,
-        };
-        self.take(n)
-    }
-
-    fn str(&mut self) -> Option<&'a str> {
+    /// A string's bytes without the UTF-8 check: what field names are read with, since they
+    /// are only matched, never kept.
+    fn str_bytes(&mut self) -> Option<&'a [u8]> {
         let n = match self.byte()? {
             m @ 0xa0..=0xbf => usize::from(m & 0x1f),
             0xd9 => self.len(1)?,
@@ -487,7 +450,11 @@ impl<'a> Reader<'a> {
             0xdb => self.len(4)?,
             _ => return None,
         };
-        std::str::from_utf8(self.take(n)?).ok()
+        self.take(n)
+    }
+
+    fn str(&mut self) -> Option<&'a str> {
+        std::str::from_utf8(self.str_bytes()?).ok()
     }
 
     fn bin_range(&mut self) -> Option<(usize, usize)> {
@@ -549,7 +516,7 @@ impl<'a> Reader<'a> {
         let n = self.map_len()?;
         let mut seen = 0u32;
         for _ in 0..n {
-            let name = self.key()?;
+            let name = self.str_bytes()?;
             match names.iter().position(|k| k.as_bytes() == name) {
                 Some(i) => {
                     if seen & (1 << i) != 0 {
