@@ -22,13 +22,11 @@ use crate::status::StatusCode;
 /// The signature algorithm name carried in envelopes.
 pub const SIGNATURE_ALG: &str = "ed25519";
 
-/// An agent's signing identity: an nkey user key pair.
+/// An agent's signing identity: an nkey user key pair, held as the ed25519 key it encodes
+/// (nkeys keeps no expanded key, so signing through it redoes work per message).
 pub struct Identity {
-    key: nkeys::KeyPair,
-    /// The same key as `key`, held by ed25519-dalek directly: nkeys keeps no expanded key, so
-    /// signing through it redoes work per message.
     signer: ed25519_dalek::SigningKey,
-    /// `key.public_key()`, encoded once.
+    /// The public key as an nkey (`U...`), encoded once.
     public: String,
 }
 
@@ -41,23 +39,22 @@ impl std::fmt::Debug for Identity {
 impl Identity {
     /// A new random identity.
     pub fn generate() -> Self {
-        Self::from_key(nkeys::KeyPair::new_user()).expect("a fresh user key has a seed")
+        Self::from_key(&nkeys::KeyPair::new_user()).expect("a fresh user key has a seed")
     }
 
     /// The identity of a user nkey seed (`SU...`).
     pub fn from_seed(seed: &str) -> Result<Self, String> {
         nkeys::KeyPair::from_seed(seed)
             .map_err(|e| format!("not a valid nkey seed: {e}"))
-            .and_then(Self::from_key)
+            .and_then(|key| Self::from_key(&key))
     }
 
-    fn from_key(key: nkeys::KeyPair) -> Result<Self, String> {
+    fn from_key(key: &nkeys::KeyPair) -> Result<Self, String> {
         let seed = key.seed().map_err(|e| e.to_string())?;
         let (_, raw) = nkeys::decode_seed(&seed).map_err(|e| e.to_string())?;
         Ok(Identity {
             signer: ed25519_dalek::SigningKey::from_bytes(&raw),
             public: key.public_key(),
-            key,
         })
     }
 
@@ -68,7 +65,9 @@ impl Identity {
 
     /// The seed, to store securely.
     pub fn seed(&self) -> Result<String, String> {
-        self.key.seed().map_err(|e| e.to_string())
+        nkeys::KeyPair::new_from_raw(nkeys::KeyPairType::User, self.signer.to_bytes())
+            .and_then(|key| key.seed())
+            .map_err(|e| e.to_string())
     }
 
     /// Signs `env` as published to `subject`.
@@ -98,11 +97,8 @@ pub fn canonical_bytes(subject: &str, env: &Envelope) -> Vec<u8> {
         env.from,
     );
     let mut hex = [0u8; 64];
-    for (i, b) in digest.iter().enumerate() {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        hex[2 * i] = DIGITS[usize::from(b >> 4)];
-        hex[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
-    }
+    // 32 bytes always fit 64 hex digits.
+    let _ = hex::encode_to_slice(digest, &mut hex);
     out.extend_from_slice(&hex);
     out
 }
@@ -408,5 +404,19 @@ mod tests {
         // A tampered one was not remembered: its untampered original still verifies.
         envs[3].payload = Bytes::from(vec![3; 16]);
         assert_eq!(verifier.verify(subject, &envs[3], now), Ok(()));
+    }
+
+    #[test]
+    fn an_identity_survives_its_seed() {
+        let id = Identity::generate();
+        let seed = id.seed().expect("a seed");
+        assert!(seed.starts_with("SU"), "{seed}");
+        let again = Identity::from_seed(&seed).expect("the seed loads");
+        assert_eq!(again.public_key(), id.public_key());
+        let mut a = Envelope::new(Kind::Event, Performative::Inform, "a");
+        let mut b = a.clone();
+        id.sign("s", &mut a);
+        again.sign("s", &mut b);
+        assert_eq!(a.signature, b.signature);
     }
 }

@@ -92,11 +92,9 @@ fn random_u64() -> u64 {
 
 /// Appends `v` as 16 lowercase hex digits (what `{:016x}` writes, without the formatter).
 fn push_hex(out: &mut String, v: u64) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut hex = [0u8; 16];
-    for (i, digit) in hex.iter_mut().enumerate() {
-        *digit = DIGITS[((v >> ((15 - i) * 4)) & 0xf) as usize];
-    }
+    // 8 bytes always fit 16 hex digits, which are ASCII.
+    let _ = hex::encode_to_slice(v.to_be_bytes(), &mut hex);
     out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
 }
 
