@@ -1778,6 +1778,28 @@ impl std::fmt::Debug for EventStream {
     }
 }
 
+impl EventStream {
+    /// The next message off the subscription that passes [`Inner::admit`], counting each
+    /// received and skipping the refused.
+    fn poll_admitted(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<(Message, Envelope)>> {
+        loop {
+            match Pin::new(&mut self.sub).poll_next(cx) {
+                Poll::Ready(Some(msg)) => {
+                    AgentCounters::bump(&self.inner.counters.received);
+                    if let Ok((envelope, _)) = self.inner.admit(&msg) {
+                        return Poll::Ready(Some((msg, envelope)));
+                    }
+                }
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
 /// Most events an [`EventStream`] takes off its subscription at once, so that their
 /// signatures are checked together.
 const VERIFY_BATCH: usize = 64;
@@ -1789,18 +1811,9 @@ impl Stream for EventStream {
         let this = &mut *self;
         if this.inner.verifier.is_none() {
             // Nothing to batch: each event is handed out as it is admitted.
-            loop {
-                match Pin::new(&mut this.sub).poll_next(cx) {
-                    Poll::Ready(Some(msg)) => {
-                        AgentCounters::bump(&this.inner.counters.received);
-                        if let Ok((envelope, _)) = this.inner.admit(&msg) {
-                            return Poll::Ready(Some(Event { envelope }));
-                        }
-                    }
-                    Poll::Ready(None) => return Poll::Ready(None),
-                    Poll::Pending => return Poll::Pending,
-                }
-            }
+            return this
+                .poll_admitted(cx)
+                .map(|next| next.map(|(_, envelope)| Event { envelope }));
         }
         loop {
             if let Some(event) = this.ready.pop_front() {
@@ -1811,13 +1824,8 @@ impl Stream for EventStream {
             let mut batch = Vec::new();
             let mut ended = false;
             while batch.len() < VERIFY_BATCH {
-                match Pin::new(&mut this.sub).poll_next(cx) {
-                    Poll::Ready(Some(msg)) => {
-                        AgentCounters::bump(&this.inner.counters.received);
-                        if let Ok((envelope, _)) = this.inner.admit(&msg) {
-                            batch.push((msg, envelope));
-                        }
-                    }
+                match this.poll_admitted(cx) {
+                    Poll::Ready(Some(admitted)) => batch.push(admitted),
                     Poll::Ready(None) => {
                         ended = true;
                         break;
