@@ -1364,6 +1364,10 @@ impl Inner {
         subject: &str,
         env: &Envelope,
     ) -> Result<(), crate::security::Refused> {
+        if self.verifier.is_none() {
+            // Every handled message passes here: no allocation when there is nothing to check.
+            return Ok(());
+        }
         self.verify_batch(&[(subject, env)]).pop().unwrap_or(Ok(()))
     }
 

@@ -428,20 +428,8 @@ fn rss_of(pid: u32) -> Option<u64> {
 
 /// RSS of an idle agent: `chorus listen` in its own process (one agent, one subscription).
 async fn idle_agent_rss(url: &str) -> anyhow::Result<u64> {
-    let exe = std::env::current_exe()?;
-    let mut child = tokio::process::Command::new(exe)
-        .args(["--server", url, "listen", "bench.idle.>"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    // It prints "listening on ..." once subscribed.
-    let stderr = child
-        .stderr
-        .take()
-        .ok_or_else(|| anyhow::anyhow!("no stderr"))?;
-    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stderr));
-    tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await??;
+    // It prints "listening on ..." to stderr once subscribed.
+    let mut child = start_self(&["--server", url, "listen", "bench.idle.>"], &[], true).await?;
     // Give it a moment of idleness (heartbeats, pings) before reading.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss = resident_bytes(&mut child).await;
@@ -498,20 +486,13 @@ async fn register_fakes(url: &str, agents: usize) -> anyhow::Result<Agent> {
 
 /// RSS of `chorus serve` in its own process once it holds `agents` registered agents.
 async fn coordinator_rss(url: &str, agents: usize) -> anyhow::Result<u64> {
-    let exe = std::env::current_exe()?;
-    let mut child = tokio::process::Command::new(exe)
-        .args(["--server", url, "--root", "benchmem", "serve"])
-        .env("CHORUS_SERVE__METRICS_ADDR", "127.0.0.1:0")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
-    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
-    tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await??;
+    // It prints its metrics address to stdout once serving.
+    let mut child = start_self(
+        &["--server", url, "--root", "benchmem", "serve"],
+        &[("CHORUS_SERVE__METRICS_ADDR", "127.0.0.1:0")],
+        false,
+    )
+    .await?;
     let publisher = AgentOptions::new("bench-registrar")
         .servers([url])
         .root("benchmem")
@@ -547,6 +528,41 @@ async fn coordinator_rss(url: &str, agents: usize) -> anyhow::Result<u64> {
         "only {registered} of {agents} agents were registered within 30 s"
     );
     Ok(rss)
+}
+
+/// Starts this binary with `args` and `env` and waits (up to 20 s) for its first line, on
+/// stderr or stdout as `ready_on_stderr` says: its sign that it is up. The other stream is
+/// kept for [`resident_bytes`] to report why it exited, if it did.
+async fn start_self(
+    args: &[&str],
+    env: &[(&str, &str)],
+    ready_on_stderr: bool,
+) -> anyhow::Result<tokio::process::Child> {
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let ready: Box<dyn tokio::io::AsyncRead + Unpin + Send> = if ready_on_stderr {
+        Box::new(
+            child
+                .stderr
+                .take()
+                .ok_or_else(|| anyhow::anyhow!("no stderr"))?,
+        )
+    } else {
+        Box::new(
+            child
+                .stdout
+                .take()
+                .ok_or_else(|| anyhow::anyhow!("no stdout"))?,
+        )
+    };
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(ready));
+    tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await??;
+    Ok(child)
 }
 
 /// Resident memory of a child that must still be running: an error, with what it printed,
