@@ -41,7 +41,8 @@ impl Throughput {
 
 /// Counts items of `stream` until `count` have arrived, or `idle` passes without one (up to
 /// 30 s for the first, while the sender sets up). Returns the count and when the last came.
-/// Both sides of every benchmark count with this.
+/// Both sides of the stream benchmarks count with this (where Chorus hands messages to a handler
+/// instead of a stream, the benchmark counts in the handler, as the raw side counts in its loop).
 pub async fn count_arrivals<S: futures::Stream + Unpin>(
     stream: &mut S,
     count: u64,
