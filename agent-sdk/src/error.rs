@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use crate::codec::CodecError;
-use crate::status::StatusCode;
+use crate::protocol::codec::CodecError;
+use crate::protocol::status::StatusCode;
 use crate::subject::SubjectError;
 
 /// Why an SDK call failed. [`SdkError::status`] gives the protocol code for it, so a handler
@@ -48,6 +48,10 @@ pub enum SdkError {
     /// A payload could not be encrypted (a recipient's key unknown, a bad key).
     #[error("encryption: {0}")]
     Encryption(String),
+    /// The call asks for something the SDK cannot do (a durable message to a capability, a
+    /// permission on a handler that is not registered).
+    #[error("invalid call: {0}")]
+    InvalidCall(String),
     /// The agent is shutting down and takes no new work.
     #[error("the agent is shutting down")]
     ShuttingDown,
@@ -66,7 +70,7 @@ impl SdkError {
             SdkError::Codec(_) => StatusCode::DATA_FORMAT,
             SdkError::Subject(_) => StatusCode::INVALID_ARGUMENT,
             SdkError::ShuttingDown => StatusCode::UNAVAILABLE,
-            SdkError::Encryption(_) => StatusCode::INVALID_ARGUMENT,
+            SdkError::Encryption(_) | SdkError::InvalidCall(_) => StatusCode::INVALID_ARGUMENT,
             SdkError::Broker(e) => match e.kind() {
                 K::TimedOut => StatusCode::TIMEOUT,
                 K::NoResponders => StatusCode::NO_RESPONDERS,

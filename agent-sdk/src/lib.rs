@@ -21,42 +21,56 @@
 //! # Ok(()) }
 //! ```
 
+//! # Rooms
+//!
+//! | module | job |
+//! |---|---|
+//! | `protocol` | the envelope, its codecs, status codes, the registry's messages |
+//! | [`subject`] | every subject, built and validated in one place |
+//! | [`security`] | signatures, end-to-end encryption, permissions and rate limits |
+//! | `outbound` | what an agent sends: calls, requests, events |
+//! | `handler` | handler traits, the [`Context`] they run in, the endpoint table |
+//! | `inbound` | the one inbound pipeline: admit, layers, exactly-once, handle, outcome |
+//! | [`durable`] | durable sends, the durable inbox, dead letters |
+//! | `presence` | heartbeats, service discovery, keys learned from the registry |
+//! | `agent` | the [`Agent`] handle and its [`AgentOptions`] |
+
 mod agent;
-mod call;
-pub mod codec;
-mod context;
 pub mod durable;
-pub mod encryption;
-pub mod envelope;
 mod error;
 mod handler;
+mod inbound;
 pub mod metrics;
+mod outbound;
 mod presence;
-pub mod registry;
+mod protocol;
 pub mod retry;
 pub mod security;
 mod stats;
-pub mod status;
 pub mod subject;
+mod sync;
 pub mod trace;
-mod wire;
+
+pub use protocol::{codec, envelope, registry, status};
+pub use security::encryption;
 
 pub use agent::{
-    Agent, AgentOptions, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_SHUTDOWN_TIMEOUT, Event, EventStream, RateLimit, ShutdownReport,
+    Agent, AgentOptions, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_QUEUE_CAPACITY,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, JETSTREAM_TIMEOUT, ShutdownReport,
 };
 pub use broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, TlsOptions};
-pub use call::{Call, Reply, Target};
 pub use codec::{CodecError, Encoding};
-pub use context::Context;
 pub use durable::Receipt;
 pub use envelope::{DeliveryClass, Envelope, Kind, Performative, Priority};
 pub use error::{HandlerError, SdkError};
-pub use handler::{BoxFuture, EventHandler, Handler, Output, Typed};
+pub use handler::{BoxFuture, Context, EventHandler, Handler, Output, Typed};
+pub use inbound::{Event, EventStream};
+pub use outbound::{Call, Reply, Target};
 pub use registry::{
     AgentRecord, Availability, BroadcastReport, BroadcastTarget, DiscoverQuery, Manifest, Outcome,
 };
 pub use retry::{RetryPolicies, RetryPolicy};
+pub use security::access::RateLimit;
 pub use stats::AgentStats;
 pub use status::StatusCode;
 pub use subject::Subjects;

@@ -1,19 +1,19 @@
-//! Prometheus metrics of the agents in this process, and a small HTTP listener serving them.
+//! Prometheus metrics of the agents in this process.
 //!
 //! Every agent records into one process-wide registry ([`registry`]) with an `agent` label, so
 //! a process running several agents (and the coordinator) has one `/metrics`. Hot-path counts
 //! are plain atomics read at scrape time; only the request-latency histogram and the
-//! messages-by-kind-and-status counter are updated per message.
+//! messages-by-kind-and-status counter are updated per message. The coordinator serves the
+//! registry over HTTP (`chorus::service::http::MetricsServer`); any other process can serve
+//! [`render`]`(`[`registry`]`())` on a listener of its own.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Mutex, OnceLock, Weak};
 
 use broker_adapter::StatsSnapshot;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
-use tokio_util::sync::CancellationToken;
 
 use crate::stats::AgentStats;
 
@@ -248,84 +248,4 @@ pub fn render(registry: &Registry) -> String {
         tracing::error!(error = %err, "metrics did not encode");
     }
     out
-}
-
-/// A running metrics listener: `/metrics`, `/healthz`, `/readyz`. Stopped by
-/// [`MetricsServer::stop`] or when dropped.
-#[derive(Debug)]
-pub struct MetricsServer {
-    addr: SocketAddr,
-    stop: CancellationToken,
-    task: Option<tokio::task::JoinHandle<()>>,
-}
-
-/// Answers `/readyz`: ready or not, and why not.
-pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
-
-impl MetricsServer {
-    /// Serves the process registry on `addr` (port 0 picks a free port). `ready` answers
-    /// `/readyz`; `/healthz` answers 200 while the process runs.
-    pub async fn start(addr: SocketAddr, ready: Readiness) -> std::io::Result<MetricsServer> {
-        use axum::http::StatusCode;
-        use axum::routing::get;
-        let listener = tokio::net::TcpListener::bind(addr).await?;
-        let addr = listener.local_addr()?;
-        let app = axum::Router::new()
-            .route(
-                "/metrics",
-                get(|| async {
-                    (
-                        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-                        render(registry()),
-                    )
-                }),
-            )
-            .route("/healthz", get(|| async { "ok\n" }))
-            .route(
-                "/readyz",
-                get(move || {
-                    let ready = Arc::clone(&ready);
-                    async move {
-                        match ready() {
-                            Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
-                            Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
-                        }
-                    }
-                }),
-            );
-        let stop = CancellationToken::new();
-        let shutdown = stop.clone();
-        let task = tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { shutdown.cancelled().await })
-                .await;
-            if let Err(err) = served {
-                tracing::error!(error = %err, "metrics listener failed");
-            }
-        });
-        Ok(MetricsServer {
-            addr,
-            stop,
-            task: Some(task),
-        })
-    }
-
-    /// The address it listens on.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Stops listening and waits for the listener task.
-    pub async fn stop(mut self) {
-        self.stop.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::envelope::Kind;
-use crate::status::StatusCode;
+use crate::protocol::envelope::Kind;
+use crate::protocol::status::StatusCode;
 
 /// One retry policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,7 +57,11 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     /// Checks the values; the error says which is wrong and why.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        self.check().map_err(PolicyError)
+    }
+
+    fn check(&self) -> Result<(), String> {
         if self.max_attempts == 0 {
             return Err("max_attempts must be at least 1".into());
         }
@@ -99,6 +103,11 @@ impl RetryPolicy {
     }
 }
 
+/// A retry policy that cannot be used: which value is wrong and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid retry policy: {0}")]
+pub struct PolicyError(String);
+
 /// Which messages a rule applies to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -125,13 +134,15 @@ pub struct RetryPolicies {
 
 impl RetryPolicies {
     /// Checks every policy and pattern.
-    pub fn validate(&self) -> Result<(), String> {
-        self.default
-            .validate()
-            .map_err(|e| format!("default: {e}"))?;
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        self.check().map_err(PolicyError)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        self.default.check().map_err(|e| format!("default: {e}"))?;
         for (i, rule) in self.rules.iter().enumerate() {
             rule.policy
-                .validate()
+                .check()
                 .map_err(|e| format!("rule {}: {e}", i + 1))?;
             if let Some(subject) = &rule.subject {
                 broker_adapter::validate_subject(subject, broker_adapter::Wildcards::Allow)
@@ -281,12 +292,18 @@ mod tests {
         assert!(
             bad.validate()
                 .expect_err("invalid")
+                .to_string()
                 .contains("max_attempts")
         );
         let bad = RetryPolicy {
             jitter: 2.0,
             ..RetryPolicy::default()
         };
-        assert!(bad.validate().expect_err("invalid").contains("jitter"));
+        assert!(
+            bad.validate()
+                .expect_err("invalid")
+                .to_string()
+                .contains("jitter")
+        );
     }
 }

@@ -62,16 +62,6 @@ fn check_token(what: &'static str, value: &str, token: &str) -> Result<(), Subje
     Ok(())
 }
 
-impl SubjectError {
-    pub(crate) fn new(what: &'static str, value: &str, why: &'static str) -> Self {
-        SubjectError {
-            what,
-            value: value.to_owned(),
-            why,
-        }
-    }
-}
-
 /// Checks a single-token name: an agent id, a command name, a group name.
 pub fn validate_token(what: &'static str, value: &str) -> Result<(), SubjectError> {
     check_token(what, value, value)
@@ -332,6 +322,55 @@ impl Subjects {
         validate_token("agent id", agent)?;
         Ok(format!("_INBOX.{agent}"))
     }
+
+    /// `_INBOX.<agent>.>`: every reply subject under the agent's own prefix.
+    pub fn inbox_all(&self, agent: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        Ok(format!("_INBOX.{agent}.>"))
+    }
+
+    /// `<root>.>`: every subject of the bus.
+    pub fn everything(&self) -> String {
+        format!("{}.>", self.root)
+    }
+
+    /// `<root>.agent.*.*`: every command and request to any agent.
+    pub fn commands_all(&self) -> String {
+        format!("{}.agent.*.*", self.root)
+    }
+
+    /// `<root>.cap.>`: every capability's access point.
+    pub fn capabilities_all(&self) -> String {
+        format!("{}.cap.>", self.root)
+    }
+
+    /// `<root>.inbox.<agent>.>`: both lanes of one agent's durable inbox.
+    pub fn durable_agent_all(&self, agent: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        Ok(format!("{}.inbox.{agent}.>", self.root))
+    }
+
+    /// `<root>.dlq.>`: every dead letter (the dead-letter stream's subjects).
+    pub fn dead_letters(&self) -> String {
+        format!("{}.dlq.>", self.root)
+    }
+
+    /// The reason token of a dead-letter subject `<root>.dlq.<reason>.<agent>`.
+    pub fn dead_letter_reason<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        let rest = subject.strip_prefix(&*self.root)?.strip_prefix(".dlq.")?;
+        rest.split('.').next().filter(|r| !r.is_empty())
+    }
+
+    /// `$JS.ACK.<stream>.>`: acknowledgements of deliveries from this root's stream `suffix`.
+    pub fn stream_acks(&self, suffix: &str) -> String {
+        format!("$JS.ACK.{}.>", self.stream_name(suffix))
+    }
+
+    /// `$KV.<bucket>.<key_prefix>.>`: the keys under one prefix of this root's bucket `suffix`.
+    pub fn bucket_keys(&self, suffix: &str, key_prefix: &str) -> Result<String, SubjectError> {
+        validate_dotted("key prefix", key_prefix)?;
+        Ok(format!("$KV.{}.{key_prefix}.>", self.bucket_name(suffix)))
+    }
 }
 
 #[cfg(test)]
@@ -388,6 +427,23 @@ mod tests {
         assert_eq!(custom.stream_name("DLQ"), "ACME_BUS_DLQ");
         assert_eq!(custom.bucket_name("registry"), "acme_bus_registry");
         assert_eq!(custom.event("x").as_deref(), Ok("acme.bus.evt.x"));
+        assert_eq!(custom.everything(), "acme.bus.>");
+        assert_eq!(custom.dead_letters(), "acme.bus.dlq.>");
+        assert_eq!(
+            custom.dead_letter_reason("acme.bus.dlq.expired.a-1"),
+            Some("expired")
+        );
+        assert_eq!(custom.dead_letter_reason("acme.bus.evt.x"), None);
+        assert_eq!(s.inbox_all("a-1").as_deref(), Ok("_INBOX.a-1.>"));
+        assert_eq!(
+            s.durable_agent_all("a-1").as_deref(),
+            Ok("chorus.inbox.a-1.>")
+        );
+        assert_eq!(s.stream_acks("INBOX"), "$JS.ACK.CHORUS_INBOX.>");
+        assert_eq!(
+            s.bucket_keys("idempotency", "a-1").as_deref(),
+            Ok("$KV.chorus_idempotency.a-1.>")
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use opentelemetry::{Context as OtelContext, KeyValue, global};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::envelope::{Envelope, TraceContext};
+use crate::protocol::envelope::{Envelope, TraceContext};
 
 static SPANS: AtomicBool = AtomicBool::new(false);
 

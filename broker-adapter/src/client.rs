@@ -10,6 +10,7 @@ use bytes::Bytes;
 use futures::Stream;
 use tokio::sync::broadcast;
 
+use crate::classify::classified;
 use crate::events::{ConnectionEvent, EventSink, StatsSnapshot};
 use crate::subject::{Wildcards, validate_queue_group, validate_subject};
 use crate::{BrokerOptions, Credentials, Error, ErrorKind, Headers, Message, Result};
@@ -35,7 +36,8 @@ struct Shared {
 
 impl Broker {
     /// Connects with `options`. Fails with [`ErrorKind::Refused`] when the server rejects the
-    /// credentials, [`ErrorKind::InvalidInput`] when the options cannot work, and
+    /// credentials, [`ErrorKind::ConnectionLimit`] when it has all the connections its
+    /// `max_connections` allows, [`ErrorKind::InvalidInput`] when the options cannot work, and
     /// [`ErrorKind::Broker`] when no server can be reached.
     pub async fn connect(options: BrokerOptions) -> Result<Broker> {
         if options.servers.is_empty() {
@@ -110,22 +112,10 @@ impl Broker {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let client = nats.connect(servers).await.map_err(|e| {
-            use async_nats::ConnectErrorKind as K;
-            let kind = match e.kind() {
-                K::Authentication | K::AuthorizationViolation => ErrorKind::Refused,
-                K::ServerParse | K::Tls => ErrorKind::InvalidInput,
-                _ if e
-                    .to_string()
-                    .to_ascii_lowercase()
-                    .contains("maximum connections") =>
-                {
-                    ErrorKind::ConnectionLimit
-                }
-                _ => ErrorKind::Broker,
-            };
-            Error::with_source(kind, "cannot connect to NATS", e)
-        })?;
+        let client = nats
+            .connect(servers)
+            .await
+            .map_err(|e| classified("cannot connect to NATS", e))?;
         Ok(Broker {
             client,
             shared: Arc::new(Shared {
@@ -191,15 +181,7 @@ impl Broker {
                     .await
             }
         };
-        result.map_err(|e| {
-            use async_nats::client::PublishErrorKind as K;
-            let kind = match e.kind() {
-                K::MaxPayloadExceeded => ErrorKind::TooLarge,
-                K::InvalidSubject => ErrorKind::InvalidSubject,
-                K::Send => ErrorKind::Broker,
-            };
-            Error::with_source(kind, "publish failed", e)
-        })
+        result.map_err(|e| classified("publish failed", e))
     }
 
     /// Subscribes to `subject` (wildcards allowed).
@@ -209,7 +191,7 @@ impl Broker {
             .client
             .subscribe(subject.to_owned())
             .await
-            .map_err(|e| Error::with_source(ErrorKind::Broker, "subscribe failed", e))?;
+            .map_err(|e| classified("subscribe failed", e))?;
         Ok(Subscription {
             inner,
             yielded: Arc::clone(&self.shared.yielded),
@@ -226,7 +208,7 @@ impl Broker {
             .client
             .queue_subscribe(subject.to_owned(), group.to_owned())
             .await
-            .map_err(|e| Error::with_source(ErrorKind::Broker, "queue subscribe failed", e))?;
+            .map_err(|e| classified("queue subscribe failed", e))?;
         Ok(Subscription {
             inner,
             yielded: Arc::clone(&self.shared.yielded),
@@ -256,17 +238,7 @@ impl Broker {
             .send_request(subject.to_owned(), request)
             .await
             .map(Message::from_nats)
-            .map_err(|e| {
-                use async_nats::RequestErrorKind as K;
-                let kind = match e.kind() {
-                    K::TimedOut => ErrorKind::TimedOut,
-                    K::NoResponders => ErrorKind::NoResponders,
-                    K::InvalidSubject => ErrorKind::InvalidSubject,
-                    K::MaxPayloadExceeded => ErrorKind::TooLarge,
-                    K::Other => ErrorKind::Broker,
-                };
-                Error::with_source(kind, format!("request to {subject} failed"), e)
-            })
+            .map_err(|e| classified(format!("request to {subject} failed"), e))
     }
 
     /// Waits until everything published so far is written to the server.
@@ -274,7 +246,7 @@ impl Broker {
         self.client
             .flush()
             .await
-            .map_err(|e| Error::with_source(ErrorKind::Broker, "flush failed", e))
+            .map_err(|e| classified("flush failed", e))
     }
 
     /// Waits until the server has processed everything this connection sent so far, by
@@ -287,7 +259,7 @@ impl Broker {
             .client
             .subscribe(inbox.clone())
             .await
-            .map_err(|e| Error::with_source(ErrorKind::Broker, "sync subscribe failed", e))?;
+            .map_err(|e| classified("sync subscribe failed", e))?;
         self.publish(&inbox, Bytes::new()).await?;
         let echoed = tokio::time::timeout(timeout, futures::StreamExt::next(&mut sub)).await;
         let _ = sub.unsubscribe().await;
@@ -313,7 +285,7 @@ impl Broker {
         self.client
             .drain()
             .await
-            .map_err(|e| Error::with_source(ErrorKind::Broker, "drain failed", e))
+            .map_err(|e| classified("drain failed", e))
     }
 
     /// A fresh reply subject under this connection's inbox prefix.
@@ -385,7 +357,7 @@ impl Subscription {
         self.inner
             .unsubscribe()
             .await
-            .map_err(|e| Error::with_source(ErrorKind::Broker, "unsubscribe failed", e))
+            .map_err(|e| classified("unsubscribe failed", e))
     }
 
     /// The next message, until `stop` completes: then the subscription drains (the server stops
@@ -416,7 +388,7 @@ impl Subscription {
         self.inner
             .drain()
             .await
-            .map_err(|e| Error::with_source(ErrorKind::Broker, "drain failed", e))
+            .map_err(|e| classified("drain failed", e))
     }
 }
 

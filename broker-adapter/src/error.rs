@@ -22,7 +22,8 @@ pub enum ErrorKind {
     /// The input given to the adapter cannot work: a bad URL, unreadable credentials, a header
     /// name or value NATS cannot carry.
     InvalidInput,
-    /// A conditional write lost: the key exists already, or its revision moved on.
+    /// A conditional write lost: the key exists already, or its revision moved on; or a stream
+    /// or consumer name is taken, with another configuration.
     Conflict,
     /// The stream, consumer, key or message does not exist.
     NotFound,

@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::broadcast;
 
+use crate::classify::server_text;
+
 /// Something that happened to a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -160,7 +162,8 @@ impl EventSink {
                 ConnectionEvent::PermissionViolation("authorization violation".to_owned())
             }
             Event::ServerError(ServerError::Other(text)) => {
-                if text.to_ascii_lowercase().contains("permissions violation") {
+                // The server gives permission refusals as text only; see `server_text`.
+                if server_text::is_permissions_violation(&text) {
                     bump(&self.stats.permission_violations);
                     tracing::error!(connection = name, error = %text, "permission violation");
                     ConnectionEvent::PermissionViolation(text)

@@ -11,24 +11,25 @@ use async_nats::jetstream::{self, consumer::pull, kv, stream};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 
+use crate::classify::{self, Classify};
 use crate::{Broker, Error, ErrorKind, Headers, Result};
 
-fn broker_err(
-    context: impl Into<String>,
-) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> Error {
-    let context = context.into();
-    move |e| Error::with_source(ErrorKind::Broker, context, e)
+/// The adapter's error for a failed JetStream call: its kind read from the error's async-nats
+/// kind or JetStream error code (see [`classify`]).
+fn js_err<E: Classify>(context: &str, err: E) -> Error {
+    classify::classified(context, err)
 }
 
-/// Maps any displayable JetStream error, spotting "not found" in the server's answer.
 /// Why a stream could not be created, with what to do when the server has no room for it:
 /// JetStream reserves a stream's `max_bytes` up front, so a nearly full disk refuses it even
 /// while the stream is empty.
-fn stream_err<E>(spec: &StreamSpec, err: E) -> Error
-where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    let context = if err.to_string().contains("insufficient storage") && spec.max_bytes > 0 {
+fn stream_err<E: Classify>(spec: &StreamSpec, err: E) -> Error {
+    let no_room = matches!(
+        classify::jetstream_code(&err),
+        Some(jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED)
+            | Some(jetstream::ErrorCode::INSUFFICIENT_RESOURCES)
+    );
+    let context = if no_room && spec.max_bytes > 0 {
         format!(
             "cannot create stream {}: the server cannot reserve its max_bytes of {} MiB \
              (free disk space, raise the server's max_file_store, or lower the limit)",
@@ -39,25 +40,6 @@ where
         format!("cannot create stream {}", spec.name)
     };
     js_err(&context, err)
-}
-
-fn js_err<E>(context: &str, err: E) -> Error
-where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    let text = err.to_string().to_ascii_lowercase();
-    let kind = if text.contains("not found") || text.contains("no message found") {
-        ErrorKind::NotFound
-    } else if text.contains("timed out") {
-        ErrorKind::TimedOut
-    } else if text.contains("wrong last sequence") || text.contains("already exists") {
-        ErrorKind::Conflict
-    } else if text.contains("permission") || text.contains("authorization") {
-        ErrorKind::Refused
-    } else {
-        ErrorKind::Broker
-    };
-    Error::with_source(kind, context.to_owned(), err)
 }
 
 /// What a stream should look like. [`JetStream::ensure_stream`] creates or updates it.
@@ -278,11 +260,11 @@ impl JetStream {
             Ok(_) => Ok(()),
             Err(_) => match self.ctx.create_stream(spec.to_config()).await {
                 Ok(_) => Ok(()),
-                // Created by someone else in the meantime.
+                // Created by someone else in the meantime (with another configuration: an
+                // identical one is no error).
                 Err(e)
-                    if e.to_string()
-                        .to_ascii_lowercase()
-                        .contains("already in use") =>
+                    if classify::jetstream_code(&e)
+                        == Some(jetstream::ErrorCode::STREAM_NAME_EXIST) =>
                 {
                     Ok(())
                 }
@@ -409,17 +391,26 @@ impl JetStream {
     /// an error (returns `false`).
     pub async fn delete_message(&self, name: &str, sequence: u64) -> Result<bool> {
         let stream = self.stream(name).await?;
-        match stream.delete_message(sequence).await {
-            Ok(deleted) => Ok(deleted),
-            Err(e) => {
-                let err = js_err(&format!("delete {sequence} of {name}"), e);
-                if err.kind() == ErrorKind::NotFound {
-                    Ok(false)
-                } else {
-                    Err(err)
-                }
-            }
+        let err = match stream.delete_message(sequence).await {
+            Ok(deleted) => return Ok(deleted),
+            Err(e) => e,
+        };
+        // The server reports a sequence it no longer holds as SEQUENCE_NOT_FOUND, but one whose
+        // storage block is already gone as a failed delete (STREAM_MESSAGE_DELETE_FAILED, its
+        // store error only in the text): then whether the message is still there decides.
+        let delete_failed = classify::jetstream_code(&err)
+            == Some(jetstream::ErrorCode::STREAM_MESSAGE_DELETE_FAILED);
+        let err = js_err(&format!("delete {sequence} of {name}"), err);
+        if err.kind() == ErrorKind::NotFound {
+            return Ok(false);
         }
+        if delete_failed
+            && let Err(e) = stream.get_raw_message(sequence).await
+            && classify::kind(&e) == ErrorKind::NotFound
+        {
+            return Ok(false);
+        }
+        Err(err)
     }
 
     /// Message counts of stream `name`.
@@ -681,7 +672,7 @@ impl Delivery {
         self.message
             .double_ack()
             .await
-            .map_err(broker_err("double ack failed"))
+            .map_err(|e| classify::classified_boxed("double ack failed", e))
     }
 
     /// Not done: redeliver after `delay` (immediately if `None`).
@@ -712,14 +703,14 @@ impl Delivery {
             .client()
             .publish(reply, Bytes::from(format!("+TERM {reason}")))
             .await
-            .map_err(|e| Error::with_source(ErrorKind::Broker, "term failed", e))
+            .map_err(|e| classify::classified("term failed", e))
     }
 
     async fn ack_with(&self, kind: jetstream::AckKind) -> Result<()> {
         self.message
             .ack_with(kind)
             .await
-            .map_err(broker_err("ack failed"))
+            .map_err(|e| classify::classified_boxed("ack failed", e))
     }
 }
 
@@ -786,24 +777,18 @@ impl Kv {
 
     /// Writes only if the key does not exist; [`ErrorKind::Conflict`] if it does.
     pub async fn create(&self, key: &str, value: Bytes) -> Result<u64> {
-        self.store.create(key, value).await.map_err(|e| {
-            if e.kind() == kv::CreateErrorKind::AlreadyExists {
-                Error::with_source(ErrorKind::Conflict, format!("kv create {key}"), e)
-            } else {
-                js_err(&format!("kv create {key}"), e)
-            }
-        })
+        self.store
+            .create(key, value)
+            .await
+            .map_err(|e| js_err(&format!("kv create {key}"), e))
     }
 
     /// Writes only if the key is still at `revision`; [`ErrorKind::Conflict`] otherwise.
     pub async fn update(&self, key: &str, value: Bytes, revision: u64) -> Result<u64> {
-        self.store.update(key, value, revision).await.map_err(|e| {
-            if e.kind() == kv::UpdateErrorKind::WrongLastRevision {
-                Error::with_source(ErrorKind::Conflict, format!("kv update {key}"), e)
-            } else {
-                js_err(&format!("kv update {key}"), e)
-            }
-        })
+        self.store
+            .update(key, value, revision)
+            .await
+            .map_err(|e| js_err(&format!("kv update {key}"), e))
     }
 
     /// Deletes `key` only if it is still at `revision`; [`ErrorKind::Conflict`] otherwise.
@@ -811,15 +796,7 @@ impl Kv {
         self.store
             .delete_expect_revision(key, Some(revision))
             .await
-            .map_err(|e| {
-                let text = e.to_string().to_ascii_lowercase();
-                let kind = if text.contains("wrong last sequence") {
-                    ErrorKind::Conflict
-                } else {
-                    ErrorKind::Broker
-                };
-                Error::with_source(kind, format!("kv delete {key}"), e)
-            })
+            .map_err(|e| js_err(&format!("kv delete {key}"), e))
     }
 
     /// Deletes `key`.

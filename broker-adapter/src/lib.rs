@@ -4,16 +4,17 @@
 //! [`Message`] and [`Headers`] from here, and match on [`ErrorKind`] to tell a timeout from
 //! nobody listening from a refusal.
 //!
-//! The [`server`] module starts a real `nats-server` process, for tests and the local demo.
+//! The [`raw`] module is unwrapped async-nats for `chorus bench`'s baseline only; the
+//! `nats-server` launcher for tests and the local demo is its own crate, `chorus-nats-server`.
 
-pub mod baseline;
+mod classify;
 mod client;
 mod error;
 mod events;
 pub mod jetstream;
 mod message;
 mod options;
-pub mod server;
+pub mod raw;
 mod subject;
 
 pub use client::{Broker, Subscription};

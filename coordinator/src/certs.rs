@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::error::{Error, ErrorKind, Result};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
@@ -25,27 +26,39 @@ pub struct DevCerts {
     pub client_key: PathBuf,
 }
 
-fn write(path: &Path, text: &str, secret: bool) -> anyhow::Result<()> {
+/// Mode of the key files: readable by their owner only.
+#[cfg(unix)]
+const SECRET_MODE: u32 = 0o600;
+/// Mode of the certificates: readable by anyone.
+#[cfg(unix)]
+const PUBLIC_MODE: u32 = 0o644;
+
+fn write(path: &Path, text: &str, secret: bool) -> Result<()> {
     use std::io::Write;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
-        options.mode(if secret { 0o600 } else { 0o644 });
+        options.mode(if secret { SECRET_MODE } else { PUBLIC_MODE });
     }
+    let context = || format!("cannot write {}", path.display());
     let mut file = options
         .open(path)
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
-    file.write_all(text.as_bytes())?;
-    Ok(())
+        .map_err(Error::wrap(ErrorKind::Io, context()))?;
+    file.write_all(text.as_bytes())
+        .map_err(Error::wrap(ErrorKind::Io, context()))
 }
 
 /// Generates a CA, a server certificate for `hosts` (names or IP addresses) and a client
 /// certificate named `client`, into `dir`.
-pub fn generate(dir: &Path, hosts: &[String], client: &str) -> anyhow::Result<DevCerts> {
-    std::fs::create_dir_all(dir)?;
-    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+pub fn generate(dir: &Path, hosts: &[String], client: &str) -> Result<DevCerts> {
+    std::fs::create_dir_all(dir).map_err(Error::wrap(
+        ErrorKind::Io,
+        format!("cannot create {}", dir.display()),
+    ))?;
+    let cert = |what: &str| Error::wrap(ErrorKind::Certificate, format!("cannot make the {what}"));
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(cert("CA"))?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params
         .distinguished_name
@@ -55,23 +68,29 @@ pub fn generate(dir: &Path, hosts: &[String], client: &str) -> anyhow::Result<De
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let ca_key = KeyPair::generate().map_err(cert("CA key"))?;
+    let ca = CertifiedIssuer::self_signed(ca_params, ca_key).map_err(cert("CA"))?;
 
-    let server_key = KeyPair::generate()?;
-    let mut server = CertificateParams::new(hosts.to_vec())?;
+    let server_key = KeyPair::generate().map_err(cert("server key"))?;
+    let mut server = CertificateParams::new(hosts.to_vec()).map_err(cert("server certificate"))?;
     server
         .distinguished_name
         .push(DnType::CommonName, "nats-server");
     server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let server_cert = server.signed_by(&server_key, &ca)?;
+    let server_cert = server
+        .signed_by(&server_key, &ca)
+        .map_err(cert("server certificate"))?;
 
-    let client_key = KeyPair::generate()?;
-    let mut client_params = CertificateParams::new(Vec::<String>::new())?;
+    let client_key = KeyPair::generate().map_err(cert("client key"))?;
+    let mut client_params =
+        CertificateParams::new(Vec::<String>::new()).map_err(cert("client certificate"))?;
     client_params
         .distinguished_name
         .push(DnType::CommonName, client);
     client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let client_cert = client_params.signed_by(&client_key, &ca)?;
+    let client_cert = client_params
+        .signed_by(&client_key, &ca)
+        .map_err(cert("client certificate"))?;
 
     let files = DevCerts {
         ca: dir.join("ca.pem"),

@@ -11,6 +11,25 @@ use agent_sdk::RetryPolicies;
 use agent_sdk::durable::InboxLimits;
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, ErrorKind, Result};
+
+/// Where `chorus serve` and `chorus up` find NATS unless told otherwise.
+pub const DEFAULT_SERVERS: &str = "nats://127.0.0.1:4222";
+/// Where `/metrics`, `/healthz` and `/readyz` listen unless told otherwise.
+pub const DEFAULT_METRICS_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9464);
+/// Prefix of the environment variables that override the config file.
+pub const ENV_PREFIX: &str = "CHORUS_SERVE";
+
+/// Fails with a configuration error saying `what` unless `ok`.
+fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(ErrorKind::Config, what()))
+    }
+}
+
 /// Everything `chorus serve` reads. Every field has a default; see `docs/COORDINATOR.md`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -60,10 +79,12 @@ impl ConnectionSecurity {
     pub fn apply(
         &self,
         mut options: broker_adapter::BrokerOptions,
-    ) -> anyhow::Result<broker_adapter::BrokerOptions> {
+    ) -> Result<broker_adapter::BrokerOptions> {
         if let Some(path) = &self.nkey_seed_file {
-            let seed = std::fs::read_to_string(path)
-                .map_err(|e| anyhow::anyhow!("cannot read nkey seed {}: {e}", path.display()))?;
+            let seed = std::fs::read_to_string(path).map_err(Error::wrap(
+                ErrorKind::Io,
+                format!("cannot read nkey seed {}", path.display()),
+            ))?;
             options = options.credentials(broker_adapter::Credentials::NKeySeed(
                 seed.trim().to_owned(),
             ));
@@ -72,7 +93,12 @@ impl ConnectionSecurity {
             let client_cert = match (&self.tls_cert, &self.tls_key) {
                 (Some(c), Some(k)) => Some((c.clone(), k.clone())),
                 (None, None) => None,
-                _ => anyhow::bail!("tls_cert and tls_key go together"),
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::Config,
+                        "tls_cert and tls_key go together",
+                    ));
+                }
             };
             options = options.tls(broker_adapter::TlsOptions {
                 required: true,
@@ -88,9 +114,9 @@ impl ConnectionSecurity {
 impl Default for CoordinatorConfig {
     fn default() -> Self {
         CoordinatorConfig {
-            servers: "nats://127.0.0.1:4222".into(),
+            servers: DEFAULT_SERVERS.into(),
             root: agent_sdk::subject::DEFAULT_ROOT.into(),
-            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            metrics_addr: DEFAULT_METRICS_ADDR,
             missed_heartbeats: 3,
             reap_interval_ms: 1_000,
             broadcast_timeout_ms: 5_000,
@@ -106,66 +132,57 @@ impl Default for CoordinatorConfig {
 
 impl CoordinatorConfig {
     /// Loads defaults, then `file` if given (it must exist), then the environment.
-    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
-        let defaults = config::Config::try_from(&CoordinatorConfig::default())?;
+    pub fn load(file: Option<&Path>) -> Result<Self> {
+        let invalid = || Error::wrap(ErrorKind::Config, "invalid configuration");
+        let defaults = config::Config::try_from(&CoordinatorConfig::default()).map_err(invalid())?;
         let mut builder = config::Config::builder().add_source(defaults);
         if let Some(file) = file {
-            anyhow::ensure!(
-                file.is_file(),
-                "config file {} does not exist",
-                file.display()
-            );
+            ensure(file.is_file(), || {
+                format!("config file {} does not exist", file.display())
+            })?;
             builder = builder.add_source(config::File::from(file).format(config::FileFormat::Toml));
         }
         builder = builder.add_source(
-            config::Environment::with_prefix("CHORUS_SERVE")
+            config::Environment::with_prefix(ENV_PREFIX)
                 .prefix_separator("__")
                 .separator("__")
                 .try_parsing(true),
         );
         let cfg: CoordinatorConfig = builder
-            .build()?
-            .try_deserialize()
-            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+            .build()
+            .and_then(config::Config::try_deserialize)
+            .map_err(invalid())?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     /// Checks values that parse but cannot work.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        agent_sdk::Subjects::new(&self.root).map_err(|e| anyhow::anyhow!("root: {e}"))?;
-        anyhow::ensure!(
-            !self.servers.trim().is_empty(),
-            "servers: no NATS server given"
-        );
-        anyhow::ensure!(
-            self.missed_heartbeats >= 1,
-            "missed_heartbeats must be at least 1"
-        );
-        anyhow::ensure!(
-            self.reap_interval_ms >= 10,
-            "reap_interval_ms must be at least 10"
-        );
-        anyhow::ensure!(
-            self.broadcast_timeout_ms >= 1,
-            "broadcast_timeout_ms must be positive"
-        );
-        anyhow::ensure!(
-            self.broadcast_concurrency >= 1,
-            "broadcast_concurrency must be at least 1"
-        );
-        anyhow::ensure!(
-            matches!(self.replicas, 1 | 3 | 5),
-            "replicas must be 1, 3 or 5, not {}",
-            self.replicas
-        );
+    pub fn validate(&self) -> Result<()> {
+        agent_sdk::Subjects::new(&self.root).map_err(Error::wrap(ErrorKind::Config, "root"))?;
+        ensure(!self.servers.trim().is_empty(), || {
+            "servers: no NATS server given".into()
+        })?;
+        ensure(self.missed_heartbeats >= 1, || {
+            "missed_heartbeats must be at least 1".into()
+        })?;
+        ensure(self.reap_interval_ms >= 10, || {
+            "reap_interval_ms must be at least 10".into()
+        })?;
+        ensure(self.broadcast_timeout_ms >= 1, || {
+            "broadcast_timeout_ms must be positive".into()
+        })?;
+        ensure(self.broadcast_concurrency >= 1, || {
+            "broadcast_concurrency must be at least 1".into()
+        })?;
+        ensure(matches!(self.replicas, 1 | 3 | 5), || {
+            format!("replicas must be 1, 3 or 5, not {}", self.replicas)
+        })?;
         self.retry
             .validate()
-            .map_err(|e| anyhow::anyhow!("retry: {e}"))?;
-        anyhow::ensure!(
-            self.inbox.max_age_secs > 0,
-            "inbox.max_age_secs must be positive"
-        );
+            .map_err(|e| Error::new(ErrorKind::Config, format!("retry: {e}")))?;
+        ensure(self.inbox.max_age_secs > 0, || {
+            "inbox.max_age_secs must be positive".into()
+        })?;
         Ok(())
     }
 

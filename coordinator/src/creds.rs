@@ -7,6 +7,21 @@
 //! central revocation can move to JWTs (`nsc`) with the same permission sets.
 
 use agent_sdk::Subjects;
+use agent_sdk::durable::{IDEMPOTENCY_BUCKET, INBOX_STREAM};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::service::COORDINATOR_ID;
+
+/// The JetStream API: what an agent with a durable inbox calls to set up its consumer.
+pub const JETSTREAM_API: &str = "$JS.API.>";
+/// JetStream's advisories and events.
+pub const JETSTREAM_EVENTS: &str = "$JS.EVENT.>";
+/// Everything JetStream, for the coordinator.
+pub const JETSTREAM_ALL: &str = "$JS.>";
+/// Every key-value bucket, for the coordinator.
+pub const KV_ALL: &str = "$KV.>";
+/// The service API (`$SRV.PING`, `$SRV.INFO`, ...) every agent answers.
+pub const SERVICE_API: &str = "$SRV.>";
 
 /// What one agent may do.
 #[derive(Debug, Clone, Default)]
@@ -33,36 +48,50 @@ fn quote(list: &[String]) -> String {
 }
 
 /// The permission lists (publish, subscribe) of `role`.
-pub fn permissions(subjects: &Subjects, role: &Role) -> anyhow::Result<(Vec<String>, Vec<String>)> {
-    agent_sdk::subject::validate_token("agent id", &role.agent)?;
-    let root = subjects.root();
+pub fn permissions(subjects: &Subjects, role: &Role) -> Result<(Vec<String>, Vec<String>)> {
+    permissions_of(subjects, role).map_err(Error::wrap(
+        ErrorKind::InvalidInput,
+        format!("no permissions for agent {:?}", role.agent),
+    ))
+}
+
+type Lists = (Vec<String>, Vec<String>);
+
+fn permissions_of(
+    subjects: &Subjects,
+    role: &Role,
+) -> std::result::Result<Lists, Box<dyn std::error::Error + Send + Sync>> {
     let id = &role.agent;
     let mut publish = vec![
         subjects.heartbeat(id)?,
         subjects.goodbye(id)?,
         subjects.discover(),
-        format!("{root}.bcast.>"),
+        subjects.broadcasts(),
         // Its own inbox: the SDK confirms subscriptions by messaging itself.
-        format!("_INBOX.{id}.>"),
+        subjects.inbox_all(id)?,
     ];
     if role.calls.is_empty() {
-        publish.push(format!("{root}.agent.*.*"));
-        publish.push(format!("{root}.cap.>"));
-        publish.push(format!("{root}.inbox.>"));
+        publish.push(subjects.commands_all());
+        publish.push(subjects.capabilities_all());
+        publish.push(subjects.durable_all());
     } else {
         for target in &role.calls {
             if let Some(agent) = target.strip_prefix("agent:") {
-                publish.push(format!("{root}.agent.{agent}.*"));
-                publish.push(format!("{root}.inbox.{agent}.>"));
+                publish.push(subjects.agent_inbound(agent)?);
+                publish.push(subjects.durable_agent_all(agent)?);
             } else if let Some(cap) = target.strip_prefix("cap:") {
                 publish.push(subjects.capability(cap)?);
             } else {
-                anyhow::bail!("--calls takes agent:<id> or cap:<capability>, not {target:?}");
+                return Err(format!(
+                    "--calls takes agent:<id> or cap:<capability>, not {target:?}"
+                )
+                .into());
             }
         }
     }
+    let all_events = subjects.event_pattern(">")?;
     if role.publishes.is_empty() {
-        publish.push(format!("{root}.evt.>"));
+        publish.push(all_events.clone());
     } else {
         for topic in &role.publishes {
             publish.push(subjects.event_pattern(topic)?);
@@ -70,14 +99,14 @@ pub fn permissions(subjects: &Subjects, role: &Role) -> anyhow::Result<(Vec<Stri
     }
     let mut subscribe = vec![
         subjects.agent_inbound(id)?,
-        format!("_INBOX.{id}.>"),
-        "$SRV.>".to_owned(),
+        subjects.inbox_all(id)?,
+        SERVICE_API.to_owned(),
     ];
     for cap in &role.serves {
         subscribe.push(subjects.capability(cap)?);
     }
     if role.listens.is_empty() {
-        subscribe.push(format!("{root}.evt.>"));
+        subscribe.push(all_events);
     } else {
         for topic in &role.listens {
             subscribe.push(subjects.event_pattern(topic)?);
@@ -86,24 +115,17 @@ pub fn permissions(subjects: &Subjects, role: &Role) -> anyhow::Result<(Vec<Stri
     if role.durable {
         // The JetStream API for its consumer and the bus's streams, acks of its deliveries,
         // dead letters it writes, and exactly-once records.
-        publish.push("$JS.API.>".to_owned());
-        publish.push(format!("$JS.ACK.{}.>", subjects.stream_name("INBOX")));
-        publish.push(format!("{root}.dlq.>"));
-        publish.push(format!(
-            "$KV.{}.{id}.>",
-            subjects.bucket_name("idempotency")
-        ));
-        subscribe.push("$JS.EVENT.>".to_owned());
+        publish.push(JETSTREAM_API.to_owned());
+        publish.push(subjects.stream_acks(INBOX_STREAM));
+        publish.push(subjects.dead_letters());
+        publish.push(subjects.bucket_keys(IDEMPOTENCY_BUCKET, id)?);
+        subscribe.push(JETSTREAM_EVENTS.to_owned());
     }
     Ok((publish, subscribe))
 }
 
 /// The `nats.conf` user entry for `role` with nkey `public_key`.
-pub fn authorization_entry(
-    subjects: &Subjects,
-    role: &Role,
-    public_key: &str,
-) -> anyhow::Result<String> {
+pub fn authorization_entry(subjects: &Subjects, role: &Role, public_key: &str) -> Result<String> {
     let (publish, subscribe) = permissions(subjects, role)?;
     Ok(format!(
         "# agent {}\n{{ nkey: \"{public_key}\", permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }}, allow_responses: true }} }}",
@@ -115,13 +137,13 @@ pub fn authorization_entry(
 
 /// The coordinator's entry: the whole bus under its root, JetStream, and its own inbox.
 pub fn coordinator_entry(subjects: &Subjects, public_key: &str) -> String {
-    let root = subjects.root();
-    let all = vec![
-        format!("{root}.>"),
-        "$JS.>".to_owned(),
-        "$KV.>".to_owned(),
-        "_INBOX.coordinator.>".to_owned(),
+    let mut all = vec![
+        subjects.everything(),
+        JETSTREAM_ALL.to_owned(),
+        KV_ALL.to_owned(),
     ];
+    // The coordinator's id is a valid token, so its inbox always builds.
+    all.extend(subjects.inbox_all(COORDINATOR_ID).ok());
     format!(
         "# the coordinator\n{{ nkey: \"{public_key}\", permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }}, allow_responses: true }} }}",
         quote(&all),

@@ -4,7 +4,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use broker_adapter::BrokerOptions;
-use broker_adapter::server::{NatsServer, ServerBuilder, find_binary};
+use chorus_nats_server::{NatsServer, ServerBuilder, find_binary};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// How long the probe waits for a server already running at the URL.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Hosts `chorus up` may start a server for.
+const LOOPBACK_HOSTS: [&str; 3] = ["127.0.0.1", "localhost", "[::1]"];
 
 /// A server `chorus up` found running, or one it started and owns (stopped on drop).
 #[derive(Debug)]
@@ -27,32 +34,44 @@ impl LocalNats {
 
 /// Uses the server at `url` if one answers; otherwise, for a loopback URL, starts
 /// `nats-server -c <config>` in the config file's directory and waits until it listens.
-pub async fn ensure_nats(url: &str, config: &Path) -> anyhow::Result<LocalNats> {
+pub async fn ensure_nats(url: &str, config: &Path) -> Result<LocalNats> {
     let probe = BrokerOptions::new([url])
         .name("chorus-up-probe")
-        .connect_timeout(Duration::from_secs(1))
+        .connect_timeout(PROBE_TIMEOUT)
         .connect()
         .await;
     if let Ok(broker) = probe {
         let _ = broker.drain().await;
         return Ok(LocalNats::Existing(url.to_owned()));
     }
-    let loopback = ["127.0.0.1", "localhost", "[::1]"]
-        .iter()
-        .any(|host| url.contains(host));
-    anyhow::ensure!(
-        loopback,
-        "no NATS server answers at {url}, and it is not a local address to start one on"
-    );
-    anyhow::ensure!(
-        config.is_file(),
-        "no NATS server answers at {url}, and there is no config file at {} to start one with",
-        config.display()
-    );
+    let loopback = LOOPBACK_HOSTS.iter().any(|host| url.contains(host));
+    if !loopback {
+        return Err(Error::new(
+            ErrorKind::Connect,
+            format!(
+                "no NATS server answers at {url}, and it is not a local address to start one on"
+            ),
+        ));
+    }
+    if !config.is_file() {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "no NATS server answers at {url}, and there is no config file at {} to start one with",
+                config.display()
+            ),
+        ));
+    }
     let binary = find_binary().ok_or_else(|| {
-        anyhow::anyhow!("nats-server is not installed: run scripts/install-nats-server first")
+        Error::new(
+            ErrorKind::NatsServer,
+            "nats-server is not installed: run scripts/install-nats-server first",
+        )
     })?;
-    let config = config.canonicalize()?;
+    let config = config.canonicalize().map_err(Error::wrap(
+        ErrorKind::Io,
+        format!("cannot find {}", config.display()),
+    ))?;
     let dir = config
         .parent()
         .map(Path::to_path_buf)
@@ -61,6 +80,10 @@ pub async fn ensure_nats(url: &str, config: &Path) -> anyhow::Result<LocalNats> 
         .binary(binary)
         .config(config)
         .current_dir(dir);
-    let server = tokio::task::spawn_blocking(move || builder.start()).await??;
+    const FAILED: &str = "nats-server did not start";
+    let server = tokio::task::spawn_blocking(move || builder.start())
+        .await
+        .map_err(Error::wrap(ErrorKind::NatsServer, FAILED))?
+        .map_err(Error::wrap(ErrorKind::NatsServer, FAILED))?;
     Ok(LocalNats::Started(Box::new(server)))
 }

@@ -9,47 +9,48 @@ use agent_sdk::codec::{self, encode_payload};
 use agent_sdk::durable::{DeadLetter, DeadLetterReason, write_dead_letter};
 use agent_sdk::envelope::now_ms;
 use agent_sdk::registry::RecipientReport;
-use agent_sdk::{BroadcastReport, BroadcastTarget, DiscoverQuery, Envelope, Outcome, StatusCode};
-use broker_adapter::{ErrorKind, Message};
+use agent_sdk::{
+    BroadcastReport, BroadcastTarget, DiscoverQuery, Envelope, HandlerError, Outcome, Output,
+    StatusCode,
+};
+use broker_adapter::ErrorKind;
 use futures::StreamExt;
 use uuid::Uuid;
 
+use super::Shared;
 use super::metrics::metrics;
-use super::{Shared, reply};
 
-/// Handles one broadcast request.
-pub(crate) async fn on_broadcast(shared: &Shared, msg: &Message) {
-    let Some(reply_to) = msg.reply() else { return };
-    let (request, status, report) = match fan_out(shared, msg).await {
-        Ok((request, report)) => (Some(request), StatusCode::OK, Some(report)),
-        Err((request, status, reason)) => {
-            tracing::debug!(%status, %reason, "broadcast refused");
-            (request.map(|r| *r), status, None)
-        }
-    };
+/// Handles one broadcast request (admitted by the inbound pipeline): the report, encoded in
+/// the request's content type, or why it was refused.
+pub(crate) async fn on_broadcast(
+    shared: &Shared,
+    request: &Envelope,
+    subject: &str,
+) -> Result<Output, HandlerError> {
+    let result = fan_out(shared, request, subject).await;
+    let status = result
+        .as_ref()
+        .map_or_else(|e| e.status, |_| StatusCode::OK);
     metrics()
         .messages
         .with_label_values(&["command", status.label()])
         .inc();
-    let payload = report.and_then(|r| {
-        let content_type = request
-            .as_ref()
-            .map_or(agent_sdk::envelope::CONTENT_TYPE_MSGPACK, |e| {
-                &e.content_type
-            });
-        encode_payload(&r, content_type).ok()
-    });
-    reply(&shared.broker, reply_to, request.as_ref(), status, payload).await;
+    let report = result.inspect_err(
+        |e| tracing::debug!(status = %e.status, reason = %e.reason, "broadcast refused"),
+    )?;
+    Ok(Output {
+        payload: encode_payload(&report, &request.content_type)?,
+        content_type: request.content_type.clone(),
+    })
 }
 
-type Refusal = (Option<Box<Envelope>>, StatusCode, String);
-
-async fn fan_out(shared: &Shared, msg: &Message) -> Result<(Envelope, BroadcastReport), Refusal> {
-    let (request, _) =
-        codec::decode(msg.payload()).map_err(|e| (None, StatusCode::DATA_FORMAT, e.to_string()))?;
-    let refuse =
-        |status, reason: &str| Err((Some(Box::new(request.clone())), status, reason.to_owned()));
-    let Some(target) = shared.subjects.broadcast_target(msg.subject()) else {
+async fn fan_out(
+    shared: &Shared,
+    request: &Envelope,
+    subject: &str,
+) -> Result<BroadcastReport, HandlerError> {
+    let refuse = |status, reason: &str| Err(HandlerError::new(status, reason));
+    let Some(target) = shared.subjects.broadcast_target(subject) else {
         return refuse(StatusCode::INVALID_ARGUMENT, "not a broadcast subject");
     };
     let Some(command) = request.name.clone() else {
@@ -58,9 +59,6 @@ async fn fan_out(shared: &Shared, msg: &Message) -> Result<(Envelope, BroadcastR
             "a broadcast names its command",
         );
     };
-    if request.is_expired() {
-        return refuse(StatusCode::EXPIRED, "expired before the fan-out");
-    }
     let hops = request.hops.saturating_add(1);
     if hops > request.hop_limit {
         return refuse(StatusCode::LOOP_DETECTED, "hop limit reached");
@@ -86,7 +84,7 @@ async fn fan_out(shared: &Shared, msg: &Message) -> Result<(Envelope, BroadcastR
         .collect();
     metrics().broadcasts.inc();
     let mut lines: Vec<RecipientReport> = futures::stream::iter(recipients)
-        .map(|agent| deliver(shared, &request, &command, hops, agent, timeout))
+        .map(|agent| deliver(shared, request, &command, hops, agent, timeout))
         .buffer_unordered(shared.config.broadcast_concurrency)
         .collect()
         .await;
@@ -115,7 +113,7 @@ async fn fan_out(shared: &Shared, msg: &Message) -> Result<(Envelope, BroadcastR
         timed_out = report.count(Outcome::TimedOut),
         "broadcast done"
     );
-    Ok((request, report))
+    Ok(report)
 }
 
 async fn deliver(

@@ -3,7 +3,7 @@
 
 use agent_sdk::codec;
 use agent_sdk::durable::{
-    DLQ_STREAM, DeadLetter, DeadLetterReason, INBOX_STREAM, write_dead_letter,
+    DLQ_STREAM, DeadLetter, DeadLetterNote, DeadLetterReason, INBOX_STREAM, write_dead_letter,
 };
 use agent_sdk::envelope::now_ms;
 use agent_sdk::{StatusCode, Subjects};
@@ -12,8 +12,11 @@ use bytes::Bytes;
 use serde::Deserialize;
 use std::time::Duration;
 
-use super::Shared;
 use super::metrics::metrics;
+use super::{JETSTREAM_TIMEOUT, Shared};
+
+/// How long an advisory that could not be processed waits before it is tried again.
+pub const ADVISORY_RETRY_DELAY: Duration = Duration::from_secs(2);
 
 /// The fields Chorus reads from JetStream's max-deliveries and terminated advisories.
 #[derive(Debug, Deserialize)]
@@ -28,25 +31,14 @@ struct Advisory {
     reason: String,
 }
 
-/// Reads `"<code> <reason>: <detail>"`, the note agents terminate a delivery with.
-fn parse_term_note(note: &str) -> (StatusCode, DeadLetterReason, String) {
-    let mut parts = note.splitn(2, ' ');
-    let code = parts.next().and_then(|c| c.parse::<u16>().ok());
-    let rest = parts.next().unwrap_or_default();
-    let (label, detail) = rest.split_once(": ").unwrap_or((rest, ""));
-    let reason = match label {
-        "max_attempts" => DeadLetterReason::MaxAttempts,
-        "expired" => DeadLetterReason::Expired,
-        _ => DeadLetterReason::Refused,
-    };
-    match code {
-        Some(code) => (StatusCode(code), reason, detail.to_owned()),
-        None => (
-            StatusCode::HANDLER_FAILED,
-            DeadLetterReason::Refused,
-            note.to_owned(),
-        ),
-    }
+/// What a terminated delivery's note says: the agent's [`DeadLetterNote`], or, for a note
+/// that is not one (a delivery terminated by some other client), the text as the detail.
+fn read_term_note(note: &str) -> DeadLetterNote {
+    note.parse().unwrap_or_else(|_| DeadLetterNote {
+        status: StatusCode::HANDLER_FAILED,
+        reason: DeadLetterReason::Refused,
+        detail: note.to_owned(),
+    })
 }
 
 /// Handles one captured advisory. Acks it only once the dead letter is stored and the
@@ -58,7 +50,7 @@ pub(crate) async fn on_advisory(shared: &Shared, delivery: &Delivery) {
         Ok(()) => delivery.ack().await,
         Err(err) => {
             tracing::warn!(error = %err, "advisory not processed; will retry");
-            delivery.nak(Some(Duration::from_secs(2))).await
+            delivery.nak(Some(ADVISORY_RETRY_DELAY)).await
         }
     };
     if let Err(err) = ack {
@@ -87,14 +79,18 @@ async fn handle_advisory(
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
     };
-    let (status, reason, detail) = if advisory.kind.ends_with("terminated") {
-        parse_term_note(&advisory.reason)
+    let DeadLetterNote {
+        status,
+        reason,
+        detail,
+    } = if advisory.kind.ends_with("terminated") {
+        read_term_note(&advisory.reason)
     } else {
-        (
-            StatusCode::TIMEOUT,
-            DeadLetterReason::MaxDeliveries,
-            format!("delivered {} times without an answer", advisory.deliveries),
-        )
+        DeadLetterNote {
+            status: StatusCode::TIMEOUT,
+            reason: DeadLetterReason::MaxDeliveries,
+            detail: format!("delivered {} times without an answer", advisory.deliveries),
+        }
     };
     let message_id = codec::decode(&original.payload).ok().map(|(e, _)| e.id);
     let letter = DeadLetter {
@@ -132,8 +128,7 @@ async fn handle_advisory(
 /// Updates the DLQ depth gauge from the stream's per-subject counts.
 pub(crate) async fn refresh_depth(js: &JetStream, subjects: &Subjects) {
     let stream = subjects.stream_name(DLQ_STREAM);
-    let filter = format!("{}.dlq.>", subjects.root());
-    let Ok(counts) = js.subject_counts(&stream, &filter).await else {
+    let Ok(counts) = js.subject_counts(&stream, &subjects.dead_letters()).await else {
         return;
     };
     let depth = &metrics().dlq_depth;
@@ -150,11 +145,7 @@ pub(crate) async fn refresh_depth(js: &JetStream, subjects: &Subjects) {
         depth.with_label_values(&[reason.as_str()]).set(0);
     }
     for (subject, n) in counts {
-        // <root>.dlq.<reason>.<agent>
-        let reason = subject
-            .strip_prefix(&format!("{}.dlq.", subjects.root()))
-            .and_then(|r| r.split('.').next())
-            .unwrap_or("unknown");
+        let reason = subjects.dead_letter_reason(&subject).unwrap_or("unknown");
         depth
             .with_label_values(&[reason])
             .add(i64::try_from(n).unwrap_or(i64::MAX));
@@ -185,7 +176,7 @@ pub const REPLAY_HEADER: &str = "Chorus-Replay-Of";
 impl DeadLetterQueue {
     /// The queue of the bus at `broker` under `subjects`' root.
     pub fn new(broker: Broker, subjects: Subjects) -> Self {
-        let js = broker.jetstream(Duration::from_secs(10));
+        let js = broker.jetstream(JETSTREAM_TIMEOUT);
         let stream = subjects.stream_name(DLQ_STREAM);
         DeadLetterQueue {
             broker,

@@ -12,12 +12,15 @@ use std::sync::Mutex;
 
 use agent_sdk::codec::{self, decode_payload, encode_payload};
 use agent_sdk::envelope::{CONTENT_TYPE_MSGPACK, now_ms};
-use agent_sdk::{AgentRecord, DiscoverQuery, Envelope, Kind, Manifest, Performative, StatusCode};
-use broker_adapter::{Broker, ErrorKind, Kv, KvEntry, KvOp, Message};
+use agent_sdk::{
+    AgentRecord, DiscoverQuery, Envelope, HandlerError, Kind, Manifest, Output, Performative,
+    StatusCode,
+};
+use broker_adapter::{Broker, ErrorKind, Kv, KvEntry, KvOp};
 use serde::{Deserialize, Serialize};
 
+use super::COORDINATOR_ID;
 use super::metrics::metrics;
-use super::{COORDINATOR_ID, reply};
 
 /// The payload of `registry.joined` and `registry.left` events.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,8 +93,8 @@ impl Registry {
     }
 
     /// Handles a heartbeat: refresh the agent, and register it if the bucket lacks it.
-    pub(crate) async fn on_heartbeat(&self, msg: &Message) {
-        let Some(manifest) = decode_presence(msg) else {
+    pub(crate) async fn on_heartbeat(&self, env: &Envelope, subject: &str) {
+        let Some(manifest) = decode_presence(env, subject) else {
             metrics()
                 .messages
                 .with_label_values(&["heartbeat", StatusCode::DATA_FORMAT.label()])
@@ -162,8 +165,8 @@ impl Registry {
     }
 
     /// Handles a goodbye: the agent leaves at once.
-    pub(crate) async fn on_goodbye(&self, msg: &Message) {
-        let Some(manifest) = decode_presence(msg) else {
+    pub(crate) async fn on_goodbye(&self, env: &Envelope, subject: &str) {
+        let Some(manifest) = decode_presence(env, subject) else {
             return;
         };
         self.agents().remove(&manifest.agent);
@@ -274,41 +277,32 @@ impl Registry {
         found
     }
 
-    /// Answers a discovery request.
-    pub(crate) async fn on_discover(&self, msg: &Message) {
-        let Some(reply_to) = msg.reply() else { return };
-        let (status, payload, request) = match codec::decode(msg.payload()) {
-            Ok((env, _)) => {
-                match decode_payload::<DiscoverQuery>(&env.payload, &env.content_type) {
-                    Ok(query) => {
-                        let found = self.discover(&query);
-                        (
-                            StatusCode::OK,
-                            encode_payload(&found, &env.content_type).ok(),
-                            Some(env),
-                        )
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "bad discovery query");
-                        (StatusCode::DATA_FORMAT, None, Some(env))
-                    }
-                }
-            }
-            Err(_) => (StatusCode::DATA_FORMAT, None, None),
-        };
+    /// Answers a discovery request (admitted by the inbound pipeline), in its content type.
+    pub(crate) fn on_discover(&self, env: &Envelope) -> Result<Output, HandlerError> {
+        let result = decode_payload::<DiscoverQuery>(&env.payload, &env.content_type)
+            .map_err(HandlerError::from)
+            .and_then(|query| {
+                let found = self.discover(&query);
+                Ok(Output {
+                    payload: encode_payload(&found, &env.content_type)?,
+                    content_type: env.content_type.clone(),
+                })
+            });
+        let status = result
+            .as_ref()
+            .map_or_else(|e| e.status, |_| StatusCode::OK);
         metrics()
             .messages
             .with_label_values(&["request", status.label()])
             .inc();
-        reply(&self.broker, reply_to, request.as_ref(), status, payload).await;
+        result
     }
 }
 
 /// The manifest in a heartbeat or goodbye, if the message is one and names its own sender.
-fn decode_presence(msg: &Message) -> Option<Manifest> {
-    let (env, _) = codec::decode(msg.payload()).ok()?;
+fn decode_presence(env: &Envelope, subject: &str) -> Option<Manifest> {
     let manifest: Manifest = decode_payload(&env.payload, &env.content_type).ok()?;
-    let subject_agent = msg.subject().rsplit('.').next()?;
+    let subject_agent = subject.rsplit('.').next()?;
     (manifest.agent == subject_agent && env.from == subject_agent).then_some(manifest)
 }
 

@@ -1,0 +1,202 @@
+//! What an agent asks of others: events, calls and their typed shorthands, discovery,
+//! broadcast, and one-way sends in a delivery class.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::Agent;
+use crate::durable::Receipt;
+use crate::error::SdkError;
+use crate::outbound::{Call, Reply};
+use crate::protocol::codec::encode_payload;
+use crate::protocol::envelope::{
+    CONTENT_TYPE_MSGPACK, DeliveryClass, Envelope, ExpectedReply, Kind, Performative,
+};
+use crate::protocol::registry::{
+    AgentRecord, Availability, BroadcastReport, BroadcastTarget, DiscoverQuery, Manifest,
+};
+use crate::subject::validate_token;
+use crate::sync::lock;
+
+/// What a broadcast waits beyond the recipients' own timeout: the coordinator's fan-out and
+/// its report.
+pub const BROADCAST_REPORT_MARGIN: Duration = Duration::from_secs(5);
+
+impl Agent {
+    /// Publishes an event on `topic`.
+    pub async fn publish<T: Serialize + ?Sized>(
+        &self,
+        topic: &str,
+        value: &T,
+    ) -> Result<(), SdkError> {
+        self.inner.out.publish(topic, value, None).await
+    }
+
+    /// Publishes an event whose payload is `payload` as it is, labelled `content_type` (for
+    /// binary payloads, or payloads already encoded).
+    pub async fn publish_raw(
+        &self,
+        topic: &str,
+        payload: bytes::Bytes,
+        content_type: &str,
+    ) -> Result<(), SdkError> {
+        self.inner
+            .out
+            .publish_raw(topic, payload, content_type)
+            .await
+    }
+
+    /// Sends a call and waits for its reply. A reply with an error status is returned as
+    /// [`SdkError::Remote`] with that status.
+    pub async fn call(&self, call: Call) -> Result<Reply, SdkError> {
+        self.inner.out.call(call, None).await
+    }
+
+    /// Requests `command` from agent `agent` and decodes the result.
+    pub async fn request<T, R>(&self, agent: &str, command: &str, args: &T) -> Result<R, SdkError>
+    where
+        T: Serialize + ?Sized,
+        R: DeserializeOwned,
+    {
+        self.call(Call::agent(agent, command).payload(args)?)
+            .await?
+            .payload_as()
+    }
+
+    /// Sends command `command` to agent `agent` and waits for its result.
+    pub async fn command<T, R>(&self, agent: &str, command: &str, args: &T) -> Result<R, SdkError>
+    where
+        T: Serialize + ?Sized,
+        R: DeserializeOwned,
+    {
+        self.call(Call::agent(agent, command).command().payload(args)?)
+            .await?
+            .payload_as()
+    }
+
+    /// Requests from whichever agent serves `capability`, and decodes the result.
+    pub async fn request_capability<T, R>(&self, capability: &str, args: &T) -> Result<R, SdkError>
+    where
+        T: Serialize + ?Sized,
+        R: DeserializeOwned,
+    {
+        self.call(Call::capability(capability).payload(args)?)
+            .await?
+            .payload_as()
+    }
+
+    /// Asks the coordinator which agents match `query`: live agents only, least loaded first.
+    pub async fn discover(&self, query: &DiscoverQuery) -> Result<Vec<AgentRecord>, SdkError> {
+        let mut env = Envelope::new(
+            Kind::Request,
+            Performative::Discover,
+            self.inner.out.id.as_str(),
+        );
+        env.content_type = CONTENT_TYPE_MSGPACK.to_owned();
+        env.payload = encode_payload(query, CONTENT_TYPE_MSGPACK)?;
+        let subject = self.inner.out.subjects.discover();
+        let reply = self
+            .inner
+            .out
+            .exchange(
+                &subject,
+                env,
+                self.inner.out.request_timeout,
+                &opentelemetry::Context::current(),
+            )
+            .await?;
+        reply.payload_as()
+    }
+
+    /// Agents offering `capability`, least loaded first.
+    pub async fn discover_capability(
+        &self,
+        capability: &str,
+    ) -> Result<Vec<AgentRecord>, SdkError> {
+        self.discover(&DiscoverQuery::capability(capability)).await
+    }
+
+    /// Sends command `command` to every live agent in `target` through the coordinator and
+    /// returns its report: per recipient, delivered, failed (with the code) or timed out.
+    /// `timeout` is how long each recipient has to answer.
+    pub async fn broadcast<T: Serialize + ?Sized>(
+        &self,
+        target: &BroadcastTarget,
+        command: &str,
+        args: &T,
+        timeout: Duration,
+    ) -> Result<BroadcastReport, SdkError> {
+        validate_token("command name", command)?;
+        let subject = self.inner.out.subjects.broadcast(target)?;
+        let mut env = Envelope::new(
+            Kind::Command,
+            Performative::Request,
+            self.inner.out.id.as_str(),
+        );
+        env.name = Some(command.to_owned());
+        env.content_type = CONTENT_TYPE_MSGPACK.to_owned();
+        env.payload = encode_payload(args, CONTENT_TYPE_MSGPACK)?;
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        env.expect = Some(ExpectedReply {
+            performative: Performative::Inform,
+            timeout_ms,
+        });
+        // The coordinator needs the recipients' time plus its own fan-out and report.
+        let overall = timeout + BROADCAST_REPORT_MARGIN;
+        let reply = self
+            .inner
+            .out
+            .exchange(&subject, env, overall, &opentelemetry::Context::current())
+            .await?;
+        reply.payload_as()
+    }
+
+    /// Sends a one-way command in the call's delivery class (or the agent's default):
+    ///
+    /// - at most once: published on core NATS to the agent's command subject; no reply, no
+    ///   storage; gone if nobody is listening;
+    /// - at least once: stored in the recipient's durable inbox, redelivered until handled,
+    ///   retried by the retry policy, dead-lettered when it cannot be handled;
+    /// - exactly once: at least once, and the recipient records the message id so the handler
+    ///   runs once however many copies arrive.
+    ///
+    /// Durable sends return once JetStream has stored the message; a publish whose ack is lost
+    /// is sent again, stored once for exactly-once (the server dedupes its message id) and
+    /// possibly twice for at least once (which allows a duplicate).
+    pub async fn send(&self, call: Call) -> Result<Receipt, SdkError> {
+        self.inner.sender.send(call).await
+    }
+
+    /// [`send`](Agent::send) with at least once (or exactly once, if the call asks for it).
+    pub async fn send_durable(&self, call: Call) -> Result<Receipt, SdkError> {
+        let class = match call.delivery {
+            Some(DeliveryClass::ExactlyOnce) => DeliveryClass::ExactlyOnce,
+            _ => DeliveryClass::AtLeastOnce,
+        };
+        self.send(call.delivery(class)).await
+    }
+
+    /// Sends many one-way commands at once. Durable ones are published with up to
+    /// [`BATCH_ACKS_IN_FLIGHT`](crate::durable::BATCH_ACKS_IN_FLIGHT) acks outstanding and
+    /// their acks awaited together; core ones are published and flushed once. Results come
+    /// back in the order of `calls`; a publisher that outruns the server waits here instead of
+    /// buffering without bound.
+    pub async fn send_batch(&self, calls: Vec<Call>) -> Vec<Result<Receipt, SdkError>> {
+        self.inner.sender.send_batch(calls).await
+    }
+
+    /// Overrides the load and availability announced in heartbeats (by default the load is
+    /// the share of `max_in_flight` in use).
+    pub fn set_load(&self, load: f32, availability: Availability) {
+        let presence = &self.inner.presence;
+        *lock(&presence.load_override) = Some((load.clamp(0.0, 1.0), availability));
+        presence.changed.notify_one();
+    }
+
+    /// The agent's current capability manifest.
+    pub fn manifest(&self) -> Manifest {
+        self.inner.presence.manifest()
+    }
+}

@@ -1,0 +1,204 @@
+//! What an agent serves: command, capability and event handlers, and the permissions they
+//! require.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{Agent, SYNC_TIMEOUT};
+use crate::error::{HandlerError, SdkError};
+use crate::handler::endpoint::{Endpoint, EndpointKind};
+use crate::handler::{Context, EventHandler, Handler, Typed};
+use crate::inbound::EventStream;
+use crate::inbound::reader::Route;
+
+impl Agent {
+    /// Capabilities declared or served.
+    pub fn capabilities(&self) -> Vec<String> {
+        crate::sync::lock(&self.inner.presence.capabilities).clone()
+    }
+
+    /// Registers a typed handler for command `name`, sent to this agent with
+    /// [`Call::agent`](crate::Call::agent). The payload is decoded into `T`; the handler's `R`
+    /// is the reply. Returns once the server routes the agent's commands here.
+    pub async fn on_command<T, R, F, Fut>(&self, name: &str, f: F) -> Result<(), SdkError>
+    where
+        F: Fn(Context, T) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<R, HandlerError>> + Send + 'static,
+        T: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + 'static,
+    {
+        self.handle_command(name, Typed::new(f)).await
+    }
+
+    /// Registers an untyped [`Handler`] for command `name`.
+    pub async fn handle_command(&self, name: &str, handler: impl Handler) -> Result<(), SdkError> {
+        let inner = &self.inner;
+        let subject = inner.out.subjects.command(&inner.out.id, name)?;
+        let endpoint = Arc::new(Endpoint::new(
+            name.to_owned(),
+            subject,
+            None,
+            EndpointKind::Command,
+            Arc::new(handler),
+        ));
+        if inner.endpoints.add_command(endpoint) {
+            tracing::warn!(agent = %inner.out.id, command = name, "command handler replaced");
+        }
+        inner.presence.changed.notify_one();
+        if let Some(durable) = &inner.durable {
+            durable.start().await?;
+        }
+        let mut subscribed = inner.commands_subscribed.lock().await;
+        if !*subscribed {
+            let subject = inner.out.subjects.agent_inbound(&inner.out.id)?;
+            let sub = inner.out.broker.subscribe(&subject).await?;
+            inner.out.broker.sync(SYNC_TIMEOUT).await?;
+            inner.dispatcher.spawn(sub, Route::Commands);
+            *subscribed = true;
+        }
+        Ok(())
+    }
+
+    /// Serves `capability` with a typed handler: requests to the capability's access point
+    /// are shared among all agents serving it (a queue group). Returns once subscribed.
+    pub async fn on_capability<T, R, F, Fut>(&self, capability: &str, f: F) -> Result<(), SdkError>
+    where
+        F: Fn(Context, T) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<R, HandlerError>> + Send + 'static,
+        T: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + 'static,
+    {
+        self.handle_capability(capability, Typed::new(f)).await
+    }
+
+    /// Serves `capability` with an untyped [`Handler`].
+    pub async fn handle_capability(
+        &self,
+        capability: &str,
+        handler: impl Handler,
+    ) -> Result<(), SdkError> {
+        let inner = &self.inner;
+        let subject = inner.out.subjects.capability(capability)?;
+        let sub = inner.out.broker.queue_subscribe(&subject, &subject).await?;
+        inner.out.broker.sync(SYNC_TIMEOUT).await?;
+        inner.presence.add_capability(capability);
+        let endpoint = Arc::new(Endpoint::new(
+            capability.to_owned(),
+            subject.clone(),
+            Some(subject),
+            EndpointKind::Capability,
+            Arc::new(handler),
+        ));
+        inner.endpoints.add(Arc::clone(&endpoint));
+        inner.dispatcher.spawn(sub, Route::Capability(endpoint));
+        inner.presence.changed.notify_one();
+        Ok(())
+    }
+
+    /// Handles events on topics matching `pattern` (`*` one token, `>` the rest) with a typed
+    /// handler. Every subscriber gets every event. Returns once subscribed.
+    pub async fn on_event<T, F, Fut>(&self, pattern: &str, f: F) -> Result<(), SdkError>
+    where
+        F: Fn(Context, T) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), HandlerError>> + Send + 'static,
+        T: DeserializeOwned + Send + 'static,
+    {
+        self.handle_events(pattern, Typed::<F, T, ()>::new(f)).await
+    }
+
+    /// Handles events matching `pattern` with an untyped [`EventHandler`].
+    pub async fn handle_events(
+        &self,
+        pattern: &str,
+        handler: impl EventHandler,
+    ) -> Result<(), SdkError> {
+        let subject = self.inner.out.subjects.event_pattern(pattern)?;
+        let events = self.inner.events_connection().await?;
+        let sub = events.subscribe(&subject).await?;
+        events.sync(SYNC_TIMEOUT).await?;
+        self.inner
+            .dispatcher
+            .spawn(sub, Route::Event(Arc::new(handler)));
+        Ok(())
+    }
+
+    /// Events on topics matching `pattern`, as a stream. Messages that are not valid events,
+    /// or have expired or looped, are counted and skipped.
+    pub async fn subscribe(&self, pattern: &str) -> Result<EventStream, SdkError> {
+        let subject = self.inner.out.subjects.event_pattern(pattern)?;
+        let events = self.inner.events_connection().await?;
+        let sub = events.subscribe(&subject).await?;
+        events.sync(SYNC_TIMEOUT).await?;
+        Ok(EventStream::new(sub, Arc::clone(&self.inner.pipeline)))
+    }
+
+    /// Serves requests on `subject` (a pattern may use `*` and `>`), a subject of the bus
+    /// itself rather than of this agent
+    /// (the coordinator's discovery and broadcast), through the same inbound pipeline as the
+    /// agent's commands: size, version, expiry and loop checks, signatures, authorization,
+    /// coded replies. With `queue_group`, the instances serving it share the requests.
+    /// Returns once subscribed.
+    pub async fn handle_subject(
+        &self,
+        subject: &str,
+        queue_group: Option<&str>,
+        handler: impl Handler,
+    ) -> Result<(), SdkError> {
+        let inner = &self.inner;
+        broker_adapter::validate_subject(subject, broker_adapter::Wildcards::Allow)?;
+        let sub = match queue_group {
+            Some(group) => inner.out.broker.queue_subscribe(subject, group).await?,
+            None => inner.out.broker.subscribe(subject).await?,
+        };
+        inner.out.broker.sync(SYNC_TIMEOUT).await?;
+        let endpoint = Arc::new(Endpoint::new(
+            subject.to_owned(),
+            subject.to_owned(),
+            queue_group.map(str::to_owned),
+            EndpointKind::Service,
+            Arc::new(handler),
+        ));
+        inner.endpoints.add(Arc::clone(&endpoint));
+        inner.dispatcher.spawn(sub, Route::Capability(endpoint));
+        Ok(())
+    }
+
+    /// Handles messages without replies on the subject pattern `pattern` (a subject of the bus
+    /// itself: the coordinator's heartbeats and goodbyes) through the inbound pipeline, like
+    /// events. Returns once subscribed.
+    pub async fn handle_subject_events(
+        &self,
+        pattern: &str,
+        handler: impl EventHandler,
+    ) -> Result<(), SdkError> {
+        broker_adapter::validate_subject(pattern, broker_adapter::Wildcards::Allow)?;
+        let broker = &self.inner.out.broker;
+        let sub = broker.subscribe(pattern).await?;
+        broker.sync(SYNC_TIMEOUT).await?;
+        self.inner
+            .dispatcher
+            .spawn(sub, Route::Event(Arc::new(handler)));
+        Ok(())
+    }
+
+    /// Requires `permissions` of senders of command or capability `name` (registered before):
+    /// a request from a sender not granted all of them is refused with 5007 and a reason
+    /// naming what is missing.
+    pub fn require(&self, name: &str, permissions: &[&str]) -> Result<(), SdkError> {
+        let endpoint = self.inner.endpoints.named(name).ok_or_else(|| {
+            SdkError::InvalidCall(format!(
+                "no command or capability handler is registered under {name:?}"
+            ))
+        })?;
+        *crate::sync::write(&endpoint.required) =
+            permissions.iter().map(|p| (*p).to_owned()).collect();
+        Ok(())
+    }
+
+    /// Grants `agent` more permissions at run time.
+    pub fn grant(&self, agent: &str, permissions: &[&str]) {
+        self.inner.access.grant(agent, permissions.iter().copied());
+    }
+}

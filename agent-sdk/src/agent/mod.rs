@@ -1,0 +1,347 @@
+//! The agent handle: [`Agent`], a cheap clone in front of the parts one agent is made of,
+//! each with one job (`outbound` sends, `inbound` takes messages in, `durable` keeps the
+//! inbox, `presence` announces the agent). This room wires them together at `connect` and
+//! takes them down at `shutdown`; `handlers` registers what the agent serves and `calls` is
+//! what it asks of others.
+
+mod calls;
+mod handlers;
+mod options;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use broker_adapter::{Broker, BrokerOptions};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use options::{
+    AgentOptions, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_QUEUE_CAPACITY,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, JETSTREAM_TIMEOUT,
+};
+
+use crate::durable::inbox::DurableInbox;
+use crate::durable::send::Sender;
+use crate::error::SdkError;
+use crate::handler::endpoint::Endpoints;
+use crate::inbound::Pipeline;
+use crate::inbound::exactly_once::ExactlyOnce;
+use crate::inbound::pipeline::PipelineParts;
+use crate::inbound::reader::Dispatcher;
+use crate::metrics::StatsSource;
+use crate::outbound::Outbound;
+use crate::presence::Presence;
+use crate::protocol::envelope::now_ms;
+use crate::security::Verifier;
+use crate::security::access::Access;
+use crate::stats::{AgentCounters, AgentStats};
+use crate::subject::{Subjects, validate_token};
+
+/// How long a subscribe waits for the server to confirm it has the subscription.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What [`Agent::shutdown`] observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Whether every in-flight handler finished before the deadline.
+    pub completed: bool,
+    /// Tasks still running when the deadline passed.
+    pub abandoned: usize,
+}
+
+/// A connected agent. Cheap to clone; all clones share one connection. When the last clone is
+/// dropped the agent stops taking messages; call [`shutdown`](Agent::shutdown) to also wait
+/// for in-flight work and drain the connection.
+#[derive(Clone)]
+pub struct Agent {
+    pub(crate) inner: Arc<Inner>,
+    _guard: Arc<StopOnDrop>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("id", &self.inner.out.id)
+            .finish()
+    }
+}
+
+#[derive(Debug)]
+struct StopOnDrop(CancellationToken);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// The parts of one agent. Every task any of them spawns is tracked by `tracker` and stops
+/// on `stop`.
+pub(crate) struct Inner {
+    pub(crate) out: Arc<Outbound>,
+    pub(crate) pipeline: Arc<Pipeline>,
+    pub(crate) dispatcher: Arc<Dispatcher>,
+    pub(crate) presence: Arc<Presence>,
+    pub(crate) sender: Sender,
+    pub(crate) durable: Option<Arc<DurableInbox>>,
+    pub(crate) access: Arc<Access>,
+    pub(crate) endpoints: Arc<Endpoints>,
+    pub(crate) tracker: TaskTracker,
+    pub(crate) stop: CancellationToken,
+    shutdown_timeout: Duration,
+    /// Whether the agent's command subject is subscribed yet.
+    commands_subscribed: tokio::sync::Mutex<bool>,
+    /// A second connection for event subscriptions, opened on first use: an event firehose
+    /// never delays commands and replies, and drops on it are counted exactly
+    /// ([`Broker::undelivered`]).
+    events_broker: tokio::sync::OnceCell<Broker>,
+    broker_options: BrokerOptions,
+}
+
+impl Agent {
+    async fn connect(options: AgentOptions) -> Result<Agent, SdkError> {
+        validate_token("agent id", &options.id)?;
+        for group in &options.groups {
+            validate_token("group", group)?;
+        }
+        let subjects = Subjects::new(&options.root)?;
+        let broker_options = options
+            .broker
+            .clone()
+            .name_if_unset(options.id.clone())
+            .inbox_prefix_if_unset(subjects.inbox_prefix(&options.id)?);
+        let broker = broker_options.clone().connect().await?;
+        let js = broker.jetstream(JETSTREAM_TIMEOUT);
+        let stop = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let counters = Arc::new(AgentCounters::default());
+        let out = Arc::new(Outbound {
+            id: options.id.clone(),
+            subjects,
+            broker,
+            js,
+            encoding: options.encoding,
+            hop_limit: options.hop_limit,
+            request_timeout: options.request_timeout,
+            default_delivery: options.default_delivery,
+            max_message_bytes: options.max_message_bytes,
+            identity: options.identity.clone(),
+            encryption_keys: std::sync::RwLock::new(
+                options.encryption_trust.iter().cloned().collect(),
+            ),
+            counters,
+        });
+        let verifier = options.signature_policy.clone().map(|policy| {
+            let verifier = Verifier::new(policy);
+            for (agent, key) in &options.trusted {
+                verifier.trust(agent, key);
+            }
+            Arc::new(verifier)
+        });
+        let access = Arc::new(Access::new(options.grants.clone(), options.rate_limit));
+        let endpoints = Arc::new(Endpoints::default());
+        let pipeline = Arc::new(Pipeline::new(PipelineParts {
+            out: Arc::clone(&out),
+            endpoints: Arc::clone(&endpoints),
+            verifier: verifier.clone(),
+            decryption: options.decryption.clone(),
+            access: Arc::clone(&access),
+            exactly_once: ExactlyOnce::new(Arc::clone(&out), options.idempotency_ttl),
+        }));
+        let dispatcher = Arc::new(Dispatcher {
+            pipeline: Arc::clone(&pipeline),
+            in_flight: Arc::new(Semaphore::new(options.max_in_flight)),
+            max_in_flight: options.max_in_flight,
+            queue_capacity: options.queue_capacity,
+            tracker: tracker.clone(),
+            stop: stop.clone(),
+        });
+        let presence = Arc::new(Presence {
+            out: Arc::clone(&out),
+            endpoints: Arc::clone(&endpoints),
+            dispatcher: Arc::clone(&dispatcher),
+            capabilities: std::sync::Mutex::new(options.capabilities.clone()),
+            instance: uuid::Uuid::now_v7().simple().to_string(),
+            started_ms: now_ms(),
+            groups: options.groups.clone(),
+            capability_version: options.capability_version.clone(),
+            heartbeat_interval: options.heartbeat_interval,
+            encryption_key: options.decryption.as_ref().map(|k| k.public_key()),
+            changed: tokio::sync::Notify::new(),
+            load_override: std::sync::Mutex::new(None),
+            stop: stop.clone(),
+        });
+        let durable = options.durable_inbox.then(|| {
+            let inbox = DurableInbox::new(
+                Arc::clone(&pipeline),
+                options.retry_policies.clone().unwrap_or_default(),
+                options.durable_ack_wait,
+                options.ordering_lanes,
+                options.max_in_flight,
+                tracker.clone(),
+                stop.clone(),
+            );
+            #[cfg(feature = "fault-injection")]
+            inbox
+                .skip_acks
+                .store(options.skip_acks, std::sync::atomic::Ordering::Relaxed);
+            Arc::new(inbox)
+        });
+        let inner = Arc::new(Inner {
+            sender: Sender::new(Arc::clone(&out)),
+            out,
+            pipeline,
+            dispatcher,
+            presence,
+            durable,
+            access,
+            endpoints,
+            tracker,
+            stop: stop.clone(),
+            shutdown_timeout: options.shutdown_timeout,
+            commands_subscribed: tokio::sync::Mutex::new(false),
+            events_broker: tokio::sync::OnceCell::new(),
+            broker_options,
+        });
+        inner.start(&options, verifier).await?;
+        tracing::info!(agent = %inner.out.id, "agent connected");
+        Ok(Agent {
+            inner,
+            _guard: Arc::new(StopOnDrop(stop)),
+        })
+    }
+
+    /// The agent's id.
+    pub fn id(&self) -> &str {
+        &self.inner.out.id
+    }
+
+    /// The subject builder this agent uses.
+    pub fn subjects(&self) -> &Subjects {
+        &self.inner.out.subjects
+    }
+
+    /// The underlying broker connection.
+    pub fn broker(&self) -> &Broker {
+        &self.inner.out.broker
+    }
+
+    /// The agent's counters.
+    pub fn stats(&self) -> AgentStats {
+        self.inner.agent_stats()
+    }
+
+    /// Stops taking new messages at once, without waiting for in-flight handlers (for a
+    /// `Drop` that cannot wait); [`shutdown`](Agent::shutdown) also waits and drains.
+    pub fn stop(&self) {
+        self.inner.stop.cancel();
+    }
+
+    /// Stops taking new messages, lets in-flight handlers finish (up to the shutdown
+    /// timeout), sends their replies, and drains the connection.
+    pub async fn shutdown(&self) -> ShutdownReport {
+        let inner = &self.inner;
+        let id = &inner.out.id;
+        tracing::info!(agent = %id, "agent shutting down");
+        inner.stop.cancel();
+        inner.tracker.close();
+        let completed = tokio::time::timeout(inner.shutdown_timeout, inner.tracker.wait())
+            .await
+            .is_ok();
+        let abandoned = inner.tracker.len();
+        if !completed {
+            tracing::warn!(agent = %id, abandoned, "handlers still running at the shutdown deadline");
+        }
+        if let Err(err) = inner.out.broker.flush().await {
+            tracing::debug!(agent = %id, error = %err, "flush at shutdown failed");
+        }
+        if let Err(err) = inner.out.broker.drain().await {
+            tracing::debug!(agent = %id, error = %err, "drain at shutdown failed");
+        }
+        if let Some(events) = inner.events_broker.get()
+            && let Err(err) = events.drain().await
+        {
+            tracing::debug!(agent = %id, error = %err, "events connection drain failed");
+        }
+        ShutdownReport {
+            completed,
+            abandoned,
+        }
+    }
+}
+
+impl Inner {
+    /// Starts what runs from the start: the key watcher, metrics, service discovery, the
+    /// durable inbox's streams and the heartbeat.
+    async fn start(
+        self: &Arc<Self>,
+        options: &AgentOptions,
+        verifier: Option<Arc<Verifier>>,
+    ) -> Result<(), SdkError> {
+        if verifier.is_some() || options.decryption.is_some() {
+            self.tracker.spawn(crate::presence::watch_registered_keys(
+                Arc::clone(&self.out),
+                verifier,
+                self.stop.clone(),
+            ));
+        }
+        let weak: std::sync::Weak<dyn StatsSource> =
+            Arc::downgrade(&(Arc::clone(self) as Arc<dyn StatsSource>));
+        crate::metrics::track(weak);
+        if options.service_discovery {
+            for subject in self.presence.service_subjects() {
+                let sub = self.out.broker.subscribe(&subject).await?;
+                self.presence.serve_discovery(&self.tracker, sub);
+            }
+        }
+        if let Some(durable) = &self.durable {
+            if options.retry_policies.is_none() {
+                durable.load_retry_policies().await;
+            }
+            durable.prepare(&options.inbox_limits).await?;
+        }
+        if !self.presence.heartbeat_interval.is_zero() {
+            self.tracker.spawn(Arc::clone(&self.presence).run());
+        }
+        self.out.broker.sync(SYNC_TIMEOUT).await?;
+        Ok(())
+    }
+
+    /// The connection event subscriptions use, opened on first use.
+    async fn events_connection(&self) -> Result<&Broker, SdkError> {
+        let events = self
+            .events_broker
+            .get_or_try_init(|| {
+                self.broker_options
+                    .clone()
+                    .name(format!("{}-events", self.out.id))
+                    .connect()
+            })
+            .await?;
+        Ok(events)
+    }
+}
+
+impl StatsSource for Inner {
+    fn agent_id(&self) -> &str {
+        &self.out.id
+    }
+
+    fn agent_stats(&self) -> AgentStats {
+        let mut stats = self.out.counters.snapshot();
+        // Events the client dropped before the SDK's queue saw them.
+        if let Some(events) = self.events_broker.get() {
+            stats.dropped += events.undelivered();
+        }
+        stats
+    }
+
+    fn broker_stats(&self) -> broker_adapter::StatsSnapshot {
+        self.out.broker.stats()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.dispatcher.busy()
+    }
+}

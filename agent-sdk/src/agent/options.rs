@@ -1,0 +1,343 @@
+//! How to build an agent: [`AgentOptions`], a by-value builder ending in `connect()`, and the
+//! defaults it starts from.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use broker_adapter::BrokerOptions;
+
+use super::Agent;
+use crate::durable::InboxLimits;
+use crate::durable::inbox::{DEFAULT_ORDERING_LANES, DURABLE_ACK_WAIT, MIN_DURABLE_ACK_WAIT};
+use crate::error::SdkError;
+use crate::inbound::exactly_once::DEFAULT_IDEMPOTENCY_TTL;
+use crate::presence::{DEFAULT_CAPABILITY_VERSION, DEFAULT_HEARTBEAT_INTERVAL};
+use crate::protocol::codec::Encoding;
+use crate::protocol::envelope::{DEFAULT_HOP_LIMIT, DeliveryClass};
+use crate::retry::RetryPolicies;
+use crate::security::access::RateLimit;
+use crate::security::encryption::EncryptionKey;
+use crate::security::{Identity, SignaturePolicy};
+
+/// Default time a request waits for its reply.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default number of messages an agent handles at once.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+/// Default size limit of an inbound message (NATS's default `max_payload`).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// Timeout of JetStream API calls and publish acks.
+pub const JETSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default bound of the core message queue per subscription.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
+/// Default time [`Agent::shutdown`] waits for in-flight handlers.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How to build an [`Agent`].
+///
+/// ```no_run
+/// # async fn run() -> Result<(), agent_sdk::SdkError> {
+/// let agent = agent_sdk::AgentOptions::new("calculator")
+///     .servers(["nats://127.0.0.1:4222"])
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub(crate) id: String,
+    pub(crate) capabilities: Vec<String>,
+    pub(crate) broker: BrokerOptions,
+    pub(crate) root: String,
+    pub(crate) encoding: Encoding,
+    pub(crate) hop_limit: u8,
+    pub(crate) request_timeout: Duration,
+    pub(crate) max_in_flight: usize,
+    pub(crate) max_message_bytes: usize,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) groups: Vec<String>,
+    pub(crate) capability_version: String,
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) service_discovery: bool,
+    pub(crate) durable_inbox: bool,
+    pub(crate) inbox_limits: InboxLimits,
+    pub(crate) retry_policies: Option<RetryPolicies>,
+    pub(crate) durable_ack_wait: Duration,
+    pub(crate) default_delivery: DeliveryClass,
+    pub(crate) idempotency_ttl: Duration,
+    pub(crate) ordering_lanes: usize,
+    pub(crate) queue_capacity: usize,
+    pub(crate) identity: Option<Arc<Identity>>,
+    pub(crate) signature_policy: Option<SignaturePolicy>,
+    pub(crate) trusted: Vec<(String, String)>,
+    pub(crate) grants: Vec<(String, Vec<String>)>,
+    pub(crate) rate_limit: Option<RateLimit>,
+    pub(crate) decryption: Option<Arc<EncryptionKey>>,
+    pub(crate) encryption_trust: Vec<(String, String)>,
+    #[cfg(feature = "fault-injection")]
+    pub(crate) skip_acks: u64,
+}
+
+impl AgentOptions {
+    /// Options for agent `id` (one subject token: letters, digits, `_`, `-`), connecting to
+    /// `nats://127.0.0.1:4222` unless told otherwise.
+    pub fn new(id: impl Into<String>) -> Self {
+        AgentOptions {
+            id: id.into(),
+            capabilities: Vec::new(),
+            broker: BrokerOptions::default(),
+            root: crate::subject::DEFAULT_ROOT.to_owned(),
+            encoding: Encoding::MsgPack,
+            hop_limit: DEFAULT_HOP_LIMIT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            groups: Vec::new(),
+            capability_version: DEFAULT_CAPABILITY_VERSION.to_owned(),
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            service_discovery: true,
+            durable_inbox: false,
+            inbox_limits: InboxLimits::default(),
+            retry_policies: None,
+            durable_ack_wait: DURABLE_ACK_WAIT,
+            default_delivery: DeliveryClass::AtMostOnce,
+            idempotency_ttl: DEFAULT_IDEMPOTENCY_TTL,
+            ordering_lanes: DEFAULT_ORDERING_LANES,
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            identity: None,
+            signature_policy: None,
+            trusted: Vec::new(),
+            grants: Vec::new(),
+            rate_limit: None,
+            decryption: None,
+            encryption_trust: Vec::new(),
+            #[cfg(feature = "fault-injection")]
+            skip_acks: 0,
+        }
+    }
+
+    /// The agent's decryption key: payloads encrypted for it are opened before its handlers
+    /// see them, and its public half is announced in the manifest.
+    pub fn encryption_key(mut self, key: EncryptionKey) -> Self {
+        self.decryption = Some(Arc::new(key));
+        self
+    }
+
+    /// Registers `agent`'s public encryption key, for [`Call::encrypt_for`], in addition to
+    /// the registry's.
+    pub fn trust_encryption(
+        mut self,
+        agent: impl Into<String>,
+        public_key: impl Into<String>,
+    ) -> Self {
+        self.encryption_trust
+            .push((agent.into(), public_key.into()));
+        self
+    }
+
+    /// Grants `agent` permissions (strings the application chooses, such as
+    /// `payments:write`), checked against what handlers require ([`Agent::require`]). Grants
+    /// name the sender by its `from` field: pair them with signature checks so that field is
+    /// proven.
+    pub fn grant<I, S>(mut self, agent: impl Into<String>, permissions: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.grants.push((
+            agent.into(),
+            permissions.into_iter().map(Into::into).collect(),
+        ));
+        self
+    }
+
+    /// Limits how many requests and commands each sender may make (refused with 5013 beyond).
+    pub fn rate_limit(mut self, limit: RateLimit) -> Self {
+        self.rate_limit = Some(limit);
+        self
+    }
+
+    /// Signs everything the agent sends with `identity` (and announces its public key in the
+    /// manifest, so the registry holds it for receivers).
+    pub fn identity(mut self, identity: Identity) -> Self {
+        self.identity = Some(Arc::new(identity));
+        self
+    }
+
+    /// Checks signatures on what the agent receives: signed messages must verify against the
+    /// sender's registered key (from [`trust`](AgentOptions::trust) or the registry), within
+    /// the timestamp tolerance and never twice; unsigned ones are refused if the policy says
+    /// so. Off unless set.
+    pub fn verify_signatures(mut self, policy: SignaturePolicy) -> Self {
+        self.signature_policy = Some(policy);
+        self
+    }
+
+    /// Registers `agent`'s public key for signature checks, in addition to the registry's.
+    pub fn trust(mut self, agent: impl Into<String>, public_key: impl Into<String>) -> Self {
+        self.trusted.push((agent.into(), public_key.into()));
+        self
+    }
+
+    /// The delivery class [`Agent::send`] uses when a call does not name one (default
+    /// at-most-once).
+    pub fn default_delivery(mut self, class: DeliveryClass) -> Self {
+        self.default_delivery = class;
+        self
+    }
+
+    /// How long exactly-once idempotency records are kept (default 24 h): a copy of a message
+    /// arriving later than this runs its handler again.
+    pub fn idempotency_ttl(mut self, ttl: Duration) -> Self {
+        self.idempotency_ttl = ttl;
+        self
+    }
+
+    /// Durable deliveries are handled in lanes, one at a time per lane; all messages from one
+    /// sender use the same lane, so they are handled in the order they were sent (default 16
+    /// lanes: up to 16 senders' messages at once).
+    pub fn ordering_lanes(mut self, lanes: usize) -> Self {
+        self.ordering_lanes = lanes.max(1);
+        self
+    }
+
+    /// Core messages waiting for a free handler slot, per subscription (default 4096). When
+    /// full, new events are dropped and counted, and new requests are answered at once with
+    /// 5019 (unavailable), so memory stays bounded under any burst.
+    pub fn queue_capacity(mut self, capacity: usize) -> Self {
+        self.queue_capacity = capacity.max(1);
+        self
+    }
+
+    /// Test hook: the first `n` successfully handled durable deliveries are not acknowledged,
+    /// so the server redelivers them after the ack wait (a lost ack).
+    #[cfg(feature = "fault-injection")]
+    pub fn skip_acks(mut self, n: u64) -> Self {
+        self.skip_acks = n;
+        self
+    }
+
+    /// Joins a broadcast group (one token).
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.groups.push(group.into());
+        self
+    }
+
+    /// The version announced for this agent's capabilities (default `1.0`).
+    pub fn capability_version(mut self, version: impl Into<String>) -> Self {
+        self.capability_version = version.into();
+        self
+    }
+
+    /// Time between heartbeats (default 5 s); the registry declares the agent gone after three
+    /// missed. Zero turns heartbeats off (the agent then does not appear in discovery).
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_interval = interval;
+        self
+    }
+
+    /// Whether the agent answers NATS service discovery (`$SRV.*`; default on).
+    pub fn service_discovery(mut self, on: bool) -> Self {
+        self.service_discovery = on;
+        self
+    }
+
+    /// Gives the agent a durable inbox: commands sent with [`Agent::send_durable`] wait in
+    /// JetStream while it is offline, are retried by the retry policy and dead-lettered when
+    /// they cannot be handled. Its command handlers serve both paths.
+    pub fn durable_inbox(mut self, on: bool) -> Self {
+        self.durable_inbox = on;
+        self
+    }
+
+    /// Limits of the inbox stream, used when this agent creates it.
+    pub fn inbox_limits(mut self, limits: InboxLimits) -> Self {
+        self.inbox_limits = limits;
+        self
+    }
+
+    /// Retry policies for the durable inbox. Without them the agent reads the policies the
+    /// coordinator publishes from its configuration, or uses the defaults.
+    pub fn retry_policies(mut self, policies: RetryPolicies) -> Self {
+        self.retry_policies = Some(policies);
+        self
+    }
+
+    /// How long a durable delivery may go unacknowledged before it is redelivered (default
+    /// 30 s; running handlers report progress every third of it).
+    pub fn durable_ack_wait(mut self, wait: Duration) -> Self {
+        self.durable_ack_wait = wait.max(MIN_DURABLE_ACK_WAIT);
+        self
+    }
+
+    /// Declares a capability the agent offers (serving it takes [`Agent::on_capability`]).
+    pub fn capability(mut self, capability: impl Into<String>) -> Self {
+        self.capabilities.push(capability.into());
+        self
+    }
+
+    /// The NATS servers to connect to (keeps the other broker settings).
+    pub fn servers<I, S>(mut self, servers: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.broker = self.broker.with_servers(servers);
+        self
+    }
+
+    /// All broker settings (credentials, TLS, ping interval...). The connection name and inbox
+    /// prefix are set from the agent id unless given here.
+    pub fn broker(mut self, broker: BrokerOptions) -> Self {
+        self.broker = broker;
+        self
+    }
+
+    /// The subject root (default `chorus`).
+    pub fn root(mut self, root: impl Into<String>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    /// How this agent encodes what it sends (default MessagePack). It reads both, and answers
+    /// each request in the encoding it came in.
+    pub fn encoding(mut self, encoding: Encoding) -> Self {
+        self.encoding = encoding;
+        self
+    }
+
+    /// The most hops this agent accepts and gives to the chains it starts (default 16).
+    pub fn hop_limit(mut self, limit: u8) -> Self {
+        self.hop_limit = limit;
+        self
+    }
+
+    /// Default reply timeout of calls.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How many messages are handled at once; more wait in the subscription buffer.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// Inbound messages larger than this are refused with 5006 without being decoded.
+    pub fn max_message_bytes(mut self, n: usize) -> Self {
+        self.max_message_bytes = n;
+        self
+    }
+
+    /// How long [`Agent::shutdown`] waits for in-flight handlers.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Connects and returns the agent.
+    pub async fn connect(self) -> Result<Agent, SdkError> {
+        Agent::connect(self).await
+    }
+}

@@ -1,0 +1,122 @@
+//! Durable delivery: commands stored in JetStream until their agent takes them, retried by the
+//! retry policy, and dead-lettered when they cannot be handled.
+//!
+//! - The inbox stream (`CHORUS_INBOX`, subjects `<root>.inbox.<agent>.<command>`) keeps each
+//!   command until the recipient acks it (work-queue retention), up to its limits.
+//! - Each agent with a durable inbox has a durable pull consumer named after it, filtered to its
+//!   own subjects, with `MaxDeliver` set to the largest attempt count of the retry policies.
+//! - A failed attempt is NAK'd with the policy's delay for that delivery count; the last
+//!   attempt, or a failure the policy does not retry, is written to the dead-letter stream
+//!   (`CHORUS_DLQ`) with its reason and then terminated. Deliveries that never get an answer
+//!   (a crashed handler) reach `MaxDeliver`; the coordinator dead-letters those from the
+//!   server's advisories, captured in `CHORUS_ADVISORIES`.
+//! - Dead letters are published with the message id `dlq:<stream>:<sequence>`, so however many
+//!   times a failure is reported (a retried write, two coordinators), it is stored once.
+
+//!
+//! Rooms: `send` (publishing in a delivery class), `inbox` (this agent's consumers, lanes, and
+//! each delivery's outcome as an ack, a nak or a dead letter), `dead_letter` (the dead letter
+//! and the note a terminated delivery carries).
+
+mod dead_letter;
+pub(crate) mod inbox;
+pub(crate) mod send;
+
+use std::time::Duration;
+
+use broker_adapter::StreamSpec;
+use serde::{Deserialize, Serialize};
+
+pub use crate::inbound::exactly_once::{DEFAULT_IDEMPOTENCY_TTL, IDEMPOTENCY_BUCKET};
+pub use dead_letter::{DeadLetter, DeadLetterNote, DeadLetterReason, write_dead_letter};
+pub use send::{BATCH_ACKS_IN_FLIGHT, Receipt};
+
+use crate::subject::Subjects;
+
+/// Suffix of the inbox stream's name.
+pub const INBOX_STREAM: &str = "INBOX";
+/// Suffix of the dead-letter stream's name.
+pub const DLQ_STREAM: &str = "DLQ";
+/// Suffix of the stream that keeps the server's max-deliveries and terminated advisories.
+pub const ADVISORY_STREAM: &str = "ADVISORIES";
+/// Suffix of the configuration bucket (retry policies live under [`RETRY_KEY`]).
+pub const CONFIG_BUCKET: &str = "config";
+/// Key of the retry policies in the configuration bucket.
+pub const RETRY_KEY: &str = "retry";
+/// How long a repeated dead letter (same source message) is recognised and dropped.
+pub const DLQ_DEDUPE_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+/// Limits of the inbox stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InboxLimits {
+    /// Oldest command kept, in seconds (default 7 days).
+    pub max_age_secs: u64,
+    /// Most bytes kept across all inboxes (default 1 GiB).
+    pub max_bytes: i64,
+    /// Most commands kept per agent and command name (-1: no limit, the default).
+    pub max_msgs_per_subject: i64,
+    /// Stream replicas (1 on one server, 3 on a cluster).
+    pub replicas: usize,
+    /// Window in which a repeated message id is dropped, in seconds (default 120).
+    pub duplicate_window_secs: u64,
+}
+
+impl Default for InboxLimits {
+    fn default() -> Self {
+        InboxLimits {
+            max_age_secs: 7 * 24 * 3600,
+            max_bytes: 1 << 30,
+            max_msgs_per_subject: -1,
+            replicas: 1,
+            duplicate_window_secs: 120,
+        }
+    }
+}
+
+/// The inbox stream for `subjects`' root.
+pub fn inbox_stream(subjects: &Subjects, limits: &InboxLimits) -> StreamSpec {
+    let mut spec = StreamSpec::new(
+        subjects.stream_name(INBOX_STREAM),
+        vec![subjects.durable_all()],
+    );
+    spec.max_age = Duration::from_secs(limits.max_age_secs);
+    spec.max_bytes = limits.max_bytes;
+    spec.max_msgs_per_subject = limits.max_msgs_per_subject;
+    spec.replicas = limits.replicas;
+    spec.duplicate_window = Duration::from_secs(limits.duplicate_window_secs.max(1));
+    spec.work_queue = true;
+    spec.description = "Chorus durable inboxes: commands waiting for their agent".into();
+    spec
+}
+
+/// The dead-letter stream.
+pub fn dlq_stream(subjects: &Subjects, replicas: usize) -> StreamSpec {
+    let mut spec = StreamSpec::new(
+        subjects.stream_name(DLQ_STREAM),
+        vec![subjects.dead_letters()],
+    );
+    spec.max_age = Duration::from_secs(30 * 24 * 3600);
+    spec.duplicate_window = DLQ_DEDUPE_WINDOW;
+    spec.replicas = replicas;
+    spec.description = "Chorus dead letters".into();
+    spec
+}
+
+/// The stream capturing the server's advisories about the inbox stream, so none is lost
+/// while no coordinator runs.
+pub fn advisory_stream(subjects: &Subjects, replicas: usize) -> StreamSpec {
+    let inbox = subjects.stream_name(INBOX_STREAM);
+    let mut spec = StreamSpec::new(
+        subjects.stream_name(ADVISORY_STREAM),
+        vec![
+            format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{inbox}.*"),
+            format!("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{inbox}.*"),
+        ],
+    );
+    spec.max_age = Duration::from_secs(7 * 24 * 3600);
+    spec.replicas = replicas;
+    spec.description =
+        "JetStream advisories about Chorus inboxes, for the dead-letter queue".into();
+    spec
+}

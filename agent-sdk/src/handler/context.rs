@@ -1,0 +1,103 @@
+//! The context a handler runs in: the message being handled and the agent, so a handler can
+//! call other agents as part of the same conversation.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::SdkError;
+use crate::outbound::{Call, Outbound, Parent, Reply};
+use crate::protocol::envelope::Envelope;
+
+/// Given to every handler. Calls made through it continue the conversation: the same
+/// correlation id, the hop count plus one (refused past the hop limit), and a deadline no
+/// later than the one of the message being handled.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) out: Arc<Outbound>,
+    pub(crate) request: Arc<Envelope>,
+    /// The subject it arrived on.
+    pub(crate) subject: Arc<str>,
+    /// The handling span: the parent of everything this handler sends.
+    pub(crate) otel: opentelemetry::Context,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("agent", &self.out.id)
+            .field("message", &self.request.id)
+            .finish()
+    }
+}
+
+impl Context {
+    fn parent(&self) -> Parent<'_> {
+        Parent {
+            env: &self.request,
+            otel: &self.otel,
+        }
+    }
+
+    /// The OpenTelemetry context of the handling span (to start spans of your own under it).
+    pub fn otel_context(&self) -> &opentelemetry::Context {
+        &self.otel
+    }
+
+    /// The message being handled.
+    pub fn message(&self) -> &Envelope {
+        &self.request
+    }
+
+    /// The subject the message arrived on (for a handler of a wildcard pattern, which one).
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// The id of the agent handling it.
+    pub fn agent_id(&self) -> &str {
+        &self.out.id
+    }
+
+    /// The sender's agent id.
+    pub fn from(&self) -> &str {
+        &self.request.from
+    }
+
+    /// Sends a call as a forward of the message being handled.
+    pub async fn call(&self, call: Call) -> Result<Reply, SdkError> {
+        self.out.call(call, Some(self.parent())).await
+    }
+
+    /// Requests `command` from agent `agent` as a forward, and decodes the result.
+    pub async fn request<T, R>(&self, agent: &str, command: &str, args: &T) -> Result<R, SdkError>
+    where
+        T: Serialize + ?Sized,
+        R: DeserializeOwned,
+    {
+        self.call(Call::agent(agent, command).payload(args)?)
+            .await?
+            .payload_as()
+    }
+
+    /// Requests from whichever agent serves `capability`, as a forward.
+    pub async fn request_capability<T, R>(&self, capability: &str, args: &T) -> Result<R, SdkError>
+    where
+        T: Serialize + ?Sized,
+        R: DeserializeOwned,
+    {
+        self.call(Call::capability(capability).payload(args)?)
+            .await?
+            .payload_as()
+    }
+
+    /// Publishes an event in the same conversation.
+    pub async fn publish<T: Serialize + ?Sized>(
+        &self,
+        topic: &str,
+        value: &T,
+    ) -> Result<(), SdkError> {
+        self.out.publish(topic, value, Some(self.parent())).await
+    }
+}

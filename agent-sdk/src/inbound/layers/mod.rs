@@ -1,0 +1,37 @@
+//! The pipeline's cross-cutting checks, each a small [`Layer`] in a file of its own. A layer
+//! sees the decoded, admitted message before its handler and may pass it, change it (decrypt
+//! its payload) or stop it with a [`Failure`]. A new concern (token authentication, usage
+//! counting) is a new layer here and one line in `Pipeline::new`.
+
+mod authorize;
+mod decrypt;
+mod verify;
+
+pub(crate) use authorize::Authorize;
+pub(crate) use decrypt::Decrypt;
+pub(crate) use verify::Verify;
+
+use crate::handler::endpoint::Endpoint;
+use crate::inbound::outcome::Failure;
+use crate::protocol::envelope::Envelope;
+
+/// One message as the layers see it.
+pub(crate) struct Inbound<'a> {
+    /// The subject it arrived on (signatures cover it).
+    pub(crate) subject: &'a str,
+    pub(crate) env: Envelope,
+    /// The command or capability it is for; `None` for events and unknown commands.
+    pub(crate) endpoint: Option<&'a Endpoint>,
+}
+
+/// One cross-cutting check of the inbound pipeline.
+pub(crate) trait Layer: Send + Sync + 'static {
+    /// Passes `msg` (possibly changed) or stops it.
+    fn check(&self, msg: &mut Inbound<'_>) -> Result<(), Failure>;
+
+    /// [`check`](Layer::check) for several messages at once (events already waiting); one by
+    /// one unless the layer can do better.
+    fn check_batch(&self, msgs: &mut [Inbound<'_>]) -> Vec<Result<(), Failure>> {
+        msgs.iter_mut().map(|m| self.check(m)).collect()
+    }
+}

@@ -1,0 +1,371 @@
+//! The one inbound pipeline. Every message an agent takes, core or durable, request, command
+//! or event, goes through the same steps in the same order:
+//!
+//! decode → admit (size, version, kind, expiry, hops) → layers (verify, decrypt, authorize and
+//! rate-limit) → exactly-once → handle → [`Outcome`].
+//!
+//! The caller turns the outcome into a reply (`inbound::reply`) or an ack, nak or dead letter
+//! (`durable::inbox`), each in one place.
+
+use std::sync::Arc;
+
+use opentelemetry::trace::SpanKind;
+
+use super::admit::{self, Limits, Refused};
+use super::exactly_once::ExactlyOnce;
+use super::layers::{Authorize, Decrypt, Inbound, Layer, Verify};
+use super::outcome::{Failure, Outcome, Retry};
+use crate::handler::endpoint::{Endpoint, Endpoints};
+use crate::handler::{Context, EventHandler, Output};
+use crate::metrics::sdk_metrics;
+use crate::outbound::Outbound;
+use crate::protocol::codec::Encoding;
+use crate::protocol::envelope::{DeliveryClass, Envelope, Kind, now_ms};
+use crate::protocol::status::StatusCode;
+use crate::security::Verifier;
+use crate::security::access::Access;
+use crate::security::encryption::EncryptionKey;
+use crate::stats::AgentCounters;
+
+/// What handles a message, resolved from the subject it came on.
+#[derive(Clone)]
+pub(crate) enum Target {
+    /// A command or capability endpoint.
+    Endpoint(Arc<Endpoint>),
+    /// An event handler.
+    Event(Arc<dyn EventHandler>),
+    /// A command nobody here handles (its subject).
+    Unknown(String),
+}
+
+/// A message that went through the pipeline.
+pub(crate) struct Processed {
+    /// The request as handled (decrypted), when it decoded.
+    pub(crate) request: Option<Arc<Envelope>>,
+    /// The encoding to answer in.
+    pub(crate) encoding: Encoding,
+    pub(crate) outcome: Outcome,
+}
+
+/// The parts of an agent the pipeline needs.
+pub(crate) struct PipelineParts {
+    pub(crate) out: Arc<Outbound>,
+    pub(crate) endpoints: Arc<Endpoints>,
+    pub(crate) verifier: Option<Arc<Verifier>>,
+    pub(crate) decryption: Option<Arc<EncryptionKey>>,
+    pub(crate) access: Arc<Access>,
+    pub(crate) exactly_once: ExactlyOnce,
+}
+
+/// The inbound pipeline of one agent.
+pub(crate) struct Pipeline {
+    pub(crate) out: Arc<Outbound>,
+    pub(crate) endpoints: Arc<Endpoints>,
+    layers: Vec<Box<dyn Layer>>,
+    /// Whether the signature check runs (the event stream batches it when it does).
+    verifies: bool,
+    exactly_once: ExactlyOnce,
+}
+
+impl Pipeline {
+    pub(crate) fn new(parts: PipelineParts) -> Self {
+        let PipelineParts {
+            out,
+            endpoints,
+            verifier,
+            decryption,
+            access,
+            exactly_once,
+        } = parts;
+        let counters = Arc::clone(&out.counters);
+        let mut layers: Vec<Box<dyn Layer>> = Vec::new();
+        let verifies = verifier.is_some();
+        if let Some(verifier) = verifier {
+            // The signature covers the payload as sent (ciphertext): check it, then decrypt.
+            layers.push(Box::new(Verify {
+                agent: out.id.clone(),
+                verifier,
+                counters: Arc::clone(&counters),
+            }));
+        }
+        layers.push(Box::new(Decrypt {
+            agent: out.id.clone(),
+            key: decryption,
+        }));
+        layers.push(Box::new(Authorize { access, counters }));
+        Pipeline {
+            out,
+            endpoints,
+            layers,
+            verifies,
+            exactly_once,
+        }
+    }
+
+    /// What admission checks against.
+    pub(crate) fn limits(&self) -> Limits {
+        Limits {
+            max_message_bytes: self.out.max_message_bytes,
+            hop_limit: self.out.hop_limit,
+            encoding: self.out.encoding,
+        }
+    }
+
+    pub(crate) fn counters(&self) -> &AgentCounters {
+        &self.out.counters
+    }
+
+    pub(crate) fn verifies(&self) -> bool {
+        self.verifies
+    }
+
+    /// Decodes `payload` within the size limit (the first step; the durable inbox does it
+    /// early to choose a delivery's lane).
+    pub(crate) fn decode(&self, payload: &bytes::Bytes) -> Result<(Envelope, Encoding), Refused> {
+        admit::decode(payload, self.limits(), self.counters())
+    }
+
+    /// Decodes and admits `payload` (an event stream's first steps).
+    pub(crate) fn admit(&self, payload: &bytes::Bytes) -> Result<(Envelope, Encoding), Refused> {
+        admit::admit(payload, self.limits(), self.counters(), now_ms())
+    }
+
+    /// Runs the layers over one admitted message that has no endpoint (an event); `None` if
+    /// one refused it.
+    pub(crate) fn check(&self, subject: &str, env: Envelope) -> Option<Envelope> {
+        let mut msg = Inbound {
+            subject,
+            env,
+            endpoint: None,
+        };
+        for layer in &self.layers {
+            layer.check(&mut msg).ok()?;
+        }
+        Some(msg.env)
+    }
+
+    /// Runs the layers over several admitted messages at once; keeps those that pass.
+    pub(crate) fn check_batch(&self, msgs: Vec<(&str, Envelope)>) -> Vec<Envelope> {
+        let mut live: Vec<Inbound<'_>> = msgs
+            .into_iter()
+            .map(|(subject, env)| Inbound {
+                subject,
+                env,
+                endpoint: None,
+            })
+            .collect();
+        for layer in &self.layers {
+            let results = layer.check_batch(&mut live);
+            live = live
+                .into_iter()
+                .zip(results)
+                .filter_map(|(msg, result)| result.ok().map(|()| msg))
+                .collect();
+        }
+        live.into_iter().map(|msg| msg.env).collect()
+    }
+
+    /// Takes one decoded message through every step after decoding, and handles it with
+    /// `target`. `span` is the kind of the handling span (server for a request, consumer for
+    /// an event or a durable delivery).
+    pub(crate) async fn run(
+        &self,
+        subject: &str,
+        decoded: Result<(Envelope, Encoding), Refused>,
+        target: Target,
+        span: SpanKind,
+    ) -> Processed {
+        AgentCounters::bump(&self.counters().received);
+        let processed = self.steps(subject, decoded, target, span).await;
+        let kind = processed.request.as_ref().map_or(Kind::Unknown, |r| r.kind);
+        if !matches!(processed.outcome, Outcome::Repeated(_)) {
+            self.record_handled(kind, processed.outcome.status());
+        }
+        processed
+    }
+
+    async fn steps(
+        &self,
+        subject: &str,
+        decoded: Result<(Envelope, Encoding), Refused>,
+        target: Target,
+        span: SpanKind,
+    ) -> Processed {
+        let refused = |refused: Refused| Processed {
+            request: refused.request.map(|r| Arc::new(*r)),
+            encoding: refused.encoding,
+            outcome: Outcome::Failed(refused.failure),
+        };
+        let (env, encoding) = match decoded {
+            Ok(decoded) => decoded,
+            Err(refusal) => return refused(refusal),
+        };
+        if let Some(failure) = admit::check(&env, self.out.hop_limit, now_ms()) {
+            admit::count(self.counters(), &failure);
+            tracing::debug!(agent = %self.out.id, id = %env.id, correlation = %env.conversation(), status = %failure.status, reason = %failure.reason, "message refused");
+            return refused(Refused {
+                failure,
+                request: Some(Box::new(env)),
+                encoding,
+            });
+        }
+        let endpoint = match &target {
+            Target::Endpoint(endpoint) => Some(endpoint.as_ref()),
+            _ => None,
+        };
+        let mut msg = Inbound {
+            subject,
+            env,
+            endpoint,
+        };
+        for layer in &self.layers {
+            if let Err(failure) = layer.check(&mut msg) {
+                return Processed {
+                    request: Some(Arc::new(msg.env)),
+                    encoding,
+                    outcome: Outcome::Failed(failure),
+                };
+            }
+        }
+        let request = Arc::new(msg.env);
+        let exactly_once =
+            request.delivery == DeliveryClass::ExactlyOnce && matches!(target, Target::Endpoint(_));
+        if exactly_once && let Some(outcome) = self.exactly_once.before(&request).await {
+            return Processed {
+                request: Some(request),
+                encoding,
+                outcome,
+            };
+        }
+        let outcome = self.handle(&request, subject, target, span).await;
+        if exactly_once && let Outcome::Done(output) = &outcome {
+            self.exactly_once.after(&request, output).await;
+        }
+        Processed {
+            request: Some(request),
+            encoding,
+            outcome,
+        }
+    }
+
+    /// The last step: the handler runs under a span, and its result becomes the outcome.
+    async fn handle(
+        &self,
+        request: &Arc<Envelope>,
+        subject: &str,
+        target: Target,
+        span: SpanKind,
+    ) -> Outcome {
+        let counters = self.counters();
+        let (name, result) = match target {
+            Target::Unknown(subject) => {
+                AgentCounters::bump(&counters.unknown_command);
+                return Outcome::Failed(unknown_command(&self.out.id, &subject));
+            }
+            Target::Event(handler) => {
+                let topic = request.topic.as_deref().unwrap_or_default();
+                let ctx = self.context(request, subject, span, topic);
+                let otel = ctx.otel.clone();
+                let result = handler.call(ctx).await.map(|()| Output::default());
+                crate::trace::finish(Some(&otel), result.as_ref().err().map(|e| e.to_string()));
+                (topic, result)
+            }
+            Target::Endpoint(endpoint) => {
+                let ctx = self.context(request, subject, span, &endpoint.name);
+                let otel = ctx.otel.clone();
+                let started = std::time::Instant::now();
+                let span = tracing::info_span!(
+                    "chorus.handle",
+                    agent = %self.out.id,
+                    command = %endpoint.name,
+                    message_id = %request.id,
+                    correlation_id = %request.conversation(),
+                );
+                let result =
+                    tracing::Instrument::instrument(endpoint.handler.call(ctx), span).await;
+                crate::trace::finish(Some(&otel), result.as_ref().err().map(|e| e.to_string()));
+                endpoint.record(
+                    started.elapsed(),
+                    result.as_ref().err().map(|e| e.reason.as_str()),
+                );
+                return self.outcome(request, &endpoint.name, result);
+            }
+        };
+        self.outcome(request, name, result)
+    }
+
+    fn outcome(
+        &self,
+        request: &Envelope,
+        name: &str,
+        result: Result<Output, crate::HandlerError>,
+    ) -> Outcome {
+        match result {
+            Ok(output) => {
+                AgentCounters::bump(&self.counters().handled_ok);
+                Outcome::Done(output)
+            }
+            Err(err) => {
+                AgentCounters::bump(&self.counters().handler_errors);
+                tracing::debug!(agent = %self.out.id, handler = name, id = %request.id, correlation = %request.conversation(), error = %err, "handler returned an error");
+                Outcome::Failed(Failure::from(err))
+            }
+        }
+    }
+
+    /// The context a handler runs in, with its handling span started.
+    fn context(
+        &self,
+        request: &Arc<Envelope>,
+        subject: &str,
+        kind: SpanKind,
+        name: &str,
+    ) -> Context {
+        let otel = crate::trace::handle(
+            kind,
+            request,
+            || format!("chorus.handle {name}"),
+            || crate::trace::attributes(&self.out.id, request),
+        );
+        Context {
+            out: Arc::clone(&self.out),
+            request: Arc::clone(request),
+            subject: Arc::from(subject),
+            otel,
+        }
+    }
+
+    /// Counts one message's outcome in `chorus_handled_total`.
+    pub(crate) fn record_handled(&self, kind: Kind, status: StatusCode) {
+        sdk_metrics()
+            .handled
+            .with_label_values(&[self.out.id.as_str(), kind.as_str(), status.label()])
+            .inc();
+    }
+}
+
+/// The refusal of a command nobody here handles: retried while the retry policy's attempts
+/// last, since another instance of the agent may know it.
+pub(crate) fn unknown_command(agent: &str, subject: &str) -> Failure {
+    Failure {
+        status: StatusCode::UNKNOWN_COMMAND,
+        reason: format!("agent {agent} has no handler for {subject}"),
+        retry: Retry::Attempts,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_command_is_5016_retried_while_attempts_last() {
+        let failure = unknown_command("ledger", "chorus.agent.ledger.nope");
+        assert_eq!(failure.status, StatusCode::UNKNOWN_COMMAND);
+        assert_eq!(failure.retry, Retry::Attempts);
+        assert_eq!(
+            failure.reason,
+            "agent ledger has no handler for chorus.agent.ledger.nope"
+        );
+    }
+}

@@ -1,0 +1,188 @@
+//! Outgoing calls: a small builder for commands and requests, and the reply they bring back.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+use crate::error::SdkError;
+use crate::protocol::codec::{decode_payload, encode_payload};
+use crate::protocol::envelope::{
+    CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, DeliveryClass, Envelope, Kind, Priority,
+};
+use crate::protocol::status::StatusCode;
+
+/// Where a call goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// One agent, by id.
+    Agent(String),
+    /// Any one agent serving a capability (the access point's queue group picks).
+    Capability(String),
+}
+
+/// A command or request to send with [`Agent::call`](crate::Agent::call).
+///
+/// ```
+/// use std::time::Duration;
+/// use agent_sdk::Call;
+/// let call = Call::agent("calculator", "add")
+///     .payload(&(2, 3))
+///     .unwrap()
+///     .timeout(Duration::from_secs(2));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub(crate) target: Target,
+    pub(crate) name: Option<String>,
+    pub(crate) kind: Kind,
+    pub(crate) payload: Bytes,
+    pub(crate) content_type: String,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) priority: Priority,
+    pub(crate) headers: BTreeMap<String, String>,
+    pub(crate) delivery: Option<DeliveryClass>,
+    pub(crate) id: Option<Uuid>,
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) encrypt_for: Vec<String>,
+}
+
+impl Call {
+    /// A request to agent `agent` for command `command`.
+    pub fn agent(agent: impl Into<String>, command: impl Into<String>) -> Self {
+        Call::new(Target::Agent(agent.into()), Some(command.into()))
+    }
+
+    /// A request to whichever agent serves `capability`.
+    pub fn capability(capability: impl Into<String>) -> Self {
+        Call::new(Target::Capability(capability.into()), None)
+    }
+
+    fn new(target: Target, name: Option<String>) -> Self {
+        Call {
+            target,
+            name,
+            kind: Kind::Request,
+            payload: Bytes::new(),
+            content_type: CONTENT_TYPE_MSGPACK.to_owned(),
+            timeout: None,
+            priority: Priority::Normal,
+            headers: BTreeMap::new(),
+            delivery: None,
+            id: None,
+            ttl: None,
+            encrypt_for: Vec::new(),
+        }
+    }
+
+    /// Encrypts the payload end to end for these agents (their public keys come from the
+    /// registry or [`AgentOptions::trust_encryption`](crate::AgentOptions::trust_encryption)):
+    /// nobody else, broker and coordinator included, can read it.
+    pub fn encrypt_for<I, S>(mut self, recipients: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.encrypt_for = recipients.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The delivery guarantee for [`Agent::send`](crate::Agent::send) (default: the agent's).
+    pub fn delivery(mut self, class: DeliveryClass) -> Self {
+        self.delivery = Some(class);
+        self
+    }
+
+    /// Uses `id` as the message id instead of a fresh UUIDv7. Sending the same id twice is
+    /// how a sender retries safely with exactly-once delivery: the server's dedupe window and
+    /// the receiver's idempotency record make the second copy a no-op. (At least once, the
+    /// second copy is handled again.)
+    pub fn id(mut self, id: Uuid) -> Self {
+        self.id = Some(id);
+        self
+    }
+
+    /// How long a durable message may wait for its recipient; after that it is dead-lettered
+    /// as expired instead of handled.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Marks it a command (an instruction) rather than a request (a question). Both get a
+    /// result back; the kind tells the receiver and the logs what was meant.
+    pub fn command(mut self) -> Self {
+        self.kind = Kind::Command;
+        self
+    }
+
+    /// The payload, as MessagePack.
+    pub fn payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
+        self.payload = encode_payload(value, CONTENT_TYPE_MSGPACK)?;
+        self.content_type = CONTENT_TYPE_MSGPACK.to_owned();
+        Ok(self)
+    }
+
+    /// The payload, as JSON; the handler's reply comes back as JSON too.
+    pub fn json_payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
+        self.payload = encode_payload(value, CONTENT_TYPE_JSON)?;
+        self.content_type = CONTENT_TYPE_JSON.to_owned();
+        Ok(self)
+    }
+
+    /// Payload bytes as they are, with their content type.
+    pub fn raw_payload(mut self, payload: Bytes, content_type: impl Into<String>) -> Self {
+        self.payload = payload;
+        self.content_type = content_type.into();
+        self
+    }
+
+    /// How long to wait for the reply (default: the agent's request timeout). The message's
+    /// TTL is set to the same, so it is not handled after the caller gave up.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Priority.
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// An application header.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+}
+
+/// A successful reply.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The reply envelope.
+    pub envelope: Envelope,
+}
+
+impl Reply {
+    /// The reply's status (a success code).
+    pub fn status(&self) -> StatusCode {
+        self.envelope.status.unwrap_or(StatusCode::OK)
+    }
+
+    /// The payload bytes.
+    pub fn payload(&self) -> &Bytes {
+        &self.envelope.payload
+    }
+
+    /// The payload decoded by its content type.
+    pub fn payload_as<R: DeserializeOwned>(&self) -> Result<R, SdkError> {
+        Ok(decode_payload(
+            &self.envelope.payload,
+            &self.envelope.content_type,
+        )?)
+    }
+}

@@ -1,0 +1,113 @@
+//! The sending half of an agent: what every outgoing message shares (identity, subjects,
+//! encoding, hop limit, signing, recipients' encryption keys), and the three ways out: a
+//! request that waits for its reply (`request`), an event (`publish`), and a call builder
+//! ([`Call`]). Durable sends build on this in `durable::send`.
+
+pub(crate) mod call;
+mod publish;
+mod request;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use broker_adapter::{Broker, JetStream};
+
+pub use call::{Call, Reply, Target};
+
+use crate::error::SdkError;
+use crate::protocol::codec::Encoding;
+use crate::protocol::envelope::{DeliveryClass, Envelope};
+use crate::security::Identity;
+use crate::stats::AgentCounters;
+use crate::subject::Subjects;
+use crate::sync::{read, write};
+
+/// The message being handled when a handler sends: its envelope (for correlation, hops,
+/// deadline) and its handling span (the parent of what it sends).
+#[derive(Clone, Copy)]
+pub(crate) struct Parent<'a> {
+    pub(crate) env: &'a Envelope,
+    pub(crate) otel: &'a opentelemetry::Context,
+}
+
+/// What every outgoing message of one agent shares.
+pub(crate) struct Outbound {
+    pub(crate) id: String,
+    pub(crate) subjects: Subjects,
+    pub(crate) broker: Broker,
+    pub(crate) js: JetStream,
+    pub(crate) encoding: Encoding,
+    pub(crate) hop_limit: u8,
+    pub(crate) request_timeout: Duration,
+    pub(crate) default_delivery: DeliveryClass,
+    pub(crate) max_message_bytes: usize,
+    pub(crate) identity: Option<Arc<Identity>>,
+    /// Recipients' public encryption keys: configured ones, then the registry's.
+    pub(crate) encryption_keys: RwLock<HashMap<String, String>>,
+    pub(crate) counters: Arc<AgentCounters>,
+}
+
+impl Outbound {
+    /// Signs `env` for `subject` when the agent has an identity.
+    pub(crate) fn seal(&self, subject: &str, env: &mut Envelope) {
+        if let Some(identity) = &self.identity {
+            identity.sign(subject, env);
+        }
+    }
+
+    /// Remembers `agent`'s public encryption key (announced in the registry).
+    pub(crate) fn learn_encryption_key(&self, agent: &str, key: String) {
+        write(&self.encryption_keys).insert(agent.to_owned(), key);
+    }
+
+    /// Seals `env`'s payload for `recipients`, by their known keys.
+    fn encrypt_for(&self, env: &mut Envelope, recipients: &[String]) -> Result<(), SdkError> {
+        let keys = read(&self.encryption_keys);
+        let recipients = recipients
+            .iter()
+            .map(|agent| {
+                keys.get(agent)
+                    .map(|k| (agent.clone(), k.clone()))
+                    .ok_or_else(|| {
+                        SdkError::Encryption(format!("no encryption key is known for {agent}"))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(keys);
+        crate::security::encryption::encrypt(env, &recipients)
+            .map_err(|e| SdkError::Encryption(e.to_string()))
+    }
+
+    /// Sets what a message inherits from the one being handled, and refuses a forward past
+    /// the hop limit or the inherited deadline.
+    pub(crate) fn inherit(
+        &self,
+        env: &mut Envelope,
+        parent: Option<&Envelope>,
+    ) -> Result<(), SdkError> {
+        let Some(parent) = parent else {
+            env.hop_limit = self.hop_limit;
+            return Ok(());
+        };
+        env.correlation_id = Some(parent.conversation());
+        env.hop_limit = parent.hop_limit.min(self.hop_limit);
+        env.hops = parent.hops.saturating_add(1);
+        if env.hops > env.hop_limit {
+            AgentCounters::bump(&self.counters.loop_refused);
+            return Err(SdkError::LoopDetected {
+                hops: env.hops,
+                limit: env.hop_limit,
+            });
+        }
+        if parent.is_expired() {
+            AgentCounters::bump(&self.counters.expired);
+            return Err(SdkError::Expired);
+        }
+        env.deadline_ms = parent.expires_at_ms();
+        env.trace = parent.trace.clone();
+        env.session_id = parent.session_id.clone();
+        env.customer_id = parent.customer_id.clone();
+        Ok(())
+    }
+}

@@ -1,0 +1,81 @@
+//! Events: published on core NATS under a producer span, at most once.
+
+use serde::Serialize;
+
+use super::{Outbound, Parent};
+use crate::error::SdkError;
+use crate::protocol::codec::{self, encode_payload};
+use crate::protocol::envelope::{Envelope, Kind, Performative};
+use crate::stats::AgentCounters;
+
+impl Outbound {
+    /// Publishes `value` as an event on `topic` (as a forward of `parent`, if given).
+    pub(crate) async fn publish<T: Serialize + ?Sized>(
+        &self,
+        topic: &str,
+        value: &T,
+        parent: Option<Parent<'_>>,
+    ) -> Result<(), SdkError> {
+        let content_type = self.encoding.content_type();
+        let (subject, mut env) = self.event(topic, content_type)?;
+        self.inherit(&mut env, parent.map(|p| p.env))?;
+        env.payload = encode_payload(value, content_type)?;
+        let otel = parent.map_or_else(opentelemetry::Context::current, |p| p.otel.clone());
+        self.publish_envelope(subject, env, &otel).await
+    }
+
+    /// Publishes an event whose payload is `payload` as it is, labelled `content_type`.
+    pub(crate) async fn publish_raw(
+        &self,
+        topic: &str,
+        payload: bytes::Bytes,
+        content_type: &str,
+    ) -> Result<(), SdkError> {
+        let (subject, mut env) = self.event(topic, content_type)?;
+        env.payload = payload;
+        self.publish_envelope(subject, env, &opentelemetry::Context::current())
+            .await
+    }
+
+    /// An event's subject and envelope, without its payload.
+    fn event(&self, topic: &str, content_type: &str) -> Result<(String, Envelope), SdkError> {
+        let subject = self.subjects.event(topic)?;
+        let mut env = Envelope::new_typed(
+            Kind::Event,
+            Performative::Inform,
+            self.id.as_str(),
+            content_type.to_owned(),
+        );
+        env.topic = Some(topic.to_owned());
+        Ok((subject, env))
+    }
+
+    /// Publishes an event envelope under a producer span.
+    async fn publish_envelope(
+        &self,
+        subject: String,
+        mut env: Envelope,
+        parent: &opentelemetry::Context,
+    ) -> Result<(), SdkError> {
+        let (span, trace) = crate::trace::start(
+            opentelemetry::trace::SpanKind::Producer,
+            parent,
+            env.trace.as_ref(),
+            || {
+                format!(
+                    "chorus.publish {}",
+                    env.topic.as_deref().unwrap_or(&subject)
+                )
+            },
+            || crate::trace::attributes(&self.id, &env),
+        );
+        env.trace = Some(trace);
+        self.seal(&subject, &mut env);
+        let bytes = codec::encode(&env, self.encoding)?;
+        let sent = self.broker.publish_owned(subject, bytes).await;
+        crate::trace::finish(span.as_ref(), sent.as_ref().err().map(|e| e.to_string()));
+        sent?;
+        AgentCounters::bump(&self.counters.events_published);
+        Ok(())
+    }
+}

@@ -1,0 +1,138 @@
+//! Requests: a call's envelope and subject, sent and its reply awaited.
+
+use std::time::Duration;
+
+use broker_adapter::ErrorKind;
+
+use super::{Call, Outbound, Parent, Reply, Target};
+use crate::error::SdkError;
+use crate::metrics::sdk_metrics;
+use crate::protocol::codec;
+use crate::protocol::envelope::{Envelope, ExpectedReply, Performative, now_ms};
+use crate::stats::AgentCounters;
+
+impl Outbound {
+    /// Builds the envelope of a call and the subject it goes to, with the time to wait for
+    /// its reply (the call's timeout, within the inherited deadline).
+    pub(crate) fn prepare(
+        &self,
+        call: Call,
+        parent: Option<&Envelope>,
+    ) -> Result<(String, Envelope, Duration), SdkError> {
+        let mut env = Envelope::new(call.kind, Performative::Request, self.id.as_str());
+        let subject = match call.target {
+            Target::Agent(agent) => {
+                let name = call.name.as_deref().unwrap_or_default();
+                let subject = self.subjects.command(&agent, name)?;
+                env.to = vec![agent];
+                subject
+            }
+            Target::Capability(capability) => {
+                let subject = self.subjects.capability(&capability)?;
+                env.capability = Some(capability);
+                subject
+            }
+        };
+        env.name = call.name;
+        self.inherit(&mut env, parent)?;
+        let mut timeout = call.timeout.unwrap_or(self.request_timeout);
+        if let Some(left) = env.remaining_at(now_ms()) {
+            timeout = timeout.min(left);
+        }
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        env.ttl_ms = Some(timeout_ms);
+        env.expect = Some(ExpectedReply {
+            performative: Performative::Inform,
+            timeout_ms,
+        });
+        env.priority = call.priority;
+        env.headers = call.headers;
+        env.content_type = call.content_type;
+        env.payload = call.payload;
+        env.delivery = call.delivery.unwrap_or_default();
+        if let Some(id) = call.id {
+            env.id = id;
+        }
+        if !call.encrypt_for.is_empty() {
+            self.encrypt_for(&mut env, &call.encrypt_for)?;
+        }
+        Ok((subject, env, timeout))
+    }
+
+    /// Sends a call (as a forward of `parent`, if given) and waits for its reply.
+    pub(crate) async fn call(
+        &self,
+        call: Call,
+        parent: Option<Parent<'_>>,
+    ) -> Result<Reply, SdkError> {
+        let (subject, env, timeout) = self.prepare(call, parent.map(|p| p.env))?;
+        let otel = parent.map_or_else(opentelemetry::Context::current, |p| p.otel.clone());
+        self.exchange(&subject, env, timeout, &otel).await
+    }
+
+    /// Sends `env` as a request on `subject` and waits up to `timeout` for the reply.
+    pub(crate) async fn exchange(
+        &self,
+        subject: &str,
+        mut env: Envelope,
+        timeout: Duration,
+        parent: &opentelemetry::Context,
+    ) -> Result<Reply, SdkError> {
+        let (span, trace) = crate::trace::start(
+            opentelemetry::trace::SpanKind::Client,
+            parent,
+            env.trace.as_ref(),
+            || {
+                format!(
+                    "chorus.request {}",
+                    env.name
+                        .as_deref()
+                        .or(env.capability.as_deref())
+                        .unwrap_or(subject)
+                )
+            },
+            || crate::trace::attributes(&self.id, &env),
+        );
+        env.trace = Some(trace);
+        self.seal(subject, &mut env);
+        let bytes = codec::encode(&env, self.encoding)?;
+        AgentCounters::bump(&self.counters.requests_sent);
+        let started = std::time::Instant::now();
+        let result = self.request_reply(subject, bytes, timeout).await;
+        let status = match &result {
+            Ok(reply) => reply.status(),
+            Err(err) => err.status(),
+        };
+        sdk_metrics()
+            .request_seconds
+            .with_label_values(&[self.id.as_str(), status.label()])
+            .observe(started.elapsed().as_secs_f64());
+        crate::trace::finish(span.as_ref(), result.as_ref().err().map(|e| e.to_string()));
+        result
+    }
+
+    async fn request_reply(
+        &self,
+        subject: &str,
+        bytes: bytes::Bytes,
+        timeout: Duration,
+    ) -> Result<Reply, SdkError> {
+        let msg = self
+            .broker
+            .request(subject, None, bytes, timeout)
+            .await
+            .map_err(|e| match e.kind() {
+                ErrorKind::TimedOut => SdkError::Timeout(timeout),
+                ErrorKind::NoResponders => SdkError::NoResponders(subject.to_owned()),
+                _ => SdkError::Broker(e),
+            })?;
+        let (reply, _) = codec::decode_limited(msg.payload(), self.max_message_bytes)?;
+        match reply.status {
+            Some(status) if !status.is_success() => Err(SdkError::Remote {
+                status,
+                reason: reply.reason.unwrap_or_default(),
+            }),
+            _ => Ok(Reply { envelope: reply }),
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! An agent's presence: heartbeats carrying its manifest, a goodbye on shutdown, answers to
+//! NATS's own service discovery (`service`), and the public keys other agents announce
+//! (`keys`).
+
+mod keys;
+mod service;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::error::SdkError;
+use crate::handler::endpoint::{EndpointKind, Endpoints};
+use crate::inbound::reader::Dispatcher;
+use crate::outbound::Outbound;
+use crate::protocol::codec;
+use crate::protocol::envelope::{
+    CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, Envelope, Kind, Performative,
+};
+use crate::protocol::registry::{Availability, CapabilityInfo, Manifest};
+use crate::sync::lock;
+
+pub(crate) use keys::watch_registered_keys;
+
+/// Default time between heartbeats.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+/// The capability version announced unless the agent sets one.
+pub const DEFAULT_CAPABILITY_VERSION: &str = "1.0";
+
+/// What an agent announces about itself.
+pub(crate) struct Presence {
+    pub(crate) out: Arc<Outbound>,
+    pub(crate) endpoints: Arc<Endpoints>,
+    pub(crate) dispatcher: Arc<Dispatcher>,
+    pub(crate) capabilities: Mutex<Vec<String>>,
+    pub(crate) instance: String,
+    pub(crate) started_ms: u64,
+    pub(crate) groups: Vec<String>,
+    pub(crate) capability_version: String,
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) encryption_key: Option<String>,
+    /// Wakes the heartbeat loop when the manifest changes.
+    pub(crate) changed: tokio::sync::Notify,
+    pub(crate) load_override: Mutex<Option<(f32, Availability)>>,
+    pub(crate) stop: CancellationToken,
+}
+
+impl Presence {
+    /// Adds a capability to the manifest (once).
+    pub(crate) fn add_capability(&self, capability: &str) {
+        let mut caps = lock(&self.capabilities);
+        if !caps.iter().any(|c| c == capability) {
+            caps.push(capability.to_owned());
+        }
+    }
+
+    /// The load and availability announced: set by the agent, or the share of handler slots
+    /// in use.
+    pub(crate) fn load_and_availability(&self) -> (f32, Availability) {
+        if let Some(set) = *lock(&self.load_override) {
+            return set;
+        }
+        let load = self.dispatcher.busy() as f32 / self.dispatcher.max_in_flight as f32;
+        let availability = if self.stop.is_cancelled() {
+            Availability::Away
+        } else if load >= 1.0 {
+            Availability::Busy
+        } else {
+            Availability::Available
+        };
+        (load, availability)
+    }
+
+    /// The manifest as of now.
+    pub(crate) fn manifest(&self) -> Manifest {
+        let endpoints = self.endpoints.all();
+        let mut capabilities: Vec<CapabilityInfo> = lock(&self.capabilities)
+            .iter()
+            .map(|name| CapabilityInfo {
+                name: name.clone(),
+                version: self.capability_version.clone(),
+            })
+            .collect();
+        capabilities.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut commands: Vec<String> = endpoints
+            .iter()
+            .filter(|e| e.kind == EndpointKind::Command)
+            .map(|e| e.name.clone())
+            .collect();
+        commands.sort();
+        let (load, availability) = self.load_and_availability();
+        Manifest {
+            agent: self.out.id.clone(),
+            instance: self.instance.clone(),
+            capabilities,
+            commands,
+            groups: self.groups.clone(),
+            content_types: vec![
+                CONTENT_TYPE_MSGPACK.to_owned(),
+                CONTENT_TYPE_JSON.to_owned(),
+            ],
+            load,
+            availability,
+            eta_ms: None,
+            public_key: self.out.identity.as_ref().map(|i| i.public_key()),
+            encryption_key: self.encryption_key.clone(),
+            heartbeat_ms: u64::try_from(self.heartbeat_interval.as_millis()).unwrap_or(u64::MAX),
+            started_ms: self.started_ms,
+            sdk_version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+
+    async fn send(&self, kind: Performative) -> Result<(), SdkError> {
+        let out = &self.out;
+        let subject = match kind {
+            Performative::Health => out.subjects.heartbeat(&out.id),
+            _ => out.subjects.goodbye(&out.id),
+        }?;
+        let mut env = Envelope::new(Kind::Heartbeat, kind, out.id.as_str());
+        env.content_type = CONTENT_TYPE_MSGPACK.to_owned();
+        env.payload = codec::encode_payload(&self.manifest(), CONTENT_TYPE_MSGPACK)?;
+        out.seal(&subject, &mut env);
+        let bytes = codec::encode(&env, out.encoding)?;
+        Ok(out.broker.publish(&subject, bytes).await?)
+    }
+
+    /// Heartbeats every interval (and at once when the manifest changes) until the agent
+    /// stops; then a goodbye, so the registry drops it without waiting for missed beats.
+    pub(crate) async fn run(self: Arc<Self>) {
+        loop {
+            if let Err(err) = self.send(Performative::Health).await {
+                tracing::debug!(agent = %self.out.id, error = %err, "heartbeat not sent");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.heartbeat_interval) => {}
+                _ = self.changed.notified() => {}
+                _ = self.stop.cancelled() => break,
+            }
+        }
+        if let Err(err) = self.send(Performative::Done).await {
+            tracing::debug!(agent = %self.out.id, error = %err, "goodbye not sent");
+        }
+    }
+}

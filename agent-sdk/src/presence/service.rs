@@ -1,0 +1,108 @@
+//! Answers to NATS's own service discovery (`$SRV.PING`, `$SRV.INFO`, `$SRV.STATS`, the
+//! micro-service JSON of ADR-32), so standard NATS tooling (`nats micro ls`) lists Chorus
+//! agents.
+
+use std::sync::Arc;
+
+use broker_adapter::{Message, Subscription};
+use bytes::Bytes;
+use serde_json::json;
+use tokio_util::task::TaskTracker;
+
+use super::Presence;
+use crate::sync::lock;
+
+/// `$SRV` discovery subjects (ADR-32), outside the Chorus root by design.
+const SERVICE_PREFIX: &str = "$SRV";
+
+fn rfc3339(ms: u64) -> String {
+    let nanos = i128::from(ms) * 1_000_000;
+    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+impl Presence {
+    /// Answers `$SRV` requests from `sub` until the agent stops.
+    pub(crate) fn serve_discovery(self: &Arc<Self>, tracker: &TaskTracker, mut sub: Subscription) {
+        let this = Arc::clone(self);
+        tracker.spawn(async move {
+            while let Some(msg) = sub.next_until(this.stop.cancelled()).await {
+                this.answer_service(&msg).await;
+            }
+        });
+    }
+
+    /// The `$SRV` subjects this agent answers on.
+    pub(crate) fn service_subjects(&self) -> [String; 3] {
+        [
+            format!("{SERVICE_PREFIX}.*"),
+            format!("{SERVICE_PREFIX}.*.{}", self.out.id),
+            format!("{SERVICE_PREFIX}.*.{}.{}", self.out.id, self.instance),
+        ]
+    }
+
+    /// Answers a `$SRV.PING|INFO|STATS` request with the micro-service JSON of ADR-32.
+    pub(crate) async fn answer_service(&self, msg: &Message) {
+        let Some(reply) = msg.reply() else { return };
+        let verb = msg.subject().split('.').nth(1).unwrap_or_default();
+        let mut body = json!({
+            "name": self.out.id,
+            "id": self.instance,
+            "version": env!("CARGO_PKG_VERSION"),
+            "metadata": {
+                "chorus.root": self.out.subjects.root(),
+                "chorus.capabilities": lock(&self.capabilities).join(","),
+            },
+        });
+        let endpoints = self.endpoints.all();
+        match verb {
+            "PING" => body["type"] = json!("io.nats.micro.v1.ping_response"),
+            "INFO" => {
+                body["type"] = json!("io.nats.micro.v1.info_response");
+                body["description"] = json!(format!("Chorus agent {}", self.out.id));
+                body["endpoints"] = endpoints
+                    .iter()
+                    .map(|e| {
+                        json!({
+                            "name": e.name,
+                            "subject": e.subject,
+                            "queue_group": e.queue_group.clone().unwrap_or_default(),
+                            "metadata": {},
+                        })
+                    })
+                    .collect();
+            }
+            "STATS" => {
+                body["type"] = json!("io.nats.micro.v1.stats_response");
+                body["started"] = json!(rfc3339(self.started_ms));
+                body["endpoints"] = endpoints
+                    .iter()
+                    .map(|e| {
+                        let stats = e.stats();
+                        let (n, ns) = (stats.requests, stats.processing_ns);
+                        json!({
+                            "name": e.name,
+                            "subject": e.subject,
+                            "queue_group": e.queue_group.clone().unwrap_or_default(),
+                            "num_requests": n,
+                            "num_errors": stats.errors,
+                            "last_error": stats.last_error,
+                            "processing_time": ns,
+                            "average_processing_time": ns.checked_div(n).unwrap_or(0),
+                        })
+                    })
+                    .collect();
+            }
+            _ => return,
+        }
+        let bytes = Bytes::from(body.to_string());
+        if let Err(err) = self.out.broker.publish(reply, bytes).await {
+            tracing::debug!(agent = %self.out.id, error = %err, "service discovery answer not sent");
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! What agents tell the coordinator about themselves, and what the coordinator answers:
+//! capability manifests, discovery queries, broadcast requests and reports.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::protocol::status::StatusCode;
+
+/// Whether an agent takes new work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Availability {
+    /// Ready for work.
+    #[default]
+    Available,
+    /// Working at capacity; takes work but will be slow.
+    Busy,
+    /// Not taking work (draining, paused).
+    Away,
+}
+
+/// A capability an agent offers, with its version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapabilityInfo {
+    /// Capability name (dotted).
+    pub name: String,
+    /// Its version (free text, semver recommended).
+    #[serde(default)]
+    pub version: String,
+}
+
+/// An agent's capability manifest (IACP), sent in every heartbeat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Agent id.
+    pub agent: String,
+    /// This run of the agent: changes when the agent restarts.
+    pub instance: String,
+    /// Capabilities offered.
+    #[serde(default)]
+    pub capabilities: Vec<CapabilityInfo>,
+    /// Commands the agent answers.
+    #[serde(default)]
+    pub commands: Vec<String>,
+    /// Broadcast groups it belongs to.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Payload content types it accepts.
+    #[serde(default)]
+    pub content_types: Vec<String>,
+    /// Load from 0 (idle) to 1 (full).
+    #[serde(default)]
+    pub load: f32,
+    /// Availability.
+    #[serde(default)]
+    pub availability: Availability,
+    /// Estimated time until it could start new work, in ms, if it knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_ms: Option<u64>,
+    /// Its public signing key (an nkey), once signing is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
+    /// Its public encryption key (X25519, base64), when it accepts encrypted payloads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key: Option<String>,
+    /// Heartbeat interval in ms: the coordinator declares the agent gone after three missed.
+    pub heartbeat_ms: u64,
+    /// When this instance started, ms since the epoch.
+    pub started_ms: u64,
+    /// SDK version.
+    #[serde(default)]
+    pub sdk_version: String,
+}
+
+impl Manifest {
+    /// Whether it offers `capability`.
+    pub fn offers(&self, capability: &str) -> bool {
+        self.capabilities.iter().any(|c| c.name == capability)
+    }
+}
+
+/// A registry entry as discovery returns it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentRecord {
+    /// The manifest from the latest heartbeat.
+    pub manifest: Manifest,
+    /// When the coordinator last heard from the agent, ms since the epoch.
+    pub last_seen_ms: u64,
+}
+
+/// A discovery query. Empty fields match everything.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DiscoverQuery {
+    /// Only agents offering this capability.
+    pub capability: Option<String>,
+    /// Only agents in this group.
+    pub group: Option<String>,
+    /// Only agents whose availability is `available`.
+    pub available_only: bool,
+    /// Only agents at or below this load.
+    pub max_load: Option<f32>,
+}
+
+impl DiscoverQuery {
+    /// Agents offering `capability`.
+    pub fn capability(capability: impl Into<String>) -> Self {
+        DiscoverQuery {
+            capability: Some(capability.into()),
+            ..DiscoverQuery::default()
+        }
+    }
+
+    /// Whether `m` matches.
+    pub fn matches(&self, m: &Manifest) -> bool {
+        self.capability.as_deref().is_none_or(|c| m.offers(c))
+            && self
+                .group
+                .as_deref()
+                .is_none_or(|g| m.groups.iter().any(|x| x == g))
+            && (!self.available_only || m.availability == Availability::Available)
+            && self.max_load.is_none_or(|max| m.load <= max)
+    }
+}
+
+/// Who a broadcast goes to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "type", content = "name")]
+pub enum BroadcastTarget {
+    /// Every live agent.
+    All,
+    /// Every live agent in a group.
+    Group(String),
+    /// Every live agent offering a capability.
+    Capability(String),
+}
+
+/// How one recipient of a broadcast fared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The command was handled and acknowledged with success.
+    Delivered,
+    /// The agent answered with an error, or nobody was subscribed.
+    Failed,
+    /// No answer within the broadcast's timeout.
+    TimedOut,
+}
+
+/// One recipient's line in a broadcast report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecipientReport {
+    /// Agent id.
+    pub agent: String,
+    /// What happened.
+    pub outcome: Outcome,
+    /// The status it answered with (or the code for what went wrong).
+    pub status: StatusCode,
+    /// The reason given with a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The coordinator's report of a broadcast.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BroadcastReport {
+    /// The broadcast's message id (the correlation id of every copy).
+    pub broadcast_id: Uuid,
+    /// Who it went to.
+    pub target: BroadcastTarget,
+    /// One line per recipient, sorted by agent id.
+    pub recipients: Vec<RecipientReport>,
+}
+
+impl BroadcastReport {
+    /// How many recipients had `outcome`.
+    pub fn count(&self, outcome: Outcome) -> usize {
+        self.recipients
+            .iter()
+            .filter(|r| r.outcome == outcome)
+            .count()
+    }
+}

@@ -1,0 +1,9 @@
+//! Message security: ed25519 signatures over nkey identities ([`Identity`], [`Verifier`]),
+//! end-to-end encryption for named recipients ([`encryption`]), and the application's own
+//! access rules (permissions and per-sender rate limits, in `access`).
+
+pub(crate) mod access;
+pub mod encryption;
+pub(crate) mod signing;
+
+pub use signing::*;

@@ -1,0 +1,218 @@
+//! The raw baseline: the same scenarios as Chorus's, written directly against async-nats
+//! (through `broker_adapter::raw`, which adds nothing to each call), so the two can be
+//! compared side by side in one run.
+
+use std::time::{Duration, Instant};
+
+use broker_adapter::raw::{RawClient, RawJetStream};
+use broker_adapter::{Error, ErrorKind, Result};
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::measure::{Throughput, count_arrivals};
+
+/// How long the reader of the JetStream scenario waits for each next message.
+const JETSTREAM_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`settle`] waits for the server's echo.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}.{}", uuid::Uuid::now_v7().simple())
+}
+
+/// Publishes `count` messages of `size` bytes to `subscribers` subscribers, each on its own
+/// connection, and counts what arrives (waiting at most `idle` after the last arrival).
+pub(crate) async fn pubsub(
+    url: &str,
+    count: u64,
+    size: usize,
+    subscribers: usize,
+    idle: Duration,
+) -> Result<Throughput> {
+    let subject = unique("baseline.pubsub");
+    let mut counters = Vec::new();
+    for i in 0..subscribers.max(1) {
+        let client = RawClient::connect(url, &format!("baseline-sub-{i}")).await?;
+        let mut sub = client.subscribe(&subject).await?;
+        client.flush().await?;
+        counters.push(tokio::spawn(async move {
+            let _client = client;
+            count_arrivals(&mut sub, count, idle).await
+        }));
+    }
+    // Let the subscriptions reach the server before publishing.
+    let publisher = RawClient::connect(url, "baseline-pub").await?;
+    settle(&publisher).await?;
+    let payload = Bytes::from(vec![0x5a; size]);
+    let started = Instant::now();
+    for _ in 0..count {
+        publisher.publish(&subject, payload.clone()).await?;
+    }
+    publisher.flush().await?;
+    let mut received = 0;
+    let mut end = started;
+    for counter in counters {
+        if let Ok((n, last)) = counter.await {
+            received += n;
+            end = end.max(last);
+        }
+    }
+    Ok(Throughput {
+        sent: count * subscribers.max(1) as u64,
+        received,
+        elapsed: end - started,
+    })
+}
+
+/// Waits until the server has processed this connection's protocol so far.
+async fn settle(client: &RawClient) -> Result<()> {
+    let inbox = client.new_inbox();
+    let mut sub = client.subscribe(&inbox).await?;
+    client.publish(&inbox, Bytes::new()).await?;
+    tokio::time::timeout(SETTLE_TIMEOUT, sub.next())
+        .await
+        .map_err(|_| Error::new(ErrorKind::TimedOut, "settle"))?;
+    Ok(())
+}
+
+/// A responder echoing every request on its subject, until stopped.
+struct Responder {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Responder {
+    async fn start(url: &str, subject: &str) -> Result<Responder> {
+        let client = RawClient::connect(url, "baseline-responder").await?;
+        let mut sub = client.subscribe(subject).await?;
+        settle(&client).await?;
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let msg = tokio::select! {
+                    msg = sub.next() => msg,
+                    _ = stopped.cancelled() => break,
+                };
+                let Some(msg) = msg else { break };
+                let payload = msg.payload().clone();
+                let _ = client.respond(msg, payload).await;
+            }
+        });
+        Ok(Responder { stop, task })
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// `n` sequential requests of `size` bytes; returns each round trip.
+pub(crate) async fn request_latency(url: &str, n: usize, size: usize) -> Result<Vec<Duration>> {
+    let subject = unique("baseline.req");
+    let echo = Responder::start(url, &subject).await?;
+    let client = RawClient::connect(url, "baseline-requester").await?;
+    let payload = Bytes::from(vec![1u8; size]);
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        client.request(&subject, payload.clone()).await?;
+        out.push(t.elapsed());
+    }
+    echo.stop().await;
+    Ok(out)
+}
+
+/// Requests from `concurrency` tasks for `duration`; returns completed requests.
+pub(crate) async fn request_throughput(
+    url: &str,
+    concurrency: usize,
+    duration: Duration,
+    size: usize,
+) -> Result<Throughput> {
+    let subject = unique("baseline.rt");
+    let echo = Responder::start(url, &subject).await?;
+    let client = RawClient::connect(url, "baseline-requester").await?;
+    let payload = Bytes::from(vec![1u8; size]);
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let client = client.clone();
+        let subject = subject.clone();
+        let payload = payload.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                if client.request(&subject, payload.clone()).await.is_ok() {
+                    n += 1;
+                }
+            }
+            n
+        }));
+    }
+    let mut done = 0;
+    for t in tasks {
+        done += t.await.unwrap_or(0);
+    }
+    echo.stop().await;
+    Ok(Throughput {
+        sent: done,
+        received: done,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// Publishes `count` messages of `size` bytes to a JetStream stream with `in_flight` acks
+/// outstanding while a durable pull consumer takes and acks them; the time is from the first
+/// publish to the last message consumed.
+pub(crate) async fn jetstream_roundtrip(
+    url: &str,
+    count: u64,
+    size: usize,
+    in_flight: usize,
+) -> Result<Throughput> {
+    use futures::stream::FuturesUnordered;
+    let client = RawClient::connect(url, "baseline-js").await?;
+    let js: RawJetStream = client.jetstream();
+    let name = format!("BASELINE_{}", uuid::Uuid::now_v7().simple());
+    let subject = format!("baseline.js.{name}");
+    let stream = js.create_work_queue(&name, &subject).await?;
+    let max_ack_pending = i64::try_from(in_flight).unwrap_or(i64::MAX);
+    let mut messages = stream.pull("baseline", max_ack_pending).await?;
+    let reader = tokio::spawn(async move {
+        let mut received = 0u64;
+        while received < count {
+            match tokio::time::timeout(JETSTREAM_READ_TIMEOUT, messages.next()).await {
+                Ok(Some(Ok(m))) => {
+                    let _ = m.ack().await;
+                    received += 1;
+                }
+                _ => break,
+            }
+        }
+        (received, Instant::now())
+    });
+    let payload = Bytes::from(vec![7u8; size]);
+    let started = Instant::now();
+    let mut pending = FuturesUnordered::new();
+    for _ in 0..count {
+        while pending.len() >= in_flight {
+            let _ = pending.next().await;
+        }
+        let ack = js.publish(&subject, payload.clone()).await?;
+        pending.push(ack.wait());
+    }
+    while pending.next().await.is_some() {}
+    let (received, end) = reader
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Broker, "baseline reader", e))?;
+    let _ = js.delete_stream(&name).await;
+    Ok(Throughput {
+        sent: count,
+        received,
+        elapsed: end - started,
+    })
+}

@@ -1,0 +1,310 @@
+//! `chorus bench`: each scenario run against raw async-nats and against Chorus, alternating,
+//! in one process and against one server, so the ratio is measured rather than remembered.
+//!
+//! - [`baseline`](crate::baseline): the raw side, through `broker_adapter::raw`.
+//! - [`scenarios`](crate::scenarios): the Chorus side, through the SDK.
+//! - [`memory`](crate::memory): resident memory of `chorus listen` and `chorus serve`.
+//! - [`report`](crate::report): rows, medians and the table.
+//!
+//! The crate does not depend on the coordinator: the `chorus bench` subcommand passes a
+//! [`CoordinatorLauncher`] for the discovery scenario and its own executable for the memory
+//! scenarios.
+
+mod baseline;
+mod measure;
+mod memory;
+mod report;
+mod scenarios;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_sdk::durable::BATCH_ACKS_IN_FLIGHT;
+use chorus_nats_server::NatsServer;
+use futures::future::BoxFuture;
+
+use measure::IDLE;
+use report::{Pair, percentile};
+pub use report::{Row, table};
+
+/// Starts a coordinator in this process for the discovery scenario.
+pub trait CoordinatorLauncher: Send + Sync + std::fmt::Debug {
+    /// A coordinator on the server at `url`, with the default root and no metrics listener.
+    fn start<'a>(
+        &'a self,
+        url: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Box<dyn RunningCoordinator>>>;
+}
+
+/// A coordinator a [`CoordinatorLauncher`] started.
+pub trait RunningCoordinator: Send {
+    /// How many live agents its registry holds.
+    fn registered(&self) -> usize;
+    /// Stops it and waits for its tasks.
+    fn shutdown(self: Box<Self>) -> BoxFuture<'static, ()>;
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// A running server to use instead of starting one.
+    pub url: Option<String>,
+    /// Smaller counts, for CI.
+    pub quick: bool,
+    /// Alternating rounds per scenario; the median of each side is reported.
+    pub rounds: usize,
+    /// Only scenarios whose name contains this.
+    pub only: Option<String>,
+    /// The `chorus` executable, whose `listen` and `serve` the memory scenarios measure.
+    pub program: PathBuf,
+    /// Starts the coordinator the discovery scenario queries.
+    pub coordinator: Arc<dyn CoordinatorLauncher>,
+}
+
+/// Runs every scenario and returns the report.
+pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec<Row>, String)> {
+    // Kept (and killed on drop) until the report is done.
+    let server;
+    let url = match &opts.url {
+        Some(u) => u.clone(),
+        None => {
+            server = tokio::task::spawn_blocking(NatsServer::start).await??;
+            server.url().to_owned()
+        }
+    };
+    let version = {
+        let b = broker_adapter::BrokerOptions::new([url.as_str()])
+            .connect()
+            .await?;
+        let v = b.server_version();
+        let _ = b.drain().await;
+        v
+    };
+    let q = opts.quick;
+    let rounds = opts.rounds.max(1);
+    let mut rows = Vec::new();
+    let want = |name: &str| opts.only.as_deref().is_none_or(|o| name.contains(o));
+
+    for (size, count) in [
+        (128usize, if q { 20_000 } else { 200_000 }),
+        (4096, if q { 5_000 } else { 50_000 }),
+    ] {
+        if !want("events") {
+            break;
+        }
+        progress(&format!("events {size} B x {count}"));
+        let mut p = Pair::new();
+        for _ in 0..rounds {
+            let r = baseline::pubsub(&url, count, size, 1, IDLE).await?;
+            p.raw.push(r.per_second());
+            let c = scenarios::chorus_events(&url, count, size, 1).await?;
+            p.chorus.push(c.per_second());
+            p.sent += c.sent;
+            p.received += c.received;
+        }
+        let goal = if size == 128 {
+            ">= 0.85 of raw, no loss"
+        } else {
+            "(reported)"
+        };
+        let lossless = p.sent == p.received;
+        rows.push(p.row(
+            &format!("event publish->subscribe {size} B"),
+            "msg/s",
+            goal,
+            move |r| size != 128 || (r >= 0.85 && lossless),
+        ));
+    }
+
+    let n = if q { 500 } else { 5_000 };
+    if want("latency") {
+        progress(&format!("request latency x {n}"));
+        let (mut raw_l, mut ch_l) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            raw_l.extend(baseline::request_latency(&url, n, 128).await?);
+            ch_l.extend(scenarios::chorus_latency(&url, n, 128).await?);
+        }
+        raw_l.sort();
+        ch_l.sort();
+        for (label, p, goal, limit) in [
+            ("p50", 0.50, "<= 1.15 x raw", 1.15),
+            ("p99", 0.99, "<= 1.3 x raw", 1.3),
+            ("p999", 0.999, "(reported)", f64::INFINITY),
+        ] {
+            let raw = percentile(&raw_l, p);
+            let chorus = percentile(&ch_l, p);
+            let ratio = chorus / raw.max(1e-9);
+            rows.push(Row {
+                scenario: format!("request-reply latency {label}, sequential"),
+                unit: "us".into(),
+                raw: Some(raw),
+                chorus: Some(chorus),
+                ratio: Some(ratio),
+                goal: goal.into(),
+                met: limit.is_finite().then_some(ratio <= limit),
+                sent: ch_l.len() as u64,
+                received: ch_l.len() as u64,
+                lost: 0,
+            });
+        }
+    }
+    let dur = if q {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(3)
+    };
+    if want("throughput") {
+        progress("request throughput, 64 concurrent");
+        let mut p = Pair::new();
+        for _ in 0..rounds {
+            p.raw.push(
+                baseline::request_throughput(&url, 64, dur, 128)
+                    .await?
+                    .per_second(),
+            );
+            let c = scenarios::chorus_request_throughput(&url, 64, dur, 128).await?;
+            p.chorus.push(c.per_second());
+            p.sent += c.sent;
+            p.received += c.received;
+        }
+        rows.push(p.row(
+            "request-reply throughput, 64 concurrent",
+            "req/s",
+            "(reported)",
+            |_| true,
+        ));
+    }
+
+    let count = if q { 2_000 } else { 20_000 };
+    if want("durable") {
+        progress(&format!("durable at-least-once x {count}"));
+        let mut p = Pair::new();
+        for _ in 0..rounds {
+            p.raw.push(
+                baseline::jetstream_roundtrip(&url, count, 128, BATCH_ACKS_IN_FLIGHT)
+                    .await?
+                    .per_second(),
+            );
+            let c = scenarios::chorus_durable(&url, count, 128).await?;
+            p.chorus.push(c.per_second());
+            p.sent += c.sent;
+            p.received += c.received;
+        }
+        rows.push(p.row(
+            &format!(
+                "durable at-least-once publish->handled, {BATCH_ACKS_IN_FLIGHT} acks in flight"
+            ),
+            "msg/s",
+            ">= 0.8 of raw",
+            |r| r >= 0.8,
+        ));
+    }
+
+    let count = if q { 200 } else { 2_000 };
+    if want("fan-out") {
+        progress(&format!("fan-out to 100 x {count}"));
+        let mut p = Pair::new();
+        for _ in 0..rounds.min(2) {
+            p.raw.push(
+                baseline::pubsub(&url, count, 128, 100, IDLE)
+                    .await?
+                    .per_second(),
+            );
+            let c = scenarios::chorus_events(&url, count, 128, 100).await?;
+            p.chorus.push(c.per_second());
+            p.sent += c.sent;
+            p.received += c.received;
+        }
+        rows.push(p.row(
+            "event fan-out to 100 subscribers (deliveries)",
+            "msg/s",
+            "(reported)",
+            |_| true,
+        ));
+    }
+
+    if want("secure") {
+        let count = if q { 200 } else { 20_000 };
+        progress(&format!("signed and verified events x {count}"));
+        let signed = scenarios::secure_events(&url, count, false).await?;
+        let met = signed.per_second() >= 25_000.0 && signed.received == signed.sent;
+        rows.push(
+            Row::chorus_only(
+                "signed and verified events, 128 B",
+                "msg/s",
+                signed.per_second(),
+                ">= 25,000/s",
+                Some(met),
+            )
+            .counts(signed.sent, signed.received),
+        );
+        progress(&format!("encrypted and signed commands x {count}"));
+        let sealed = scenarios::secure_events(&url, count, true).await?;
+        rows.push(
+            Row::chorus_only(
+                "encrypted (and signed) one-way commands, 128 B",
+                "msg/s",
+                sealed.per_second(),
+                "(reported)",
+                None,
+            )
+            .counts(sealed.sent, sealed.received),
+        );
+    }
+
+    if want("discovery") {
+        progress("discovery with 1,000 agents");
+        let (mut lat, registered) = scenarios::discovery(
+            &url,
+            opts.coordinator.as_ref(),
+            1_000,
+            if q { 100 } else { 1_000 },
+        )
+        .await?;
+        lat.sort();
+        let n = lat.len() as u64;
+        rows.push(
+            Row::chorus_only(
+                &format!("discovery query, {registered} agents registered, p50"),
+                "us",
+                percentile(&lat, 0.5),
+                "(reported)",
+                None,
+            )
+            .counts(n, n),
+        );
+    }
+
+    if want("memory") {
+        progress("idle agent memory");
+        let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+        let memory_row = |scenario: &str, limit_mib: u64, rss: anyhow::Result<u64>| match rss {
+            Ok(rss) => Row::chorus_only(
+                scenario,
+                "MiB",
+                mib(rss),
+                &format!("< {limit_mib} MiB"),
+                Some(rss < limit_mib << 20),
+            ),
+            Err(e) => Row {
+                chorus: None,
+                goal: format!("< {limit_mib} MiB; not measured: {}", e),
+                met: Some(false),
+                ..Row::chorus_only(scenario, "MiB", 0.0, "", None)
+            },
+        };
+        rows.push(memory_row(
+            "idle agent resident memory (chorus listen)",
+            10,
+            memory::idle_agent_rss(&opts.program, &url).await,
+        ));
+        rows.push(memory_row(
+            "coordinator resident memory, 1,000 agents registered",
+            64,
+            memory::coordinator_rss(&opts.program, &url, 1_000).await,
+        ));
+    }
+
+    Ok((rows, version))
+}

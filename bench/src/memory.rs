@@ -1,0 +1,152 @@
+//! Resident memory of Chorus processes: an idle agent (`chorus listen`) and a coordinator
+//! holding a thousand agents (`chorus serve`), each in its own process started from the
+//! `chorus` executable the benchmark was given.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use agent_sdk::{AgentOptions, DiscoverQuery};
+
+use crate::scenarios::{REGISTRATION_DEADLINE, publish_fake_heartbeats};
+
+/// How long a started process has to print its first line.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// Idleness (heartbeats, pings) an agent goes through before its memory is read: a fixed
+/// duration is the point here, not a wait for an event.
+const IDLE_BEFORE_READING: Duration = Duration::from_millis(500);
+/// How often the coordinator's registry is checked while the agents register.
+const REGISTRY_POLL: Duration = Duration::from_millis(100);
+/// The subject root of the coordinator measured, apart from any other on the server.
+const MEMORY_ROOT: &str = "benchmem";
+
+/// Resident memory of a process, in bytes.
+fn rss_of(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// RSS of an idle agent: `chorus listen` in its own process (one agent, one subscription).
+pub(crate) async fn idle_agent_rss(program: &Path, url: &str) -> anyhow::Result<u64> {
+    // It prints "listening on ..." to stderr once subscribed.
+    let mut child = start(
+        program,
+        &["--server", url, "listen", "bench.idle.>"],
+        &[],
+        true,
+    )
+    .await?;
+    tokio::time::sleep(IDLE_BEFORE_READING).await;
+    let rss = resident_bytes(&mut child).await;
+    let _ = child.kill().await;
+    rss
+}
+
+/// RSS of `chorus serve` in its own process once it holds `agents` registered agents.
+pub(crate) async fn coordinator_rss(
+    program: &Path,
+    url: &str,
+    agents: usize,
+) -> anyhow::Result<u64> {
+    // It prints its metrics address to stdout once serving.
+    let mut child = start(
+        program,
+        &["--server", url, "--root", MEMORY_ROOT, "serve"],
+        &[("CHORUS_SERVE__METRICS_ADDR", "127.0.0.1:0")],
+        false,
+    )
+    .await?;
+    let publisher = AgentOptions::new("bench-registrar")
+        .servers([url])
+        .root(MEMORY_ROOT)
+        .heartbeat_interval(Duration::ZERO)
+        .service_discovery(false)
+        .connect()
+        .await?;
+    publish_fake_heartbeats(&publisher, agents).await?;
+    let deadline = Instant::now() + REGISTRATION_DEADLINE;
+    while Instant::now() < deadline && child.try_wait()?.is_none() {
+        if publisher
+            .discover(&DiscoverQuery::default())
+            .await
+            .map(|v| v.len())
+            .unwrap_or(0)
+            >= agents
+        {
+            break;
+        }
+        tokio::time::sleep(REGISTRY_POLL).await;
+    }
+    let registered = publisher
+        .discover(&DiscoverQuery::default())
+        .await
+        .map(|v| v.len())
+        .unwrap_or(0);
+    let rss = resident_bytes(&mut child).await;
+    publisher.shutdown().await;
+    let _ = child.kill().await;
+    let rss = rss?;
+    anyhow::ensure!(
+        registered >= agents,
+        "only {registered} of {agents} agents were registered within {REGISTRATION_DEADLINE:?}"
+    );
+    Ok(rss)
+}
+
+/// Starts `program` with `args` and `env` and waits (up to [`START_TIMEOUT`]) for its first line, on
+/// stderr or stdout as `ready_on_stderr` says: its sign that it is up. The other stream is
+/// kept for [`resident_bytes`] to report why it exited, if it did.
+async fn start(
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    ready_on_stderr: bool,
+) -> anyhow::Result<tokio::process::Child> {
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let ready: Box<dyn tokio::io::AsyncRead + Unpin + Send> = if ready_on_stderr {
+        Box::new(
+            child
+                .stderr
+                .take()
+                .ok_or_else(|| anyhow::anyhow!("no stderr"))?,
+        )
+    } else {
+        Box::new(
+            child
+                .stdout
+                .take()
+                .ok_or_else(|| anyhow::anyhow!("no stdout"))?,
+        )
+    };
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(ready));
+    tokio::time::timeout(START_TIMEOUT, lines.next_line()).await??;
+    Ok(child)
+}
+
+/// Resident memory of a child that must still be running: an error, with what it printed,
+/// if it has exited (a reading of zero would pass any memory goal).
+async fn resident_bytes(child: &mut tokio::process::Child) -> anyhow::Result<u64> {
+    if let Some(status) = child.try_wait()? {
+        let mut said = String::new();
+        if let Some(mut stderr) = child.stderr.take() {
+            let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut said).await;
+        }
+        anyhow::bail!("it exited ({status}): {}", said.trim());
+    }
+    child
+        .id()
+        .and_then(rss_of)
+        .ok_or_else(|| anyhow::anyhow!("its resident memory could not be read"))
+}

@@ -1,0 +1,387 @@
+//! The Chorus side of each scenario, through the SDK as an application would use it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent_sdk::codec::{self, Encoding};
+use agent_sdk::envelope::CONTENT_TYPE_MSGPACK;
+use agent_sdk::{
+    Agent, AgentOptions, Call, Context, DeliveryClass, Envelope, HandlerError, Kind, Manifest,
+    Performative,
+};
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::CoordinatorLauncher;
+use crate::measure::{IDLE, Tally, Throughput, count_arrivals};
+
+/// Events queued per agent before the SDK drops: enough for a whole burst.
+const QUEUE_CAPACITY: usize = 64 * 1024;
+/// How long the discovery scenario waits for the coordinator to register every agent.
+pub(crate) const REGISTRATION_DEADLINE: Duration = Duration::from_secs(30);
+/// How often it looks.
+pub(crate) const REGISTRATION_POLL: Duration = Duration::from_millis(50);
+/// Heartbeat period the synthetic agents announce: they never send a second one.
+const FAKE_HEARTBEAT_MS: u64 = 60_000;
+
+pub(crate) async fn agent(url: &str, id: &str) -> anyhow::Result<Agent> {
+    Ok(AgentOptions::new(id)
+        .servers([url])
+        .heartbeat_interval(Duration::ZERO)
+        .service_discovery(false)
+        .queue_capacity(QUEUE_CAPACITY)
+        .connect()
+        .await?)
+}
+
+/// Chorus: `count` events of `size` bytes from one agent to `subscribers` agents.
+pub(crate) async fn chorus_events(
+    url: &str,
+    count: u64,
+    size: usize,
+    subscribers: usize,
+) -> anyhow::Result<Throughput> {
+    let topic = format!("bench.events.{}", uuid::Uuid::now_v7().simple());
+    let mut counters = Vec::new();
+    let mut keep = Vec::new();
+    for i in 0..subscribers {
+        let sub = agent(url, &format!("bench-sub-{i}")).await?;
+        let mut events = sub.subscribe(&topic).await?;
+        keep.push(sub);
+        counters.push(tokio::spawn(async move {
+            count_arrivals(&mut events, count, IDLE).await
+        }));
+    }
+    let publisher = agent(url, "bench-pub").await?;
+    let payload = Bytes::from(vec![0x5a; size]);
+    let started = Instant::now();
+    for _ in 0..count {
+        publisher
+            .publish_raw(&topic, payload.clone(), "application/octet-stream")
+            .await?;
+    }
+    publisher.broker().flush().await?;
+    let mut received = 0;
+    let mut end = started;
+    for counter in counters {
+        if let Ok((n, last)) = counter.await {
+            received += n;
+            end = end.max(last);
+        }
+    }
+    for a in keep {
+        a.shutdown().await;
+    }
+    publisher.shutdown().await;
+    Ok(Throughput {
+        sent: count * subscribers as u64,
+        received,
+        elapsed: end - started,
+    })
+}
+
+async fn echo_agent(url: &str, id: &str) -> anyhow::Result<Agent> {
+    let echo = agent(url, id).await?;
+    echo.handle_command("echo", EchoHandler).await?;
+    Ok(echo)
+}
+
+/// Replies with the request's payload as it is (no decode, no encode): the SDK's own cost.
+struct EchoHandler;
+
+impl agent_sdk::Handler for EchoHandler {
+    fn call(&self, ctx: Context) -> agent_sdk::BoxFuture<Result<agent_sdk::Output, HandlerError>> {
+        let m = ctx.message();
+        let out = agent_sdk::Output {
+            payload: m.payload.clone(),
+            content_type: m.content_type.clone(),
+        };
+        Box::pin(async move { Ok(out) })
+    }
+}
+
+fn echo_call(id: &str, payload: &Bytes) -> Call {
+    Call::agent(id, "echo").raw_payload(payload.clone(), "application/octet-stream")
+}
+
+pub(crate) async fn chorus_latency(
+    url: &str,
+    n: usize,
+    size: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let echo = echo_agent(url, "bench-echo").await?;
+    let client = agent(url, "bench-client").await?;
+    let payload = Bytes::from(vec![1u8; size]);
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        client.call(echo_call("bench-echo", &payload)).await?;
+        out.push(t.elapsed());
+    }
+    client.shutdown().await;
+    echo.shutdown().await;
+    Ok(out)
+}
+
+pub(crate) async fn chorus_request_throughput(
+    url: &str,
+    concurrency: usize,
+    duration: Duration,
+    size: usize,
+) -> anyhow::Result<Throughput> {
+    let echo = echo_agent(url, "bench-echo").await?;
+    let client = agent(url, "bench-client").await?;
+    let payload = Bytes::from(vec![1u8; size]);
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let client = client.clone();
+        let payload = payload.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                if client.call(echo_call("bench-echo", &payload)).await.is_ok() {
+                    n += 1;
+                }
+            }
+            n
+        }));
+    }
+    let mut done = 0;
+    for t in tasks {
+        done += t.await.unwrap_or(0);
+    }
+    client.shutdown().await;
+    echo.shutdown().await;
+    Ok(Throughput {
+        sent: done,
+        received: done,
+        elapsed: started.elapsed(),
+    })
+}
+
+pub(crate) async fn chorus_durable(
+    url: &str,
+    count: u64,
+    size: usize,
+) -> anyhow::Result<Throughput> {
+    let id = format!("bench-durable-{}", uuid::Uuid::now_v7().simple());
+    let worker = AgentOptions::new(id.clone())
+        .servers([url])
+        .heartbeat_interval(Duration::ZERO)
+        .service_discovery(false)
+        .durable_inbox(true)
+        .connect()
+        .await?;
+    let tally = Arc::new(Tally::new(count));
+    worker
+        .handle_command("work", SignalHandler(Arc::clone(&tally)))
+        .await?;
+    let sender = agent(url, "bench-sender").await?;
+    let payload = Bytes::from(vec![7u8; size]);
+    let started = Instant::now();
+    let calls: Vec<Call> = (0..count)
+        .map(|_| {
+            Call::agent(id.clone(), "work")
+                .command()
+                .delivery(DeliveryClass::AtLeastOnce)
+                .raw_payload(payload.clone(), "application/octet-stream")
+        })
+        .collect();
+    // One batch, so that 256 acks stay in flight from the first publish to the last, as on
+    // the raw side (chunks would drain the window at each boundary).
+    for r in sender.send_batch(calls).await {
+        r?;
+    }
+
+    let (received, end) = tally.wait(IDLE).await;
+
+    sender.shutdown().await;
+    worker.shutdown().await;
+    Ok(Throughput {
+        sent: count,
+        received,
+        elapsed: end - started,
+    })
+}
+
+struct SignalHandler(Arc<Tally>);
+
+impl agent_sdk::Handler for SignalHandler {
+    fn call(&self, _ctx: Context) -> agent_sdk::BoxFuture<Result<agent_sdk::Output, HandlerError>> {
+        self.0.hit();
+        Box::pin(async { Ok(agent_sdk::Output::default()) })
+    }
+}
+
+/// Discovery with `agents` registered (synthetic heartbeats): query latencies, and how many
+/// the coordinator (started in process by `launcher`) had registered.
+pub(crate) async fn discovery(
+    url: &str,
+    launcher: &dyn CoordinatorLauncher,
+    agents: usize,
+    queries: usize,
+) -> anyhow::Result<(Vec<Duration>, usize)> {
+    let coordinator = launcher.start(url).await?;
+    let publisher = register_fakes(url, agents).await?;
+    let deadline = Instant::now() + REGISTRATION_DEADLINE;
+    let mut registered = 0;
+    while Instant::now() < deadline {
+        registered = coordinator.registered();
+        if registered >= agents {
+            break;
+        }
+        tokio::time::sleep(REGISTRATION_POLL).await;
+    }
+    let mut lat = Vec::with_capacity(queries);
+    for _ in 0..queries {
+        let t = Instant::now();
+        publisher.discover_capability("ocr").await?;
+        lat.push(t.elapsed());
+    }
+    publisher.shutdown().await;
+    coordinator.shutdown().await;
+    Ok((lat, registered))
+}
+
+/// Publishes one heartbeat for each of `agents` synthetic agents (every tenth offering `ocr`).
+pub(crate) async fn publish_fake_heartbeats(
+    publisher: &Agent,
+    agents: usize,
+) -> anyhow::Result<()> {
+    let subjects = publisher.subjects().clone();
+    for i in 0..agents {
+        let id = format!("fake-{i:04}");
+        let manifest = Manifest {
+            agent: id.clone(),
+            instance: "bench".into(),
+            capabilities: vec![agent_sdk::registry::CapabilityInfo {
+                name: if i % 10 == 0 {
+                    "ocr".into()
+                } else {
+                    format!("cap{}", i % 50)
+                },
+                version: "1".into(),
+            }],
+            commands: vec![],
+            groups: vec![],
+            content_types: vec![],
+            load: (i % 100) as f32 / 100.0,
+            availability: agent_sdk::Availability::Available,
+            eta_ms: None,
+            public_key: None,
+            encryption_key: None,
+            heartbeat_ms: FAKE_HEARTBEAT_MS,
+            started_ms: agent_sdk::envelope::now_ms(),
+            sdk_version: String::new(),
+        };
+        let mut env = Envelope::new(Kind::Heartbeat, Performative::Health, id.as_str());
+        env.payload = codec::encode_payload(&manifest, CONTENT_TYPE_MSGPACK)?;
+        let bytes = codec::encode(&env, Encoding::MsgPack)?;
+        publisher
+            .broker()
+            .publish(&subjects.heartbeat(&id)?, bytes)
+            .await?;
+    }
+    publisher.broker().flush().await?;
+    Ok(())
+}
+
+/// Publishes heartbeats for `agents` synthetic agents (every tenth with capability `ocr`).
+async fn register_fakes(url: &str, agents: usize) -> anyhow::Result<Agent> {
+    let publisher = agent(url, "bench-registrar").await?;
+    publish_fake_heartbeats(&publisher, agents).await?;
+    Ok(publisher)
+}
+
+/// Signed events from one agent to another that verifies every signature; with `encrypt`,
+/// one-way commands encrypted for the receiver as well.
+pub(crate) async fn secure_events(
+    url: &str,
+    count: u64,
+    encrypt: bool,
+) -> anyhow::Result<Throughput> {
+    use agent_sdk::encryption::EncryptionKey;
+    use agent_sdk::security::{Identity, SignaturePolicy};
+    let sender_id = Identity::generate();
+    let receiver_key = EncryptionKey::generate();
+    let receiver_public = receiver_key.public_key();
+    let base = |id: &str| {
+        AgentOptions::new(id)
+            .servers([url])
+            .heartbeat_interval(Duration::ZERO)
+            .service_discovery(false)
+            .queue_capacity(QUEUE_CAPACITY)
+    };
+    let receiver = base("bench-verifier")
+        .verify_signatures(SignaturePolicy {
+            require_signed: true,
+            ..SignaturePolicy::default()
+        })
+        .trust("bench-signer", sender_id.public_key())
+        .encryption_key(receiver_key)
+        .connect()
+        .await?;
+    let topic = format!("bench.signed.{}", uuid::Uuid::now_v7().simple());
+    let mut events = receiver.subscribe(&topic).await?;
+    let tally = Arc::new(Tally::new(count));
+    // The counting task of the events case, stopped and awaited at the end.
+    let stop = CancellationToken::new();
+    let mut counter = None;
+    if encrypt {
+        receiver
+            .handle_command("sealed", SignalHandler(Arc::clone(&tally)))
+            .await?;
+    } else {
+        let tally = Arc::clone(&tally);
+        let stopped = stop.clone();
+        counter = Some(tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    event = events.next() => match event {
+                        Some(_) => tally.hit(),
+                        None => break,
+                    },
+                    _ = stopped.cancelled() => break,
+                }
+            }
+        }));
+    }
+    let sender = base("bench-signer")
+        .identity(sender_id)
+        .trust_encryption("bench-verifier", receiver_public)
+        .connect()
+        .await?;
+    let payload = Bytes::from(vec![0x5a; 128]);
+    let started = Instant::now();
+    for _ in 0..count {
+        if encrypt {
+            sender
+                .send(
+                    Call::agent("bench-verifier", "sealed")
+                        .raw_payload(payload.clone(), "application/octet-stream")
+                        .encrypt_for(["bench-verifier"]),
+                )
+                .await?;
+        } else {
+            sender
+                .publish_raw(&topic, payload.clone(), "application/octet-stream")
+                .await?;
+        }
+    }
+    sender.broker().flush().await?;
+    let (received, end) = tally.wait(IDLE).await;
+    stop.cancel();
+    if let Some(counter) = counter {
+        let _ = counter.await;
+    }
+    sender.shutdown().await;
+    receiver.shutdown().await;
+    Ok(Throughput {
+        sent: count,
+        received,
+        elapsed: end - started,
+    })
+}

@@ -1,0 +1,242 @@
+//! Unwrapped async-nats, for one purpose: the raw baseline `chorus bench` measures Chorus
+//! against. Each call goes straight to the async-nats client, with no envelope, no subject
+//! validation, no statistics and no reconnect policy, so the baseline costs what async-nats
+//! costs. Chorus itself never uses this module; it lives here because no other crate of the
+//! workspace imports `async_nats`.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use async_nats::jetstream;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+
+use crate::{Error, ErrorKind, Result};
+
+fn err<E>(what: &'static str) -> impl FnOnce(E) -> Error
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    move |e| Error::with_source(ErrorKind::Broker, what, e)
+}
+
+/// A plain async-nats connection with the library's defaults.
+#[derive(Debug, Clone)]
+pub struct RawClient {
+    client: async_nats::Client,
+}
+
+impl RawClient {
+    /// Connects to `url` with connection name `name`.
+    pub async fn connect(url: &str, name: &str) -> Result<RawClient> {
+        let client = async_nats::ConnectOptions::new()
+            .name(name)
+            .connect(url)
+            .await
+            .map_err(err("raw connect"))?;
+        Ok(RawClient { client })
+    }
+
+    /// Subscribes to `subject`.
+    pub async fn subscribe(&self, subject: &str) -> Result<RawSubscription> {
+        let sub = self
+            .client
+            .subscribe(subject.to_owned())
+            .await
+            .map_err(err("raw subscribe"))?;
+        Ok(RawSubscription { sub })
+    }
+
+    /// Publishes `payload` to `subject`.
+    pub async fn publish(&self, subject: &str, payload: Bytes) -> Result<()> {
+        self.client
+            .publish(subject.to_owned(), payload)
+            .await
+            .map_err(err("raw publish"))
+    }
+
+    /// Publishes `payload` to the reply subject of `request`, if it has one.
+    pub async fn respond(&self, request: RawMessage, payload: Bytes) -> Result<()> {
+        match request.msg.reply {
+            Some(reply) => self
+                .client
+                .publish(reply, payload)
+                .await
+                .map_err(err("raw respond")),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends a request and waits (async-nats's default timeout) for the reply's payload.
+    pub async fn request(&self, subject: &str, payload: Bytes) -> Result<Bytes> {
+        self.client
+            .request(subject.to_owned(), payload)
+            .await
+            .map(|m| m.payload)
+            .map_err(err("raw request"))
+    }
+
+    /// Sends what is buffered and waits for the server's answer to a ping.
+    pub async fn flush(&self) -> Result<()> {
+        self.client.flush().await.map_err(err("raw flush"))
+    }
+
+    /// A new unique inbox subject.
+    pub fn new_inbox(&self) -> String {
+        self.client.new_inbox()
+    }
+
+    /// JetStream over this connection.
+    pub fn jetstream(&self) -> RawJetStream {
+        RawJetStream {
+            js: jetstream::new(self.client.clone()),
+        }
+    }
+}
+
+/// Messages of one subscription.
+#[derive(Debug)]
+pub struct RawSubscription {
+    sub: async_nats::Subscriber,
+}
+
+impl Stream for RawSubscription {
+    type Item = RawMessage;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RawMessage>> {
+        self.sub
+            .poll_next_unpin(cx)
+            .map(|m| m.map(|msg| RawMessage { msg }))
+    }
+}
+
+/// One received message.
+#[derive(Debug)]
+pub struct RawMessage {
+    msg: async_nats::Message,
+}
+
+impl RawMessage {
+    /// Its payload.
+    pub fn payload(&self) -> &Bytes {
+        &self.msg.payload
+    }
+}
+
+/// JetStream, unwrapped.
+#[derive(Debug, Clone)]
+pub struct RawJetStream {
+    js: jetstream::Context,
+}
+
+impl RawJetStream {
+    /// Creates a work-queue stream `name` capturing `subject`.
+    pub async fn create_work_queue(&self, name: &str, subject: &str) -> Result<RawStream> {
+        let stream = self
+            .js
+            .create_stream(jetstream::stream::Config {
+                name: name.to_owned(),
+                subjects: vec![subject.to_owned()],
+                retention: jetstream::stream::RetentionPolicy::WorkQueue,
+                ..Default::default()
+            })
+            .await
+            .map_err(err("raw stream"))?;
+        Ok(RawStream { stream })
+    }
+
+    /// Deletes stream `name`.
+    pub async fn delete_stream(&self, name: &str) -> Result<()> {
+        self.js
+            .delete_stream(name)
+            .await
+            .map(drop)
+            .map_err(err("raw delete stream"))
+    }
+
+    /// Publishes `payload` to `subject`; the returned [`RawAck`] waits for the stream's ack.
+    pub async fn publish(&self, subject: &str, payload: Bytes) -> Result<RawAck> {
+        let ack = self
+            .js
+            .publish(subject.to_owned(), payload)
+            .await
+            .map_err(err("raw js publish"))?;
+        Ok(RawAck { ack })
+    }
+}
+
+/// An acknowledgement on its way from the stream.
+#[derive(Debug)]
+pub struct RawAck {
+    ack: jetstream::context::PublishAckFuture,
+}
+
+impl RawAck {
+    /// Waits for it.
+    pub async fn wait(self) -> Result<()> {
+        self.ack.await.map(drop).map_err(err("raw js ack"))
+    }
+}
+
+/// A stream made by [`RawJetStream::create_work_queue`].
+#[derive(Debug)]
+pub struct RawStream {
+    stream: jetstream::stream::Stream,
+}
+
+impl RawStream {
+    /// A durable pull consumer `durable` with `max_ack_pending` outstanding, and its messages.
+    pub async fn pull(&self, durable: &str, max_ack_pending: i64) -> Result<RawDeliveries> {
+        let consumer = self
+            .stream
+            .create_consumer(jetstream::consumer::pull::Config {
+                durable_name: Some(durable.to_owned()),
+                max_ack_pending,
+                ..Default::default()
+            })
+            .await
+            .map_err(err("raw consumer"))?;
+        let messages = consumer.messages().await.map_err(err("raw messages"))?;
+        Ok(RawDeliveries { messages })
+    }
+}
+
+/// Messages of a pull consumer.
+pub struct RawDeliveries {
+    messages: jetstream::consumer::pull::Stream,
+}
+
+impl std::fmt::Debug for RawDeliveries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RawDeliveries")
+    }
+}
+
+impl Stream for RawDeliveries {
+    type Item = Result<RawDelivery>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.messages.poll_next_unpin(cx).map(|m| {
+            m.map(|r| {
+                r.map(|msg| RawDelivery { msg })
+                    .map_err(|e| Error::with_source(ErrorKind::Broker, "raw delivery", e))
+            })
+        })
+    }
+}
+
+/// One JetStream delivery.
+#[derive(Debug)]
+pub struct RawDelivery {
+    msg: jetstream::Message,
+}
+
+impl RawDelivery {
+    /// Acknowledges it.
+    pub async fn ack(&self) -> Result<()> {
+        self.msg
+            .ack()
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Broker, "raw ack", e))
+    }
+}

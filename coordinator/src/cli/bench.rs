@@ -1,0 +1,100 @@
+//! `chorus bench`: each scenario against raw async-nats and against Chorus, side by side.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use chorus::{Coordinator, CoordinatorConfig};
+use chorus_bench::{BenchOptions, CoordinatorLauncher, RunningCoordinator};
+use futures::future::BoxFuture;
+
+use super::ConnectionArgs;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Smaller counts (a minute instead of several).
+    #[arg(long)]
+    quick: bool,
+    /// Rounds per scenario (raw and Chorus alternate; medians are reported).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Only scenarios whose name contains this (events, latency, throughput, durable,
+    /// fan-out, discovery, memory).
+    #[arg(long)]
+    only: Option<String>,
+}
+
+pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
+    let Args {
+        quick,
+        rounds,
+        json,
+        only,
+    } = args;
+    let opts = BenchOptions {
+        url: conn.server.clone(),
+        quick,
+        rounds,
+        only,
+        program: std::env::current_exe()?,
+        coordinator: Arc::new(InProcess),
+    };
+    let progress: fn(&str) = |s| eprintln!("bench: {s}");
+    let (rows, version) = chorus_bench::run(&opts, progress).await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "nats_server": version,
+                "quick": quick,
+                "rounds": rounds,
+                "rows": rows,
+            })
+        );
+    } else {
+        println!(
+            "nats-server {version}, {} round(s) per scenario{}",
+            rounds,
+            if quick { ", quick" } else { "" }
+        );
+        print!("{}", chorus_bench::table(&rows));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs the discovery scenario's coordinator in this process.
+#[derive(Debug)]
+struct InProcess;
+
+impl CoordinatorLauncher for InProcess {
+    fn start<'a>(
+        &'a self,
+        url: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Box<dyn RunningCoordinator>>> {
+        Box::pin(async move {
+            let config = CoordinatorConfig {
+                servers: url.to_owned(),
+                metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                ..CoordinatorConfig::default()
+            };
+            let coordinator = Coordinator::start(config, false).await?;
+            Ok(Box::new(Started(coordinator)) as Box<dyn RunningCoordinator>)
+        })
+    }
+}
+
+struct Started(Coordinator);
+
+impl RunningCoordinator for Started {
+    fn registered(&self) -> usize {
+        self.0.discover(&agent_sdk::DiscoverQuery::default()).len()
+    }
+
+    fn shutdown(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            self.0.shutdown().await;
+        })
+    }
+}

@@ -1,0 +1,82 @@
+//! `chorus creds`: an agent's nkey seed file and the `nats.conf` entry that confines it.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use super::ConnectionArgs;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The agent id (or `coordinator` with --coordinator).
+    agent: String,
+    /// The entry for the coordinator's user instead of an agent's.
+    #[arg(long)]
+    coordinator: bool,
+    /// Capabilities the agent serves.
+    #[arg(long)]
+    serves: Vec<String>,
+    /// What it may call: agent:<id> or cap:<capability> (default: anything).
+    #[arg(long)]
+    calls: Vec<String>,
+    /// Event topic patterns it may publish (default: any).
+    #[arg(long)]
+    publishes: Vec<String>,
+    /// Event topic patterns it may subscribe to (default: any).
+    #[arg(long)]
+    listens: Vec<String>,
+    /// It has a durable inbox.
+    #[arg(long)]
+    durable: bool,
+    /// Directory for the seed file `<agent>.nk` (written with mode 0600).
+    #[arg(long, default_value = ".")]
+    out: PathBuf,
+}
+
+/// Mode of the seed file: readable by its owner only.
+#[cfg(unix)]
+const SECRET_MODE: u32 = 0o600;
+
+pub(crate) fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
+    let subjects = conn.subjects()?;
+    let identity = agent_sdk::security::Identity::generate();
+    let seed = identity.seed().map_err(|e| anyhow::anyhow!(e))?;
+    let path = args.out.join(format!("{}.nk", args.agent));
+    write_secret(&path, &seed)?;
+    let entry = if args.coordinator {
+        chorus::creds::coordinator_entry(&subjects, &identity.public_key())
+    } else {
+        let role = chorus::creds::Role {
+            agent: args.agent,
+            serves: args.serves,
+            calls: args.calls,
+            publishes: args.publishes,
+            listens: args.listens,
+            durable: args.durable,
+        };
+        chorus::creds::authorization_entry(&subjects, &role, &identity.public_key())?
+    };
+    eprintln!(
+        "seed written to {} (keep it secret; the agent connects with it)",
+        path.display()
+    );
+    println!("{entry}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes a secret readable by its owner only; an existing file is never overwritten.
+fn write_secret(path: &Path, secret: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(SECRET_MODE);
+    }
+    let mut file = options
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))?;
+    file.write_all(secret.as_bytes())?;
+    file.write_all(b"\n")?;
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! `chorus dlq ls | show | replay | purge`: the dead-letter queue, for operators.
+
+use std::process::ExitCode;
+
+use chorus::service::dlq::{DeadLetterQueue, describe_envelope};
+use clap::Subcommand;
+
+use super::ConnectionArgs;
+
+/// The connection name of `chorus dlq`.
+const CONNECTION_NAME: &str = "chorus-dlq-cli";
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Debug, Subcommand)]
+enum Action {
+    /// List dead letters, oldest first.
+    Ls {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Show one dead letter in full.
+    Show {
+        /// Its id (from `ls`).
+        id: u64,
+    },
+    /// Publish dead letters to their original subject again and remove them from the queue.
+    Replay {
+        /// The id to replay.
+        #[arg(required_unless_present = "all")]
+        id: Option<u64>,
+        /// Replay every dead letter.
+        #[arg(long, conflicts_with = "id")]
+        all: bool,
+    },
+    /// Remove every dead letter.
+    Purge,
+}
+
+pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
+    let subjects = conn.subjects()?;
+    let url = conn.url();
+    let broker = conn
+        .broker_options()?
+        .name(CONNECTION_NAME)
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the bus at {url}: {e}"))?;
+    let queue = DeadLetterQueue::new(broker.clone(), subjects);
+    match args.action {
+        Action::Ls { limit } => ls(&queue, limit).await?,
+        Action::Show { id } => show(&queue, id).await?,
+        Action::Replay { id, all } => replay(&queue, id, all).await?,
+        Action::Purge => {
+            let n = queue.purge().await?;
+            println!("purged {n} dead letter(s)");
+        }
+    }
+    let _ = broker.drain().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn ls(queue: &DeadLetterQueue, limit: usize) -> anyhow::Result<()> {
+    let entries = queue.list(limit).await?;
+    println!(
+        "{:>6}  {:<15} {:<22} {:<16} {:>8}  subject",
+        "id", "reason", "status", "agent", "attempts"
+    );
+    for e in &entries {
+        let l = &e.letter;
+        println!(
+            "{:>6}  {:<15} {:<22} {:<16} {:>8}  {}",
+            e.id,
+            l.reason.as_str(),
+            l.status.to_string(),
+            l.agent,
+            l.attempts,
+            l.subject
+        );
+    }
+    eprintln!(
+        "{} dead letter(s) shown, {} in the queue",
+        entries.len(),
+        queue.depth().await?
+    );
+    Ok(())
+}
+
+async fn show(queue: &DeadLetterQueue, id: u64) -> anyhow::Result<()> {
+    let e = queue.show(id).await?;
+    let l = &e.letter;
+    println!("id:              {}", e.id);
+    println!("reason:          {}", l.reason.as_str());
+    println!("status:          {}", l.status);
+    println!("detail:          {}", l.detail);
+    println!("agent:           {}", l.agent);
+    println!("subject:         {}", l.subject);
+    println!("attempts:        {}", l.attempts);
+    println!(
+        "message id:      {}",
+        l.message_id.map(|u| u.to_string()).unwrap_or_default()
+    );
+    println!("stored at (ms):  {}", l.stored_ms);
+    println!("dead at (ms):    {}", l.dead_lettered_ms);
+    println!("message:         {}", describe_envelope(&l.envelope));
+    Ok(())
+}
+
+async fn replay(queue: &DeadLetterQueue, id: Option<u64>, all: bool) -> anyhow::Result<()> {
+    let ids: Vec<u64> = if all {
+        queue
+            .list(usize::MAX)
+            .await?
+            .into_iter()
+            .map(|e| e.id)
+            .collect()
+    } else {
+        id.into_iter().collect()
+    };
+    for id in &ids {
+        match queue.replay(*id).await? {
+            Some(ack) => println!("replayed {id} as inbox message {}", ack.sequence),
+            None => println!("replayed {id} (core subject, no delivery guarantee)"),
+        }
+    }
+    eprintln!("{} replayed", ids.len());
+    Ok(())
+}

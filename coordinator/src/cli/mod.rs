@@ -1,0 +1,195 @@
+//! The `chorus` subcommands, one file each: its arguments (a clap `Args` struct) and a `run`
+//! that takes them and the connection settings every command shares ([`ConnectionArgs`]).
+
+mod agents;
+mod bench;
+mod broadcast;
+mod certs;
+mod creds;
+mod dlq;
+mod listen;
+mod request;
+mod send;
+mod serve;
+mod up;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use agent_sdk::{Agent, AgentOptions, BrokerOptions, Call, SdkError, Subjects};
+use chorus::config::{ConnectionSecurity, DEFAULT_SERVERS};
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "chorus",
+    version,
+    about = "Chorus: a message bus for AI agents, on NATS"
+)]
+pub(crate) struct Cli {
+    /// NATS server URL(s), comma-separated [default: nats://127.0.0.1:4222, or the config
+    /// file's for `serve`].
+    #[arg(long, global = true, env = "CHORUS_NATS_URL")]
+    server: Option<String>,
+    /// CA certificate (PEM) of a TLS-secured server [env: CHORUS_TLS_CA].
+    #[arg(long, global = true, env = "CHORUS_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM), for mutual TLS [env: CHORUS_TLS_CERT].
+    #[arg(long, global = true, env = "CHORUS_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Client key (PEM) [env: CHORUS_TLS_KEY].
+    #[arg(long, global = true, env = "CHORUS_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// File with the nkey seed to authenticate with (`chorus creds`) [env: CHORUS_NKEY_FILE].
+    #[arg(long, global = true, env = "CHORUS_NKEY_FILE")]
+    nkey_file: Option<PathBuf>,
+    /// Subject root shared by every agent of one bus.
+    #[arg(long, global = true, env = "CHORUS_ROOT", default_value = "chorus")]
+    root: String,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+impl Cli {
+    /// The connection settings given on the command line (or in the environment).
+    fn connection(&self) -> ConnectionArgs {
+        ConnectionArgs {
+            server: self.server.clone(),
+            root: self.root.clone(),
+            security: ConnectionSecurity {
+                tls_ca: self.tls_ca.clone(),
+                tls_cert: self.tls_cert.clone(),
+                tls_key: self.tls_key.clone(),
+                nkey_seed_file: self.nkey_file.clone(),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run the coordinator: registry and discovery, broadcast, dead letters, metrics.
+    Serve(serve::Args),
+    /// List live agents (optionally only those offering a capability), least loaded first.
+    Agents(agents::Args),
+    /// Send a command to all live agents, a group or a capability's holders, and print the
+    /// per-recipient report.
+    Broadcast(broadcast::Args),
+    /// Benchmark Chorus against raw async-nats, side by side, and print the table.
+    Bench(bench::Args),
+    /// Create an agent's NATS identity (an nkey seed file) and print the `nats.conf`
+    /// authorization entry that confines it to its own subjects.
+    Creds(creds::Args),
+    /// Generate a development CA, server and client certificates for NATS with TLS.
+    Certs(certs::Args),
+    /// Inspect and act on the dead-letter queue.
+    Dlq(dlq::Args),
+    /// Start a local NATS server (if none answers) and the demo agents, and show them talking.
+    Up(up::Args),
+    /// Publish an event (--topic), or send a command to an agent (--to, --command) and print
+    /// its result.
+    Send(send::Args),
+    /// Send a request to an agent (--to, --command) or a capability (--capability) and print
+    /// the reply.
+    Request(request::Args),
+    /// Print events on topics matching a pattern (`*` one token, `>` the rest).
+    Listen(listen::Args),
+}
+
+/// Runs the parsed command; the exit code says how it went.
+pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let conn = cli.connection();
+    match cli.command {
+        Command::Serve(args) => serve::run(args, &conn).await,
+        Command::Agents(args) => agents::run(args, &conn).await,
+        Command::Broadcast(args) => broadcast::run(args, &conn).await,
+        Command::Bench(args) => bench::run(args, &conn).await,
+        Command::Creds(args) => creds::run(args, &conn),
+        Command::Certs(args) => certs::run(args),
+        Command::Dlq(args) => dlq::run(args, &conn).await,
+        Command::Up(args) => up::run(args, &conn).await,
+        Command::Send(args) => send::run(args, &conn).await,
+        Command::Request(args) => request::run(args, &conn).await,
+        Command::Listen(args) => listen::run(args, &conn).await,
+    }
+}
+
+/// How every command reaches the bus: the server, the subject root, and the TLS and nkey
+/// settings.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectionArgs {
+    /// `--server`, if given (`serve` then prefers it over its config file's).
+    pub(crate) server: Option<String>,
+    /// `--root`.
+    pub(crate) root: String,
+    /// `--tls-ca`, `--tls-cert`, `--tls-key`, `--nkey-file`.
+    pub(crate) security: ConnectionSecurity,
+}
+
+impl ConnectionArgs {
+    /// The server URL(s): `--server`, or the local default.
+    pub(crate) fn url(&self) -> &str {
+        self.server.as_deref().unwrap_or(DEFAULT_SERVERS)
+    }
+
+    /// The subjects under `--root`.
+    pub(crate) fn subjects(&self) -> anyhow::Result<Subjects> {
+        Ok(Subjects::new(&self.root)?)
+    }
+
+    /// Broker options for the server, secured as asked.
+    pub(crate) fn broker_options(&self) -> anyhow::Result<BrokerOptions> {
+        Ok(self.security.apply(BrokerOptions::new([self.url()]))?)
+    }
+
+    /// A short-lived agent for one command, speaking JSON.
+    pub(crate) async fn agent(&self) -> anyhow::Result<Agent> {
+        let id = format!("cli-{}", std::process::id());
+        let server = self.url();
+        AgentOptions::new(id)
+            .broker(self.broker_options()?)
+            .root(&self.root)
+            .encoding(agent_sdk::Encoding::Json)
+            .connect()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach the bus at {server}: {e}"))
+    }
+}
+
+/// A payload given as JSON on the command line (none: null).
+fn parse_json(text: Option<&str>) -> anyhow::Result<serde_json::Value> {
+    match text {
+        None => Ok(serde_json::Value::Null),
+        Some(t) => serde_json::from_str(t).map_err(|e| anyhow::anyhow!("payload is not JSON: {e}")),
+    }
+}
+
+/// Exit code of a call the bus answered with an error status (or nobody answered).
+const REMOTE_FAILURE: u8 = 2;
+
+/// Makes `call` and prints the reply's payload (stdout) and status (stderr); a coded failure
+/// exits with [`REMOTE_FAILURE`].
+async fn print_reply(
+    agent: &Agent,
+    call: Call,
+    payload: &serde_json::Value,
+    timeout: Duration,
+) -> anyhow::Result<ExitCode> {
+    let call = call.json_payload(payload)?.timeout(timeout);
+    match agent.call(call).await {
+        Ok(reply) => {
+            let value = reply
+                .payload_as::<serde_json::Value>()
+                .unwrap_or(serde_json::Value::Null);
+            println!("{value}");
+            eprintln!("status {} from {}", reply.status(), reply.envelope.from);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(err @ (SdkError::Remote { .. } | SdkError::Timeout(_) | SdkError::NoResponders(_))) => {
+            eprintln!("status {}: {err}", err.status());
+            Ok(ExitCode::from(REMOTE_FAILURE))
+        }
+        Err(err) => Err(err.into()),
+    }
+}

@@ -1,0 +1,71 @@
+//! `chorus send`: publish an event, send a command and print its result, or store a command
+//! in an agent's durable inbox.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use agent_sdk::Call;
+use chorus::duration::parse_duration;
+
+use super::{ConnectionArgs, parse_json, print_reply};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Topic of the event to publish.
+    #[arg(long, conflicts_with_all = ["to", "command"], required_unless_present = "to")]
+    topic: Option<String>,
+    /// Agent to send a command to.
+    #[arg(long, requires = "command")]
+    to: Option<String>,
+    /// The command's name.
+    #[arg(long, requires = "to")]
+    command: Option<String>,
+    /// The payload, as JSON (default: null).
+    json: Option<String>,
+    /// How long to wait for a command's result (with --durable: how long it may wait in
+    /// the inbox before it expires).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Store the command in the agent's durable inbox instead of waiting for a result.
+    #[arg(long, requires = "to")]
+    durable: bool,
+}
+
+pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
+    let agent = conn.agent().await?;
+    let payload = parse_json(args.json.as_deref())?;
+    let timeout = args.timeout;
+    let code = match (args.topic, args.to, args.command) {
+        (None, Some(to), Some(command)) if args.durable => {
+            let call = Call::agent(to.clone(), command)
+                .command()
+                .json_payload(&payload)?
+                .timeout(timeout);
+            let receipt = agent.send_durable(call).await?;
+            println!(
+                "stored for {to}: message {} at inbox sequence {}{}",
+                receipt.id,
+                receipt.stream_seq.unwrap_or_default(),
+                if receipt.duplicate {
+                    " (already there)"
+                } else {
+                    ""
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        (Some(topic), _, _) => {
+            agent.publish(&topic, &payload).await?;
+            agent.broker().flush().await?;
+            println!("published to {topic}");
+            ExitCode::SUCCESS
+        }
+        (None, Some(to), Some(command)) => {
+            let call = Call::agent(to, command).command();
+            print_reply(&agent, call, &payload, timeout).await?
+        }
+        _ => anyhow::bail!("give --topic, or --to with --command"),
+    };
+    agent.shutdown().await;
+    Ok(code)
+}

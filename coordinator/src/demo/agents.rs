@@ -1,0 +1,148 @@
+//! The demo's agents: who they are and what each does with a message.
+
+use agent_sdk::{AgentOptions, Context, HandlerError, RetryPolicies, RetryPolicy, SdkError};
+use tokio::sync::{Mutex, mpsc};
+
+use super::model::{Calculation, OcrReport, Posting, ScannedDocument};
+use super::skills::{analyse, calculate};
+use super::{Demo, LEDGER_ATTEMPTS, RELAY_HOP_LIMIT, WATCHERS};
+
+/// The ledger's first retry comes this soon, in milliseconds, so the demo sees its dead
+/// letter within seconds.
+const LEDGER_INITIAL_BACKOFF_MS: u64 = 200;
+/// Its retries wait at most this long, in milliseconds.
+const LEDGER_MAX_BACKOFF_MS: u64 = 1_000;
+
+impl Demo {
+    /// Connects the demo agents to `servers` and registers their handlers.
+    pub async fn start(servers: &str, say: fn(&str)) -> Result<Demo, SdkError> {
+        let connect = |id: &str| AgentOptions::new(id).servers([servers]).connect();
+
+        let ocr = connect("ocr-agent").await?;
+        ocr.on_capability("ocr", move |ctx: Context, doc: ScannedDocument| async move {
+            let text = doc.lines.join(" ");
+            say(&format!(
+                "[AIXP]   ocr-agent read {:?}: {} lines -> handing the text to capability nlp.analyze",
+                doc.name,
+                doc.lines.len()
+            ));
+            let reply = ctx
+                .call(agent_sdk::Call::capability("nlp.analyze").payload(&text)?)
+                .await?;
+            Ok::<_, HandlerError>(OcrReport {
+                document: doc.name,
+                text,
+                analysis: reply.payload_as()?,
+                analysed_by: reply.envelope.from,
+            })
+        })
+        .await?;
+
+        let nlp = connect("nlp-agent").await?;
+        nlp.on_capability(
+            "nlp.analyze",
+            move |ctx: Context, text: String| async move {
+                let analysis = analyse(&text);
+                say(&format!(
+                    "[AIXP]   nlp-agent analysed text from {} (hop {}): {} words",
+                    ctx.from(),
+                    ctx.message().hops,
+                    analysis.word_count
+                ));
+                Ok::<_, HandlerError>(analysis)
+            },
+        )
+        .await?;
+
+        let calculator = connect("calculator").await?;
+        calculator
+            .on_command("calculation", |_ctx: Context, c: Calculation| async move {
+                calculate(&c)
+            })
+            .await?;
+
+        // Two agents that relay to each other: a loop the hop limit cuts.
+        let mut relays = Vec::new();
+        for (me, peer) in [("relay-a", "relay-b"), ("relay-b", "relay-a")] {
+            let relay = AgentOptions::new(me)
+                .servers([servers])
+                .hop_limit(RELAY_HOP_LIMIT)
+                .connect()
+                .await?;
+            relay
+                .on_command("relay", move |ctx: Context, n: u32| async move {
+                    Ok::<u32, HandlerError>(ctx.request(peer, "relay", &(n + 1)).await?)
+                })
+                .await?;
+            relays.push(relay);
+        }
+
+        // The ledger takes postings through its durable inbox; a negative amount always fails.
+        let ledger = AgentOptions::new("ledger")
+            .servers([servers])
+            .durable_inbox(true)
+            .retry_policies(RetryPolicies {
+                default: RetryPolicy {
+                    max_attempts: LEDGER_ATTEMPTS,
+                    initial_backoff_ms: LEDGER_INITIAL_BACKOFF_MS,
+                    max_backoff_ms: LEDGER_MAX_BACKOFF_MS,
+                    ..RetryPolicy::default()
+                },
+                rules: Vec::new(),
+            })
+            .connect()
+            .await?;
+        ledger
+            .on_command("post", move |ctx: Context, p: Posting| async move {
+                if p.amount < 0 {
+                    say(&format!(
+                        "[dlq]   ledger refuses posting {} of {} (attempt from {})",
+                        p.account,
+                        p.amount,
+                        ctx.from()
+                    ));
+                    return Err(HandlerError::failed("negative amount"));
+                }
+                Ok(())
+            })
+            .await?;
+
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut watchers = Vec::new();
+        for name in WATCHERS {
+            let watcher = AgentOptions::new(name)
+                .servers([servers])
+                .group("watchers")
+                .connect()
+                .await?;
+            watcher
+                .on_command("status", |ctx: Context, (): ()| async move {
+                    Ok::<_, HandlerError>(format!("{} ok", ctx.agent_id()))
+                })
+                .await?;
+            let tx = tx.clone();
+            watcher
+                .on_event("task.>", move |ctx: Context, task: String| {
+                    let tx = tx.clone();
+                    async move {
+                        let topic = ctx.message().topic.clone().unwrap_or_default();
+                        let _ = tx.send((name.to_owned(), format!("{topic}: {task}")));
+                        Ok(())
+                    }
+                })
+                .await?;
+            watchers.push(watcher);
+        }
+
+        let orchestrator = connect("orchestrator").await?;
+        let mut agents = vec![ocr, nlp, calculator, ledger];
+        agents.extend(relays);
+        agents.extend(watchers);
+        agents.push(orchestrator.clone());
+        Ok(Demo {
+            agents,
+            orchestrator,
+            events: Mutex::new(rx),
+        })
+    }
+}

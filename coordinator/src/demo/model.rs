@@ -1,0 +1,75 @@
+//! What the demo agents exchange, and what one run of the scenarios reports.
+
+use agent_sdk::durable::DeadLetter;
+use agent_sdk::{BroadcastReport, StatusCode};
+use serde::{Deserialize, Serialize};
+
+/// A scanned page, as the OCR agent receives it. The "image" is its lines of text.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScannedDocument {
+    /// File name.
+    pub name: String,
+    /// What the scanner saw, line by line.
+    pub lines: Vec<String>,
+}
+
+/// The NLP agent's analysis (the fields of AIXP's text-analysis example).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Analysis {
+    /// Number of words.
+    pub word_count: usize,
+    /// The most frequent word (lower case; ties go to the alphabetically first).
+    pub most_common_word: String,
+    /// `positive`, `negative` or `neutral`.
+    pub sentiment: String,
+}
+
+/// What the OCR agent returns: the text it read and the NLP agent's analysis of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OcrReport {
+    /// The document's name.
+    pub document: String,
+    /// The recognised text.
+    pub text: String,
+    /// The analysis.
+    pub analysis: Analysis,
+    /// Who analysed it.
+    pub analysed_by: String,
+}
+
+/// Agentify's calculation request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Calculation {
+    /// `add`, `subtract`, `multiply` or `divide`.
+    pub operation: String,
+    /// The operands, applied left to right.
+    pub operands: Vec<f64>,
+}
+
+/// What one run of the scenarios produced.
+#[derive(Debug, Clone)]
+pub struct DemoReport {
+    /// The AIXP hand-off's result.
+    pub ocr: OcrReport,
+    /// Each calculation asked and its result or error code.
+    pub calculations: Vec<(String, Result<f64, StatusCode>)>,
+    /// Which watchers received the task event.
+    pub event_receivers: Vec<String>,
+    /// The status the relay loop ended with.
+    pub loop_status: StatusCode,
+    /// Agents discovered for capability `ocr`, least loaded first.
+    pub discovered: Vec<String>,
+    /// The broadcast to the watchers.
+    pub broadcast: BroadcastReport,
+    /// The poison command's dead letter.
+    pub dead_letter: Option<DeadLetter>,
+}
+
+/// A ledger entry; a negative amount is poison.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Posting {
+    /// Account.
+    pub account: String,
+    /// Amount in cents.
+    pub amount: i64,
+}

@@ -1,0 +1,127 @@
+//! One error type for the coordinator library, with an [`ErrorKind`] a caller can match on.
+//!
+//! Like the broker adapter's: a kind, a context saying what was being done, and the cause kept
+//! as [`source`](std::error::Error::source). The `chorus` binary turns it into an exit code.
+
+use std::fmt;
+
+/// What went wrong, coarse enough to decide what to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The configuration cannot work: a bad value, an unknown key, a missing file.
+    Config,
+    /// NATS did not answer, or refused the connection.
+    Connect,
+    /// A NATS operation failed after connecting: a stream, bucket, consumer or subscription
+    /// could not be set up, or a request to the server failed.
+    Broker,
+    /// A listener (the metrics endpoint) could not bind its address.
+    Listen,
+    /// A file could not be read or written.
+    Io,
+    /// A certificate or key could not be generated.
+    Certificate,
+    /// An argument cannot work: an invalid agent id, capability or topic, a malformed role.
+    InvalidInput,
+    /// The local `nats-server` is not installed, or did not start.
+    NatsServer,
+    /// The span exporter could not be set up.
+    Telemetry,
+}
+
+impl ErrorKind {
+    /// A short stable name, used in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Config => "config",
+            ErrorKind::Connect => "connect",
+            ErrorKind::Broker => "broker",
+            ErrorKind::Listen => "listen",
+            ErrorKind::Io => "io",
+            ErrorKind::Certificate => "certificate",
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::NatsServer => "nats_server",
+            ErrorKind::Telemetry => "telemetry",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A coordinator error: its [`kind`](Error::kind), what was being done, and the cause.
+#[derive(Debug, thiserror::Error)]
+#[error("{context}{}", .source.as_ref().map(|s| format!(": {s}")).unwrap_or_default())]
+pub struct Error {
+    kind: ErrorKind,
+    context: String,
+    #[source]
+    source: Option<Source>,
+}
+
+impl Error {
+    /// An error of `kind` with a human-readable context.
+    pub fn new(kind: ErrorKind, context: impl Into<String>) -> Self {
+        Error {
+            kind,
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// An error of `kind` that keeps its cause.
+    pub fn with_source(
+        kind: ErrorKind,
+        context: impl Into<String>,
+        source: impl Into<Source>,
+    ) -> Self {
+        Error {
+            kind,
+            context: context.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// A closure for `map_err` that wraps any error as one of `kind` with `context`.
+    pub(crate) fn wrap<E>(kind: ErrorKind, context: impl Into<String>) -> impl FnOnce(E) -> Error
+    where
+        E: Into<Source>,
+    {
+        let context = context.into();
+        move |source| Error::with_source(kind, context, source)
+    }
+}
+
+/// Result of a coordinator operation.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_tells_context_then_cause_and_keeps_the_source() {
+        let err = Error::with_source(
+            ErrorKind::Io,
+            "cannot write ca.pem",
+            std::io::Error::other("disk full"),
+        );
+        assert_eq!(err.to_string(), "cannot write ca.pem: disk full");
+        assert_eq!(err.kind(), ErrorKind::Io);
+        assert!(std::error::Error::source(&err).is_some());
+        let bare = Error::new(ErrorKind::Config, "replicas must be 1, 3 or 5");
+        assert_eq!(bare.to_string(), "replicas must be 1, 3 or 5");
+        assert!(std::error::Error::source(&bare).is_none());
+    }
+}

@@ -1,0 +1,80 @@
+//! What the coordinator makes sure exists before it starts any task: the inbox, dead-letter
+//! and advisory streams, the registry and config buckets, and the retry policies agents read.
+//! Every step is idempotent, so coordinators starting side by side do not conflict.
+
+use agent_sdk::Subjects;
+use agent_sdk::durable::{self, CONFIG_BUCKET, RETRY_KEY};
+use broker_adapter::{JetStream, Kv, KvSpec};
+use bytes::Bytes;
+
+use super::REGISTRY_BUCKET;
+use crate::config::CoordinatorConfig;
+use crate::error::{Error, ErrorKind, Result};
+
+/// The buckets the coordinator's tasks use.
+pub(super) struct Buckets {
+    /// Agent manifests by agent id.
+    pub(super) registry: Kv,
+}
+
+/// Creates (or checks) the streams and buckets and publishes `config.retry` to agents.
+pub(super) async fn provision(
+    config: &CoordinatorConfig,
+    subjects: &Subjects,
+    js: &JetStream,
+) -> Result<Buckets> {
+    for stream in [
+        durable::inbox_stream(subjects, &config.inbox),
+        durable::dlq_stream(subjects, config.replicas),
+        durable::advisory_stream(subjects, config.replicas),
+    ] {
+        js.ensure_stream(&stream).await.map_err(Error::wrap(
+            ErrorKind::Broker,
+            format!("cannot set up stream {}", stream.name),
+        ))?;
+    }
+    let registry = bucket(
+        js,
+        subjects,
+        config,
+        REGISTRY_BUCKET,
+        "Chorus agent registry",
+    )
+    .await?;
+    let shared_config = bucket(
+        js,
+        subjects,
+        config,
+        CONFIG_BUCKET,
+        "Chorus configuration shared with agents",
+    )
+    .await?;
+    let retry = serde_json::to_vec(&config.retry).map_err(Error::wrap(
+        ErrorKind::Config,
+        "retry policies do not encode",
+    ))?;
+    shared_config
+        .put(RETRY_KEY, Bytes::from(retry))
+        .await
+        .map_err(Error::wrap(
+            ErrorKind::Broker,
+            "cannot publish the retry policies",
+        ))?;
+    Ok(Buckets { registry })
+}
+
+async fn bucket(
+    js: &JetStream,
+    subjects: &Subjects,
+    config: &CoordinatorConfig,
+    suffix: &str,
+    description: &str,
+) -> Result<Kv> {
+    let mut spec = KvSpec::new(subjects.bucket_name(suffix));
+    spec.replicas = config.replicas;
+    spec.description = description.into();
+    js.ensure_kv(&spec).await.map_err(Error::wrap(
+        ErrorKind::Broker,
+        format!("cannot set up bucket {}", spec.bucket),
+    ))
+}

@@ -1,0 +1,118 @@
+//! The coordinator's tasks, one spawn function each. Every task runs in the coordinator's
+//! [`TaskTracker`](tokio_util::task::TaskTracker) and ends when its stop token is cancelled.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_sdk::durable::ADVISORY_STREAM;
+use broker_adapter::{ConsumerSpec, Kv};
+use futures::StreamExt;
+
+use super::metrics::metrics;
+use super::{DLQ_CONSUMER, Shared, dlq};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Reaper ticks between two refreshes of the dead-letter depth and connection gauges.
+pub const GAUGE_REFRESH_TICKS: u64 = 5;
+/// How soon advisories a killed coordinator had taken come back to the others; each takes a
+/// few milliseconds to process.
+pub const ADVISORY_ACK_WAIT: Duration = Duration::from_secs(5);
+/// Advisories handed out and not yet acknowledged, across the coordinators.
+pub const ADVISORY_MAX_ACK_PENDING: i64 = 64;
+/// Advisories fetched per pull.
+pub const ADVISORY_PULL_BATCH: usize = 64;
+
+fn broker_error(what: &'static str) -> impl FnOnce(broker_adapter::Error) -> Error {
+    Error::wrap(ErrorKind::Broker, what)
+}
+
+/// Follows registry changes made by other coordinators.
+pub(super) async fn spawn_registry_watch(shared: &Arc<Shared>, kv: &Kv) -> Result<()> {
+    let mut watch = kv
+        .watch()
+        .await
+        .map_err(broker_error("cannot watch the registry"))?;
+    let s = Arc::clone(shared);
+    shared.tracker.spawn(async move {
+        loop {
+            tokio::select! {
+                change = watch.next() => match change {
+                    Some(Ok(entry)) => s.registry.apply_kv(entry),
+                    Some(Err(e)) => tracing::debug!(error = %e, "registry watch"),
+                    None => break,
+                },
+                _ = s.stop.cancelled() => break,
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The reaper: declares silent agents gone, and keeps the dead-letter depth and connection
+/// gauges.
+pub(super) fn spawn_reaper(shared: &Arc<Shared>) {
+    let s = Arc::clone(shared);
+    shared.tracker.spawn(async move {
+        let mut tick = tokio::time::interval(s.config.reap_interval());
+        let mut ticks = 0u64;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = s.stop.cancelled() => break,
+            }
+            s.registry.reap().await;
+            if ticks.is_multiple_of(GAUGE_REFRESH_TICKS) {
+                dlq::refresh_depth(&s.js, &s.subjects).await;
+                refresh_connection_gauges(&s);
+            }
+            ticks += 1;
+        }
+    });
+}
+
+fn refresh_connection_gauges(shared: &Shared) {
+    let st = shared.broker.stats();
+    let g = &metrics().connection_events;
+    for (event, n) in [
+        ("disconnects", st.disconnects),
+        ("reconnects", st.reconnects),
+        ("slow_consumer_drops", st.slow_consumer_drops),
+        ("permission_violations", st.permission_violations),
+    ] {
+        g.with_label_values(&[event])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+/// Turns the captured advisories into dead letters; the consumer is shared by coordinators.
+pub(super) async fn spawn_dead_letter_worker(shared: &Arc<Shared>) -> Result<()> {
+    let advisories = shared.subjects.stream_name(ADVISORY_STREAM);
+    let mut spec = ConsumerSpec::new(DLQ_CONSUMER);
+    spec.ack_wait = ADVISORY_ACK_WAIT;
+    spec.max_ack_pending = ADVISORY_MAX_ACK_PENDING;
+    spec.description = "Chorus coordinators: advisories to dead letters".into();
+    let consumer = shared
+        .js
+        .ensure_consumer(&advisories, &spec)
+        .await
+        .map_err(broker_error("cannot set up the advisory consumer"))?;
+    let mut deliveries = consumer
+        .messages(ADVISORY_PULL_BATCH)
+        .await
+        .map_err(broker_error("cannot pull advisories"))?;
+    let s = Arc::clone(shared);
+    shared.tracker.spawn(async move {
+        loop {
+            let next = tokio::select! {
+                next = deliveries.next() => next,
+                _ = s.stop.cancelled() => break,
+            };
+            match next {
+                Some(Ok(delivery)) => dlq::on_advisory(&s, &delivery).await,
+                Some(Err(e)) => tracing::debug!(error = %e, "advisory pull interrupted"),
+                None => break,
+            }
+        }
+    });
+    Ok(())
+}
