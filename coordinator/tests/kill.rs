@@ -95,7 +95,16 @@ async fn a_coordinator_killed_mid_failure_loses_no_dead_letter_and_writes_none_t
         (e.len() >= 30).then_some(e)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A second write would come from an advisory processed again; once the shared consumer
+    // has every advisory acked and nothing pending, none is left to process.
+    eventually(WAIT, "every advisory processed and acked", || async {
+        let c = js
+            .consumer_state(&advisories, chorus::service::DLQ_CONSUMER)
+            .await
+            .ok()?;
+        (c.pending == 0 && c.ack_pending == 0).then_some(())
+    })
+    .await;
     assert_eq!(
         dlq.depth().await.expect("depth"),
         30,

@@ -6,7 +6,7 @@ pub mod vectors;
 use std::future::Future;
 use std::time::Duration;
 
-pub use broker_adapter::server::{NatsServer, ServerBuilder};
+pub use chorus_nats_server::{NatsServer, ServerBuilder};
 
 /// The deadline for any single wait in a test that has no reason to pick another.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -301,14 +301,6 @@ pub fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// A free TCP port on loopback (bound, read and released; the caller binds it next).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free port: {e}"))
-}
-
 /// Three `nats-server`s clustered on loopback, JetStream on every node with fsync per write.
 #[derive(Debug)]
 pub struct Cluster {
@@ -317,37 +309,73 @@ pub struct Cluster {
     _dir: tempfile::TempDir,
 }
 
+/// The route (cluster) URL a node reports in its ports file, as `host:port`.
+fn route_address(node: &NatsServer) -> String {
+    let ports = std::fs::read_dir(node.dir().join("ports"))
+        .ok()
+        .and_then(|mut entries| entries.next())
+        .and_then(Result::ok)
+        .and_then(|entry| std::fs::read_to_string(entry.path()).ok())
+        .unwrap_or_else(|| panic!("no ports file for {}", node.url()));
+    let ports: serde_json::Value =
+        serde_json::from_str(&ports).unwrap_or_else(|e| panic!("ports file: {e}: {ports}"));
+    let url = ports["cluster"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("no cluster port in {ports}"));
+    url.rsplit("://")
+        .next()
+        .unwrap_or(url)
+        .replace("0.0.0.0", "127.0.0.1")
+}
+
 impl Cluster {
-    /// Starts the three nodes and waits until each listens.
+    /// Starts the three nodes and waits until each listens. Every port is chosen by the server
+    /// (`-1`) and read back from its ports file: node 0 first, each later node routed to the
+    /// ones before it (the routes gossip the full mesh). Then each node's config is rewritten with the ports it got and routes to
+    /// all three, so a restarted node comes back on the same ports and rejoins.
     pub fn start() -> Cluster {
         init_tracing();
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let clients: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let route_list = routes
-            .iter()
-            .map(|p| format!("nats-route://127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let mut nodes = Vec::new();
+        let config = |i: usize, client: &str, route: &str, routes: &[String]| {
+            let route_list = routes
+                .iter()
+                .map(|r| format!("nats-route://{r}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!(
+                "server_name: n{i}\nlisten: \"{client}\"\njetstream {{\n  store_dir: \"{}\"\n  sync_interval: always\n}}\ncluster {{\n  name: chorus-test\n  listen: \"{route}\"\n  routes: [{route_list}]\n}}\n",
+                dir.path().join(format!("store-{i}")).display(),
+            )
+        };
+        let mut nodes: Vec<NatsServer> = Vec::new();
+        let mut routes: Vec<String> = Vec::new();
+        // JetStream in a cluster refuses to start without a configured route, and node 0 has
+        // nobody to route to yet: a placeholder that refuses connections (port 1) stands in
+        // until the config is rewritten below.
+        let placeholder = ["127.0.0.1:1".to_owned()];
         for i in 0..3 {
             let conf = dir.path().join(format!("n{i}.conf"));
-            let store = dir.path().join(format!("store-{i}"));
-            std::fs::write(
-                &conf,
-                format!(
-                    "server_name: n{i}\nlisten: \"127.0.0.1:{}\"\njetstream {{\n  store_dir: \"{}\"\n  sync_interval: always\n}}\ncluster {{\n  name: chorus-test\n  listen: \"127.0.0.1:{}\"\n  routes: [{route_list}]\n}}\n",
-                    clients[i],
-                    store.display(),
-                    routes[i]
-                ),
-            )
-            .unwrap_or_else(|e| panic!("write config: {e}"));
+            let seeds = if routes.is_empty() {
+                &placeholder[..]
+            } else {
+                &routes[..]
+            };
+            std::fs::write(&conf, config(i, "127.0.0.1:-1", "127.0.0.1:-1", seeds))
+                .unwrap_or_else(|e| panic!("write config: {e}"));
             let node = ServerBuilder::default()
                 .config(&conf)
                 .start()
                 .unwrap_or_else(|e| panic!("cluster node {i} did not start: {e}"));
+            routes.push(route_address(&node));
             nodes.push(node);
+        }
+        for (i, node) in nodes.iter().enumerate() {
+            let client = node.url().rsplit("://").next().unwrap_or(node.url());
+            std::fs::write(
+                dir.path().join(format!("n{i}.conf")),
+                config(i, client, &routes[i], &routes),
+            )
+            .unwrap_or_else(|e| panic!("rewrite config: {e}"));
         }
         Cluster { nodes, _dir: dir }
     }
@@ -426,25 +454,46 @@ pub struct LossReport {
     pub lost: usize,
     /// Handler calls beyond the first for a message.
     pub duplicated: usize,
+    /// Whether the server had nothing left for the consumer when counted (no message pending,
+    /// none awaiting its ack); false if the wait ran out first.
+    pub settled: bool,
 }
 
-/// Waits (up to `limit`) until every acknowledged number is among the handled ones, and counts.
-pub async fn await_acked_handled(
+/// Waits (up to `limit`) until the server has nothing left to give `consumer` of `stream` (no
+/// message pending, none delivered and awaiting an ack), then counts what was acknowledged
+/// against what was handled. The wait does not depend on the count: a message acknowledged
+/// and never handled shows as `lost`, not as a timeout.
+pub async fn settle_and_count(
     acked: &Acked,
     seen: &std::sync::Mutex<Vec<u32>>,
+    js: &broker_adapter::JetStream,
+    stream: &str,
+    consumer: &str,
     limit: Duration,
 ) -> LossReport {
-    let acked = acked.set();
-    let handled = eventually(limit, "every acked message handled", || async {
-        let handled: std::collections::HashSet<u32> = seen.lock().ok()?.iter().copied().collect();
-        acked.is_subset(&handled).then_some(handled)
+    let settled = tokio::time::timeout(limit, async {
+        loop {
+            if let Ok(state) = js.consumer_state(stream, consumer).await
+                && state.pending == 0
+                && state.ack_pending == 0
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     })
-    .await;
-    let calls = seen.lock().map_or(0, |s| s.len());
+    .await
+    .is_ok();
+    let acked = acked.set();
+    let (handled, calls) = seen.lock().map_or_else(
+        |_| (std::collections::HashSet::new(), 0),
+        |s| (s.iter().copied().collect(), s.len()),
+    );
     LossReport {
         acked: acked.len(),
         handled: handled.len(),
         lost: acked.difference(&handled).count(),
         duplicated: calls.saturating_sub(handled.len()),
+        settled,
     }
 }

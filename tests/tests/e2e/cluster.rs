@@ -9,6 +9,14 @@ use agent_sdk::durable::InboxLimits;
 use agent_sdk::{AgentOptions, Context, HandlerError};
 use chorus_tests::{Cluster, WAIT, eventually, within};
 
+fn distinct(seen: &Mutex<Vec<u32>>) -> usize {
+    seen.lock()
+        .expect("lock")
+        .iter()
+        .collect::<std::collections::HashSet<_>>()
+        .len()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_under_at_least_once_traffic_loses_no_acknowledged_message() {
     let mut cluster = Cluster::start();
@@ -90,22 +98,51 @@ async fn a_node_killed_under_at_least_once_traffic_loses_no_acknowledged_message
     // Kill the node the worker is connected to.
     cluster.nodes[0].kill();
     let acked_at_kill = acked.count();
+    let handled_at_kill = distinct(&seen);
+    // Work goes on while node 0 is down: the worker moves to another node and keeps handling.
+    let handled_while_down = eventually(
+        Duration::from_secs(120),
+        "handling while node 0 is down",
+        || async {
+            let n = distinct(&seen);
+            (n >= handled_at_kill + 500).then_some(n)
+        },
+    )
+    .await;
     let sender = within(Duration::from_secs(180), "publisher", publisher)
         .await
         .expect("publisher task");
+    let acked_while_down = acked.count();
     cluster.nodes[0]
         .restart()
         .expect("node restarts with its store");
-    let report = chorus_tests::await_acked_handled(&acked, &seen, Duration::from_secs(120)).await;
+    let report = chorus_tests::settle_and_count(
+        &acked,
+        &seen,
+        &js,
+        &inbox,
+        "worker",
+        Duration::from_secs(120),
+    )
+    .await;
     println!(
-        "cluster: sent {SENT}, acked {} ({acked_at_kill} before node 0 was killed), handled {} unique, lost {}, duplicated {}; worker reconnects {}",
+        "cluster: sent {SENT}, acked {} ({acked_at_kill} before node 0 was killed, {acked_while_down} before it came back), handled {} unique ({handled_at_kill} at the kill, {handled_while_down} while it was down), lost {}, duplicated {}, settled {}; worker reconnects {}",
         report.acked,
         report.handled,
         report.lost,
         report.duplicated,
+        report.settled,
         worker.broker().stats().reconnects
     );
-    assert_eq!(report.lost, 0);
+    assert_eq!(report.lost, 0, "acknowledged and never handled: {report:?}");
+    assert!(
+        report.settled,
+        "the worker's consumer never drained: {report:?}"
+    );
+    assert!(
+        acked_while_down > acked_at_kill,
+        "no acks while node 0 was down"
+    );
     assert!(
         worker.broker().stats().reconnects >= 1,
         "the worker moved to another node"

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use agent_sdk::durable::{DeadLetterReason, INBOX_STREAM};
+use agent_sdk::durable::{ADVISORY_STREAM, DeadLetterReason, INBOX_STREAM};
 use agent_sdk::{
     Availability, BroadcastTarget, Call, Context, HandlerError, Outcome, RetryPolicies,
     RetryPolicy, StatusCode,
 };
+use chorus::service::DLQ_CONSUMER;
 use chorus::service::dlq::DeadLetterQueue;
 use chorus::service::registry::RegistryEvent;
 use chorus_tests::{
@@ -92,10 +93,12 @@ async fn discovery_is_least_loaded_first_and_a_crashed_agent_drops_out_within_th
     .await;
     let gone_after = killed_at.elapsed();
     println!("crashed agent left discovery after {gone_after:?} (heartbeat {HEARTBEAT:?})");
-    // Three intervals, plus one registry sweep and scheduling slack.
+    // A lower bound, not a deadline: its last heartbeat came at most one interval before the
+    // crash, and it is declared gone only after three intervals without one. (The measured
+    // figure is printed above; a loaded machine only makes it longer.)
     assert!(
-        gone_after <= HEARTBEAT * 3 + Duration::from_millis(250),
-        "took {gone_after:?}"
+        gone_after + Duration::from_millis(50) >= HEARTBEAT * 2,
+        "declared gone after {gone_after:?}, before three intervals of silence"
     );
     let event = within(WAIT, "left event", registry_events.next())
         .await
@@ -220,17 +223,24 @@ async fn a_broadcast_to_fifty_agents_with_five_silent_reports_45_delivered_and_5
         (n == 50).then_some(())
     })
     .await;
+    // Long enough that 45 answering agents on a loaded machine are not counted as silent.
+    const PER_RECIPIENT: Duration = Duration::from_secs(5);
     let started = Instant::now();
     let report = client
         .broadcast(
             &BroadcastTarget::Group("fleet".into()),
             "reload",
             &(),
-            Duration::from_secs(1),
+            PER_RECIPIENT,
         )
         .await
         .expect("report");
-    println!("broadcast to 50 took {:?}", started.elapsed());
+    let took = started.elapsed();
+    println!("broadcast to 50 took {took:?} (timeout per recipient {PER_RECIPIENT:?})");
+    assert!(
+        took >= PER_RECIPIENT,
+        "the report came before the silent agents' timeout ran out: {took:?}"
+    );
     assert_eq!(report.recipients.len(), 50);
     assert_eq!(report.count(Outcome::Delivered), 45);
     assert_eq!(report.count(Outcome::TimedOut), 5);
@@ -316,13 +326,10 @@ async fn a_failing_durable_command_is_tried_max_attempts_times_with_backoff_then
         .collect();
     println!("attempt gaps (ms): {gaps:?}, expected 200, 400, 800");
     for (gap, expected) in gaps.iter().zip([200u128, 400, 800]) {
+        // A lower bound only: a loaded machine makes a gap longer, never shorter.
         assert!(
             *gap >= expected - 5,
             "gap {gap} ms shorter than the backoff {expected} ms"
-        );
-        assert!(
-            *gap <= expected + 400,
-            "gap {gap} ms much longer than the backoff {expected} ms"
         );
     }
     let letter = &entry.letter;
@@ -345,7 +352,7 @@ async fn a_failing_durable_command_is_tried_max_attempts_times_with_backoff_then
         (state.messages == 0 && consumer.pending == 0 && consumer.ack_pending == 0).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    // No message left in the inbox and none pending or awaiting an ack: no fifth attempt can come.
     assert_eq!(attempts.lock().expect("lock").len(), 4);
     assert_eq!(
         dlq.depth().await.expect("depth"),
@@ -488,13 +495,19 @@ async fn two_coordinators_write_each_dead_letter_once_and_fan_out_each_broadcast
             .expect("report");
         assert_eq!(report.count(Outcome::Delivered), 5);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A second fan-out of the same broadcast would be work in flight on the other
+    // coordinator; shutting both down waits for all of it (a broadcast in progress still gets
+    // its replies), so after this every copy either side sent has been handled.
+    assert!(c1.shutdown().await, "c1 finished its work");
+    assert!(c2.shutdown().await, "c2 finished its work");
     let ticks: Vec<usize> = counts.iter().map(|c| c.load(Ordering::SeqCst)).collect();
     assert_eq!(
         ticks,
         [4, 4, 4, 4, 4],
         "four broadcasts, each fanned out once"
     );
+    let c1 = coordinator(&server, false).await;
+    let c2 = coordinator(&server, false).await;
 
     // Dead letters from advisories: ten messages that reach MaxDeliver.
     let sender = agent(&server, "sender").await;
@@ -520,8 +533,14 @@ async fn two_coordinators_write_each_dead_letter_once_and_fan_out_each_broadcast
         (e.len() >= 10).then_some(e)
     })
     .await;
-    // Give a would-be duplicate time to appear.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A would-be duplicate comes from an advisory processed twice; once the coordinators'
+    // shared consumer has every advisory acked and nothing pending, none is left to process.
+    let advisories = sender.subjects().stream_name(ADVISORY_STREAM);
+    eventually(WAIT, "every advisory processed and acked", || async {
+        let c = js.consumer_state(&advisories, DLQ_CONSUMER).await.ok()?;
+        (c.pending == 0 && c.ack_pending == 0).then_some(())
+    })
+    .await;
     let entries_after = dlq.list(100).await.expect("list");
     assert_eq!(entries_after.len(), 10, "no dead letter written twice");
     let mut seen: HashMap<uuid::Uuid, usize> = HashMap::new();
@@ -560,6 +579,16 @@ async fn metrics_pass_promtool_and_move_with_traffic() {
         .request("metrics-echo", "echo", "warm-up")
         .await
         .expect("echo");
+    // The coordinator's series appear with a broadcast (for promtool to check their format).
+    client
+        .broadcast(
+            &BroadcastTarget::All,
+            "echo",
+            "hello",
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("broadcast");
     let (_, before) = http_get(addr, "/metrics").await;
 
     for _ in 0..25 {
@@ -568,18 +597,11 @@ async fn metrics_pass_promtool_and_move_with_traffic() {
             .await
             .expect("echo");
     }
-    let _ = client
+    let err = client
         .request::<_, String>("metrics-echo", "nope", "x")
-        .await;
-    client
-        .broadcast(
-            &BroadcastTarget::All,
-            "echo",
-            "hello",
-            Duration::from_secs(1),
-        )
         .await
-        .expect("broadcast");
+        .expect_err("nobody handles nope");
+    assert_eq!(err.status(), StatusCode::UNKNOWN_COMMAND, "{err}");
     let (status, after) = http_get(addr, "/metrics").await;
     assert_eq!(status, 200);
 
@@ -613,48 +635,405 @@ async fn metrics_pass_promtool_and_move_with_traffic() {
     ];
     let handled_before = metric_sum(&before, "chorus_agent_messages_total", &ok).unwrap_or(0.0);
     let handled_after = metric_sum(&after, "chorus_agent_messages_total", &ok).expect("series");
-    assert!(
-        handled_after >= handled_before + 25.0,
+    assert_eq!(
+        handled_after,
+        handled_before + 25.0,
         "{handled_before} -> {handled_after}"
     );
+    // Every series checked here carries this test's own agents' labels: the registry is shared
+    // by every test in this binary. The coordinator's own series (broadcasts, recipients,
+    // registry gauges) have no agent label; coordinator/tests/cli.rs checks them against a
+    // `chorus serve` process of its own.
     let unknown = [r#"agent="metrics-echo""#, r#"status="unknown_command""#];
-    assert!(metric_sum(&after, "chorus_agent_messages_total", &unknown).expect("series") >= 1.0);
+    assert_eq!(
+        metric_sum(&before, "chorus_agent_messages_total", &unknown).unwrap_or(0.0),
+        0.0
+    );
+    assert_eq!(
+        metric_sum(&after, "chorus_agent_messages_total", &unknown),
+        Some(1.0),
+        "the one unknown command"
+    );
     let lat = [r#"agent="metrics-client""#, r#"status="ok""#];
     let n_before =
         metric_sum(&before, "chorus_agent_request_duration_seconds_count", &lat).unwrap_or(0.0);
     let n_after =
         metric_sum(&after, "chorus_agent_request_duration_seconds_count", &lat).expect("series");
-    assert!(n_after >= n_before + 25.0, "{n_before} -> {n_after}");
-    assert!(metric_sum(&after, "chorus_coordinator_broadcasts_total", &[]).expect("series") >= 1.0);
-    assert!(
-        metric_sum(
-            &after,
-            "chorus_coordinator_broadcast_recipients_total",
-            &[r#"outcome="delivered""#]
-        )
-        .expect("series")
-            >= 1.0
-    );
-    // Gauges are per process; other tests' coordinators share this one, so only presence is
-    // checked here (the discovery tests check the registry's counts themselves).
-    assert!(metric_sum(&after, "chorus_coordinator_agents", &[r#"state="live""#]).is_some());
-    assert!(
-        metric_sum(
-            &after,
-            "chorus_coordinator_agents",
-            &[r#"state="registered""#]
-        )
-        .is_some()
+    assert_eq!(n_after, n_before + 25.0, "{n_before} -> {n_after}");
+    let received = [r#"agent="metrics-echo""#, r#"direction="received""#];
+    let r_before = metric_sum(&before, "chorus_agent_traffic_total", &received).unwrap_or(0.0);
+    let r_after = metric_sum(&after, "chorus_agent_traffic_total", &received).expect("series");
+    assert_eq!(
+        r_after,
+        r_before + 26.0,
+        "25 requests and an unknown command received"
     );
     assert!(
         metric_sum(
             &after,
-            "chorus_agent_traffic_total",
-            &[r#"direction="received""#]
+            "chorus_agent_connection_events_total",
+            &[r#"agent="metrics-client""#]
         )
-        .expect("series")
-            > 0.0
+        .is_some(),
+        "the client's connection events are exported"
     );
-    assert!(after.contains("chorus_agent_connection_events_total"));
     coordinator.shutdown().await;
+}
+
+/// COORDINATOR.md: a durable command no handler is registered for is not poison at once:
+/// another instance of the agent (a newer version in a rolling deploy) may know it, so it is
+/// retried like a failure and dead-lettered as `refused` with 5016 when the attempts run out;
+/// an instance that learns the command before then handles it.
+#[tokio::test]
+async fn a_durable_unknown_command_is_retried_then_dead_lettered_and_a_later_handler_takes_it() {
+    let server = server();
+    // Three attempts, 1.5 s and 3 s apart: time enough to register a handler in between.
+    let mut policy = fast_policy(3);
+    policy.default.initial_backoff_ms = 1_500;
+    let worker = agent_options(&server, "rolling")
+        .durable_inbox(true)
+        .retry_policies(policy)
+        .connect()
+        .await
+        .expect("connect");
+    worker
+        .on_command("known", |_ctx: Context, (): ()| async {
+            Ok::<_, HandlerError>(())
+        })
+        .await
+        .expect("register");
+    let sender = agent(&server, "deployer").await;
+    let receipt = sender
+        .send_durable(
+            Call::agent("rolling", "unheard-of")
+                .payload(&1u32)
+                .expect("payload"),
+        )
+        .await
+        .expect("stored");
+    let dlq = DeadLetterQueue::new(sender.broker().clone(), sender.subjects().clone());
+    let entry = eventually(WAIT, "the dead letter", || async {
+        dlq.list(10).await.expect("list").into_iter().next()
+    })
+    .await;
+    assert_eq!(entry.letter.reason, DeadLetterReason::Refused);
+    assert_eq!(entry.letter.status, StatusCode::UNKNOWN_COMMAND);
+    assert_eq!(
+        entry.letter.attempts, 3,
+        "retried until the policy's attempts ran out"
+    );
+    assert_eq!(entry.letter.message_id, Some(receipt.id));
+    assert_eq!(worker.stats().unknown_command, 3);
+
+    // Learned while its retries are still running: the next attempt is handled.
+    let handled = Arc::new(AtomicUsize::new(0));
+    let sent = sender
+        .send_durable(
+            Call::agent("rolling", "late")
+                .payload(&2u32)
+                .expect("payload"),
+        )
+        .await
+        .expect("stored");
+    eventually(WAIT, "the first attempt refused as unknown", || async {
+        (worker.stats().unknown_command >= 4).then_some(())
+    })
+    .await;
+    {
+        let handled = Arc::clone(&handled);
+        worker
+            .on_command("late", move |_ctx: Context, n: u32| {
+                handled.fetch_add(1, Ordering::SeqCst);
+                async move { Ok::<_, HandlerError>(n) }
+            })
+            .await
+            .expect("register");
+    }
+    eventually(WAIT, "the retried command handled", || async {
+        (handled.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        dlq.depth().await.expect("depth"),
+        1,
+        "only the first is dead"
+    );
+    assert!(
+        dlq.list(10)
+            .await
+            .expect("list")
+            .iter()
+            .all(|e| e.letter.message_id != Some(sent.id))
+    );
+}
+
+/// COORDINATOR.md's broadcast: a recipient that answers with an error is `failed` with its
+/// code; one the registry still lists but nobody is subscribed for is `failed` with 5012 and
+/// its copy is dead-lettered as `undeliverable`; a capability target reaches only the holders.
+#[tokio::test]
+async fn broadcast_reports_failures_dead_letters_undeliverable_copies_and_targets_capabilities() {
+    let server = server();
+    let coordinator = coordinator(&server, false).await;
+    let serve = |fails: bool| {
+        move |a: agent_sdk::Agent| async move {
+            a.on_command("probe", move |_ctx: Context, (): ()| async move {
+                if fails {
+                    Err(HandlerError::failed("probe failed"))
+                } else {
+                    Ok(())
+                }
+            })
+            .await
+            .expect("register");
+            a.on_capability("probing", |_ctx: Context, (): ()| async {
+                Ok::<_, HandlerError>(())
+            })
+            .await
+            .expect("serve");
+        }
+    };
+    let ok = agent_options(&server, "mixed-ok")
+        .group("mixed")
+        .connect()
+        .await
+        .expect("connect");
+    serve(false)(ok.clone()).await;
+    let failing = agent_options(&server, "mixed-fails")
+        .group("mixed")
+        .connect()
+        .await
+        .expect("connect");
+    serve(true)(failing.clone()).await;
+    // Not a holder of the capability, in the group.
+    let plain = agent_options(&server, "mixed-plain")
+        .group("mixed")
+        .connect()
+        .await
+        .expect("connect");
+    plain
+        .on_command("probe", |_ctx: Context, (): ()| async {
+            Ok::<_, HandlerError>(())
+        })
+        .await
+        .expect("register");
+    // A crashed agent with a long heartbeat interval: still listed, nobody listening.
+    let mut ghost = CrashableAgent::start(
+        agent_options(&server, "mixed-ghost")
+            .group("mixed")
+            .heartbeat_interval(Duration::from_secs(60)),
+        serve(false),
+    );
+    let client = agent(&server, "prober").await;
+    eventually(WAIT, "four agents in the group", || async {
+        let n = client
+            .discover(&agent_sdk::DiscoverQuery {
+                group: Some("mixed".into()),
+                ..Default::default()
+            })
+            .await
+            .map(|v| v.len())
+            .unwrap_or(0);
+        (n == 4).then_some(())
+    })
+    .await;
+    ghost.crash();
+    // Until the server has dropped the ghost's subscription, a copy could still reach it.
+    let raw = raw_broker(&server).await;
+    let ghost_subject = client
+        .subjects()
+        .command("mixed-ghost", "probe")
+        .expect("subject");
+    eventually(WAIT, "the ghost's subscription gone", || async {
+        let r = raw
+            .request(&ghost_subject, None, bytes::Bytes::new(), WAIT)
+            .await;
+        matches!(r, Err(e) if e.kind() == broker_adapter::ErrorKind::NoResponders).then_some(())
+    })
+    .await;
+
+    let report = client
+        .broadcast(
+            &BroadcastTarget::Group("mixed".into()),
+            "probe",
+            &(),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("report");
+    let line = |id: &str| {
+        report
+            .recipients
+            .iter()
+            .find(|r| r.agent == id)
+            .unwrap_or_else(|| panic!("{id} not in the report: {report:?}"))
+            .clone()
+    };
+    assert_eq!(report.recipients.len(), 4, "{report:?}");
+    assert_eq!(line("mixed-ok").outcome, Outcome::Delivered);
+    assert_eq!(line("mixed-plain").outcome, Outcome::Delivered);
+    let failed = line("mixed-fails");
+    assert_eq!(
+        (failed.outcome, failed.status),
+        (Outcome::Failed, StatusCode::HANDLER_FAILED)
+    );
+    assert_eq!(failed.reason.as_deref(), Some("probe failed"));
+    let gone = line("mixed-ghost");
+    assert_eq!(
+        (gone.outcome, gone.status),
+        (Outcome::Failed, StatusCode::NO_RESPONDERS)
+    );
+    let dlq = DeadLetterQueue::new(client.broker().clone(), client.subjects().clone());
+    let letters = dlq.list(10).await.expect("list");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].letter.reason, DeadLetterReason::Undeliverable);
+    assert_eq!(letters[0].letter.agent, "mixed-ghost");
+    assert_eq!(letters[0].letter.status, StatusCode::NO_RESPONDERS);
+
+    // A capability target: only the live holders of `probing`, not the plain agent.
+    let report = client
+        .broadcast(
+            &BroadcastTarget::Capability("probing".into()),
+            "probe",
+            &(),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("report");
+    let mut reached: Vec<&str> = report.recipients.iter().map(|r| r.agent.as_str()).collect();
+    reached.sort_unstable();
+    assert_eq!(
+        reached,
+        ["mixed-fails", "mixed-ghost", "mixed-ok"],
+        "{report:?}"
+    );
+    assert_eq!(report.count(Outcome::Delivered), 1);
+    coordinator.shutdown().await;
+}
+
+/// COORDINATOR.md: "A coordinator killed mid-work leaves its advisories to be redelivered to
+/// another within 5 s", and an advisory is acked only after its dead letter is stored, whose
+/// message id makes a repeated write a no-op. A stand-in for the killed coordinator takes two
+/// advisories from the shared consumer: it dies holding the first, and after writing the
+/// dead letter of the second but before acking it. A real coordinator then gets both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_coordinators_advisories_come_back_to_another_and_each_dead_letter_is_written_once()
+ {
+    use agent_sdk::durable::{DeadLetter, advisory_stream, write_dead_letter};
+    let server = server();
+    let sender = agent(&server, "sender").await;
+    let subjects = sender.subjects().clone();
+    let js = sender.broker().jetstream(WAIT);
+    let advisories = subjects.stream_name(ADVISORY_STREAM);
+    let inbox = subjects.stream_name(INBOX_STREAM);
+    js.ensure_stream(&advisory_stream(&subjects, 1))
+        .await
+        .expect("advisory stream");
+    js.ensure_stream(&agent_sdk::durable::dlq_stream(&subjects, 1))
+        .await
+        .expect("dlq stream");
+    // The coordinators' shared consumer, as they make it.
+    let mut spec = broker_adapter::ConsumerSpec::new(DLQ_CONSUMER);
+    spec.ack_wait = Duration::from_secs(5);
+    spec.max_ack_pending = 64;
+    spec.description = "Chorus coordinators: advisories to dead letters".into();
+    let standin = raw_broker(&server).await;
+    let standin_js = standin.jetstream(WAIT);
+    let consumer = standin_js
+        .ensure_consumer(&advisories, &spec)
+        .await
+        .expect("dlq consumer");
+    let mut deliveries = consumer.messages(64).await.expect("messages");
+
+    let _crasher = crashing_consumer(&server, "crasher", 2).await;
+    let mut ids = Vec::new();
+    for n in 0..2u32 {
+        ids.push(
+            sender
+                .send_durable(Call::agent("crasher", "work").payload(&n).expect("payload"))
+                .await
+                .expect("stored")
+                .id,
+        );
+    }
+    let held = within(WAIT, "the stand-in takes both advisories", async {
+        let mut held = Vec::new();
+        while held.len() < 2 {
+            match deliveries.next().await {
+                Some(Ok(d)) => held.push(d),
+                Some(Err(e)) => panic!("advisory pull: {e}"),
+                None => panic!("advisory stream ended"),
+            }
+        }
+        held
+    })
+    .await;
+    let taken_at = Instant::now();
+    // The second: its dead letter written as the coordinator writes it, then no ack.
+    let advisory: serde_json::Value = serde_json::from_slice(held[1].payload()).expect("json");
+    let seq = advisory["stream_seq"].as_u64().expect("stream_seq");
+    let original = js.get_message(&inbox, seq).await.expect("original");
+    let letter = DeadLetter {
+        reason: DeadLetterReason::MaxDeliveries,
+        status: StatusCode::TIMEOUT,
+        detail: "written by the coordinator that was killed".into(),
+        agent: "crasher".into(),
+        subject: original.subject.clone(),
+        envelope: original.payload.clone(),
+        message_id: agent_sdk::codec::decode(&original.payload)
+            .ok()
+            .map(|(e, _)| e.id),
+        attempts: 2,
+        stored_ms: original.stored_ms,
+        dead_lettered_ms: agent_sdk::envelope::now_ms(),
+        source: Some((inbox.clone(), seq)),
+    };
+    write_dead_letter(&js, &subjects, &letter)
+        .await
+        .expect("first write");
+    // Killed: its deliveries and its connection gone, nothing acked.
+    drop(held);
+    drop(deliveries);
+    drop(standin);
+
+    let dlq = DeadLetterQueue::new(sender.broker().clone(), sender.subjects().clone());
+    assert_eq!(dlq.depth().await.expect("depth"), 1);
+    let other = coordinator(&server, false).await;
+    let entries = eventually(
+        Duration::from_secs(5) + WAIT,
+        "both dead letters from the other coordinator",
+        || async {
+            let e = dlq.list(10).await.expect("list");
+            (e.len() >= 2).then_some(e)
+        },
+    )
+    .await;
+    let came_back_after = taken_at.elapsed();
+    eventually(WAIT, "every advisory processed and acked", || async {
+        let c = js.consumer_state(&advisories, DLQ_CONSUMER).await.ok()?;
+        (c.pending == 0 && c.ack_pending == 0).then_some(())
+    })
+    .await;
+    println!(
+        "advisories held by the killed coordinator came back to another after {came_back_after:?} (ack wait 5 s)"
+    );
+    // An ordering: the other could take them only once the ack wait ran out.
+    assert!(
+        came_back_after >= Duration::from_millis(4_900),
+        "redelivered before the ack wait: {came_back_after:?}"
+    );
+    let entries_after = dlq.list(10).await.expect("list");
+    assert_eq!(entries_after.len(), 2, "no dead letter written twice");
+    let mut got: Vec<uuid::Uuid> = entries
+        .iter()
+        .map(|e| e.letter.message_id.expect("id"))
+        .collect();
+    got.sort();
+    ids.sort();
+    assert_eq!(got, ids);
+    assert_eq!(
+        js.stream_state(&inbox).await.expect("inbox").messages,
+        0,
+        "both originals removed from the inbox"
+    );
+    other.shutdown().await;
 }

@@ -59,7 +59,7 @@ async fn the_demo_scenarios_run_end_to_end() {
 
 #[test]
 fn the_repository_nats_conf_passes_nats_server_t() {
-    let binary = broker_adapter::server::find_binary().expect("nats-server installed");
+    let binary = chorus_nats_server::find_binary().expect("nats-server installed");
     let conf = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../nats.conf");
     let out = std::process::Command::new(binary)
         .arg("-t")

@@ -70,7 +70,7 @@ fn prometheus_config_and_alert_rules_pass_promtool_including_the_rule_unit_tests
 }
 
 fn nats_t(conf: &Path, env: &[(&str, &str)]) {
-    let binary = broker_adapter::server::find_binary().expect("nats-server installed");
+    let binary = chorus_nats_server::find_binary().expect("nats-server installed");
     let mut cmd = Command::new(binary);
     cmd.arg("-t").arg("-c").arg(conf);
     for (k, v) in env {
@@ -187,6 +187,12 @@ fn the_systemd_unit_verifies() {
         .output()
         .expect("systemd-analyze is available");
     let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "systemd-analyze verify exited with {}: {text}",
+        out.status
+    );
+    // Warnings (an unknown key is only "ignoring") do not change the exit status.
     let problems: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("chorus-coordinator.service"))

@@ -57,24 +57,43 @@ fn every_vector_decodes_the_same_from_both_encodings_and_re_encodes_byte_for_byt
     }
 }
 
-/// Regenerates the vectors: `CHORUS_WRITE_VECTORS=1 cargo test -p chorus-tests vectors`.
-/// Only needed when the envelope changes; the files are committed.
+/// The committed vectors are the ones `chorus_tests::vectors::all()` builds today, byte for
+/// byte. With `CHORUS_WRITE_VECTORS=1 cargo test -p chorus-tests vectors` it rewrites them
+/// instead (only needed when the envelope changes; the files are committed).
 #[test]
-fn write_vectors_when_asked() {
-    if std::env::var_os("CHORUS_WRITE_VECTORS").is_none() {
-        return;
-    }
-    for (name, env) in chorus_tests::vectors::all() {
-        let dir = vectors_dir();
-        let json = codec::encode(&env, Encoding::Json).expect("json");
+fn the_committed_vectors_are_the_ones_the_generator_writes() {
+    let write = std::env::var_os("CHORUS_WRITE_VECTORS").is_some();
+    let dir = vectors_dir();
+    let generated = chorus_tests::vectors::all();
+    assert!(!generated.is_empty());
+    for (name, env) in &generated {
+        let json = codec::encode(env, Encoding::Json).expect("json");
         let value: serde_json::Value = serde_json::from_slice(&json).expect("json");
-        let pretty = serde_json::to_string_pretty(&value).expect("pretty");
-        std::fs::write(dir.join(format!("{name}.json")), pretty + "\n").expect("write");
-        let mp = codec::encode(&env, Encoding::MsgPack).expect("msgpack");
-        std::fs::write(
-            dir.join(format!("{name}.msgpack.hex")),
-            hex::encode(mp) + "\n",
-        )
-        .expect("write");
+        let pretty = serde_json::to_string_pretty(&value).expect("pretty") + "\n";
+        let mp = hex::encode(codec::encode(env, Encoding::MsgPack).expect("msgpack")) + "\n";
+        let json_path = dir.join(format!("{name}.json"));
+        let hex_path = dir.join(format!("{name}.msgpack.hex"));
+        if write {
+            std::fs::write(&json_path, &pretty).expect("write");
+            std::fs::write(&hex_path, &mp).expect("write");
+        } else {
+            assert_eq!(
+                std::fs::read_to_string(&json_path).expect("committed json vector"),
+                pretty,
+                "{name}.json differs from the generator (CHORUS_WRITE_VECTORS=1 rewrites it)"
+            );
+            assert_eq!(
+                std::fs::read_to_string(&hex_path).expect("committed hex vector"),
+                mp,
+                "{name}.msgpack.hex differs from the generator"
+            );
+        }
     }
+    let mut generated_names: Vec<String> = generated.iter().map(|(n, _)| n.to_string()).collect();
+    generated_names.sort();
+    assert_eq!(
+        names(),
+        generated_names,
+        "every committed vector is generated"
+    );
 }
