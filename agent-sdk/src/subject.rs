@@ -350,6 +350,32 @@ impl Subjects {
         Ok(format!("{}.inbox.{agent}.>", self.root))
     }
 
+    /// The server's max-deliveries and terminated advisories about the consumers of this
+    /// root's stream `suffix` (the dead-letter queue captures them).
+    pub fn consumer_advisories(&self, suffix: &str) -> Vec<String> {
+        let stream = self.stream_name(suffix);
+        vec![
+            format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.*"),
+            format!("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{stream}.*"),
+        ]
+    }
+
+    /// The NATS service-discovery subjects (`$SRV`, ADR-32) an agent answers on: every
+    /// service, services named `agent`, and this one instance.
+    pub fn service_discovery(
+        &self,
+        agent: &str,
+        instance: &str,
+    ) -> Result<[String; 3], SubjectError> {
+        validate_token("agent id", agent)?;
+        validate_token("instance", instance)?;
+        Ok([
+            "$SRV.*".to_owned(),
+            format!("$SRV.*.{agent}"),
+            format!("$SRV.*.{agent}.{instance}"),
+        ])
+    }
+
     /// `<root>.dlq.>`: every dead letter (the dead-letter stream's subjects).
     pub fn dead_letters(&self) -> String {
         format!("{}.dlq.>", self.root)

@@ -26,6 +26,11 @@ use futures::future::BoxFuture;
 
 use measure::IDLE;
 use report::{Pair, percentile};
+/// How long each request-throughput measurement runs.
+const THROUGHPUT_WINDOW: Duration = Duration::from_secs(3);
+/// The same with `--quick`.
+const QUICK_THROUGHPUT_WINDOW: Duration = Duration::from_secs(1);
+
 pub use report::{Row, table};
 
 /// Starts a coordinator in this process for the discovery scenario.
@@ -150,9 +155,9 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         }
     }
     let dur = if q {
-        Duration::from_secs(1)
+        QUICK_THROUGHPUT_WINDOW
     } else {
-        Duration::from_secs(3)
+        THROUGHPUT_WINDOW
     };
     if want("throughput") {
         progress("request throughput, 64 concurrent");

@@ -22,8 +22,9 @@ pub enum ErrorKind {
     /// The input given to the adapter cannot work: a bad URL, unreadable credentials, a header
     /// name or value NATS cannot carry.
     InvalidInput,
-    /// A conditional write lost: the key exists already, or its revision moved on; or a stream
-    /// or consumer name is taken, with another configuration.
+    /// A conditional write lost: the key exists already, its revision or the stream's last
+    /// sequence moved on, or a stream or consumer was created by someone else between a
+    /// lookup and a create (a change an existing stream cannot take is `InvalidInput`).
     Conflict,
     /// The stream, consumer, key or message does not exist.
     NotFound,

@@ -2,8 +2,17 @@
 
 use std::time::Duration;
 
+/// A duration that does not parse: what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DurationError(String);
+
 /// Parses `<number><unit>` with unit `ms`, `s`, `m` or `h`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+    parse(text).map_err(DurationError)
+}
+
+fn parse(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit() && c != '.')

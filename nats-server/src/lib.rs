@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 mod error;
 
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, Result};
 
 /// How long [`ServerBuilder::start`] waits for the server by default.
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -131,16 +131,18 @@ impl ServerBuilder {
         let binary = match self.binary.clone().or_else(find_binary) {
             Some(b) => b,
             None => {
-                return Err(Error::new(
-                    ErrorKind::NotFound,
-                    "nats-server not found: run scripts/install-nats-server or set NATS_SERVER",
-                ));
+                return Err(Error::NotFound {
+                    context: "nats-server not found: run scripts/install-nats-server or set \
+                              NATS_SERVER"
+                        .to_owned(),
+                    source: None,
+                });
             }
         };
         let dir = tempfile::Builder::new()
             .prefix("chorus-nats-")
             .tempdir()
-            .map_err(|e| Error::with_source(ErrorKind::Io, "cannot create a temp dir", e))?;
+            .map_err(Error::io("cannot create a temp dir"))?;
         let mut server = NatsServer {
             child: None,
             dir,
@@ -221,17 +223,16 @@ impl NatsServer {
         let dir = self.dir.path().to_owned();
         let ports_dir = dir.join("ports");
         let _ = fs::remove_dir_all(&ports_dir);
-        fs::create_dir_all(&ports_dir)
-            .map_err(|e| Error::with_source(ErrorKind::Io, "cannot create ports dir", e))?;
+        fs::create_dir_all(&ports_dir).map_err(Error::io("cannot create ports dir"))?;
         let log_path = dir.join("nats-server.log");
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
-            .map_err(|e| Error::with_source(ErrorKind::Io, "cannot open server log", e))?;
+            .map_err(Error::io("cannot open server log"))?;
         let log_err = log
             .try_clone()
-            .map_err(|e| Error::with_source(ErrorKind::Io, "cannot open server log", e))?;
+            .map_err(Error::io("cannot open server log"))?;
 
         let b = &self.builder;
         let mut cmd = Command::new(&self.binary);
@@ -242,8 +243,7 @@ impl NatsServer {
                 "listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: \"{}\"\n  sync_interval: always\n}}\n",
                 dir.join("jetstream").display()
             );
-            fs::write(&conf, text)
-                .map_err(|e| Error::with_source(ErrorKind::Io, "cannot write server config", e))?;
+            fs::write(&conf, text).map_err(Error::io("cannot write server config"))?;
             cmd.arg("-c").arg(conf);
         } else if let Some(config) = &b.config {
             cmd.arg("-c").arg(config);
@@ -266,12 +266,9 @@ impl NatsServer {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err);
-        let child = cmd.spawn().map_err(|e| {
-            Error::with_source(
-                ErrorKind::NotFound,
-                format!("cannot run {}", self.binary.display()),
-                e,
-            )
+        let child = cmd.spawn().map_err(|e| Error::NotFound {
+            context: format!("cannot run {}", self.binary.display()),
+            source: Some(e),
         })?;
         let pid = child.id();
         self.child = Some(child);
@@ -303,20 +300,17 @@ impl NatsServer {
                 && let Ok(Some(status)) = child.try_wait()
             {
                 self.child = None;
-                return Err(Error::new(
-                    ErrorKind::Exited,
-                    format!("nats-server exited with {status}: {}", self.log_tail()),
-                ));
+                return Err(Error::Exited(format!(
+                    "nats-server exited with {status}: {}",
+                    self.log_tail()
+                )));
             }
             if Instant::now() >= deadline {
-                return Err(Error::new(
-                    ErrorKind::TimedOut,
-                    format!(
-                        "nats-server not ready within {:?}: {}",
-                        self.builder.ready_timeout,
-                        self.log_tail()
-                    ),
-                ));
+                return Err(Error::TimedOut(format!(
+                    "nats-server not ready within {:?}: {}",
+                    self.builder.ready_timeout,
+                    self.log_tail()
+                )));
             }
             // Polling a file the server writes once it listens; the deadline bounds it.
             std::thread::sleep(READY_POLL);

@@ -290,7 +290,7 @@ impl Inner {
             Arc::downgrade(&(Arc::clone(self) as Arc<dyn StatsSource>));
         crate::metrics::track(weak);
         if options.service_discovery {
-            for subject in self.presence.service_subjects() {
+            for subject in self.presence.service_subjects()? {
                 let sub = self.out.broker.subscribe(&subject).await?;
                 self.presence.serve_discovery(&self.tracker, sub);
             }

@@ -46,6 +46,17 @@ pub const RETRY_KEY: &str = "retry";
 /// How long a repeated dead letter (same source message) is recognised and dropped.
 pub const DLQ_DEDUPE_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
+/// How long commands wait in an inbox unless the limits say otherwise: 7 days.
+pub const DEFAULT_INBOX_MAX_AGE_SECS: u64 = 7 * 24 * 3600;
+/// Most bytes across all inboxes unless the limits say otherwise: 1 GiB.
+pub const DEFAULT_INBOX_MAX_BYTES: i64 = 1 << 30;
+/// The inbox's window for a repeated message id unless the limits say otherwise, in seconds.
+pub const DEFAULT_INBOX_DUPLICATE_WINDOW_SECS: u64 = 120;
+/// How long dead letters are kept: 30 days.
+pub const DLQ_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// How long captured advisories are kept: 7 days.
+pub const ADVISORY_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// Limits of the inbox stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -65,11 +76,11 @@ pub struct InboxLimits {
 impl Default for InboxLimits {
     fn default() -> Self {
         InboxLimits {
-            max_age_secs: 7 * 24 * 3600,
-            max_bytes: 1 << 30,
+            max_age_secs: DEFAULT_INBOX_MAX_AGE_SECS,
+            max_bytes: DEFAULT_INBOX_MAX_BYTES,
             max_msgs_per_subject: -1,
             replicas: 1,
-            duplicate_window_secs: 120,
+            duplicate_window_secs: DEFAULT_INBOX_DUPLICATE_WINDOW_SECS,
         }
     }
 }
@@ -96,7 +107,7 @@ pub fn dlq_stream(subjects: &Subjects, replicas: usize) -> StreamSpec {
         subjects.stream_name(DLQ_STREAM),
         vec![subjects.dead_letters()],
     );
-    spec.max_age = Duration::from_secs(30 * 24 * 3600);
+    spec.max_age = DLQ_MAX_AGE;
     spec.duplicate_window = DLQ_DEDUPE_WINDOW;
     spec.replicas = replicas;
     spec.description = "Chorus dead letters".into();
@@ -106,15 +117,11 @@ pub fn dlq_stream(subjects: &Subjects, replicas: usize) -> StreamSpec {
 /// The stream capturing the server's advisories about the inbox stream, so none is lost
 /// while no coordinator runs.
 pub fn advisory_stream(subjects: &Subjects, replicas: usize) -> StreamSpec {
-    let inbox = subjects.stream_name(INBOX_STREAM);
     let mut spec = StreamSpec::new(
         subjects.stream_name(ADVISORY_STREAM),
-        vec![
-            format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{inbox}.*"),
-            format!("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{inbox}.*"),
-        ],
+        subjects.consumer_advisories(INBOX_STREAM),
     );
-    spec.max_age = Duration::from_secs(7 * 24 * 3600);
+    spec.max_age = ADVISORY_MAX_AGE;
     spec.replicas = replicas;
     spec.description =
         "JetStream advisories about Chorus inboxes, for the dead-letter queue".into();

@@ -10,10 +10,8 @@ use serde_json::json;
 use tokio_util::task::TaskTracker;
 
 use super::Presence;
+use crate::subject::SubjectError;
 use crate::sync::lock;
-
-/// `$SRV` discovery subjects (ADR-32), outside the Chorus root by design.
-const SERVICE_PREFIX: &str = "$SRV";
 
 fn rfc3339(ms: u64) -> String {
     let nanos = i128::from(ms) * 1_000_000;
@@ -38,12 +36,10 @@ impl Presence {
     }
 
     /// The `$SRV` subjects this agent answers on.
-    pub(crate) fn service_subjects(&self) -> [String; 3] {
-        [
-            format!("{SERVICE_PREFIX}.*"),
-            format!("{SERVICE_PREFIX}.*.{}", self.out.id),
-            format!("{SERVICE_PREFIX}.*.{}.{}", self.out.id, self.instance),
-        ]
+    pub(crate) fn service_subjects(&self) -> Result<[String; 3], SubjectError> {
+        self.out
+            .subjects
+            .service_discovery(&self.out.id, &self.instance)
     }
 
     /// Answers a `$SRV.PING|INFO|STATS` request with the micro-service JSON of ADR-32.

@@ -35,11 +35,16 @@ impl fmt::Display for Version {
     }
 }
 
+/// A protocol version that is not `<major>.<minor>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad version {0:?}")]
+pub struct VersionError(String);
+
 impl FromStr for Version {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = VersionError;
+    fn from_str(s: &str) -> Result<Self, VersionError> {
         let (major, minor) = s.split_once('.').unwrap_or((s, "0"));
-        let parse = |p: &str| p.parse::<u16>().map_err(|_| format!("bad version {s:?}"));
+        let parse = |p: &str| p.parse::<u16>().map_err(|_| VersionError(s.to_owned()));
         Ok(Version {
             major: parse(major)?,
             minor: parse(minor)?,

@@ -108,6 +108,9 @@ pub fn canonical_bytes(subject: &str, env: &Envelope) -> Vec<u8> {
     out
 }
 
+/// How far a signed message's timestamp may be from the receiver's clock by default.
+pub const DEFAULT_SIGNATURE_TOLERANCE: Duration = Duration::from_secs(120);
+
 /// What a receiver accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignaturePolicy {
@@ -122,7 +125,7 @@ impl Default for SignaturePolicy {
     fn default() -> Self {
         SignaturePolicy {
             require_signed: false,
-            tolerance: Duration::from_secs(120),
+            tolerance: DEFAULT_SIGNATURE_TOLERANCE,
         }
     }
 }

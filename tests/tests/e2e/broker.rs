@@ -284,6 +284,7 @@ async fn a_stream_the_server_has_no_room_for_is_refused_with_what_to_do() {
     let err = within(WAIT, "ensure stream", js.ensure_stream(&spec))
         .await
         .expect_err("a 1 GiB reservation does not fit in 64 MB");
+    assert_eq!(err.kind(), ErrorKind::Broker, "{err}");
     let text = err.to_string();
     assert!(
         text.contains("cannot reserve its max_bytes of 1024 MiB")

@@ -1,15 +1,21 @@
 //! JetStream: streams, durable pull consumers with explicit acks, and key-value buckets.
 //!
 //! The rest of Chorus sees specs ([`StreamSpec`], [`ConsumerSpec`], [`KvSpec`]) and small
-//! handles; every call returns the adapter's [`Error`] with a kind.
+//! handles; every call returns the adapter's [`Error`] with a kind. Consumers and their
+//! deliveries are in `consumer`, key-value buckets in `kv`.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
+mod consumer;
+mod kv_bucket;
+
+use consumer::datetime_ms;
+pub use consumer::{Consumer, ConsumerSpec, ConsumerState, Deliveries, Delivery};
+pub use kv_bucket::{Kv, KvEntry, KvOp, KvSpec, KvWatch};
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, consumer::pull, kv, stream};
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 
 use crate::classify::{self, Classify};
 use crate::{Broker, Error, ErrorKind, Headers, Result};
@@ -41,6 +47,17 @@ fn stream_err<E: Classify>(spec: &StreamSpec, err: E) -> Error {
     };
     js_err(&context, err)
 }
+
+/// NATS's default duplicate window of a stream.
+pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+/// NATS's default ack wait of a consumer.
+pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
+/// NATS's default most unacknowledged messages of a consumer.
+pub const DEFAULT_MAX_ACK_PENDING: i64 = 1_000;
+/// How often the server tells a waiting pull it is alive; a missed beat restarts the pull.
+pub const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
+/// How long one pull request waits on the server before it is renewed.
+pub const PULL_EXPIRES: Duration = Duration::from_secs(30);
 
 /// What a stream should look like. [`JetStream::ensure_stream`] creates or updates it.
 #[derive(Debug, Clone)]
@@ -76,7 +93,7 @@ impl StreamSpec {
             max_age: Duration::ZERO,
             max_bytes: -1,
             max_msgs_per_subject: -1,
-            duplicate_window: Duration::from_secs(120),
+            duplicate_window: DEFAULT_DUPLICATE_WINDOW,
             replicas: 1,
             allow_msg_ttl: false,
             work_queue: false,
@@ -102,65 +119,6 @@ impl StreamSpec {
             storage: stream::StorageType::File,
             description: (!self.description.is_empty()).then(|| self.description.clone()),
             ..Default::default()
-        }
-    }
-}
-
-/// What a durable pull consumer should look like.
-#[derive(Debug, Clone)]
-pub struct ConsumerSpec {
-    /// Durable name: the consumer survives restarts of its clients and the server.
-    pub durable: String,
-    /// Only messages on these subjects (empty: all of the stream).
-    pub filter_subjects: Vec<String>,
-    /// Redeliver a message not acked within this time.
-    pub ack_wait: Duration,
-    /// Deliveries before the server gives up on a message (-1: unlimited).
-    pub max_deliver: i64,
-    /// Unacknowledged messages outstanding at once.
-    pub max_ack_pending: i64,
-    /// Description.
-    pub description: String,
-}
-
-impl ConsumerSpec {
-    /// A consumer with NATS's usual defaults (30 s ack wait, unlimited deliveries).
-    pub fn new(durable: impl Into<String>) -> Self {
-        ConsumerSpec {
-            durable: durable.into(),
-            filter_subjects: Vec::new(),
-            ack_wait: Duration::from_secs(30),
-            max_deliver: -1,
-            max_ack_pending: 1_000,
-            description: String::new(),
-        }
-    }
-}
-
-/// What a key-value bucket should look like.
-#[derive(Debug, Clone)]
-pub struct KvSpec {
-    /// Bucket name (`[A-Za-z0-9_-]`).
-    pub bucket: String,
-    /// Revisions kept per key.
-    pub history: i64,
-    /// Entries older than this disappear (zero: never).
-    pub max_age: Duration,
-    /// Replicas.
-    pub replicas: usize,
-    /// Description.
-    pub description: String,
-}
-
-impl KvSpec {
-    /// A bucket keeping one revision per key, forever.
-    pub fn new(bucket: impl Into<String>) -> Self {
-        KvSpec {
-            bucket: bucket.into(),
-            history: 1,
-            max_age: Duration::ZERO,
-            replicas: 1,
-            description: String::new(),
         }
     }
 }
@@ -213,25 +171,10 @@ pub struct StreamState {
     pub last_seq: u64,
 }
 
-/// Counts of a consumer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConsumerState {
-    /// Messages not yet delivered.
-    pub pending: u64,
-    /// Delivered and not acked.
-    pub ack_pending: usize,
-    /// Redelivered at least once and not yet acked.
-    pub redelivered: usize,
-}
-
 /// A JetStream handle on one connection.
 #[derive(Debug, Clone)]
 pub struct JetStream {
     ctx: jetstream::Context,
-}
-
-fn datetime_ms(t: &time::OffsetDateTime) -> u64 {
-    u64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
 }
 
 impl Broker {
@@ -547,311 +490,6 @@ impl JetStream {
             .await
             .map_err(|e| js_err(&format!("key-value bucket {}", spec.bucket), e))?;
         Ok(Kv { store })
-    }
-}
-
-/// A durable pull consumer.
-#[derive(Debug, Clone)]
-pub struct Consumer {
-    inner: jetstream::consumer::Consumer<pull::Config>,
-}
-
-impl Consumer {
-    /// Messages as they become available, fetched in batches of up to `batch` (at most
-    /// `batch` unacked messages are buffered here, which bounds memory).
-    pub async fn messages(&self, batch: usize) -> Result<Deliveries> {
-        let stream = self
-            .inner
-            .stream()
-            .max_messages_per_batch(batch.max(1))
-            .heartbeat(Duration::from_secs(5))
-            .expires(Duration::from_secs(30))
-            .messages()
-            .await
-            .map_err(|e| js_err("consumer messages", e))?;
-        Ok(Deliveries { inner: stream })
-    }
-}
-
-/// The stream of deliveries of a [`Consumer`]. Errors of the pull protocol (missed
-/// heartbeats while the server is away) are yielded and the stream goes on.
-pub struct Deliveries {
-    inner: pull::Stream,
-}
-
-impl std::fmt::Debug for Deliveries {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Deliveries")
-    }
-}
-
-impl Stream for Deliveries {
-    type Item = Result<Delivery>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.inner.poll_next_unpin(cx).map(|next| {
-            next.map(|item| {
-                item.map(Delivery::new)
-                    .map_err(|e| js_err("consumer delivery", e))
-            })
-        })
-    }
-}
-
-/// One delivery of a stored message to a consumer.
-#[derive(Debug)]
-pub struct Delivery {
-    message: jetstream::Message,
-    stream_seq: u64,
-    delivered: u64,
-    published_ms: u64,
-}
-
-impl Delivery {
-    fn new(message: jetstream::Message) -> Self {
-        let (stream_seq, delivered, published_ms) = message
-            .info()
-            .map(|i| {
-                (
-                    i.stream_sequence,
-                    u64::try_from(i.delivered).unwrap_or(1),
-                    datetime_ms(&i.published),
-                )
-            })
-            .unwrap_or((0, 1, 0));
-        Delivery {
-            message,
-            stream_seq,
-            delivered,
-            published_ms,
-        }
-    }
-
-    /// Subject it was published to.
-    pub fn subject(&self) -> &str {
-        self.message.subject.as_str()
-    }
-
-    /// Payload.
-    pub fn payload(&self) -> &Bytes {
-        &self.message.payload
-    }
-
-    /// A header, if present.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get_last(name))
-            .map(|v| v.as_str())
-    }
-
-    /// Sequence in the stream.
-    pub fn stream_seq(&self) -> u64 {
-        self.stream_seq
-    }
-
-    /// Which delivery this is: 1 the first time, 2 on the first redelivery, ...
-    /// This count, kept by the server, is the only attempt counter in Chorus.
-    pub fn delivered(&self) -> u64 {
-        self.delivered
-    }
-
-    /// When the stream stored the message, ms since the epoch.
-    pub fn published_ms(&self) -> u64 {
-        self.published_ms
-    }
-
-    /// Done: the server forgets it for this consumer.
-    pub async fn ack(&self) -> Result<()> {
-        self.ack_with(jetstream::AckKind::Ack).await
-    }
-
-    /// Acks and waits for the server to confirm it recorded the ack.
-    pub async fn double_ack(&self) -> Result<()> {
-        self.message
-            .double_ack()
-            .await
-            .map_err(|e| classify::classified_boxed("double ack failed", e))
-    }
-
-    /// Not done: redeliver after `delay` (immediately if `None`).
-    pub async fn nak(&self, delay: Option<Duration>) -> Result<()> {
-        self.ack_with(jetstream::AckKind::Nak(delay)).await
-    }
-
-    /// Still working: extend the ack deadline by another ack wait.
-    pub async fn in_progress(&self) -> Result<()> {
-        self.ack_with(jetstream::AckKind::Progress).await
-    }
-
-    /// Never redeliver. The server emits a terminated advisory carrying `reason`, which is
-    /// how the dead-letter queue learns why.
-    pub async fn term(&self, reason: &str) -> Result<()> {
-        let Some(reply) = self.message.reply.clone() else {
-            return Err(Error::new(ErrorKind::Broker, "delivery has no ack subject"));
-        };
-        let reason: String = reason
-            .chars()
-            .filter(|c| !c.is_control())
-            .take(200)
-            .collect();
-        // The message's own connection (the context every delivery carries), so that no
-        // client handle is cloned per delivery for this rare case.
-        self.message
-            .context
-            .client()
-            .publish(reply, Bytes::from(format!("+TERM {reason}")))
-            .await
-            .map_err(|e| classify::classified("term failed", e))
-    }
-
-    async fn ack_with(&self, kind: jetstream::AckKind) -> Result<()> {
-        self.message
-            .ack_with(kind)
-            .await
-            .map_err(|e| classify::classified_boxed("ack failed", e))
-    }
-}
-
-/// What happened to a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvOp {
-    /// A value was written.
-    Put,
-    /// The key was deleted or purged.
-    Delete,
-}
-
-/// One entry or change of a key-value bucket.
-#[derive(Debug, Clone)]
-pub struct KvEntry {
-    /// The key.
-    pub key: String,
-    /// The value (empty for deletes).
-    pub value: Bytes,
-    /// Its revision.
-    pub revision: u64,
-    /// Put or delete.
-    pub op: KvOp,
-}
-
-impl KvEntry {
-    fn from_nats(e: kv::Entry) -> Self {
-        KvEntry {
-            op: match e.operation {
-                kv::Operation::Put => KvOp::Put,
-                kv::Operation::Delete | kv::Operation::Purge => KvOp::Delete,
-            },
-            key: e.key,
-            value: e.value,
-            revision: e.revision,
-        }
-    }
-}
-
-/// A key-value bucket.
-#[derive(Debug, Clone)]
-pub struct Kv {
-    store: kv::Store,
-}
-
-impl Kv {
-    /// The current entry for `key`, if it exists and is not deleted.
-    pub async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
-        let entry = self
-            .store
-            .entry(key)
-            .await
-            .map_err(|e| js_err(&format!("kv get {key}"), e))?;
-        Ok(entry.map(KvEntry::from_nats).filter(|e| e.op == KvOp::Put))
-    }
-
-    /// Writes `value`; returns the new revision.
-    pub async fn put(&self, key: &str, value: Bytes) -> Result<u64> {
-        self.store
-            .put(key, value)
-            .await
-            .map_err(|e| js_err(&format!("kv put {key}"), e))
-    }
-
-    /// Writes only if the key does not exist; [`ErrorKind::Conflict`] if it does.
-    pub async fn create(&self, key: &str, value: Bytes) -> Result<u64> {
-        self.store
-            .create(key, value)
-            .await
-            .map_err(|e| js_err(&format!("kv create {key}"), e))
-    }
-
-    /// Writes only if the key is still at `revision`; [`ErrorKind::Conflict`] otherwise.
-    pub async fn update(&self, key: &str, value: Bytes, revision: u64) -> Result<u64> {
-        self.store
-            .update(key, value, revision)
-            .await
-            .map_err(|e| js_err(&format!("kv update {key}"), e))
-    }
-
-    /// Deletes `key` only if it is still at `revision`; [`ErrorKind::Conflict`] otherwise.
-    pub async fn delete_if(&self, key: &str, revision: u64) -> Result<()> {
-        self.store
-            .delete_expect_revision(key, Some(revision))
-            .await
-            .map_err(|e| js_err(&format!("kv delete {key}"), e))
-    }
-
-    /// Deletes `key`.
-    pub async fn delete(&self, key: &str) -> Result<()> {
-        self.store
-            .delete(key)
-            .await
-            .map_err(|e| js_err(&format!("kv delete {key}"), e))
-    }
-
-    /// Every live entry.
-    pub async fn entries(&self) -> Result<Vec<KvEntry>> {
-        let mut keys = self.store.keys().await.map_err(|e| js_err("kv keys", e))?;
-        let mut out = Vec::new();
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(|e| js_err("kv keys", e))?;
-            if let Some(entry) = self.get(&key).await? {
-                out.push(entry);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Every change from now on, after the current value of every key.
-    pub async fn watch(&self) -> Result<KvWatch> {
-        let inner = self
-            .store
-            .watch_with_history(">")
-            .await
-            .map_err(|e| js_err("kv watch", e))?;
-        Ok(KvWatch { inner })
-    }
-}
-
-/// Changes of a bucket; see [`Kv::watch`].
-pub struct KvWatch {
-    inner: kv::Watch,
-}
-
-impl std::fmt::Debug for KvWatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KvWatch")
-    }
-}
-
-impl Stream for KvWatch {
-    type Item = Result<KvEntry>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.inner.poll_next_unpin(cx).map(|next| {
-            next.map(|item| {
-                item.map(KvEntry::from_nats)
-                    .map_err(|e| js_err("kv watch", e))
-            })
-        })
     }
 }
 

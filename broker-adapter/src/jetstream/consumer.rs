@@ -1,0 +1,224 @@
+//! Durable pull consumers: what one should look like, its counts, and its deliveries with
+//! explicit acks.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull};
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+
+use super::{DEFAULT_ACK_WAIT, DEFAULT_MAX_ACK_PENDING, PULL_EXPIRES, PULL_HEARTBEAT};
+use crate::classify::{self, classified as js_err};
+use crate::{Error, ErrorKind, Result};
+
+/// What a durable pull consumer should look like.
+#[derive(Debug, Clone)]
+pub struct ConsumerSpec {
+    /// Durable name: the consumer survives restarts of its clients and the server.
+    pub durable: String,
+    /// Only messages on these subjects (empty: all of the stream).
+    pub filter_subjects: Vec<String>,
+    /// Redeliver a message not acked within this time.
+    pub ack_wait: Duration,
+    /// Deliveries before the server gives up on a message (-1: unlimited).
+    pub max_deliver: i64,
+    /// Unacknowledged messages outstanding at once.
+    pub max_ack_pending: i64,
+    /// Description.
+    pub description: String,
+}
+
+impl ConsumerSpec {
+    /// A consumer with NATS's usual defaults (30 s ack wait, unlimited deliveries).
+    pub fn new(durable: impl Into<String>) -> Self {
+        ConsumerSpec {
+            durable: durable.into(),
+            filter_subjects: Vec::new(),
+            ack_wait: DEFAULT_ACK_WAIT,
+            max_deliver: -1,
+            max_ack_pending: DEFAULT_MAX_ACK_PENDING,
+            description: String::new(),
+        }
+    }
+}
+
+/// Counts of a consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerState {
+    /// Messages not yet delivered.
+    pub pending: u64,
+    /// Delivered and not acked.
+    pub ack_pending: usize,
+    /// Redelivered at least once and not yet acked.
+    pub redelivered: usize,
+}
+
+pub(super) fn datetime_ms(t: &time::OffsetDateTime) -> u64 {
+    u64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+}
+
+/// A durable pull consumer.
+#[derive(Debug, Clone)]
+pub struct Consumer {
+    pub(super) inner: jetstream::consumer::Consumer<pull::Config>,
+}
+
+impl Consumer {
+    /// Messages as they become available, fetched in batches of up to `batch` (at most
+    /// `batch` unacked messages are buffered here, which bounds memory).
+    pub async fn messages(&self, batch: usize) -> Result<Deliveries> {
+        let stream = self
+            .inner
+            .stream()
+            .max_messages_per_batch(batch.max(1))
+            .heartbeat(PULL_HEARTBEAT)
+            .expires(PULL_EXPIRES)
+            .messages()
+            .await
+            .map_err(|e| js_err("consumer messages", e))?;
+        Ok(Deliveries { inner: stream })
+    }
+}
+
+/// The stream of deliveries of a [`Consumer`]. Errors of the pull protocol (missed
+/// heartbeats while the server is away) are yielded and the stream goes on.
+pub struct Deliveries {
+    inner: pull::Stream,
+}
+
+impl std::fmt::Debug for Deliveries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Deliveries")
+    }
+}
+
+impl Stream for Deliveries {
+    type Item = Result<Delivery>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.poll_next_unpin(cx).map(|next| {
+            next.map(|item| {
+                item.map(Delivery::new)
+                    .map_err(|e| js_err("consumer delivery", e))
+            })
+        })
+    }
+}
+
+/// One delivery of a stored message to a consumer.
+#[derive(Debug)]
+pub struct Delivery {
+    message: jetstream::Message,
+    stream_seq: u64,
+    delivered: u64,
+    published_ms: u64,
+}
+
+impl Delivery {
+    fn new(message: jetstream::Message) -> Self {
+        let (stream_seq, delivered, published_ms) = message
+            .info()
+            .map(|i| {
+                (
+                    i.stream_sequence,
+                    u64::try_from(i.delivered).unwrap_or(1),
+                    datetime_ms(&i.published),
+                )
+            })
+            .unwrap_or((0, 1, 0));
+        Delivery {
+            message,
+            stream_seq,
+            delivered,
+            published_ms,
+        }
+    }
+
+    /// Subject it was published to.
+    pub fn subject(&self) -> &str {
+        self.message.subject.as_str()
+    }
+
+    /// Payload.
+    pub fn payload(&self) -> &Bytes {
+        &self.message.payload
+    }
+
+    /// A header, if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get_last(name))
+            .map(|v| v.as_str())
+    }
+
+    /// Sequence in the stream.
+    pub fn stream_seq(&self) -> u64 {
+        self.stream_seq
+    }
+
+    /// Which delivery this is: 1 the first time, 2 on the first redelivery, ...
+    /// This count, kept by the server, is the only attempt counter in Chorus.
+    pub fn delivered(&self) -> u64 {
+        self.delivered
+    }
+
+    /// When the stream stored the message, ms since the epoch.
+    pub fn published_ms(&self) -> u64 {
+        self.published_ms
+    }
+
+    /// Done: the server forgets it for this consumer.
+    pub async fn ack(&self) -> Result<()> {
+        self.ack_with(jetstream::AckKind::Ack).await
+    }
+
+    /// Acks and waits for the server to confirm it recorded the ack.
+    pub async fn double_ack(&self) -> Result<()> {
+        self.message
+            .double_ack()
+            .await
+            .map_err(|e| classify::classified_boxed("double ack failed", e))
+    }
+
+    /// Not done: redeliver after `delay` (immediately if `None`).
+    pub async fn nak(&self, delay: Option<Duration>) -> Result<()> {
+        self.ack_with(jetstream::AckKind::Nak(delay)).await
+    }
+
+    /// Still working: extend the ack deadline by another ack wait.
+    pub async fn in_progress(&self) -> Result<()> {
+        self.ack_with(jetstream::AckKind::Progress).await
+    }
+
+    /// Never redeliver. The server emits a terminated advisory carrying `reason`, which is
+    /// how the dead-letter queue learns why.
+    pub async fn term(&self, reason: &str) -> Result<()> {
+        let Some(reply) = self.message.reply.clone() else {
+            return Err(Error::new(ErrorKind::Broker, "delivery has no ack subject"));
+        };
+        let reason: String = reason
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(200)
+            .collect();
+        // The message's own connection (the context every delivery carries), so that no
+        // client handle is cloned per delivery for this rare case.
+        self.message
+            .context
+            .client()
+            .publish(reply, Bytes::from(format!("+TERM {reason}")))
+            .await
+            .map_err(|e| classify::classified("term failed", e))
+    }
+
+    async fn ack_with(&self, kind: jetstream::AckKind) -> Result<()> {
+        self.message
+            .ack_with(kind)
+            .await
+            .map_err(|e| classify::classified_boxed("ack failed", e))
+    }
+}

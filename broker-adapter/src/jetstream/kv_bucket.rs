@@ -1,0 +1,181 @@
+//! Key-value buckets: what one should look like, its entries and their changes.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+
+use crate::Result;
+use crate::classify::classified as js_err;
+
+/// What a key-value bucket should look like.
+#[derive(Debug, Clone)]
+pub struct KvSpec {
+    /// Bucket name (`[A-Za-z0-9_-]`).
+    pub bucket: String,
+    /// Revisions kept per key.
+    pub history: i64,
+    /// Entries older than this disappear (zero: never).
+    pub max_age: Duration,
+    /// Replicas.
+    pub replicas: usize,
+    /// Description.
+    pub description: String,
+}
+
+impl KvSpec {
+    /// A bucket keeping one revision per key, forever.
+    pub fn new(bucket: impl Into<String>) -> Self {
+        KvSpec {
+            bucket: bucket.into(),
+            history: 1,
+            max_age: Duration::ZERO,
+            replicas: 1,
+            description: String::new(),
+        }
+    }
+}
+
+/// What happened to a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvOp {
+    /// A value was written.
+    Put,
+    /// The key was deleted or purged.
+    Delete,
+}
+
+/// One entry or change of a key-value bucket.
+#[derive(Debug, Clone)]
+pub struct KvEntry {
+    /// The key.
+    pub key: String,
+    /// The value (empty for deletes).
+    pub value: Bytes,
+    /// Its revision.
+    pub revision: u64,
+    /// Put or delete.
+    pub op: KvOp,
+}
+
+impl KvEntry {
+    fn from_nats(e: kv::Entry) -> Self {
+        KvEntry {
+            op: match e.operation {
+                kv::Operation::Put => KvOp::Put,
+                kv::Operation::Delete | kv::Operation::Purge => KvOp::Delete,
+            },
+            key: e.key,
+            value: e.value,
+            revision: e.revision,
+        }
+    }
+}
+
+/// A key-value bucket.
+#[derive(Debug, Clone)]
+pub struct Kv {
+    pub(super) store: kv::Store,
+}
+
+impl Kv {
+    /// The current entry for `key`, if it exists and is not deleted.
+    pub async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
+        let entry = self
+            .store
+            .entry(key)
+            .await
+            .map_err(|e| js_err(format!("kv get {key}"), e))?;
+        Ok(entry.map(KvEntry::from_nats).filter(|e| e.op == KvOp::Put))
+    }
+
+    /// Writes `value`; returns the new revision.
+    pub async fn put(&self, key: &str, value: Bytes) -> Result<u64> {
+        self.store
+            .put(key, value)
+            .await
+            .map_err(|e| js_err(format!("kv put {key}"), e))
+    }
+
+    /// Writes only if the key does not exist; [`ErrorKind::Conflict`] if it does.
+    pub async fn create(&self, key: &str, value: Bytes) -> Result<u64> {
+        self.store
+            .create(key, value)
+            .await
+            .map_err(|e| js_err(format!("kv create {key}"), e))
+    }
+
+    /// Writes only if the key is still at `revision`; [`ErrorKind::Conflict`] otherwise.
+    pub async fn update(&self, key: &str, value: Bytes, revision: u64) -> Result<u64> {
+        self.store
+            .update(key, value, revision)
+            .await
+            .map_err(|e| js_err(format!("kv update {key}"), e))
+    }
+
+    /// Deletes `key` only if it is still at `revision`; [`ErrorKind::Conflict`] otherwise.
+    pub async fn delete_if(&self, key: &str, revision: u64) -> Result<()> {
+        self.store
+            .delete_expect_revision(key, Some(revision))
+            .await
+            .map_err(|e| js_err(format!("kv delete {key}"), e))
+    }
+
+    /// Deletes `key`.
+    pub async fn delete(&self, key: &str) -> Result<()> {
+        self.store
+            .delete(key)
+            .await
+            .map_err(|e| js_err(format!("kv delete {key}"), e))
+    }
+
+    /// Every live entry.
+    pub async fn entries(&self) -> Result<Vec<KvEntry>> {
+        let mut keys = self.store.keys().await.map_err(|e| js_err("kv keys", e))?;
+        let mut out = Vec::new();
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(|e| js_err("kv keys", e))?;
+            if let Some(entry) = self.get(&key).await? {
+                out.push(entry);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every change from now on, after the current value of every key.
+    pub async fn watch(&self) -> Result<KvWatch> {
+        let inner = self
+            .store
+            .watch_with_history(">")
+            .await
+            .map_err(|e| js_err("kv watch", e))?;
+        Ok(KvWatch { inner })
+    }
+}
+
+/// Changes of a bucket; see [`Kv::watch`].
+pub struct KvWatch {
+    inner: kv::Watch,
+}
+
+impl std::fmt::Debug for KvWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KvWatch")
+    }
+}
+
+impl Stream for KvWatch {
+    type Item = Result<KvEntry>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.poll_next_unpin(cx).map(|next| {
+            next.map(|item| {
+                item.map(KvEntry::from_nats)
+                    .map_err(|e| js_err("kv watch", e))
+            })
+        })
+    }
+}
