@@ -15,6 +15,7 @@ use super::admit::{self, Limits, Refused};
 use super::exactly_once::ExactlyOnce;
 use super::layers::{Authorize, Decrypt, Inbound, Layer, Verify};
 use super::outcome::{Failure, Outcome, Retry};
+use crate::error::HandlerError;
 use crate::handler::endpoint::{Endpoint, Endpoints};
 use crate::handler::{Context, EventHandler, Output};
 use crate::metrics::sdk_metrics;
@@ -298,7 +299,7 @@ impl Pipeline {
         &self,
         request: &Envelope,
         name: &str,
-        result: Result<Output, crate::HandlerError>,
+        result: Result<Output, HandlerError>,
     ) -> Outcome {
         match result {
             Ok(output) => {

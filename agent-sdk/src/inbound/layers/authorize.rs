@@ -49,11 +49,12 @@ impl Layer for Authorize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::HandlerError;
+    use crate::handler::Context;
     use crate::handler::endpoint::{Endpoint, EndpointKind};
     use crate::handler::{BoxFuture, Handler, Output};
     use crate::protocol::envelope::{Envelope, Kind, Performative};
     use crate::security::access::RateLimit;
-    use crate::{Context, HandlerError};
 
     struct Nothing;
     impl Handler for Nothing {

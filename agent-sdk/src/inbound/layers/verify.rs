@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::{Inbound, Layer};
 use crate::inbound::outcome::Failure;
 use crate::protocol::envelope::now_ms;
+use crate::protocol::status::StatusCode;
 use crate::security::Verifier;
 use crate::stats::AgentCounters;
 
@@ -16,7 +17,7 @@ pub(crate) struct Verify {
 }
 
 impl Verify {
-    fn refused(&self, msg: &Inbound<'_>, (status, reason): (crate::StatusCode, String)) -> Failure {
+    fn refused(&self, msg: &Inbound<'_>, (status, reason): (StatusCode, String)) -> Failure {
         AgentCounters::bump(&self.counters.security_refused);
         tracing::warn!(agent = %self.agent, from = %msg.env.from, id = %msg.env.id, %status, %reason, "message refused by signature check");
         Failure::refused(status, reason)
@@ -44,7 +45,7 @@ impl Layer for Verify {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::StatusCode;
+
     use crate::protocol::envelope::{Envelope, Kind, Performative};
     use crate::security::{Identity, SignaturePolicy};
 
