@@ -202,7 +202,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_validate_and_files_and_env_override_them() {
+    fn defaults_validate_and_a_file_overrides_them() {
+        // Environment overrides are checked against a running `chorus serve` in
+        // tests/cli.rs (serve_takes_environment_variables_over_the_config_file): setting process
+        // environment here would race with the other tests of this binary.
         CoordinatorConfig::default()
             .validate()
             .expect("defaults are valid");

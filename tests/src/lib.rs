@@ -460,8 +460,9 @@ pub struct LossReport {
 }
 
 /// Waits (up to `limit`) until the server has nothing left to give `consumer` of `stream` (no
-/// message pending, none delivered and awaiting an ack), then counts what was acknowledged
-/// against what was handled. The wait does not depend on the count: a message acknowledged
+/// message pending, none delivered and awaiting an ack, and none left in the stream: acked
+/// inbox messages are removed, so this holds only once `consumer` is its only reader and has
+/// acked everything), then counts what was acknowledged against what was handled. The wait does not depend on the count: a message acknowledged
 /// and never handled shows as `lost`, not as a timeout.
 pub async fn settle_and_count(
     acked: &Acked,
@@ -476,6 +477,8 @@ pub async fn settle_and_count(
             if let Ok(state) = js.consumer_state(stream, consumer).await
                 && state.pending == 0
                 && state.ack_pending == 0
+                && let Ok(stored) = js.stream_state(stream).await
+                && stored.messages == 0
             {
                 return;
             }
