@@ -231,7 +231,8 @@ impl Pipeline {
         let request = Arc::new(msg.env);
         let exactly_once =
             request.delivery == DeliveryClass::ExactlyOnce && matches!(target, Target::Endpoint(_));
-        if exactly_once && let Some(outcome) = self.exactly_once.before(&request).await {
+        // Boxed: the key-value calls are large futures that every other message would carry.
+        if exactly_once && let Some(outcome) = Box::pin(self.exactly_once.before(&request)).await {
             return Processed {
                 request: Some(request),
                 encoding,
@@ -240,7 +241,7 @@ impl Pipeline {
         }
         let outcome = self.handle(&request, subject, target, span).await;
         if exactly_once && let Outcome::Done(output) = &outcome {
-            self.exactly_once.after(&request, output).await;
+            Box::pin(self.exactly_once.after(&request, output)).await;
         }
         Processed {
             request: Some(request),
