@@ -313,6 +313,12 @@ impl Broker {
         self.client.server_info().version
     }
 
+    /// The name of the server this connection is on now (its `server_name`), which changes
+    /// when it reconnects elsewhere.
+    pub fn server_name(&self) -> String {
+        self.client.server_info().server_name
+    }
+
     /// Whether the connection is up right now.
     pub fn is_connected(&self) -> bool {
         self.client.connection_state() == async_nats::connection::State::Connected
