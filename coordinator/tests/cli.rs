@@ -319,3 +319,37 @@ fn up_exports_spans_over_otlp_when_an_endpoint_is_configured() {
         "spans of the demo's calculator exported"
     );
 }
+
+#[test]
+fn creds_makes_its_output_directory_and_writes_a_seed_only_its_owner_reads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let keys = dir.path().join(".keys");
+    let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["creds", "alice", "--calls", "agent:bob", "--out"])
+        .arg(&keys)
+        .output()
+        .expect("run chorus creds");
+    assert!(out.status.success(), "{}", text(&out));
+    let entry = String::from_utf8_lossy(&out.stdout);
+    assert!(entry.contains("nkey:"), "{entry}");
+    let seed = keys.join("alice.nk");
+    let written = std::fs::read_to_string(&seed).expect("seed written");
+    assert!(written.starts_with("SU"), "an nkey user seed: {written}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&seed)
+            .expect("metadata")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    // A second run never overwrites the secret.
+    let again = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["creds", "alice", "--out"])
+        .arg(&keys)
+        .output()
+        .expect("run chorus creds");
+    assert!(!again.status.success(), "{}", text(&again));
+    assert_eq!(std::fs::read_to_string(&seed).expect("seed"), written);
+}

@@ -39,7 +39,10 @@ const SECRET_MODE: u32 = 0o600;
 pub(crate) fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
     let subjects = conn.subjects()?;
     let identity = agent_sdk::security::Identity::generate();
-    let seed = identity.seed().map_err(|e| anyhow::anyhow!(e))?;
+    let seed = identity.seed()?;
+    // As `chorus certs --out` does, the directory is made if it does not exist yet.
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", args.out.display()))?;
     let path = args.out.join(format!("{}.nk", args.agent));
     write_secret(&path, &seed)?;
     let entry = if args.coordinator {

@@ -310,3 +310,73 @@ async fn an_unknown_major_version_is_refused_with_a_reason_naming_it() {
     let reason = reply.reason.unwrap_or_default();
     assert!(reason.contains("2.0"), "{reason}");
 }
+
+#[tokio::test]
+async fn a_json_request_that_does_not_decode_is_refused_in_json() {
+    let server = server();
+    let (echo, calls) = echo_agent(&server).await;
+    let raw = raw_broker(&server).await;
+    let subject = echo.subjects().command("echo", "echo").expect("subject");
+    // An unknown major, and JSON broken halfway: both start like JSON, so both are answered in
+    // JSON, which a JSON-only client can read.
+    for bytes in [
+        &br#"{"version":"9.0"}"#[..],
+        &br#"{"version":"1.0","id":"#[..],
+    ] {
+        let msg = within(
+            WAIT,
+            "refusal",
+            raw.request(&subject, None, Bytes::copy_from_slice(bytes), WAIT),
+        )
+        .await
+        .expect("a reply");
+        let reply: serde_json::Value =
+            serde_json::from_slice(msg.payload()).expect("the refusal is JSON");
+        assert_eq!(reply["status"], 5006, "{reply}");
+        assert!(
+            reply["reason"].as_str().is_some_and(|r| !r.is_empty()),
+            "{reply}"
+        );
+    }
+    // Bytes that say nothing of their encoding get the agent's own (MessagePack).
+    let garbage = raw_request(&raw, &subject, Bytes::from_static(b"\x00garbage")).await;
+    assert_eq!(garbage.status, Some(StatusCode::DATA_FORMAT));
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "no handler ran");
+}
+
+#[tokio::test]
+async fn a_message_at_the_default_hop_limit_is_handled_and_one_past_it_refused() {
+    let server = server();
+    let (echo, calls) = echo_agent(&server).await;
+    let raw = raw_broker(&server).await;
+    let subject = echo.subjects().command("echo", "echo").expect("subject");
+    let mut env = echo_request("relay");
+    assert_eq!(env.hop_limit, 16, "the default hop limit");
+    env.hops = 16;
+    let at_limit = raw_request(
+        &raw,
+        &subject,
+        codec::encode(&env, Encoding::Json).expect("enc"),
+    )
+    .await;
+    assert_eq!(
+        at_limit.status,
+        Some(StatusCode::OK),
+        "{:?}",
+        at_limit.reason
+    );
+    env.id = uuid::Uuid::now_v7();
+    env.hops = 17;
+    let past = raw_request(
+        &raw,
+        &subject,
+        codec::encode(&env, Encoding::Json).expect("enc"),
+    )
+    .await;
+    assert_eq!(past.status, Some(StatusCode::LOOP_DETECTED));
+    assert_eq!(
+        past.reason.as_deref(),
+        Some("hop 17 is past the limit of 16")
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
