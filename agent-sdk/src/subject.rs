@@ -4,7 +4,7 @@
 //! <root>.agent.<agent-id>.<command>   commands and requests to one agent
 //! <root>.cap.<capability...>          capability access points (queue group per capability)
 //! <root>.evt.<topic...>               events; subscribers may use * and >
-//! <root>.inbox.<agent-id>.<command>   durable commands (JetStream)
+//! <root>.inbox.<agent-id>.<lane>.<command>  durable commands (JetStream; lane high or normal)
 //! <root>.bcast.all|group.<g>|cap.<c>  broadcast through the coordinator
 //! <root>.sys.hb|bye.<agent-id>        heartbeats and goodbyes
 //! <root>.sys.discover                 discovery queries

@@ -1,10 +1,10 @@
 //! `chorus bench`: each scenario run against raw async-nats and against Chorus, alternating,
 //! in one process and against one server, so the ratio is measured rather than remembered.
 //!
-//! - [`baseline`](crate::baseline): the raw side, through `broker_adapter::raw`.
-//! - [`scenarios`](crate::scenarios): the Chorus side, through the SDK.
-//! - [`memory`](crate::memory): resident memory of `chorus listen` and `chorus serve`.
-//! - [`report`](crate::report): rows, medians and the table.
+//! - `baseline`: the raw side, through `broker_adapter::raw`.
+//! - `scenarios`: the Chorus side, through the SDK.
+//! - `memory`: resident memory of `chorus listen` and `chorus serve`.
+//! - `report`: rows, medians and the table.
 //!
 //! The crate does not depend on the coordinator: the `chorus bench` subcommand passes a
 //! [`CoordinatorLauncher`] for the discovery scenario and its own executable for the memory

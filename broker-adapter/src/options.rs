@@ -223,7 +223,7 @@ impl BrokerOptions {
 }
 
 /// The reconnect delay for attempt `attempt` (1-based): exponential from
-/// [`RECONNECT_BASE_DELAY`], capped at `max`, with up to 25% jitter subtracted so that many
+/// `RECONNECT_BASE_DELAY` (100 ms), capped at `max`, with up to 25% jitter subtracted so that many
 /// agents cut off together do not reconnect in lockstep.
 pub fn reconnect_delay(attempt: usize, max: Duration) -> Duration {
     let exp = attempt.saturating_sub(1).min(16) as u32;

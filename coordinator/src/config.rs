@@ -58,6 +58,16 @@ pub struct CoordinatorConfig {
     pub inbox: InboxLimits,
     /// How to reach a secured NATS: CA, client certificate and key, nkey seed file.
     pub security: ConnectionSecurity,
+    /// File with the nkey seed the coordinator signs broadcast copies with (as `coordinator`;
+    /// receivers trust its public key). Default: `security.nkey_seed_file`, if set; with
+    /// neither, copies go unsigned.
+    pub signing_seed_file: Option<std::path::PathBuf>,
+    /// Refuse unsigned broadcast requests (5014). Signed ones are always verified against the
+    /// sender's key (from `trusted_keys` or the registry) and refused with 5004 or 5015.
+    pub require_signed_broadcasts: bool,
+    /// Public keys of broadcast senders that never register (a `chorus --id` CLI user), by
+    /// agent id; they take precedence over the registry's.
+    pub trusted_keys: std::collections::BTreeMap<String, String>,
 }
 
 /// Credentials and TLS for the coordinator's (and the CLI's) NATS connection.
@@ -75,6 +85,25 @@ pub struct ConnectionSecurity {
 }
 
 impl ConnectionSecurity {
+    /// The signing identity of the nkey seed file, if one is set: the key a connection
+    /// authenticates with also signs what it sends, so a receiver that knows its public key
+    /// (the one in `nats.conf`) can verify it.
+    pub fn identity(&self) -> Result<Option<agent_sdk::security::Identity>> {
+        let Some(path) = &self.nkey_seed_file else {
+            return Ok(None);
+        };
+        let seed = std::fs::read_to_string(path).map_err(Error::wrap(
+            ErrorKind::Io,
+            format!("cannot read nkey seed {}", path.display()),
+        ))?;
+        agent_sdk::security::Identity::from_seed(seed.trim())
+            .map(Some)
+            .map_err(Error::wrap(
+                ErrorKind::Config,
+                format!("{} does not hold an nkey seed", path.display()),
+            ))
+    }
+
     /// Applies these settings to broker options.
     pub fn apply(
         &self,
@@ -126,11 +155,27 @@ impl Default for CoordinatorConfig {
             retry: RetryPolicies::default(),
             inbox: InboxLimits::default(),
             security: ConnectionSecurity::default(),
+            signing_seed_file: None,
+            require_signed_broadcasts: false,
+            trusted_keys: std::collections::BTreeMap::new(),
         }
     }
 }
 
 impl CoordinatorConfig {
+    /// The key broadcast copies are signed with: `signing_seed_file`, else the nkey seed the
+    /// coordinator connects with, else none.
+    pub fn signing_identity(&self) -> Result<Option<agent_sdk::security::Identity>> {
+        match &self.signing_seed_file {
+            Some(path) => ConnectionSecurity {
+                nkey_seed_file: Some(path.clone()),
+                ..ConnectionSecurity::default()
+            }
+            .identity(),
+            None => self.security.identity(),
+        }
+    }
+
     /// Loads defaults, then `file` if given (it must exist), then the environment.
     pub fn load(file: Option<&Path>) -> Result<Self> {
         let invalid = || Error::wrap(ErrorKind::Config, "invalid configuration");

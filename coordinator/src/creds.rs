@@ -8,6 +8,7 @@
 
 use agent_sdk::Subjects;
 use agent_sdk::durable::{IDEMPOTENCY_BUCKET, INBOX_STREAM};
+use agent_sdk::security::SEEN_BUCKET;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::service::COORDINATOR_ID;
@@ -38,6 +39,10 @@ pub struct Role {
     pub listens: Vec<String>,
     /// Whether it has a durable inbox (JetStream rights).
     pub durable: bool,
+    /// A `chorus` CLI user rather than an agent: it calls, sends, broadcasts and listens as
+    /// `agent` (`chorus --id <agent>`), but never registers, so it has no heartbeat, goodbye,
+    /// command subject, capability access points or service-discovery rights.
+    pub cli: bool,
 }
 
 fn quote(list: &[String]) -> String {
@@ -62,14 +67,17 @@ fn permissions_of(
     role: &Role,
 ) -> std::result::Result<Lists, Box<dyn std::error::Error + Send + Sync>> {
     let id = &role.agent;
-    let mut publish = vec![
-        subjects.heartbeat(id)?,
-        subjects.goodbye(id)?,
+    let mut publish = Vec::new();
+    if !role.cli {
+        publish.push(subjects.heartbeat(id)?);
+        publish.push(subjects.goodbye(id)?);
+    }
+    publish.extend([
         subjects.discover(),
         subjects.broadcasts(),
         // Its own inbox: the SDK confirms subscriptions by messaging itself.
         subjects.inbox_all(id)?,
-    ];
+    ]);
     if role.calls.is_empty() {
         publish.push(subjects.commands_all());
         publish.push(subjects.capabilities_all());
@@ -97,13 +105,13 @@ fn permissions_of(
             publish.push(subjects.event_pattern(topic)?);
         }
     }
-    let mut subscribe = vec![
-        subjects.agent_inbound(id)?,
-        subjects.inbox_all(id)?,
-        SERVICE_API.to_owned(),
-    ];
-    for cap in &role.serves {
-        subscribe.push(subjects.capability(cap)?);
+    let mut subscribe = vec![subjects.inbox_all(id)?];
+    if !role.cli {
+        subscribe.push(subjects.agent_inbound(id)?);
+        subscribe.push(SERVICE_API.to_owned());
+        for cap in &role.serves {
+            subscribe.push(subjects.capability(cap)?);
+        }
     }
     if role.listens.is_empty() {
         subscribe.push(all_events);
@@ -114,11 +122,13 @@ fn permissions_of(
     }
     if role.durable {
         // The JetStream API for its consumer and the bus's streams, acks of its deliveries,
-        // dead letters it writes, and exactly-once records.
+        // dead letters it writes, exactly-once records and seen message ids.
         publish.push(JETSTREAM_API.to_owned());
         publish.push(subjects.stream_acks(INBOX_STREAM));
         publish.push(subjects.dead_letters());
         publish.push(subjects.bucket_keys(IDEMPOTENCY_BUCKET, id)?);
+        // Seen message ids, for replay protection across restarts.
+        publish.push(subjects.bucket_keys(SEEN_BUCKET, id)?);
         subscribe.push(JETSTREAM_EVENTS.to_owned());
     }
     Ok((publish, subscribe))
@@ -127,8 +137,13 @@ fn permissions_of(
 /// The `nats.conf` user entry for `role` with nkey `public_key`.
 pub fn authorization_entry(subjects: &Subjects, role: &Role, public_key: &str) -> Result<String> {
     let (publish, subscribe) = permissions(subjects, role)?;
+    let (what, responses) = if role.cli {
+        ("CLI user", "")
+    } else {
+        ("agent", ", allow_responses: true")
+    };
     Ok(format!(
-        "# agent {}\n{{ nkey: \"{public_key}\", permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }}, allow_responses: true }} }}",
+        "# {what} {}\n{{ nkey: \"{public_key}\", permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }}{responses} }} }}",
         role.agent,
         quote(&publish),
         quote(&subscribe)

@@ -353,3 +353,131 @@ fn creds_makes_its_output_directory_and_writes_a_seed_only_its_owner_reads() {
     assert!(!again.status.success(), "{}", text(&again));
     assert_eq!(std::fs::read_to_string(&seed).expect("seed"), written);
 }
+
+/// Runs `chorus creds <args>` and returns the entry it printed.
+fn creds(keys: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .arg("creds")
+        .args(args)
+        .arg("--out")
+        .arg(keys)
+        .output()
+        .expect("run chorus creds");
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// SECURITY.md: on a server whose users are the entries `chorus creds` prints, the CLI
+/// connects as its own user (`chorus creds ops --cli`, then `--id ops --nkey-file`), and
+/// `chorus agents` and `chorus request` work without a single permission violation; without
+/// `--id` it is nobody the server's permissions know and its request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_works_as_its_own_user_on_a_server_with_nkeys_and_permissions() {
+    use agent_sdk::{Context, HandlerError};
+    use broker_adapter::{BrokerOptions, Credentials};
+    use chorus_tests::{WAIT, agent_options, eventually};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let keys = dir.path().join("keys");
+    let coordinator_entry = creds(&keys, &["coordinator", "--coordinator"]);
+    let echo_entry = creds(&keys, &["echo", "--serves", "echo"]);
+    let cli_entry = creds(&keys, &["ops", "--cli", "--calls", "agent:echo"]);
+    assert!(cli_entry.contains("# CLI user ops"), "{cli_entry}");
+    assert!(!cli_entry.contains("heartbeat"), "{cli_entry}");
+    let conf = dir.path().join("secure.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: \"127.0.0.1:-1\"\njetstream {{ store_dir: \"{}\" }}\nauthorization {{\n  users = [\n{coordinator_entry}\n{echo_entry}\n{cli_entry}\n  ]\n}}\n",
+            dir.path().join("js").display(),
+        ),
+    )
+    .expect("write conf");
+    let server = chorus_tests::ServerBuilder::default()
+        .config(&conf)
+        .start()
+        .expect("secured server");
+    let coordinator = chorus::Coordinator::start(
+        chorus::CoordinatorConfig {
+            servers: server.url().to_owned(),
+            metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            reap_interval_ms: 50,
+            security: chorus::config::ConnectionSecurity {
+                nkey_seed_file: Some(keys.join("coordinator.nk")),
+                ..Default::default()
+            },
+            ..chorus::CoordinatorConfig::default()
+        },
+        false,
+    )
+    .await
+    .expect("coordinator connects with its key");
+    let seed = std::fs::read_to_string(keys.join("echo.nk")).expect("echo seed");
+    let echo = agent_options(&server, "echo")
+        .broker(
+            BrokerOptions::new([server.url()])
+                .credentials(Credentials::NKeySeed(seed.trim().to_owned())),
+        )
+        .connect()
+        .await
+        .expect("echo connects with its key");
+    echo.on_command("hello", |ctx: Context, (): ()| async move {
+        Ok::<_, HandlerError>(format!("hi {}", ctx.from()))
+    })
+    .await
+    .expect("register");
+    let cli_seed = keys.join("ops.nk");
+    let cli_seed = cli_seed.to_str().expect("utf-8 path");
+    let as_ops = ["--id", "ops", "--nkey-file", cli_seed];
+
+    // `chorus agents` lists echo (once the coordinator has its heartbeat).
+    let listed = eventually(WAIT, "echo listed by chorus agents", || async {
+        let args = [&as_ops[..], &["agents"]].concat();
+        let out = chorus(server.url(), &args);
+        (out.status.success() && String::from_utf8_lossy(&out.stdout).contains("echo"))
+            .then(|| text(&out))
+    })
+    .await;
+    assert!(listed.contains("1 live agent(s)"), "{listed}");
+
+    // `chorus request` reaches echo as ops, and the reply reaches the CLI's inbox.
+    let args = [
+        &as_ops[..],
+        &["request", "--to", "echo", "--command", "hello"],
+    ]
+    .concat();
+    let out = chorus(server.url(), &args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("hi ops"),
+        "{}",
+        text(&out)
+    );
+
+    // The same from the environment.
+    let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["--server", server.url()])
+        .args(["request", "--to", "echo", "--command", "hello"])
+        .env("CHORUS_ID", "ops")
+        .env("CHORUS_NKEY_FILE", cli_seed)
+        .output()
+        .expect("run chorus");
+    assert!(out.status.success(), "{}", text(&out));
+
+    // Without --id the CLI is `cli-<pid>`, whose inbox the ops user may not read.
+    let out = chorus(
+        server.url(),
+        &[
+            "--nkey-file",
+            cli_seed,
+            "request",
+            "--to",
+            "echo",
+            "--command",
+            "hello",
+        ],
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+
+    echo.shutdown().await;
+    coordinator.shutdown().await;
+}

@@ -2,11 +2,16 @@
 
 use std::collections::BTreeMap;
 
+use agent_sdk::codec::encode_payload;
+use agent_sdk::encryption::{CONTENT_TYPE_ENCRYPTED, ENCRYPTION_ALG};
 use agent_sdk::envelope::{
-    EncryptedKey, Encryption, ExpectedReply, Progress, ProgressState, Signature, TraceContext,
+    CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, EncryptedKey, Encryption, ExpectedReply, Progress,
+    ProgressState, Signature, TraceContext,
 };
+use agent_sdk::security::SIGNATURE_ALG;
 use agent_sdk::{DeliveryClass, Envelope, Kind, Performative, Priority, StatusCode};
 use bytes::Bytes;
+use chorus::demo::Calculation;
 use uuid::Uuid;
 
 const T0: u64 = 1_798_761_600_000; // 2027-01-01T00:00:00Z
@@ -22,28 +27,39 @@ fn base(kind: Kind, performative: Performative, from: &str, n: u8) -> Envelope {
     e
 }
 
+/// The name of the vector that sets every optional field of the envelope.
+pub const EVERY_FIELD: &str = "06-every-field";
+
 /// Every vector, by file name.
 pub fn all() -> Vec<(&'static str, Envelope)> {
-    // 1. Agentify's orchestrator asks the calculator: MessagePack payload {"a":2,"b":3}.
+    // 1. Agentify's orchestrator asks the demo calculator (`chorus up`) to add 2 and 3: the
+    //    demo's own `calculation` command and argument type, as a MessagePack payload.
     let mut request = base(Kind::Request, Performative::Request, "orchestrator", 1);
     request.to = vec!["calculator".into()];
-    request.name = Some("add".into());
+    request.name = Some("calculation".into());
     request.ttl_ms = Some(5_000);
     request.expect = Some(ExpectedReply {
         performative: Performative::Inform,
         timeout_ms: 5_000,
     });
-    request.payload = Bytes::from_static(&[0x82, 0xa1, b'a', 0x02, 0xa1, b'b', 0x03]);
+    request.payload = encode_payload(
+        &Calculation {
+            operation: "add".into(),
+            operands: vec![2.0, 3.0],
+        },
+        CONTENT_TYPE_MSGPACK,
+    )
+    .expect("the calculation encodes");
 
-    // 2. The calculator's reply, JSON payload.
+    // 2. The calculator's reply (an `f64`), with a JSON payload as a JSON caller gets it.
     let mut response = base(Kind::Response, Performative::Inform, "calculator", 2);
     response.correlation_id = Some(request.id);
     response.in_reply_to = Some(request.id);
     response.to = vec!["orchestrator".into()];
-    response.name = Some("add".into());
+    response.name = Some("calculation".into());
     response.status = Some(StatusCode::OK);
-    response.content_type = "application/json".into();
-    response.payload = Bytes::from_static(b"{\"result\":5}");
+    response.content_type = CONTENT_TYPE_JSON.into();
+    response.payload = Bytes::from_static(b"5.0");
 
     // 3. AIXP's OCR agent announces extracted text as an event, with trace and context.
     let mut event = base(Kind::Event, Performative::Inform, "ocr-agent", 3);
@@ -67,8 +83,9 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
     refusal.status = Some(StatusCode::LOOP_DETECTED);
     refusal.reason = Some("hop 9 is past the limit of 8".into());
 
-    // 5. A command with every optional field: deadline, progress, token, signature and
-    //    encryption (the last two are carried but not checked until the security release).
+    // 5. A signed, end-to-end encrypted, exactly-once command: deadline, progress, token,
+    //    signature and encryption (the bytes are placeholders: a vector shows the layout, it is
+    //    not a valid signature or ciphertext).
     let mut command = base(Kind::Command, Performative::Assign, "planner", 5);
     command.correlation_id = Some(id(7));
     command.to = vec!["builder-01".into(), "reviewer-02".into()];
@@ -84,25 +101,88 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
     });
     command.token = Some("bearer-token".into());
     command.signature = Some(Signature {
-        alg: "ed25519".into(),
+        alg: SIGNATURE_ALG.into(),
         key: "UAEXAMPLEPUBLICKEY".into(),
         value: Bytes::from_static(&[7; 64]),
     });
+    command.content_type = CONTENT_TYPE_ENCRYPTED.into();
     command.encryption = Some(Encryption {
-        alg: "hpke-x25519-aes256gcm".into(),
-        inner_content_type: "application/msgpack".into(),
+        alg: ENCRYPTION_ALG.into(),
+        inner_content_type: CONTENT_TYPE_MSGPACK.into(),
         recipients: vec![EncryptedKey {
             agent: "reviewer-02".into(),
-            key: Bytes::from_static(&[9; 32]),
+            key: Bytes::from_static(&[9; 80]),
         }],
     });
     command.payload = Bytes::from_static(&[1, 2, 3, 4]);
+
+    // 6. Every optional field set, each to a value other than its default, nested ones with
+    //    their own optional members too (`fraction`, `tracestate`): a progress report from a
+    //    reviewer back to the planner of vector 5. Not a realistic message (few carry a topic,
+    //    a capability and recipients at once); it is there so a second implementation writes and
+    //    reads every field at least once.
+    let mut every = base(Kind::Response, Performative::Progress, "reviewer-02", 6);
+    every.correlation_id = Some(id(7));
+    every.in_reply_to = Some(id(5));
+    every.to = vec!["planner".into()];
+    every.topic = Some("code.review.progress".into());
+    every.capability = Some("code.review".into());
+    every.name = Some("review".into());
+    every.ttl_ms = Some(30_000);
+    every.deadline_ms = Some(T0 + 60_000);
+    every.hops = 2;
+    every.hop_limit = 8;
+    every.priority = Priority::Low;
+    every.delivery = DeliveryClass::AtLeastOnce;
+    every.expect = Some(ExpectedReply {
+        performative: Performative::Confirm,
+        timeout_ms: 1_500,
+    });
+    every.progress = Some(Progress {
+        state: ProgressState::Running,
+        fraction: Some(0.25),
+    });
+    every.status = Some(StatusCode::ACCEPTED);
+    every.reason = Some("2 of 8 files reviewed".into());
+    every.trace = Some(TraceContext {
+        traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+        tracestate: Some("congo=t61rcWkgMzE".into()),
+    });
+    every.session_id = Some("session-42".into());
+    every.customer_id = Some("acme".into());
+    every.headers = BTreeMap::from([
+        ("lang".to_owned(), "en".to_owned()),
+        ("x-review-round".to_owned(), "2".to_owned()),
+    ]);
+    every.content_type = CONTENT_TYPE_ENCRYPTED.into();
+    every.payload = Bytes::from_static(&[5, 6, 7, 8]);
+    every.token = Some("bearer-token".into());
+    every.signature = Some(Signature {
+        alg: SIGNATURE_ALG.into(),
+        key: "UAEXAMPLEPUBLICKEY".into(),
+        value: Bytes::from_static(&[7; 64]),
+    });
+    every.encryption = Some(Encryption {
+        alg: ENCRYPTION_ALG.into(),
+        inner_content_type: CONTENT_TYPE_JSON.into(),
+        recipients: vec![
+            EncryptedKey {
+                agent: "planner".into(),
+                key: Bytes::from_static(&[9; 80]),
+            },
+            EncryptedKey {
+                agent: "auditor".into(),
+                key: Bytes::from_static(&[10; 80]),
+            },
+        ],
+    });
 
     vec![
         ("01-request", request),
         ("02-response", response),
         ("03-event", event),
         ("04-refusal", refusal),
-        ("05-command-all-fields", command),
+        ("05-command-secured", command),
+        (EVERY_FIELD, every),
     ]
 }

@@ -139,7 +139,10 @@ impl Agent {
             }
             Arc::new(verifier)
         });
-        let access = Arc::new(Access::new(options.grants.clone(), options.rate_limit));
+        let access = Arc::new(
+            Access::new(options.grants.clone(), options.rate_limit)
+                .trusting_unverified_senders(options.trust_unverified_senders),
+        );
         let endpoints = Arc::new(Endpoints::default());
         let pipeline = Arc::new(Pipeline::new(PipelineParts {
             out: Arc::clone(&out),
@@ -148,6 +151,13 @@ impl Agent {
             decryption: options.decryption.clone(),
             access: Arc::clone(&access),
             exactly_once: ExactlyOnce::new(Arc::clone(&out), options.idempotency_ttl),
+            seen: options
+                .signature_policy
+                .as_ref()
+                .filter(|_| options.persist_seen_ids)
+                .map(|policy| {
+                    crate::inbound::seen::SeenIds::new(Arc::clone(&out), policy.tolerance)
+                }),
         }));
         let dispatcher = Arc::new(Dispatcher {
             pipeline: Arc::clone(&pipeline),

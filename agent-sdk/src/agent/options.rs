@@ -70,6 +70,8 @@ pub struct AgentOptions {
     pub(crate) signature_policy: Option<SignaturePolicy>,
     pub(crate) trusted: Vec<(String, String)>,
     pub(crate) grants: Vec<(String, Vec<String>)>,
+    pub(crate) trust_unverified_senders: bool,
+    pub(crate) persist_seen_ids: bool,
     pub(crate) rate_limit: Option<RateLimit>,
     pub(crate) decryption: Option<Arc<EncryptionKey>>,
     pub(crate) encryption_trust: Vec<(String, String)>,
@@ -108,6 +110,8 @@ impl AgentOptions {
             signature_policy: None,
             trusted: Vec::new(),
             grants: Vec::new(),
+            trust_unverified_senders: false,
+            persist_seen_ids: false,
             rate_limit: None,
             decryption: None,
             encryption_trust: Vec::new(),
@@ -123,7 +127,7 @@ impl AgentOptions {
         self
     }
 
-    /// Registers `agent`'s public encryption key, for [`Call::encrypt_for`], in addition to
+    /// Registers `agent`'s public encryption key, for [`Call::encrypt_for`](crate::Call::encrypt_for), in addition to
     /// the registry's.
     pub fn trust_encryption(
         mut self,
@@ -136,9 +140,14 @@ impl AgentOptions {
     }
 
     /// Grants `agent` permissions (strings the application chooses, such as
-    /// `payments:write`), checked against what handlers require ([`Agent::require`]). Grants
-    /// name the sender by its `from` field: pair them with signature checks so that field is
-    /// proven.
+    /// `payments:write`), checked against what handlers require ([`Agent::require`]).
+    ///
+    /// Grants name the sender by its `from` field, so they apply only to a message whose
+    /// signature verified against `agent`'s key: the sender signs
+    /// ([`AgentOptions::identity`]) and this agent verifies
+    /// ([`AgentOptions::verify_signatures`], with the key from the registry or
+    /// [`AgentOptions::trust`]). An unsigned message from a granted sender is refused with 5007
+    /// ("not verified") unless [`AgentOptions::trust_unverified_senders`] is on.
     pub fn grant<I, S>(mut self, agent: impl Into<String>, permissions: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -148,6 +157,29 @@ impl AgentOptions {
             agent.into(),
             permissions.into_iter().map(Into::into).collect(),
         ));
+        self
+    }
+
+    /// Lets grants apply to a sender's self-declared `from` when no verified signature proves
+    /// it (default off).
+    ///
+    /// Unsafe unless something else proves who sent a message: with it on, any client that may
+    /// publish to this agent's subjects can claim to be a granted agent and get its rights.
+    /// Turn it on only where NATS permissions alone confine who can reach this agent (for
+    /// example while a fleet moves to signing), and prefer signing and verifying.
+    pub fn trust_unverified_senders(mut self, on: bool) -> Self {
+        self.trust_unverified_senders = on;
+        self
+    }
+
+    /// Keeps the ids of verified (signed) commands and requests in a key-value bucket
+    /// (`<root>_seen`, entries expiring after the signature tolerance) as well as in memory,
+    /// so a restarted agent still refuses a replay with 5015 (default off; needs
+    /// [`AgentOptions::verify_signatures`], JetStream, and with per-agent credentials the
+    /// `--durable` rights of `chorus creds`). If the bucket cannot be written the message is
+    /// refused with 5019 (a durable delivery retries).
+    pub fn persist_seen_ids(mut self, on: bool) -> Self {
+        self.persist_seen_ids = on;
         self
     }
 

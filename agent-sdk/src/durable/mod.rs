@@ -1,7 +1,7 @@
 //! Durable delivery: commands stored in JetStream until their agent takes them, retried by the
 //! retry policy, and dead-lettered when they cannot be handled.
 //!
-//! - The inbox stream (`CHORUS_INBOX`, subjects `<root>.inbox.<agent>.<command>`) keeps each
+//! - The inbox stream (`CHORUS_INBOX`, subjects `<root>.inbox.<agent>.<lane>.<command>`) keeps each
 //!   command until the recipient acks it (work-queue retention), up to its limits.
 //! - Each agent with a durable inbox has a durable pull consumer named after it, filtered to its
 //!   own subjects, with `MaxDeliver` set to the largest attempt count of the retry policies.

@@ -15,6 +15,7 @@ pub(crate) mod outcome;
 pub(crate) mod pipeline;
 pub(crate) mod reader;
 pub(crate) mod reply;
+pub(crate) mod seen;
 pub(crate) mod stream;
 
 pub(crate) use outcome::{Outcome, Retry};

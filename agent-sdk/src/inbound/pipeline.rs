@@ -56,6 +56,8 @@ pub(crate) struct PipelineParts {
     pub(crate) decryption: Option<Arc<EncryptionKey>>,
     pub(crate) access: Arc<Access>,
     pub(crate) exactly_once: ExactlyOnce,
+    /// Seen ids kept where a restart finds them ([`crate::AgentOptions::persist_seen_ids`]).
+    pub(crate) seen: Option<super::seen::SeenIds>,
 }
 
 /// The inbound pipeline of one agent.
@@ -66,6 +68,7 @@ pub(crate) struct Pipeline {
     /// Whether the signature check runs (the event stream batches it when it does).
     verifies: bool,
     exactly_once: ExactlyOnce,
+    seen: Option<super::seen::SeenIds>,
 }
 
 impl Pipeline {
@@ -77,6 +80,7 @@ impl Pipeline {
             decryption,
             access,
             exactly_once,
+            seen,
         } = parts;
         let counters = Arc::clone(&out.counters);
         let mut layers: Vec<Box<dyn Layer>> = Vec::new();
@@ -100,6 +104,7 @@ impl Pipeline {
             layers,
             verifies,
             exactly_once,
+            seen,
         }
     }
 
@@ -134,11 +139,7 @@ impl Pipeline {
     /// Runs the layers over one admitted message that has no endpoint (an event); `None` if
     /// one refused it.
     pub(crate) fn check(&self, subject: &str, env: Envelope) -> Option<Envelope> {
-        let mut msg = Inbound {
-            subject,
-            env,
-            endpoint: None,
-        };
+        let mut msg = Inbound::new(subject, env, None);
         for layer in &self.layers {
             layer.check(&mut msg).ok()?;
         }
@@ -149,11 +150,7 @@ impl Pipeline {
     pub(crate) fn check_batch(&self, msgs: Vec<(&str, Envelope)>) -> Vec<Envelope> {
         let mut live: Vec<Inbound<'_>> = msgs
             .into_iter()
-            .map(|(subject, env)| Inbound {
-                subject,
-                env,
-                endpoint: None,
-            })
+            .map(|(subject, env)| Inbound::new(subject, env, None))
             .collect();
         for layer in &self.layers {
             let results = layer.check_batch(&mut live);
@@ -214,11 +211,7 @@ impl Pipeline {
             Target::Endpoint(endpoint) => Some(endpoint.as_ref()),
             _ => None,
         };
-        let mut msg = Inbound {
-            subject,
-            env,
-            endpoint,
-        };
+        let mut msg = Inbound::new(subject, env, endpoint);
         for layer in &self.layers {
             if let Err(failure) = layer.check(&mut msg) {
                 return Processed {
@@ -227,6 +220,18 @@ impl Pipeline {
                     outcome: Outcome::Failed(failure),
                 };
             }
+        }
+        // A verified command or request is remembered across restarts, where asked.
+        if msg.verified
+            && msg.endpoint.is_some()
+            && let Some(seen) = &self.seen
+            && let Err(failure) = seen.record(&msg.env).await
+        {
+            return Processed {
+                request: Some(Arc::new(msg.env)),
+                encoding,
+                outcome: Outcome::Failed(failure),
+            };
         }
         let request = Arc::new(msg.env);
         let exactly_once =

@@ -276,7 +276,7 @@ pub struct Signature {
 /// End-to-end encryption of the payload for named recipients.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Encryption {
-    /// Scheme, for example `hpke-x25519-aes256gcm`.
+    /// Scheme: `hpke-x25519-hkdfsha256-aes256gcm` (`crate::encryption::ENCRYPTION_ALG`).
     pub alg: String,
     /// The payload's content type before encryption.
     pub inner_content_type: String,

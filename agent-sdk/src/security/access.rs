@@ -1,6 +1,7 @@
 //! The application's own access rules: permissions a handler requires of its senders, and a
-//! per-sender rate limit (a token bucket). Both name the sender by its `from` field: pair
-//! them with signature checks so that field is proven.
+//! per-sender rate limit (a token bucket). Both name the sender by its `from` field; a grant
+//! applies only when that field is proven (the message's signature verified against the
+//! sender's key), unless the agent explicitly trusts unverified senders.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, RwLock};
@@ -30,6 +31,8 @@ pub(crate) struct Denied {
 #[derive(Default)]
 pub(crate) struct Access {
     grants: RwLock<HashMap<String, HashSet<String>>>,
+    /// Whether grants apply to a self-declared `from` that no signature proves.
+    trust_unverified: bool,
     rate_limit: Option<RateLimit>,
     buckets: Mutex<HashMap<String, (f64, Instant)>>,
 }
@@ -46,6 +49,13 @@ impl Access {
         access
     }
 
+    /// Whether grants apply to senders whose `from` no signature proves
+    /// ([`crate::AgentOptions::trust_unverified_senders`]).
+    pub(crate) fn trusting_unverified_senders(mut self, on: bool) -> Self {
+        self.trust_unverified = on;
+        self
+    }
+
     /// Grants `agent` more permissions.
     pub(crate) fn grant<I, S>(&self, agent: &str, permissions: I)
     where
@@ -59,16 +69,29 @@ impl Access {
     }
 
     /// Whether `sender` holds every permission in `required` (for `name`), then whether it
-    /// is within its rate; a message that passes takes one token.
+    /// is within its rate; a message that passes takes one token. `verified` says whether the
+    /// message's signature proved `sender`; if not, its grants count only when the agent
+    /// trusts unverified senders.
     pub(crate) fn check(
         &self,
         sender: &str,
+        verified: bool,
         name: &str,
         required: &[String],
     ) -> Result<(), Denied> {
         if !required.is_empty() {
             let grants = read(&self.grants);
-            let held = grants.get(sender);
+            let granted = grants.get(sender);
+            if !verified && !self.trust_unverified && granted.is_some() {
+                return Err(Denied {
+                    status: StatusCode::ACCESS,
+                    reason: format!(
+                        "{sender} is not verified (the message is unsigned, or this agent does \
+                         not verify signatures), so its grants do not apply to {name}"
+                    ),
+                });
+            }
+            let held = granted;
             let missing: Vec<&str> = required
                 .iter()
                 .filter(|p| !held.is_some_and(|h| h.contains(*p)))
@@ -120,15 +143,15 @@ mod tests {
         let access = Access::new(vec![("alice".into(), vec!["read".into()])], None);
         let required = vec!["read".to_owned(), "write".to_owned()];
         let denied = access
-            .check("alice", "ledger", &required)
+            .check("alice", true, "ledger", &required)
             .expect_err("refused");
         assert_eq!(denied.status, StatusCode::ACCESS);
         assert_eq!(denied.reason, "alice lacks permission write for ledger");
         access.grant("alice", ["write"]);
-        assert!(access.check("alice", "ledger", &required).is_ok());
+        assert!(access.check("alice", true, "ledger", &required).is_ok());
         assert_eq!(
             access
-                .check("bob", "ledger", &required)
+                .check("bob", true, "ledger", &required)
                 .expect_err("refused")
                 .status,
             StatusCode::ACCESS

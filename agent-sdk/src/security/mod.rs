@@ -7,3 +7,6 @@ pub mod encryption;
 pub(crate) mod signing;
 
 pub use signing::*;
+
+/// Suffix of the key-value bucket of seen message ids ([`crate::AgentOptions::persist_seen_ids`]).
+pub use crate::inbound::seen::SEEN_BUCKET;

@@ -100,7 +100,7 @@ impl Kv {
             .map_err(|e| js_err(format!("kv put {key}"), e))
     }
 
-    /// Writes only if the key does not exist; [`ErrorKind::Conflict`] if it does.
+    /// Writes only if the key does not exist; [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) if it does.
     pub async fn create(&self, key: &str, value: Bytes) -> Result<u64> {
         self.store
             .create(key, value)
@@ -108,7 +108,7 @@ impl Kv {
             .map_err(|e| js_err(format!("kv create {key}"), e))
     }
 
-    /// Writes only if the key is still at `revision`; [`ErrorKind::Conflict`] otherwise.
+    /// Writes only if the key is still at `revision`; [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) otherwise.
     pub async fn update(&self, key: &str, value: Bytes, revision: u64) -> Result<u64> {
         self.store
             .update(key, value, revision)
@@ -116,7 +116,7 @@ impl Kv {
             .map_err(|e| js_err(format!("kv update {key}"), e))
     }
 
-    /// Deletes `key` only if it is still at `revision`; [`ErrorKind::Conflict`] otherwise.
+    /// Deletes `key` only if it is still at `revision`; [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) otherwise.
     pub async fn delete_if(&self, key: &str, revision: u64) -> Result<()> {
         self.store
             .delete_expect_revision(key, Some(revision))

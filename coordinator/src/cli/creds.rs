@@ -10,8 +10,14 @@ pub(crate) struct Args {
     /// The agent id (or `coordinator` with --coordinator).
     agent: String,
     /// The entry for the coordinator's user instead of an agent's.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "cli")]
     coordinator: bool,
+    /// The entry for a `chorus` CLI user instead of an agent's: the CLI connects with
+    /// `--id <agent> --nkey-file <agent>.nk`, calls, sends, broadcasts and listens, and never
+    /// registers (no heartbeat, no command subject). --calls, --publishes and --listens narrow
+    /// it as for an agent.
+    #[arg(long, conflicts_with = "serves")]
+    cli: bool,
     /// Capabilities the agent serves.
     #[arg(long)]
     serves: Vec<String>,
@@ -49,19 +55,29 @@ pub(crate) fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode>
         chorus::creds::coordinator_entry(&subjects, &identity.public_key())
     } else {
         let role = chorus::creds::Role {
-            agent: args.agent,
+            agent: args.agent.clone(),
             serves: args.serves,
             calls: args.calls,
             publishes: args.publishes,
             listens: args.listens,
             durable: args.durable,
+            cli: args.cli,
         };
         chorus::creds::authorization_entry(&subjects, &role, &identity.public_key())?
     };
-    eprintln!(
-        "seed written to {} (keep it secret; the agent connects with it)",
-        path.display()
-    );
+    if args.cli {
+        eprintln!(
+            "seed written to {} (keep it secret; use it as `chorus --id {} --nkey-file {}`)",
+            path.display(),
+            args.agent,
+            path.display()
+        );
+    } else {
+        eprintln!(
+            "seed written to {} (keep it secret; the agent connects with it)",
+            path.display()
+        );
+    }
     println!("{entry}");
     Ok(ExitCode::SUCCESS)
 }

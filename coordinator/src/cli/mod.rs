@@ -44,6 +44,10 @@ pub(crate) struct Cli {
     /// File with the nkey seed to authenticate with (`chorus creds`) [env: CHORUS_NKEY_FILE].
     #[arg(long, global = true, env = "CHORUS_NKEY_FILE")]
     nkey_file: Option<PathBuf>,
+    /// The agent id the CLI connects as (the name of its `chorus creds --cli` entry)
+    /// [default: cli-<pid>]. With --nkey-file, the CLI also signs what it sends with that key.
+    #[arg(long = "id", global = true, env = "CHORUS_ID")]
+    agent_id: Option<String>,
     /// Subject root shared by every agent of one bus.
     #[arg(long, global = true, env = "CHORUS_ROOT", default_value = "chorus")]
     root: String,
@@ -56,6 +60,7 @@ impl Cli {
     fn connection(&self) -> ConnectionArgs {
         ConnectionArgs {
             server: self.server.clone(),
+            id: self.agent_id.clone(),
             root: self.root.clone(),
             security: ConnectionSecurity {
                 tls_ca: self.tls_ca.clone(),
@@ -121,6 +126,8 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 pub(crate) struct ConnectionArgs {
     /// `--server`, if given (`serve` then prefers it over its config file's).
     pub(crate) server: Option<String>,
+    /// `--id`, if given: the identity one-shot commands connect as.
+    pub(crate) id: Option<String>,
     /// `--root`.
     pub(crate) root: String,
     /// `--tls-ca`, `--tls-cert`, `--tls-key`, `--nkey-file`.
@@ -143,14 +150,27 @@ impl ConnectionArgs {
         Ok(self.security.apply(BrokerOptions::new([self.url()]))?)
     }
 
-    /// A short-lived agent for one command, speaking JSON.
+    /// A short-lived agent for one command, speaking JSON, as `--id` (default `cli-<pid>`).
+    ///
+    /// It does not register: no heartbeat (so no manifest in the registry, and nothing
+    /// published on the heartbeat subject) and no service-discovery answers; it only calls,
+    /// sends and listens. With an nkey seed it signs what it sends with that key.
     pub(crate) async fn agent(&self) -> anyhow::Result<Agent> {
-        let id = format!("cli-{}", std::process::id());
+        let id = self
+            .id
+            .clone()
+            .unwrap_or_else(|| format!("cli-{}", std::process::id()));
         let server = self.url();
-        AgentOptions::new(id)
+        let mut options = AgentOptions::new(id)
             .broker(self.broker_options()?)
             .root(&self.root)
             .encoding(agent_sdk::Encoding::Json)
+            .heartbeat_interval(Duration::ZERO)
+            .service_discovery(false);
+        if let Some(identity) = self.security.identity()? {
+            options = options.identity(identity);
+        }
+        options
             .connect()
             .await
             .map_err(|e| anyhow::anyhow!("cannot reach the bus at {server}: {e}"))

@@ -2,6 +2,12 @@
 //!
 //! Broadcast requests arrive on `<root>.bcast.>` in the coordinators' queue group, so each is
 //! fanned out by exactly one coordinator however many run.
+//!
+//! A signed request is verified against its sender's key first (and an unsigned one refused
+//! where `require_signed_broadcasts` says so). Each copy is a new message the coordinator
+//! sends: its `from` is `coordinator`, the sender is named in the [`ORIGIN_HEADER`] header,
+//! and it is signed with the coordinator's key when it has one, so a receiver that requires
+//! signatures and trusts the coordinator's key takes it.
 
 use std::time::Duration;
 
@@ -17,8 +23,41 @@ use broker_adapter::ErrorKind;
 use futures::StreamExt;
 use uuid::Uuid;
 
-use super::Shared;
 use super::metrics::metrics;
+use super::{COORDINATOR_ID, Shared};
+
+/// Header of a broadcast copy naming the agent that asked for the broadcast (the copy's `from`
+/// is the coordinator, which vouches for it: it verified the request's signature, if any).
+pub const ORIGIN_HEADER: &str = "chorus-origin";
+
+/// Refuses a broadcast request whose sender is not who it claims: a signature that does not
+/// verify against the key of its `from` (5004), a replay (5015), or no signature where the
+/// coordinator requires one (5014).
+fn check_sender(shared: &Shared, request: &Envelope, subject: &str) -> Result<(), HandlerError> {
+    let verifier = &shared.broadcast_verifier;
+    if request.signature.is_some() {
+        let key = shared
+            .config
+            .trusted_keys
+            .get(&request.from)
+            .cloned()
+            .or_else(|| shared.registry.public_key_of(&request.from));
+        match key {
+            Some(key) => verifier.trust(&request.from, &key),
+            None => verifier.forget(&request.from),
+        }
+    }
+    verifier
+        .verify(subject, request, now_ms())
+        .map_err(|(status, reason)| {
+            metrics()
+                .messages
+                .with_label_values(&["command", status.label()])
+                .inc();
+            tracing::warn!(from = %request.from, id = %request.id, %status, %reason, "broadcast request refused");
+            HandlerError::new(status, reason)
+        })
+}
 
 /// Handles one broadcast request (admitted by the inbound pipeline): the report, encoded in
 /// the request's content type, or why it was refused.
@@ -27,6 +66,7 @@ pub(crate) async fn on_broadcast(
     request: &Envelope,
     subject: &str,
 ) -> Result<Output, HandlerError> {
+    check_sender(shared, request, subject)?;
     let result = fan_out(shared, request, subject).await;
     let status = result
         .as_ref()
@@ -141,12 +181,19 @@ async fn deliver(
         }
     };
     let mut copy = request.clone();
+    copy.from = COORDINATOR_ID.to_owned();
+    copy.headers
+        .insert(ORIGIN_HEADER.to_owned(), request.from.clone());
+    copy.signature = None;
     copy.id = Uuid::now_v7();
     copy.correlation_id = Some(request.conversation());
     copy.to = vec![agent.clone()];
     copy.hops = hops;
     copy.timestamp_ms = now_ms();
     copy.ttl_ms = Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+    if let Some(identity) = &shared.identity {
+        identity.sign(&subject, &mut copy);
+    }
     let Ok(bytes) = codec::encode(&copy, codec::Encoding::MsgPack) else {
         return line(
             Outcome::Failed,

@@ -7,12 +7,13 @@
 //! discovery and broadcast requests go to one of them (a queue group), advisories are shared
 //! through one durable consumer, and registry writes are conditional.
 //!
-//! [`Coordinator::start`] connects, [provisions](provision) the streams and buckets, then
-//! starts each task with its own spawn function ([`tasks`]); every task runs in one
+//! [`Coordinator::start`] connects, provisions the streams and buckets (`provision`), then
+//! starts each task with its own spawn function (`tasks`); every task runs in one
 //! [`TaskTracker`] and stops on one [`CancellationToken`], cancelled by
 //! [`Coordinator::shutdown`] or when the `Coordinator` is dropped.
 
 mod broadcast;
+pub use broadcast::ORIGIN_HEADER;
 pub mod dlq;
 mod endpoints;
 pub mod http;
@@ -57,6 +58,11 @@ pub(crate) struct Shared {
     pub(crate) broker: Broker,
     pub(crate) js: JetStream,
     pub(crate) registry: Registry,
+    /// The key broadcast copies are signed with, as `coordinator`.
+    pub(crate) identity: Option<agent_sdk::security::Identity>,
+    /// Checks broadcast requests: a signed one must verify against its sender's key, and an
+    /// unsigned one is refused where `require_signed_broadcasts` says so.
+    pub(crate) broadcast_verifier: agent_sdk::security::Verifier,
     /// The coordinator as an agent of the bus: its endpoints go through the SDK's inbound
     /// pipeline, and its connection is the one every task uses.
     agent: Agent,
@@ -95,6 +101,12 @@ impl Coordinator {
     /// address.
     pub async fn start(config: CoordinatorConfig, serve_metrics: bool) -> Result<Coordinator> {
         config.validate()?;
+        let identity = config.signing_identity()?;
+        let broadcast_verifier =
+            agent_sdk::security::Verifier::new(agent_sdk::security::SignaturePolicy {
+                require_signed: config.require_signed_broadcasts,
+                ..agent_sdk::security::SignaturePolicy::default()
+            });
         let subjects =
             Subjects::new(&config.root).map_err(Error::wrap(ErrorKind::Config, "invalid root"))?;
         let inbox_prefix = subjects
@@ -143,6 +155,8 @@ impl Coordinator {
             broker,
             js,
             registry,
+            identity,
+            broadcast_verifier,
             agent,
             stop: CancellationToken::new(),
             tracker: TaskTracker::new(),

@@ -256,6 +256,16 @@ impl Registry {
         }
     }
 
+    /// The signing key `agent` announced in its manifest, while it is live.
+    pub(crate) fn public_key_of(&self, agent: &str) -> Option<String> {
+        let now = now_ms();
+        let agents = self.agents();
+        agents
+            .get(agent)
+            .filter(|l| self.is_live(l, now))
+            .and_then(|l| l.manifest.public_key.clone())
+    }
+
     /// Live agents matching `query`, least loaded first (ties by id).
     pub(crate) fn discover(&self, query: &DiscoverQuery) -> Vec<AgentRecord> {
         let now = now_ms();

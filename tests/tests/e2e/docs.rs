@@ -46,3 +46,46 @@ fn protocol_status_table_matches_the_sdk() {
     assert_eq!(StatusCode::DATA_FORMAT.0, 5006);
     assert_eq!(StatusCode::UNEXPECTED_DISCONNECT.0, 5009);
 }
+
+/// The table of reply performatives in docs/PROTOCOL.md section 7.1 is what
+/// `Envelope::reply` does, and names every status code once.
+#[test]
+fn protocol_reply_performatives_match_the_sdk() {
+    use agent_sdk::{Envelope, Kind, Performative};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/PROTOCOL.md");
+    let doc = std::fs::read_to_string(path).expect("docs/PROTOCOL.md");
+    let start = doc
+        .find("<!-- reply-performatives -->")
+        .expect("reply performatives marker");
+    let rows: Vec<(Vec<u16>, String)> = doc[start..]
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|line| {
+            let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+            let codes = cells[0]
+                .split(|c: char| !c.is_ascii_digit())
+                .filter_map(|t| t.parse().ok())
+                .collect();
+            (codes, cells[1].trim_matches('`').to_owned())
+        })
+        .collect();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let mut named: Vec<u16> = rows.iter().flat_map(|(c, _)| c.clone()).collect();
+    named.sort_unstable();
+    let mut all: Vec<u16> = StatusCode::ALL.iter().map(|c| c.0).collect();
+    all.sort_unstable();
+    assert_eq!(named, all, "every code, once");
+    let request = Envelope::new(Kind::Request, Performative::Request, "caller");
+    for (codes, performative) in &rows {
+        for code in codes.iter().copied().chain([5999]) {
+            let reply = request.reply("callee", StatusCode(code));
+            if code == 5999 && performative != "failure" {
+                continue;
+            }
+            assert_eq!(reply.performative.as_str(), performative, "{code}");
+        }
+    }
+}

@@ -380,3 +380,218 @@ async fn a_message_at_the_default_hop_limit_is_handled_and_one_past_it_refused()
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+/// A response that carries no `status` is a success (5002): the SDK's request returns its
+/// payload and `Reply::status` reads 5002.
+#[tokio::test]
+async fn a_response_without_a_status_reads_as_success() {
+    use futures::StreamExt;
+    let server = server();
+    let raw = raw_broker(&server).await;
+    let me = agent(&server, "caller").await;
+    let subject = me.subjects().command("bare", "hello").expect("subject");
+    let mut sub = raw.subscribe(&subject).await.expect("subscribe");
+    raw.sync(WAIT).await.expect("the subscription is in place");
+    let responder = tokio::spawn(async move {
+        while let Some(msg) = sub.next().await {
+            let (request, encoding) = codec::decode(msg.payload()).expect("an envelope");
+            let mut reply = request.reply("bare", StatusCode::OK);
+            reply.status = None;
+            reply.payload = codec::encode_payload("hello back", &reply.content_type).expect("p");
+            raw.publish(msg.reply().expect("a reply subject"), {
+                codec::encode(&reply, encoding).expect("encode")
+            })
+            .await
+            .expect("publish");
+        }
+    });
+    let answer: String = within(WAIT, "request", me.request("bare", "hello", &"hi"))
+        .await
+        .expect("no status is a success");
+    assert_eq!(answer, "hello back");
+    let reply = within(
+        WAIT,
+        "call",
+        me.call(
+            agent_sdk::Call::agent("bare", "hello")
+                .payload(&"hi")
+                .expect("payload"),
+        ),
+    )
+    .await
+    .expect("no status is a success");
+    assert_eq!(reply.envelope.status, None);
+    assert_eq!(reply.status(), StatusCode::OK);
+    responder.abort();
+}
+
+/// The kind is not matched against the subject: an `event` (or any known kind) sent as a
+/// request to a command subject runs the command's handler and is answered like a request;
+/// only an unknown kind is refused (5006).
+#[tokio::test]
+async fn a_known_kind_on_a_command_subject_is_handled_whatever_it_is() {
+    let server = server();
+    let (echo, calls) = echo_agent(&server).await;
+    let raw = raw_broker(&server).await;
+    let subject = echo.subjects().command("echo", "echo").expect("subject");
+    for kind in [Kind::Event, Kind::Response, Kind::Heartbeat, Kind::Error] {
+        let mut env = echo_request("odd");
+        env.kind = kind;
+        let reply = raw_request(
+            &raw,
+            &subject,
+            codec::encode(&env, Encoding::MsgPack).expect("enc"),
+        )
+        .await;
+        assert_eq!(reply.status, Some(StatusCode::OK), "{kind}");
+        assert_eq!(reply.kind, Kind::Response);
+        assert_eq!(reply.performative, Performative::Inform);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
+
+/// The heartbeat manifest has the fields, types and formats of the table in section 7.7, and
+/// the `$SRV` answers name the agent as section 2 says: `name` the agent id, `id` the
+/// manifest's `instance`, `version` the SDK version.
+#[tokio::test]
+async fn the_heartbeat_manifest_and_the_srv_answers_are_as_documented() {
+    use futures::StreamExt;
+    let server = server();
+    let raw = raw_broker(&server).await;
+    let hb = agent_sdk::Subjects::new("chorus")
+        .expect("root")
+        .heartbeat("beater")
+        .expect("subject");
+    let mut sub = raw.subscribe(&hb).await.expect("subscribe");
+    raw.sync(WAIT).await.expect("the subscription is in place");
+    let beater = within(
+        WAIT,
+        "connect",
+        agent_options(&server, "beater")
+            .heartbeat_interval(Duration::from_millis(200))
+            .connect(),
+    )
+    .await
+    .expect("connect");
+    beater
+        .on_command("work", |_ctx: Context, (): ()| async move {
+            Ok::<_, HandlerError>(())
+        })
+        .await
+        .expect("register");
+    let msg = within(WAIT, "heartbeat", sub.next())
+        .await
+        .expect("a heartbeat");
+    let (env, _) = codec::decode(msg.payload()).expect("an envelope");
+    assert_eq!(
+        (env.kind, env.performative),
+        (Kind::Heartbeat, Performative::Health)
+    );
+    assert_eq!(env.from, "beater");
+    assert_eq!(env.content_type, "application/msgpack");
+    let manifest: serde_json::Value =
+        rmp_serde::from_slice(&env.payload).expect("a MessagePack map");
+    let manifest = manifest.as_object().expect("a map").clone();
+
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/PROTOCOL.md"),
+    )
+    .expect("docs/PROTOCOL.md");
+    let start = doc
+        .lines()
+        .position(|l| l.trim() == "<!-- manifest-fields -->")
+        .expect("the manifest table");
+    let rows: Vec<Vec<String>> = doc
+        .lines()
+        .skip(start + 1)
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().trim_matches('`').to_owned())
+                .collect()
+        })
+        .skip(2)
+        .collect();
+    assert!(rows.len() >= 14, "{rows:?}");
+    for key in manifest.keys() {
+        assert!(
+            rows.iter().any(|r| &r[0] == key),
+            "{key} is not in the table"
+        );
+    }
+    for row in &rows {
+        let (name, ty, written) = (&row[0], &row[1], &row[2]);
+        let Some(value) = manifest.get(name) else {
+            assert!(
+                written.starts_with("omitted"),
+                "{name} is always written but missing"
+            );
+            continue;
+        };
+        let ok = match ty.as_str() {
+            "string" => value.is_string(),
+            "integer" => value.is_u64(),
+            "float 32" => value.is_f64(),
+            "enum" => value.is_string(),
+            t if t.starts_with("array") => value.is_array(),
+            t => panic!("unknown type {t} in the manifest table"),
+        };
+        assert!(ok, "{name}: {value} is not a {ty}");
+    }
+    // Written by this agent, with no signing or encryption keys.
+    for always in [
+        "agent",
+        "instance",
+        "capabilities",
+        "commands",
+        "groups",
+        "content_types",
+        "load",
+        "availability",
+        "heartbeat_ms",
+        "started_ms",
+        "sdk_version",
+    ] {
+        assert!(manifest.contains_key(always), "{always}");
+    }
+    let instance = manifest["instance"].as_str().expect("instance");
+    assert!(
+        instance.len() == 32
+            && instance
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)),
+        "{instance}"
+    );
+    assert_eq!(manifest["agent"], "beater");
+    assert_eq!(manifest["heartbeat_ms"], 200);
+    assert_eq!(manifest["availability"], "available");
+    assert_eq!(
+        manifest["content_types"],
+        serde_json::json!(["application/msgpack", "application/json"])
+    );
+    // The load is a 32-bit float in the MessagePack.
+    let key = [&[0xa4][..], b"load", &[0xca]].concat();
+    assert!(
+        env.payload.windows(key.len()).any(|w| w == key),
+        "load as float 32"
+    );
+
+    for verb in ["PING", "INFO", "STATS"] {
+        for subject in [
+            format!("$SRV.{verb}.beater"),
+            format!("$SRV.{verb}.beater.{instance}"),
+        ] {
+            let answer = within(WAIT, "srv", raw.request(&subject, None, Bytes::new(), WAIT))
+                .await
+                .expect("an answer");
+            let answer: serde_json::Value = serde_json::from_slice(answer.payload()).expect("json");
+            assert_eq!(answer["name"], "beater", "{subject}");
+            assert_eq!(answer["id"], instance, "{subject}");
+            assert_eq!(answer["version"], manifest["sdk_version"], "{subject}");
+            assert_eq!(answer["metadata"]["chorus.root"], "chorus");
+        }
+    }
+    drop(beater);
+}

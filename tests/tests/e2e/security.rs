@@ -114,6 +114,75 @@ async fn signatures_are_checked_and_each_attack_is_refused_with_its_code() {
     assert_eq!(bank.stats().security_refused, 5);
 }
 
+/// SECURITY.md: with `persist_seen_ids`, the ids of verified messages are kept in a bucket
+/// that outlives the agent, so the bank restarted refuses, with 5015, a signed request it
+/// accepted before the restart; a bank without it (in memory only) would accept it again.
+#[tokio::test]
+async fn a_replay_across_a_restart_is_refused_when_seen_ids_are_persisted() {
+    let server = server();
+    let alice = Identity::generate();
+    let bank = |persist: bool| {
+        let options = agent_options(&server, "bank")
+            .verify_signatures(SignaturePolicy {
+                require_signed: true,
+                ..SignaturePolicy::default()
+            })
+            .trust("alice", alice.public_key())
+            .persist_seen_ids(persist);
+        async move {
+            let bank = options.connect().await.expect("bank");
+            bank.on_command("pay", |ctx: Context, cents: u32| async move {
+                Ok::<_, HandlerError>(format!("{} paid {cents}", ctx.from()))
+            })
+            .await
+            .expect("register");
+            bank
+        }
+    };
+    let raw = raw_broker(&server).await;
+    let subject = "chorus.agent.bank.pay";
+    let signed = |cents| {
+        let mut env = pay("alice", cents);
+        alice.sign(subject, &mut env);
+        env
+    };
+
+    // In memory only: the restarted bank has forgotten the id.
+    let forgetful = signed(1);
+    let first = bank(false).await;
+    assert_eq!(
+        ask(&raw, subject, &forgetful).await.status,
+        Some(StatusCode::OK)
+    );
+    first.shutdown().await;
+    let second = bank(false).await;
+    assert_eq!(
+        ask(&raw, subject, &forgetful).await.status,
+        Some(StatusCode::OK),
+        "the in-memory cache does not survive a restart"
+    );
+    second.shutdown().await;
+
+    // Persisted: refused after the restart, and a new message still passes.
+    let captured = signed(2);
+    let first = bank(true).await;
+    assert_eq!(
+        ask(&raw, subject, &captured).await.status,
+        Some(StatusCode::OK)
+    );
+    first.shutdown().await;
+    let restarted = bank(true).await;
+    let replay = ask(&raw, subject, &captured).await;
+    assert_eq!(replay.status, Some(StatusCode::REPLAY), "{replay:?}");
+    assert_eq!(restarted.stats().security_refused, 1);
+    assert_eq!(restarted.stats().handled_ok, 0);
+    assert_eq!(
+        ask(&raw, subject, &signed(3)).await.status,
+        Some(StatusCode::OK)
+    );
+    restarted.shutdown().await;
+}
+
 #[tokio::test]
 async fn receivers_learn_senders_keys_from_the_registry() {
     let server = server();
@@ -255,7 +324,11 @@ fn a_hundred_thousand_hostile_inputs_never_panic_the_decoder_or_the_signature_ch
 #[tokio::test]
 async fn handlers_refuse_senders_without_the_required_permission_and_over_their_rate() {
     let server = server();
+    // Grants apply to verified senders: admin signs, and the vault knows its key.
+    let admin_key = Identity::generate();
     let vault = agent_options(&server, "vault")
+        .verify_signatures(SignaturePolicy::default())
+        .trust("admin", admin_key.public_key())
         .grant("admin", ["secrets:read"])
         .rate_limit(agent_sdk::RateLimit {
             per_second: 1.0,
@@ -279,6 +352,7 @@ async fn handlers_refuse_senders_without_the_required_permission_and_over_their_
         .expect("register");
 
     let admin = agent_options(&server, "admin")
+        .identity(admin_key)
         .connect()
         .await
         .expect("admin");
@@ -329,6 +403,73 @@ async fn handlers_refuse_senders_without_the_required_permission_and_over_their_
         .request::<_, ()>("vault", "ping", &())
         .await
         .expect("admin's own bucket");
+}
+
+/// SECURITY.md: grants apply only to a sender whose signature verified. A message that claims
+/// to come from a granted agent is refused with 5007 when it is unsigned (the sender is not
+/// verified) and with 5004 when it is signed by another key; the real sender, signing, is
+/// served. Only an agent that opts into trusting unverified senders takes the claim.
+#[tokio::test]
+async fn a_spoofed_from_does_not_get_the_granted_senders_rights() {
+    let server = server();
+    let admin_key = Identity::generate();
+    let mallory_key = Identity::generate();
+    let serve = |id: &str, trusting: bool| {
+        let options = agent_options(&server, id)
+            .verify_signatures(SignaturePolicy::default())
+            .trust("admin", admin_key.public_key())
+            .trust("mallory", mallory_key.public_key())
+            .grant("admin", ["secrets:read"])
+            .trust_unverified_senders(trusting);
+        async move {
+            let vault = options.connect().await.expect("vault");
+            vault
+                .on_command("read", |_ctx: Context, key: String| async move {
+                    Ok::<_, HandlerError>(format!("value of {key}"))
+                })
+                .await
+                .expect("register");
+            vault.require("read", &["secrets:read"]).expect("require");
+            vault
+        }
+    };
+    let vault = serve("vault", false).await;
+    let raw = raw_broker(&server).await;
+    let read = |from: &str, signer: Option<&Identity>, subject: &str| {
+        let mut env = Envelope::new(Kind::Request, Performative::Request, from);
+        env.to = vec!["vault".into()];
+        env.name = Some("read".into());
+        env.payload = codec::encode_payload(&"db", "application/msgpack").expect("payload");
+        if let Some(identity) = signer {
+            identity.sign(subject, &mut env);
+        }
+        env
+    };
+
+    // Unsigned, claiming to be admin: not verified, so admin's grant does not apply.
+    let subject = "chorus.agent.vault.read";
+    let spoofed = ask(&raw, subject, &read("admin", None, subject)).await;
+    assert_eq!(spoofed.status, Some(StatusCode::ACCESS), "{spoofed:?}");
+    let reason = spoofed.reason.clone().unwrap_or_default();
+    assert!(reason.contains("admin is not verified"), "{reason}");
+    // Signed by mallory's key, claiming to be admin: impersonation.
+    let forged = ask(&raw, subject, &read("admin", Some(&mallory_key), subject)).await;
+    assert_eq!(forged.status, Some(StatusCode::IDENTITY), "{forged:?}");
+    // Mallory as herself, verified: she holds no grant.
+    let honest = ask(&raw, subject, &read("mallory", Some(&mallory_key), subject)).await;
+    assert_eq!(honest.status, Some(StatusCode::ACCESS), "{honest:?}");
+    // Admin, signing: served.
+    let admin = ask(&raw, subject, &read("admin", Some(&admin_key), subject)).await;
+    assert_eq!(admin.status, Some(StatusCode::OK), "{admin:?}");
+    assert_eq!(vault.stats().access_refused, 2);
+    assert_eq!(vault.stats().security_refused, 1);
+
+    // The explicit opt-in takes the unsigned claim, as before.
+    let trusting = serve("trusting", true).await;
+    let subject = "chorus.agent.trusting.read";
+    let taken = ask(&raw, subject, &read("admin", None, subject)).await;
+    assert_eq!(taken.status, Some(StatusCode::OK), "{taken:?}");
+    drop(trusting);
 }
 
 #[tokio::test]
@@ -949,43 +1090,79 @@ async fn a_forged_event_inside_a_signed_batch_refuses_only_itself() {
 /// SECURITY.md: broadcast copies are re-sent by the coordinator under new ids and are not
 /// signed by the original sender, so an agent that requires signatures refuses them; one that
 /// does not takes them.
+/// SECURITY.md: the coordinator verifies a broadcast request against its sender's key and,
+/// requiring signatures, refuses an unsigned one (5014) or one signed by another key (5004):
+/// a forged broadcast reaches nobody. Copies are the coordinator's, signed with its key and
+/// naming the sender in `chorus-origin`, so an agent that requires signatures and trusts the
+/// coordinator's key takes them.
 #[tokio::test]
-async fn broadcast_copies_are_refused_by_an_agent_that_requires_signatures() {
+async fn broadcast_copies_are_signed_by_the_coordinator_and_forged_broadcasts_are_refused() {
     use agent_sdk::{BroadcastTarget, Outcome};
     let server = server();
-    let coordinator = coordinator(&server, false).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let coordinator_key = Identity::generate();
+    let seed_file = dir.path().join("coordinator.nk");
+    std::fs::write(&seed_file, coordinator_key.seed().expect("seed")).expect("write seed");
+    let coordinator = within(
+        WAIT,
+        "coordinator start",
+        chorus::Coordinator::start(
+            chorus::CoordinatorConfig {
+                servers: server.url().to_owned(),
+                metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                reap_interval_ms: 50,
+                signing_seed_file: Some(seed_file),
+                require_signed_broadcasts: true,
+                ..chorus::CoordinatorConfig::default()
+            },
+            false,
+        ),
+    )
+    .await
+    .expect("coordinator");
+    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut fleet = Vec::new();
     for (id, strict) in [("strict", true), ("lax", false)] {
         let mut options = agent_options(&server, id).group("signed");
         if strict {
-            options = options.verify_signatures(SignaturePolicy {
-                require_signed: true,
-                ..SignaturePolicy::default()
-            });
+            options = options
+                .verify_signatures(SignaturePolicy {
+                    require_signed: true,
+                    ..SignaturePolicy::default()
+                })
+                .trust("coordinator", coordinator_key.public_key());
         }
         let a = options.connect().await.expect("connect");
-        a.on_command("reload", |_ctx: Context, (): ()| async {
-            Ok::<_, HandlerError>(())
+        let seen = seen_tx.clone();
+        a.on_command("reload", move |ctx: Context, (): ()| {
+            let seen = seen.clone();
+            async move {
+                let origin = ctx
+                    .message()
+                    .headers
+                    .get(chorus::service::ORIGIN_HEADER)
+                    .cloned();
+                let _ = seen.send((ctx.from().to_owned(), origin));
+                Ok::<_, HandlerError>(())
+            }
         })
         .await
         .expect("register");
         fleet.push(a);
     }
+    let operator_key = Identity::generate();
     let operator = agent_options(&server, "operator")
-        .identity(Identity::generate())
+        .identity(operator_key)
         .connect()
         .await
         .expect("operator");
-    eventually(WAIT, "both registered", || async {
+    eventually(WAIT, "all three registered", || async {
         let n = operator
-            .discover(&agent_sdk::DiscoverQuery {
-                group: Some("signed".into()),
-                ..Default::default()
-            })
+            .discover(&agent_sdk::DiscoverQuery::default())
             .await
             .map(|v| v.len())
             .unwrap_or(0);
-        (n == 2).then_some(())
+        (n == 3).then_some(())
     })
     .await;
     let report = operator
@@ -997,20 +1174,46 @@ async fn broadcast_copies_are_refused_by_an_agent_that_requires_signatures() {
         )
         .await
         .expect("report");
-    let line = |id: &str| {
-        report
-            .recipients
-            .iter()
-            .find(|r| r.agent == id)
-            .unwrap_or_else(|| panic!("{id}: {report:?}"))
-            .clone()
+    for line in &report.recipients {
+        assert_eq!(line.outcome, Outcome::Delivered, "{report:?}");
+    }
+    assert_eq!(report.recipients.len(), 2, "{report:?}");
+    assert_eq!(fleet[0].stats().handled_ok, 1);
+    assert_eq!(fleet[0].stats().security_refused, 0);
+    for _ in 0..2 {
+        let (from, origin) = within(WAIT, "a copy handled", seen_rx.recv())
+            .await
+            .expect("a copy");
+        assert_eq!(from, "coordinator");
+        assert_eq!(origin.as_deref(), Some("operator"));
+    }
+
+    // Forged broadcasts claiming to be the operator: unsigned, and signed by another key.
+    let raw = raw_broker(&server).await;
+    let subject = "chorus.bcast.group.signed";
+    let forged = |signer: Option<&Identity>| {
+        let mut env = Envelope::new(Kind::Request, Performative::Request, "operator");
+        env.name = Some("reload".into());
+        env.payload = codec::encode_payload(&(), "application/msgpack").expect("payload");
+        if let Some(identity) = signer {
+            identity.sign(subject, &mut env);
+        }
+        env
     };
-    assert_eq!(line("lax").outcome, Outcome::Delivered);
-    let strict = line("strict");
-    assert_eq!(strict.outcome, Outcome::Failed, "{strict:?}");
-    assert_eq!(strict.status, StatusCode::IDENTITY, "{strict:?}");
-    assert_eq!(fleet[0].stats().handled_ok, 0);
-    assert_eq!(fleet[0].stats().security_refused, 1);
+    let unsigned = ask(&raw, subject, &forged(None)).await;
+    assert_eq!(
+        unsigned.status,
+        Some(StatusCode::UNAUTHORIZED),
+        "{unsigned:?}"
+    );
+    let impostor = ask(&raw, subject, &forged(Some(&Identity::generate()))).await;
+    assert_eq!(impostor.status, Some(StatusCode::IDENTITY), "{impostor:?}");
+    // Nothing reached the fleet.
+    assert_eq!(fleet[0].stats().handled_ok + fleet[1].stats().handled_ok, 2);
+    assert!(
+        seen_rx.try_recv().is_err(),
+        "a forged broadcast was delivered"
+    );
     coordinator.shutdown().await;
 }
 

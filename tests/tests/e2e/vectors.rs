@@ -1,6 +1,7 @@
-//! Byte-level test vectors (`tests/vectors/`): each envelope as MessagePack (hex) and as JSON.
-//! Both must decode to the same envelope, and re-encoding must give back the same bytes, so a
-//! client in another language can check itself against these files.
+//! Byte-level test vectors (`tests/vectors/`): each envelope as MessagePack (hex), as readable
+//! JSON, and as the exact JSON bytes the SDK writes (`tests/vectors/json/`). All three must
+//! decode to the same envelope, and re-encoding must give back the same bytes, so a client in
+//! another language can check itself against these files.
 
 use std::path::{Path, PathBuf};
 
@@ -8,6 +9,12 @@ use agent_sdk::codec::{self, Encoding};
 
 fn vectors_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("vectors")
+}
+
+/// The second set: each envelope exactly as the JSON encoder writes it (compact, fields in the
+/// order of docs/PROTOCOL.md section 4), with no trailing newline.
+fn json_wire_dir() -> PathBuf {
+    vectors_dir().join("json")
 }
 
 fn names() -> Vec<String> {
@@ -49,11 +56,24 @@ fn every_vector_decodes_the_same_from_both_encodings_and_re_encodes_byte_for_byt
             hex_text.trim(),
             "{name}: msgpack bytes"
         );
-        let re_json: serde_json::Value =
-            serde_json::from_slice(&codec::encode(&from_json, Encoding::Json).expect("encode"))
-                .expect("json");
+        let re_json_bytes = codec::encode(&from_json, Encoding::Json).expect("encode");
+        let re_json: serde_json::Value = serde_json::from_slice(&re_json_bytes).expect("json");
         let original: serde_json::Value = serde_json::from_slice(&json).expect("json");
         assert_eq!(re_json, original, "{name}: json");
+
+        let wire =
+            std::fs::read(json_wire_dir().join(format!("{name}.json"))).expect("json wire vector");
+        let (from_wire, enc) = codec::decode(&wire).expect("json wire vector decodes");
+        assert_eq!(enc, Encoding::Json);
+        assert_eq!(
+            from_wire, from_msgpack,
+            "{name}: the json wire vector differs"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&re_json_bytes),
+            String::from_utf8_lossy(&wire),
+            "{name}: json wire bytes"
+        );
     }
 }
 
@@ -71,12 +91,21 @@ fn the_committed_vectors_are_the_ones_the_generator_writes() {
         let value: serde_json::Value = serde_json::from_slice(&json).expect("json");
         let pretty = serde_json::to_string_pretty(&value).expect("pretty") + "\n";
         let mp = hex::encode(codec::encode(env, Encoding::MsgPack).expect("msgpack")) + "\n";
+        let wire = String::from_utf8(json.to_vec()).expect("json is utf-8");
         let json_path = dir.join(format!("{name}.json"));
         let hex_path = dir.join(format!("{name}.msgpack.hex"));
+        let wire_path = json_wire_dir().join(format!("{name}.json"));
         if write {
+            std::fs::create_dir_all(json_wire_dir()).expect("mkdir");
             std::fs::write(&json_path, &pretty).expect("write");
             std::fs::write(&hex_path, &mp).expect("write");
+            std::fs::write(&wire_path, &wire).expect("write");
         } else {
+            assert_eq!(
+                std::fs::read_to_string(&wire_path).expect("committed json wire vector"),
+                wire,
+                "json/{name}.json differs from the generator"
+            );
             assert_eq!(
                 std::fs::read_to_string(&json_path).expect("committed json vector"),
                 pretty,
@@ -96,4 +125,377 @@ fn the_committed_vectors_are_the_ones_the_generator_writes() {
         generated_names,
         "every committed vector is generated"
     );
+    let mut wire_names: Vec<String> = std::fs::read_dir(json_wire_dir())
+        .expect("tests/vectors/json exists")
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".json").map(str::to_owned)
+        })
+        .collect();
+    wire_names.sort();
+    assert_eq!(
+        wire_names, generated_names,
+        "every json wire vector is generated"
+    );
+}
+
+fn protocol_doc() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/PROTOCOL.md"))
+        .expect("docs/PROTOCOL.md")
+}
+
+/// The rows of the first table after the line `marker` in docs/PROTOCOL.md: each row's first
+/// column (a backticked name) and its other columns.
+fn doc_table(doc: &str, marker: &str) -> Vec<(String, Vec<String>)> {
+    let start = doc
+        .lines()
+        .position(|l| l.trim() == marker)
+        .unwrap_or_else(|| panic!("docs/PROTOCOL.md has no line {marker:?}"));
+    let rows: Vec<(String, Vec<String>)> = doc
+        .lines()
+        .skip(start + 1)
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| {
+            let cells: Vec<String> = l
+                .trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_owned())
+                .collect();
+            let name = cells.first()?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((name.to_owned(), cells[1..].to_vec()))
+        })
+        .collect();
+    assert!(!rows.is_empty(), "no table after {marker:?}");
+    rows
+}
+
+fn json_wire(name: &str) -> serde_json::Map<String, serde_json::Value> {
+    let bytes = std::fs::read(json_wire_dir().join(format!("{name}.json"))).expect("wire vector");
+    match serde_json::from_slice(&bytes).expect("json") {
+        serde_json::Value::Object(map) => map,
+        other => panic!("{name}: not an object: {other}"),
+    }
+}
+
+fn keys(map: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
+    let mut keys: Vec<String> = map.keys().cloned().collect();
+    keys.sort();
+    keys
+}
+
+fn names_of(rows: &[(String, Vec<String>)]) -> Vec<String> {
+    let mut names: Vec<String> = rows.iter().map(|(n, _)| n.clone()).collect();
+    names.sort();
+    names
+}
+
+/// Section 4's table lists exactly the envelope's fields, the vector `06-every-field` writes
+/// every one of them (and every member of every nested structure, with the nested tables of
+/// section 4.1), and every field the table says is always written is in every vector.
+#[test]
+fn the_every_field_vector_sets_every_field_the_spec_lists() {
+    let doc = protocol_doc();
+    let fields = doc_table(&doc, "<!-- envelope-fields -->");
+    let every = json_wire(chorus_tests::vectors::EVERY_FIELD);
+    assert_eq!(
+        keys(&every),
+        names_of(&fields),
+        "the §4 table and the every-field vector"
+    );
+    // The order of the table is the order the SDK writes.
+    let order: Vec<String> = fields.iter().map(|(n, _)| n.clone()).collect();
+    let wire_order: Vec<String> = {
+        let bytes = std::fs::read(
+            json_wire_dir().join(format!("{}.json", chorus_tests::vectors::EVERY_FIELD)),
+        )
+        .expect("wire");
+        let text = String::from_utf8(bytes).expect("utf-8");
+        let mut at: Vec<(usize, String)> = order
+            .iter()
+            .map(|n| (text.find(&format!("\"{n}\":")).expect("key"), n.clone()))
+            .collect();
+        at.sort();
+        at.into_iter().map(|(_, n)| n).collect()
+    };
+    assert_eq!(wire_order, order, "fields are written in table order");
+
+    for (nested, path) in [
+        ("expect", vec!["expect"]),
+        ("progress", vec!["progress"]),
+        ("trace", vec!["trace"]),
+        ("signature", vec!["signature"]),
+        ("encryption", vec!["encryption"]),
+    ] {
+        let rows = doc_table(&doc, &format!("<!-- nested: {nested} -->"));
+        let value = path
+            .iter()
+            .fold(serde_json::Value::Object(every.clone()), |v, k| {
+                v[*k].clone()
+            });
+        let map = value.as_object().expect("an object").clone();
+        assert_eq!(keys(&map), names_of(&rows), "{nested}");
+    }
+    let recipient = every["encryption"]["recipients"][0]
+        .as_object()
+        .expect("a recipient")
+        .clone();
+    assert_eq!(
+        keys(&recipient),
+        names_of(&doc_table(&doc, "<!-- nested: recipient -->")),
+        "encryption.recipients[]"
+    );
+
+    // "always" in the written column: in every vector, whatever else it sets.
+    let always: Vec<&String> = fields
+        .iter()
+        .filter(|(_, cells)| cells.iter().any(|c| c == "always"))
+        .map(|(n, _)| n)
+        .collect();
+    assert!(always.iter().any(|n| *n == "content_type"), "{always:?}");
+    for (name, _) in chorus_tests::vectors::all() {
+        let map = json_wire(name);
+        for field in &always {
+            assert!(map.contains_key(*field), "{name} lacks {field}");
+        }
+        for key in map.keys() {
+            assert!(
+                fields.iter().any(|(n, _)| n == key),
+                "{name}: {key} is not in the table"
+            );
+        }
+    }
+}
+
+/// `progress.fraction` is a 32-bit float in MessagePack (`0xca`), a number in JSON.
+#[test]
+fn progress_fraction_is_a_32_bit_float() {
+    let hex_text = std::fs::read_to_string(vectors_dir().join(format!(
+        "{}.msgpack.hex",
+        chorus_tests::vectors::EVERY_FIELD
+    )))
+    .expect("hex");
+    let key = hex::encode([&[0xa8][..], b"fraction", &[0xca]].concat());
+    assert!(hex_text.contains(&key), "fraction as float 32: {key}");
+    assert!(hex_text.contains(&(key + &hex::encode(0.25f32.to_be_bytes()))));
+    let every = json_wire(chorus_tests::vectors::EVERY_FIELD);
+    assert_eq!(every["progress"]["fraction"], serde_json::json!(0.25));
+}
+
+/// The algorithm names in the vectors and the spec are the ones the SDK checks.
+#[test]
+fn the_algorithm_names_are_the_sdks() {
+    let doc = protocol_doc();
+    assert!(doc.contains(agent_sdk::encryption::ENCRYPTION_ALG));
+    assert!(!doc.contains("hpke-x25519-aes256gcm"));
+    for (name, env) in chorus_tests::vectors::all() {
+        if let Some(enc) = &env.encryption {
+            assert_eq!(enc.alg, agent_sdk::encryption::ENCRYPTION_ALG, "{name}");
+            assert_eq!(
+                env.content_type,
+                agent_sdk::encryption::CONTENT_TYPE_ENCRYPTED,
+                "{name}"
+            );
+        }
+        if let Some(sig) = &env.signature {
+            assert_eq!(sig.alg, agent_sdk::security::SIGNATURE_ALG, "{name}");
+        }
+    }
+}
+
+/// Every cut-short vector is refused as malformed (5006), never read as another version, and
+/// never a panic; `"version": "1"` reads as 1.0, and `"2"` is an unknown major.
+#[test]
+fn truncated_vectors_are_malformed_and_a_bare_major_is_a_version() {
+    for (name, env) in chorus_tests::vectors::all() {
+        for encoding in [Encoding::MsgPack, Encoding::Json] {
+            let bytes = codec::encode(&env, encoding).expect("encode");
+            for n in 0..bytes.len() {
+                match codec::decode(&bytes[..n]) {
+                    Err(codec::CodecError::Malformed(_)) => {}
+                    Err(codec::CodecError::UnknownEncoding) if n == 0 => {}
+                    other => panic!("{name} {encoding:?} cut at {n}: {other:?}"),
+                }
+            }
+        }
+        let mut value: serde_json::Value =
+            serde_json::from_slice(&codec::encode(&env, Encoding::Json).expect("json"))
+                .expect("json");
+        value["version"] = "1".into();
+        let (read, _) =
+            codec::decode(&serde_json::to_vec(&value).expect("json")).expect("\"1\" is 1.0");
+        assert_eq!(read, env, "{name}");
+        value["version"] = "2".into();
+        assert!(matches!(
+            codec::decode(&serde_json::to_vec(&value).expect("json")),
+            Err(codec::CodecError::UnsupportedVersion { .. })
+        ));
+        for malformed in ["1.0.0", "1."] {
+            value["version"] = malformed.into();
+            assert!(
+                matches!(
+                    codec::decode(&serde_json::to_vec(&value).expect("json")),
+                    Err(codec::CodecError::Malformed(_))
+                ),
+                "{malformed}"
+            );
+        }
+        value["version"] = 1.into();
+        assert!(matches!(
+            codec::decode(&serde_json::to_vec(&value).expect("json")),
+            Err(codec::CodecError::Malformed(_))
+        ));
+        // The raw string is compared: "v1" is reported as a version this side does not speak.
+        value["version"] = "v1".into();
+        assert!(matches!(
+            codec::decode(&serde_json::to_vec(&value).expect("json")),
+            Err(codec::CodecError::UnsupportedVersion { .. })
+        ));
+    }
+}
+
+/// Vector 01 is what the demo calculator (`chorus up`) serves: its command and argument type;
+/// vector 02 is its answer.
+#[test]
+fn the_request_vector_is_the_demo_calculators_own() {
+    let all = chorus_tests::vectors::all();
+    let (_, request) = &all[0];
+    assert_eq!(request.name.as_deref(), Some("calculation"));
+    assert_eq!(request.to, ["calculator"]);
+    let calc: chorus::demo::Calculation =
+        codec::decode_payload(&request.payload, &request.content_type).expect("a Calculation");
+    assert_eq!(calc.operation, "add");
+    assert_eq!(calc.operands, [2.0, 3.0]);
+    let (_, response) = &all[1];
+    let result: f64 =
+        codec::decode_payload(&response.payload, &response.content_type).expect("an f64");
+    assert_eq!(result, 5.0);
+}
+
+/// The JSON details section 3.2 gives for byte-exact output: float 32 in shortest form (not
+/// finite: `null`, read back as absent), which characters a string escapes, and that a
+/// MessagePack `float 64` fraction and signed integers are read too.
+#[test]
+fn json_numbers_and_strings_are_written_as_documented() {
+    use agent_sdk::envelope::{Progress, ProgressState};
+    let (_, mut env) = chorus_tests::vectors::all().remove(0);
+    env.reason = Some("a\"b\\c\u{1}\n/é".into());
+    for (fraction, text) in [
+        (0.25f32, "0.25"),
+        (0.0, "0.0"),
+        (1e-7, "1e-7"),
+        (0.1, "0.1"),
+        (f32::NAN, "null"),
+    ] {
+        env.progress = Some(Progress {
+            state: ProgressState::Running,
+            fraction: Some(fraction),
+        });
+        let json = codec::encode(&env, Encoding::Json).expect("json");
+        let text_out = String::from_utf8(json.to_vec()).expect("utf-8");
+        assert!(
+            text_out.contains(&format!("\"fraction\":{text}}}")),
+            "{text_out}"
+        );
+        assert!(
+            text_out.contains(r#""reason":"a\"b\\c\u0001\n/é""#),
+            "{text_out}"
+        );
+        let (back, _) = codec::decode(&json).expect("decodes");
+        let read = back.progress.expect("progress").fraction;
+        if fraction.is_nan() {
+            assert_eq!(read, None);
+        } else {
+            assert_eq!(read, Some(fraction));
+        }
+    }
+    // `float 64` for the fraction and `int 8` for hops are accepted from MessagePack.
+    let mut value: serde_json::Value =
+        serde_json::from_slice(&codec::encode(&env, Encoding::Json).expect("json")).expect("v");
+    value["progress"]["fraction"] = serde_json::json!(0.5f64);
+    value["hops"] = serde_json::json!(3i64);
+    let (from_json, _) = codec::decode(&serde_json::to_vec(&value).expect("json")).expect("json");
+    let mut mp = codec::encode(&from_json, Encoding::MsgPack)
+        .expect("mp")
+        .to_vec();
+    let f32_half = [&[0xca][..], &0.5f32.to_be_bytes()].concat();
+    let at = mp.windows(5).position(|w| w == f32_half).expect("fraction");
+    mp.splice(at..at + 5, [&[0xcb][..], &0.5f64.to_be_bytes()].concat());
+    let hops = [&[0xa4][..], b"hops", &[0x03]].concat();
+    let at = mp.windows(6).position(|w| w == hops).expect("hops") + 5;
+    mp.splice(at..at + 1, [0xd0, 0x03]);
+    let (from_mp, _) = codec::decode(&mp).expect("float 64 and int 8 are read");
+    assert_eq!(from_mp, from_json);
+    assert_eq!(from_mp.hops, 3);
+}
+
+/// `null` reads as absent for the fields whose default is "none", and is malformed for the
+/// others (section 4).
+#[test]
+fn null_is_absent_only_where_the_default_is_none() {
+    let every = json_wire(chorus_tests::vectors::EVERY_FIELD);
+    let fields = doc_table(&protocol_doc(), "<!-- envelope-fields -->");
+    for (name, cells) in &fields {
+        let default = &cells[3];
+        let mut value = every.clone();
+        value.insert(name.clone(), serde_json::Value::Null);
+        let decoded = codec::decode(&serde_json::to_vec(&value).expect("json"));
+        if default.starts_with("none") || name == "correlation_id" {
+            assert!(decoded.is_ok(), "{name}: {decoded:?}");
+        } else {
+            assert!(
+                matches!(decoded, Err(codec::CodecError::Malformed(_))),
+                "{name}: {decoded:?}"
+            );
+        }
+    }
+}
+
+/// The demo calculator (`chorus up`) answers vector 01, sent as it is (with a fresh id and
+/// time, so it has not expired) in either encoding, with the reply vector 02 shows.
+#[tokio::test]
+async fn the_demo_calculator_answers_the_request_vector() {
+    use chorus_tests::{WAIT, within};
+    let server = chorus_tests::server();
+    let coordinator = chorus_tests::coordinator(&server, false).await;
+    let quiet: fn(&str) = |_| {};
+    let demo = within(
+        WAIT,
+        "demo start",
+        chorus::demo::Demo::start(server.url(), quiet),
+    )
+    .await
+    .expect("demo agents start");
+    let raw = chorus_tests::raw_broker(&server).await;
+    let (_, mut request) = chorus_tests::vectors::all().remove(0);
+    let (_, expected) = chorus_tests::vectors::all().remove(1);
+    let subject = agent_sdk::Subjects::new("chorus")
+        .expect("root")
+        .command("calculator", "calculation")
+        .expect("subject");
+    for encoding in [Encoding::MsgPack, Encoding::Json] {
+        request.id = uuid::Uuid::now_v7();
+        request.timestamp_ms = agent_sdk::envelope::now_ms();
+        let bytes = codec::encode(&request, encoding).expect("encode");
+        let msg = within(WAIT, "reply", raw.request(&subject, None, bytes, WAIT))
+            .await
+            .expect("a reply");
+        let (reply, reply_encoding) = codec::decode(msg.payload()).expect("an envelope");
+        assert_eq!(reply_encoding, encoding);
+        assert_eq!(
+            (reply.kind, reply.performative, reply.status),
+            (expected.kind, expected.performative, expected.status)
+        );
+        assert_eq!(reply.from, expected.from);
+        assert_eq!(reply.to, expected.to);
+        assert_eq!(reply.name, expected.name);
+        assert_eq!(reply.in_reply_to, Some(request.id));
+        assert_eq!(reply.correlation_id, Some(request.id));
+        let result: f64 =
+            codec::decode_payload(&reply.payload, &reply.content_type).expect("an f64");
+        assert_eq!(result, 5.0);
+    }
+    within(WAIT, "demo shutdown", demo.shutdown()).await;
+    coordinator.shutdown().await;
 }

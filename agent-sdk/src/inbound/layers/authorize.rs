@@ -26,7 +26,7 @@ impl Layer for Authorize {
         };
         let required = read(&endpoint.required);
         self.access
-            .check(&msg.env.from, &endpoint.name, &required)
+            .check(&msg.env.from, msg.verified, &endpoint.name, &required)
             .map_err(|denied| {
                 let (counter, retry) = if denied.status == StatusCode::RATE_LIMITED {
                     (
@@ -76,11 +76,46 @@ mod tests {
     }
 
     fn check(layer: &Authorize, endpoint: &Endpoint, from: &str) -> Result<(), Failure> {
-        layer.check(&mut Inbound {
-            subject: "chorus.agent.bank.pay",
-            env: Envelope::new(Kind::Request, Performative::Request, from),
-            endpoint: Some(endpoint),
-        })
+        let mut msg = Inbound::new(
+            "chorus.agent.bank.pay",
+            Envelope::new(Kind::Request, Performative::Request, from),
+            Some(endpoint),
+        );
+        // As the verify layer marks a message whose signature verified.
+        msg.verified = true;
+        layer.check(&mut msg)
+    }
+
+    #[test]
+    fn a_granted_sender_that_is_not_verified_is_5007_unless_unverified_senders_are_trusted() {
+        let grants = || vec![("alice".to_owned(), vec!["pay".to_owned()])];
+        let pay = endpoint(&["pay"]);
+        let unverified = || {
+            Inbound::new(
+                "chorus.agent.bank.pay",
+                Envelope::new(Kind::Request, Performative::Request, "alice"),
+                Some(&pay),
+            )
+        };
+        let safe = Authorize {
+            access: Arc::new(Access::new(grants(), None)),
+            counters: Arc::default(),
+        };
+        let failure = safe
+            .check(&mut unverified())
+            .expect_err("from is not proven");
+        assert_eq!(failure.status, StatusCode::ACCESS);
+        assert!(
+            failure.reason.contains("not verified"),
+            "{}",
+            failure.reason
+        );
+        assert_eq!(safe.counters.snapshot().access_refused, 1);
+        let trusting = Authorize {
+            access: Arc::new(Access::new(grants(), None).trusting_unverified_senders(true)),
+            counters: Arc::default(),
+        };
+        assert!(trusting.check(&mut unverified()).is_ok());
     }
 
     #[test]

@@ -45,11 +45,7 @@ mod tests {
     }
 
     fn check(layer: &Decrypt, env: Envelope) -> Result<Envelope, Failure> {
-        let mut msg = Inbound {
-            subject: "chorus.agent.vault.open",
-            env,
-            endpoint: None,
-        };
+        let mut msg = Inbound::new("chorus.agent.vault.open", env, None);
         layer.check(&mut msg).map(|()| msg.env)
     }
 

@@ -22,6 +22,22 @@ pub(crate) struct Inbound<'a> {
     pub(crate) env: Envelope,
     /// The command or capability it is for; `None` for events and unknown commands.
     pub(crate) endpoint: Option<&'a Endpoint>,
+    /// Whether its `from` is proven: set by the verify layer when the message carried a
+    /// signature that verified against the key registered for that sender. Grants apply only
+    /// to verified senders (unless the agent trusts unverified ones).
+    pub(crate) verified: bool,
+}
+
+impl<'a> Inbound<'a> {
+    /// A message not yet checked by any layer (so not verified).
+    pub(crate) fn new(subject: &'a str, env: Envelope, endpoint: Option<&'a Endpoint>) -> Self {
+        Inbound {
+            subject,
+            env,
+            endpoint,
+            verified: false,
+        }
+    }
 }
 
 /// One cross-cutting check of the inbound pipeline.

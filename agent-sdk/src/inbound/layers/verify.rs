@@ -28,16 +28,23 @@ impl Layer for Verify {
     fn check(&self, msg: &mut Inbound<'_>) -> Result<(), Failure> {
         self.verifier
             .verify(msg.subject, &msg.env, now_ms())
-            .map_err(|refused| self.refused(msg, refused))
+            .map_err(|refused| self.refused(msg, refused))?;
+        // An unsigned message passes where signatures are optional, but proves nothing.
+        msg.verified = msg.env.signature.is_some();
+        Ok(())
     }
 
     /// Signatures checked as a batch: about half the cost per signature.
     fn check_batch(&self, msgs: &mut [Inbound<'_>]) -> Vec<Result<(), Failure>> {
         let items: Vec<_> = msgs.iter().map(|m| (m.subject, &m.env)).collect();
         let results = self.verifier.verify_batch(&items, now_ms());
-        msgs.iter()
+        msgs.iter_mut()
             .zip(results)
-            .map(|(msg, result)| result.map_err(|refused| self.refused(msg, refused)))
+            .map(|(msg, result)| {
+                result.map_err(|refused| self.refused(msg, refused))?;
+                msg.verified = msg.env.signature.is_some();
+                Ok(())
+            })
             .collect()
     }
 }
@@ -72,11 +79,33 @@ mod tests {
     }
 
     fn check(layer: &Verify, env: Envelope) -> Result<(), Failure> {
-        layer.check(&mut Inbound {
-            subject: "chorus.agent.bank.pay",
-            env,
-            endpoint: None,
-        })
+        layer.check(&mut Inbound::new("chorus.agent.bank.pay", env, None))
+    }
+
+    #[test]
+    fn only_a_message_whose_signature_verified_is_marked_verified() {
+        let (layer, alice) = layer(false);
+        let mut msg = Inbound::new("chorus.agent.bank.pay", signed(&alice, "alice"), None);
+        assert!(layer.check(&mut msg).is_ok());
+        assert!(msg.verified, "signed and verified");
+        let unsigned = Envelope::new(Kind::Request, Performative::Request, "alice");
+        let mut msg = Inbound::new("chorus.agent.bank.pay", unsigned, None);
+        assert!(
+            layer.check(&mut msg).is_ok(),
+            "unsigned passes where optional"
+        );
+        assert!(!msg.verified, "but is not verified");
+        let mut batch = vec![
+            Inbound::new("chorus.agent.bank.pay", signed(&alice, "alice"), None),
+            Inbound::new(
+                "chorus.agent.bank.pay",
+                Envelope::new(Kind::Request, Performative::Request, "alice"),
+                None,
+            ),
+        ];
+        assert!(layer.check_batch(&mut batch).iter().all(Result::is_ok));
+        assert!(batch[0].verified);
+        assert!(!batch[1].verified);
     }
 
     #[test]
@@ -127,11 +156,7 @@ mod tests {
         forged.payload = bytes::Bytes::from_static(b"\x0c");
         let mut msgs: Vec<_> = [good, forged]
             .into_iter()
-            .map(|env| Inbound {
-                subject: "chorus.agent.bank.pay",
-                env,
-                endpoint: None,
-            })
+            .map(|env| Inbound::new("chorus.agent.bank.pay", env, None))
             .collect();
         let results = layer.check_batch(&mut msgs);
         assert!(results[0].is_ok());

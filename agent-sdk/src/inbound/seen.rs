@@ -1,0 +1,81 @@
+//! Replay protection that survives a restart: the id of every verified (signed) command and
+//! request an agent accepts is written to a key-value bucket (`<root>_seen`, key
+//! `<agent>.<message id>`) whose entries expire after the signature tolerance, so a restarted
+//! agent still refuses, with 5015, a copy it accepted before the restart. Past the tolerance
+//! the timestamp check refuses it anyway.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use broker_adapter::{ErrorKind, Kv, KvSpec};
+use bytes::Bytes;
+
+use super::outcome::{Failure, Retry};
+use crate::outbound::Outbound;
+use crate::protocol::envelope::Envelope;
+use crate::protocol::status::StatusCode;
+use crate::stats::AgentCounters;
+
+/// Suffix of the bucket of seen message ids.
+pub const SEEN_BUCKET: &str = "seen";
+/// How long a message waits when the bucket cannot be written (a durable delivery retries).
+const STORE_UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// One agent's persistent seen-id records, the bucket opened on first use.
+pub(crate) struct SeenIds {
+    out: Arc<Outbound>,
+    /// The signature tolerance: how long an id must be remembered.
+    window: Duration,
+    kv: tokio::sync::OnceCell<Kv>,
+}
+
+impl SeenIds {
+    pub(crate) fn new(out: Arc<Outbound>, window: Duration) -> Self {
+        SeenIds {
+            out,
+            window,
+            kv: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    async fn kv(&self) -> Result<&Kv, broker_adapter::Error> {
+        self.kv
+            .get_or_try_init(|| async {
+                let mut spec = KvSpec::new(self.out.subjects.bucket_name(SEEN_BUCKET));
+                // Expiry needs a positive age; a zero tolerance keeps ids a second.
+                spec.max_age = self.window.max(Duration::from_secs(1));
+                spec.description = "Chorus replay protection: verified message ids".into();
+                self.out.js.ensure_kv(&spec).await
+            })
+            .await
+    }
+
+    /// Records `env`'s id; 5015 if it was recorded before (a replay, perhaps across a
+    /// restart), 5019 (retried) if the bucket cannot be written: failing closed.
+    pub(crate) async fn record(&self, env: &Envelope) -> Result<(), Failure> {
+        let key = format!("{}.{}", self.out.id, env.id);
+        let stored = match self.kv().await {
+            Ok(kv) => kv.create(&key, Bytes::new()).await,
+            Err(e) => Err(e),
+        };
+        match stored {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::Conflict => {
+                AgentCounters::bump(&self.out.counters.security_refused);
+                tracing::warn!(agent = %self.out.id, from = %env.from, id = %env.id, "replay refused: id already seen");
+                Err(Failure::refused(
+                    StatusCode::REPLAY,
+                    format!("message {} was already received", env.id),
+                ))
+            }
+            Err(e) => {
+                tracing::warn!(agent = %self.out.id, id = %env.id, error = %e, "seen-id record unavailable");
+                Err(Failure {
+                    status: StatusCode::UNAVAILABLE,
+                    reason: "replay protection store unavailable".into(),
+                    retry: Retry::After(STORE_UNAVAILABLE_RETRY_DELAY),
+                })
+            }
+        }
+    }
+}
