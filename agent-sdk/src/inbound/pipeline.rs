@@ -221,11 +221,12 @@ impl Pipeline {
                 };
             }
         }
-        // A verified command or request is remembered across restarts, where asked.
+        // A verified command or request is remembered across restarts, where asked. (Boxed,
+        // as the exactly-once calls below: a key-value call is a large future.)
         if msg.verified
             && msg.endpoint.is_some()
             && let Some(seen) = &self.seen
-            && let Err(failure) = seen.record(&msg.env).await
+            && let Err(failure) = Box::pin(seen.record(&msg.env)).await
         {
             return Processed {
                 request: Some(Arc::new(msg.env)),
