@@ -12,3 +12,4 @@ mod protocol;
 mod security;
 mod shutdown;
 mod vectors;
+mod walkthrough;
