@@ -397,6 +397,16 @@ fn every_kubernetes_manifest_passes_the_schema_validator() {
     assert!(!out.status.success(), "an unknown field passed");
 }
 
+/// The python of kubernetes-validate's virtualenv, which also holds PyYAML and
+/// dockerfile-parse (scripts/install-kubernetes-validate).
+fn tools_python() -> PathBuf {
+    Path::new(&kubernetes_validate())
+        .parent()
+        .map(|bin| bin.join("python"))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| "python3".into())
+}
+
 /// Every YAML file under `deploy/` read by two parsers: serde_yaml (YAML 1.2) and PyYAML
 /// (YAML 1.1, what Kubernetes, Compose and Prometheus's Go parsers follow), with duplicate keys
 /// refused, and both must read the same values (no `yes`/`on`/octal ambiguity).
@@ -404,12 +414,7 @@ fn every_kubernetes_manifest_passes_the_schema_validator() {
 fn every_yaml_file_under_deploy_reads_the_same_in_two_parsers() {
     let files = deploy_files(&["yaml", "yml"]);
     assert!(files.len() >= 9, "{files:?}");
-    // PyYAML comes with kubernetes-validate, in its virtualenv.
-    let python = Path::new(&kubernetes_validate())
-        .parent()
-        .map(|bin| bin.join("python"))
-        .filter(|p| p.exists())
-        .unwrap_or_else(|| "python3".into());
+    let python = tools_python();
     const READ: &str = r#"
 import json, sys, yaml
 class Strict(yaml.SafeLoader):
@@ -588,12 +593,55 @@ fn workspace_binaries() -> Vec<(String, Vec<String>)> {
 #[test]
 fn the_dockerfile_and_compose_name_paths_and_packages_that_exist() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let dockerfile = std::fs::read_to_string(deploy("Dockerfile")).expect("Dockerfile");
-    let lines: Vec<&str> = dockerfile
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    // The Dockerfile as a Dockerfile parser reads it (dockerfile-parse): every instruction a
+    // real one, two stages, and the lines checked below taken from the parsed instructions.
+    const PARSE: &str = r#"
+import json, sys
+from dockerfile_parse import DockerfileParser
+parsed = DockerfileParser(path=sys.argv[1]).structure
+print(json.dumps([[i["instruction"], i["value"]] for i in parsed if i["instruction"] != "COMMENT"]))
+"#;
+    let parsed = run(Command::new(tools_python())
+        .args(["-c", PARSE])
+        .arg(deploy("Dockerfile")));
+    let instructions: Vec<(String, String)> =
+        serde_json::from_str(&parsed).unwrap_or_else(|e| panic!("parsed Dockerfile {parsed}: {e}"));
+    const KNOWN: [&str; 18] = [
+        "FROM",
+        "RUN",
+        "CMD",
+        "LABEL",
+        "EXPOSE",
+        "ENV",
+        "ADD",
+        "COPY",
+        "ENTRYPOINT",
+        "VOLUME",
+        "USER",
+        "WORKDIR",
+        "ARG",
+        "ONBUILD",
+        "STOPSIGNAL",
+        "HEALTHCHECK",
+        "SHELL",
+        "MAINTAINER",
+    ];
+    for (instruction, _) in &instructions {
+        assert!(
+            KNOWN.contains(&instruction.as_str()),
+            "not a Dockerfile instruction: {instruction}"
+        );
+    }
+    assert_eq!(
+        instructions.iter().filter(|(i, _)| i == "FROM").count(),
+        2,
+        "a build stage and a runtime stage"
+    );
+    let joined: Vec<String> = instructions
+        .iter()
+        .map(|(i, v)| format!("{i} {v}"))
         .collect();
+    let lines: Vec<&str> = joined.iter().map(String::as_str).collect();
     // The build stage builds a workspace package that has the binary the final stage copies.
     let build = lines
         .iter()
@@ -666,6 +714,7 @@ fn the_dockerfile_and_compose_name_paths_and_packages_that_exist() {
         );
     }
     // The image the compose file and the manifest run is the one the build comment tags.
+    let dockerfile = std::fs::read_to_string(deploy("Dockerfile")).expect("Dockerfile");
     let tag = dockerfile
         .lines()
         .find_map(|l| l.split(" -t ").nth(1))
