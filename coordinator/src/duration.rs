@@ -12,6 +12,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     parse(text).map_err(DurationError)
 }
 
+/// Parses a timeout: a duration as [`parse_duration`] reads it, and longer than zero (a zero
+/// timeout would give up before anything could answer).
+pub fn parse_timeout(text: &str) -> Result<Duration, DurationError> {
+    let duration = parse_duration(text)?;
+    if duration.is_zero() {
+        return Err(DurationError(format!(
+            "{:?} is no time to wait: give a timeout above zero",
+            text.trim()
+        )));
+    }
+    Ok(duration)
+}
+
 fn parse(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
@@ -43,5 +56,11 @@ mod tests {
         for bad in ["", "5", "s", "5 parsecs", "-1s"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        for zero in ["0s", "0ms", "0.0h"] {
+            let err = parse_timeout(zero).expect_err("zero refused");
+            assert!(err.to_string().contains("above zero"), "{err}");
+        }
+        assert_eq!(parse_timeout("1ms"), Ok(Duration::from_millis(1)));
     }
 }

@@ -481,3 +481,61 @@ async fn the_cli_works_as_its_own_user_on_a_server_with_nkeys_and_permissions() 
     echo.shutdown().await;
     coordinator.shutdown().await;
 }
+
+#[test]
+fn a_zero_timeout_and_a_dead_letter_id_of_zero_are_usage_errors() {
+    // Refused while the arguments are read, before any connection: a usage error (exit 2).
+    let unreachable = "nats://127.0.0.1:1";
+    for args in [
+        &[
+            "request",
+            "--to",
+            "calculator",
+            "--command",
+            "calculation",
+            "--timeout",
+            "0s",
+        ][..],
+        &[
+            "broadcast",
+            "--all",
+            "--command",
+            "status",
+            "--timeout",
+            "0ms",
+        ][..],
+    ] {
+        let out = chorus(unreachable, args);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {t}");
+        assert!(t.contains("above zero"), "{args:?}: {t}");
+    }
+    let out = chorus(unreachable, &["dlq", "show", "0"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("not in 1.."), "{t}");
+}
+
+#[test]
+fn a_dead_letter_that_is_not_there_is_named_in_plain_words() {
+    let server = chorus_tests::server();
+    // `chorus serve` would make the streams; `up --once` does, and leaves its dead letters.
+    let up = chorus(server.url(), &["up", "--once"]);
+    assert!(up.status.success(), "{}", text(&up));
+    for args in [
+        &["dlq", "show", "999999"][..],
+        &["dlq", "replay", "999999"][..],
+    ] {
+        let out = chorus(server.url(), args);
+        let t = text(&out);
+        assert!(!out.status.success(), "{args:?}: {t}");
+        assert!(
+            t.contains("no dead letter 999999 in the queue"),
+            "{args:?}: {t}"
+        );
+        assert!(
+            !t.contains("10003") && !t.contains("code 400"),
+            "{args:?}: {t}"
+        );
+    }
+}

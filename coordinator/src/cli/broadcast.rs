@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use agent_sdk::{BroadcastTarget, Outcome};
-use chorus::duration::parse_duration;
+use chorus::duration::parse_timeout;
 
 use super::{ConnectionArgs, parse_json};
 
@@ -26,7 +26,7 @@ pub(crate) struct Args {
     /// The payload, as JSON (default: null).
     json: Option<String>,
     /// How long each recipient has to answer.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = parse_timeout)]
     timeout: Duration,
 }
 

@@ -26,13 +26,14 @@ enum Action {
     },
     /// Show one dead letter in full.
     Show {
-        /// Its id (from `ls`).
+        /// Its id (from `ls`; ids start at 1).
+        #[arg(value_parser = clap::value_parser!(u64).range(1..))]
         id: u64,
     },
     /// Publish dead letters to their original subject again and remove them from the queue.
     Replay {
-        /// The id to replay.
-        #[arg(required_unless_present = "all")]
+        /// The id to replay (from `ls`; ids start at 1).
+        #[arg(required_unless_present = "all", value_parser = clap::value_parser!(u64).range(1..))]
         id: Option<u64>,
         /// Replay every dead letter.
         #[arg(long, conflicts_with = "id")]
@@ -91,8 +92,19 @@ async fn ls(queue: &DeadLetterQueue, limit: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a missing entry is called, instead of JetStream's own words.
+fn not_in_queue(id: u64) -> impl FnOnce(broker_adapter::Error) -> anyhow::Error {
+    move |e| {
+        if e.kind() == broker_adapter::ErrorKind::NotFound {
+            anyhow::anyhow!("no dead letter {id} in the queue (`chorus dlq ls` lists them)")
+        } else {
+            anyhow::Error::new(e)
+        }
+    }
+}
+
 async fn show(queue: &DeadLetterQueue, id: u64) -> anyhow::Result<()> {
-    let e = queue.show(id).await?;
+    let e = queue.show(id).await.map_err(not_in_queue(id))?;
     let l = &e.letter;
     println!("id:              {}", e.id);
     println!("reason:          {}", l.reason.as_str());
@@ -123,7 +135,7 @@ async fn replay(queue: &DeadLetterQueue, id: Option<u64>, all: bool) -> anyhow::
         id.into_iter().collect()
     };
     for id in &ids {
-        match queue.replay(*id).await? {
+        match queue.replay(*id).await.map_err(not_in_queue(*id))? {
             Some(ack) => println!("replayed {id} as inbox message {}", ack.sequence),
             None => println!("replayed {id} (core subject, no delivery guarantee)"),
         }

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use agent_sdk::Call;
-use chorus::duration::parse_duration;
+use chorus::duration::parse_timeout;
 
 use super::{ConnectionArgs, parse_json, print_reply};
 
@@ -22,7 +22,7 @@ pub(crate) struct Args {
     /// The payload, as JSON (default: null).
     json: Option<String>,
     /// How long to wait for the reply.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = parse_timeout)]
     timeout: Duration,
 }
 

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use agent_sdk::Call;
-use chorus::duration::parse_duration;
+use chorus::duration::parse_timeout;
 
 use super::{ConnectionArgs, parse_json, print_reply};
 
@@ -24,7 +24,7 @@ pub(crate) struct Args {
     json: Option<String>,
     /// How long to wait for a command's result (with --durable: how long it may wait in
     /// the inbox before it expires).
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = parse_timeout)]
     timeout: Duration,
     /// Store the command in the agent's durable inbox instead of waiting for a result.
     #[arg(long, requires = "to")]
