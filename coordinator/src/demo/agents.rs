@@ -134,7 +134,7 @@ impl Demo {
             watchers.push(watcher);
         }
 
-        let orchestrator = connect("orchestrator").await?;
+        let orchestrator = connect(super::ORCHESTRATOR).await?;
         let mut agents = vec![ocr, nlp, calculator, ledger];
         agents.extend(relays);
         agents.extend(watchers);

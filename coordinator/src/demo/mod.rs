@@ -27,6 +27,8 @@ pub use model::{Analysis, Calculation, DemoReport, OcrReport, Posting, ScannedDo
 
 const WATCHERS: [&str; 3] = ["audit", "dashboard", "notifier"];
 const RELAY_HOP_LIMIT: u8 = 8;
+/// The demo's orchestrator, which sends the poison posting.
+const ORCHESTRATOR: &str = "orchestrator";
 /// Attempts the ledger makes before a poison posting is dead-lettered.
 pub const LEDGER_ATTEMPTS: u32 = 3;
 

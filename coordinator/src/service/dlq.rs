@@ -263,6 +263,11 @@ impl DeadLetterQueue {
         Ok(ack)
     }
 
+    /// Removes entry `id`; `false` if it was not there.
+    pub async fn remove(&self, id: u64) -> Result<bool, broker_adapter::Error> {
+        self.js.delete_message(&self.stream, id).await
+    }
+
     /// Removes every entry; returns how many.
     pub async fn purge(&self) -> Result<u64, broker_adapter::Error> {
         match self.js.purge_stream(&self.stream).await {

@@ -53,6 +53,17 @@ async fn the_demo_scenarios_run_end_to_end() {
         .expect("rerun");
     assert_eq!(again.event_receivers.len(), 3);
     assert!(again.dead_letter.is_some());
+    // ... and leaves one dead letter of its own, not one per round; others' stay.
+    let dlq = chorus::service::dlq::DeadLetterQueue::new(
+        chorus_tests::raw_broker(&server).await,
+        agent_sdk::Subjects::new("chorus").expect("root"),
+    );
+    let entries = within(WAIT, "dlq list", dlq.list(100)).await.expect("list");
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(
+        entries[0].letter.message_id,
+        again.dead_letter.as_ref().and_then(|l| l.message_id)
+    );
     within(WAIT, "demo shutdown", demo.shutdown()).await;
     coordinator.shutdown().await;
 }
