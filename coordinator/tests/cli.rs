@@ -539,3 +539,17 @@ fn a_dead_letter_that_is_not_there_is_named_in_plain_words() {
         );
     }
 }
+
+#[test]
+fn a_bus_that_is_not_there_is_met_with_what_to_do() {
+    // Port 1 on loopback: nothing listens, the connection is refused at once.
+    let out = chorus("nats://127.0.0.1:1", &["agents"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("cannot reach the bus at nats://127.0.0.1:1"),
+        "{t}"
+    );
+    assert!(t.contains("`scripts/up` starts a local bus"), "{t}");
+    assert!(t.contains("--server"), "{t}");
+}

@@ -170,11 +170,31 @@ impl ConnectionArgs {
         if let Some(identity) = self.security.identity()? {
             options = options.identity(identity);
         }
-        options
-            .connect()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot reach the bus at {server}: {e}"))
+        options.connect().await.map_err(|e| {
+            anyhow::anyhow!("cannot reach the bus at {server}: {e}{}", connect_hint(&e))
+        })
     }
+}
+
+/// What to do about a failed connection, when the error's kind or cause says.
+fn connect_hint(err: &agent_sdk::SdkError) -> &'static str {
+    if let agent_sdk::SdkError::Broker(e) = err
+        && e.kind() == broker_adapter::ErrorKind::Refused
+    {
+        return "\n  the server refused these credentials: check --nkey-file (CHORUS_NKEY_FILE) \
+                and --id (CHORUS_ID)";
+    }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(c) = cause {
+        if c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return "\n  nothing listens there: `scripts/up` starts a local bus, or name the \
+                    server with --server (CHORUS_NATS_URL)";
+        }
+        cause = c.source();
+    }
+    ""
 }
 
 /// A payload given as JSON on the command line (none: null).
