@@ -43,7 +43,7 @@ pub(crate) fn decode(
             request: None,
             // A request that starts like JSON is answered in JSON even when the rest does not
             // decode, so a JSON-only client can read why.
-            encoding: Encoding::sniff(payload).unwrap_or(limits.encoding),
+            encoding: reply_encoding(payload, limits.encoding),
         }
     })
 }
@@ -56,7 +56,18 @@ pub(crate) fn admit(
     now_ms: u64,
 ) -> Result<(Envelope, Encoding), Refused> {
     let (env, encoding) = decode(payload, limits, counters)?;
-    match check(&env, limits.hop_limit, now_ms) {
+    admit_decoded(env, encoding, limits.hop_limit, counters, now_ms)
+}
+
+/// Admits a decoded envelope: [`check`], counting a refusal under its reason.
+pub(crate) fn admit_decoded(
+    env: Envelope,
+    encoding: Encoding,
+    hop_limit: u8,
+    counters: &AgentCounters,
+    now_ms: u64,
+) -> Result<(Envelope, Encoding), Refused> {
+    match check(&env, hop_limit, now_ms) {
         None => Ok((env, encoding)),
         Some(failure) => {
             count(counters, &failure);
@@ -69,8 +80,14 @@ pub(crate) fn admit(
     }
 }
 
+/// The encoding to answer bytes in that may not decode: JSON when they start like JSON (so a
+/// JSON-only client can read why), else `default`.
+pub(crate) fn reply_encoding(payload: &[u8], default: Encoding) -> Encoding {
+    Encoding::sniff(payload).unwrap_or(default)
+}
+
 /// Counts a refusal by [`check`] under its reason.
-pub(crate) fn count(counters: &AgentCounters, failure: &Failure) {
+fn count(counters: &AgentCounters, failure: &Failure) {
     let counter = match failure.status {
         StatusCode::EXPIRED => &counters.expired,
         StatusCode::LOOP_DETECTED => &counters.loop_refused,

@@ -198,15 +198,19 @@ impl Pipeline {
             Ok(decoded) => decoded,
             Err(refusal) => return refused(refusal),
         };
-        if let Some(failure) = admit::check(&env, self.out.hop_limit, now_ms()) {
-            admit::count(self.counters(), &failure);
-            tracing::debug!(agent = %self.out.id, id = %env.id, correlation = %env.conversation(), status = %failure.status, reason = %failure.reason, "message refused");
-            return refused(Refused {
-                failure,
-                request: Some(Box::new(env)),
-                encoding,
-            });
-        }
+        let (env, encoding) = match admit::admit_decoded(
+            env,
+            encoding,
+            self.out.hop_limit,
+            self.counters(),
+            now_ms(),
+        ) {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                tracing::debug!(agent = %self.out.id, status = %refusal.failure.status, reason = %refusal.failure.reason, "message refused");
+                return refused(refusal);
+            }
+        };
         let endpoint = match &target {
             Target::Endpoint(endpoint) => Some(endpoint.as_ref()),
             _ => None,

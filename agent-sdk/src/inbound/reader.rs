@@ -12,12 +12,12 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::admit::reply_encoding;
 use super::outcome::{Failure, Outcome, Retry};
 use super::pipeline::{Pipeline, Target};
 use super::reply;
 use crate::handler::EventHandler;
 use crate::handler::endpoint::Endpoint;
-use crate::protocol::codec::Encoding;
 use crate::protocol::status::StatusCode;
 
 /// What a subscription carries.
@@ -162,7 +162,7 @@ impl Dispatcher {
                     StatusCode::UNAVAILABLE,
                     "overloaded: the agent's queue is full",
                 );
-                let encoding = Encoding::sniff(msg.payload()).unwrap_or(self.pipeline.out.encoding);
+                let encoding = reply_encoding(msg.payload(), self.pipeline.out.encoding);
                 reply::send(
                     &self.pipeline.out,
                     reply_to,
