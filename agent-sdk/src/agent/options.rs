@@ -296,7 +296,9 @@ impl AgentOptions {
     }
 
     /// How long a durable delivery may go unacknowledged before it is redelivered (default
-    /// 30 s; running handlers report progress every third of it).
+    /// 5 s). Every delivery the agent holds, running or waiting its turn, reports progress
+    /// every third of it; so this is how long a crashed instance's deliveries wait before they
+    /// go to another.
     pub fn durable_ack_wait(mut self, wait: Duration) -> Self {
         self.durable_ack_wait = wait.max(MIN_DURABLE_ACK_WAIT);
         self

@@ -5,12 +5,11 @@
 use std::fmt;
 use std::str::FromStr;
 
-use broker_adapter::{JetStream, PubAck};
+use broker_adapter::{Headers, JetStream, PubAck};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::protocol::envelope::bytes_field;
 use crate::protocol::status::StatusCode;
 use crate::subject::Subjects;
 
@@ -128,8 +127,51 @@ impl FromStr for DeadLetterNote {
     }
 }
 
+/// The headers a stored dead letter carries; its body is the original message's bytes.
+pub mod header {
+    /// Why it is here ([`DeadLetterReason`](super::DeadLetterReason)).
+    pub const REASON: &str = "Chorus-Dlq-Reason";
+    /// The status code of the last failure.
+    pub const STATUS: &str = "Chorus-Dlq-Status";
+    /// The last failure's explanation (at most [`MAX_DETAIL_BYTES`](super::MAX_DETAIL_BYTES)).
+    pub const DETAIL: &str = "Chorus-Dlq-Detail";
+    /// The agent it was for.
+    pub const AGENT: &str = "Chorus-Dlq-Agent";
+    /// The subject it was published to.
+    pub const SUBJECT: &str = "Chorus-Dlq-Subject";
+    /// The original message id, when the envelope decoded.
+    pub const MESSAGE_ID: &str = "Chorus-Dlq-Message-Id";
+    /// Deliveries made.
+    pub const ATTEMPTS: &str = "Chorus-Dlq-Attempts";
+    /// When the original was stored, ms since the epoch.
+    pub const STORED_MS: &str = "Chorus-Dlq-Stored-Ms";
+    /// When it was dead-lettered, ms since the epoch.
+    pub const DEAD_LETTERED_MS: &str = "Chorus-Dlq-Dead-Lettered-Ms";
+    /// `<stream>:<sequence>` it came from, if any.
+    pub const SOURCE: &str = "Chorus-Dlq-Source";
+    /// Present when the original was too large to keep: its size in bytes.
+    pub const OMITTED: &str = "Chorus-Dlq-Omitted";
+    /// The prefix of every header above.
+    pub const PREFIX: &str = "Chorus-Dlq-";
+}
+
+/// The longest failure explanation a dead letter keeps, in bytes; a longer one is cut.
+pub const MAX_DETAIL_BYTES: usize = 512;
+
+/// Bytes a durable message must leave free under the server's `max_payload` for its dead
+/// letter's headers, so that every message the SDK stores can also be dead-lettered whole.
+/// [`Agent::send`](crate::Agent::send) refuses a durable message larger than
+/// `max_payload - DEAD_LETTER_HEADROOM`.
+pub const DEAD_LETTER_HEADROOM: usize = 4096;
+
 /// A dead letter: the original message, untouched, and what happened to it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Stored as the original bytes with the facts in `Chorus-Dlq-*` headers (see [`header`]), so
+/// a dead letter is barely larger than its message. A message stored in an inbox by some other
+/// client that leaves no room for those headers is kept without its body ([`omitted`]).
+///
+/// [`omitted`]: DeadLetter::omitted
+#[derive(Debug, Clone, PartialEq)]
 pub struct DeadLetter {
     /// Why it is here.
     pub reason: DeadLetterReason,
@@ -142,11 +184,11 @@ pub struct DeadLetter {
     /// The subject it was published to; replay publishes there again.
     pub subject: String,
     /// The original envelope bytes, exactly as published (an encrypted payload stays
-    /// encrypted).
-    #[serde(with = "bytes_field")]
+    /// encrypted); empty when [`omitted`](DeadLetter::omitted).
     pub envelope: Bytes,
+    /// The original message's own headers (JetStream's `Nats-*` ones left out).
+    pub headers: Vec<(String, String)>,
     /// The original message id, when the envelope decoded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message_id: Option<Uuid>,
     /// Deliveries made.
     pub attempts: u64,
@@ -155,9 +197,16 @@ pub struct DeadLetter {
     /// When it was dead-lettered, ms since the epoch.
     pub dead_lettered_ms: u64,
     /// The stream and sequence it came from, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<(String, u64)>,
+    /// The size of an original too large to keep beside the dead letter's headers; its
+    /// bytes are then not in [`envelope`](DeadLetter::envelope).
+    pub omitted: Option<u64>,
 }
+
+/// A stored dead letter whose headers do not say what a dead letter must.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a dead letter: {0}")]
+pub struct NotADeadLetter(String);
 
 impl DeadLetter {
     /// The message id that makes repeated reports of the same failure one entry.
@@ -171,13 +220,129 @@ impl DeadLetter {
             ),
         }
     }
+
+    /// The headers this dead letter is stored with, the original's own first.
+    pub fn to_headers(&self) -> Result<Headers, broker_adapter::Error> {
+        let mut h = Headers::new();
+        for (name, value) in &self.headers {
+            if is_kept_header(name) {
+                h.insert(name, value)?;
+            }
+        }
+        h.insert(header::REASON, self.reason.as_str())?;
+        h.insert(header::STATUS, &self.status.0.to_string())?;
+        h.insert(
+            header::DETAIL,
+            &header_value(&self.detail, MAX_DETAIL_BYTES),
+        )?;
+        h.insert(header::AGENT, &header_value(&self.agent, MAX_DETAIL_BYTES))?;
+        h.insert(header::SUBJECT, &header_value(&self.subject, 1024))?;
+        if let Some(id) = self.message_id {
+            h.insert(header::MESSAGE_ID, &id.to_string())?;
+        }
+        h.insert(header::ATTEMPTS, &self.attempts.to_string())?;
+        h.insert(header::STORED_MS, &self.stored_ms.to_string())?;
+        h.insert(header::DEAD_LETTERED_MS, &self.dead_lettered_ms.to_string())?;
+        if let Some((stream, seq)) = &self.source {
+            h.insert(header::SOURCE, &format!("{stream}:{seq}"))?;
+        }
+        if let Some(n) = self.omitted {
+            h.insert(header::OMITTED, &n.to_string())?;
+        }
+        Ok(h)
+    }
+
+    /// Reads a stored dead letter back from its headers and body.
+    pub fn from_stored(headers: &Headers, body: Bytes) -> Result<DeadLetter, NotADeadLetter> {
+        let get = |name: &str| {
+            headers
+                .get(name)
+                .ok_or_else(|| NotADeadLetter(format!("no {name} header")))
+        };
+        let number = |name: &str| -> Result<u64, NotADeadLetter> {
+            get(name)?
+                .parse()
+                .map_err(|_| NotADeadLetter(format!("{name} is not a number")))
+        };
+        let optional = |name: &str| headers.get(name).filter(|v| !v.is_empty());
+        let source = match optional(header::SOURCE) {
+            None => None,
+            Some(v) => {
+                let (stream, seq) = v
+                    .rsplit_once(':')
+                    .and_then(|(s, n)| Some((s.to_owned(), n.parse().ok()?)))
+                    .ok_or_else(|| NotADeadLetter(format!("{} is {v:?}", header::SOURCE)))?;
+                Some((stream, seq))
+            }
+        };
+        Ok(DeadLetter {
+            reason: get(header::REASON)?
+                .parse()
+                .map_err(|e: ParseNoteError| NotADeadLetter(e.to_string()))?,
+            status: StatusCode(
+                u16::try_from(number(header::STATUS)?)
+                    .map_err(|_| NotADeadLetter("status out of range".into()))?,
+            ),
+            detail: get(header::DETAIL)?.to_owned(),
+            agent: get(header::AGENT)?.to_owned(),
+            subject: get(header::SUBJECT)?.to_owned(),
+            envelope: body,
+            headers: headers
+                .iter()
+                .filter(|(name, _)| is_kept_header(name))
+                .map(|(n, v)| (n.to_owned(), v.to_owned()))
+                .collect(),
+            message_id: optional(header::MESSAGE_ID).and_then(|v| v.parse().ok()),
+            attempts: number(header::ATTEMPTS)?,
+            stored_ms: number(header::STORED_MS)?,
+            dead_lettered_ms: number(header::DEAD_LETTERED_MS)?,
+            source,
+            omitted: optional(header::OMITTED).and_then(|v| v.parse().ok()),
+        })
+    }
 }
 
-/// Writes `letter` to the dead-letter stream (once, whatever the number of calls).
+/// Whether an original message's header travels with its dead letter (and with a replay):
+/// not JetStream's own (`Nats-*`), which would steer the dead-letter stream, and not a
+/// dead letter's facts.
+pub fn is_kept_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    !lower.starts_with("nats-") && !lower.starts_with(&header::PREFIX.to_ascii_lowercase())
+}
+
+/// `text` as a header value: line breaks and other controls become spaces, cut at a char
+/// boundary to at most `max` bytes.
+fn header_value(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max));
+    for c in text.chars() {
+        let c = if c.is_control() { ' ' } else { c };
+        if out.len() + c.len_utf8() > max {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Bytes a message of `headers` and `body` takes against the server's `max_payload`, with
+/// a `Nats-Msg-Id` of `msg_id` (the header block as written on the wire).
+fn wire_size(headers: &Headers, msg_id: &str, body: usize) -> usize {
+    let line = |n: &str, v: &str| n.len() + v.len() + 4;
+    "NATS/1.0\r\n\r\n".len()
+        + headers.iter().map(|(n, v)| line(n, v)).sum::<usize>()
+        + line("Nats-Msg-Id", msg_id)
+        + body
+}
+
+/// Writes `letter` to the dead-letter stream (once, whatever the number of calls). A letter
+/// whose original leaves no room for its headers under `max_payload` is written without the
+/// original's bytes, marked [`omitted`](DeadLetter::omitted): a dead letter can always be
+/// written while the stream takes writes.
 pub async fn write_dead_letter(
     js: &JetStream,
     subjects: &Subjects,
     letter: &DeadLetter,
+    max_payload: usize,
 ) -> Result<PubAck, broker_adapter::Error> {
     let agent = if crate::subject::validate_token("agent id", &letter.agent).is_ok() {
         letter.agent.as_str()
@@ -189,17 +354,26 @@ pub async fn write_dead_letter(
         .map_err(|e| {
             broker_adapter::Error::new(broker_adapter::ErrorKind::InvalidSubject, e.to_string())
         })?;
-    let body = serde_json::to_vec(letter).map_err(|e| {
-        broker_adapter::Error::new(broker_adapter::ErrorKind::InvalidInput, e.to_string())
-    })?;
-    js.publish(
-        &subject,
-        None,
-        Some(&letter.dedupe_id()),
-        None,
-        Bytes::from(body),
-    )
-    .await
+    let msg_id = letter.dedupe_id();
+    let mut headers = letter.to_headers()?;
+    let mut body = letter.envelope.clone();
+    if wire_size(&headers, &msg_id, body.len()) > max_payload {
+        let omitted = DeadLetter {
+            envelope: Bytes::new(),
+            omitted: Some(u64::try_from(letter.envelope.len()).unwrap_or(u64::MAX)),
+            ..letter.clone()
+        };
+        tracing::warn!(
+            agent,
+            size = letter.envelope.len(),
+            max_payload,
+            "dead letter kept without its original: too large"
+        );
+        headers = omitted.to_headers()?;
+        body = Bytes::new();
+    }
+    js.publish(&subject, Some(headers), Some(&msg_id), None, body)
+        .await
 }
 
 #[cfg(test)]
@@ -220,5 +394,69 @@ mod tests {
         assert!("Message deleted".parse::<DeadLetterNote>().is_err());
         assert!("5017 lost: x".parse::<DeadLetterNote>().is_err());
         assert!("x refused: y".parse::<DeadLetterNote>().is_err());
+    }
+
+    fn letter(envelope: &[u8]) -> DeadLetter {
+        DeadLetter {
+            reason: DeadLetterReason::MaxAttempts,
+            status: StatusCode::HANDLER_FAILED,
+            detail: "line one\r\nline two: ünïcode".into(),
+            agent: "ledger".into(),
+            subject: "chorus.inbox.ledger.n.post".into(),
+            envelope: Bytes::copy_from_slice(envelope),
+            headers: vec![("Chorus-Replay-Of".into(), "CHORUS_DLQ:3".into())],
+            message_id: Some(Uuid::now_v7()),
+            attempts: 4,
+            stored_ms: 1_700_000_000_000,
+            dead_lettered_ms: 1_700_000_000_500,
+            source: Some(("CHORUS_INBOX".into(), 42)),
+            omitted: None,
+        }
+    }
+
+    #[test]
+    fn a_dead_letter_is_its_original_bytes_with_its_facts_in_headers() {
+        let original = letter(&[0x83, 0x00, 0xff, b'{']);
+        let headers = original.to_headers().expect("headers");
+        let back = DeadLetter::from_stored(&headers, original.envelope.clone()).expect("reads");
+        assert_eq!(back.detail, "line one  line two: ünïcode");
+        assert_eq!(
+            back,
+            DeadLetter {
+                detail: back.detail.clone(),
+                ..original
+            }
+        );
+    }
+
+    #[test]
+    fn a_long_detail_is_cut_at_a_char_boundary() {
+        let mut long = letter(b"x");
+        long.detail = "é".repeat(MAX_DETAIL_BYTES);
+        let headers = long.to_headers().expect("headers");
+        let detail = headers.get(header::DETAIL).expect("detail");
+        assert!(detail.len() <= MAX_DETAIL_BYTES && detail.len() >= MAX_DETAIL_BYTES - 1);
+        assert!(detail.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn a_message_with_missing_facts_is_not_a_dead_letter() {
+        let mut headers = letter(b"x").to_headers().expect("headers");
+        headers.insert(header::ATTEMPTS, "many").expect("insert");
+        assert!(DeadLetter::from_stored(&headers, Bytes::new()).is_err());
+        assert!(DeadLetter::from_stored(&Headers::new(), Bytes::new()).is_err());
+    }
+
+    #[test]
+    fn the_size_counted_against_max_payload_is_the_wire_size() {
+        let l = letter(&[7; 100]);
+        let headers = l.to_headers().expect("headers");
+        let mut block = String::from("NATS/1.0\r\n");
+        for (n, v) in headers.iter() {
+            block.push_str(&format!("{n}: {v}\r\n"));
+        }
+        block.push_str(&format!("Nats-Msg-Id: {}\r\n\r\n", l.dedupe_id()));
+        assert_eq!(wire_size(&headers, &l.dedupe_id(), 100), block.len() + 100);
+        assert!(block.len() < DEAD_LETTER_HEADROOM);
     }
 }

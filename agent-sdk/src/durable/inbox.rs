@@ -25,14 +25,14 @@ use crate::stats::AgentCounters;
 use crate::sync::{read, write};
 
 /// How long a durable delivery may go without an ack or progress report before the server
-/// redelivers it. Handlers that run longer report progress automatically.
-pub const DURABLE_ACK_WAIT: Duration = Duration::from_secs(30);
+/// redelivers it. Every delivery an instance holds, running or waiting its turn, is kept alive
+/// by a progress report every third of this; so this is also the longest a crashed instance's
+/// deliveries wait before they go to another instance.
+pub const DURABLE_ACK_WAIT: Duration = Duration::from_secs(5);
 /// The shortest ack wait an agent may set.
 pub const MIN_DURABLE_ACK_WAIT: Duration = Duration::from_millis(300);
 /// Default number of ordering lanes of a durable inbox.
 pub const DEFAULT_ORDERING_LANES: usize = 16;
-/// Deliveries waiting per lane.
-const LANE_CAPACITY: usize = 32;
 /// Most deliveries a consumer pulls at once.
 const MAX_PULL_BATCH: usize = 256;
 /// The high-priority consumer gets a quarter of the lanes (at least one).
@@ -52,6 +52,9 @@ pub(crate) struct DurableInbox {
     pub(crate) tracker: TaskTracker,
     pub(crate) stop: CancellationToken,
     started: tokio::sync::Mutex<bool>,
+    /// Deliveries taken and not yet settled, by stream sequence: the keeper reports progress
+    /// on each, so one waiting its turn in a lane is not redelivered meanwhile.
+    held: std::sync::Mutex<std::collections::HashMap<u64, Arc<Delivery>>>,
     #[cfg(feature = "fault-injection")]
     pub(crate) skip_acks: std::sync::atomic::AtomicU64,
 }
@@ -85,6 +88,7 @@ impl DurableInbox {
             tracker,
             stop,
             started: tokio::sync::Mutex::new(false),
+            held: std::sync::Mutex::new(std::collections::HashMap::new()),
             #[cfg(feature = "fault-injection")]
             skip_acks: std::sync::atomic::AtomicU64::new(0),
         }
@@ -165,17 +169,47 @@ impl DurableInbox {
             };
             self.spawn_lanes(deliveries, lanes);
         }
+        self.spawn_keeper();
         *started = true;
         Ok(())
     }
 
+    fn held(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<Delivery>>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every third of the ack wait, reports progress on every delivery this instance holds
+    /// (handled or waiting its turn), so the server redelivers none of them while the
+    /// instance lives, and all of them within one ack wait once it is gone.
+    fn spawn_keeper(self: &Arc<Self>) {
+        let inbox = Arc::clone(self);
+        let period = self.ack_wait / 3;
+        self.tracker.spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = inbox.stop.cancelled() => break,
+                }
+                let held: Vec<Arc<Delivery>> = inbox.held().values().cloned().collect();
+                for delivery in held {
+                    if let Err(err) = delivery.in_progress().await {
+                        tracing::debug!(agent = %inbox.pipeline.out.id, error = %err, "in-progress ack not sent");
+                    }
+                }
+            }
+        });
+    }
+
     /// One dispatcher per consumer sends each delivery to a lane chosen by its sender; each
     /// lane handles its deliveries one at a time, so one sender's messages are handled in the
-    /// order they were stored.
+    /// order they were stored. The dispatcher never waits for a lane: what it takes is held
+    /// (and kept alive) at once, and the consumer's `max_ack_pending` bounds how much that is.
     fn spawn_lanes(self: &Arc<Self>, mut deliveries: Deliveries, lanes: usize) {
         let mut senders = Vec::with_capacity(lanes);
         for _ in 0..lanes {
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<(Delivery, Decoded)>(LANE_CAPACITY);
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Arc<Delivery>, Decoded)>();
             senders.push(tx);
             let inbox = Arc::clone(self);
             self.tracker.spawn(async move {
@@ -204,16 +238,19 @@ impl DurableInbox {
                     Ok((env, _)) => lane_of(&env.from, senders.len()),
                     Err(_) => 0,
                 };
-                if senders[lane].send((delivery, decoded)).await.is_err() {
+                let delivery = Arc::new(delivery);
+                inbox
+                    .held()
+                    .insert(delivery.stream_seq(), Arc::clone(&delivery));
+                if senders[lane].send((delivery, decoded)).is_err() {
                     break;
                 }
             }
         });
     }
 
-    /// One delivery through the pipeline (reporting progress while its handler runs), then
-    /// settled.
-    async fn process(&self, delivery: Delivery, decoded: Decoded) {
+    /// One delivery through the pipeline, then settled and let go.
+    async fn process(&self, delivery: Arc<Delivery>, decoded: Decoded) {
         let counters = self.pipeline.counters();
         if delivery.delivered() > 1 {
             AgentCounters::bump(&counters.redelivered);
@@ -228,25 +265,10 @@ impl DurableInbox {
             Some(endpoint) => Target::Endpoint(endpoint),
             None => Target::Unknown(delivery.subject().to_owned()),
         };
-        let running = self
+        let processed = self
             .pipeline
-            .run(delivery.subject(), decoded, target, SpanKind::Consumer);
-        tokio::pin!(running);
-        // Tell the server the work goes on, well inside each ack wait. (An interval's
-        // immediate first tick would cost a timer-wheel turn per delivery: start it one
-        // period out instead.)
-        let period = self.ack_wait / 3;
-        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        let processed = loop {
-            tokio::select! {
-                processed = &mut running => break processed,
-                _ = progress.tick() => {
-                    if let Err(err) = delivery.in_progress().await {
-                        tracing::debug!(agent = %self.pipeline.out.id, error = %err, "in-progress ack not sent");
-                    }
-                }
-            }
-        };
+            .run(delivery.subject(), decoded, target, SpanKind::Consumer)
+            .await;
         let kind = processed.request.as_ref().map_or(Kind::Unknown, |r| r.kind);
         let settle = settle(
             &read(&self.retry_policies),
@@ -260,6 +282,14 @@ impl DurableInbox {
         }
         let message_id = processed.request.as_ref().map(|r| r.id);
         self.apply(&delivery, settle, message_id).await;
+        let mut held = self.held();
+        // A later copy of the same message (redelivered meanwhile) stays held.
+        if held
+            .get(&delivery.stream_seq())
+            .is_some_and(|h| Arc::ptr_eq(h, &delivery))
+        {
+            held.remove(&delivery.stream_seq());
+        }
     }
 
     /// Acks, naks or dead-letters the delivery.
@@ -284,6 +314,11 @@ impl DurableInbox {
                     agent: out.id.clone(),
                     subject: delivery.subject().to_owned(),
                     envelope: delivery.payload().clone(),
+                    headers: delivery
+                        .headers()
+                        .iter()
+                        .map(|(n, v)| (n.to_owned(), v.to_owned()))
+                        .collect(),
                     message_id,
                     attempts: delivery.delivered(),
                     stored_ms: delivery.published_ms(),
@@ -292,8 +327,10 @@ impl DurableInbox {
                         out.subjects.stream_name(INBOX_STREAM),
                         delivery.stream_seq(),
                     )),
+                    omitted: None,
                 };
-                match write_dead_letter(&out.js, &out.subjects, &letter).await {
+                let max_payload = out.broker.max_payload();
+                match write_dead_letter(&out.js, &out.subjects, &letter, max_payload).await {
                     Ok(_) => {
                         AgentCounters::bump(&counters.dead_lettered);
                         tracing::warn!(agent = %out.id, seq = delivery.stream_seq(), %note, "durable message dead-lettered");

@@ -28,7 +28,11 @@ use broker_adapter::StreamSpec;
 use serde::{Deserialize, Serialize};
 
 pub use crate::inbound::exactly_once::{DEFAULT_IDEMPOTENCY_TTL, IDEMPOTENCY_BUCKET};
-pub use dead_letter::{DeadLetter, DeadLetterNote, DeadLetterReason, write_dead_letter};
+pub use dead_letter::{
+    DEAD_LETTER_HEADROOM, DeadLetter, DeadLetterNote, DeadLetterReason, MAX_DETAIL_BYTES,
+    NotADeadLetter, header, is_kept_header, write_dead_letter,
+};
+pub use inbox::{DURABLE_ACK_WAIT, MIN_DURABLE_ACK_WAIT};
 pub use send::{BATCH_ACKS_IN_FLIGHT, Receipt};
 
 use crate::subject::Subjects;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use broker_adapter::{BatchMessage, ErrorKind};
 use uuid::Uuid;
 
-use super::{InboxLimits, inbox_stream};
+use super::{DEAD_LETTER_HEADROOM, InboxLimits, inbox_stream};
 use crate::error::SdkError;
 use crate::outbound::{Call, Outbound, Target};
-use crate::protocol::codec;
+use crate::protocol::codec::{self, CodecError};
 use crate::protocol::envelope::{DeliveryClass, Envelope, Priority};
 use crate::stats::AgentCounters;
 
@@ -128,6 +128,7 @@ impl Sender {
                 duplicate: false,
             });
         }
+        self.leaves_room_for_a_dead_letter(bytes.len())?;
         self.ensure_inbox().await?;
         let msg_id = dedupe_id(&env.id, class);
         let mut attempt = 0;
@@ -188,6 +189,8 @@ impl Sender {
                     stream_seq: None,
                     duplicate: false,
                 })));
+            } else if let Err(e) = self.leaves_room_for_a_dead_letter(bytes.len()) {
+                results.push(Some(Err(e)));
             } else {
                 durable.push((results.len(), id, class));
                 results.push(None);
@@ -219,6 +222,22 @@ impl Sender {
             .into_iter()
             .map(|r| r.unwrap_or(Err(SdkError::Expired)))
             .collect()
+    }
+}
+
+impl Sender {
+    /// Refuses a durable message that would leave no room under the server's `max_payload`
+    /// for its dead letter's headers: every stored command can then be dead-lettered whole.
+    fn leaves_room_for_a_dead_letter(&self, size: usize) -> Result<(), SdkError> {
+        let limit = self
+            .out
+            .broker
+            .max_payload()
+            .saturating_sub(DEAD_LETTER_HEADROOM);
+        if size > limit {
+            return Err(SdkError::Codec(CodecError::TooLarge { size, limit }));
+        }
+        Ok(())
     }
 }
 

@@ -11,7 +11,7 @@ use futures::{Stream, StreamExt};
 
 use super::{DEFAULT_ACK_WAIT, DEFAULT_MAX_ACK_PENDING, PULL_EXPIRES, PULL_HEARTBEAT};
 use crate::classify::{self, classified as js_err};
-use crate::{Error, ErrorKind, Result};
+use crate::{Error, ErrorKind, Headers, Result};
 
 /// What a durable pull consumer should look like.
 #[derive(Debug, Clone)]
@@ -153,6 +153,15 @@ impl Delivery {
             .as_ref()
             .and_then(|h| h.get_last(name))
             .map(|v| v.as_str())
+    }
+
+    /// Every header it carries (empty if none).
+    pub fn headers(&self) -> Headers {
+        self.message
+            .headers
+            .clone()
+            .map(Headers)
+            .unwrap_or_default()
     }
 
     /// Sequence in the stream.

@@ -119,7 +119,12 @@ async fn show(queue: &DeadLetterQueue, id: u64) -> anyhow::Result<()> {
     );
     println!("stored at (ms):  {}", l.stored_ms);
     println!("dead at (ms):    {}", l.dead_lettered_ms);
-    println!("message:         {}", describe_envelope(&l.envelope));
+    match l.omitted {
+        Some(size) => println!(
+            "message:         not kept ({size} bytes, too large to store beside the dead letter's headers)"
+        ),
+        None => println!("message:         {}", describe_envelope(&l.envelope)),
+    }
     Ok(())
 }
 

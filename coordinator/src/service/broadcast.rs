@@ -234,13 +234,16 @@ async fn deliver(
                 agent: agent.clone(),
                 subject,
                 envelope: bytes,
+                headers: Vec::new(),
                 message_id: Some(copy.id),
                 attempts: 1,
                 stored_ms: copy.timestamp_ms,
                 dead_lettered_ms: now_ms(),
                 source: None,
+                omitted: None,
             };
-            match write_dead_letter(&shared.js, &shared.subjects, &letter).await {
+            let max_payload = shared.broker.max_payload();
+            match write_dead_letter(&shared.js, &shared.subjects, &letter, max_payload).await {
                 Ok(ack) if !ack.duplicate => {
                     metrics()
                         .dead_letters

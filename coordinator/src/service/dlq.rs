@@ -15,8 +15,23 @@ use std::time::Duration;
 use super::metrics::metrics;
 use super::{JETSTREAM_TIMEOUT, Shared};
 
-/// How long an advisory that could not be processed waits before it is tried again.
+/// How long an advisory that could not be processed first waits before it is tried again;
+/// the wait doubles with each attempt up to [`ADVISORY_MAX_RETRY_DELAY`].
 pub const ADVISORY_RETRY_DELAY: Duration = Duration::from_secs(2);
+/// The longest wait between two attempts at one advisory.
+pub const ADVISORY_MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
+/// Attempts at one advisory (about 16 minutes with the delays above) before it is given up:
+/// the original message then stays in the inbox stream, and the give-up is logged and counted
+/// in `chorus_coordinator_advisories_abandoned_total`.
+pub const ADVISORY_MAX_ATTEMPTS: u64 = 20;
+
+/// The wait after failed attempt `attempt` (1-based) at an advisory.
+pub fn advisory_retry_delay(attempt: u64) -> Duration {
+    let doublings = u32::try_from(attempt.saturating_sub(1).min(16)).unwrap_or(16);
+    ADVISORY_RETRY_DELAY
+        .saturating_mul(1 << doublings)
+        .min(ADVISORY_MAX_RETRY_DELAY)
+}
 
 /// The fields Chorus reads from JetStream's max-deliveries and terminated advisories.
 #[derive(Debug, Deserialize)]
@@ -48,9 +63,16 @@ pub(crate) async fn on_advisory(shared: &Shared, delivery: &Delivery) {
     let outcome = handle_advisory(shared, delivery).await;
     let ack = match outcome {
         Ok(()) => delivery.ack().await,
+        Err(err) if delivery.delivered() >= ADVISORY_MAX_ATTEMPTS => {
+            metrics().advisories_abandoned.inc();
+            tracing::error!(error = %err, attempts = delivery.delivered(), "advisory given up: the message it names stays in the inbox stream, not dead-lettered");
+            delivery.term("given up after its attempts").await
+        }
         Err(err) => {
-            tracing::warn!(error = %err, "advisory not processed; will retry");
-            delivery.nak(Some(ADVISORY_RETRY_DELAY)).await
+            tracing::warn!(error = %err, attempt = delivery.delivered(), "advisory not processed; will retry");
+            delivery
+                .nak(Some(advisory_retry_delay(delivery.delivered())))
+                .await
         }
     };
     if let Err(err) = ack {
@@ -104,13 +126,20 @@ async fn handle_advisory(
             .to_owned(),
         subject: original.subject.clone(),
         envelope: original.payload.clone(),
+        headers: original
+            .headers
+            .iter()
+            .map(|(n, v)| (n.to_owned(), v.to_owned()))
+            .collect(),
         message_id,
         attempts: advisory.deliveries,
         stored_ms: original.stored_ms,
         dead_lettered_ms: now_ms(),
         source: Some((inbox.clone(), advisory.stream_seq)),
+        omitted: None,
     };
-    let ack = write_dead_letter(&shared.js, &shared.subjects, &letter).await?;
+    let max_payload = shared.broker.max_payload();
+    let ack = write_dead_letter(&shared.js, &shared.subjects, &letter, max_payload).await?;
     if !ack.duplicate {
         metrics()
             .dead_letters
@@ -213,7 +242,7 @@ impl DeadLetterQueue {
     /// Entry `id`.
     pub async fn show(&self, id: u64) -> Result<DlqEntry, broker_adapter::Error> {
         let stored = self.js.get_message(&self.stream, id).await?;
-        let letter: DeadLetter = serde_json::from_slice(&stored.payload).map_err(|e| {
+        let letter = DeadLetter::from_stored(&stored.headers, stored.payload).map_err(|e| {
             broker_adapter::Error::with_source(
                 ErrorKind::InvalidInput,
                 format!("entry {id} does not decode"),
@@ -228,7 +257,20 @@ impl DeadLetterQueue {
     /// the entry. Durable subjects go through JetStream and return its ack.
     pub async fn replay(&self, id: u64) -> Result<Option<PubAck>, broker_adapter::Error> {
         let entry = self.show(id).await?;
+        if let Some(size) = entry.letter.omitted {
+            return Err(broker_adapter::Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "dead letter {id} cannot be replayed: its original ({size} bytes) was too large to keep"
+                ),
+            ));
+        }
         let mut headers = Headers::new();
+        for (name, value) in &entry.letter.headers {
+            if name != REPLAY_HEADER {
+                headers.insert(name, value)?;
+            }
+        }
         headers.insert(REPLAY_HEADER, &format!("{}:{id}", self.stream))?;
         let durable = self
             .subjects
@@ -309,5 +351,22 @@ pub fn describe_envelope(bytes: &Bytes) -> String {
             )
         }
         Err(e) => format!("<{} bytes, not an envelope: {e}>", bytes.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advisory_retries_double_up_to_a_minute_and_end() {
+        let delays: Vec<u64> = (1..=ADVISORY_MAX_ATTEMPTS)
+            .map(|n| advisory_retry_delay(n).as_secs())
+            .collect();
+        assert_eq!(&delays[..7], &[2, 4, 8, 16, 32, 60, 60]);
+        assert_eq!(advisory_retry_delay(u64::MAX), ADVISORY_MAX_RETRY_DELAY);
+        let total: u64 = delays[..delays.len() - 1].iter().sum();
+        // The attempts end after about 16 minutes of waiting.
+        assert_eq!(total, 2 + 4 + 8 + 16 + 32 + 60 * 14);
     }
 }

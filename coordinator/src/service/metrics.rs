@@ -19,6 +19,8 @@ pub struct CoordinatorMetrics {
     pub broadcast_recipients: IntCounterVec,
     /// Dead letters written by the coordinator, by reason.
     pub dead_letters: IntCounterVec,
+    /// Advisories given up after every attempt failed (their messages stay in the inbox).
+    pub advisories_abandoned: IntCounter,
     /// Messages in the dead-letter stream, by reason (whoever wrote them).
     pub dlq_depth: IntGaugeVec,
     /// The coordinator's own NATS connection events.
@@ -68,6 +70,11 @@ pub fn metrics() -> &'static CoordinatorMetrics {
                 "Dead letters the coordinator wrote, by reason.",
                 &["reason"],
             ),
+            advisories_abandoned: IntCounter::new(
+                "chorus_coordinator_advisories_abandoned_total",
+                "Advisories given up after every attempt to dead-letter their message failed; the message stays in the inbox stream.",
+            )
+            .expect("static metric definition"),
             dlq_depth: gauge_vec(
                 "chorus_dlq_messages",
                 "Messages in the dead-letter queue, by reason.",
@@ -87,6 +94,7 @@ pub fn metrics() -> &'static CoordinatorMetrics {
             Box::new(m.broadcasts.clone()),
             Box::new(m.broadcast_recipients.clone()),
             Box::new(m.dead_letters.clone()),
+            Box::new(m.advisories_abandoned.clone()),
             Box::new(m.dlq_depth.clone()),
             Box::new(m.connection_events.clone()),
         ];

@@ -979,6 +979,7 @@ async fn a_killed_coordinators_advisories_come_back_to_another_and_each_dead_let
         agent: "crasher".into(),
         subject: original.subject.clone(),
         envelope: original.payload.clone(),
+        headers: Vec::new(),
         message_id: agent_sdk::codec::decode(&original.payload)
             .ok()
             .map(|(e, _)| e.id),
@@ -986,8 +987,9 @@ async fn a_killed_coordinators_advisories_come_back_to_another_and_each_dead_let
         stored_ms: original.stored_ms,
         dead_lettered_ms: agent_sdk::envelope::now_ms(),
         source: Some((inbox.clone(), seq)),
+        omitted: None,
     };
-    write_dead_letter(&js, &subjects, &letter)
+    write_dead_letter(&js, &subjects, &letter, sender.broker().max_payload())
         .await
         .expect("first write");
     // Killed: its deliveries and its connection gone, nothing acked.

@@ -9,6 +9,7 @@ mod deploy;
 mod docs;
 mod messaging;
 mod protocol;
+mod reliability;
 mod security;
 mod shutdown;
 mod vectors;

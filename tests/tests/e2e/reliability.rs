@@ -1,0 +1,308 @@
+//! Faults and hostile input on the durable path: dead letters that can always be written,
+//! deliveries that are not redelivered while they wait their turn, a restarted agent that is
+//! not stalled by its dead instance's deliveries.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agent_sdk::codec::{self, CodecError};
+use agent_sdk::durable::{DEAD_LETTER_HEADROOM, DeadLetterReason, INBOX_STREAM};
+use agent_sdk::{Call, Context, HandlerError, SdkError, StatusCode};
+use bytes::Bytes;
+use chorus::service::dlq::DeadLetterQueue;
+use chorus_tests::{
+    CrashableAgent, NatsServer, WAIT, agent, agent_options, coordinator, eventually, raw_broker,
+    server, within,
+};
+
+/// A handler that refuses every order as poison, counting its calls.
+async fn strict_agent(server: &NatsServer, calls: &Arc<AtomicUsize>) -> agent_sdk::Agent {
+    let worker = agent_options(server, "strict")
+        .durable_inbox(true)
+        .connect()
+        .await
+        .expect("connect");
+    let counter = Arc::clone(calls);
+    worker
+        .on_command("parse", move |_ctx: Context, order: String| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Err::<(), _>(HandlerError::invalid_argument(format!(
+                    "order of {} bytes refused",
+                    order.len()
+                )))
+            }
+        })
+        .await
+        .expect("register");
+    worker
+}
+
+/// Issue 13, defect 1: an 800 KiB poison command (under the 1 MiB the SDK accepts) used to
+/// make a dead letter larger than `max_payload` (JSON with the envelope in base64), which
+/// could never be written; the command was retried forever and never reached the DLQ.
+#[tokio::test]
+async fn an_800_kib_poison_command_is_dead_lettered_whole_and_replays() {
+    let server = server();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let _worker = strict_agent(&server, &calls).await;
+    let sender = agent(&server, "client").await;
+    let order = "x".repeat(800 * 1024);
+    let receipt = sender
+        .send_durable(
+            Call::agent("strict", "parse")
+                .payload(&order)
+                .expect("payload"),
+        )
+        .await
+        .expect("stored");
+    let dlq = DeadLetterQueue::new(sender.broker().clone(), sender.subjects().clone());
+    let entry = eventually(WAIT, "the dead letter", || async {
+        dlq.list(10).await.expect("list").into_iter().next()
+    })
+    .await;
+    let letter = &entry.letter;
+    assert_eq!(letter.reason, DeadLetterReason::Refused);
+    assert_eq!(letter.status, StatusCode::INVALID_ARGUMENT);
+    assert_eq!(
+        letter.detail,
+        format!("order of {} bytes refused", order.len())
+    );
+    assert_eq!(letter.message_id, Some(receipt.id));
+    assert_eq!(letter.omitted, None);
+    let (env, _) = codec::decode(&letter.envelope).expect("the original envelope, whole");
+    assert_eq!(env.id, receipt.id);
+    let kept: String = codec::decode_payload(&env.payload, &env.content_type).expect("payload");
+    assert_eq!(kept, order);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Replayed, it reaches the handler again, and is dead-lettered again (a new entry).
+    dlq.replay(entry.id).await.expect("replay");
+    eventually(WAIT, "the replay handled and dead-lettered", || async {
+        let entries = dlq.list(10).await.expect("list");
+        (calls.load(Ordering::SeqCst) == 2 && entries.len() == 1 && entries[0].id != entry.id)
+            .then_some(())
+    })
+    .await;
+}
+
+/// A durable message that would leave no room under `max_payload` for its dead letter's
+/// headers is refused before it is stored, with the limit named.
+#[tokio::test]
+async fn a_durable_message_with_no_room_for_its_dead_letter_is_refused_before_it_is_stored() {
+    let server = server();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let _worker = strict_agent(&server, &calls).await;
+    let sender = agent(&server, "client").await;
+    let max_payload = sender.broker().max_payload();
+    let order = "x".repeat(max_payload - DEAD_LETTER_HEADROOM / 2);
+    let err = sender
+        .send_durable(
+            Call::agent("strict", "parse")
+                .payload(&order)
+                .expect("payload"),
+        )
+        .await
+        .expect_err("refused");
+    match &err {
+        SdkError::Codec(CodecError::TooLarge { size, limit }) => {
+            assert_eq!(*limit, max_payload - DEAD_LETTER_HEADROOM);
+            assert!(*size > *limit);
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert_eq!(err.status(), StatusCode::DATA_FORMAT);
+    let js = sender.broker().jetstream(WAIT);
+    let inbox = sender.subjects().stream_name(INBOX_STREAM);
+    assert_eq!(js.stream_state(&inbox).await.expect("state").messages, 0);
+}
+
+/// A message some other client stored in an inbox, too large to keep beside its dead
+/// letter's headers, is dead-lettered without its bytes (their size recorded), and replaying
+/// it is refused with the reason; nothing is retried forever.
+#[tokio::test]
+async fn a_foreign_message_too_large_for_its_dead_letter_is_kept_without_its_bytes() {
+    let server = server();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let worker = strict_agent(&server, &calls).await;
+    let _coordinator = coordinator(&server, false).await;
+    let raw = raw_broker(&server).await;
+    let js = raw.jetstream(WAIT);
+    let subject = worker
+        .subjects()
+        .durable("strict", "parse", false)
+        .expect("subject");
+    let size = raw.max_payload() - 64;
+    js.publish(&subject, None, None, None, Bytes::from(vec![0xc1; size]))
+        .await
+        .expect("stored");
+    let dlq = DeadLetterQueue::new(raw.clone(), worker.subjects().clone());
+    let entry = eventually(WAIT, "the dead letter", || async {
+        dlq.list(10).await.expect("list").into_iter().next()
+    })
+    .await;
+    assert_eq!(entry.letter.reason, DeadLetterReason::Refused);
+    assert_eq!(entry.letter.status, StatusCode::DATA_FORMAT);
+    assert_eq!(entry.letter.omitted, Some(size as u64));
+    assert!(entry.letter.envelope.is_empty());
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "undecodable: no handler ran"
+    );
+    let err = dlq.replay(entry.id).await.expect_err("nothing to replay");
+    assert!(err.to_string().contains("too large to keep"), "{err}");
+    let inbox = worker.subjects().stream_name(INBOX_STREAM);
+    assert_eq!(js.stream_state(&inbox).await.expect("state").messages, 0);
+}
+
+/// Issue 13, defect 3: deliveries waiting their turn behind a slow handler (one sender, one
+/// lane) used to pass the ack wait unreported and be redelivered: with a 100 ms handler and a
+/// 2 s ack wait, 150 commands ran 364 times. Now every held delivery is kept alive.
+#[tokio::test]
+async fn a_backlog_behind_a_slow_handler_is_not_redelivered() {
+    const SENT: usize = 40;
+    let server = server();
+    let ack_wait = Duration::from_millis(600);
+    let runs = Arc::new(Mutex::new(HashMap::<u32, usize>::new()));
+    let worker = agent_options(&server, "slow")
+        .durable_inbox(true)
+        .durable_ack_wait(ack_wait)
+        .connect()
+        .await
+        .expect("connect");
+    let seen = Arc::clone(&runs);
+    worker
+        .on_command("work", move |_ctx: Context, n: u32| {
+            *seen.lock().expect("lock").entry(n).or_default() += 1;
+            async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(())
+            }
+        })
+        .await
+        .expect("register");
+    let sender = agent(&server, "one-sender").await;
+    let calls = (0..SENT as u32)
+        .map(|n| {
+            Call::agent("slow", "work")
+                .delivery(agent_sdk::DeliveryClass::AtLeastOnce)
+                .payload(&n)
+                .expect("payload")
+        })
+        .collect();
+    for receipt in sender.send_batch(calls).await {
+        receipt.expect("stored");
+    }
+    // 40 x 100 ms is about 4 s: more than six ack waits for the last one in the queue.
+    eventually(WAIT, "every command handled", || async {
+        (runs.lock().expect("lock").len() == SENT).then_some(())
+    })
+    .await;
+    let js = sender.broker().jetstream(WAIT);
+    let inbox = sender.subjects().stream_name(INBOX_STREAM);
+    eventually(WAIT, "every command acked", || async {
+        (js.stream_state(&inbox).await.expect("state").messages == 0).then_some(())
+    })
+    .await;
+    let runs = runs.lock().expect("lock").clone();
+    let total: usize = runs.values().sum();
+    let stats = worker.stats();
+    println!(
+        "backlog: sent {SENT}, handled {} unique in {total} runs, redelivered {}",
+        runs.len(),
+        stats.redelivered
+    );
+    assert_eq!(total, SENT, "each command ran once");
+    assert_eq!(stats.redelivered, 0);
+}
+
+/// Issue 13, defect 5: a crashed instance's unacked deliveries used to fill the consumer's
+/// limit for the whole ack wait (30 s), so a restarted instance got nothing meanwhile. The
+/// ack wait is now 5 s, kept alive by progress while an instance lives: the stall after a
+/// crash is at most about one ack wait, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_takes_its_crashed_instances_deliveries_within_one_ack_wait() {
+    const SENT: u32 = 300;
+    let server = server();
+    let handled = Arc::new(Mutex::new(HashMap::<u32, usize>::new()));
+    // The first instance takes deliveries and never finishes one: it holds as many as the
+    // consumer allows when it dies.
+    let started = Arc::new(AtomicUsize::new(0));
+    let taken = Arc::clone(&started);
+    let mut first = CrashableAgent::start(
+        agent_options(&server, "worker").durable_inbox(true),
+        move |a| async move {
+            a.on_command("work", move |_ctx: Context, _n: u32| {
+                taken.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<Result<(), HandlerError>>()
+            })
+            .await
+            .expect("register");
+        },
+    );
+    let sender = agent(&server, "sender").await;
+    let calls = (0..SENT)
+        .map(|n| {
+            Call::agent("worker", "work")
+                .delivery(agent_sdk::DeliveryClass::AtLeastOnce)
+                .payload(&n)
+                .expect("payload")
+        })
+        .collect();
+    for receipt in sender.send_batch(calls).await {
+        receipt.expect("stored");
+    }
+    eventually(WAIT, "the first instance busy", || async {
+        (started.load(Ordering::SeqCst) > 0).then_some(())
+    })
+    .await;
+    first.crash();
+    let crashed_at = Instant::now();
+    let second = agent_options(&server, "worker")
+        .durable_inbox(true)
+        .connect()
+        .await
+        .expect("connect");
+    let first_handled = Arc::new(Mutex::new(None::<Duration>));
+    let (seen, first_at) = (Arc::clone(&handled), Arc::clone(&first_handled));
+    second
+        .on_command("work", move |_ctx: Context, n: u32| {
+            first_at
+                .lock()
+                .expect("lock")
+                .get_or_insert_with(|| crashed_at.elapsed());
+            *seen.lock().expect("lock").entry(n).or_default() += 1;
+            async { Ok(()) }
+        })
+        .await
+        .expect("register");
+    within(
+        WAIT,
+        "every command handled by the second instance",
+        async {
+            loop {
+                let n = handled.lock().expect("lock").len();
+                if n == SENT as usize {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+    let stall = first_handled.lock().expect("lock").expect("handled");
+    let all = crashed_at.elapsed();
+    let duplicates: usize = handled.lock().expect("lock").values().map(|n| n - 1).sum();
+    println!(
+        "after a crash: first delivery to the new instance after {stall:?}, all {SENT} after {all:?} (ack wait {:?}), duplicates {duplicates}",
+        agent_sdk::durable::DURABLE_ACK_WAIT
+    );
+    assert!(
+        stall < agent_sdk::durable::DURABLE_ACK_WAIT * 3,
+        "stalled {stall:?}"
+    );
+    assert_eq!(duplicates, 0);
+}
