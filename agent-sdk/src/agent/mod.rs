@@ -144,13 +144,18 @@ impl Agent {
                 .trusting_unverified_senders(options.trust_unverified_senders),
         );
         let endpoints = Arc::new(Endpoints::default());
+        let instance = uuid::Uuid::now_v7().simple().to_string();
         let pipeline = Arc::new(Pipeline::new(PipelineParts {
             out: Arc::clone(&out),
             endpoints: Arc::clone(&endpoints),
             verifier: verifier.clone(),
             decryption: options.decryption.clone(),
             access: Arc::clone(&access),
-            exactly_once: ExactlyOnce::new(Arc::clone(&out), options.idempotency_ttl),
+            exactly_once: ExactlyOnce::new(
+                Arc::clone(&out),
+                options.idempotency_ttl,
+                instance.clone(),
+            ),
             seen: options
                 .signature_policy
                 .as_ref()
@@ -172,7 +177,7 @@ impl Agent {
             endpoints: Arc::clone(&endpoints),
             dispatcher: Arc::clone(&dispatcher),
             capabilities: std::sync::Mutex::new(options.capabilities.clone()),
-            instance: uuid::Uuid::now_v7().simple().to_string(),
+            instance,
             started_ms: now_ms(),
             groups: options.groups.clone(),
             capability_version: options.capability_version.clone(),

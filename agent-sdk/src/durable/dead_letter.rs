@@ -27,6 +27,9 @@ pub enum DeadLetterReason {
     Expired,
     /// A broadcast copy no agent could take.
     Undeliverable,
+    /// Exactly-once: an earlier run was interrupted mid-handler, so whether it took effect is
+    /// unknown; a person decides (replay it, or drop it).
+    Uncertain,
 }
 
 impl DeadLetterReason {
@@ -38,15 +41,18 @@ impl DeadLetterReason {
             DeadLetterReason::Refused => "refused",
             DeadLetterReason::Expired => "expired",
             DeadLetterReason::Undeliverable => "undeliverable",
+            DeadLetterReason::Uncertain => "uncertain",
         }
     }
 
-    const ALL: [DeadLetterReason; 5] = [
+    /// Every reason.
+    pub const ALL: [DeadLetterReason; 6] = [
         DeadLetterReason::MaxAttempts,
         DeadLetterReason::MaxDeliveries,
         DeadLetterReason::Refused,
         DeadLetterReason::Expired,
         DeadLetterReason::Undeliverable,
+        DeadLetterReason::Uncertain,
     ];
 }
 

@@ -390,6 +390,7 @@ fn settle(
         }
         Retry::Policy if policy.retry_on.contains(&failure.status) => DeadLetterReason::MaxAttempts,
         _ if failure.status == StatusCode::EXPIRED => DeadLetterReason::Expired,
+        _ if failure.status == StatusCode::UNCERTAIN => DeadLetterReason::Uncertain,
         _ => DeadLetterReason::Refused,
     };
     Settle::DeadLetter(DeadLetterNote {
@@ -486,6 +487,12 @@ mod tests {
             dead_letter_reason(settle_nth(max, unknown())),
             DeadLetterReason::Refused
         );
+    }
+
+    #[test]
+    fn an_uncertain_exactly_once_message_is_dead_lettered_for_a_person() {
+        let uncertain = settle_nth(2, failed(StatusCode::UNCERTAIN, Retry::Never));
+        assert_eq!(dead_letter_reason(uncertain), DeadLetterReason::Uncertain);
     }
 
     #[test]

@@ -1,14 +1,21 @@
-//! Exactly-once in effect: the receiver records each exactly-once message id it has handled,
-//! with its result, in a key-value bucket (`<root>_idempotency`); a copy that arrives later is
-//! answered with the recorded result and its handler does not run again. Records expire after
-//! the agent's idempotency TTL.
+//! Exactly-once in effect: before its handler runs, the receiver claims each exactly-once
+//! message id in a key-value bucket (`<root>_idempotency`); once the handler succeeds, the
+//! claim becomes the recorded result, and a copy that arrives later is answered with it
+//! without running the handler again. A failed handler releases its claim, so a retry runs.
+//!
+//! A copy that finds a claim with no result cannot know whether the handler's effects took
+//! place: the instance that claimed it died (or lost the bucket) mid-handler. It is never run
+//! again: it fails with 5023 `uncertain`, and a durable one is dead-lettered as `uncertain` for
+//! a person to decide. Records expire after the agent's idempotency TTL.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use broker_adapter::{ErrorKind, Kv, KvSpec};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
 use super::outcome::{Failure, Outcome, Retry};
 use crate::error::HandlerError;
@@ -22,32 +29,72 @@ use crate::stats::AgentCounters;
 pub const IDEMPOTENCY_BUCKET: &str = "idempotency";
 /// Default lifetime of exactly-once idempotency records.
 pub const DEFAULT_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
-/// How long a durable delivery waits when the idempotency record cannot be read.
+/// How long a durable delivery waits when the idempotency record cannot be read, or when
+/// another copy of it is being handled here right now.
 const STORE_UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// Attempts at turning a claim into a result after the handler succeeded (the bucket may be
+/// away for a moment, as in a server restart), with this pause between them.
+const RECORD_ATTEMPTS: u32 = 10;
+const RECORD_RETRY_DELAY: Duration = Duration::from_millis(500);
+/// Message ids this instance remembers the local fate of (results it could not record,
+/// failures whose claim it could not release), oldest forgotten first.
+const LOCAL_MEMORY: usize = 4096;
 
-/// What an exactly-once receiver remembers of a handled message.
+/// What the bucket holds for one message id.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct IdempotencyRecord {
-    status: StatusCode,
-    content_type: String,
-    #[serde(with = "bytes_field")]
-    payload: Bytes,
-    handled_ms: u64,
+#[serde(tag = "state", rename_all = "snake_case")]
+enum IdempotencyRecord {
+    /// Claimed by `instance`: its handler runs or ran without recording a result.
+    Claimed { instance: String, claimed_ms: u64 },
+    /// Handled: the reply it gave.
+    Done {
+        status: StatusCode,
+        content_type: String,
+        #[serde(with = "bytes_field")]
+        payload: Bytes,
+        handled_ms: u64,
+    },
+}
+
+/// What this instance knows of a message id it claimed.
+#[derive(Debug, Clone)]
+enum Local {
+    Running,
+    Finished(Output),
+    Failed,
+}
+
+/// The go-ahead to run the handler: the claim's revision, to be turned into a result or
+/// released.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claim {
+    revision: u64,
+}
+
+/// What to do with an exactly-once message before its handler.
+#[derive(Debug)]
+pub(crate) enum Before {
+    Run(Claim),
+    Settled(Outcome),
 }
 
 /// One agent's idempotency records, the bucket opened on first use.
 pub(crate) struct ExactlyOnce {
     out: Arc<Outbound>,
     ttl: Duration,
+    instance: String,
     kv: tokio::sync::OnceCell<Kv>,
+    local: Mutex<(HashMap<Uuid, Local>, std::collections::VecDeque<Uuid>)>,
 }
 
 impl ExactlyOnce {
-    pub(crate) fn new(out: Arc<Outbound>, ttl: Duration) -> Self {
+    pub(crate) fn new(out: Arc<Outbound>, ttl: Duration, instance: String) -> Self {
         ExactlyOnce {
             out,
             ttl,
+            instance,
             kv: tokio::sync::OnceCell::new(),
+            local: Mutex::new(Default::default()),
         }
     }
 
@@ -66,72 +113,221 @@ impl ExactlyOnce {
         format!("{}.{}", self.out.id, env.id)
     }
 
-    /// Before the handler: the recorded result of a copy handled before (answered again, not
-    /// run), 5019 when the record cannot be read (retried), or `None` to go on.
-    pub(crate) async fn before(&self, env: &Envelope) -> Option<Outcome> {
-        let found = match self.kv().await {
-            Ok(kv) => kv.get(&self.key(env)).await.map(|e| e.map(|e| e.value)),
-            Err(e) => Err(e),
-        };
-        if let Err(err) = &found {
-            tracing::warn!(agent = %self.out.id, error = %err, "idempotency record unavailable");
-        }
-        let outcome = judge(found);
-        if matches!(outcome, Some(Outcome::Repeated(_))) {
-            AgentCounters::bump(&self.out.counters.duplicates_suppressed);
-        }
-        outcome
+    fn local(&self, id: Uuid) -> Option<Local> {
+        let guard = self.local.lock().unwrap_or_else(|p| p.into_inner());
+        guard.0.get(&id).cloned()
     }
 
-    /// After the handler succeeded: records its reply.
-    pub(crate) async fn after(&self, env: &Envelope, output: &Output) {
-        let record = IdempotencyRecord {
+    fn remember(&self, id: Uuid, state: Option<Local>) {
+        let mut guard = self.local.lock().unwrap_or_else(|p| p.into_inner());
+        let (map, order) = &mut *guard;
+        match state {
+            None => {
+                map.remove(&id);
+            }
+            Some(state) => {
+                if map.insert(id, state).is_none() {
+                    order.push_back(id);
+                }
+            }
+        }
+        while order.len() > LOCAL_MEMORY {
+            if let Some(old) = order.pop_front()
+                && !matches!(map.get(&old), Some(Local::Running))
+            {
+                map.remove(&old);
+            }
+        }
+    }
+
+    /// Before the handler: claims the id ([`Before::Run`]), or settles the message without
+    /// running it: the recorded result of a copy handled before, 5019 when the bucket cannot
+    /// be read or a copy runs here now (retried), 5023 when an earlier run's fate is unknown.
+    pub(crate) async fn before(&self, env: &Envelope) -> Before {
+        let kv = match self.kv().await {
+            Ok(kv) => kv,
+            Err(err) => return Before::Settled(unavailable(&self.out.id, &err)),
+        };
+        let key = self.key(env);
+        let claim = IdempotencyRecord::Claimed {
+            instance: self.instance.clone(),
+            claimed_ms: now_ms(),
+        };
+        let Ok(value) = serde_json::to_vec(&claim) else {
+            return Before::Settled(unavailable(&self.out.id, &"claim does not encode"));
+        };
+        let value = Bytes::from(value);
+        match kv.create(&key, value.clone()).await {
+            Ok(revision) => {
+                self.remember(env.id, Some(Local::Running));
+                return Before::Run(Claim { revision });
+            }
+            Err(e) if e.kind() == ErrorKind::Conflict => {}
+            Err(err) => return Before::Settled(unavailable(&self.out.id, &err)),
+        }
+        let found = match kv.get(&key).await {
+            Ok(found) => found,
+            Err(err) => return Before::Settled(unavailable(&self.out.id, &err)),
+        };
+        let record = found
+            .as_ref()
+            .and_then(|e| decode_record(&e.value).map(|r| (r, e.revision)));
+        let before = match (record, self.local(env.id)) {
+            (
+                Some((
+                    IdempotencyRecord::Done {
+                        status,
+                        content_type,
+                        payload,
+                        ..
+                    },
+                    _,
+                )),
+                _,
+            ) => Before::Settled(Outcome::Repeated(if status.is_success() {
+                Ok(Output {
+                    payload,
+                    content_type,
+                })
+            } else {
+                Err(HandlerError::new(status, "failed before"))
+            })),
+            // Handled here, its result not recorded (the bucket was away): answered from memory.
+            (_, Some(Local::Finished(output))) => Before::Settled(Outcome::Repeated(Ok(output))),
+            // Another copy runs here right now: try again when it is done.
+            (_, Some(Local::Running)) => Before::Settled(Outcome::Failed(Failure {
+                status: StatusCode::UNAVAILABLE,
+                reason: "another copy of this exactly-once message is being handled".into(),
+                retry: Retry::After(STORE_UNAVAILABLE_RETRY_DELAY),
+            })),
+            // It failed here and its claim was not released: take the claim over and retry.
+            (Some((IdempotencyRecord::Claimed { .. }, revision)), Some(Local::Failed)) => {
+                match kv.update(&key, value, revision).await {
+                    Ok(revision) => {
+                        self.remember(env.id, Some(Local::Running));
+                        Before::Run(Claim { revision })
+                    }
+                    Err(err) => Before::Settled(unavailable(&self.out.id, &err)),
+                }
+            }
+            (
+                Some((
+                    IdempotencyRecord::Claimed {
+                        instance,
+                        claimed_ms,
+                    },
+                    _,
+                )),
+                _,
+            ) => {
+                tracing::error!(agent = %self.out.id, id = %env.id, claimed_by = %instance, claimed_ms, "exactly-once message claimed by a run that never finished; not run again");
+                Before::Settled(Outcome::Failed(Failure {
+                    status: StatusCode::UNCERTAIN,
+                    reason: format!(
+                        "an earlier run (instance {instance}) was interrupted; whether it took effect is unknown"
+                    ),
+                    retry: Retry::Never,
+                }))
+            }
+            // Released (or unreadable) between the two calls: try again.
+            (None, _) => Before::Settled(Outcome::Failed(Failure {
+                status: StatusCode::UNAVAILABLE,
+                reason: "idempotency record changed; retry".into(),
+                retry: Retry::After(STORE_UNAVAILABLE_RETRY_DELAY),
+            })),
+        };
+        if matches!(before, Before::Settled(Outcome::Repeated(_))) {
+            AgentCounters::bump(&self.out.counters.duplicates_suppressed);
+        }
+        before
+    }
+
+    /// After the handler: its success recorded over the claim, or the claim released after a
+    /// failure (so a retry runs). When the bucket cannot be written, the outcome is kept in
+    /// this instance's memory, and a copy that reaches another instance is reported
+    /// `uncertain` rather than run twice.
+    pub(crate) async fn after(&self, env: &Envelope, claim: Claim, outcome: &Outcome) {
+        let output = match outcome {
+            Outcome::Done(output) => Some(output),
+            _ => None,
+        };
+        self.remember(
+            env.id,
+            Some(match output {
+                Some(o) => Local::Finished(o.clone()),
+                None => Local::Failed,
+            }),
+        );
+        let key = self.key(env);
+        let done = output.map(|output| IdempotencyRecord::Done {
             status: StatusCode::OK,
             content_type: output.content_type.clone(),
             payload: output.payload.clone(),
             handled_ms: now_ms(),
+        });
+        let value = match done.as_ref().map(serde_json::to_vec).transpose() {
+            Ok(v) => v.map(Bytes::from),
+            Err(_) => return,
         };
-        let Ok(value) = serde_json::to_vec(&record) else {
-            return;
-        };
-        let stored = match self.kv().await {
-            Ok(kv) => kv.create(&self.key(env), Bytes::from(value)).await,
-            Err(e) => Err(e),
-        };
-        match stored {
-            Ok(_) => {}
-            // Another copy was handled at the same moment and recorded first.
-            Err(e) if e.kind() == ErrorKind::Conflict => {}
-            Err(e) => {
-                tracing::warn!(agent = %self.out.id, id = %env.id, error = %e, "idempotency record not written; a redelivery would run the handler again");
+        for attempt in 1..=RECORD_ATTEMPTS {
+            let written = match self.kv().await {
+                Ok(kv) => match &value {
+                    Some(value) => kv
+                        .update(&key, value.clone(), claim.revision)
+                        .await
+                        .map(|_| ()),
+                    None => kv.delete_if(&key, claim.revision).await,
+                },
+                Err(e) => Err(e),
+            };
+            match written {
+                Ok(()) => {
+                    self.remember(env.id, None);
+                    return;
+                }
+                Err(e) if e.kind() == ErrorKind::Conflict => {
+                    tracing::warn!(agent = %self.out.id, id = %env.id, "idempotency claim taken over meanwhile; left as it is");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(agent = %self.out.id, id = %env.id, attempt, error = %e, "idempotency record not written yet");
+                    tokio::time::sleep(RECORD_RETRY_DELAY).await;
+                }
             }
         }
+        tracing::warn!(agent = %self.out.id, id = %env.id, "idempotency record not written; a copy reaching another instance will be reported uncertain");
     }
 }
 
-/// What a record lookup means for the message: `None` (not seen: handle it), the recorded
-/// result again, or 5019 when the record could not be read.
-fn judge(found: Result<Option<Bytes>, broker_adapter::Error>) -> Option<Outcome> {
-    match found {
-        Ok(None) => None,
-        // A record this version cannot read is treated as absent: the handler runs.
-        Ok(Some(value)) => {
-            let record = serde_json::from_slice::<IdempotencyRecord>(&value).ok()?;
-            Some(Outcome::Repeated(if record.status.is_success() {
-                Ok(Output {
-                    payload: record.payload,
-                    content_type: record.content_type,
-                })
-            } else {
-                Err(HandlerError::new(record.status, "failed before"))
-            }))
-        }
-        Err(_) => Some(Outcome::Failed(Failure {
-            status: StatusCode::UNAVAILABLE,
-            reason: "idempotency record unavailable; retry".into(),
-            retry: Retry::After(STORE_UNAVAILABLE_RETRY_DELAY),
-        })),
-    }
+/// A record as written by an SDK without claims (a result only).
+#[derive(Deserialize)]
+struct ResultOnly {
+    status: StatusCode,
+    content_type: String,
+    #[serde(with = "bytes_field")]
+    payload: Bytes,
+    handled_ms: u64,
+}
+
+fn decode_record(value: &[u8]) -> Option<IdempotencyRecord> {
+    serde_json::from_slice(value).ok().or_else(|| {
+        let r = serde_json::from_slice::<ResultOnly>(value).ok()?;
+        Some(IdempotencyRecord::Done {
+            status: r.status,
+            content_type: r.content_type,
+            payload: r.payload,
+            handled_ms: r.handled_ms,
+        })
+    })
+}
+
+fn unavailable(agent: &str, err: &dyn std::fmt::Display) -> Outcome {
+    tracing::warn!(agent, error = %err, "idempotency record unavailable");
+    Outcome::Failed(Failure {
+        status: StatusCode::UNAVAILABLE,
+        reason: "idempotency record unavailable; retry".into(),
+        retry: Retry::After(STORE_UNAVAILABLE_RETRY_DELAY),
+    })
 }
 
 #[cfg(test)]
@@ -139,31 +335,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_unseen_message_is_handled_and_a_seen_one_gets_its_recorded_reply() {
-        assert!(judge(Ok(None)).is_none());
-        let record = IdempotencyRecord {
-            status: StatusCode::OK,
-            content_type: "application/json".into(),
-            payload: Bytes::from_static(b"42"),
-            handled_ms: 1,
+    fn records_say_their_state() {
+        let claimed = IdempotencyRecord::Claimed {
+            instance: "abc".into(),
+            claimed_ms: 1,
         };
-        let value = Bytes::from(serde_json::to_vec(&record).expect("encodes"));
-        match judge(Ok(Some(value))) {
-            Some(Outcome::Repeated(Ok(output))) => assert_eq!(&output.payload[..], b"42"),
-            other => panic!("expected the recorded reply, got {other:?}"),
-        }
-        assert!(judge(Ok(Some(Bytes::from_static(b"not json")))).is_none());
-    }
-
-    #[test]
-    fn an_unreadable_record_store_is_5019_retried_after_a_pause() {
-        let err = broker_adapter::Error::new(broker_adapter::ErrorKind::TimedOut, "kv get");
-        match judge(Err(err)) {
-            Some(Outcome::Failed(failure)) => {
-                assert_eq!(failure.status, StatusCode::UNAVAILABLE);
-                assert_eq!(failure.retry, Retry::After(STORE_UNAVAILABLE_RETRY_DELAY));
-            }
-            other => panic!("expected 5019, got {other:?}"),
-        }
+        let json = serde_json::to_string(&claimed).expect("encodes");
+        assert_eq!(
+            json,
+            r#"{"state":"claimed","instance":"abc","claimed_ms":1}"#
+        );
+        let done: IdempotencyRecord = serde_json::from_str(
+            r#"{"state":"done","status":5002,"content_type":"application/json","payload":"NDI=","handled_ms":2}"#,
+        )
+        .expect("decodes");
+        assert!(matches!(done, IdempotencyRecord::Done { payload, .. } if &payload[..] == b"42"));
+        let older = decode_record(
+            br#"{"status":5002,"content_type":"application/json","payload":"NDI=","handled_ms":2}"#,
+        );
+        assert!(matches!(older, Some(IdempotencyRecord::Done { .. })));
+        assert!(decode_record(b"not json").is_none());
     }
 }

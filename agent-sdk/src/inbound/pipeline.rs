@@ -12,7 +12,7 @@ use std::sync::Arc;
 use opentelemetry::trace::SpanKind;
 
 use super::admit::{self, Limits, Refused};
-use super::exactly_once::ExactlyOnce;
+use super::exactly_once::{Before, ExactlyOnce};
 use super::layers::{Authorize, Decrypt, Inbound, Layer, Verify};
 use super::outcome::{Failure, Outcome, Retry};
 use crate::error::HandlerError;
@@ -242,16 +242,23 @@ impl Pipeline {
         let exactly_once =
             request.delivery == DeliveryClass::ExactlyOnce && matches!(target, Target::Endpoint(_));
         // Boxed: the key-value calls are large futures that every other message would carry.
-        if exactly_once && let Some(outcome) = Box::pin(self.exactly_once.before(&request)).await {
-            return Processed {
-                request: Some(request),
-                encoding,
-                outcome,
-            };
-        }
+        let claim = if exactly_once {
+            match Box::pin(self.exactly_once.before(&request)).await {
+                Before::Run(claim) => Some(claim),
+                Before::Settled(outcome) => {
+                    return Processed {
+                        request: Some(request),
+                        encoding,
+                        outcome,
+                    };
+                }
+            }
+        } else {
+            None
+        };
         let outcome = self.handle(&request, subject, target, span).await;
-        if exactly_once && let Outcome::Done(output) = &outcome {
-            Box::pin(self.exactly_once.after(&request, output)).await;
+        if let Some(claim) = claim {
+            Box::pin(self.exactly_once.after(&request, claim, &outcome)).await;
         }
         Processed {
             request: Some(request),
@@ -278,7 +285,9 @@ impl Pipeline {
                 let topic = request.topic.as_deref().unwrap_or_default();
                 let ctx = self.context(request, subject, span, topic);
                 let otel = ctx.otel.clone();
-                let result = handler.call(ctx).await.map(|()| Output::default());
+                let result = guarded(&self.out.id, topic, || handler.call(ctx))
+                    .await
+                    .map(|()| Output::default());
                 crate::trace::finish(Some(&otel), result.as_ref().err().map(|e| e.to_string()));
                 (topic, result)
             }
@@ -293,8 +302,10 @@ impl Pipeline {
                     message_id = %request.id,
                     correlation_id = %request.conversation(),
                 );
-                let result =
-                    tracing::Instrument::instrument(endpoint.handler.call(ctx), span).await;
+                let result = guarded(&self.out.id, &endpoint.name, || {
+                    tracing::Instrument::instrument(endpoint.handler.call(ctx), span)
+                })
+                .await;
                 crate::trace::finish(Some(&otel), result.as_ref().err().map(|e| e.to_string()));
                 endpoint.record(
                     started.elapsed(),
@@ -364,6 +375,37 @@ pub(crate) fn unknown_command(agent: &str, subject: &str) -> Failure {
         reason: format!("agent {agent} has no handler for {subject}"),
         retry: Retry::Attempts,
     }
+}
+
+/// Runs a handler (`start` makes its future: a typed handler's own code runs there first);
+/// a panic in either becomes a 5022 failure (retried or dead-lettered like any other) instead
+/// of taking down the task that runs it, a durable lane with it.
+async fn guarded<T, F>(
+    agent: &str,
+    handler: &str,
+    start: impl FnOnce() -> F,
+) -> Result<T, HandlerError>
+where
+    F: std::future::Future<Output = Result<T, HandlerError>>,
+{
+    use futures::FutureExt;
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    let result = match catch_unwind(AssertUnwindSafe(start)) {
+        Ok(call) => AssertUnwindSafe(call).catch_unwind().await,
+        Err(panic) => Err(panic),
+    };
+    result.unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(agent, handler, panic = %what, "handler panicked");
+        Err(HandlerError::new(
+            StatusCode::INTERNAL,
+            format!("the handler panicked: {what}"),
+        ))
+    })
 }
 
 #[cfg(test)]

@@ -78,6 +78,9 @@ status_codes! {
     ACCEPTED = 5021, "accepted", "Accepted, in progress";
     /// An unexpected error inside Chorus itself.
     INTERNAL = 5022, "internal", "Internal error";
+    /// Exactly-once: an earlier run of this message was interrupted (its instance died
+    /// mid-handler), so whether it took effect is unknown; it is not run again.
+    UNCERTAIN = 5023, "uncertain", "Outcome uncertain: an earlier run was interrupted";
 }
 
 impl StatusCode {

@@ -3,7 +3,8 @@
 
 use agent_sdk::codec;
 use agent_sdk::durable::{
-    DLQ_STREAM, DeadLetter, DeadLetterNote, DeadLetterReason, INBOX_STREAM, write_dead_letter,
+    DLQ_STREAM, DeadLetter, DeadLetterNote, DeadLetterReason, IDEMPOTENCY_BUCKET, INBOX_STREAM,
+    write_dead_letter,
 };
 use agent_sdk::envelope::now_ms;
 use agent_sdk::{StatusCode, Subjects};
@@ -164,13 +165,7 @@ pub(crate) async fn refresh_depth(js: &JetStream, subjects: &Subjects) {
     depth.reset();
     // Every reason has a series, zero included, so dashboards and alerts see an empty queue
     // rather than no data.
-    for reason in [
-        DeadLetterReason::MaxAttempts,
-        DeadLetterReason::MaxDeliveries,
-        DeadLetterReason::Refused,
-        DeadLetterReason::Expired,
-        DeadLetterReason::Undeliverable,
-    ] {
+    for reason in DeadLetterReason::ALL {
         depth.with_label_values(&[reason.as_str()]).set(0);
     }
     for (subject, n) in counts {
@@ -264,6 +259,16 @@ impl DeadLetterQueue {
                     "dead letter {id} cannot be replayed: its original ({size} bytes) was too large to keep"
                 ),
             ));
+        }
+        // A person replays an uncertain exactly-once message having decided it did not take
+        // effect: its interrupted claim is cleared, or the copy would be refused again.
+        if entry.letter.reason == DeadLetterReason::Uncertain
+            && let Some(message_id) = entry.letter.message_id
+        {
+            let bucket = self.subjects.bucket_name(IDEMPOTENCY_BUCKET);
+            let kv = self.js.open_kv(&bucket).await?;
+            kv.delete(&format!("{}.{message_id}", entry.letter.agent))
+                .await?;
         }
         let mut headers = Headers::new();
         for (name, value) in &entry.letter.headers {

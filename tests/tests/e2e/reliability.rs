@@ -306,3 +306,128 @@ async fn a_restarted_agent_takes_its_crashed_instances_deliveries_within_one_ack
     );
     assert_eq!(duplicates, 0);
 }
+
+/// Issue 13, defect 4: an exactly-once command whose handler was running when its instance
+/// died used to run again on redelivery (its idempotency record was written only after the
+/// handler). Now the id is claimed before the handler runs, and a copy that finds a claim
+/// with no result is not run again: it is dead-lettered as `uncertain` (5023) for a person,
+/// whose replay then runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exactly_once_command_interrupted_mid_handler_is_not_run_again_but_dead_lettered_uncertain()
+ {
+    let server = server();
+    let ack_wait = Duration::from_millis(600);
+    let options = || {
+        agent_options(&server, "bank")
+            .durable_inbox(true)
+            .durable_ack_wait(ack_wait)
+    };
+    let first_runs = Arc::new(AtomicUsize::new(0));
+    let runs = Arc::clone(&first_runs);
+    let mut first = CrashableAgent::start(options(), move |a| async move {
+        a.on_command("transfer", move |_ctx: Context, _cents: u32| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            // Killed mid-handler: whether the transfer happened is unknown.
+            std::future::pending::<Result<(), HandlerError>>()
+        })
+        .await
+        .expect("register");
+    });
+    let sender = agent(&server, "teller").await;
+    let receipt = sender
+        .send(
+            Call::agent("bank", "transfer")
+                .delivery(agent_sdk::DeliveryClass::ExactlyOnce)
+                .payload(&500u32)
+                .expect("payload"),
+        )
+        .await
+        .expect("stored");
+    eventually(WAIT, "the first run started", || async {
+        (first_runs.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    first.crash();
+    let second = options().connect().await.expect("connect");
+    let second_runs = Arc::new(AtomicUsize::new(0));
+    let runs = Arc::clone(&second_runs);
+    second
+        .on_command("transfer", move |_ctx: Context, _cents: u32| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok(()) }
+        })
+        .await
+        .expect("register");
+    let dlq = DeadLetterQueue::new(sender.broker().clone(), sender.subjects().clone());
+    let entry = eventually(WAIT, "the uncertain dead letter", || async {
+        dlq.list(10).await.expect("list").into_iter().next()
+    })
+    .await;
+    assert_eq!(entry.letter.reason, DeadLetterReason::Uncertain);
+    assert_eq!(entry.letter.status, StatusCode::UNCERTAIN);
+    assert_eq!(entry.letter.message_id, Some(receipt.id));
+    assert_eq!(second_runs.load(Ordering::SeqCst), 0, "not run again");
+    assert_eq!(first_runs.load(Ordering::SeqCst), 1);
+
+    // A person decides it did not happen and replays it: it runs, once.
+    dlq.replay(entry.id).await.expect("replay");
+    eventually(WAIT, "the replay handled", || async {
+        (second_runs.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    let js = sender.broker().jetstream(WAIT);
+    let inbox = sender.subjects().stream_name(INBOX_STREAM);
+    eventually(WAIT, "the replay acked", || async {
+        (js.stream_state(&inbox).await.expect("state").messages == 0).then_some(())
+    })
+    .await;
+    assert_eq!(dlq.depth().await.expect("depth"), 0);
+    assert_eq!(second_runs.load(Ordering::SeqCst), 1);
+}
+
+/// A handler that panics fails its message with 5022 instead of taking its durable lane down:
+/// the next command in the same lane still runs.
+#[tokio::test]
+async fn a_panicking_handler_fails_its_message_and_its_lane_goes_on() {
+    let server = server();
+    let worker = agent_options(&server, "fragile")
+        .durable_inbox(true)
+        .ordering_lanes(1)
+        .connect()
+        .await
+        .expect("connect");
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&handled);
+    worker
+        .on_command("step", move |_ctx: Context, n: u32| {
+            assert_ne!(n, 1, "step 1 is a bug");
+            seen.lock().expect("lock").push(n);
+            async { Ok(()) }
+        })
+        .await
+        .expect("register");
+    let sender = agent(&server, "driver").await;
+    for n in 0..3u32 {
+        sender
+            .send_durable(Call::agent("fragile", "step").payload(&n).expect("payload"))
+            .await
+            .expect("stored");
+    }
+    eventually(WAIT, "steps 0 and 2 handled", || async {
+        (*handled.lock().expect("lock") == [0, 2]).then_some(())
+    })
+    .await;
+    let reply = within(
+        WAIT,
+        "request",
+        sender.request::<_, ()>("fragile", "step", &1u32),
+    )
+    .await;
+    match reply {
+        Err(SdkError::Remote { status, reason }) => {
+            assert_eq!(status, StatusCode::INTERNAL);
+            assert!(reason.contains("step 1 is a bug"), "{reason}");
+        }
+        other => panic!("expected 5022, got {other:?}"),
+    }
+}
