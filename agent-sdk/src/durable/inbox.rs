@@ -16,7 +16,7 @@ use super::{
 };
 use crate::error::SdkError;
 use crate::inbound::admit::Refused;
-use crate::inbound::{Outcome, Pipeline, Retry, Target};
+use crate::inbound::{Outcome, Pipeline, Retry, Target, Via};
 use crate::protocol::codec::Encoding;
 use crate::protocol::envelope::{Envelope, Kind, now_ms};
 use crate::protocol::status::StatusCode;
@@ -267,7 +267,15 @@ impl DurableInbox {
         };
         let processed = self
             .pipeline
-            .run(delivery.subject(), decoded, target, SpanKind::Consumer)
+            .run(
+                delivery.subject(),
+                decoded,
+                target,
+                Via {
+                    span: SpanKind::Consumer,
+                    attempt: u32::try_from(delivery.delivered()).unwrap_or(u32::MAX),
+                },
+            )
             .await;
         let kind = processed.request.as_ref().map_or(Kind::Unknown, |r| r.kind);
         let settle = settle(

@@ -19,6 +19,8 @@ pub struct Context {
     pub(crate) request: Arc<Envelope>,
     /// The subject it arrived on.
     pub(crate) subject: Arc<str>,
+    /// Which delivery of the message this is (1 the first time).
+    pub(crate) attempt: u32,
     /// The handling span: the parent of everything this handler sends.
     pub(crate) otel: opentelemetry::Context,
 }
@@ -48,6 +50,13 @@ impl Context {
     /// The message being handled.
     pub fn message(&self) -> &Envelope {
         &self.request
+    }
+
+    /// Which delivery of the message this is: 1 the first time; for a durable command, the
+    /// server's count, so 3 is its third attempt (after two failures, or a crash or lost
+    /// connection mid-handler).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
     }
 
     /// The subject the message arrived on (for a handler of a wildcard pattern, which one).

@@ -19,5 +19,5 @@ pub(crate) mod seen;
 pub(crate) mod stream;
 
 pub(crate) use outcome::{Outcome, Retry};
-pub(crate) use pipeline::{Pipeline, Target};
+pub(crate) use pipeline::{Pipeline, Target, Via};
 pub use stream::{Event, EventStream};

@@ -164,17 +164,16 @@ impl Pipeline {
     }
 
     /// Takes one decoded message through every step after decoding, and handles it with
-    /// `target`. `span` is the kind of the handling span (server for a request, consumer for
-    /// an event or a durable delivery).
+    /// `target`; `via` says how it came.
     pub(crate) async fn run(
         &self,
         subject: &str,
         decoded: Result<(Envelope, Encoding), Refused>,
         target: Target,
-        span: SpanKind,
+        via: Via,
     ) -> Processed {
         AgentCounters::bump(&self.counters().received);
-        let processed = self.steps(subject, decoded, target, span).await;
+        let processed = self.steps(subject, decoded, target, via).await;
         let kind = processed.request.as_ref().map_or(Kind::Unknown, |r| r.kind);
         if !matches!(processed.outcome, Outcome::Repeated(_)) {
             self.record_handled(kind, processed.outcome.status());
@@ -187,7 +186,7 @@ impl Pipeline {
         subject: &str,
         decoded: Result<(Envelope, Encoding), Refused>,
         target: Target,
-        span: SpanKind,
+        via: Via,
     ) -> Processed {
         let refused = |refused: Refused| Processed {
             request: refused.request.map(|r| Arc::new(*r)),
@@ -256,7 +255,7 @@ impl Pipeline {
         } else {
             None
         };
-        let outcome = self.handle(&request, subject, target, span).await;
+        let outcome = self.handle(&request, subject, target, via).await;
         if let Some(claim) = claim {
             Box::pin(self.exactly_once.after(&request, claim, &outcome)).await;
         }
@@ -273,7 +272,7 @@ impl Pipeline {
         request: &Arc<Envelope>,
         subject: &str,
         target: Target,
-        span: SpanKind,
+        via: Via,
     ) -> Outcome {
         let counters = self.counters();
         let (name, result) = match target {
@@ -283,7 +282,7 @@ impl Pipeline {
             }
             Target::Event(handler) => {
                 let topic = request.topic.as_deref().unwrap_or_default();
-                let ctx = self.context(request, subject, span, topic);
+                let ctx = self.context(request, subject, via, topic);
                 let otel = ctx.otel.clone();
                 let result = guarded(&self.out.id, topic, || handler.call(ctx))
                     .await
@@ -292,7 +291,7 @@ impl Pipeline {
                 (topic, result)
             }
             Target::Endpoint(endpoint) => {
-                let ctx = self.context(request, subject, span, &endpoint.name);
+                let ctx = self.context(request, subject, via, &endpoint.name);
                 let otel = ctx.otel.clone();
                 let started = std::time::Instant::now();
                 let span = tracing::info_span!(
@@ -337,15 +336,9 @@ impl Pipeline {
     }
 
     /// The context a handler runs in, with its handling span started.
-    fn context(
-        &self,
-        request: &Arc<Envelope>,
-        subject: &str,
-        kind: SpanKind,
-        name: &str,
-    ) -> Context {
+    fn context(&self, request: &Arc<Envelope>, subject: &str, via: Via, name: &str) -> Context {
         let otel = crate::trace::handle(
-            kind,
+            via.span,
             request,
             || format!("chorus.handle {name}"),
             || crate::trace::attributes(&self.out.id, request),
@@ -354,6 +347,7 @@ impl Pipeline {
             out: Arc::clone(&self.out),
             request: Arc::clone(request),
             subject: Arc::from(subject),
+            attempt: via.attempt,
             otel,
         }
     }
@@ -364,6 +358,24 @@ impl Pipeline {
             .handled
             .with_label_values(&[self.out.id.as_str(), kind.as_str(), status.label()])
             .inc();
+    }
+}
+
+/// How a message came to the pipeline.
+#[derive(Debug, Clone)]
+pub(crate) struct Via {
+    /// The kind of the handling span: server for a request, consumer for an event or a durable
+    /// delivery.
+    pub(crate) span: SpanKind,
+    /// Which delivery of the message this is: 1 for a core message; the server's count for a
+    /// durable one.
+    pub(crate) attempt: u32,
+}
+
+impl Via {
+    /// A core message (delivered once).
+    pub(crate) fn core(span: SpanKind) -> Via {
+        Via { span, attempt: 1 }
     }
 }
 

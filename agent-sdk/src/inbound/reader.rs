@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use super::admit::reply_encoding;
 use super::outcome::{Failure, Outcome, Retry};
-use super::pipeline::{Pipeline, Target};
+use super::pipeline::{Pipeline, Target, Via};
 use super::reply;
 use crate::handler::EventHandler;
 use crate::handler::endpoint::Endpoint;
@@ -119,7 +119,9 @@ impl Dispatcher {
         let pipeline = &self.pipeline;
         let (target, span) = route.target(pipeline, msg.subject());
         let decoded = pipeline.decode(msg.payload());
-        let processed = pipeline.run(msg.subject(), decoded, target, span).await;
+        let processed = pipeline
+            .run(msg.subject(), decoded, target, Via::core(span))
+            .await;
         if let (Route::Event(_), Outcome::Failed(failure)) = (route, &processed.outcome)
             && failure.retry == Retry::Policy
         {

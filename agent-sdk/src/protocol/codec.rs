@@ -198,17 +198,32 @@ pub fn decode_payload<T: DeserializeOwned>(
     content_type: &str,
 ) -> Result<T, CodecError> {
     let out = match Encoding::from_content_type(content_type) {
-        Some(Encoding::MsgPack) => rmp_serde::from_slice(bytes).map_err(|e| e.to_string()),
+        Some(Encoding::MsgPack) => msgpack_whole(bytes),
         Some(Encoding::Json) => serde_json::from_slice(bytes).map_err(|e| e.to_string()),
         None => return Err(CodecError::UnsupportedContentType(content_type.to_owned())),
     };
     out.map_err(CodecError::Payload)
 }
 
+/// One MessagePack value that takes every byte: bytes after it are an error, as JSON's
+/// trailing characters are (`07 c1 ff` is not 7).
+fn msgpack_whole<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(bytes));
+    let value = T::deserialize(&mut de).map_err(|e| e.to_string())?;
+    let used = usize::try_from(de.position()).unwrap_or(usize::MAX);
+    if used != bytes.len() {
+        return Err(format!(
+            "{} bytes after the MessagePack value",
+            bytes.len().saturating_sub(used)
+        ));
+    }
+    Ok(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::envelope::{Kind, Performative};
+    use crate::protocol::envelope::{Kind, Performative, Version};
 
     fn sample() -> Envelope {
         let mut e = Envelope::new(Kind::Request, Performative::Request, "orchestrator");
@@ -254,6 +269,22 @@ mod tests {
     }
 
     #[test]
+    fn any_minor_is_accepted_however_large() {
+        let mut v = serde_json::to_value(sample()).expect("to value");
+        v["version"] = "1.99999".into();
+        let (e, _) = decode(&serde_json::to_vec(&v).expect("json")).expect("a newer minor");
+        assert_eq!(e.version.minor, u16::MAX);
+        v["version"] = "99999.0".into();
+        assert!(matches!(
+            decode(&serde_json::to_vec(&v).expect("json")),
+            Err(CodecError::UnsupportedVersion { .. })
+        ));
+        for bad in ["1.x", "1.", ".1", "1.-2", "1.+2"] {
+            assert!(bad.parse::<Version>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn unknown_major_is_refused_even_when_the_rest_changed() {
         let mut v = serde_json::to_value(sample()).expect("to value");
         v["version"] = "2.0".into();
@@ -282,6 +313,21 @@ mod tests {
         ] {
             assert!(decode(bytes).is_err(), "{bytes:?}");
         }
+    }
+
+    #[test]
+    fn bytes_after_a_payload_are_an_error_in_both_encodings() {
+        assert_eq!(
+            decode_payload::<u32>(&[0x07], CONTENT_TYPE_MSGPACK).expect("7"),
+            7
+        );
+        assert!(decode_payload::<u32>(&[0x07, 0xc1, 0xff], CONTENT_TYPE_MSGPACK).is_err());
+        assert!(decode_payload::<u32>(&[0x07, 0x07], CONTENT_TYPE_MSGPACK).is_err());
+        assert_eq!(
+            decode_payload::<u32>(b"7 ", "application/json").expect("7"),
+            7
+        );
+        assert!(decode_payload::<u32>(b"7 8", "application/json").is_err());
     }
 
     #[test]

@@ -44,7 +44,14 @@ impl FromStr for Version {
     type Err = VersionError;
     fn from_str(s: &str) -> Result<Self, VersionError> {
         let (major, minor) = s.split_once('.').unwrap_or((s, "0"));
-        let parse = |p: &str| p.parse::<u16>().map_err(|_| VersionError(s.to_owned()));
+        // Any run of digits is a number: one past u16 is kept as u16::MAX, so `1.99999` is a
+        // (newer) minor of 1 and accepted, and `99999.0` an unknown major and refused as such.
+        let parse = |p: &str| {
+            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(VersionError(s.to_owned()));
+            }
+            Ok(p.parse::<u16>().unwrap_or(u16::MAX))
+        };
         Ok(Version {
             major: parse(major)?,
             minor: parse(minor)?,

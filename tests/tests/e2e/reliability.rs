@@ -431,3 +431,68 @@ async fn a_panicking_handler_fails_its_message_and_its_lane_goes_on() {
         other => panic!("expected 5022, got {other:?}"),
     }
 }
+
+/// A handler sees which delivery it is handling: 1, then the server's count on each retry.
+#[tokio::test]
+async fn a_handler_sees_its_delivery_attempt() {
+    let server = server();
+    let policies = agent_sdk::RetryPolicies {
+        default: agent_sdk::RetryPolicy {
+            max_attempts: 5,
+            initial_backoff_ms: 50,
+            multiplier: 1.0,
+            max_backoff_ms: 50,
+            jitter: 0.0,
+            ..agent_sdk::RetryPolicy::default()
+        },
+        rules: Vec::new(),
+    };
+    let worker = agent_options(&server, "flaky")
+        .durable_inbox(true)
+        .retry_policies(policies)
+        .connect()
+        .await
+        .expect("connect");
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&attempts);
+    worker
+        .on_command("sync", move |ctx: Context, (): ()| {
+            seen.lock().expect("lock").push(ctx.attempt());
+            let attempt = ctx.attempt();
+            async move {
+                if attempt < 3 {
+                    Err(HandlerError::failed("not yet"))
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .await
+        .expect("register");
+    let sender = agent(&server, "scheduler").await;
+    sender
+        .send_durable(Call::agent("flaky", "sync").payload(&()).expect("payload"))
+        .await
+        .expect("stored");
+    eventually(WAIT, "three attempts", || async {
+        (attempts.lock().expect("lock").len() >= 3).then_some(())
+    })
+    .await;
+    let js = sender.broker().jetstream(WAIT);
+    let inbox = sender.subjects().stream_name(INBOX_STREAM);
+    eventually(WAIT, "acked", || async {
+        (js.stream_state(&inbox).await.expect("state").messages == 0).then_some(())
+    })
+    .await;
+    assert_eq!(*attempts.lock().expect("lock"), [1, 2, 3]);
+    // A core request is always its first delivery: it fails as attempt 1 does.
+    let err = within(
+        WAIT,
+        "request",
+        sender.request::<_, ()>("flaky", "sync", &()),
+    )
+    .await
+    .expect_err("a first attempt fails");
+    assert_eq!(err.status(), StatusCode::HANDLER_FAILED);
+    assert_eq!(attempts.lock().expect("lock").last(), Some(&1));
+}
