@@ -117,7 +117,7 @@ impl AgentsCollector {
         let traffic = IntCounterVec::new(
             Opts::new(
                 "chorus_agent_traffic_total",
-                "Messages by direction: received, requests_sent, events_published, replies_sent, reply_failures, retries, dead_lettered, dropped (slow subscriber), shed (overloaded, answered 5019), redelivered, duplicates_suppressed.",),
+                "Messages by direction: received, requests_sent, events_published, replies_sent, reply_failures, retries, dead_lettered, dropped (slow subscriber), lost (events missed, from sequence gaps, dropped ones included), shed (overloaded, answered 5019), redelivered, duplicates_suppressed.",),
             &["agent", "direction"],
         )
         .expect("static metric definition");
@@ -209,6 +209,7 @@ impl Collector for AgentsCollector {
                 ("retries", a.retries),
                 ("dead_lettered", a.dead_lettered),
                 ("dropped", a.dropped),
+                ("lost", a.lost),
                 ("shed", a.shed),
                 ("redelivered", a.redelivered),
                 ("duplicates_suppressed", a.duplicates_suppressed),

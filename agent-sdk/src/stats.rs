@@ -57,6 +57,11 @@ retries,
 dead_lettered,
 /// Events dropped because their queue was full (a slow subscriber); exact.
 dropped,
+/// Events this agent's subscriptions missed, whatever the cause: gaps in their publishers'
+/// sequence numbers (a reset connection, the server cutting a slow consumer, a restart, the
+/// client's full buffer) and drops on the subscription's own full queue. So `dropped` is
+/// counted here too; received + `lost` is what was sent.
+lost,
 /// Requests refused with 5019 because their queue was full.
 shed,
 /// Durable deliveries that were redeliveries (delivery count above 1): the duplicates

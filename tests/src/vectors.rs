@@ -6,7 +6,7 @@ use agent_sdk::codec::encode_payload;
 use agent_sdk::encryption::{CONTENT_TYPE_ENCRYPTED, ENCRYPTION_ALG};
 use agent_sdk::envelope::{
     CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, EncryptedKey, Encryption, ExpectedReply, Progress,
-    ProgressState, Signature, TraceContext,
+    ProgressState, Sequence, Signature, TraceContext,
 };
 use agent_sdk::security::SIGNATURE_ALG;
 use agent_sdk::{DeliveryClass, Envelope, Kind, Performative, Priority, StatusCode};
@@ -65,6 +65,11 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
     let mut event = base(Kind::Event, Performative::Inform, "ocr-agent", 3);
     event.topic = Some("doc.text.extracted".into());
     event.priority = Priority::High;
+    // The publisher's 17th event on this subject since it started counting.
+    event.seq = Some(Sequence {
+        epoch: 2_724_876_109,
+        n: 17,
+    });
     event.trace = Some(TraceContext {
         traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
         tracestate: None,
@@ -134,6 +139,10 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
     every.hop_limit = 8;
     every.priority = Priority::Low;
     every.delivery = DeliveryClass::AtLeastOnce;
+    every.seq = Some(Sequence {
+        epoch: 0xC0FF_EE01,
+        n: 300,
+    });
     every.expect = Some(ExpectedReply {
         performative: Performative::Confirm,
         timeout_ms: 1_500,

@@ -131,6 +131,7 @@ impl Agent {
                 options.encryption_trust.iter().cloned().collect(),
             ),
             counters,
+            sequencer: Default::default(),
         });
         let verifier = options.signature_policy.clone().map(|policy| {
             let verifier = Verifier::new(policy);

@@ -16,9 +16,11 @@ use super::admit::reply_encoding;
 use super::outcome::{Failure, Outcome, Retry};
 use super::pipeline::{Pipeline, Target, Via};
 use super::reply;
+use super::sequence::Gaps;
 use crate::handler::EventHandler;
 use crate::handler::endpoint::Endpoint;
 use crate::protocol::status::StatusCode;
+use std::sync::atomic::Ordering;
 
 /// What a subscription carries.
 #[derive(Clone)]
@@ -76,7 +78,18 @@ impl Dispatcher {
         let this = Arc::clone(self);
         let reader_route = route.clone();
         self.tracker.spawn(async move {
+            // Events are checked for gaps as they arrive, in order, before anything is queued.
+            let mut gaps = matches!(reader_route, Route::Event(_)).then(Gaps::default);
             while let Some(msg) = sub.next_until(this.stop.cancelled()).await {
+                if let Some(gaps) = &mut gaps {
+                    let missed = gaps.observe(msg.subject(), msg.payload());
+                    if missed > 0 {
+                        this.pipeline
+                            .counters()
+                            .lost
+                            .fetch_add(missed, Ordering::Relaxed);
+                    }
+                }
                 // The common case, nothing queued and a slot free: start the handler here,
                 // saving the hop through the queue and the dispatcher. Otherwise queue it
                 // behind the others, in order.
@@ -144,6 +157,8 @@ impl Dispatcher {
         let counters = self.pipeline.counters();
         match (route, msg.reply()) {
             (Route::Event(_), _) | (_, None) => {
+                // Missed, as surely as an event that never arrived (a gap counts those).
+                counters.lost.fetch_add(1, Ordering::Relaxed);
                 let n = counters
                     .dropped
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed)

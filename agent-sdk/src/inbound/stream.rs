@@ -11,6 +11,7 @@ use futures::Stream;
 use serde::de::DeserializeOwned;
 
 use super::pipeline::Pipeline;
+use super::sequence::Gaps;
 use crate::protocol::codec::{CodecError, decode_payload};
 use crate::protocol::envelope::Envelope;
 use crate::stats::AgentCounters;
@@ -50,6 +51,8 @@ pub struct EventStream {
     pipeline: Arc<Pipeline>,
     /// Checked events not yet handed out.
     ready: VecDeque<Event>,
+    /// Sequence gaps, checked as events arrive.
+    gaps: Gaps,
 }
 
 impl std::fmt::Debug for EventStream {
@@ -64,6 +67,7 @@ impl EventStream {
             sub,
             pipeline,
             ready: VecDeque::new(),
+            gaps: Gaps::default(),
         }
     }
 
@@ -77,6 +81,13 @@ impl EventStream {
             match Pin::new(&mut self.sub).poll_next(cx) {
                 Poll::Ready(Some(msg)) => {
                     AgentCounters::bump(&self.pipeline.counters().received);
+                    let missed = self.gaps.observe(msg.subject(), msg.payload());
+                    if missed > 0 {
+                        self.pipeline
+                            .counters()
+                            .lost
+                            .fetch_add(missed, std::sync::atomic::Ordering::Relaxed);
+                    }
                     if let Ok((envelope, _)) = self.pipeline.admit(msg.payload()) {
                         return Poll::Ready(Some((msg, envelope)));
                     }

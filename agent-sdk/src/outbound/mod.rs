@@ -46,6 +46,8 @@ pub(crate) struct Outbound {
     /// Recipients' public encryption keys: configured ones, then the registry's.
     pub(crate) encryption_keys: RwLock<HashMap<String, String>>,
     pub(crate) counters: Arc<AgentCounters>,
+    /// Each published subject's count, stamped in its events.
+    pub(crate) sequencer: crate::inbound::sequence::Sequencer,
 }
 
 impl Outbound {

@@ -70,9 +70,18 @@ impl Outbound {
             || crate::trace::attributes(&self.id, &env),
         );
         env.trace = Some(trace);
+        // Numbered and handed to the connection under the subject's count, so the numbers go
+        // out in order whoever publishes.
+        let counter = self.sequencer.counter(&subject);
+        let mut counter = counter.lock().await;
+        env.seq = Some(counter.peek());
         self.seal(&subject, &mut env);
         let bytes = codec::encode(&env, self.encoding)?;
         let sent = self.broker.publish_owned(subject, bytes).await;
+        if sent.is_ok() {
+            counter.advance();
+        }
+        drop(counter);
         crate::trace::finish(span.as_ref(), sent.as_ref().err().map(|e| e.to_string()));
         sent?;
         AgentCounters::bump(&self.counters.events_published);

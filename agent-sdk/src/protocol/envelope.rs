@@ -258,6 +258,18 @@ pub struct Progress {
     pub fraction: Option<f32>,
 }
 
+/// A publisher's sequence number on one subject: `n` counts 1, 2, 3, ... within `epoch`, a
+/// number the publisher picks at random when it starts counting (a restart, or a counter it
+/// had to forget), so a receiver tells a new count from a gap. A receiver that sees `n` jump
+/// within one epoch lost the messages between, whatever the cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sequence {
+    /// Which count: random per counter.
+    pub epoch: u32,
+    /// The position in it, from 1.
+    pub n: u64,
+}
+
 /// W3C trace context, mirrored in the `traceparent`/`tracestate` NATS headers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceContext {
@@ -373,6 +385,9 @@ pub struct Envelope {
     /// The delivery guarantee the sender asked for.
     #[serde(default, skip_serializing_if = "is_default")]
     pub delivery: DeliveryClass,
+    /// The publisher's sequence on this subject, so a receiver can count what it missed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<Sequence>,
     /// What reply the sender expects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect: Option<ExpectedReply>,
@@ -473,6 +488,7 @@ impl Envelope {
             hop_limit: DEFAULT_HOP_LIMIT,
             priority: Priority::Normal,
             delivery: DeliveryClass::AtMostOnce,
+            seq: None,
             expect: None,
             progress: None,
             status: None,

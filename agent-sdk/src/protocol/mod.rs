@@ -5,4 +5,4 @@ pub mod codec;
 pub mod envelope;
 pub mod registry;
 pub mod status;
-mod wire;
+pub(crate) mod wire;

@@ -496,3 +496,273 @@ async fn a_handler_sees_its_delivery_attempt() {
     assert_eq!(err.status(), StatusCode::HANDLER_FAILED);
     assert_eq!(attempts.lock().expect("lock").last(), Some(&1));
 }
+
+/// Publishes sentinels (numbers from `first` on), one at a time, until one is seen in
+/// `seen`; returns it. Once it is seen, every number before it has been seen or missed.
+async fn publish_sentinels(
+    publisher: &agent_sdk::Agent,
+    topic: &str,
+    first: u32,
+    seen: &Mutex<std::collections::HashSet<u32>>,
+) -> u32 {
+    within(Duration::from_secs(60), "a sentinel seen", async {
+        let mut n = first;
+        loop {
+            let _ = publisher.publish(topic, &n).await;
+            let arrived = tokio::time::timeout(Duration::from_millis(500), async {
+                while !seen.lock().expect("lock").contains(&n) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await;
+            if arrived.is_ok() {
+                return n;
+            }
+            n += 1;
+        }
+    })
+    .await
+}
+
+/// Issue 13, item 6: events are numbered per publisher and subject, so a subscriber counts
+/// what it missed, whatever the cause. Here the server is killed and restarted under a stream
+/// of events: every event published and not received is counted as lost, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_missed_through_a_server_restart_are_each_counted_as_lost() {
+    const SENT: u32 = 30_000;
+    let mut server = chorus_tests::ServerBuilder::default()
+        .start()
+        .expect("server");
+    let listener = agent(&server, "listener").await;
+    let mut stream = listener.subscribe("ticks").await.expect("subscribe");
+    let received = Arc::new(Mutex::new(std::collections::HashSet::<u32>::new()));
+    let seen = Arc::clone(&received);
+    let reader = tokio::spawn(async move {
+        use futures::StreamExt;
+        while let Some(event) = stream.next().await {
+            let n: u32 = event.payload_as().expect("a tick");
+            seen.lock().expect("lock").insert(n);
+        }
+    });
+    let ticker = agent(&server, "ticker").await;
+    let publisher = tokio::spawn(async move {
+        for n in 0..SENT {
+            let _ = ticker.publish("ticks", &n).await;
+            if n % 64 == 0 {
+                // A steady stream rather than one burst, so the restart falls in the middle.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        ticker
+    });
+    eventually(WAIT, "a third of the events received", || async {
+        (received.lock().expect("lock").len() >= SENT as usize / 3).then_some(())
+    })
+    .await;
+    server.kill();
+    server.restart().expect("restart");
+    let ticker = within(Duration::from_secs(60), "the publisher", publisher)
+        .await
+        .expect("publisher");
+    let last = publish_sentinels(&ticker, "ticks", SENT, &received).await;
+    let stats = listener.stats();
+    reader.abort();
+    let got = received.lock().expect("lock").len() as u64;
+    let reconnects = listener.broker().stats().reconnects;
+    println!(
+        "events through a server restart: published {} (the last a sentinel), received {got}, counted lost {}, reconnects {reconnects}",
+        last + 1,
+        stats.lost,
+    );
+    assert!(reconnects >= 1, "the subscriber reconnected");
+    assert_eq!(
+        got + stats.lost,
+        u64::from(last) + 1,
+        "received + lost = sent"
+    );
+}
+
+/// A subscriber too slow for its publisher: what its full queue drops is counted as dropped
+/// and as lost, and received + lost is what was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_subscribers_drops_are_counted_as_lost_too() {
+    const SENT: u32 = 5_000;
+    let server = server();
+    let slow = agent_options(&server, "slow-reader")
+        .queue_capacity(16)
+        .max_in_flight(1)
+        .connect()
+        .await
+        .expect("connect");
+    let handled = Arc::new(Mutex::new(std::collections::HashSet::<u32>::new()));
+    let seen = Arc::clone(&handled);
+    slow.on_event("firehose", move |_ctx: Context, n: u32| {
+        seen.lock().expect("lock").insert(n);
+        async {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+            Ok(())
+        }
+    })
+    .await
+    .expect("subscribe");
+    let fast = agent(&server, "fast-writer").await;
+    for n in 0..SENT {
+        fast.publish("firehose", &n).await.expect("publish");
+    }
+    let last = publish_sentinels(&fast, "firehose", SENT, &handled).await;
+    let stats = slow.stats();
+    let got = handled.lock().expect("lock").len() as u64;
+    println!(
+        "slow subscriber: sent {}, handled {got}, dropped {}, lost {}",
+        last + 1,
+        stats.dropped,
+        stats.lost
+    );
+    assert!(stats.dropped > 0, "the queue overflowed");
+    assert!(stats.lost >= stats.dropped);
+    assert_eq!(got + stats.lost, u64::from(last) + 1);
+}
+
+/// A TCP proxy on loopback in front of a server, whose connections the test can cut and keep
+/// refused for a while: a connection reset that only one client sees.
+struct CuttableProxy {
+    url: String,
+    down: Arc<std::sync::atomic::AtomicBool>,
+    cut: Arc<Mutex<tokio_util::sync::CancellationToken>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CuttableProxy {
+    async fn start(server_url: &str) -> CuttableProxy {
+        let upstream = server_url
+            .rsplit("://")
+            .next()
+            .unwrap_or(server_url)
+            .to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("nats://{}", listener.local_addr().expect("addr"));
+        let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cut = Arc::new(Mutex::new(tokio_util::sync::CancellationToken::new()));
+        let (is_down, current) = (Arc::clone(&down), Arc::clone(&cut));
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if is_down.load(Ordering::SeqCst) {
+                    continue; // dropped: refused while down
+                }
+                let token = current.lock().expect("lock").clone();
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = token.cancelled() => {}
+                    }
+                });
+            }
+        });
+        CuttableProxy {
+            url,
+            down,
+            cut,
+            task,
+        }
+    }
+
+    /// Closes every connection through the proxy and refuses new ones.
+    fn cut(&self) {
+        self.down.store(true, Ordering::SeqCst);
+        let mut token = self.cut.lock().expect("lock");
+        token.cancel();
+        *token = tokio_util::sync::CancellationToken::new();
+    }
+
+    fn heal(&self) {
+        self.down.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for CuttableProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A subscriber whose connection is reset while its publisher goes on: the events sent while
+/// it was away are each counted as lost once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_missed_while_a_subscribers_connection_is_reset_are_each_counted_as_lost() {
+    const SENT: u32 = 20_000;
+    let server = server();
+    let proxy = CuttableProxy::start(server.url()).await;
+    let listener = within(
+        WAIT,
+        "connect through the proxy",
+        agent_sdk::AgentOptions::new("listener")
+            .servers([proxy.url.as_str()])
+            .connect(),
+    )
+    .await
+    .expect("connect");
+    let mut stream = listener.subscribe("ticks").await.expect("subscribe");
+    let received = Arc::new(Mutex::new(std::collections::HashSet::<u32>::new()));
+    let seen = Arc::clone(&received);
+    let reader = tokio::spawn(async move {
+        use futures::StreamExt;
+        while let Some(event) = stream.next().await {
+            let n: u32 = event.payload_as().expect("a tick");
+            seen.lock().expect("lock").insert(n);
+        }
+    });
+    let ticker = agent(&server, "ticker").await;
+    let publisher = tokio::spawn(async move {
+        for n in 0..SENT {
+            ticker.publish("ticks", &n).await.expect("publish");
+            if n % 64 == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        ticker
+    });
+    eventually(WAIT, "a quarter of the events received", || async {
+        (received.lock().expect("lock").len() >= SENT as usize / 4).then_some(())
+    })
+    .await;
+    proxy.cut();
+    let at_cut = received.lock().expect("lock").len();
+    // Away while the publisher goes on: a few thousand events go by.
+    eventually(WAIT, "the subscriber gone", || async {
+        (listener.broker().stats().disconnects >= 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.heal();
+    eventually(WAIT, "the subscriber back", || async {
+        (listener.broker().stats().reconnects >= 1).then_some(())
+    })
+    .await;
+    let ticker = within(Duration::from_secs(60), "the publisher", publisher)
+        .await
+        .expect("publisher");
+    let last = publish_sentinels(&ticker, "ticks", SENT, &received).await;
+    let stats = listener.stats();
+    reader.abort();
+    let got = received.lock().expect("lock").len() as u64;
+    println!(
+        "events through a connection reset: published {}, received {got} ({at_cut} before the cut), counted lost {}",
+        last + 1,
+        stats.lost,
+    );
+    assert!(
+        stats.lost > 0,
+        "events went by while the subscriber was away"
+    );
+    assert_eq!(
+        got + stats.lost,
+        u64::from(last) + 1,
+        "received + lost = sent"
+    );
+}

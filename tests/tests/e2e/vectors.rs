@@ -222,6 +222,7 @@ fn the_every_field_vector_sets_every_field_the_spec_lists() {
     assert_eq!(wire_order, order, "fields are written in table order");
 
     for (nested, path) in [
+        ("seq", vec!["seq"]),
         ("expect", vec!["expect"]),
         ("progress", vec!["progress"]),
         ("trace", vec!["trace"]),

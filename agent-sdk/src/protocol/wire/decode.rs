@@ -5,7 +5,7 @@ use bytes::Bytes;
 use uuid::Uuid;
 
 use crate::protocol::envelope::{
-    Envelope, ExpectedReply, Kind, PROTOCOL_VERSION, Performative, Progress, Signature,
+    Envelope, ExpectedReply, Kind, PROTOCOL_VERSION, Performative, Progress, Sequence, Signature,
     TraceContext, Version,
 };
 use crate::protocol::status::StatusCode;
@@ -42,6 +42,7 @@ mod bit {
     pub(super) const PAYLOAD: u32 = 27;
     pub(super) const TOKEN: u32 = 28;
     pub(super) const SIGNATURE: u32 = 29;
+    pub(super) const SEQ: u32 = 30;
     // `encryption` is rare and read by serde (the slow path), so it has no bit.
 }
 
@@ -147,6 +148,10 @@ pub(crate) fn decode(bytes: &[u8], shared: Option<&Bytes>) -> Option<Envelope> {
                 env.delivery = r.str()?.parse().ok()?;
                 bit::DELIVERY
             }
+            b"seq" => {
+                env.seq = r.opt(Reader::seq)?;
+                bit::SEQ
+            }
             b"expect" => {
                 env.expect = r.opt(Reader::expect)?;
                 bit::EXPECT
@@ -228,6 +233,28 @@ pub(crate) fn decode(bytes: &[u8], shared: Option<&Bytes>) -> Option<Envelope> {
         env.content_type = crate::protocol::envelope::CONTENT_TYPE_MSGPACK.to_owned();
     }
     Some(env)
+}
+
+/// The sender and sequence of a MessagePack envelope, read without decoding the rest (values
+/// before them are skipped, and reading stops once both are found): what a subscription
+/// checks for gaps as messages arrive, in order, before they are queued. `None` when either
+/// is missing or the bytes are not an envelope map.
+pub(crate) fn peek_sequence(bytes: &[u8]) -> Option<(&str, Sequence)> {
+    let mut r = Reader {
+        buf: bytes,
+        shared: None,
+        pos: 0,
+    };
+    let fields = r.map_len()?;
+    let mut from = None;
+    for _ in 0..fields {
+        match r.str_bytes()? {
+            b"from" => from = Some(r.str()?),
+            b"seq" => return Some((from?, r.seq()?)),
+            _ => r.skip(0)?,
+        }
+    }
+    None
 }
 
 /// Deepest nesting of an unknown field this reader skips; deeper goes to serde.
@@ -417,6 +444,22 @@ impl<'a> Reader<'a> {
             0xca => Some(f32::from_bits(u32::try_from(self.be(4)?).ok()?)),
             _ => None,
         }
+    }
+
+    fn seq(&mut self) -> Option<Sequence> {
+        let (mut epoch, mut n) = (None, None);
+        self.fields(&["epoch", "n"], |r, i| {
+            if i == 0 {
+                epoch = Some(u32::try_from(r.uint()?).ok()?);
+            } else {
+                n = Some(r.uint()?);
+            }
+            Some(())
+        })?;
+        Some(Sequence {
+            epoch: epoch?,
+            n: n?,
+        })
     }
 
     fn trace(&mut self) -> Option<TraceContext> {

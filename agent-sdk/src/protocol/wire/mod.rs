@@ -12,7 +12,7 @@ mod decode;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use decode::decode;
+pub(crate) use decode::{decode, peek_sequence};
 
 use crate::protocol::envelope::{
     DEFAULT_HOP_LIMIT, DeliveryClass, Envelope, PROTOCOL_VERSION, Priority,
@@ -41,6 +41,7 @@ pub(crate) fn encode(env: &Envelope, out: &mut Vec<u8>) {
         hop_limit,
         priority,
         delivery,
+        seq,
         expect,
         progress,
         status,
@@ -69,6 +70,7 @@ pub(crate) fn encode(env: &Envelope, out: &mut Vec<u8>) {
         + usize::from(*hop_limit != DEFAULT_HOP_LIMIT)
         + usize::from(*priority != Priority::Normal)
         + usize::from(*delivery != DeliveryClass::AtMostOnce)
+        + usize::from(seq.is_some())
         + usize::from(expect.is_some())
         + usize::from(progress.is_some())
         + usize::from(status.is_some())
@@ -133,6 +135,14 @@ pub(crate) fn encode(env: &Envelope, out: &mut Vec<u8>) {
     if *delivery != DeliveryClass::AtMostOnce {
         key(out, "delivery");
         str(out, delivery.as_str());
+    }
+    if let Some(seq) = seq {
+        key(out, "seq");
+        let _ = w::write_map_len(out, 2);
+        key(out, "epoch");
+        uint(out, seq.epoch.into());
+        key(out, "n");
+        uint(out, seq.n);
     }
     if let Some(expect) = expect {
         key(out, "expect");

@@ -3,7 +3,7 @@ use uuid::Uuid;
 
 use super::*;
 use crate::protocol::envelope::{
-    EncryptedKey, Encryption, ExpectedReply, Kind, Performative, Progress, ProgressState,
+    EncryptedKey, Encryption, ExpectedReply, Kind, Performative, Progress, ProgressState, Sequence,
     Signature, TraceContext,
 };
 use crate::protocol::status::StatusCode;
@@ -33,6 +33,10 @@ fn full() -> Envelope {
     e.hop_limit = 200;
     e.priority = Priority::Critical;
     e.delivery = DeliveryClass::ExactlyOnce;
+    e.seq = Some(Sequence {
+        epoch: u32::MAX,
+        n: u64::MAX,
+    });
     e.expect = Some(ExpectedReply {
         performative: Performative::Inform,
         timeout_ms: 300,
