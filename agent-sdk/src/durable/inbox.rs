@@ -55,6 +55,9 @@ pub(crate) struct DurableInbox {
     /// Deliveries taken and not yet settled, by stream sequence: the keeper reports progress
     /// on each, so one waiting its turn in a lane is not redelivered meanwhile.
     held: std::sync::Mutex<std::collections::HashMap<u64, Arc<Delivery>>>,
+    /// Stream sequences delivered here lately: a server that lost its consumer's delivery
+    /// counts in a crash delivers again as a first delivery, and this still tells a repeat.
+    recent: std::sync::Mutex<Recent>,
     #[cfg(feature = "fault-injection")]
     pub(crate) skip_acks: std::sync::atomic::AtomicU64,
 }
@@ -89,6 +92,7 @@ impl DurableInbox {
             stop,
             started: tokio::sync::Mutex::new(false),
             held: std::sync::Mutex::new(std::collections::HashMap::new()),
+            recent: std::sync::Mutex::new(Recent::default()),
             #[cfg(feature = "fault-injection")]
             skip_acks: std::sync::atomic::AtomicU64::new(0),
         }
@@ -252,7 +256,12 @@ impl DurableInbox {
     /// One delivery through the pipeline, then settled and let go.
     async fn process(&self, delivery: Arc<Delivery>, decoded: Decoded) {
         let counters = self.pipeline.counters();
-        if delivery.delivered() > 1 {
+        let seen_here = self
+            .recent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(delivery.stream_seq());
+        if delivery.delivered() > 1 || seen_here {
             AgentCounters::bump(&counters.redelivered);
         }
         let target = match self
@@ -372,6 +381,32 @@ impl DurableInbox {
     }
 }
 
+/// Stream sequences delivered to this instance lately, the oldest forgotten first.
+#[derive(Debug, Default)]
+struct Recent {
+    set: std::collections::HashSet<u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+/// How many stream sequences an instance remembers having been delivered.
+const RECENT_DELIVERIES: usize = 16_384;
+
+impl Recent {
+    /// Notes `seq`; whether it was delivered here before.
+    fn insert(&mut self, seq: u64) -> bool {
+        if !self.set.insert(seq) {
+            return true;
+        }
+        self.order.push_back(seq);
+        if self.order.len() > RECENT_DELIVERIES
+            && let Some(old) = self.order.pop_front()
+        {
+            self.set.remove(&old);
+        }
+        false
+    }
+}
+
 /// Decides what becomes of delivery number `delivered` of a message on `subject` from its
 /// outcome and the retry policy.
 fn settle(
@@ -448,6 +483,21 @@ mod tests {
             Settle::DeadLetter(note) => note.reason,
             other => panic!("expected a dead letter, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_stream_sequence_seen_before_is_a_repeat_until_it_is_forgotten() {
+        let mut recent = Recent::default();
+        assert!(!recent.insert(7));
+        assert!(recent.insert(7));
+        for seq in 100..100 + RECENT_DELIVERIES as u64 {
+            assert!(!recent.insert(seq));
+        }
+        assert!(
+            !recent.insert(7),
+            "forgotten after RECENT_DELIVERIES others"
+        );
+        assert_eq!(recent.set.len(), RECENT_DELIVERIES);
     }
 
     #[test]

@@ -242,11 +242,19 @@ async fn killing_the_server_mid_stream_loses_no_acknowledged_message() {
         Duration::from_secs(120),
     )
     .await;
+    let redelivered = worker.stats().redelivered;
     println!(
-        "server SIGKILL: sent {SENT}, acked {} ({killed_at} before the kill), handled {} unique, lost {}, duplicated {}, settled {}",
+        "server SIGKILL: sent {SENT}, acked {} ({killed_at} before the kill), handled {} unique, lost {}, duplicated {}, redelivered {redelivered}, settled {}",
         report.acked, report.handled, report.lost, report.duplicated, report.settled
     );
     assert_eq!(report.lost, 0, "acknowledged and never handled: {report:?}");
+    // Every repeated handler run came from a delivery the agent counted as a redelivery,
+    // though the restarted server may count it as a first delivery.
+    assert!(
+        redelivered >= report.duplicated as u64,
+        "redelivered {redelivered} < duplicated {}",
+        report.duplicated
+    );
     assert!(
         report.settled,
         "the worker's consumer never drained: {report:?}"
