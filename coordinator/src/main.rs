@@ -50,6 +50,48 @@ fn error_chain(err: &anyhow::Error) -> String {
     out
 }
 
+/// Ctrl-C and SIGTERM, caught from the moment this is made: one that arrives while the command
+/// is busy (a demo round, a shutdown) is kept until [`Signals::recv`] is next awaited, not
+/// lost, as it is with a fresh [`shutdown_signal`] each time.
+pub(crate) struct Signals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub(crate) fn new() -> std::io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Signals {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(Signals {})
+        }
+    }
+
+    /// The next Ctrl-C or SIGTERM (or one that came since the last call).
+    pub(crate) async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.interrupt.recv() => {}
+                _ = self.terminate.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
 /// Ctrl-C or SIGTERM.
 pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]

@@ -555,3 +555,134 @@ fn a_bus_that_is_not_there_is_met_with_what_to_do() {
     assert!(t.contains("`scripts/up` starts a local bus"), "{t}");
     assert!(t.contains("--server"), "{t}");
 }
+
+/// A `chorus up` running until a signal, its stdout read line by line on a thread.
+struct RunningUp {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl RunningUp {
+    fn start(server: &str, extra: &[&str]) -> RunningUp {
+        use std::io::{BufRead, BufReader};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_chorus"))
+            .args(["--server", server, "up", "--interval", "60s"])
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run chorus up");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        RunningUp {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (up to 60 s) for a line containing `text`.
+    fn wait_for(&mut self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            match self.lines.recv_timeout(Duration::from_millis(100)) {
+                Ok(line) => {
+                    let found = line.contains(text);
+                    self.seen.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let _ = self.child.kill();
+        panic!("no line with {text:?} within 60 s: {:?}", self.seen);
+    }
+
+    fn signal(&self, name: &str) {
+        let sent = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+    }
+
+    /// Waits (up to `limit`) for the process to end; its status and every line it printed.
+    fn wait(mut self, limit: Duration) -> (std::process::ExitStatus, String) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                self.seen.extend(self.lines.try_iter());
+                return (status, self.seen.join("\n"));
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!(
+                    "chorus up still running {limit:?} after the signal: {:?}",
+                    self.seen
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Issue 19, defect 1: a signal that arrives while a round of scenarios runs stops `chorus up`
+/// at once (it used to be lost, or to kill the process without a clean stop).
+#[test]
+fn up_stops_cleanly_on_a_signal_during_a_round() {
+    let server = chorus_tests::server();
+    let mut up = RunningUp::start(server.url(), &[]);
+    // The first round starts right after this line.
+    up.wait_for("agents online");
+    up.signal("TERM");
+    let (status, out) = up.wait(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}: {out}");
+    assert!(out.contains("chorus up: stopped"), "{out}");
+    assert!(
+        !out.contains("scenarios complete"),
+        "the round went on after the signal: {out}"
+    );
+}
+
+/// Issue 19, defect 2: a second `chorus up` on a bus that already runs says so and leaves the
+/// first alone; a metrics address that is taken is named with the flag that moves it.
+#[test]
+fn a_second_up_says_the_bus_runs_and_a_taken_port_names_its_flag() {
+    let server = chorus_tests::server();
+    let mut first = RunningUp::start(server.url(), &[]);
+    first.wait_for("scenarios complete");
+    let second = chorus(
+        server.url(),
+        &["up", "--once", "--metrics-addr", "127.0.0.1:0"],
+    );
+    let t = text(&second);
+    assert!(!second.status.success(), "{t}");
+    assert!(t.contains("a Chorus bus is already running"), "{t}");
+    // The first is unharmed: it still stops cleanly.
+    first.signal("INT");
+    let (status, out) = first.wait(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}: {out}");
+
+    let other = chorus_tests::server();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let out = chorus(other.url(), &["up", "--once", "--metrics-addr", &addr]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains("is taken") && t.contains("--metrics-addr"),
+        "{t}"
+    );
+}

@@ -37,6 +37,8 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         metrics_addr,
     } = args;
     let _otel = chorus::otel::from_env()?;
+    // Caught from here on: a signal during a round or the shutdown is not lost.
+    let mut signals = crate::Signals::new()?;
     let nats = ensure_nats(conn.url(), &config).await?;
     match &nats {
         LocalNats::Existing(url) => println!("chorus up: using the NATS server at {url}"),
@@ -52,7 +54,18 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         metrics_addr,
         ..CoordinatorConfig::default()
     };
-    let coordinator = Coordinator::start(coordinator_config, true).await?;
+    if let LocalNats::Existing(url) = &nats
+        && bus_answers(conn).await
+    {
+        anyhow::bail!(
+            "a Chorus bus is already running at {url} (its coordinator answers): use it from \
+             here (`chorus agents`, `chorus listen`, `chorus request`), or stop the other \
+             `chorus up` first"
+        );
+    }
+    let coordinator = Coordinator::start(coordinator_config, true)
+        .await
+        .map_err(|e| taken_port_hint(e, metrics_addr))?;
     println!(
         "chorus up: coordinator running; metrics at http://{}/metrics",
         coordinator
@@ -65,7 +78,12 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     println!("chorus up: agents online: {}", demo.agent_ids().join(", "));
     let mut failed = false;
     loop {
-        match demo.run(say).await {
+        // A signal stops the round where it is.
+        let round = tokio::select! {
+            round = demo.run(say) => round,
+            _ = signals.recv() => break,
+        };
+        match round {
             Ok(_) => println!("chorus up: scenarios complete"),
             Err(err) => {
                 eprintln!("chorus up: scenario failed: {err}");
@@ -80,12 +98,25 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         );
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
-            _ = crate::shutdown_signal() => break,
+            _ = signals.recv() => break,
         }
     }
-    println!("chorus up: stopping agents");
-    demo.shutdown().await;
-    coordinator.shutdown().await;
+    println!("chorus up: stopping agents (Ctrl-C again to force)");
+    let stop = async {
+        demo.shutdown().await;
+        coordinator.shutdown().await;
+    };
+    tokio::select! {
+        _ = stop => {}
+        _ = signals.recv() => {
+            eprintln!("chorus up: forced to stop");
+            drop(nats);
+            return Ok(ExitCode::from(130));
+        }
+        _ = tokio::time::sleep(SHUTDOWN_LIMIT) => {
+            eprintln!("chorus up: agents did not stop within {SHUTDOWN_LIMIT:?}; stopping anyway");
+        }
+    }
     drop(nats);
     println!("chorus up: stopped");
     Ok(if failed {
@@ -93,4 +124,36 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The longest a graceful stop may take before `chorus up` stops anyway.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(10);
+
+/// Whether a coordinator already answers discovery on the bus.
+async fn bus_answers(conn: &ConnectionArgs) -> bool {
+    let Ok(agent) = conn.agent().await else {
+        return false;
+    };
+    let found = tokio::time::timeout(
+        Duration::from_secs(2),
+        agent.discover(&agent_sdk::DiscoverQuery::default()),
+    )
+    .await;
+    agent.shutdown().await;
+    matches!(found, Ok(Ok(_)))
+}
+
+/// A coordinator that cannot bind its metrics address is told which flag moves it.
+fn taken_port_hint(err: chorus::Error, addr: SocketAddr) -> anyhow::Error {
+    let in_use = std::error::Error::source(&err)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse);
+    if in_use {
+        anyhow::anyhow!(
+            "the metrics address {addr} is taken (another `chorus up` or `chorus serve`?): \
+             pass --metrics-addr with another, or 127.0.0.1:0 for any free port"
+        )
+    } else {
+        anyhow::Error::new(err)
+    }
 }
