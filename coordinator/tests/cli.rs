@@ -686,3 +686,83 @@ fn a_second_up_says_the_bus_runs_and_a_taken_port_names_its_flag() {
         "{t}"
     );
 }
+
+/// Issue 19, defect 5: a payload too large for an argument comes from a file (`@file`) or
+/// standard input (`-`); one too large for the bus is refused before sending, with both sizes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_come_from_files_and_stdin_and_an_oversized_one_is_refused_with_its_size() {
+    use agent_sdk::Context;
+    let server = chorus_tests::server();
+    let sink = chorus_tests::agent(&server, "sink").await;
+    sink.on_command("take", |_ctx: Context, text: String| async move {
+        Ok(text.len())
+    })
+    .await
+    .expect("register");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json_of = |bytes: usize| format!("\"{}\"", "x".repeat(bytes));
+    let medium = dir.path().join("500k.json");
+    std::fs::write(&medium, json_of(500_000)).expect("write");
+    let large = dir.path().join("5m.json");
+    std::fs::write(&large, json_of(5_000_000)).expect("write");
+    let url = server.url().to_owned();
+    let run = move |payload: String, stdin: Option<String>| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            let mut child = Command::new(env!("CARGO_BIN_EXE_chorus"))
+                .args([
+                    "--server",
+                    &url,
+                    "request",
+                    "--to",
+                    "sink",
+                    "--command",
+                    "take",
+                ])
+                .arg(payload)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("run chorus");
+            let mut input = child.stdin.take().expect("stdin");
+            if let Some(text) = stdin {
+                input.write_all(text.as_bytes()).expect("write stdin");
+            }
+            drop(input);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while child.try_wait().expect("wait").is_none() {
+                assert!(Instant::now() < deadline, "chorus request did not finish");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            child.wait_with_output().expect("output")
+        })
+    };
+    let from_file = run(format!("@{}", medium.display()), None)
+        .await
+        .expect("join");
+    assert!(from_file.status.success(), "{}", text(&from_file));
+    assert_eq!(String::from_utf8_lossy(&from_file.stdout).trim(), "500000");
+    let from_stdin = run("-".into(), Some(json_of(500_000))).await.expect("join");
+    assert!(from_stdin.status.success(), "{}", text(&from_stdin));
+    assert_eq!(String::from_utf8_lossy(&from_stdin.stdout).trim(), "500000");
+    let too_large = run(format!("@{}", large.display()), None)
+        .await
+        .expect("join");
+    let t = text(&too_large);
+    assert!(!too_large.status.success(), "{t}");
+    assert!(
+        t.contains("the payload is 5000002 bytes") && t.contains("max_payload"),
+        "{t}"
+    );
+    let missing = run("@/nonexistent/payload.json".into(), None)
+        .await
+        .expect("join");
+    assert!(!missing.status.success());
+    assert!(
+        text(&missing).contains("cannot read the payload from /nonexistent/payload.json"),
+        "{}",
+        text(&missing)
+    );
+}

@@ -197,12 +197,38 @@ fn connect_hint(err: &agent_sdk::SdkError) -> &'static str {
     ""
 }
 
-/// A payload given as JSON on the command line (none: null).
+/// A payload given on the command line (none: null): JSON text, `-` to read it from standard
+/// input, or `@path` to read it from a file, as `curl` and the `nats` CLI take them (a large
+/// payload does not fit in an argument).
 fn parse_json(text: Option<&str>) -> anyhow::Result<serde_json::Value> {
-    match text {
-        None => Ok(serde_json::Value::Null),
-        Some(t) => serde_json::from_str(t).map_err(|e| anyhow::anyhow!("payload is not JSON: {e}")),
+    let text = match text {
+        None => return Ok(serde_json::Value::Null),
+        Some("-") => {
+            let mut buf = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut buf)
+                .map_err(|e| anyhow::anyhow!("cannot read the payload from standard input: {e}"))?;
+            buf
+        }
+        Some(t) => match t.strip_prefix('@') {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read the payload from {path}: {e}"))?,
+            None => t.to_owned(),
+        },
+    };
+    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("payload is not JSON: {e}"))
+}
+
+/// Refuses a payload the bus could not carry, before sending it, naming both sizes.
+fn check_payload_size(agent: &Agent, payload: &serde_json::Value) -> anyhow::Result<()> {
+    let size = serde_json::to_vec(payload).map(|v| v.len()).unwrap_or(0);
+    let limit = agent.broker().max_payload();
+    if size > limit {
+        anyhow::bail!(
+            "the payload is {size} bytes; this bus carries messages of at most {limit} bytes \
+             (the server's max_payload)"
+        );
     }
+    Ok(())
 }
 
 /// Exit code of a call the bus answered with an error status (or nobody answered).

@@ -6,7 +6,7 @@ use std::time::Duration;
 use agent_sdk::Call;
 use chorus::duration::parse_timeout;
 
-use super::{ConnectionArgs, parse_json, print_reply};
+use super::{ConnectionArgs, check_payload_size, parse_json, print_reply};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -19,7 +19,8 @@ pub(crate) struct Args {
     /// Capability to ask (any one agent serving it answers).
     #[arg(long, required_unless_present = "to")]
     capability: Option<String>,
-    /// The payload, as JSON (default: null).
+    /// The payload, as JSON (default: null); `-` reads it from standard input, `@file` from a
+    /// file.
     json: Option<String>,
     /// How long to wait for the reply.
     #[arg(long, default_value = "5s", value_parser = parse_timeout)]
@@ -27,8 +28,9 @@ pub(crate) struct Args {
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
-    let agent = conn.agent().await?;
     let payload = parse_json(args.json.as_deref())?;
+    let agent = conn.agent().await?;
+    check_payload_size(&agent, &payload)?;
     let call = match (args.to, args.command, args.capability) {
         (Some(to), Some(command), _) => Call::agent(to, command),
         (_, _, Some(capability)) => Call::capability(capability),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use agent_sdk::Call;
 use chorus::duration::parse_timeout;
 
-use super::{ConnectionArgs, parse_json, print_reply};
+use super::{ConnectionArgs, check_payload_size, parse_json, print_reply};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -20,7 +20,8 @@ pub(crate) struct Args {
     /// The command's name.
     #[arg(long, requires = "to")]
     command: Option<String>,
-    /// The payload, as JSON (default: null).
+    /// The payload, as JSON (default: null); `-` reads it from standard input, `@file` from a
+    /// file.
     json: Option<String>,
     /// How long to wait for a command's result (with --durable: how long it may wait in
     /// the inbox before it expires).
@@ -32,8 +33,9 @@ pub(crate) struct Args {
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
-    let agent = conn.agent().await?;
     let payload = parse_json(args.json.as_deref())?;
+    let agent = conn.agent().await?;
+    check_payload_size(&agent, &payload)?;
     let timeout = args.timeout;
     let code = match (args.topic, args.to, args.command) {
         (None, Some(to), Some(command)) if args.durable => {
