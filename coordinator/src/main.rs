@@ -3,6 +3,28 @@
 //! This file parses the command line, sets up logging, waits for signals and turns errors
 //! into an exit code; each subcommand lives in its own file under `cli/`.
 
+/// `println!` that ends the process quietly when standard output is a closed pipe (`chorus
+/// dlq ls | head`), with the status a process killed by SIGPIPE has, as other command-line
+/// tools do, instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            $crate::output_failed(e)
+        }
+    }};
+}
+
+/// `print!` as [`outln!`] is `println!`.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = write!(std::io::stdout().lock(), $($arg)*) {
+            $crate::output_failed(e)
+        }
+    }};
+}
+
 mod cli;
 
 use std::process::ExitCode;
@@ -33,6 +55,16 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Ends the process when standard output cannot be written: quietly with 141 (128 + SIGPIPE)
+/// when the reader went away, with a message and 1 otherwise.
+pub(crate) fn output_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(141);
+    }
+    eprintln!("chorus: cannot write the output: {e}");
+    std::process::exit(1);
 }
 
 /// An error and its causes on one line, each cause once: the adapter's, the SDK's and the

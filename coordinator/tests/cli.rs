@@ -766,3 +766,27 @@ async fn payloads_come_from_files_and_stdin_and_an_oversized_one_is_refused_with
         text(&missing)
     );
 }
+
+/// Output into a pipe whose reader is gone (`chorus ... | head`) ends the command quietly with
+/// SIGPIPE's status, instead of a panic.
+#[test]
+fn output_to_a_closed_pipe_ends_quietly() {
+    let server = chorus_tests::server();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["--server", server.url(), "dlq", "ls"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run chorus");
+    // The reader goes away before anything is written.
+    drop(child.stdout.take());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() {
+        assert!(Instant::now() < deadline, "chorus dlq ls did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+}

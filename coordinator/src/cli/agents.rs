@@ -25,11 +25,11 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     agent.shutdown().await;
     let found =
         found.map_err(|e| anyhow::anyhow!("discovery failed (is `chorus serve` running?): {e}"))?;
-    println!("{:<24} {:>5} {:<10} capabilities", "agent", "load", "state");
+    outln!("{:<24} {:>5} {:<10} capabilities", "agent", "load", "state");
     for r in &found {
         let m = &r.manifest;
         let caps: Vec<&str> = m.capabilities.iter().map(|c| c.name.as_str()).collect();
-        println!(
+        outln!(
             "{:<24} {:>5.2} {:<10} {}",
             m.agent,
             m.load,

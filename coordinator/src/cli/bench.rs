@@ -44,7 +44,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     let progress: fn(&str) = |s| eprintln!("bench: {s}");
     let (rows, version) = chorus_bench::run(&opts, progress).await?;
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "nats_server": version,
@@ -54,12 +54,12 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
             })
         );
     } else {
-        println!(
+        outln!(
             "nats-server {version}, {} round(s) per scenario{}",
             rounds,
             if quick { ", quick" } else { "" }
         );
-        print!("{}", chorus_bench::table(&rows));
+        out!("{}", chorus_bench::table(&rows));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -46,7 +46,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     let report = report
         .map_err(|e| anyhow::anyhow!("broadcast failed (is `chorus serve` running?): {e}"))?;
     for r in &report.recipients {
-        println!(
+        outln!(
             "{:<24} {:<10} {}{}",
             r.agent,
             format!("{:?}", r.outcome).to_lowercase(),

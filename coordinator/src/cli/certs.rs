@@ -18,18 +18,18 @@ pub(crate) struct Args {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let files = chorus::certs::generate(&args.out, &args.hosts, &args.client)?;
-    println!("CA:     {}", files.ca.display());
-    println!(
+    outln!("CA:     {}", files.ca.display());
+    outln!(
         "server: {} (key {})",
         files.server_cert.display(),
         files.server_key.display()
     );
-    println!(
+    outln!(
         "client: {} (key {})",
         files.client_cert.display(),
         files.client_key.display()
     );
-    println!(
+    outln!(
         "nats.conf:\n  tls {{\n    cert_file: \"{}\"\n    key_file: \"{}\"\n    ca_file: \"{}\"\n    verify: true   # mutual TLS: clients must present a certificate from this CA\n  }}",
         files.server_cert.display(),
         files.server_key.display(),

@@ -78,7 +78,7 @@ pub(crate) fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode>
             path.display()
         );
     }
-    println!("{entry}");
+    outln!("{entry}");
     Ok(ExitCode::SUCCESS)
 }
 

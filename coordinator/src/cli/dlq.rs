@@ -59,7 +59,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         Action::Replay { id, all } => replay(&queue, id, all).await?,
         Action::Purge => {
             let n = queue.purge().await?;
-            println!("purged {n} dead letter(s)");
+            outln!("purged {n} dead letter(s)");
         }
     }
     let _ = broker.drain().await;
@@ -68,13 +68,17 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
 
 async fn ls(queue: &DeadLetterQueue, limit: usize) -> anyhow::Result<()> {
     let entries = queue.list(limit).await?;
-    println!(
+    outln!(
         "{:>6}  {:<15} {:<22} {:<16} {:>8}  subject",
-        "id", "reason", "status", "agent", "attempts"
+        "id",
+        "reason",
+        "status",
+        "agent",
+        "attempts"
     );
     for e in &entries {
         let l = &e.letter;
-        println!(
+        outln!(
             "{:>6}  {:<15} {:<22} {:<16} {:>8}  {}",
             e.id,
             l.reason.as_str(),
@@ -106,24 +110,24 @@ fn not_in_queue(id: u64) -> impl FnOnce(broker_adapter::Error) -> anyhow::Error 
 async fn show(queue: &DeadLetterQueue, id: u64) -> anyhow::Result<()> {
     let e = queue.show(id).await.map_err(not_in_queue(id))?;
     let l = &e.letter;
-    println!("id:              {}", e.id);
-    println!("reason:          {}", l.reason.as_str());
-    println!("status:          {}", l.status);
-    println!("detail:          {}", l.detail);
-    println!("agent:           {}", l.agent);
-    println!("subject:         {}", l.subject);
-    println!("attempts:        {}", l.attempts);
-    println!(
+    outln!("id:              {}", e.id);
+    outln!("reason:          {}", l.reason.as_str());
+    outln!("status:          {}", l.status);
+    outln!("detail:          {}", l.detail);
+    outln!("agent:           {}", l.agent);
+    outln!("subject:         {}", l.subject);
+    outln!("attempts:        {}", l.attempts);
+    outln!(
         "message id:      {}",
         l.message_id.map(|u| u.to_string()).unwrap_or_default()
     );
-    println!("stored at (ms):  {}", l.stored_ms);
-    println!("dead at (ms):    {}", l.dead_lettered_ms);
+    outln!("stored at (ms):  {}", l.stored_ms);
+    outln!("dead at (ms):    {}", l.dead_lettered_ms);
     match l.omitted {
-        Some(size) => println!(
+        Some(size) => outln!(
             "message:         not kept ({size} bytes, too large to store beside the dead letter's headers)"
         ),
-        None => println!("message:         {}", describe_envelope(&l.envelope)),
+        None => outln!("message:         {}", describe_envelope(&l.envelope)),
     }
     Ok(())
 }
@@ -141,8 +145,8 @@ async fn replay(queue: &DeadLetterQueue, id: Option<u64>, all: bool) -> anyhow::
     };
     for id in &ids {
         match queue.replay(*id).await.map_err(not_in_queue(*id))? {
-            Some(ack) => println!("replayed {id} as inbox message {}", ack.sequence),
-            None => println!("replayed {id} (core subject, no delivery guarantee)"),
+            Some(ack) => outln!("replayed {id} as inbox message {}", ack.sequence),
+            None => outln!("replayed {id} (core subject, no delivery guarantee)"),
         }
     }
     eprintln!("{} replayed", ids.len());

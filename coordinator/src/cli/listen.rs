@@ -33,7 +33,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
                     .payload_as::<serde_json::Value>()
                     .map(|v| v.to_string())
                     .unwrap_or_else(|_| format!("<{} bytes of {}>", event.envelope.payload.len(), event.envelope.content_type));
-                println!("{} from {}: {payload}", event.topic(), event.envelope.from);
+                outln!("{} from {}: {payload}", event.topic(), event.envelope.from);
                 seen += 1;
                 if count.is_some_and(|n| seen >= n) {
                     break;

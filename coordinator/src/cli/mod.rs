@@ -248,7 +248,7 @@ async fn print_reply(
             let value = reply
                 .payload_as::<serde_json::Value>()
                 .unwrap_or(serde_json::Value::Null);
-            println!("{value}");
+            outln!("{value}");
             eprintln!("status {} from {}", reply.status(), reply.envelope.from);
             Ok(ExitCode::SUCCESS)
         }

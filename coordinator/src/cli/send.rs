@@ -44,7 +44,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
                 .json_payload(&payload)?
                 .timeout(timeout);
             let receipt = agent.send_durable(call).await?;
-            println!(
+            outln!(
                 "stored for {to}: message {} at inbox sequence {}{}",
                 receipt.id,
                 receipt.stream_seq.unwrap_or_default(),
@@ -59,7 +59,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         (Some(topic), _, _) => {
             agent.publish(&topic, &payload).await?;
             agent.broker().flush().await?;
-            println!("published to {topic}");
+            outln!("published to {topic}");
             ExitCode::SUCCESS
         }
         (None, Some(to), Some(command)) => {

@@ -28,7 +28,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     }
     let _otel = chorus::otel::from_env()?;
     let coordinator = Coordinator::start(cfg.clone(), true).await?;
-    println!(
+    outln!(
         "chorus serve: coordinator for root {:?} on {}; metrics on http://{}/metrics",
         cfg.root,
         cfg.servers,
@@ -38,7 +38,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
             .unwrap_or_default()
     );
     crate::shutdown_signal().await;
-    println!("chorus serve: stopping");
+    outln!("chorus serve: stopping");
     let finished = coordinator.shutdown().await;
     Ok(if finished {
         ExitCode::SUCCESS

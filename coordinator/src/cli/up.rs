@@ -41,8 +41,8 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     let mut signals = crate::Signals::new()?;
     let nats = ensure_nats(conn.url(), &config).await?;
     match &nats {
-        LocalNats::Existing(url) => println!("chorus up: using the NATS server at {url}"),
-        LocalNats::Started(server) => println!(
+        LocalNats::Existing(url) => outln!("chorus up: using the NATS server at {url}"),
+        LocalNats::Started(server) => outln!(
             "chorus up: started nats-server with {} at {} (monitoring {})",
             config.display(),
             server.url(),
@@ -66,16 +66,16 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     let coordinator = Coordinator::start(coordinator_config, true)
         .await
         .map_err(|e| taken_port_hint(e, metrics_addr))?;
-    println!(
+    outln!(
         "chorus up: coordinator running; metrics at http://{}/metrics",
         coordinator
             .metrics_addr()
             .map(|a| a.to_string())
             .unwrap_or_default()
     );
-    let say: fn(&str) = |line| println!("{line}");
+    let say: fn(&str) = |line| outln!("{line}");
     let demo = Demo::start(nats.url(), say).await?;
-    println!("chorus up: agents online: {}", demo.agent_ids().join(", "));
+    outln!("chorus up: agents online: {}", demo.agent_ids().join(", "));
     let mut failed = false;
     loop {
         // A signal stops the round where it is.
@@ -84,7 +84,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
             _ = signals.recv() => break,
         };
         match round {
-            Ok(_) => println!("chorus up: scenarios complete"),
+            Ok(_) => outln!("chorus up: scenarios complete"),
             Err(err) => {
                 eprintln!("chorus up: scenario failed: {err}");
                 failed = true;
@@ -93,7 +93,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         if once {
             break;
         }
-        println!(
+        outln!(
             "chorus up: running again in {interval:?}; try `chorus listen` or `chorus request --capability ocr ...` in another terminal; Ctrl-C to stop"
         );
         tokio::select! {
@@ -101,7 +101,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
             _ = signals.recv() => break,
         }
     }
-    println!("chorus up: stopping agents (Ctrl-C again to force)");
+    outln!("chorus up: stopping agents (Ctrl-C again to force)");
     let stop = async {
         demo.shutdown().await;
         coordinator.shutdown().await;
@@ -118,7 +118,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         }
     }
     drop(nats);
-    println!("chorus up: stopped");
+    outln!("chorus up: stopped");
     Ok(if failed {
         ExitCode::FAILURE
     } else {
