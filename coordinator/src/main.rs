@@ -52,7 +52,11 @@ async fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("chorus: {}", error_chain(&err));
-            ExitCode::FAILURE
+            if err.downcast_ref::<cli::Unreachable>().is_some() {
+                ExitCode::from(cli::exit::UNREACHABLE)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -46,12 +46,12 @@ fn up_once_runs_the_demo_against_a_running_server_and_exits_cleanly() {
 #[test]
 fn client_commands_report_codes_and_exit_status() {
     let server = chorus_tests::server();
-    // Nobody serves: exit code 2 and the no-responders code.
+    // Nobody serves: exit code 4 (the bus answered with a failure) and the no-responders code.
     let out = chorus(
         server.url(),
         &["request", "--to", "nobody", "--command", "x"],
     );
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
     assert!(text(&out).contains("5012 no_responders"));
 
     // Bad JSON is refused before anything is sent.
@@ -547,7 +547,7 @@ fn a_bus_that_is_not_there_is_met_with_what_to_do() {
     // Port 1 on loopback: nothing listens, the connection is refused at once.
     let out = chorus("nats://127.0.0.1:1", &["agents"]);
     let t = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert_eq!(out.status.code(), Some(3), "unreachable: {t}");
     assert!(
         t.contains("cannot reach the bus at nats://127.0.0.1:1"),
         "{t}"
@@ -789,4 +789,160 @@ fn output_to_a_closed_pipe_ends_quietly() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(141), "{stderr}");
+}
+
+/// `--json` on the client commands: each prints JSON a script can parse, with the facts the
+/// text form shows; and the exit codes tell success, an unreachable bus and a refusal apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_commands_print_json_a_script_can_read() {
+    use agent_sdk::{Context, HandlerError};
+    let server = chorus_tests::server();
+    let _coordinator = chorus_tests::coordinator(&server, false).await;
+    let calc = chorus_tests::agent_options(&server, "calc")
+        .capability("math")
+        .durable_inbox(true)
+        .connect()
+        .await
+        .expect("connect");
+    calc.on_command("add", |_ctx: Context, (a, b): (i64, i64)| async move {
+        Ok(a + b)
+    })
+    .await
+    .expect("register");
+    calc.on_command("poison", |_ctx: Context, (): ()| async move {
+        Err::<(), _>(HandlerError::invalid_argument("never"))
+    })
+    .await
+    .expect("register");
+    let url = server.url().to_owned();
+    let run = move |args: Vec<String>| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            chorus(&url, &args)
+        })
+    };
+    let argv = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let json_of = |out: &Output| -> serde_json::Value {
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(out)))
+    };
+
+    let out = run(argv(&[
+        "request",
+        "--json",
+        "--to",
+        "calc",
+        "--command",
+        "add",
+        "[2,3]",
+    ]))
+    .await
+    .expect("join");
+    assert!(out.status.success(), "{}", text(&out));
+    let reply = json_of(&out);
+    assert_eq!(reply["status"], 5002);
+    assert_eq!(reply["label"], "ok");
+    assert_eq!(reply["from"], "calc");
+    assert_eq!(reply["payload"], 5);
+
+    let out = run(argv(&[
+        "request",
+        "--json",
+        "--to",
+        "calc",
+        "--command",
+        "add",
+        "\"x\"",
+    ]))
+    .await
+    .expect("join");
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    let refused = json_of(&out);
+    assert_eq!(refused["status"], 5006);
+    assert!(refused["reason"].as_str().is_some_and(|r| !r.is_empty()));
+
+    let agents = eventually_json(&run, argv(&["agents", "--json"]), |v| {
+        v.as_array()
+            .is_some_and(|a| a.iter().any(|r| r["manifest"]["agent"] == "calc"))
+    })
+    .await;
+    let record = agents
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["manifest"]["agent"] == "calc"))
+        .expect("calc listed");
+    assert_eq!(record["manifest"]["capabilities"][0]["name"], "math");
+
+    let out = run(argv(&[
+        "send",
+        "--json",
+        "--to",
+        "calc",
+        "--command",
+        "poison",
+        "--durable",
+    ]))
+    .await
+    .expect("join");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(json_of(&out)["stored_for"], "calc");
+    let listed = eventually_json(&run, argv(&["dlq", "ls", "--json"]), |v| {
+        v.as_array().is_some_and(|a| a.len() == 1)
+    })
+    .await;
+    let entry = &listed[0];
+    assert_eq!(entry["reason"], "refused");
+    assert_eq!(entry["status"], 5018);
+    assert_eq!(entry["agent"], "calc");
+    let id = entry["id"].as_u64().expect("id").to_string();
+    let out = run(argv(&["dlq", "show", "--json", &id]))
+        .await
+        .expect("join");
+    let shown = json_of(&out);
+    assert_eq!(shown["detail"], "never");
+    assert_eq!(shown["envelope"]["name"], "poison");
+    assert_eq!(shown["envelope"]["id"], entry["message_id"]);
+
+    let out = run(argv(&[
+        "broadcast",
+        "--json",
+        "--capability",
+        "math",
+        "--command",
+        "add",
+        "[1,1]",
+    ]))
+    .await
+    .expect("join");
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_of(&out);
+    assert_eq!(report["recipients"][0]["agent"], "calc");
+    assert_eq!(report["recipients"][0]["outcome"], "delivered");
+}
+
+/// Runs `args` until its JSON output satisfies `ready` (the registry and the dead-letter
+/// queue fill a moment after the fact), failing after 20 s.
+async fn eventually_json<F>(
+    run: &impl Fn(Vec<String>) -> tokio::task::JoinHandle<Output>,
+    args: Vec<String>,
+    ready: F,
+) -> serde_json::Value
+where
+    F: Fn(&serde_json::Value) -> bool,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = run(args.clone()).await.expect("join");
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            && ready(&v)
+        {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{args:?} never ready: {}",
+            text(&out)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use super::ConnectionArgs;
+use super::{ConnectionArgs, print_json};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -12,6 +12,9 @@ pub(crate) struct Args {
     /// Only agents in this group.
     #[arg(long)]
     group: Option<String>,
+    /// Print the registry's records as one JSON array (manifest and `last_seen_ms` each).
+    #[arg(long)]
+    json: bool,
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
@@ -25,6 +28,10 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     agent.shutdown().await;
     let found =
         found.map_err(|e| anyhow::anyhow!("discovery failed (is `chorus serve` running?): {e}"))?;
+    if args.json {
+        print_json(&found)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     outln!("{:<24} {:>5} {:<10} capabilities", "agent", "load", "state");
     for r in &found {
         let m = &r.manifest;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use agent_sdk::{BroadcastTarget, Outcome};
 use chorus::duration::parse_timeout;
 
-use super::{ConnectionArgs, parse_json};
+use super::{ConnectionArgs, parse_json, print_json};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -23,11 +23,16 @@ pub(crate) struct Args {
     /// The command.
     #[arg(long)]
     command: String,
-    /// The payload, as JSON (default: null).
-    json: Option<String>,
+    /// The payload, as JSON (default: null); `-` reads it from standard input, `@file` from a
+    /// file.
+    #[arg(value_name = "PAYLOAD")]
+    payload: Option<String>,
     /// How long each recipient has to answer.
     #[arg(long, default_value = "5s", value_parser = parse_timeout)]
     timeout: Duration,
+    /// Print the coordinator's report as one JSON line.
+    #[arg(long)]
+    json: bool,
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
@@ -37,14 +42,18 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         (_, Some(c)) => BroadcastTarget::Capability(c),
         _ => BroadcastTarget::All,
     };
+    let payload = parse_json(args.payload.as_deref())?;
     let agent = conn.agent().await?;
-    let payload = parse_json(args.json.as_deref())?;
     let report = agent
         .broadcast(&target, &args.command, &payload, args.timeout)
         .await;
     agent.shutdown().await;
     let report = report
         .map_err(|e| anyhow::anyhow!("broadcast failed (is `chorus serve` running?): {e}"))?;
+    if args.json {
+        print_json(&report)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     for r in &report.recipients {
         outln!(
             "{:<24} {:<10} {}{}",

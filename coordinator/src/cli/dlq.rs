@@ -2,10 +2,10 @@
 
 use std::process::ExitCode;
 
-use chorus::service::dlq::{DeadLetterQueue, describe_envelope};
+use chorus::service::dlq::{DeadLetterQueue, DlqEntry, describe_envelope};
 use clap::Subcommand;
 
-use super::ConnectionArgs;
+use super::{ConnectionArgs, print_json};
 
 /// The connection name of `chorus dlq`.
 const CONNECTION_NAME: &str = "chorus-dlq-cli";
@@ -14,6 +14,10 @@ const CONNECTION_NAME: &str = "chorus-dlq-cli";
 pub(crate) struct Args {
     #[command(subcommand)]
     action: Action,
+    /// `ls` and `show` print JSON: `ls` one array, `show` one object, each entry with its
+    /// facts and (`show`) the decoded original envelope.
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -45,15 +49,18 @@ enum Action {
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
     let subjects = conn.subjects()?;
-    let url = conn.url();
-    let broker = conn
-        .broker_options()?
-        .name(CONNECTION_NAME)
-        .connect()
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot reach the bus at {url}: {e}"))?;
+    let broker = conn.broker(CONNECTION_NAME).await?;
     let queue = DeadLetterQueue::new(broker.clone(), subjects);
     match args.action {
+        Action::Ls { limit } if args.json => {
+            let entries = queue.list(limit).await?;
+            let rows: Vec<_> = entries.iter().map(|e| entry_json(e, false)).collect();
+            print_json(&rows)?;
+        }
+        Action::Show { id } if args.json => {
+            let entry = queue.show(id).await.map_err(not_in_queue(id))?;
+            print_json(&entry_json(&entry, true))?;
+        }
         Action::Ls { limit } => ls(&queue, limit).await?,
         Action::Show { id } => show(&queue, id).await?,
         Action::Replay { id, all } => replay(&queue, id, all).await?,
@@ -64,6 +71,34 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     }
     let _ = broker.drain().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// One entry as `--json` prints it; with `full`, the original envelope decoded too.
+fn entry_json(entry: &DlqEntry, full: bool) -> serde_json::Value {
+    let l = &entry.letter;
+    let mut v = serde_json::json!({
+        "id": entry.id,
+        "reason": l.reason.as_str(),
+        "status": l.status.0,
+        "label": l.status.label(),
+        "detail": l.detail,
+        "agent": l.agent,
+        "subject": l.subject,
+        "message_id": l.message_id,
+        "attempts": l.attempts,
+        "stored_ms": l.stored_ms,
+        "dead_lettered_ms": l.dead_lettered_ms,
+        "source": l.source.as_ref().map(|(s, n)| format!("{s}:{n}")),
+        "size": l.omitted.unwrap_or(l.envelope.len() as u64),
+        "omitted": l.omitted.is_some(),
+    });
+    if full {
+        v["envelope"] = agent_sdk::codec::decode(&l.envelope)
+            .ok()
+            .and_then(|(env, _)| serde_json::to_value(env).ok())
+            .unwrap_or(serde_json::Value::Null);
+    }
+    v
 }
 
 async fn ls(queue: &DeadLetterQueue, limit: usize) -> anyhow::Result<()> {

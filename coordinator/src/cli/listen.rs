@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use futures::StreamExt;
 
-use super::ConnectionArgs;
+use super::{ConnectionArgs, print_json};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -14,10 +14,19 @@ pub(crate) struct Args {
     /// Exit after this many events.
     #[arg(long)]
     count: Option<usize>,
+    /// Print each event as one JSON line: `topic`, `from`, `id`, `correlation_id`,
+    /// `timestamp_ms`, `seq`, `payload` (or `payload_bytes` and `content_type` when it is not
+    /// JSON or MessagePack).
+    #[arg(long)]
+    json: bool,
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
-    let Args { pattern, count } = args;
+    let Args {
+        pattern,
+        count,
+        json,
+    } = args;
     let agent = conn.agent().await?;
     let mut events = agent.subscribe(&pattern).await?;
     // `chorus bench` waits for this line on stderr: the subscription is in place.
@@ -29,6 +38,26 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         tokio::select! {
             event = events.next() => {
                 let Some(event) = event else { break };
+                if json {
+                    let e = &event.envelope;
+                    let payload = event.payload_as::<serde_json::Value>().ok();
+                    print_json(&serde_json::json!({
+                        "topic": event.topic(),
+                        "from": e.from,
+                        "id": e.id,
+                        "correlation_id": e.conversation(),
+                        "timestamp_ms": e.timestamp_ms,
+                        "seq": e.seq,
+                        "payload": payload,
+                        "payload_bytes": payload.is_none().then_some(e.payload.len()),
+                        "content_type": payload.is_none().then_some(e.content_type.as_str()),
+                    }))?;
+                    seen += 1;
+                    if count.is_some_and(|n| seen >= n) {
+                        break;
+                    }
+                    continue;
+                }
                 let payload = event
                     .payload_as::<serde_json::Value>()
                     .map(|v| v.to_string())

@@ -171,9 +171,44 @@ impl ConnectionArgs {
             options = options.identity(identity);
         }
         options.connect().await.map_err(|e| {
-            anyhow::anyhow!("cannot reach the bus at {server}: {e}{}", connect_hint(&e))
+            Unreachable(format!(
+                "cannot reach the bus at {server}: {e}{}",
+                connect_hint(&e)
+            ))
+            .into()
         })
     }
+
+    /// A plain connection (no agent) for operator commands, named `name`.
+    pub(crate) async fn broker(&self, name: &str) -> anyhow::Result<broker_adapter::Broker> {
+        let url = self.url();
+        self.broker_options()?
+            .name(name)
+            .connect()
+            .await
+            .map_err(|e| Unreachable(format!("cannot reach the bus at {url}: {e}")).into())
+    }
+}
+
+/// The bus could not be reached: exits with [`exit::UNREACHABLE`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Unreachable(pub(crate) String);
+
+/// The exit codes, so a script can tell what went wrong (documented in docs/OPERATIONS.md):
+/// 0 done, 1 failed on this side, 2 a usage error (a bad flag or value: clap's own code), and
+/// these.
+pub(crate) mod exit {
+    /// The bus could not be reached (nothing listening, TLS or credentials refused).
+    pub(crate) const UNREACHABLE: u8 = 3;
+    /// The bus answered with a failure: a coded refusal or error, a timeout, no responders.
+    pub(crate) const REFUSED: u8 = 4;
+}
+
+/// Prints `value` as one line of JSON (the `--json` output of every command).
+pub(crate) fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    outln!("{}", serde_json::to_string(value)?);
+    Ok(())
 }
 
 /// What to do about a failed connection, when the error's kind or cause says.
@@ -231,16 +266,27 @@ fn check_payload_size(agent: &Agent, payload: &serde_json::Value) -> anyhow::Res
     Ok(())
 }
 
-/// Exit code of a call the bus answered with an error status (or nobody answered).
-const REMOTE_FAILURE: u8 = 2;
+/// A reply as `--json` prints it.
+#[derive(Debug, serde::Serialize)]
+struct ReplyLine<'a> {
+    status: u16,
+    label: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    from: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+}
 
-/// Makes `call` and prints the reply's payload (stdout) and status (stderr); a coded failure
-/// exits with [`REMOTE_FAILURE`].
+/// Makes `call` and prints the reply's payload (stdout) and status (stderr), or with `json`
+/// one JSON line holding both; a coded failure exits with [`exit::REFUSED`].
 async fn print_reply(
     agent: &Agent,
     call: Call,
     payload: &serde_json::Value,
     timeout: Duration,
+    json: bool,
 ) -> anyhow::Result<ExitCode> {
     let call = call.json_payload(payload)?.timeout(timeout);
     match agent.call(call).await {
@@ -248,13 +294,33 @@ async fn print_reply(
             let value = reply
                 .payload_as::<serde_json::Value>()
                 .unwrap_or(serde_json::Value::Null);
-            outln!("{value}");
-            eprintln!("status {} from {}", reply.status(), reply.envelope.from);
+            if json {
+                print_json(&ReplyLine {
+                    status: reply.status().0,
+                    label: reply.status().label(),
+                    from: Some(&reply.envelope.from),
+                    payload: Some(value),
+                    reason: None,
+                })?;
+            } else {
+                outln!("{value}");
+                eprintln!("status {} from {}", reply.status(), reply.envelope.from);
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(err @ (SdkError::Remote { .. } | SdkError::Timeout(_) | SdkError::NoResponders(_))) => {
-            eprintln!("status {}: {err}", err.status());
-            Ok(ExitCode::from(REMOTE_FAILURE))
+            if json {
+                print_json(&ReplyLine {
+                    status: err.status().0,
+                    label: err.status().label(),
+                    from: None,
+                    payload: None,
+                    reason: Some(err.to_string()),
+                })?;
+            } else {
+                eprintln!("status {}: {err}", err.status());
+            }
+            Ok(ExitCode::from(exit::REFUSED))
         }
         Err(err) => Err(err.into()),
     }

@@ -21,14 +21,18 @@ pub(crate) struct Args {
     capability: Option<String>,
     /// The payload, as JSON (default: null); `-` reads it from standard input, `@file` from a
     /// file.
-    json: Option<String>,
+    #[arg(value_name = "PAYLOAD")]
+    payload: Option<String>,
     /// How long to wait for the reply.
     #[arg(long, default_value = "5s", value_parser = parse_timeout)]
     timeout: Duration,
+    /// Print the reply as one JSON line: `status`, `label`, `from`, `payload` (or `reason`).
+    #[arg(long)]
+    json: bool,
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
-    let payload = parse_json(args.json.as_deref())?;
+    let payload = parse_json(args.payload.as_deref())?;
     let agent = conn.agent().await?;
     check_payload_size(&agent, &payload)?;
     let call = match (args.to, args.command, args.capability) {
@@ -36,7 +40,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         (_, _, Some(capability)) => Call::capability(capability),
         _ => anyhow::bail!("give --to with --command, or --capability"),
     };
-    let code = print_reply(&agent, call, &payload, args.timeout).await?;
+    let code = print_reply(&agent, call, &payload, args.timeout, args.json).await?;
     agent.shutdown().await;
     Ok(code)
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use agent_sdk::Call;
 use chorus::duration::parse_timeout;
 
-use super::{ConnectionArgs, check_payload_size, parse_json, print_reply};
+use super::{ConnectionArgs, check_payload_size, parse_json, print_json, print_reply};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -22,7 +22,8 @@ pub(crate) struct Args {
     command: Option<String>,
     /// The payload, as JSON (default: null); `-` reads it from standard input, `@file` from a
     /// file.
-    json: Option<String>,
+    #[arg(value_name = "PAYLOAD")]
+    payload: Option<String>,
     /// How long to wait for a command's result (with --durable: how long it may wait in
     /// the inbox before it expires).
     #[arg(long, default_value = "5s", value_parser = parse_timeout)]
@@ -30,10 +31,13 @@ pub(crate) struct Args {
     /// Store the command in the agent's durable inbox instead of waiting for a result.
     #[arg(long, requires = "to")]
     durable: bool,
+    /// Print the outcome as one JSON line.
+    #[arg(long)]
+    json: bool,
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
-    let payload = parse_json(args.json.as_deref())?;
+    let payload = parse_json(args.payload.as_deref())?;
     let agent = conn.agent().await?;
     check_payload_size(&agent, &payload)?;
     let timeout = args.timeout;
@@ -44,27 +48,40 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
                 .json_payload(&payload)?
                 .timeout(timeout);
             let receipt = agent.send_durable(call).await?;
-            outln!(
-                "stored for {to}: message {} at inbox sequence {}{}",
-                receipt.id,
-                receipt.stream_seq.unwrap_or_default(),
-                if receipt.duplicate {
-                    " (already there)"
-                } else {
-                    ""
-                }
-            );
+            if args.json {
+                print_json(&serde_json::json!({
+                    "stored_for": to,
+                    "id": receipt.id,
+                    "stream_seq": receipt.stream_seq,
+                    "duplicate": receipt.duplicate,
+                }))?;
+            } else {
+                outln!(
+                    "stored for {to}: message {} at inbox sequence {}{}",
+                    receipt.id,
+                    receipt.stream_seq.unwrap_or_default(),
+                    if receipt.duplicate {
+                        " (already there)"
+                    } else {
+                        ""
+                    }
+                );
+            }
             ExitCode::SUCCESS
         }
         (Some(topic), _, _) => {
             agent.publish(&topic, &payload).await?;
             agent.broker().flush().await?;
-            outln!("published to {topic}");
+            if args.json {
+                print_json(&serde_json::json!({ "published_to": topic }))?;
+            } else {
+                outln!("published to {topic}");
+            }
             ExitCode::SUCCESS
         }
         (None, Some(to), Some(command)) => {
             let call = Call::agent(to, command).command();
-            print_reply(&agent, call, &payload, timeout).await?
+            print_reply(&agent, call, &payload, timeout, args.json).await?
         }
         _ => anyhow::bail!("give --topic, or --to with --command"),
     };
