@@ -946,3 +946,65 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Issue 19, item 8: `chorus tap --json` shows every kind of message the demo sends, each line
+/// parseable JSON with its ids.
+#[test]
+fn tap_shows_every_kind_of_message_while_the_demo_runs() {
+    use std::io::{BufRead, BufReader};
+    let server = chorus_tests::server();
+    let mut tap = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["--server", server.url(), "tap", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run chorus tap");
+    // Subscribed once it says so on stderr.
+    let stderr = tap.stderr.take().expect("stderr");
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.starts_with("tapping") {
+                let _ = ready_tx.send(());
+            }
+        }
+    });
+    if ready.recv_timeout(Duration::from_secs(60)).is_err() {
+        let _ = tap.kill();
+        panic!("chorus tap did not start");
+    }
+    let stdout = tap.stdout.take().expect("stdout");
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let demo = chorus(
+        server.url(),
+        &["up", "--once", "--metrics-addr", "127.0.0.1:0"],
+    );
+    assert!(demo.status.success(), "{}", text(&demo));
+    let wanted = ["command", "request", "response", "event", "heartbeat"];
+    let mut kinds = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline && !wanted.iter().all(|k| kinds.contains(*k)) {
+        if let Ok(line) = lines.recv_timeout(Duration::from_millis(200)) {
+            let v: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            assert!(
+                v["id"].is_string() && v["correlation_id"].is_string(),
+                "{line}"
+            );
+            assert!(v["from"].is_string() && v["subject"].is_string(), "{line}");
+            kinds.insert(v["kind"].as_str().unwrap_or_default().to_owned());
+        }
+    }
+    let _ = tap.kill();
+    let _ = tap.wait();
+    for kind in wanted {
+        assert!(kinds.contains(kind), "no {kind} seen; saw {kinds:?}");
+    }
+}

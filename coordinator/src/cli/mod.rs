@@ -11,6 +11,7 @@ mod listen;
 mod request;
 mod send;
 mod serve;
+mod tap;
 mod up;
 
 use std::path::PathBuf;
@@ -100,6 +101,9 @@ pub(crate) enum Command {
     Request(request::Args),
     /// Print events on topics matching a pattern (`*` one token, `>` the rest).
     Listen(listen::Args),
+    /// Show every message on the bus as it passes, decoded: commands, requests, replies,
+    /// events, heartbeats, with ids, correlation, hops, status and trace id.
+    Tap(tap::Args),
 }
 
 /// Runs the parsed command; the exit code says how it went.
@@ -117,6 +121,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Send(args) => send::run(args, &conn).await,
         Command::Request(args) => request::run(args, &conn).await,
         Command::Listen(args) => listen::run(args, &conn).await,
+        Command::Tap(args) => tap::run(args, &conn).await,
     }
 }
 
