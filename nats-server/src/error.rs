@@ -28,6 +28,9 @@ pub enum Error {
     /// It did not write its ports file within the ready timeout (the message quotes its log).
     #[error("{0}")]
     TimedOut(String),
+    /// It listens, but its ports file lacks what was asked of it (a cluster port).
+    #[error("{0}")]
+    Ports(String),
 }
 
 impl Error {

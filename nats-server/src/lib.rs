@@ -16,8 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod cluster;
 mod error;
 
+pub use cluster::{Cluster, ClusterBuilder, DEAD_ADDRESS};
 pub use error::{Error, Result};
 
 /// How long [`ServerBuilder::start`] waits for the server by default.
@@ -198,6 +200,44 @@ impl NatsServer {
     /// The server log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.path().join("nats-server.log")).unwrap_or_default()
+    }
+
+    /// The process id, while the server runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Stops the process with SIGSTOP, as a machine that hangs would: its sockets stay open
+    /// and nothing answers on them until [`resume`](NatsServer::resume).
+    pub fn pause(&self) -> Result<()> {
+        self.signal("-STOP")
+    }
+
+    /// Lets a [`pause`](NatsServer::pause)d process run again (SIGCONT).
+    pub fn resume(&self) -> Result<()> {
+        self.signal("-CONT")
+    }
+
+    /// Sends a signal with `kill(1)` (the workspace has no unsafe code for `kill(2)`).
+    fn signal(&self, signal: &str) -> Result<()> {
+        let Some(pid) = self.pid() else {
+            return Err(Error::Exited("nats-server is not running".to_owned()));
+        };
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(Error::io("cannot run kill to signal nats-server"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(Error::Exited(format!(
+                "kill {signal} {pid} failed ({status}): nats-server is gone"
+            )))
+        }
     }
 
     /// Kills the process with SIGKILL, as a crash would; the store stays for [`restart`].

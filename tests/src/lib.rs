@@ -301,88 +301,34 @@ pub fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Three `nats-server`s clustered on loopback, JetStream on every node with fsync per write.
+/// Three `nats-server`s clustered on loopback, JetStream on every node with fsync per write:
+/// [`chorus_nats_server::Cluster`], started or the test fails.
 #[derive(Debug)]
-pub struct Cluster {
-    /// The nodes, in order.
-    pub nodes: Vec<NatsServer>,
-    _dir: tempfile::TempDir,
-}
-
-/// The route (cluster) URL a node reports in its ports file, as `host:port`.
-fn route_address(node: &NatsServer) -> String {
-    let ports = std::fs::read_dir(node.dir().join("ports"))
-        .ok()
-        .and_then(|mut entries| entries.next())
-        .and_then(Result::ok)
-        .and_then(|entry| std::fs::read_to_string(entry.path()).ok())
-        .unwrap_or_else(|| panic!("no ports file for {}", node.url()));
-    let ports: serde_json::Value =
-        serde_json::from_str(&ports).unwrap_or_else(|e| panic!("ports file: {e}: {ports}"));
-    let url = ports["cluster"][0]
-        .as_str()
-        .unwrap_or_else(|| panic!("no cluster port in {ports}"));
-    url.rsplit("://")
-        .next()
-        .unwrap_or(url)
-        .replace("0.0.0.0", "127.0.0.1")
-}
+pub struct Cluster(chorus_nats_server::Cluster);
 
 impl Cluster {
-    /// Starts the three nodes and waits until each listens. Every port is chosen by the server
-    /// (`-1`) and read back from its ports file: node 0 first, each later node routed to the
-    /// ones before it (the routes gossip the full mesh). Then each node's config is rewritten with the ports it got and routes to
-    /// all three, so a restarted node comes back on the same ports and rejoins.
+    /// Starts the three nodes and waits until each listens (see
+    /// [`chorus_nats_server::Cluster`]); panics with the cause if one does not come up.
     pub fn start() -> Cluster {
         init_tracing();
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let config = |i: usize, client: &str, route: &str, routes: &[String]| {
-            let route_list = routes
-                .iter()
-                .map(|r| format!("nats-route://{r}"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            format!(
-                "server_name: n{i}\nlisten: \"{client}\"\njetstream {{\n  store_dir: \"{}\"\n  sync_interval: always\n}}\ncluster {{\n  name: chorus-test\n  listen: \"{route}\"\n  routes: [{route_list}]\n}}\n",
-                dir.path().join(format!("store-{i}")).display(),
-            )
-        };
-        let mut nodes: Vec<NatsServer> = Vec::new();
-        let mut routes: Vec<String> = Vec::new();
-        // JetStream in a cluster refuses to start without a configured route, and node 0 has
-        // nobody to route to yet: a placeholder that refuses connections (port 1) stands in
-        // until the config is rewritten below.
-        let placeholder = ["127.0.0.1:1".to_owned()];
-        for i in 0..3 {
-            let conf = dir.path().join(format!("n{i}.conf"));
-            let seeds = if routes.is_empty() {
-                &placeholder[..]
-            } else {
-                &routes[..]
-            };
-            std::fs::write(&conf, config(i, "127.0.0.1:-1", "127.0.0.1:-1", seeds))
-                .unwrap_or_else(|e| panic!("write config: {e}"));
-            let node = ServerBuilder::default()
-                .config(&conf)
-                .start()
-                .unwrap_or_else(|e| panic!("cluster node {i} did not start: {e}"));
-            routes.push(route_address(&node));
-            nodes.push(node);
+        match chorus_nats_server::Cluster::start() {
+            Ok(cluster) => Cluster(cluster),
+            Err(err) => panic!("cluster did not start: {err}"),
         }
-        for (i, node) in nodes.iter().enumerate() {
-            let client = node.url().rsplit("://").next().unwrap_or(node.url());
-            std::fs::write(
-                dir.path().join(format!("n{i}.conf")),
-                config(i, client, &routes[i], &routes),
-            )
-            .unwrap_or_else(|e| panic!("rewrite config: {e}"));
-        }
-        Cluster { nodes, _dir: dir }
     }
+}
 
-    /// Every node's client URL.
-    pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| n.url().to_owned()).collect()
+impl std::ops::Deref for Cluster {
+    type Target = chorus_nats_server::Cluster;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Cluster {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
     }
 }
 

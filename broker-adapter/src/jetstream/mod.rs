@@ -401,6 +401,40 @@ impl JetStream {
         Ok((configured, current))
     }
 
+    /// The server name of stream `name`'s leader on a cluster: `None` on a single server, or
+    /// while the replicas elect one.
+    pub async fn stream_leader(&self, name: &str) -> Result<Option<String>> {
+        let mut stream = self.stream(name).await?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| js_err(&format!("stream info {name}"), e))?;
+        Ok(info.cluster.as_ref().and_then(|c| c.leader.clone()))
+    }
+
+    /// Asks stream `name`'s leader to step down, so that its replicas elect another (a
+    /// different one is likely, not certain). Returns once the request is accepted, before the
+    /// election.
+    pub async fn stream_leader_stepdown(&self, name: &str) -> Result<()> {
+        let subject = format!("STREAM.LEADER.STEPDOWN.{name}");
+        let response: jetstream::response::Response<stream::DeleteStatus> = self
+            .ctx
+            .request(subject, &())
+            .await
+            .map_err(|e| js_err(&format!("leader stepdown of {name}"), e))?;
+        match response {
+            jetstream::response::Response::Ok(status) if status.success => Ok(()),
+            jetstream::response::Response::Ok(_) => Err(Error::new(
+                ErrorKind::Broker,
+                format!("leader stepdown of {name} refused"),
+            )),
+            jetstream::response::Response::Err { error } => Err(Error::new(
+                ErrorKind::Broker,
+                format!("leader stepdown of {name} refused: {error}"),
+            )),
+        }
+    }
+
     /// Removes every message of stream `name`; returns how many.
     pub async fn purge_stream(&self, name: &str) -> Result<u64> {
         let stream = self.stream(name).await?;

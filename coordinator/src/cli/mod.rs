@@ -5,6 +5,7 @@ mod agents;
 mod bench;
 mod broadcast;
 mod certs;
+mod chaos;
 mod creds;
 mod dlq;
 mod listen;
@@ -84,6 +85,10 @@ pub(crate) enum Command {
     Broadcast(broadcast::Args),
     /// Benchmark Chorus against raw async-nats, side by side, and print the table.
     Bench(bench::Args),
+    /// Inject faults (server, node, agent and coordinator kills, pauses, partitions, hostile
+    /// input, slow handlers, skewed clocks) under traffic, on servers it starts itself, and
+    /// count what was lost.
+    Chaos(chaos::Args),
     /// Create an agent's NATS identity (an nkey seed file) and print the `nats.conf`
     /// authorization entry that confines it to its own subjects.
     Creds(creds::Args),
@@ -114,6 +119,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Agents(args) => agents::run(args, &conn).await,
         Command::Broadcast(args) => broadcast::run(args, &conn).await,
         Command::Bench(args) => bench::run(args, &conn).await,
+        Command::Chaos(args) => chaos::run(args).await,
         Command::Creds(args) => creds::run(args, &conn),
         Command::Certs(args) => certs::run(args),
         Command::Dlq(args) => dlq::run(args, &conn).await,
@@ -208,6 +214,9 @@ pub(crate) mod exit {
     pub(crate) const UNREACHABLE: u8 = 3;
     /// The bus answered with a failure: a coded refusal or error, a timeout, no responders.
     pub(crate) const REFUSED: u8 = 4;
+    /// `chorus chaos`: a guarantee did not hold under a fault (something acknowledged lost,
+    /// an exactly-once handler run twice, a scenario's own check failed).
+    pub(crate) const GUARANTEE_BROKEN: u8 = 5;
 }
 
 /// Prints `value` as one line of JSON (the `--json` output of every command).
