@@ -155,6 +155,7 @@ impl Agent {
             exactly_once: ExactlyOnce::new(
                 Arc::clone(&out),
                 options.idempotency_ttl,
+                options.inbox_limits.replicas,
                 instance.clone(),
             ),
             seen: options
@@ -162,7 +163,11 @@ impl Agent {
                 .as_ref()
                 .filter(|_| options.persist_seen_ids)
                 .map(|policy| {
-                    crate::inbound::seen::SeenIds::new(Arc::clone(&out), policy.tolerance)
+                    crate::inbound::seen::SeenIds::new(
+                        Arc::clone(&out),
+                        policy.tolerance,
+                        options.inbox_limits.replicas,
+                    )
                 }),
         }));
         let dispatcher = Arc::new(Dispatcher {

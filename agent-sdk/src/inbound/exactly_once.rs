@@ -59,9 +59,13 @@ enum IdempotencyRecord {
 /// What this instance knows of a message id it claimed.
 #[derive(Debug, Clone)]
 enum Local {
+    /// Its handler runs here now.
     Running,
+    /// Its handler succeeded here (the result, in case the bucket did not take it).
     Finished(Output),
-    Failed,
+    /// Nothing ran here to completion that counts: its handler failed (and the retry may run
+    /// it), or the claim's write had an unknown outcome and the handler never started.
+    NotRun,
 }
 
 /// The go-ahead to run the handler: the claim's revision, to be turned into a result or
@@ -82,16 +86,25 @@ pub(crate) enum Before {
 pub(crate) struct ExactlyOnce {
     out: Arc<Outbound>,
     ttl: Duration,
+    replicas: usize,
     instance: String,
     kv: tokio::sync::OnceCell<Kv>,
     local: Mutex<(HashMap<Uuid, Local>, std::collections::VecDeque<Uuid>)>,
 }
 
 impl ExactlyOnce {
-    pub(crate) fn new(out: Arc<Outbound>, ttl: Duration, instance: String) -> Self {
+    /// Records kept `ttl`, in a bucket of `replicas` copies (the inbox's: 3 on a cluster, so
+    /// the records outlive a node as the messages do).
+    pub(crate) fn new(
+        out: Arc<Outbound>,
+        ttl: Duration,
+        replicas: usize,
+        instance: String,
+    ) -> Self {
         ExactlyOnce {
             out,
             ttl,
+            replicas,
             instance,
             kv: tokio::sync::OnceCell::new(),
             local: Mutex::new(Default::default()),
@@ -103,6 +116,7 @@ impl ExactlyOnce {
             .get_or_try_init(|| async {
                 let mut spec = KvSpec::new(self.out.subjects.bucket_name(IDEMPOTENCY_BUCKET));
                 spec.max_age = self.ttl;
+                spec.replicas = self.replicas;
                 spec.description = "Chorus exactly-once records: handled message ids".into();
                 self.out.js.ensure_kv(&spec).await
             })
@@ -163,7 +177,12 @@ impl ExactlyOnce {
                 return Before::Run(Claim { revision });
             }
             Err(e) if e.kind() == ErrorKind::Conflict => {}
-            Err(err) => return Before::Settled(unavailable(&self.out.id, &err)),
+            Err(err) => {
+                // The claim may have been stored with its answer lost (a failover): nothing
+                // ran here, so a copy finding this instance's claim may take it over.
+                self.remember(env.id, Some(Local::NotRun));
+                return Before::Settled(unavailable(&self.out.id, &err));
+            }
         }
         let found = match kv.get(&key).await {
             Ok(found) => found,
@@ -200,8 +219,8 @@ impl ExactlyOnce {
                 reason: "another copy of this exactly-once message is being handled".into(),
                 retry: Retry::After(STORE_UNAVAILABLE_RETRY_DELAY),
             })),
-            // It failed here and its claim was not released: take the claim over and retry.
-            (Some((IdempotencyRecord::Claimed { .. }, revision)), Some(Local::Failed)) => {
+            // Not run here, or failed here, and the claim not released: take it over, run.
+            (Some((IdempotencyRecord::Claimed { .. }, revision)), Some(Local::NotRun)) => {
                 match kv.update(&key, value, revision).await {
                     Ok(revision) => {
                         self.remember(env.id, Some(Local::Running));
@@ -255,7 +274,7 @@ impl ExactlyOnce {
             env.id,
             Some(match output {
                 Some(o) => Local::Finished(o.clone()),
-                None => Local::Failed,
+                None => Local::NotRun,
             }),
         );
         let key = self.key(env);

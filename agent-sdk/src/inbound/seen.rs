@@ -26,14 +26,17 @@ pub(crate) struct SeenIds {
     out: Arc<Outbound>,
     /// The signature tolerance: how long an id must be remembered.
     window: Duration,
+    replicas: usize,
     kv: tokio::sync::OnceCell<Kv>,
 }
 
 impl SeenIds {
-    pub(crate) fn new(out: Arc<Outbound>, window: Duration) -> Self {
+    /// With `replicas` copies of the bucket (the inbox's: 3 on a cluster).
+    pub(crate) fn new(out: Arc<Outbound>, window: Duration, replicas: usize) -> Self {
         SeenIds {
             out,
             window,
+            replicas,
             kv: tokio::sync::OnceCell::new(),
         }
     }
@@ -44,6 +47,7 @@ impl SeenIds {
                 let mut spec = KvSpec::new(self.out.subjects.bucket_name(SEEN_BUCKET));
                 // Expiry needs a positive age; a zero tolerance keeps ids a second.
                 spec.max_age = self.window.max(Duration::from_secs(1));
+                spec.replicas = self.replicas;
                 spec.description = "Chorus replay protection: verified message ids".into();
                 self.out.js.ensure_kv(&spec).await
             })

@@ -69,23 +69,47 @@ impl Consumer {
     /// Messages as they become available, fetched in batches of up to `batch` (at most
     /// `batch` unacked messages are buffered here, which bounds memory).
     pub async fn messages(&self, batch: usize) -> Result<Deliveries> {
-        let stream = self
-            .inner
-            .stream()
-            .max_messages_per_batch(batch.max(1))
-            .heartbeat(PULL_HEARTBEAT)
-            .expires(PULL_EXPIRES)
-            .messages()
+        let batch = batch.max(1);
+        let stream = open_pull(self.inner.clone(), batch)
             .await
             .map_err(|e| js_err("consumer messages", e))?;
-        Ok(Deliveries { inner: stream })
+        Ok(Deliveries {
+            inner: Some(stream),
+            consumer: self.inner.clone(),
+            batch,
+            renewing: None,
+        })
     }
 }
 
-/// The stream of deliveries of a [`Consumer`]. Errors of the pull protocol (missed
-/// heartbeats while the server is away) are yielded and the stream goes on.
+type PullStream = std::result::Result<pull::Stream, jetstream::consumer::StreamError>;
+
+async fn open_pull(
+    consumer: jetstream::consumer::Consumer<pull::Config>,
+    batch: usize,
+) -> PullStream {
+    consumer
+        .stream()
+        .max_messages_per_batch(batch)
+        .heartbeat(PULL_HEARTBEAT)
+        .expires(PULL_EXPIRES)
+        .messages()
+        .await
+}
+
+/// How long a failed renewal of a pull waits before the next try (the server away).
+const RENEW_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// The stream of deliveries of a [`Consumer`]. Errors of the pull protocol are yielded and the
+/// stream goes on. A missed heartbeat (the consumer's leader moved, or the server went away
+/// while the connection lived) renews the pull at once, rather than waiting for the old pull
+/// request to expire: a failover stalls deliveries for about two heartbeats, not the pull's
+/// expiry. Renewal is retried every second until it works or the stream is dropped.
 pub struct Deliveries {
-    inner: pull::Stream,
+    inner: Option<pull::Stream>,
+    consumer: jetstream::consumer::Consumer<pull::Config>,
+    batch: usize,
+    renewing: Option<Pin<Box<dyn std::future::Future<Output = PullStream> + Send>>>,
 }
 
 impl std::fmt::Debug for Deliveries {
@@ -98,12 +122,39 @@ impl Stream for Deliveries {
     type Item = Result<Delivery>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.inner.poll_next_unpin(cx).map(|next| {
-            next.map(|item| {
-                item.map(Delivery::new)
-                    .map_err(|e| js_err("consumer delivery", e))
-            })
-        })
+        let this = &mut *self;
+        if let Some(renewing) = &mut this.renewing {
+            match renewing.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(stream)) => {
+                    this.inner = Some(stream);
+                    this.renewing = None;
+                }
+                Poll::Ready(Err(e)) => {
+                    let (consumer, batch) = (this.consumer.clone(), this.batch);
+                    this.renewing = Some(Box::pin(async move {
+                        tokio::time::sleep(RENEW_RETRY_DELAY).await;
+                        open_pull(consumer, batch).await
+                    }));
+                    return Poll::Ready(Some(Err(js_err("consumer pull renewal", e))));
+                }
+            }
+        }
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match inner.poll_next_unpin(cx) {
+            Poll::Ready(Some(Err(e))) => {
+                if e.kind() == pull::MessagesErrorKind::MissingHeartbeat {
+                    this.inner = None;
+                    this.renewing = Some(Box::pin(open_pull(this.consumer.clone(), this.batch)));
+                }
+                Poll::Ready(Some(Err(js_err("consumer delivery", e))))
+            }
+            Poll::Ready(Some(Ok(message))) => Poll::Ready(Some(Ok(Delivery::new(message)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
