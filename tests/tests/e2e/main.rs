@@ -7,6 +7,7 @@ mod delivery;
 mod demo;
 mod deploy;
 mod docs;
+mod examples;
 mod messaging;
 mod protocol;
 mod reliability;
