@@ -43,13 +43,21 @@ async fn main() -> ExitCode {
         cli::Command::Chaos(_) => "off,chorus_chaos=warn",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| default_filter.into()),
-        )
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default_filter.into());
+    // Colour only for a person at a terminal, and never with NO_COLOR set; JSON lines on
+    // request, for log collectors.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(colour);
+    if std::env::var("CHORUS_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json")) {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
     match cli::run(cli).await {
         Ok(code) => code,
         Err(err) => {

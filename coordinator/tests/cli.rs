@@ -1008,3 +1008,56 @@ fn tap_shows_every_kind_of_message_while_the_demo_runs() {
         assert!(kinds.contains(kind), "no {kind} seen; saw {kinds:?}");
     }
 }
+
+/// Issue 19, item 13: completions for each shell, the git revision in `--version`, logs
+/// without colour codes when not at a terminal, and JSON logs on request.
+#[test]
+fn completions_version_and_log_formats() {
+    let run = |args: &[&str], envs: &[(&str, &str)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+            .args(args)
+            .envs(envs.iter().copied())
+            .output()
+            .expect("run chorus");
+        (out.status, text(&out))
+    };
+    for shell in ["bash", "zsh", "fish"] {
+        let (status, t) = run(&["completions", shell], &[]);
+        assert!(status.success(), "{shell}: {t}");
+        for sub in ["request", "dlq", "tap", "chaos"] {
+            assert!(t.contains(sub), "{shell} completions lack {sub}");
+        }
+    }
+    let (status, t) = run(&["completions", "tcsh"], &[]);
+    assert_eq!(status.code(), Some(2), "{t}");
+
+    let (_, version) = run(&["--version"], &[]);
+    let revision = version
+        .trim()
+        .rsplit_once('(')
+        .map(|(_, r)| r.trim_end_matches(')'))
+        .unwrap_or_default();
+    assert!(
+        revision == "unknown"
+            || (revision.len() == 12 && revision.chars().all(|c| c.is_ascii_hexdigit())),
+        "{version}"
+    );
+
+    // A connection that fails logs a warning: plain text when not at a terminal, JSON lines
+    // when asked.
+    let server = chorus_tests::server();
+    let args = ["--server", server.url(), "dlq", "show", "7"];
+    let (_, plain) = run(&args, &[("RUST_LOG", "debug")]);
+    assert!(!plain.contains('\u{1b}'), "colour codes: {plain:?}");
+    let (_, json) = run(
+        &args,
+        &[("RUST_LOG", "debug"), ("CHORUS_LOG_FORMAT", "json")],
+    );
+    let logs: Vec<&str> = json.lines().filter(|l| l.starts_with('{')).collect();
+    assert!(!logs.is_empty(), "no JSON log lines: {json}");
+    for line in logs {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["level"].is_string() && v["fields"].is_object(), "{line}");
+    }
+}

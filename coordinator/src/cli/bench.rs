@@ -33,6 +33,12 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         json,
         only,
     } = args;
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "chorus bench: this is a debug build; its figures say little about Chorus. For \
+             figures: cargo build --release -p chorus && target/release/chorus bench"
+        );
+    }
     let opts = BenchOptions {
         url: conn.server.clone(),
         quick,

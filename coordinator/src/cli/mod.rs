@@ -26,7 +26,7 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(
     name = "chorus",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("CHORUS_GIT_REVISION"), ")"),
     about = "Chorus: a message bus for AI agents, on NATS"
 )]
 pub(crate) struct Cli {
@@ -109,6 +109,11 @@ pub(crate) enum Command {
     /// Show every message on the bus as it passes, decoded: commands, requests, replies,
     /// events, heartbeats, with ids, correlation, hops, status and trace id.
     Tap(tap::Args),
+    /// Print a completion script for a shell: `chorus completions bash > /etc/bash_completion.d/chorus`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Runs the parsed command; the exit code says how it went.
@@ -128,6 +133,13 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Request(args) => request::run(args, &conn).await,
         Command::Listen(args) => listen::run(args, &conn).await,
         Command::Tap(args) => tap::run(args, &conn).await,
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "chorus", &mut out);
+            out!("{}", String::from_utf8_lossy(&out));
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
