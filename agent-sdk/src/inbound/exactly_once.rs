@@ -36,8 +36,8 @@ const STORE_UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_secs(1);
 /// away for a moment, as in a server restart), with this pause between them.
 const RECORD_ATTEMPTS: u32 = 10;
 const RECORD_RETRY_DELAY: Duration = Duration::from_millis(500);
-/// Message ids this instance remembers the local fate of (results it could not record,
-/// failures whose claim it could not release), oldest forgotten first.
+/// Unsettled message ids this instance remembers the local fate of (results it could not
+/// record, claims it may hold without having run them), oldest forgotten first.
 const LOCAL_MEMORY: usize = 4096;
 
 /// What the bucket holds for one message id.
@@ -135,23 +135,7 @@ impl ExactlyOnce {
     fn remember(&self, id: Uuid, state: Option<Local>) {
         let mut guard = self.local.lock().unwrap_or_else(|p| p.into_inner());
         let (map, order) = &mut *guard;
-        match state {
-            None => {
-                map.remove(&id);
-            }
-            Some(state) => {
-                if map.insert(id, state).is_none() {
-                    order.push_back(id);
-                }
-            }
-        }
-        while order.len() > LOCAL_MEMORY {
-            if let Some(old) = order.pop_front()
-                && !matches!(map.get(&old), Some(Local::Running))
-            {
-                map.remove(&old);
-            }
-        }
+        remember_in(map, order, id, state);
     }
 
     /// Before the handler: claims the id ([`Before::Run`]), or settles the message without
@@ -318,6 +302,39 @@ impl ExactlyOnce {
     }
 }
 
+/// Notes `id`'s local state (`None`: settled, forgotten), keeping at most [`LOCAL_MEMORY`]
+/// unsettled ones.
+fn remember_in(
+    map: &mut HashMap<Uuid, Local>,
+    order: &mut std::collections::VecDeque<Uuid>,
+    id: Uuid,
+    state: Option<Local>,
+) {
+    match state {
+        None => {
+            map.remove(&id);
+        }
+        Some(state) => {
+            if map.insert(id, state).is_none() {
+                order.push_back(id);
+            }
+        }
+    }
+    // `order` also holds ids already settled and forgotten: those are dropped as they
+    // come up, and only ids still unsettled count toward the limit. (Counting the stale
+    // ones forgot a message waiting for its retry after a server restart, and it was then
+    // taken for an interrupted run.)
+    while map.len() > LOCAL_MEMORY {
+        let Some(old) = order.pop_front() else { break };
+        if !matches!(map.get(&old), Some(Local::Running)) {
+            map.remove(&old);
+        }
+    }
+    if order.len() > 4 * LOCAL_MEMORY {
+        order.retain(|id| map.contains_key(id));
+    }
+}
+
 /// A record as written by an SDK without claims (a result only).
 #[derive(Deserialize)]
 struct ResultOnly {
@@ -374,5 +391,25 @@ mod tests {
         );
         assert!(matches!(older, Some(IdempotencyRecord::Done { .. })));
         assert!(decode_record(b"not json").is_none());
+    }
+
+    #[test]
+    fn settled_ids_do_not_push_an_unsettled_one_out() {
+        let local = Mutex::new((HashMap::new(), std::collections::VecDeque::new()));
+        let remember = |id: Uuid, state: Option<Local>| {
+            let mut guard = local.lock().expect("lock");
+            let (map, order) = &mut *guard;
+            remember_in(map, order, id, state);
+        };
+        let waiting = Uuid::now_v7();
+        remember(waiting, Some(Local::NotRun));
+        for _ in 0..3 * LOCAL_MEMORY {
+            let id = Uuid::now_v7();
+            remember(id, Some(Local::Running));
+            remember(id, None);
+        }
+        let guard = local.lock().expect("lock");
+        assert!(matches!(guard.0.get(&waiting), Some(Local::NotRun)));
+        assert!(guard.1.len() <= 4 * LOCAL_MEMORY + 1);
     }
 }
