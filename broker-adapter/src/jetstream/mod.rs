@@ -171,10 +171,17 @@ pub struct StreamState {
     pub last_seq: u64,
 }
 
+/// Messages fetched per request of a [`JetStream::scan`].
+const SCAN_BATCH: usize = 512;
+/// A scan's consumer is removed after the scan; if the scanner dies first, the server removes
+/// it after this long idle.
+const SCAN_CONSUMER_IDLE: Duration = Duration::from_secs(30);
+
 /// A JetStream handle on one connection.
 #[derive(Debug, Clone)]
 pub struct JetStream {
     ctx: jetstream::Context,
+    timeout: Duration,
 }
 
 impl Broker {
@@ -182,7 +189,7 @@ impl Broker {
     pub fn jetstream(&self, timeout: Duration) -> JetStream {
         let mut ctx = jetstream::new(self.client.clone());
         ctx.set_timeout(timeout);
-        JetStream { ctx }
+        JetStream { ctx, timeout }
     }
 }
 
@@ -328,6 +335,82 @@ impl JetStream {
             payload: raw.payload,
             stored_ms: datetime_ms(&raw.time),
         })
+    }
+
+    /// Up to `max` messages of stream `name` on subjects matching `filter` (every subject when
+    /// `None`), from sequence `start` on, oldest first: fetched in batches through one
+    /// short-lived consumer (removed after), not a request per message, so listing a large
+    /// stream stays quick.
+    pub async fn scan(
+        &self,
+        name: &str,
+        filter: Option<&str>,
+        start: u64,
+        max: usize,
+    ) -> Result<Vec<StoredMessage>> {
+        use futures::StreamExt;
+        let what = || format!("scan of {name}");
+        let stream = self.stream(name).await?;
+        let consumer = stream
+            .create_consumer(jetstream::consumer::pull::Config {
+                filter_subject: filter.unwrap_or_default().to_owned(),
+                deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: start.max(1),
+                },
+                ack_policy: jetstream::consumer::AckPolicy::None,
+                inactive_threshold: SCAN_CONSUMER_IDLE,
+                memory_storage: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| js_err(&what(), e))?;
+        let consumer_name = consumer.cached_info().name.clone();
+        let result = async {
+            let mut consumer = consumer;
+            let matching = consumer
+                .info()
+                .await
+                .map_err(|e| js_err(&what(), e))?
+                .num_pending;
+            let mut left = usize::try_from(matching).unwrap_or(usize::MAX).min(max);
+            let mut out = Vec::with_capacity(left.min(4096));
+            while left > 0 {
+                let batch = left.min(SCAN_BATCH);
+                let mut messages = consumer
+                    .fetch()
+                    .max_messages(batch)
+                    .expires(self.timeout)
+                    .messages()
+                    .await
+                    .map_err(|e| Error::with_source(ErrorKind::Broker, what(), e))?;
+                let mut got = 0;
+                while let Some(message) = messages.next().await {
+                    let message = message.map_err(|e| classify::classified_boxed(what(), e))?;
+                    let (sequence, stored_ms) = message
+                        .info()
+                        .map(|i| (i.stream_sequence, datetime_ms(&i.published)))
+                        .map_err(|e| Error::new(ErrorKind::Broker, format!("{}: {e}", what())))?;
+                    let message = message.split().0;
+                    out.push(StoredMessage {
+                        subject: message.subject.to_string(),
+                        sequence,
+                        headers: Headers(message.headers.unwrap_or_default()),
+                        payload: message.payload,
+                        stored_ms,
+                    });
+                    got += 1;
+                }
+                if got == 0 {
+                    // Removed meanwhile (a purge, an age limit): the rest is gone too.
+                    break;
+                }
+                left = left.saturating_sub(got);
+            }
+            Ok(out)
+        }
+        .await;
+        let _ = stream.delete_consumer(&consumer_name).await;
+        result
     }
 
     /// Deletes message `sequence` of stream `name`. Deleting one that is already gone is not

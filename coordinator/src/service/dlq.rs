@@ -176,6 +176,37 @@ pub(crate) async fn refresh_depth(js: &JetStream, subjects: &Subjects) {
     }
 }
 
+/// Entries read per scan of the dead-letter stream.
+const SCAN_PAGE: usize = 1024;
+
+/// Which dead letters an operation is about: all, or those of one agent, one reason, an age.
+#[derive(Debug, Clone, Default)]
+pub struct DlqFilter {
+    /// Only this agent's.
+    pub agent: Option<String>,
+    /// Only those dead-lettered for this reason.
+    pub reason: Option<DeadLetterReason>,
+    /// Only those dead-lettered at least this long ago.
+    pub older_than: Option<Duration>,
+    /// Only those dead-lettered at most this long ago.
+    pub newer_than: Option<Duration>,
+}
+
+impl DlqFilter {
+    /// Whether no condition is set (every entry matches).
+    pub fn is_empty(&self) -> bool {
+        self.agent.is_none()
+            && self.reason.is_none()
+            && self.older_than.is_none()
+            && self.newer_than.is_none()
+    }
+
+    fn admits(&self, letter: &DeadLetter, now: u64) -> bool {
+        let age = Duration::from_millis(now.saturating_sub(letter.dead_lettered_ms));
+        self.older_than.is_none_or(|d| age >= d) && self.newer_than.is_none_or(|d| age <= d)
+    }
+}
+
 /// One entry of the dead-letter queue.
 #[derive(Debug, Clone)]
 pub struct DlqEntry {
@@ -212,24 +243,57 @@ impl DeadLetterQueue {
 
     /// Entries, oldest first, at most `limit`.
     pub async fn list(&self, limit: usize) -> Result<Vec<DlqEntry>, broker_adapter::Error> {
-        let state = match self.js.stream_state(&self.stream).await {
-            Ok(s) => s,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
+        self.find(&DlqFilter::default(), 0, limit).await
+    }
+
+    /// Entries matching `filter` with ids above `after`, oldest first, at most `limit`. The
+    /// agent and reason select by subject on the server; the age is checked here.
+    pub async fn find(
+        &self,
+        filter: &DlqFilter,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<DlqEntry>, broker_adapter::Error> {
+        let reason = filter.reason.map_or("*", DeadLetterReason::as_str);
+        let agent = match filter.agent.as_deref() {
+            None => "*",
+            Some(agent) => {
+                agent_sdk::subject::validate_token("agent id", agent).map_err(|e| {
+                    broker_adapter::Error::new(ErrorKind::InvalidSubject, e.to_string())
+                })?;
+                agent
+            }
         };
+        // `<root>.dlq.<reason>.<agent>`, either token a wildcard when not filtered on.
+        let all = self.subjects.dead_letters();
+        let subject = format!("{}.{reason}.{agent}", all.trim_end_matches(".>"));
         let mut out = Vec::new();
-        if state.messages == 0 {
-            return Ok(out);
-        }
-        for seq in state.first_seq..=state.last_seq {
-            if out.len() >= limit {
-                break;
-            }
-            match self.show(seq).await {
-                Ok(entry) => out.push(entry),
-                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+        let mut start = after.saturating_add(1);
+        let now = now_ms();
+        // Pages of the scan, until `limit` entries pass the age filter or the stream ends.
+        while out.len() < limit {
+            let page = match self
+                .js
+                .scan(&self.stream, Some(&subject), start, SCAN_PAGE)
+                .await
+            {
+                Ok(page) => page,
+                Err(e) if e.kind() == ErrorKind::NotFound => break,
                 Err(e) => return Err(e),
+            };
+            let Some(last) = page.last().map(|m| m.sequence) else {
+                break;
+            };
+            for stored in page {
+                let id = stored.sequence;
+                let Ok(letter) = DeadLetter::from_stored(&stored.headers, stored.payload) else {
+                    continue;
+                };
+                if filter.admits(&letter, now) && out.len() < limit {
+                    out.push(DlqEntry { id, letter });
+                }
             }
+            start = last + 1;
         }
         Ok(out)
     }
