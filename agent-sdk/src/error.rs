@@ -75,6 +75,7 @@ impl SdkError {
                 K::TimedOut => StatusCode::TIMEOUT,
                 K::NoResponders => StatusCode::NO_RESPONDERS,
                 K::Refused => StatusCode::ACCESS,
+                K::Tls => StatusCode::IDENTITY,
                 K::TooLarge => StatusCode::DATA_FORMAT,
                 K::ConnectionLimit => StatusCode::CONNECTION_LIMIT,
                 K::InvalidSubject | K::InvalidInput => StatusCode::INVALID_ARGUMENT,

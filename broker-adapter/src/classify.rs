@@ -164,12 +164,22 @@ macro_rules! classify {
 }
 
 classify! {
+    // A failed TLS handshake reaches async-nats as an I/O error wrapping rustls's.
+    std::io::Error => |e| {
+        if e.get_ref().is_some_and(|inner| inner.is::<async_nats::rustls::Error>()) {
+            Verdict::Kind(ErrorKind::Tls)
+        } else {
+            Verdict::Source
+        }
+    };
+    async_nats::rustls::Error => |_e| Verdict::Kind(ErrorKind::Tls);
     // Core NATS.
     async_nats::ConnectError => |e| {
         use async_nats::ConnectErrorKind as K;
         match e.kind() {
             K::Authentication | K::AuthorizationViolation => Verdict::Kind(ErrorKind::Refused),
-            K::ServerParse | K::Tls => Verdict::Kind(ErrorKind::InvalidInput),
+            K::Tls => Verdict::Kind(ErrorKind::Tls),
+            K::ServerParse => Verdict::Kind(ErrorKind::InvalidInput),
             K::Dns | K::TimedOut | K::MaxReconnects => Verdict::Kind(ErrorKind::Broker),
             // The server's -ERR during the handshake comes as the source.
             K::Io => Verdict::Source,
@@ -465,7 +475,7 @@ mod tests {
             (K::Authentication, ErrorKind::Refused),
             (K::AuthorizationViolation, ErrorKind::Refused),
             (K::ServerParse, ErrorKind::InvalidInput),
-            (K::Tls, ErrorKind::InvalidInput),
+            (K::Tls, ErrorKind::Tls),
             (K::Dns, ErrorKind::Broker),
             (K::TimedOut, ErrorKind::Broker),
             (K::MaxReconnects, ErrorKind::Broker),

@@ -16,6 +16,10 @@ pub enum ErrorKind {
     TooLarge,
     /// The server refused the connection: it has as many as its `max_connections` allows.
     ConnectionLimit,
+    /// TLS could not be set up: the server's certificate is not trusted (or not for this
+    /// name), the client's certificate was refused, a TLS file is unusable, or one side
+    /// requires TLS and the other does not speak it.
+    Tls,
     /// The subject (or queue group) is empty, has empty tokens, whitespace, or a wildcard where
     /// none is allowed.
     InvalidSubject,
@@ -41,6 +45,7 @@ impl ErrorKind {
             ErrorKind::Refused => "refused",
             ErrorKind::TooLarge => "too_large",
             ErrorKind::ConnectionLimit => "connection_limit",
+            ErrorKind::Tls => "tls",
             ErrorKind::InvalidSubject => "invalid_subject",
             ErrorKind::InvalidInput => "invalid_input",
             ErrorKind::Conflict => "conflict",

@@ -1211,3 +1211,41 @@ async fn the_dead_letter_queue_at_scale_filters_pages_and_asks_before_purging() 
         .expect("join");
     assert!(json(&left).iter().all(|e| e["reason"] == "refused"));
 }
+
+/// Issue 19, item 14: a TLS failure names the flags that fix it, and exits as unreachable (3).
+#[test]
+fn a_tls_failure_names_the_tls_flags() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs =
+        chorus::certs::generate(dir.path(), &["localhost".into(), "127.0.0.1".into()], "cli")
+            .expect("dev certificates");
+    let conf = dir.path().join("tls.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: \"127.0.0.1:-1\"\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n  timeout: 2\n}}\n",
+            certs.server_cert.display(),
+            certs.server_key.display(),
+            certs.ca.display()
+        ),
+    )
+    .expect("write");
+    let server = chorus_tests::ServerBuilder::default()
+        .config(&conf)
+        .start()
+        .expect("TLS server");
+    // No CA given: the server's certificate is not trusted.
+    let out = chorus(server.url(), &["agents"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{t}");
+    assert!(
+        t.contains("TLS could not be set up") && t.contains("--tls-ca"),
+        "{t}"
+    );
+    // The CA, but no client certificate for a server that verifies clients.
+    let ca = certs.ca.display().to_string();
+    let out = chorus(server.url(), &["--tls-ca", &ca, "agents"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{t}");
+    assert!(t.contains("--tls-cert and --tls-key"), "{t}");
+}

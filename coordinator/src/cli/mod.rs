@@ -239,11 +239,20 @@ pub(crate) fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
 
 /// What to do about a failed connection, when the error's kind or cause says.
 fn connect_hint(err: &agent_sdk::SdkError) -> &'static str {
-    if let agent_sdk::SdkError::Broker(e) = err
-        && e.kind() == broker_adapter::ErrorKind::Refused
-    {
-        return "\n  the server refused these credentials: check --nkey-file (CHORUS_NKEY_FILE) \
-                and --id (CHORUS_ID)";
+    if let agent_sdk::SdkError::Broker(e) = err {
+        match e.kind() {
+            broker_adapter::ErrorKind::Refused => {
+                return "\n  the server refused these credentials: check --nkey-file \
+                        (CHORUS_NKEY_FILE) and --id (CHORUS_ID)";
+            }
+            broker_adapter::ErrorKind::Tls => {
+                return "\n  TLS could not be set up: --tls-ca (CHORUS_TLS_CA) names the CA that \
+                        signed the server's certificate; a server that asks for client \
+                        certificates needs --tls-cert and --tls-key (CHORUS_TLS_CERT, \
+                        CHORUS_TLS_KEY); a server without TLS needs neither";
+            }
+            _ => {}
+        }
     }
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(c) = cause {

@@ -639,14 +639,7 @@ fn assert_tls_refusal(err: &broker_adapter::Error) {
         text.to_ascii_lowercase()
     };
     println!("TLS refusal: kind {:?}: {chain}", err.kind());
-    assert!(
-        matches!(
-            err.kind(),
-            broker_adapter::ErrorKind::InvalidInput | broker_adapter::ErrorKind::Broker
-        ),
-        "{:?}: {chain}",
-        err.kind()
-    );
+    assert_eq!(err.kind(), broker_adapter::ErrorKind::Tls, "{chain}");
     assert!(
         chain.contains("tls") || chain.contains("certificate") || chain.contains("handshake"),
         "not a TLS failure: {chain}"
