@@ -37,7 +37,8 @@ const STORE_UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_secs(1);
 const RECORD_ATTEMPTS: u32 = 10;
 const RECORD_RETRY_DELAY: Duration = Duration::from_millis(500);
 /// Unsettled message ids this instance remembers the local fate of (results it could not
-/// record, claims it may hold without having run them), oldest forgotten first.
+/// record, claims it may hold without having run them): beyond this many, the oldest claims
+/// that did not run are forgotten (never a run or a result).
 const LOCAL_MEMORY: usize = 4096;
 
 /// What the bucket holds for one message id.
@@ -203,16 +204,21 @@ impl ExactlyOnce {
                 reason: "another copy of this exactly-once message is being handled".into(),
                 retry: Retry::After(STORE_UNAVAILABLE_RETRY_DELAY),
             })),
-            // Not run here, or failed here, and the claim not released: take it over, run.
-            (Some((IdempotencyRecord::Claimed { .. }, revision)), Some(Local::NotRun)) => {
-                match kv.update(&key, value, revision).await {
-                    Ok(revision) => {
-                        self.remember(env.id, Some(Local::Running));
-                        Before::Run(Claim { revision })
-                    }
-                    Err(err) => Before::Settled(unavailable(&self.out.id, &err)),
+            // A claim of this instance that did not run here to completion: it failed here
+            // and the claim was not released, or the claim's write lost its answer (or was
+            // retried) and the handler never started. Take it over and run it. (What ran here
+            // is never forgotten, only claims that did not run are, so no memory is the
+            // same.) Another instance's claim is never taken over.
+            (
+                Some((IdempotencyRecord::Claimed { instance, .. }, revision)),
+                Some(Local::NotRun) | None,
+            ) if instance == self.instance => match kv.update(&key, value, revision).await {
+                Ok(revision) => {
+                    self.remember(env.id, Some(Local::Running));
+                    Before::Run(Claim { revision })
                 }
-            }
+                Err(err) => Before::Settled(unavailable(&self.out.id, &err)),
+            },
             (
                 Some((
                     IdempotencyRecord::Claimed {
@@ -324,9 +330,11 @@ fn remember_in(
     // come up, and only ids still unsettled count toward the limit. (Counting the stale
     // ones forgot a message waiting for its retry after a server restart, and it was then
     // taken for an interrupted run.)
+    // Only claims that did not run are forgotten: forgetting one costs nothing (its claim is
+    // this instance's and is taken over), while what runs or ran here must stay known.
     while map.len() > LOCAL_MEMORY {
         let Some(old) = order.pop_front() else { break };
-        if !matches!(map.get(&old), Some(Local::Running)) {
+        if matches!(map.get(&old), Some(Local::NotRun)) {
             map.remove(&old);
         }
     }
