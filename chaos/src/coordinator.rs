@@ -38,6 +38,10 @@ pub trait RunningCoordinator: Send + std::fmt::Debug {
     fn kill(self: Box<Self>) -> BoxFuture<'static, ()>;
     /// Stops it gracefully and waits for it (with a deadline).
     fn shutdown(self: Box<Self>) -> BoxFuture<'static, ()>;
+    /// Its process id, if it runs in a process of its own (none: it runs in this one).
+    fn pid(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// Runs `<program> serve --server <urls>` as a child process: `chorus chaos` passes its own
@@ -127,6 +131,10 @@ struct ChildCoordinator {
 }
 
 impl RunningCoordinator for ChildCoordinator {
+    fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     fn kill(mut self: Box<Self>) -> BoxFuture<'static, ()> {
         Box::pin(async move {
             // SIGKILL.

@@ -74,6 +74,11 @@ impl Class {
     }
 }
 
+/// The message id of sequence number `seq` (below 2^48) in `class`.
+pub(crate) fn id_of(class: Class, seq: u64) -> u64 {
+    (class.tag() << CLASS_SHIFT) | seq
+}
+
 /// What became of one send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fate {
@@ -99,7 +104,7 @@ impl Ledger {
 
     /// A new message id of `class`, recorded as sent.
     pub(crate) fn issue(&self, class: Class) -> u64 {
-        let id = (class.tag() << CLASS_SHIFT) | self.seq.fetch_add(1, Ordering::Relaxed);
+        let id = id_of(class, self.seq.fetch_add(1, Ordering::Relaxed));
         self.sent().insert(id, Fate::Pending);
         id
     }

@@ -6,6 +6,8 @@
 //! chorus chaos --only server-kill,partition   # some scenarios
 //! chorus chaos --short --json                 # for machines
 //! chorus chaos --seconds 10 --senders 6       # longer phases, more traffic
+//! chorus chaos --soak 30m                     # a soak: steady traffic, periodic faults,
+//!                                             # memory and descriptors sampled, growth flagged
 //! ```
 //!
 //! Each scenario starts its own `nats-server`s on loopback ports (the pinned binary, found as
@@ -31,6 +33,12 @@
 //! `coordinator-kill`, `hostile`, `clock-skew`, `leader-kill`, `pause-node`, `partition`; see
 //! [`Scenario`].
 //!
+//! The soak ([`soak`], `--soak <duration>`, not among the scenarios) runs one server, a
+//! coordinator and the agents at a steady rate (durable commands of both classes, events,
+//! requests) for as long as it is told, kills the server, crashes the worker and kills the
+//! coordinator in turn every few minutes, samples the resident memory and open descriptors
+//! of every process it can see, and flags growth beyond a warm-up; see [`SoakOptions`].
+//!
 //! The crate does not depend on the coordinator: `chorus chaos` passes a [`ProcessLauncher`]
 //! of its own executable (`chorus serve` as a child process, killed with SIGKILL), and a test
 //! binary can pass a launcher that runs the coordinator in its own process (on an
@@ -40,7 +48,8 @@
 //! `worker` (the handlers, and [`Isolated`]), `ledger` (what was sent and what became of it;
 //! the count), `dlq` (dead letters read back, the inbox drained), `proxy` (a TCP proxy that
 //! can be cut), `hostile` (a raw protocol client and its garbage), `coordinator` (launchers),
-//! `report` (rows and the table).
+//! `report` (rows and the table), `soak` (the soak: its traffic, compact accounting, sampler
+//! and growth fit).
 
 mod coordinator;
 mod dlq;
@@ -49,6 +58,7 @@ mod ledger;
 mod proxy;
 mod report;
 mod scenarios;
+mod soak;
 mod traffic;
 mod worker;
 
@@ -58,6 +68,10 @@ use std::time::Duration;
 pub use coordinator::{CoordinatorLauncher, CoordinatorSpec, ProcessLauncher, RunningCoordinator};
 pub use report::{Check, Row, ScenarioReport, table};
 pub use scenarios::{Scenario, UnknownScenario};
+pub use soak::{
+    EventCounts, FaultRecord, GrowthLimits, RequestCounts, Resource, Sample, Series, SoakFault,
+    SoakOptions, SoakPlan, SoakReport, Trend, Verdict, soak,
+};
 pub use worker::Isolated;
 
 /// The deadline of any single step that has no reason to pick another: a connection, a

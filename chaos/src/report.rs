@@ -124,10 +124,9 @@ impl ScenarioReport {
     }
 }
 
-/// The reports as a table: one line per scenario and class, then each scenario's fault,
-/// notes and failed checks.
-pub fn table(reports: &[ScenarioReport]) -> String {
-    let mut out = format!(
+/// The header of the counters' table.
+pub(crate) fn header() -> String {
+    format!(
         "{:<16} {:<13} {:>6} {:>6} {:>7} {:>7} {:>5} {:>4} {:>5} {:>5} {:>6} {:>8}  {}\n",
         "scenario",
         "class",
@@ -142,7 +141,33 @@ pub fn table(reports: &[ScenarioReport]) -> String {
         "uncert",
         "recov_ms",
         "ok"
-    );
+    )
+}
+
+/// One row of the counters' table.
+pub(crate) fn line(r: &Row) -> String {
+    format!(
+        "{:<16} {:<13} {:>6} {:>6} {:>7} {:>7} {:>5} {:>4} {:>5} {:>5} {:>6} {:>8}  {}\n",
+        r.scenario,
+        r.class,
+        r.sent,
+        r.acked,
+        r.unknown,
+        r.handled,
+        r.duplicated,
+        r.lost,
+        r.unexpected,
+        r.dead_lettered,
+        r.uncertain,
+        r.recovered_ms.map_or("-".into(), |ms| ms.to_string()),
+        if r.ok { "yes" } else { "NO" }
+    )
+}
+
+/// The reports as a table: one line per scenario and class, then each scenario's fault,
+/// notes and failed checks.
+pub fn table(reports: &[ScenarioReport]) -> String {
+    let mut out = header();
     for report in reports {
         if report.rows.is_empty() {
             out.push_str(&format!(
@@ -151,22 +176,7 @@ pub fn table(reports: &[ScenarioReport]) -> String {
             ));
         }
         for r in &report.rows {
-            out.push_str(&format!(
-                "{:<16} {:<13} {:>6} {:>6} {:>7} {:>7} {:>5} {:>4} {:>5} {:>5} {:>6} {:>8}  {}\n",
-                r.scenario,
-                r.class,
-                r.sent,
-                r.acked,
-                r.unknown,
-                r.handled,
-                r.duplicated,
-                r.lost,
-                r.unexpected,
-                r.dead_lettered,
-                r.uncertain,
-                r.recovered_ms.map_or("-".into(), |ms| ms.to_string()),
-                if r.ok { "yes" } else { "NO" }
-            ));
+            out.push_str(&line(r));
         }
     }
     out.push('\n');

@@ -60,3 +60,21 @@ fn an_unknown_scenario_is_a_usage_error_that_names_the_known_ones() {
     assert!(stderr.contains("no scenario \"meteor\""), "{stderr}");
     assert!(stderr.contains("server-kill"), "{stderr}");
 }
+
+#[test]
+fn soak_options_are_checked_before_anything_runs() {
+    for (args, says) in [
+        (&["chaos", "--soak", "banana"][..], "banana"),
+        (&["chaos", "--soak", "0s"][..], "no time"),
+        (
+            &["chaos", "--soak", "1m", "--only", "server-kill"][..],
+            "--only",
+        ),
+        (&["chaos", "--rate", "50"][..], "--soak"),
+    ] {
+        let out = chorus(args, Duration::from_secs(30));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}

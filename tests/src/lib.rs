@@ -446,3 +446,48 @@ pub async fn settle_and_count(
         settled,
     }
 }
+
+/// Starts each coordinator of a `chorus chaos` run in this process, on an isolated runtime,
+/// so that a kill drops it where it stands, as `kill -9` of `chorus serve` would.
+#[derive(Debug)]
+pub struct InProcessCoordinator;
+
+impl chorus_chaos::CoordinatorLauncher for InProcessCoordinator {
+    fn start<'a>(
+        &'a self,
+        spec: &'a chorus_chaos::CoordinatorSpec,
+    ) -> futures::future::BoxFuture<'a, anyhow::Result<Box<dyn chorus_chaos::RunningCoordinator>>>
+    {
+        Box::pin(async move {
+            let config = chorus::CoordinatorConfig {
+                servers: spec.servers.join(","),
+                metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                replicas: spec.replicas,
+                inbox: agent_sdk::durable::InboxLimits {
+                    replicas: spec.replicas,
+                    ..agent_sdk::durable::InboxLimits::default()
+                },
+                ..chorus::CoordinatorConfig::default()
+            };
+            let isolated = chorus_chaos::Isolated::start("coordinator", move || async move {
+                Ok(chorus::Coordinator::start(config, false).await?)
+            })
+            .await?;
+            Ok(Box::new(InProcessStarted(isolated)) as Box<dyn chorus_chaos::RunningCoordinator>)
+        })
+    }
+}
+
+#[derive(Debug)]
+struct InProcessStarted(chorus_chaos::Isolated);
+
+impl chorus_chaos::RunningCoordinator for InProcessStarted {
+    fn kill(mut self: Box<Self>) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(async move { self.0.crash().await })
+    }
+
+    /// At the end of a run, when nothing depends on its goodbye: the same as a kill.
+    fn shutdown(mut self: Box<Self>) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(async move { self.0.crash().await })
+    }
+}

@@ -7,61 +7,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_sdk::durable::InboxLimits;
-use chorus_chaos::{
-    ChaosOptions, CoordinatorLauncher, CoordinatorSpec, Isolated, RunningCoordinator, Scenario,
-};
-use futures::future::BoxFuture;
+use chorus_chaos::{ChaosOptions, Scenario};
+use chorus_tests::InProcessCoordinator;
 
 /// The longest one scenario's short form may take, setup and draining included.
 const SCENARIO_LIMIT: Duration = Duration::from_secs(200);
 
-/// Starts each coordinator in this process, on an isolated runtime.
-#[derive(Debug)]
-struct InProcess;
-
-impl CoordinatorLauncher for InProcess {
-    fn start<'a>(
-        &'a self,
-        spec: &'a CoordinatorSpec,
-    ) -> BoxFuture<'a, anyhow::Result<Box<dyn RunningCoordinator>>> {
-        Box::pin(async move {
-            let config = chorus::CoordinatorConfig {
-                servers: spec.servers.join(","),
-                metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-                replicas: spec.replicas,
-                inbox: InboxLimits {
-                    replicas: spec.replicas,
-                    ..InboxLimits::default()
-                },
-                ..chorus::CoordinatorConfig::default()
-            };
-            let isolated = Isolated::start("coordinator", move || async move {
-                Ok(chorus::Coordinator::start(config, false).await?)
-            })
-            .await?;
-            Ok(Box::new(Started(isolated)) as Box<dyn RunningCoordinator>)
-        })
-    }
-}
-
-#[derive(Debug)]
-struct Started(Isolated);
-
-impl RunningCoordinator for Started {
-    fn kill(mut self: Box<Self>) -> BoxFuture<'static, ()> {
-        Box::pin(async move { self.0.crash().await })
-    }
-
-    /// At the end of a scenario, when nothing depends on its goodbye: the same as a kill.
-    fn shutdown(mut self: Box<Self>) -> BoxFuture<'static, ()> {
-        Box::pin(async move { self.0.crash().await })
-    }
-}
-
 async fn holds(scenario: Scenario) {
     chorus_tests::init_tracing();
-    let opts = ChaosOptions::new(true, Arc::new(InProcess));
+    let opts = ChaosOptions::new(true, Arc::new(InProcessCoordinator));
     let report = chorus_tests::within(
         SCENARIO_LIMIT,
         scenario.name(),

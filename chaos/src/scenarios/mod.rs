@@ -9,6 +9,8 @@ mod hostile;
 mod server_kill;
 mod slow_backlog;
 
+pub(crate) use server_kill::durable_server;
+
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use agent_sdk::{Agent, AgentOptions, Subjects};
 use anyhow::Context as _;
 use broker_adapter::{Broker, BrokerOptions, JetStream};
 
-use crate::coordinator::{CoordinatorSpec, RunningCoordinator};
+use crate::coordinator::{CoordinatorLauncher, CoordinatorSpec, RunningCoordinator};
 use crate::ledger::{self, Class, Ledger, Probe};
 use crate::report::{Check, ScenarioReport};
 use crate::traffic::{Plan, Route};
@@ -314,10 +316,18 @@ pub(crate) async fn checker(urls: &[String]) -> anyhow::Result<(Broker, JetStrea
     Ok((broker, js))
 }
 
-/// Starts a coordinator on `urls`, retrying (every [`CONNECT_RETRY`], up to
-/// [`ready_limit`]) while a cluster's JetStream cannot yet make its streams.
+/// Starts a coordinator on `urls` with the options' launcher (see [`start_coordinator`]).
 pub(crate) async fn coordinator(
     opts: &ChaosOptions,
+    urls: &[String],
+) -> anyhow::Result<Box<dyn RunningCoordinator>> {
+    start_coordinator(opts.coordinator.as_ref(), urls).await
+}
+
+/// Starts a coordinator on `urls`, retrying (every [`CONNECT_RETRY`], up to
+/// [`ready_limit`]) while a cluster's JetStream cannot yet make its streams.
+pub(crate) async fn start_coordinator(
+    launcher: &dyn CoordinatorLauncher,
     urls: &[String],
 ) -> anyhow::Result<Box<dyn RunningCoordinator>> {
     let spec = CoordinatorSpec {
@@ -326,7 +336,7 @@ pub(crate) async fn coordinator(
     };
     let deadline = Instant::now() + ready_limit(urls);
     loop {
-        match opts.coordinator.start(&spec).await {
+        match launcher.start(&spec).await {
             Ok(c) => return Ok(c),
             Err(e) if Instant::now() >= deadline => {
                 return Err(e).context("coordinator did not start");

@@ -227,7 +227,8 @@ pub(crate) mod exit {
     /// The bus answered with a failure: a coded refusal or error, a timeout, no responders.
     pub(crate) const REFUSED: u8 = 4;
     /// `chorus chaos`: a guarantee did not hold under a fault (something acknowledged lost,
-    /// an exactly-once handler run twice, a scenario's own check failed).
+    /// an exactly-once handler run twice, a scenario's own check failed), or `--soak` flagged
+    /// growth of a process's memory or descriptors.
     pub(crate) const GUARANTEE_BROKEN: u8 = 5;
 }
 
