@@ -354,7 +354,11 @@ impl Acked {
 }
 
 /// Sends `work(n)` for every `n` below `sent` as at-least-once `work` commands to agent
-/// `worker`, in batches of `chunk`, recording the acknowledged ones. Returns the sender when done.
+/// `worker`, in batches of `chunk`, recording the acknowledged ones. A message whose send
+/// failed (refused at once while a stream has no leader, or its ack lost) is sent again, as a
+/// producer under at-least-once does, up to [`SEND_ATTEMPTS`] times a pause apart, so the
+/// traffic goes on through a fault instead of running out while it lasts. Returns the sender
+/// when done.
 pub fn publish_tracking_acks(
     sender: agent_sdk::Agent,
     worker: &'static str,
@@ -365,29 +369,41 @@ pub fn publish_tracking_acks(
     let numbers = std::sync::Arc::clone(&acked.numbers);
     let task = tokio::spawn(async move {
         for batch in (0..sent).collect::<Vec<_>>().chunks(chunk) {
-            let calls = batch
-                .iter()
-                .map(|n| {
-                    agent_sdk::Call::agent(worker, "work")
-                        .delivery(agent_sdk::DeliveryClass::AtLeastOnce)
-                        .payload(n)
-                        .unwrap_or_else(|e| panic!("payload: {e}"))
-                })
-                .collect();
-            let results = sender.send_batch(calls).await;
-            let ok = batch
-                .iter()
-                .zip(&results)
-                .filter(|(_, r)| r.is_ok())
-                .map(|(n, _)| *n);
-            if let Ok(mut numbers) = numbers.lock() {
-                numbers.extend(ok);
+            let mut left: Vec<u32> = batch.to_vec();
+            for attempt in 1..=SEND_ATTEMPTS {
+                let calls = left
+                    .iter()
+                    .map(|n| {
+                        agent_sdk::Call::agent(worker, "work")
+                            .delivery(agent_sdk::DeliveryClass::AtLeastOnce)
+                            .payload(n)
+                            .unwrap_or_else(|e| panic!("payload: {e}"))
+                    })
+                    .collect();
+                let results = sender.send_batch(calls).await;
+                let (ok, failed): (Vec<_>, Vec<_>) =
+                    left.iter().zip(&results).partition(|(_, r)| r.is_ok());
+                if let Ok(mut numbers) = numbers.lock() {
+                    numbers.extend(ok.into_iter().map(|(n, _)| *n));
+                }
+                left = failed.into_iter().map(|(n, _)| *n).collect();
+                if left.is_empty() {
+                    break;
+                }
+                if attempt < SEND_ATTEMPTS {
+                    tokio::time::sleep(SEND_RETRY_PAUSE).await;
+                }
             }
         }
         sender
     });
     (task, acked)
 }
+
+/// How many times [`publish_tracking_acks`] sends a message whose send failed.
+pub const SEND_ATTEMPTS: u32 = 20;
+/// The pause between two of those sends.
+const SEND_RETRY_PAUSE: Duration = Duration::from_millis(250);
 
 /// Sent, acked, handled and lost, after a fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
