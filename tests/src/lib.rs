@@ -336,9 +336,16 @@ impl std::ops::DerefMut for Cluster {
 #[derive(Debug, Clone, Default)]
 pub struct Acked {
     numbers: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
+    resent: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Acked {
+    /// Sends made again after a failed one: each may have stored a second copy (its first
+    /// send stored, its ack lost), which at least once allows and a handler then sees twice.
+    pub fn resent(&self) -> usize {
+        self.resent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// How many so far.
     pub fn count(&self) -> usize {
         self.numbers.lock().map_or(0, |n| n.len())
@@ -367,10 +374,14 @@ pub fn publish_tracking_acks(
 ) -> (tokio::task::JoinHandle<agent_sdk::Agent>, Acked) {
     let acked = Acked::default();
     let numbers = std::sync::Arc::clone(&acked.numbers);
+    let resent = std::sync::Arc::clone(&acked.resent);
     let task = tokio::spawn(async move {
         for batch in (0..sent).collect::<Vec<_>>().chunks(chunk) {
             let mut left: Vec<u32> = batch.to_vec();
             for attempt in 1..=SEND_ATTEMPTS {
+                if attempt > 1 {
+                    resent.fetch_add(left.len(), std::sync::atomic::Ordering::Relaxed);
+                }
                 let calls = left
                     .iter()
                     .map(|n| {
