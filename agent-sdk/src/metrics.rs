@@ -4,8 +4,10 @@
 //! a process running several agents (and the coordinator) has one `/metrics`. Hot-path counts
 //! are plain atomics read at scrape time; only the request-latency histogram and the
 //! messages-by-kind-and-status counter are updated per message. The coordinator serves the
-//! registry over HTTP (`chorus::service::http::MetricsServer`); any other process can serve
-//! [`render`]`(`[`registry`]`())` on a listener of its own.
+//! registry over HTTP (`chorus::MetricsServer`); any other process can serve
+//! [`render`]`(`[`registry`]`())` on a listener of its own and announce it with
+//! [`AgentOptions::metrics_url`](crate::AgentOptions::metrics_url), so the coordinator's
+//! service discovery (`/sd/agents`) hands it to Prometheus.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock, Weak};
@@ -18,9 +20,19 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, 
 use crate::stats::AgentStats;
 
 /// The registry every agent (and the coordinator, when in the same process) records into.
+/// It also holds the process's own `process_*` metrics (CPU, memory, descriptors, start time).
 pub fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    REGISTRY.get_or_init(Registry::new)
+    REGISTRY.get_or_init(|| {
+        let reg = Registry::new();
+        #[cfg(target_os = "linux")]
+        if let Err(err) = reg.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        )) {
+            tracing::warn!(error = %err, "process metrics not registered");
+        }
+        reg
+    })
 }
 
 /// Per-message metrics shared by every agent of the process.
@@ -109,7 +121,7 @@ impl AgentsCollector {
         let refusals = IntCounterVec::new(
             Opts::new(
                 "chorus_agent_refusals_total",
-                "Inbound messages refused unhandled, by reason (loop_detected, expired, data_format, unknown_command).",
+                "Inbound messages refused unhandled, by reason: loop_detected (hop limit), expired (past its deadline), data_format (undecodable or bad version), unknown_command, signature (missing, bad or stale signature), access (not granted), rate_limited.",
             ),
             &["agent", "reason"],
         )

@@ -276,6 +276,7 @@ pub(crate) async fn publish_fake_heartbeats(
             heartbeat_ms: FAKE_HEARTBEAT_MS,
             started_ms: agent_sdk::envelope::now_ms(),
             sdk_version: String::new(),
+            metrics_url: None,
         };
         let mut env = Envelope::new(Kind::Heartbeat, Performative::Health, id.as_str());
         env.payload = codec::encode_payload(&manifest, CONTENT_TYPE_MSGPACK)?;

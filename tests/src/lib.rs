@@ -176,20 +176,27 @@ where
     .await
 }
 
-/// GETs `path` from an HTTP listener on `addr`: (status code, body).
+/// GETs `path` from an HTTP listener on `addr`: (status code, body). Fails the test if the
+/// listener cannot be reached.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
-        Ok::<_, std::io::Error>(String::from_utf8_lossy(&raw).into_owned())
-    };
-    let raw = within(WAIT, "http get", fetch)
+    within(WAIT, "http get", try_http_get(addr, path))
         .await
-        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// GETs `path` from an HTTP listener on `addr`: (status code, body), or the connection's error
+/// (for waiting on a listener that is still starting).
+pub async fn try_http_get(
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await?;
+    let raw = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
     let status = head
         .split_whitespace()
@@ -215,7 +222,55 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     } else {
         body.to_owned()
     };
-    (status, body)
+    Ok((status, body))
+}
+
+/// Processes a test started, killed when it ends however it ends.
+#[derive(Debug, Default)]
+pub struct Processes(pub Vec<std::process::Child>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The `chorus` binary, built (or found up to date) by cargo in the calling test's own target
+/// directory: `CARGO_BIN_EXE_chorus` exists only for the coordinator package's tests.
+pub fn chorus_binary() -> std::path::PathBuf {
+    use std::path::Path;
+    let exe = std::env::current_exe().expect("test binary path");
+    // <target>/<profile>/deps/e2e-<hash>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("profile directory");
+    let target_dir = profile_dir.parent().expect("target directory");
+    let profile = profile_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("profile name");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .args(["build", "--quiet", "-p", "chorus", "--bin", "chorus"])
+        .arg("--target-dir")
+        .arg(target_dir);
+    if profile != "debug" {
+        cmd.args(["--profile", profile]);
+    }
+    let out = cmd.output().expect("run cargo build");
+    assert!(
+        out.status.success(),
+        "cargo build: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let binary = profile_dir.join("chorus");
+    assert!(binary.is_file(), "no {}", binary.display());
+    binary
 }
 
 /// The sum of the values of every sample of `name` whose labels contain all of `labels`

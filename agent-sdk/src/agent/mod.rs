@@ -105,6 +105,13 @@ impl Agent {
         for group in &options.groups {
             validate_token("group", group)?;
         }
+        if let Some(url) = &options.metrics_url
+            && crate::protocol::registry::MetricsTarget::parse(url).is_none()
+        {
+            return Err(SdkError::InvalidCall(format!(
+                "metrics URL {url:?} is not http[s]://host:port[/path]"
+            )));
+        }
         let subjects = Subjects::new(&options.root)?;
         let broker_options = options
             .broker
@@ -189,6 +196,7 @@ impl Agent {
             capability_version: options.capability_version.clone(),
             heartbeat_interval: options.heartbeat_interval,
             encryption_key: options.decryption.as_ref().map(|k| k.public_key()),
+            metrics_url: options.metrics_url.clone(),
             changed: tokio::sync::Notify::new(),
             load_override: std::sync::Mutex::new(None),
             stop: stop.clone(),

@@ -75,6 +75,7 @@ pub struct AgentOptions {
     pub(crate) rate_limit: Option<RateLimit>,
     pub(crate) decryption: Option<Arc<EncryptionKey>>,
     pub(crate) encryption_trust: Vec<(String, String)>,
+    pub(crate) metrics_url: Option<String>,
     #[cfg(feature = "fault-injection")]
     pub(crate) skip_acks: u64,
 }
@@ -115,6 +116,7 @@ impl AgentOptions {
             rate_limit: None,
             decryption: None,
             encryption_trust: Vec::new(),
+            metrics_url: None,
             #[cfg(feature = "fault-injection")]
             skip_acks: 0,
         }
@@ -367,6 +369,16 @@ impl AgentOptions {
     /// How long [`Agent::shutdown`] waits for in-flight handlers.
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Announces where this agent's process serves its Prometheus metrics
+    /// (`http://host:port/metrics`, reachable by Prometheus), so the coordinator's service
+    /// discovery (`/sd/agents`) gives Prometheus this process as a target. Serve
+    /// [`metrics::render`](crate::metrics::render)`(`[`metrics::registry`](crate::metrics::registry)`())`
+    /// there; agents of one process share one registry and may announce the same URL.
+    pub fn metrics_url(mut self, url: impl Into<String>) -> Self {
+        self.metrics_url = Some(url.into());
         self
     }
 

@@ -40,6 +40,7 @@ pub(crate) struct Presence {
     pub(crate) capability_version: String,
     pub(crate) heartbeat_interval: Duration,
     pub(crate) encryption_key: Option<String>,
+    pub(crate) metrics_url: Option<String>,
     /// Wakes the heartbeat loop when the manifest changes.
     pub(crate) changed: tokio::sync::Notify,
     pub(crate) load_override: Mutex<Option<(f32, Availability)>>,
@@ -108,6 +109,7 @@ impl Presence {
             heartbeat_ms: u64::try_from(self.heartbeat_interval.as_millis()).unwrap_or(u64::MAX),
             started_ms: self.started_ms,
             sdk_version: env!("CARGO_PKG_VERSION").to_owned(),
+            metrics_url: self.metrics_url.clone(),
         }
     }
 

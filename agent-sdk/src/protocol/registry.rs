@@ -70,6 +70,56 @@ pub struct Manifest {
     /// SDK version.
     #[serde(default)]
     pub sdk_version: String,
+    /// Where the agent's process serves Prometheus metrics (`http://host:port/metrics`), if
+    /// it does: the coordinator lists it for Prometheus's HTTP service discovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_url: Option<String>,
+}
+
+/// A metrics address as Prometheus scrapes it: scheme, `host:port` and path.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MetricsTarget {
+    /// `http` or `https`.
+    pub scheme: String,
+    /// `host:port`.
+    pub address: String,
+    /// The path, starting with `/` (`/metrics` when the URL has none).
+    pub path: String,
+}
+
+impl MetricsTarget {
+    /// Reads `http[s]://host:port[/path]`; `None` for anything else (no port, another scheme,
+    /// a query, whitespace).
+    pub fn parse(url: &str) -> Option<MetricsTarget> {
+        let (scheme, rest) = url.split_once("://")?;
+        if scheme != "http" && scheme != "https" {
+            return None;
+        }
+        let (address, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/metrics"),
+        };
+        let (host, port) = address.rsplit_once(':')?;
+        let valid_host = !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-._[]:".contains(c));
+        if !valid_host
+            || port.is_empty()
+            || !port.chars().all(|c| c.is_ascii_digit())
+            || port.parse::<u16>().is_err()
+            || path
+                .chars()
+                .any(|c| c.is_whitespace() || c == '?' || c == '#')
+        {
+            return None;
+        }
+        Some(MetricsTarget {
+            scheme: scheme.to_owned(),
+            address: address.to_owned(),
+            path: path.to_owned(),
+        })
+    }
 }
 
 impl Manifest {

@@ -24,9 +24,18 @@ pub(crate) struct Args {
     /// Time between scenario runs.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     interval: Duration,
-    /// Where the coordinator serves /metrics.
+    /// Where the coordinator serves /metrics (with --join: where the demo agents serve theirs).
     #[arg(long, default_value = "127.0.0.1:9464")]
     metrics_addr: SocketAddr,
+    /// Run only the demo agents, on a bus that is already running (its NATS server and a
+    /// coordinator): their metrics are served on --metrics-addr and announced to the
+    /// coordinator's Prometheus service discovery (/sd/agents).
+    #[arg(long)]
+    join: bool,
+    /// With --join: the URL Prometheus scrapes the demo's metrics at [default:
+    /// http://<metrics-addr>/metrics; needed when --metrics-addr is 0.0.0.0].
+    #[arg(long, requires = "join")]
+    metrics_url: Option<String>,
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
@@ -35,10 +44,20 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         once,
         interval,
         metrics_addr,
+        join,
+        metrics_url,
     } = args;
     let _otel = chorus::otel::from_env()?;
     // Caught from here on: a signal during a round or the shutdown is not lost.
     let mut signals = crate::Signals::new()?;
+    if join {
+        let rounds = Rounds {
+            once,
+            interval,
+            signals: &mut signals,
+        };
+        return run_joined(conn, metrics_addr, metrics_url, rounds).await;
+    }
     let nats = ensure_nats(conn.url(), &config).await?;
     match &nats {
         LocalNats::Existing(url) => outln!("chorus up: using the NATS server at {url}"),
@@ -76,31 +95,13 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     let say: fn(&str) = |line| outln!("{line}");
     let demo = Demo::start(nats.url(), say).await?;
     outln!("chorus up: agents online: {}", demo.agent_ids().join(", "));
-    let mut failed = false;
-    loop {
-        // A signal stops the round where it is.
-        let round = tokio::select! {
-            round = demo.run(say) => round,
-            _ = signals.recv() => break,
-        };
-        match round {
-            Ok(_) => outln!("chorus up: scenarios complete"),
-            Err(err) => {
-                eprintln!("chorus up: scenario failed: {err}");
-                failed = true;
-            }
-        }
-        if once {
-            break;
-        }
-        outln!(
-            "chorus up: running again in {interval:?}; try `chorus listen` or `chorus request --capability ocr ...` in another terminal; Ctrl-C to stop"
-        );
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = signals.recv() => break,
-        }
+    let failed = Rounds {
+        once,
+        interval,
+        signals: &mut signals,
     }
+    .run(&demo)
+    .await;
     outln!("chorus up: stopping agents (Ctrl-C again to force)");
     let stop = async {
         demo.shutdown().await;
@@ -118,6 +119,110 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         }
     }
     drop(nats);
+    outln!("chorus up: stopped");
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// How the scenarios repeat, and the signals that stop them.
+struct Rounds<'a> {
+    once: bool,
+    interval: Duration,
+    signals: &'a mut crate::Signals,
+}
+
+impl Rounds<'_> {
+    /// Runs the scenarios once or until a signal; returns whether a round failed.
+    async fn run(&mut self, demo: &Demo) -> bool {
+        let say: fn(&str) = |line| outln!("{line}");
+        let mut failed = false;
+        loop {
+            // A signal stops the round where it is.
+            let round = tokio::select! {
+                round = demo.run(say) => round,
+                _ = self.signals.recv() => break,
+            };
+            match round {
+                Ok(_) => outln!("chorus up: scenarios complete"),
+                Err(err) => {
+                    eprintln!("chorus up: scenario failed: {err}");
+                    failed = true;
+                }
+            }
+            if self.once {
+                break;
+            }
+            outln!(
+                "chorus up: running again in {:?}; try `chorus listen` or `chorus request --capability ocr ...` in another terminal; Ctrl-C to stop",
+                self.interval
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(self.interval) => {}
+                _ = self.signals.recv() => break,
+            }
+        }
+        failed
+    }
+}
+
+/// `chorus up --join`: the demo agents on a running bus, their metrics served and announced.
+async fn run_joined(
+    conn: &ConnectionArgs,
+    metrics_addr: SocketAddr,
+    metrics_url: Option<String>,
+    mut rounds: Rounds<'_>,
+) -> anyhow::Result<ExitCode> {
+    if !bus_answers(conn).await {
+        anyhow::bail!(
+            "no Chorus bus answers at {}: start one (`scripts/up`, or `chorus serve` beside a \
+             nats-server) before `chorus up --join`, or leave out --join to start one here",
+            conn.url()
+        );
+    }
+    let ready: chorus::service::http::ReadinessCheck =
+        std::sync::Arc::new(|| chorus::service::http::Readiness::Ready);
+    let server = chorus::MetricsServer::start(metrics_addr, ready, axum::Router::new())
+        .await
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                taken_port_error(metrics_addr)
+            } else {
+                anyhow::Error::new(e)
+                    .context(format!("cannot listen for metrics on {metrics_addr}"))
+            }
+        })?;
+    let bound = server.local_addr();
+    let url = match metrics_url {
+        Some(url) => url,
+        None if bound.ip().is_unspecified() => anyhow::bail!(
+            "--metrics-addr {bound} listens on every interface: pass --metrics-url with the \
+             address Prometheus reaches this process at"
+        ),
+        None => format!("http://{bound}/metrics"),
+    };
+    let say: fn(&str) = |line| outln!("{line}");
+    let demo = Demo::start_announcing(conn.url(), Some(&url), say).await?;
+    outln!(
+        "chorus up: demo agents joined the bus at {}: {}; metrics at {url}",
+        conn.url(),
+        demo.agent_ids().join(", ")
+    );
+    let failed = rounds.run(&demo).await;
+    outln!("chorus up: stopping agents (Ctrl-C again to force)");
+    tokio::select! {
+        _ = demo.shutdown() => {}
+        _ = rounds.signals.recv() => {
+            eprintln!("chorus up: forced to stop");
+            return Ok(ExitCode::from(130));
+        }
+        _ = tokio::time::sleep(SHUTDOWN_LIMIT) => {
+            eprintln!("chorus up: agents did not stop within {SHUTDOWN_LIMIT:?}; stopping anyway");
+        }
+    }
+    server.stop().await;
     outln!("chorus up: stopped");
     Ok(if failed {
         ExitCode::FAILURE
@@ -149,11 +254,15 @@ fn taken_port_hint(err: chorus::Error, addr: SocketAddr) -> anyhow::Error {
         .and_then(|s| s.downcast_ref::<std::io::Error>())
         .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse);
     if in_use {
-        anyhow::anyhow!(
-            "the metrics address {addr} is taken (another `chorus up` or `chorus serve`?): \
-             pass --metrics-addr with another, or 127.0.0.1:0 for any free port"
-        )
+        taken_port_error(addr)
     } else {
         anyhow::Error::new(err)
     }
+}
+
+fn taken_port_error(addr: SocketAddr) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the metrics address {addr} is taken (another `chorus up` or `chorus serve`?): \
+         pass --metrics-addr with another, or 127.0.0.1:0 for any free port"
+    )
 }

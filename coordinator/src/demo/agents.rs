@@ -16,7 +16,24 @@ const LEDGER_MAX_BACKOFF_MS: u64 = 1_000;
 impl Demo {
     /// Connects the demo agents to `servers` and registers their handlers.
     pub async fn start(servers: &str, say: fn(&str)) -> Result<Demo, SdkError> {
-        let connect = |id: &str| AgentOptions::new(id).servers([servers]).connect();
+        Demo::start_announcing(servers, None, say).await
+    }
+
+    /// As [`start`](Demo::start), each agent announcing `metrics_url` (where this process
+    /// serves its metrics) for the coordinator's service discovery.
+    pub async fn start_announcing(
+        servers: &str,
+        metrics_url: Option<&str>,
+        say: fn(&str),
+    ) -> Result<Demo, SdkError> {
+        let options = |id: &str| {
+            let options = AgentOptions::new(id).servers([servers]);
+            match metrics_url {
+                Some(url) => options.metrics_url(url),
+                None => options,
+            }
+        };
+        let connect = |id: &str| options(id).connect();
 
         let ocr = connect("ocr-agent").await?;
         ocr.on_capability("ocr", move |ctx: Context, doc: ScannedDocument| async move {
@@ -64,11 +81,7 @@ impl Demo {
         // Two agents that relay to each other: a loop the hop limit cuts.
         let mut relays = Vec::new();
         for (me, peer) in [("relay-a", "relay-b"), ("relay-b", "relay-a")] {
-            let relay = AgentOptions::new(me)
-                .servers([servers])
-                .hop_limit(RELAY_HOP_LIMIT)
-                .connect()
-                .await?;
+            let relay = options(me).hop_limit(RELAY_HOP_LIMIT).connect().await?;
             relay
                 .on_command("relay", move |ctx: Context, n: u32| async move {
                     Ok::<u32, HandlerError>(ctx.request(peer, "relay", &(n + 1)).await?)
@@ -78,8 +91,7 @@ impl Demo {
         }
 
         // The ledger takes postings through its durable inbox; a negative amount always fails.
-        let ledger = AgentOptions::new("ledger")
-            .servers([servers])
+        let ledger = options("ledger")
             .durable_inbox(true)
             .retry_policies(RetryPolicies {
                 default: RetryPolicy {
@@ -110,11 +122,7 @@ impl Demo {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut watchers = Vec::new();
         for name in WATCHERS {
-            let watcher = AgentOptions::new(name)
-                .servers([servers])
-                .group("watchers")
-                .connect()
-                .await?;
+            let watcher = options(name).group("watchers").connect().await?;
             watcher
                 .on_command("status", |ctx: Context, (): ()| async move {
                     Ok::<_, HandlerError>(format!("{} ok", ctx.agent_id()))

@@ -1,4 +1,5 @@
-//! The metrics listener: `/metrics`, `/healthz` and `/readyz` on their own address.
+//! The metrics listener: `/metrics`, `/healthz` and `/readyz` on their own address, and the
+//! coordinator's Prometheus service discovery (`/sd/agents`) beside them.
 //!
 //! It serves the process-wide registry the SDK's agents and the coordinator record into
 //! ([`agent_sdk::metrics::registry`]), so a process running the coordinator and agents (as
@@ -35,8 +36,13 @@ pub struct MetricsServer {
 
 impl MetricsServer {
     /// Serves the process registry on `addr` (port 0 picks a free port). `ready` answers
-    /// `/readyz`; `/healthz` answers 200 while the process runs.
-    pub async fn start(addr: SocketAddr, ready: ReadinessCheck) -> std::io::Result<MetricsServer> {
+    /// `/readyz`; `/healthz` answers 200 while the process runs; `routes` are served beside
+    /// them (an empty `Router` for none).
+    pub async fn start(
+        addr: SocketAddr,
+        ready: ReadinessCheck,
+        routes: axum::Router,
+    ) -> std::io::Result<MetricsServer> {
         use axum::http::StatusCode;
         use axum::routing::get;
         let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -60,7 +66,8 @@ impl MetricsServer {
                         }
                     }
                 }),
-            );
+            )
+            .merge(routes);
         let stop = CancellationToken::new();
         let shutdown = stop.clone();
         // Owned by this value: `stop` waits for it, dropping cancels it.

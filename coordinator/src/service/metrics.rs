@@ -2,7 +2,8 @@
 
 use std::sync::OnceLock;
 
-use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts};
+use agent_sdk::durable::DeadLetterReason;
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
 /// Metrics shared by every coordinator in the process.
 #[derive(Debug, Clone)]
@@ -23,9 +24,19 @@ pub struct CoordinatorMetrics {
     pub advisories_abandoned: IntCounter,
     /// Messages in the dead-letter stream, by reason (whoever wrote them).
     pub dlq_depth: IntGaugeVec,
-    /// The coordinator's own NATS connection events.
-    pub connection_events: IntGaugeVec,
+    /// The coordinator's own NATS connection events, by event.
+    pub connection_events: IntCounterVec,
+    /// Always 1, labelled with the build: `version` and `revision`.
+    pub build_info: IntGauge,
 }
+
+/// The connection events counted, in the order they are reported.
+pub(crate) const CONNECTION_EVENTS: [&str; 4] = [
+    "disconnects",
+    "reconnects",
+    "slow_consumer_drops",
+    "permission_violations",
+];
 
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
@@ -80,12 +91,40 @@ pub fn metrics() -> &'static CoordinatorMetrics {
                 "Messages in the dead-letter queue, by reason.",
                 &["reason"],
             ),
-            connection_events: gauge_vec(
-                "chorus_coordinator_connection_events",
+            connection_events: counter_vec(
+                "chorus_coordinator_connection_events_total",
                 "The coordinator's NATS connection events since start: disconnects, reconnects, slow_consumer_drops, permission_violations.",
                 &["event"],
             ),
+            build_info: IntGauge::with_opts(
+                Opts::new(
+                    "chorus_build_info",
+                    "Always 1: the coordinator's version and the git revision it was built from.",
+                )
+                .const_label("version", env!("CARGO_PKG_VERSION"))
+                .const_label("revision", env!("CHORUS_GIT_REVISION")),
+            )
+            .expect("static metric definition"),
         };
+        m.build_info.set(1);
+        // Every series a dashboard or an alert reads exists from the start, at zero, so a
+        // quiet system shows 0 rather than no data.
+        for event in ["joined", "left"] {
+            m.registry_events.with_label_values(&[event]);
+        }
+        for outcome in ["delivered", "failed", "timed_out"] {
+            m.broadcast_recipients.with_label_values(&[outcome]);
+        }
+        for reason in DeadLetterReason::ALL {
+            m.dead_letters.with_label_values(&[reason.as_str()]);
+            m.dlq_depth.with_label_values(&[reason.as_str()]);
+        }
+        for event in CONNECTION_EVENTS {
+            m.connection_events.with_label_values(&[event]);
+        }
+        for state in ["registered", "live"] {
+            m.agents.with_label_values(&[state]);
+        }
         let reg = agent_sdk::metrics::registry();
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
             Box::new(m.agents.clone()),
@@ -97,6 +136,7 @@ pub fn metrics() -> &'static CoordinatorMetrics {
             Box::new(m.advisories_abandoned.clone()),
             Box::new(m.dlq_depth.clone()),
             Box::new(m.connection_events.clone()),
+            Box::new(m.build_info.clone()),
         ];
         for c in collectors {
             if let Err(err) = reg.register(c) {

@@ -20,6 +20,7 @@ pub mod http;
 pub mod metrics;
 mod provision;
 pub mod registry;
+pub mod sd;
 mod tasks;
 
 use std::net::SocketAddr;
@@ -237,8 +238,20 @@ async fn start_metrics(shared: &Arc<Shared>) -> Result<MetricsServer> {
             Readiness::Ready
         }
     });
+    let registry = Arc::clone(shared);
+    let routes = axum::Router::new().route(
+        "/sd/agents",
+        axum::routing::get(move || {
+            let groups = sd::target_groups(
+                &registry
+                    .registry
+                    .discover(&agent_sdk::DiscoverQuery::default()),
+            );
+            async move { axum::Json(groups) }
+        }),
+    );
     let addr = shared.config.metrics_addr;
-    MetricsServer::start(addr, readiness)
+    MetricsServer::start(addr, readiness, routes)
         .await
         .map_err(Error::wrap(
             ErrorKind::Listen,

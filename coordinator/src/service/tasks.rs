@@ -8,7 +8,7 @@ use agent_sdk::durable::ADVISORY_STREAM;
 use broker_adapter::{ConsumerSpec, Kv};
 use futures::StreamExt;
 
-use super::metrics::metrics;
+use super::metrics::{CONNECTION_EVENTS, metrics};
 use super::{DLQ_CONSUMER, Shared, dlq};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -72,15 +72,17 @@ pub(super) fn spawn_reaper(shared: &Arc<Shared>) {
 
 fn refresh_connection_gauges(shared: &Shared) {
     let st = shared.broker.stats();
-    let g = &metrics().connection_events;
-    for (event, n) in [
-        ("disconnects", st.disconnects),
-        ("reconnects", st.reconnects),
-        ("slow_consumer_drops", st.slow_consumer_drops),
-        ("permission_violations", st.permission_violations),
-    ] {
-        g.with_label_values(&[event])
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    let counters = &metrics().connection_events;
+    let counts = [
+        st.disconnects,
+        st.reconnects,
+        st.slow_consumer_drops,
+        st.permission_violations,
+    ];
+    for (event, n) in CONNECTION_EVENTS.into_iter().zip(counts) {
+        // The broker's counts only grow: the counter catches up with them.
+        let c = counters.with_label_values(&[event]);
+        c.inc_by(n.saturating_sub(c.get()));
     }
 }
 

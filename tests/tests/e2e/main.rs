@@ -3,6 +3,7 @@
 mod broker;
 mod cluster;
 mod coordinator;
+mod dashboard;
 mod delivery;
 mod demo;
 mod deploy;

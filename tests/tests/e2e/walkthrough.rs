@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 
 use agent_sdk::codec::{self, Encoding};
@@ -18,50 +18,7 @@ use agent_sdk::{
     StatusCode,
 };
 use broker_adapter::TlsOptions;
-use chorus_tests::{WAIT, eventually, within};
-
-/// Processes the test started, killed when it ends however it ends.
-#[derive(Default)]
-struct Processes(Vec<Child>);
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// The `chorus` binary, built (or found up to date) by cargo in this test's own target
-/// directory: `CARGO_BIN_EXE_chorus` exists only for the coordinator package's tests.
-fn chorus_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    // <target>/<profile>/deps/e2e-<hash>
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("profile directory");
-    let target_dir = profile_dir.parent().expect("target directory");
-    let profile = profile_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .expect("profile name");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args(["build", "--quiet", "-p", "chorus", "--bin", "chorus"])
-        .arg("--target-dir")
-        .arg(target_dir);
-    if profile != "debug" {
-        cmd.args(["--profile", profile]);
-    }
-    let out = cmd.output().expect("run cargo build");
-    assert!(out.status.success(), "cargo build: {}", text(&out));
-    let binary = profile_dir.join("chorus");
-    assert!(binary.is_file(), "no {}", binary.display());
-    binary
-}
+use chorus_tests::{Processes, WAIT, chorus_binary, eventually, within};
 
 fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
