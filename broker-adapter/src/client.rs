@@ -253,7 +253,13 @@ impl Broker {
     /// sending a message to a fresh inbox of its own and waiting for it to come back. Use it
     /// after subscribing, before relying on the subscription: [`flush`](Broker::flush) only
     /// writes to the socket, it does not wait for the server.
+    ///
+    /// A server that refuses this connection's inbox to its user (its permissions do not
+    /// allow the inbox prefix) fails it at once with [`ErrorKind::Refused`], the server's
+    /// words as a [`PermissionViolation`](crate::PermissionViolation) source.
     pub async fn sync(&self, timeout: Duration) -> Result<()> {
+        use tokio::sync::broadcast::error::RecvError;
+        let mut events = self.events();
         let inbox = self.client.new_inbox();
         let mut sub = self
             .client
@@ -261,14 +267,39 @@ impl Broker {
             .await
             .map_err(|e| classified("sync subscribe failed", e))?;
         self.publish(&inbox, Bytes::new()).await?;
-        let echoed = tokio::time::timeout(timeout, futures::StreamExt::next(&mut sub)).await;
+        let quoted = format!("\"{inbox}\"");
+        let answer = async {
+            loop {
+                tokio::select! {
+                    echo = futures::StreamExt::next(&mut sub) => return Ok(echo),
+                    event = events.recv() => match event {
+                        Ok(ConnectionEvent::PermissionViolation(text))
+                            if text.contains(&quoted) => return Err(text),
+                        Ok(_) | Err(RecvError::Lagged(_)) => {}
+                        // No more events: only the echo (or the timeout) can end the wait.
+                        Err(RecvError::Closed) => {
+                            return Ok(futures::StreamExt::next(&mut sub).await);
+                        }
+                    },
+                }
+            }
+        };
+        let echoed = tokio::time::timeout(timeout, answer).await;
         let _ = sub.unsubscribe().await;
         match echoed {
-            Ok(Some(_)) => {
+            Ok(Ok(Some(_))) => {
                 self.shared.sync_echoes.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Ok(None) => Err(Error::new(
+            Ok(Err(text)) => Err(Error::with_source(
+                ErrorKind::Refused,
+                format!(
+                    "the server refused this connection's inbox {} to its user",
+                    self.inbox_prefix()
+                ),
+                crate::PermissionViolation(text),
+            )),
+            Ok(Ok(None)) => Err(Error::new(
                 ErrorKind::Broker,
                 "connection closed during sync",
             )),

@@ -119,5 +119,19 @@ impl std::error::Error for Error {
     }
 }
 
+/// The cause of a [`ErrorKind::Refused`] error when the server refused a subject for this
+/// connection's user: the server's words, such as `Permissions Violation for Subscription to
+/// "_INBOX.x.abc"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermissionViolation(pub String);
+
+impl fmt::Display for PermissionViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PermissionViolation {}
+
 /// Result of a broker operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

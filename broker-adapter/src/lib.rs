@@ -18,7 +18,7 @@ pub mod raw;
 mod subject;
 
 pub use client::{Broker, Subscription};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, PermissionViolation, Result};
 pub use events::{ConnectionEvent, ConnectionStats, StatsSnapshot};
 pub use jetstream::{
     BatchMessage, Consumer, ConsumerSpec, ConsumerState, Deliveries, Delivery, JetStream, Kv,

@@ -64,6 +64,8 @@ async fn main() -> ExitCode {
             eprintln!("chorus: {}", error_chain(&err));
             if err.downcast_ref::<cli::Unreachable>().is_some() {
                 ExitCode::from(cli::exit::UNREACHABLE)
+            } else if err.downcast_ref::<cli::PermissionDenied>().is_some() {
+                ExitCode::from(cli::exit::REFUSED)
             } else {
                 ExitCode::FAILURE
             }

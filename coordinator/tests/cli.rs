@@ -473,7 +473,82 @@ async fn the_cli_works_as_its_own_user_on_a_server_with_nkeys_and_permissions() 
         .expect("run chorus");
     assert!(out.status.success(), "{}", text(&out));
 
-    // Without --id the CLI is `cli-<pid>`, whose inbox the ops user may not read.
+    // The same from a saved context, from another directory.
+    let config_dir = dir.path().join("config");
+    let with_config = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_chorus"))
+            .args(args)
+            .env("CHORUS_CONFIG_DIR", &config_dir)
+            .current_dir(&keys)
+            .output()
+            .expect("run chorus")
+    };
+    let out = with_config(&[
+        "--server",
+        server.url(),
+        "--id",
+        "ops",
+        "--nkey-file",
+        "ops.nk",
+        "context",
+        "save",
+        "secure",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = with_config(&[
+        "--context",
+        "secure",
+        "request",
+        "--to",
+        "echo",
+        "--command",
+        "hello",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hi ops"));
+
+    // A subject the user may not use is named, with the user, at once (not after the
+    // request's timeout), and the exit code says "refused".
+    let ops_key = cli_entry
+        .split("nkey: \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("ops key");
+    let started = std::time::Instant::now();
+    let args = [
+        &as_ops[..],
+        &[
+            "request",
+            "--to",
+            "vault",
+            "--command",
+            "open",
+            "--timeout",
+            "30s",
+        ],
+    ]
+    .concat();
+    let out = chorus(server.url(), &args);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(4), "{t}");
+    assert!(t.contains("permission denied"), "{t}");
+    assert!(t.contains("Publish to \"chorus.agent.vault.open\""), "{t}");
+    assert!(t.contains(ops_key) && t.contains("--id ops"), "{t}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{t}");
+    // An event, which nobody answers, is refused the same way (ops may publish events under
+    // the bus's root, not under another).
+    let args = [
+        &as_ops[..],
+        &["--root", "other", "send", "--topic", "plans", "1"],
+    ]
+    .concat();
+    let out = chorus(server.url(), &args);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(4), "{t}");
+    assert!(t.contains("Publish to \"other.evt.plans\""), "{t}");
+
+    // Without --id the CLI is `cli-<pid>`, whose inbox the ops user may not read: the
+    // refused subscription is named.
     let out = chorus(
         server.url(),
         &[
@@ -486,7 +561,12 @@ async fn the_cli_works_as_its_own_user_on_a_server_with_nkeys_and_permissions() 
             "hello",
         ],
     );
-    assert!(!out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains("permission denied") && t.contains(ops_key),
+        "{t}"
+    );
 
     echo.shutdown().await;
     coordinator.shutdown().await;
@@ -1248,4 +1328,139 @@ fn a_tls_failure_names_the_tls_flags() {
     let t = text(&out);
     assert_eq!(out.status.code(), Some(3), "{t}");
     assert!(t.contains("--tls-cert and --tls-key"), "{t}");
+}
+
+/// `chorus context`: saved settings are used by later commands, a flag wins over them, and
+/// a missing or invalid context is refused with what to do.
+#[test]
+fn contexts_save_select_and_lose_to_a_flag() {
+    let server = chorus_tests::server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_chorus"))
+            .args(args)
+            .env("CHORUS_CONFIG_DIR", dir.path())
+            .env_remove("CHORUS_NATS_URL")
+            .output()
+            .expect("run chorus")
+    };
+    // Nothing saved yet.
+    let out = run(&["context", "ls"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("no contexts saved"), "{}", text(&out));
+    let out = run(&["context", "save", "empty"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("nothing to save"), "{}", text(&out));
+    let out = run(&["--server", server.url(), "context", "save", "../up"]);
+    assert!(
+        text(&out).contains("invalid context name"),
+        "{}",
+        text(&out)
+    );
+
+    // Saved and selected: `agents` reaches the test server with no --server.
+    let out = run(&[
+        "--server",
+        server.url(),
+        "context",
+        "save",
+        "local",
+        "--select",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = run(&[
+        "--server",
+        "nats://127.0.0.1:1",
+        "context",
+        "save",
+        "nowhere",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = run(&["send", "--topic", "hello", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = run(&["context", "ls", "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(rows[0]["name"], "local");
+    assert_eq!(rows[0]["selected"], true);
+    assert_eq!(rows[0]["settings"]["server"], server.url());
+    assert_eq!(rows[1]["name"], "nowhere");
+    assert_eq!(rows[1]["selected"], false);
+    let out = run(&["context", "show"]);
+    assert!(text(&out).contains(server.url()), "{}", text(&out));
+
+    // --context picks another for one command (unreachable: exit 3); a flag wins over it.
+    let out = run(&["--context", "nowhere", "send", "--topic", "hello", "1"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("127.0.0.1:1"), "{}", text(&out));
+    let out = run(&[
+        "--context",
+        "nowhere",
+        "--server",
+        server.url(),
+        "send",
+        "--topic",
+        "hello",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["send", "--topic", "hello", "1"])
+        .env("CHORUS_CONFIG_DIR", dir.path())
+        .env("CHORUS_CONTEXT", "nowhere")
+        .output()
+        .expect("run chorus");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+
+    // An unknown context names the saved ones.
+    let out = run(&["--context", "prod", "send", "--topic", "hello", "1"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("no context \"prod\" (saved: local, nowhere)"),
+        "{}",
+        text(&out)
+    );
+    // Removing the selected one unselects it: the default server again.
+    let out = run(&["context", "rm", "local"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = run(&["context", "show"]);
+    assert!(text(&out).contains("no context selected"), "{}", text(&out));
+}
+
+/// Every flag is listed once in `--help`, the connection flags under their own heading, each
+/// with its environment variable.
+#[test]
+fn help_lists_each_flag_once_with_its_environment_variable() {
+    for command in [
+        &["--help"][..],
+        &["request", "--help"],
+        &["dlq", "ls", "--help"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
+            .args(command)
+            .output()
+            .expect("run chorus");
+        let help = text(&out);
+        assert!(help.contains("Connection (every command):"), "{help}");
+        for (flag, var) in [
+            ("--server", "CHORUS_NATS_URL"),
+            ("--tls-ca", "CHORUS_TLS_CA"),
+            ("--tls-cert", "CHORUS_TLS_CERT"),
+            ("--tls-key", "CHORUS_TLS_KEY"),
+            ("--nkey-file", "CHORUS_NKEY_FILE"),
+            ("--id", "CHORUS_ID"),
+            ("--root", "CHORUS_ROOT"),
+            ("--context", "CHORUS_CONTEXT"),
+        ] {
+            let lines: Vec<&str> = help
+                .lines()
+                .filter(|l| l.trim_start().starts_with(&format!("{flag} ")))
+                .collect();
+            assert_eq!(lines.len(), 1, "{flag} in {command:?}: {help}");
+            assert_eq!(
+                lines[0].matches(&format!("[env: {var}")).count(),
+                1,
+                "{flag}: {help}"
+            );
+        }
+    }
 }

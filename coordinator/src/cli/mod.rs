@@ -6,6 +6,7 @@ mod bench;
 mod broadcast;
 mod certs;
 mod chaos;
+mod context;
 mod creds;
 mod dlq;
 mod listen;
@@ -17,6 +18,7 @@ mod up;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use agent_sdk::{Agent, AgentOptions, BrokerOptions, Call, SdkError, Subjects};
@@ -32,45 +34,84 @@ use clap::{Parser, Subcommand};
 pub(crate) struct Cli {
     /// NATS server URL(s), comma-separated [default: nats://127.0.0.1:4222, or the config
     /// file's for `serve`].
-    #[arg(long, global = true, env = "CHORUS_NATS_URL")]
+    #[arg(long, global = true, env = "CHORUS_NATS_URL", help_heading = CONNECTION)]
     server: Option<String>,
-    /// CA certificate (PEM) of a TLS-secured server [env: CHORUS_TLS_CA].
-    #[arg(long, global = true, env = "CHORUS_TLS_CA")]
+    /// CA certificate (PEM) of a TLS-secured server.
+    #[arg(long, global = true, env = "CHORUS_TLS_CA", help_heading = CONNECTION)]
     tls_ca: Option<PathBuf>,
-    /// Client certificate (PEM), for mutual TLS [env: CHORUS_TLS_CERT].
-    #[arg(long, global = true, env = "CHORUS_TLS_CERT", requires = "tls_key")]
+    /// Client certificate (PEM), for mutual TLS.
+    #[arg(
+        long,
+        global = true,
+        env = "CHORUS_TLS_CERT",
+        requires = "tls_key",
+        help_heading = CONNECTION
+    )]
     tls_cert: Option<PathBuf>,
-    /// Client key (PEM) [env: CHORUS_TLS_KEY].
-    #[arg(long, global = true, env = "CHORUS_TLS_KEY", requires = "tls_cert")]
+    /// Client key (PEM).
+    #[arg(
+        long,
+        global = true,
+        env = "CHORUS_TLS_KEY",
+        requires = "tls_cert",
+        help_heading = CONNECTION
+    )]
     tls_key: Option<PathBuf>,
-    /// File with the nkey seed to authenticate with (`chorus creds`) [env: CHORUS_NKEY_FILE].
-    #[arg(long, global = true, env = "CHORUS_NKEY_FILE")]
+    /// File with the nkey seed to authenticate with (`chorus creds`).
+    #[arg(long, global = true, env = "CHORUS_NKEY_FILE", help_heading = CONNECTION)]
     nkey_file: Option<PathBuf>,
     /// The agent id the CLI connects as (the name of its `chorus creds --cli` entry)
     /// [default: cli-<pid>]. With --nkey-file, the CLI also signs what it sends with that key.
-    #[arg(long = "id", global = true, env = "CHORUS_ID")]
+    #[arg(long = "id", global = true, env = "CHORUS_ID", help_heading = CONNECTION)]
     agent_id: Option<String>,
-    /// Subject root shared by every agent of one bus.
-    #[arg(long, global = true, env = "CHORUS_ROOT", default_value = "chorus")]
-    root: String,
+    /// Subject root shared by every agent of one bus [default: chorus].
+    #[arg(long, global = true, env = "CHORUS_ROOT", help_heading = CONNECTION)]
+    root: Option<String>,
+    /// Saved connection settings to use (`chorus context`) [default: the selected one]; a
+    /// flag or variable above wins over the context's.
+    #[arg(long, global = true, env = "CHORUS_CONTEXT", help_heading = CONNECTION)]
+    context: Option<String>,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
 
+/// The help heading of the flags every command shares.
+const CONNECTION: &str = "Connection (every command)";
+
 impl Cli {
-    /// The connection settings given on the command line (or in the environment).
-    fn connection(&self) -> ConnectionArgs {
-        ConnectionArgs {
+    /// The connection settings given on the command line or in the environment.
+    fn given(&self) -> context::Saved {
+        context::Saved {
             server: self.server.clone(),
+            tls_ca: self.tls_ca.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            nkey_file: self.nkey_file.clone(),
             id: self.agent_id.clone(),
             root: self.root.clone(),
-            security: ConnectionSecurity {
-                tls_ca: self.tls_ca.clone(),
-                tls_cert: self.tls_cert.clone(),
-                tls_key: self.tls_key.clone(),
-                nkey_seed_file: self.nkey_file.clone(),
-            },
         }
+    }
+
+    /// The connection settings: those given, over the context's (but for `serve`, which
+    /// reads its own config file, and `context`, which manages them).
+    fn connection(&self) -> anyhow::Result<ConnectionArgs> {
+        let given = self.given();
+        let settings = match self.command {
+            Command::Serve(_) | Command::Context(_) => given,
+            _ => context::active(self.context.as_deref())?.under(given),
+        };
+        Ok(ConnectionArgs {
+            permissions: Arc::default(),
+            server: settings.server,
+            id: settings.id,
+            root: settings.root,
+            security: ConnectionSecurity {
+                tls_ca: settings.tls_ca,
+                tls_cert: settings.tls_cert,
+                tls_key: settings.tls_key,
+                nkey_seed_file: settings.nkey_file,
+            },
+        })
     }
 }
 
@@ -109,6 +150,9 @@ pub(crate) enum Command {
     /// Show every message on the bus as it passes, decoded: commands, requests, replies,
     /// events, heartbeats, with ids, correlation, hops, status and trace id.
     Tap(tap::Args),
+    /// Save, select and list connection settings (server, TLS, credentials, id, root), as
+    /// `nats context` does.
+    Context(context::Args),
     /// Print a completion script for a shell: `chorus completions bash > /etc/bash_completion.d/chorus`.
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -118,21 +162,44 @@ pub(crate) enum Command {
 
 /// Runs the parsed command; the exit code says how it went.
 pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let conn = cli.connection();
-    match cli.command {
-        Command::Serve(args) => serve::run(args, &conn).await,
-        Command::Agents(args) => agents::run(args, &conn).await,
-        Command::Broadcast(args) => broadcast::run(args, &conn).await,
-        Command::Bench(args) => bench::run(args, &conn).await,
+    let conn = cli.connection()?;
+    let given = cli.given();
+    let one_shot = !matches!(
+        cli.command,
+        Command::Serve(_) | Command::Up(_) | Command::Bench(_) | Command::Chaos(_)
+    );
+    let command = dispatch(cli.command, &conn, given);
+    if !one_shot {
+        return command.await;
+    }
+    // A refused publish or subscription is reported beside the command's traffic, not as
+    // its answer: whichever comes first ends the command.
+    tokio::select! {
+        outcome = command => outcome,
+        text = conn.permissions.refused() => Err(conn.permission_denied(&text)),
+    }
+}
+
+async fn dispatch(
+    command: Command,
+    conn: &ConnectionArgs,
+    given: context::Saved,
+) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Serve(args) => serve::run(args, conn).await,
+        Command::Agents(args) => agents::run(args, conn).await,
+        Command::Broadcast(args) => broadcast::run(args, conn).await,
+        Command::Bench(args) => bench::run(args, conn).await,
         Command::Chaos(args) => chaos::run(args).await,
-        Command::Creds(args) => creds::run(args, &conn),
+        Command::Creds(args) => creds::run(args, conn),
         Command::Certs(args) => certs::run(args),
-        Command::Dlq(args) => dlq::run(args, &conn).await,
-        Command::Up(args) => up::run(args, &conn).await,
-        Command::Send(args) => send::run(args, &conn).await,
-        Command::Request(args) => request::run(args, &conn).await,
-        Command::Listen(args) => listen::run(args, &conn).await,
-        Command::Tap(args) => tap::run(args, &conn).await,
+        Command::Dlq(args) => dlq::run(args, conn).await,
+        Command::Up(args) => up::run(args, conn).await,
+        Command::Send(args) => send::run(args, conn).await,
+        Command::Request(args) => request::run(args, conn).await,
+        Command::Listen(args) => listen::run(args, conn).await,
+        Command::Tap(args) => tap::run(args, conn).await,
+        Command::Context(args) => context::run(args, given),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut out = Vec::new();
@@ -151,10 +218,12 @@ pub(crate) struct ConnectionArgs {
     pub(crate) server: Option<String>,
     /// `--id`, if given: the identity one-shot commands connect as.
     pub(crate) id: Option<String>,
-    /// `--root`.
-    pub(crate) root: String,
+    /// `--root`, if given.
+    pub(crate) root: Option<String>,
     /// `--tls-ca`, `--tls-cert`, `--tls-key`, `--nkey-file`.
     pub(crate) security: ConnectionSecurity,
+    /// The permission refusals the server reported to this command's connections.
+    pub(crate) permissions: Arc<PermissionWatch>,
 }
 
 impl ConnectionArgs {
@@ -163,9 +232,16 @@ impl ConnectionArgs {
         self.server.as_deref().unwrap_or(DEFAULT_SERVERS)
     }
 
-    /// The subjects under `--root`.
+    /// The subject root: `--root`, or the default.
+    pub(crate) fn root(&self) -> &str {
+        self.root
+            .as_deref()
+            .unwrap_or(agent_sdk::subject::DEFAULT_ROOT)
+    }
+
+    /// The subjects under the root.
     pub(crate) fn subjects(&self) -> anyhow::Result<Subjects> {
-        Ok(Subjects::new(&self.root)?)
+        Ok(Subjects::new(self.root())?)
     }
 
     /// Broker options for the server, secured as asked.
@@ -186,32 +262,153 @@ impl ConnectionArgs {
         let server = self.url();
         let mut options = AgentOptions::new(id)
             .broker(self.broker_options()?)
-            .root(&self.root)
+            .root(self.root())
             .encoding(agent_sdk::Encoding::Json)
             .heartbeat_interval(Duration::ZERO)
             .service_discovery(false);
         if let Some(identity) = self.security.identity()? {
             options = options.identity(identity);
         }
-        options.connect().await.map_err(|e| {
-            Unreachable(format!(
+        let agent = options.connect().await.map_err(|e| {
+            // A subject refused while connecting (the inbox) is a permission, not reach.
+            if let Some(refused) = find_cause::<broker_adapter::PermissionViolation>(&e) {
+                return self.permission_denied(&refused.0);
+            }
+            anyhow::Error::from(Unreachable(format!(
                 "cannot reach the bus at {server}: {e}{}",
                 connect_hint(&e)
-            ))
-            .into()
-        })
+            )))
+        })?;
+        self.permissions.watch(agent.broker());
+        Ok(agent)
+    }
+
+    /// Who the server sees on this command's connections, for an error message: the nkey
+    /// user and the agent id.
+    fn user(&self) -> String {
+        let id = self
+            .id
+            .clone()
+            .unwrap_or_else(|| format!("cli-{}", std::process::id()));
+        match (&self.security.nkey_seed_file, self.security.identity()) {
+            (Some(file), Ok(Some(identity))) => format!(
+                "user {} (--nkey-file {}, --id {id})",
+                identity.public_key(),
+                file.display()
+            ),
+            _ => format!(
+                "the connection without credentials (no --nkey-file; agent id {id}), which \
+                 the server gives its default permissions"
+            ),
+        }
+    }
+
+    /// A permission refusal the server reported, as the command's error.
+    fn permission_denied(&self, text: &str) -> anyhow::Error {
+        // nats-server says `Permissions Violation for Publish to "subject"` (or Subscription).
+        let what = text
+            .split_once(" for ")
+            .map_or(text, |(_, rest)| rest)
+            .trim();
+        PermissionDenied(format!(
+            "permission denied: the server refused {what} for {}; the user's permissions in \
+             the server's authorization block do not allow that subject (`chorus creds NAME \
+             --cli` prints an entry for a CLI user: docs/SECURITY.md)",
+            self.user()
+        ))
+        .into()
+    }
+
+    /// After a publish that gets no answer (an event): waits briefly for the server's report
+    /// of a refusal, which comes after the flush that follows the publish.
+    pub(crate) async fn settle_permissions(&self) -> anyhow::Result<()> {
+        match tokio::time::timeout(PERMISSION_SETTLE, self.permissions.refused()).await {
+            Ok(text) => Err(self.permission_denied(&text)),
+            Err(_) => Ok(()),
+        }
     }
 
     /// A plain connection (no agent) for operator commands, named `name`.
     pub(crate) async fn broker(&self, name: &str) -> anyhow::Result<broker_adapter::Broker> {
         let url = self.url();
-        self.broker_options()?
+        let broker = self
+            .broker_options()?
             .name(name)
             .connect()
             .await
-            .map_err(|e| Unreachable(format!("cannot reach the bus at {url}: {e}")).into())
+            .map_err(|e| {
+                anyhow::Error::from(Unreachable(format!("cannot reach the bus at {url}: {e}")))
+            })?;
+        self.permissions.watch(&broker);
+        Ok(broker)
     }
 }
+
+/// How long a command waits, after a publish with no answer, for the server to report that
+/// it refused it.
+const PERMISSION_SETTLE: Duration = Duration::from_millis(250);
+
+/// The first permission refusal the server reported to any of a command's connections.
+#[derive(Debug)]
+pub(crate) struct PermissionWatch {
+    first: tokio::sync::watch::Sender<Option<String>>,
+    /// One reader per connection, aborted when the command's settings are dropped.
+    readers: std::sync::Mutex<Vec<tokio_util::task::AbortOnDropHandle<()>>>,
+}
+
+impl Default for PermissionWatch {
+    fn default() -> Self {
+        PermissionWatch {
+            first: tokio::sync::watch::Sender::new(None),
+            readers: std::sync::Mutex::default(),
+        }
+    }
+}
+
+impl PermissionWatch {
+    /// Reads `broker`'s connection events for permission refusals.
+    fn watch(self: &Arc<Self>, broker: &broker_adapter::Broker) {
+        use tokio::sync::broadcast::error::RecvError;
+        let mut events = broker.events();
+        let me = Arc::downgrade(self);
+        let reader = tokio::spawn(async move {
+            loop {
+                match events.recv().await {
+                    Ok(broker_adapter::ConnectionEvent::PermissionViolation(text)) => {
+                        let Some(me) = me.upgrade() else { break };
+                        me.first.send_if_modified(|first| {
+                            first.is_none() && {
+                                *first = Some(text);
+                                true
+                            }
+                        });
+                    }
+                    Ok(_) | Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => break,
+                }
+            }
+        });
+        self.readers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(tokio_util::task::AbortOnDropHandle::new(reader));
+    }
+
+    /// The first refusal, once there is one.
+    pub(crate) async fn refused(&self) -> String {
+        let mut rx = self.first.subscribe();
+        match rx.wait_for(Option::is_some).await {
+            Ok(first) => first.clone().unwrap_or_default(),
+            // The sender lives in `self`: it cannot close while this borrows it.
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+/// The server refused a publish or subscription: exits with [`exit::REFUSED`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct PermissionDenied(pub(crate) String);
 
 /// The bus could not be reached: exits with [`exit::UNREACHABLE`].
 #[derive(Debug, thiserror::Error)]
@@ -236,6 +433,20 @@ pub(crate) mod exit {
 pub(crate) fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     outln!("{}", serde_json::to_string(value)?);
     Ok(())
+}
+
+/// The first cause of type `T` in `err`'s chain.
+fn find_cause<'e, T: std::error::Error + 'static>(
+    err: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e T> {
+    let mut cause = Some(err);
+    while let Some(c) = cause {
+        if let Some(found) = c.downcast_ref::<T>() {
+            return Some(found);
+        }
+        cause = c.source();
+    }
+    None
 }
 
 /// What to do about a failed connection, when the error's kind or cause says.

@@ -72,6 +72,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         (Some(topic), _, _) => {
             agent.publish(&topic, &payload).await?;
             agent.broker().flush().await?;
+            conn.settle_permissions().await?;
             if args.json {
                 print_json(&serde_json::json!({ "published_to": topic }))?;
             } else {

@@ -20,8 +20,8 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     if let Some(server) = &conn.server {
         cfg.servers = server.clone();
     }
-    if conn.root != agent_sdk::subject::DEFAULT_ROOT {
-        cfg.root = conn.root.clone();
+    if let Some(root) = &conn.root {
+        cfg.root = root.clone();
     }
     if conn.security != chorus::config::ConnectionSecurity::default() {
         cfg.security = conn.security.clone();
