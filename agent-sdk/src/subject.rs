@@ -124,7 +124,70 @@ impl Default for Subjects {
     }
 }
 
+/// What a subject carries of an envelope's addressing: the compact envelope (protocol 2)
+/// leaves these fields out when they equal the subject's, and a receiver fills them back in
+/// from the subject ([`Implied::restore`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Implied<'a> {
+    /// The recipient, of `<root>.agent.<agent>.<command>` and `<root>.inbox.<agent>.<lane>.<command>`.
+    pub agent: Option<&'a str>,
+    /// The command name, of the same two.
+    pub name: Option<&'a str>,
+    /// The topic, of `<root>.evt.<topic>`.
+    pub topic: Option<&'a str>,
+    /// The capability, of `<root>.cap.<capability>`.
+    pub capability: Option<&'a str>,
+}
+
+impl Implied<'_> {
+    /// Fills the fields `env` left out with the subject's.
+    pub fn restore(&self, env: &mut crate::Envelope) {
+        if let (true, Some(agent)) = (env.to.is_empty(), self.agent) {
+            env.to = vec![agent.to_owned()];
+        }
+        if let (None, Some(name)) = (&env.name, self.name) {
+            env.name = Some(name.to_owned());
+        }
+        if let (None, Some(topic)) = (&env.topic, self.topic) {
+            env.topic = Some(topic.to_owned());
+        }
+        if let (None, Some(capability)) = (&env.capability, self.capability) {
+            env.capability = Some(capability.to_owned());
+        }
+    }
+}
+
 impl Subjects {
+    /// What `subject` carries of an envelope's addressing (nothing, for a reply inbox or a
+    /// subject of another root).
+    pub fn implied<'a>(&self, subject: &'a str) -> Implied<'a> {
+        let Some(rest) = subject
+            .strip_prefix(&*self.root)
+            .and_then(|r| r.strip_prefix('.'))
+        else {
+            return Implied::default();
+        };
+        let mut implied = Implied::default();
+        if let Some(topic) = rest.strip_prefix("evt.") {
+            implied.topic = Some(topic);
+        } else if let Some(capability) = rest.strip_prefix("cap.") {
+            implied.capability = Some(capability);
+        } else if let Some(tail) = rest.strip_prefix("agent.") {
+            if let Some((agent, command)) = tail.split_once('.')
+                && !command.contains('.')
+            {
+                implied.agent = Some(agent);
+                implied.name = Some(command);
+            }
+        } else if let (Some(agent), Some(command)) =
+            (self.durable_agent(subject), self.durable_command(subject))
+        {
+            implied.agent = Some(agent);
+            implied.name = Some(command);
+        }
+        implied
+    }
+
     /// Subjects under `root` (a dotted name, for example `chorus` or `acme.chorus`).
     pub fn new(root: &str) -> Result<Self, SubjectError> {
         validate_dotted("subject root", root)?;

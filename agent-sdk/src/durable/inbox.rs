@@ -237,7 +237,7 @@ impl DurableInbox {
                     }
                     None => break,
                 };
-                let decoded = inbox.pipeline.decode(delivery.payload());
+                let decoded = inbox.pipeline.decode(delivery.subject(), delivery.payload());
                 let lane = match &decoded {
                     Ok((env, _)) => lane_of(&env.from, senders.len()),
                     Err(_) => 0,

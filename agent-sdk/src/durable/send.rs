@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::{DEAD_LETTER_HEADROOM, InboxLimits, inbox_stream};
 use crate::error::SdkError;
 use crate::outbound::{Call, Outbound, Target};
-use crate::protocol::codec::{self, CodecError};
+use crate::protocol::codec::CodecError;
 use crate::protocol::envelope::{DeliveryClass, Envelope, Priority};
 use crate::stats::AgentCounters;
 
@@ -117,7 +117,7 @@ impl Sender {
         let class = call.delivery.unwrap_or(self.out.default_delivery);
         let (subject, mut env) = self.prepare_send(call, class)?;
         self.out.seal(&subject, &mut env);
-        let bytes = codec::encode(&env, self.out.encoding)?;
+        let bytes = self.out.encode(&subject, &env)?;
         AgentCounters::bump(&self.out.counters.requests_sent);
         if class == DeliveryClass::AtMostOnce {
             self.out.broker.publish(&subject, bytes).await?;
@@ -170,7 +170,8 @@ impl Sender {
                 .prepare_send(call, class)
                 .and_then(|(subject, mut env)| {
                     self.out.seal(&subject, &mut env);
-                    Ok((subject, codec::encode(&env, self.out.encoding)?, env.id))
+                    let bytes = self.out.encode(&subject, &env)?;
+                    Ok((subject, bytes, env.id))
                 });
             let (subject, bytes, id) = match prepared {
                 Ok(p) => p,

@@ -49,6 +49,7 @@ pub(crate) fn decode(
 }
 
 /// Decodes `payload` and admits it, counting each refusal in `counters`.
+#[cfg(test)]
 pub(crate) fn admit(
     payload: &Bytes,
     limits: Limits,

@@ -127,13 +127,33 @@ impl Pipeline {
 
     /// Decodes `payload` within the size limit (the first step; the durable inbox does it
     /// early to choose a delivery's lane).
-    pub(crate) fn decode(&self, payload: &bytes::Bytes) -> Result<(Envelope, Encoding), Refused> {
-        admit::decode(payload, self.limits(), self.counters())
+    /// A compact envelope gets back what its `subject` carries.
+    pub(crate) fn decode(
+        &self,
+        subject: &str,
+        payload: &bytes::Bytes,
+    ) -> Result<(Envelope, Encoding), Refused> {
+        let mut decoded = admit::decode(payload, self.limits(), self.counters());
+        if let Ok((env, Encoding::Compact)) = &mut decoded {
+            self.out.subjects.implied(subject).restore(env);
+        }
+        decoded
     }
 
     /// Decodes and admits `payload` (an event stream's first steps).
-    pub(crate) fn admit(&self, payload: &bytes::Bytes) -> Result<(Envelope, Encoding), Refused> {
-        admit::admit(payload, self.limits(), self.counters(), now_ms())
+    pub(crate) fn admit(
+        &self,
+        subject: &str,
+        payload: &bytes::Bytes,
+    ) -> Result<(Envelope, Encoding), Refused> {
+        let (env, encoding) = self.decode(subject, payload)?;
+        admit::admit_decoded(
+            env,
+            encoding,
+            self.limits().hop_limit,
+            self.counters(),
+            now_ms(),
+        )
     }
 
     /// Runs the layers over one admitted message that has no endpoint (an event); `None` if

@@ -131,7 +131,7 @@ impl Dispatcher {
     async fn process(&self, msg: Message, route: &Route) {
         let pipeline = &self.pipeline;
         let (target, span) = route.target(pipeline, msg.subject());
-        let decoded = pipeline.decode(msg.payload());
+        let decoded = pipeline.decode(msg.subject(), msg.payload());
         let processed = pipeline
             .run(msg.subject(), decoded, target, Via::core(span))
             .await;

@@ -106,12 +106,14 @@ impl Gaps {
     }
 }
 
-/// The sender and sequence of an envelope in either encoding.
+/// The sender and sequence of an envelope in any encoding.
 fn peek(payload: &[u8]) -> Option<(String, Sequence)> {
     match Encoding::sniff(payload)? {
         Encoding::MsgPack => {
             crate::protocol::wire::peek_sequence(payload).map(|(from, seq)| (from.to_owned(), seq))
         }
+        Encoding::Compact => crate::protocol::wire::compact::peek_sequence(payload)
+            .map(|(from, seq)| (from.to_owned(), seq)),
         Encoding::Json => {
             #[derive(serde::Deserialize)]
             struct Peek {

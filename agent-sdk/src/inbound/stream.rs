@@ -88,7 +88,7 @@ impl EventStream {
                             .lost
                             .fetch_add(missed, std::sync::atomic::Ordering::Relaxed);
                     }
-                    if let Ok((envelope, _)) = self.pipeline.admit(msg.payload()) {
+                    if let Ok((envelope, _)) = self.pipeline.admit(msg.subject(), msg.payload()) {
                         return Poll::Ready(Some((msg, envelope)));
                     }
                 }

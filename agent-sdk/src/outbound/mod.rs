@@ -51,6 +51,16 @@ pub(crate) struct Outbound {
 }
 
 impl Outbound {
+    /// Encodes `env` in the agent's encoding for `subject` (the compact form leaves out what
+    /// the subject carries).
+    pub(crate) fn encode(
+        &self,
+        subject: &str,
+        env: &Envelope,
+    ) -> Result<bytes::Bytes, crate::protocol::codec::CodecError> {
+        crate::protocol::codec::encode_on(env, self.encoding, &self.subjects.implied(subject))
+    }
+
     /// Signs `env` for `subject` when the agent has an identity.
     pub(crate) fn seal(&self, subject: &str, env: &mut Envelope) {
         if let Some(identity) = &self.identity {

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use super::{Outbound, Parent};
 use crate::error::SdkError;
-use crate::protocol::codec::{self, encode_payload};
+use crate::protocol::codec::encode_payload;
 use crate::protocol::envelope::{Envelope, Kind, Performative};
 use crate::stats::AgentCounters;
 
@@ -76,7 +76,7 @@ impl Outbound {
         let mut counter = counter.lock().await;
         env.seq = Some(counter.peek());
         self.seal(&subject, &mut env);
-        let bytes = codec::encode(&env, self.encoding)?;
+        let bytes = self.encode(&subject, &env)?;
         let sent = self.broker.publish_owned(subject, bytes).await;
         if sent.is_ok() {
             counter.advance();

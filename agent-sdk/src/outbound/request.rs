@@ -95,7 +95,7 @@ impl Outbound {
         );
         env.trace = Some(trace);
         self.seal(subject, &mut env);
-        let bytes = codec::encode(&env, self.encoding)?;
+        let bytes = self.encode(subject, &env)?;
         AgentCounters::bump(&self.counters.requests_sent);
         let started = std::time::Instant::now();
         let result = self.request_reply(subject, bytes, timeout).await;

@@ -1,16 +1,20 @@
 //! Encoding and decoding envelopes, and payloads inside them.
 //!
-//! Envelopes travel as MessagePack maps with field names (the default) or as JSON objects.
-//! A receiver tells them apart by the first byte: `{` opens JSON, and a MessagePack map starts
-//! with `0x80..=0x8f`, `0xde` or `0xdf`; nothing else is an envelope.
+//! Envelopes travel as MessagePack maps with field names (the default), as JSON objects, or in
+//! the compact form of protocol 2 (a MessagePack map with integer keys). A receiver tells them
+//! apart by the first bytes: `{` opens JSON; a MessagePack map starts with `0x80..=0x8f`,
+//! `0xde` or `0xdf`, and its first key is the integer 0 in the compact form, a string
+//! otherwise; nothing else is an envelope.
 
 use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::protocol::envelope::{
-    CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, Envelope, PROTOCOL_VERSION,
+    COMPACT_VERSION, CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, Envelope, PROTOCOL_VERSION,
 };
+use crate::protocol::wire::compact;
+use crate::subject::Implied;
 
 /// How an envelope is written on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -20,13 +24,16 @@ pub enum Encoding {
     MsgPack,
     /// JSON: for peers and tools that prefer text.
     Json,
+    /// The compact form (protocol 2): MessagePack with integer keys, codes for the closed
+    /// vocabularies, binary trace context, and nothing the subject already says.
+    Compact,
 }
 
 impl Encoding {
     /// The MIME type of this encoding.
     pub fn content_type(self) -> &'static str {
         match self {
-            Encoding::MsgPack => CONTENT_TYPE_MSGPACK,
+            Encoding::MsgPack | Encoding::Compact => CONTENT_TYPE_MSGPACK,
             Encoding::Json => CONTENT_TYPE_JSON,
         }
     }
@@ -47,6 +54,7 @@ impl Encoding {
     pub fn sniff(bytes: &[u8]) -> Option<Encoding> {
         match bytes.first()? {
             b'{' => Some(Encoding::Json),
+            0x80..=0x8f | 0xde | 0xdf if compact::is_compact(bytes) => Some(Encoding::Compact),
             0x80..=0x8f | 0xde | 0xdf => Some(Encoding::MsgPack),
             // JSON may start with whitespace.
             b' ' | b'\t' | b'\r' | b'\n' => {
@@ -94,11 +102,29 @@ pub enum CodecError {
 
 /// Bytes an encoded envelope takes besides its payload, typically (a starting size).
 const ENVELOPE_OVERHEAD: usize = 320;
+/// The same for the compact form.
+const COMPACT_OVERHEAD: usize = 160;
 
-/// Encodes `envelope` in `encoding`.
+/// Encodes `envelope` in `encoding`, every field written (see [`encode_on`]).
 pub fn encode(envelope: &Envelope, encoding: Encoding) -> Result<Bytes, CodecError> {
+    encode_on(envelope, encoding, &Implied::default())
+}
+
+/// Encodes `envelope` in `encoding` for a subject that carries `implied`
+/// ([`Subjects::implied`](crate::Subjects::implied)): the compact form leaves those fields
+/// out; the other forms write everything.
+pub fn encode_on(
+    envelope: &Envelope,
+    encoding: Encoding,
+    implied: &Implied<'_>,
+) -> Result<Bytes, CodecError> {
     // Sized once for the fixed fields plus the payload: no regrowth on the hot path.
     match encoding {
+        Encoding::Compact => {
+            let mut buf = Vec::with_capacity(COMPACT_OVERHEAD + envelope.payload.len());
+            compact::encode(envelope, implied, &mut buf);
+            Ok(Bytes::from(buf))
+        }
         Encoding::MsgPack => {
             let mut buf = Vec::with_capacity(ENVELOPE_OVERHEAD + envelope.payload.len());
             crate::protocol::wire::encode(envelope, &mut buf);
@@ -127,12 +153,21 @@ pub fn decode_shared(bytes: &Bytes) -> Result<(Envelope, Encoding), CodecError> 
 
 fn decode_from(bytes: &[u8], shared: Option<&Bytes>) -> Result<(Envelope, Encoding), CodecError> {
     let encoding = Encoding::sniff(bytes).ok_or(CodecError::UnknownEncoding)?;
+    if encoding == Encoding::Compact {
+        return match compact::decode(bytes, shared) {
+            Ok(envelope) => Ok((envelope, encoding)),
+            Err(Ok(found)) => Err(unsupported(found)),
+            Err(Err(why)) => Err(CodecError::Malformed(why)),
+        };
+    }
     let result: Result<Envelope, String> = match encoding {
         Encoding::MsgPack => match crate::protocol::wire::decode(bytes, shared) {
             Some(envelope) => Ok(envelope),
             None => rmp_serde::from_slice(bytes).map_err(|e| e.to_string()),
         },
-        Encoding::Json => serde_json::from_slice(bytes).map_err(|e| e.to_string()),
+        Encoding::Json | Encoding::Compact => {
+            serde_json::from_slice(bytes).map_err(|e| e.to_string())
+        }
     };
     match result {
         Ok(envelope) if envelope.version.major == PROTOCOL_VERSION.major => {
@@ -163,7 +198,7 @@ pub fn decode_limited(bytes: &Bytes, limit: usize) -> Result<(Envelope, Encoding
 fn unsupported(found: String) -> CodecError {
     CodecError::UnsupportedVersion {
         found,
-        supported: PROTOCOL_VERSION.to_string(),
+        supported: format!("{PROTOCOL_VERSION} and {COMPACT_VERSION}"),
     }
 }
 
@@ -173,7 +208,7 @@ fn probe_version(bytes: &[u8], encoding: Encoding) -> Option<String> {
         version: String,
     }
     let probe: Probe = match encoding {
-        Encoding::MsgPack => rmp_serde::from_slice(bytes).ok()?,
+        Encoding::MsgPack | Encoding::Compact => rmp_serde::from_slice(bytes).ok()?,
         Encoding::Json => serde_json::from_slice(bytes).ok()?,
     };
     Some(probe.version)
@@ -185,7 +220,9 @@ pub fn encode_payload<T: Serialize + ?Sized>(
     content_type: &str,
 ) -> Result<Bytes, CodecError> {
     let out = match Encoding::from_content_type(content_type) {
-        Some(Encoding::MsgPack) => rmp_serde::to_vec_named(value).map_err(|e| e.to_string()),
+        Some(Encoding::MsgPack | Encoding::Compact) => {
+            rmp_serde::to_vec_named(value).map_err(|e| e.to_string())
+        }
         Some(Encoding::Json) => serde_json::to_vec(value).map_err(|e| e.to_string()),
         None => return Err(CodecError::UnsupportedContentType(content_type.to_owned())),
     };
@@ -198,7 +235,7 @@ pub fn decode_payload<T: DeserializeOwned>(
     content_type: &str,
 ) -> Result<T, CodecError> {
     let out = match Encoding::from_content_type(content_type) {
-        Some(Encoding::MsgPack) => msgpack_whole(bytes),
+        Some(Encoding::MsgPack | Encoding::Compact) => msgpack_whole(bytes),
         Some(Encoding::Json) => serde_json::from_slice(bytes).map_err(|e| e.to_string()),
         None => return Err(CodecError::UnsupportedContentType(content_type.to_owned())),
     };

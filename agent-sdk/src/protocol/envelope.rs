@@ -13,6 +13,8 @@ use crate::protocol::status::StatusCode;
 
 /// The protocol version this SDK speaks.
 pub const PROTOCOL_VERSION: Version = Version { major: 1, minor: 0 };
+/// The version the compact form (protocol 2, [`Encoding::Compact`](crate::codec::Encoding)) writes.
+pub const COMPACT_VERSION: Version = Version { major: 2, minor: 0 };
 /// Default hop limit: how many times a message chain may be forwarded.
 pub const DEFAULT_HOP_LIMIT: u8 = 16;
 /// Content type of MessagePack payloads (the default).
@@ -92,6 +94,27 @@ macro_rules! string_enum {
             /// The wire form.
             pub fn as_str(self) -> &'static str {
                 match self { $($name::$variant => $text,)* $name::Unknown => "unknown" }
+            }
+
+            /// The compact form's code (protocol 2): 1, 2, 3, ... in the order of
+            /// `docs/PROTOCOL.md`'s table, new values only ever added at the end; 0 is
+            /// `Unknown`.
+            pub fn code(self) -> u8 {
+                Self::ALL
+                    .iter()
+                    .position(|v| *v == self)
+                    .and_then(|i| u8::try_from(i + 1).ok())
+                    .unwrap_or(0)
+            }
+
+            /// The value of a compact code; a code this version does not know is `Unknown`.
+            pub fn from_code(code: u64) -> Self {
+                usize::try_from(code)
+                    .ok()
+                    .and_then(|c| c.checked_sub(1))
+                    .and_then(|i| Self::ALL.get(i))
+                    .copied()
+                    .unwrap_or($name::Unknown)
             }
         }
 

@@ -2,6 +2,7 @@
 
 mod broker;
 mod cluster;
+mod compact;
 mod coordinator;
 mod dashboard;
 mod delivery;

@@ -260,24 +260,25 @@ pub(crate) fn peek_sequence(bytes: &[u8]) -> Option<(&str, Sequence)> {
 /// Deepest nesting of an unknown field this reader skips; deeper goes to serde.
 const MAX_DEPTH: usize = 32;
 
-struct Reader<'a> {
-    buf: &'a [u8],
-    shared: Option<&'a Bytes>,
-    pos: usize,
+/// A MessagePack reader over one buffer, shared by both envelope forms.
+pub(super) struct Reader<'a> {
+    pub(super) buf: &'a [u8],
+    pub(super) shared: Option<&'a Bytes>,
+    pub(super) pos: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn byte(&mut self) -> Option<u8> {
+    pub(super) fn byte(&mut self) -> Option<u8> {
         let b = *self.buf.get(self.pos)?;
         self.pos += 1;
         Some(b)
     }
 
-    fn peek(&self) -> Option<u8> {
+    pub(super) fn peek(&self) -> Option<u8> {
         self.buf.get(self.pos).copied()
     }
 
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    pub(super) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let end = self.pos.checked_add(n)?;
         let s = self.buf.get(self.pos..end)?;
         self.pos = end;
@@ -296,7 +297,7 @@ impl<'a> Reader<'a> {
         usize::try_from(self.be(n)?).ok()
     }
 
-    fn map_len(&mut self) -> Option<usize> {
+    pub(super) fn map_len(&mut self) -> Option<usize> {
         match self.byte()? {
             m @ 0x80..=0x8f => Some(usize::from(m & 0x0f)),
             0xde => self.len(2),
@@ -305,7 +306,7 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn array_len(&mut self) -> Option<usize> {
+    pub(super) fn array_len(&mut self) -> Option<usize> {
         match self.byte()? {
             m @ 0x90..=0x9f => Some(usize::from(m & 0x0f)),
             0xdc => self.len(2),
@@ -316,7 +317,7 @@ impl<'a> Reader<'a> {
 
     /// A string's bytes without the UTF-8 check: what field names are read with, since they
     /// are only matched, never kept.
-    fn str_bytes(&mut self) -> Option<&'a [u8]> {
+    pub(super) fn str_bytes(&mut self) -> Option<&'a [u8]> {
         let n = match self.byte()? {
             m @ 0xa0..=0xbf => usize::from(m & 0x1f),
             0xd9 => self.len(1)?,
@@ -327,11 +328,11 @@ impl<'a> Reader<'a> {
         self.take(n)
     }
 
-    fn str(&mut self) -> Option<&'a str> {
+    pub(super) fn str(&mut self) -> Option<&'a str> {
         std::str::from_utf8(self.str_bytes()?).ok()
     }
 
-    fn bin_range(&mut self) -> Option<(usize, usize)> {
+    pub(super) fn bin_range(&mut self) -> Option<(usize, usize)> {
         let n = match self.byte()? {
             0xc4 => self.len(1)?,
             0xc5 => self.len(2)?,
@@ -343,7 +344,7 @@ impl<'a> Reader<'a> {
         Some((start, self.pos))
     }
 
-    fn bin(&mut self) -> Option<Bytes> {
+    pub(super) fn bin(&mut self) -> Option<Bytes> {
         let (start, end) = self.bin_range()?;
         Some(match self.shared {
             Some(shared) => shared.slice(start..end),
@@ -351,7 +352,7 @@ impl<'a> Reader<'a> {
         })
     }
 
-    fn uint(&mut self) -> Option<u64> {
+    pub(super) fn uint(&mut self) -> Option<u64> {
         match self.byte()? {
             m @ 0x00..=0x7f => Some(u64::from(m)),
             0xcc => self.be(1),
@@ -362,7 +363,7 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn uuid(&mut self) -> Option<Uuid> {
+    pub(super) fn uuid(&mut self) -> Option<Uuid> {
         let (start, end) = self.bin_range()?;
         Uuid::from_slice(self.buf.get(start..end)?).ok()
     }
@@ -439,7 +440,7 @@ impl<'a> Reader<'a> {
         })
     }
 
-    fn f32(&mut self) -> Option<f32> {
+    pub(super) fn f32(&mut self) -> Option<f32> {
         match self.byte()? {
             0xca => Some(f32::from_bits(u32::try_from(self.be(4)?).ok()?)),
             _ => None,
@@ -497,7 +498,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Skips one value of any type.
-    fn skip(&mut self, depth: usize) -> Option<()> {
+    pub(super) fn skip(&mut self, depth: usize) -> Option<()> {
         if depth > MAX_DEPTH {
             return None;
         }

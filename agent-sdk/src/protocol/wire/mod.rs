@@ -8,6 +8,7 @@
 
 use rmp::encode as w;
 
+pub(crate) mod compact;
 mod decode;
 #[cfg(test)]
 mod tests;

@@ -210,3 +210,261 @@ fn the_fast_path_never_disagrees_with_serde() {
     }
     assert!(fast_taken > 10_000, "the fast path took {fast_taken}");
 }
+
+mod compact_form {
+    use super::{full, variants};
+    use crate::protocol::codec::{self, CodecError, Encoding};
+    use crate::protocol::envelope::{
+        Envelope, Kind, PROTOCOL_VERSION, Performative, Sequence, TraceContext,
+    };
+    use crate::protocol::wire::compact;
+    use crate::subject::{Implied, Subjects};
+    use bytes::Bytes;
+
+    /// What a compact envelope decodes to: the model's version, whatever was sent.
+    fn as_read(env: &Envelope) -> Envelope {
+        let mut e = env.clone();
+        e.version = PROTOCOL_VERSION;
+        e
+    }
+
+    fn compact(env: &Envelope, implied: &Implied<'_>) -> Bytes {
+        codec::encode_on(env, Encoding::Compact, implied).expect("encodes")
+    }
+
+    #[test]
+    fn reads_what_it_writes_for_every_field_and_size() {
+        for env in variants() {
+            let bytes = compact(&env, &Implied::default());
+            assert_eq!(Encoding::sniff(&bytes), Some(Encoding::Compact));
+            let (read, encoding) = codec::decode_shared(&bytes).expect("decodes");
+            assert_eq!(encoding, Encoding::Compact);
+            assert_eq!(read, as_read(&env), "{env:?}");
+        }
+    }
+
+    #[test]
+    fn the_named_form_is_still_told_apart_and_read() {
+        let env = full();
+        let named = codec::encode(&env, Encoding::MsgPack).expect("encodes");
+        assert_eq!(Encoding::sniff(&named), Some(Encoding::MsgPack));
+        assert_eq!(codec::decode(&named).expect("decodes").0, env);
+    }
+
+    #[test]
+    fn leaves_out_what_the_subject_carries_and_gets_it_back() {
+        let subjects = Subjects::default();
+        let mut event = Envelope::new(Kind::Event, Performative::Inform, "publisher");
+        event.topic = Some("doc.ready.for-review".into());
+        let subject = subjects.event("doc.ready.for-review").expect("subject");
+        let bytes = compact(&event, &subjects.implied(&subject));
+        assert!(!bytes.windows(6).any(|w| w == b"review"), "{bytes:?}");
+        let (mut read, _) = codec::decode(&bytes).expect("decodes");
+        assert_eq!(read.topic, None);
+        subjects.implied(&subject).restore(&mut read);
+        assert_eq!(read, as_read(&event));
+
+        let mut command = Envelope::new(Kind::Command, Performative::Request, "orchestrator");
+        command.to = vec!["calculator".into()];
+        command.name = Some("calculation".into());
+        for subject in [
+            subjects
+                .command("calculator", "calculation")
+                .expect("subject"),
+            subjects
+                .durable("calculator", "calculation", true)
+                .expect("subject"),
+        ] {
+            let bytes = compact(&command, &subjects.implied(&subject));
+            assert!(!bytes.windows(10).any(|w| w == b"calculator"), "{subject}");
+            let (mut read, _) = codec::decode(&bytes).expect("decodes");
+            subjects.implied(&subject).restore(&mut read);
+            assert_eq!(read, as_read(&command), "{subject}");
+        }
+        // What the subject does not say is written: a second recipient, another name.
+        let mut two = command.clone();
+        two.to.push("auditor".into());
+        let subject = subjects.command("calculator", "other").expect("subject");
+        let (mut read, _) =
+            codec::decode(&compact(&two, &subjects.implied(&subject))).expect("decodes");
+        subjects.implied(&subject).restore(&mut read);
+        assert_eq!(read, as_read(&two));
+        // A subject of another root implies nothing.
+        assert_eq!(subjects.implied("other.evt.doc.ready"), Implied::default());
+    }
+
+    /// The typical event: a sequence number, trace context and a 128-byte payload. The
+    /// sizes per kind are the ones docs/PROTOCOL.md gives.
+    #[test]
+    fn an_event_carries_under_80_bytes_of_envelope_around_its_payload() {
+        let subjects = Subjects::default();
+        let mut event = Envelope::new(Kind::Event, Performative::Inform, "publisher");
+        event.topic = Some("bench.events".into());
+        event.seq = Some(Sequence {
+            epoch: 0x9e37_79b9,
+            n: 1_000,
+        });
+        event.trace = Some(TraceContext {
+            traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+            tracestate: None,
+        });
+        event.payload = Bytes::from(vec![0x5a; 128]);
+        let subject = subjects.event("bench.events").expect("subject");
+        let compact_len = compact(&event, &subjects.implied(&subject)).len();
+        let named_len = codec::encode(&event, Encoding::MsgPack)
+            .expect("encodes")
+            .len();
+        assert!(
+            compact_len - 128 < 80,
+            "compact envelope {} bytes around 128",
+            compact_len - 128
+        );
+        assert!(
+            named_len > compact_len + 150,
+            "{named_len} vs {compact_len}"
+        );
+    }
+
+    #[test]
+    fn a_traceparent_of_another_version_travels_as_text() {
+        let mut env = Envelope::new(Kind::Event, Performative::Inform, "p");
+        for traceparent in [
+            "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
+            "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01",
+            "garbage",
+        ] {
+            env.trace = Some(TraceContext {
+                traceparent: traceparent.into(),
+                tracestate: Some("a=b".into()),
+            });
+            let (read, _) = codec::decode(&compact(&env, &Implied::default())).expect("decodes");
+            assert_eq!(read, env);
+        }
+    }
+
+    /// Hand-made bytes: `0x8N` map, then key/value pairs.
+    fn map(pairs: &[&[u8]]) -> Vec<u8> {
+        let mut out = vec![0x80 | (pairs.len() as u8)];
+        for p in pairs {
+            out.extend_from_slice(p);
+        }
+        out
+    }
+
+    const ID: [u8; 19] = [
+        1, 0xc4, 16, 0x01, 0x93, 0x00, 0x00, 0x00, 0x00, 0x70, 0x00, 0x80, 0, 0, 0, 0, 0, 0, 1,
+    ];
+
+    #[test]
+    fn a_minimal_envelope_reads_with_its_timestamp_from_the_id() {
+        let bytes = map(&[&[0, 2], &ID, &[2, 0xa1, b'p'], &[3, 3], &[4, 2]]);
+        let (env, _) = codec::decode(&bytes).expect("decodes");
+        assert_eq!(env.kind, Kind::Event);
+        assert_eq!(env.performative, Performative::Inform);
+        assert_eq!(env.timestamp_ms, 0x0193_0000_0000);
+        assert_eq!(env.content_type, "application/msgpack");
+        // A key of a newer minor version is skipped; an unknown code reads as unknown.
+        let newer = map(&[
+            &[0, 2],
+            &[34, 7],
+            &ID,
+            &[2, 0xa1, b'p'],
+            &[3, 99],
+            &[4, 2],
+            &[100, 0x92, 1, 2],
+        ]);
+        let (env, _) = codec::decode(&newer).expect("decodes");
+        assert_eq!(env.kind, Kind::Unknown);
+    }
+
+    #[test]
+    fn bad_compact_bytes_are_refused_with_what_is_wrong() {
+        let cases: [(&str, Vec<u8>); 6] = [
+            (
+                "unsupported protocol version 3 ",
+                map(&[&[0, 3], &ID, &[2, 0xa1, b'p'], &[3, 3], &[4, 2]]),
+            ),
+            ("no from", map(&[&[0, 2], &ID, &[3, 3], &[4, 2]])),
+            (
+                "key 3 repeated",
+                map(&[&[0, 2], &ID, &[2, 0xa1, b'p'], &[3, 3], &[3, 3]]),
+            ),
+            (
+                "key 1 does not read",
+                map(&[
+                    &[0, 2],
+                    &[1, 0xa1, b'x'],
+                    &[2, 0xa1, b'p'],
+                    &[3, 3],
+                    &[4, 2],
+                ]),
+            ),
+            (
+                "not a UUIDv7",
+                map(&[
+                    &[0, 2],
+                    &[
+                        1, 0xc4, 16, 0, 0, 0, 0, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 1,
+                    ],
+                    &[2, 0xa1, b'p'],
+                    &[3, 3],
+                    &[4, 2],
+                ]),
+            ),
+            (
+                "bytes after the envelope",
+                [
+                    map(&[&[0, 2], &ID, &[2, 0xa1, b'p'], &[3, 3], &[4, 2]]),
+                    vec![0xc0],
+                ]
+                .concat(),
+            ),
+        ];
+        for (want, bytes) in cases {
+            let err = codec::decode(&bytes).expect_err(want);
+            assert!(
+                matches!(
+                    err,
+                    CodecError::Malformed(_) | CodecError::UnsupportedVersion { .. }
+                ),
+                "{err}"
+            );
+            assert!(err.to_string().contains(want), "{want}: {err}");
+        }
+    }
+
+    /// Damaged compact envelopes never panic the reader: every truncation of a full one, and
+    /// 200,000 with random bytes changed.
+    #[test]
+    fn damaged_bytes_are_an_error_never_a_panic() {
+        let bytes = compact(&full(), &Implied::default()).to_vec();
+        for len in 0..bytes.len().min(600) {
+            let _ = codec::decode(&bytes[..len]);
+        }
+        let small = {
+            let mut e = full();
+            e.payload = Bytes::from_static(b"pay");
+            e.reason = Some("r".into());
+            compact(&e, &Implied::default()).to_vec()
+        };
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..200_000 {
+            let mut damaged = small.clone();
+            for _ in 0..1 + next() % 4 {
+                let i = (next() as usize) % damaged.len();
+                damaged[i] = next() as u8;
+            }
+            if let Ok((env, _)) = codec::decode(&damaged) {
+                // Whatever reads must encode again.
+                let _ = codec::encode(&env, Encoding::Compact).expect("encodes");
+            }
+            let _ = compact::peek_sequence(&damaged);
+        }
+    }
+}

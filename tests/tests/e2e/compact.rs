@@ -1,0 +1,178 @@
+//! The compact envelope (protocol 2) through a real server: agents that write it and agents
+//! that write the named form (protocol 1) talk to each other, every exchange restores what
+//! the subject carries, and what travels is the compact form without the subject's fields.
+
+use agent_sdk::codec::{self, Encoding};
+use agent_sdk::security::{Identity, SignaturePolicy};
+use agent_sdk::{Call, Context, HandlerError};
+use chorus_tests::{WAIT, agent_options, eventually, raw_broker, server, within};
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+#[tokio::test]
+async fn compact_and_named_agents_talk_through_the_bus() {
+    let server = server();
+    let client_key = Identity::generate();
+    let client_public = client_key.public_key();
+    // A worker that writes compact envelopes and checks signatures.
+    let worker = agent_options(&server, "worker")
+        .encoding(Encoding::Compact)
+        .durable_inbox(true)
+        .verify_signatures(SignaturePolicy {
+            require_signed: true,
+            ..SignaturePolicy::default()
+        })
+        .trust("compact-client", client_public)
+        .connect()
+        .await
+        .expect("worker");
+    worker
+        .on_command("add", |ctx: Context, n: Vec<i64>| async move {
+            // The command's name and recipient came back from the subject.
+            let m = ctx.message();
+            assert_eq!(m.name.as_deref(), Some("add"));
+            assert_eq!(m.to, ["worker"]);
+            Ok::<_, HandlerError>(n.iter().sum::<i64>())
+        })
+        .await
+        .expect("add");
+    worker
+        .on_capability("math.sum", |ctx: Context, n: Vec<i64>| async move {
+            assert_eq!(ctx.message().capability.as_deref(), Some("math.sum"));
+            Ok::<_, HandlerError>(n.iter().sum::<i64>())
+        })
+        .await
+        .expect("capability");
+    let (posted, mut posts) = mpsc::unbounded_channel();
+    worker
+        .on_command("post", move |_ctx: Context, entry: String| {
+            let posted = posted.clone();
+            async move {
+                let _ = posted.send(entry);
+                Ok::<_, HandlerError>(())
+            }
+        })
+        .await
+        .expect("post");
+    let (seen, mut events) = mpsc::unbounded_channel();
+    worker
+        .on_event("doc.>", move |ctx: Context, name: String| {
+            let seen = seen.clone();
+            async move {
+                let _ = seen.send((ctx.message().topic.clone(), name));
+                Ok(())
+            }
+        })
+        .await
+        .expect("events");
+
+    let compact_client = agent_options(&server, "compact-client")
+        .encoding(Encoding::Compact)
+        .identity(client_key)
+        .connect()
+        .await
+        .expect("compact client");
+    // A named-form (protocol 1) agent beside it: it reads compact replies, and is answered
+    // in its own form.
+    let named_client = agent_options(&server, "named-client")
+        .connect()
+        .await
+        .expect("named client");
+
+    // What travels on the event subjects, seen raw.
+    let raw = raw_broker(&server).await;
+    let mut wire = raw.subscribe("chorus.evt.>").await.expect("raw subscribe");
+    raw.sync(WAIT).await.expect("sync");
+
+    // Request to an agent, and to a capability, both ways.
+    let sum: i64 = within(
+        WAIT,
+        "compact request",
+        compact_client.request("worker", "add", &vec![2, 3]),
+    )
+    .await
+    .expect("compact request");
+    assert_eq!(sum, 5);
+    let sum: i64 = within(
+        WAIT,
+        "capability request",
+        compact_client.request_capability("math.sum", &vec![4, 5]),
+    )
+    .await
+    .expect("capability request");
+    assert_eq!(sum, 9);
+    // The worker requires signatures: the named client is refused, in its own form.
+    let refused = within(
+        WAIT,
+        "unsigned",
+        named_client.request::<_, i64>("worker", "add", &vec![1]),
+    )
+    .await
+    .expect_err("unsigned is refused");
+    assert_eq!(
+        refused.status(),
+        agent_sdk::StatusCode::UNAUTHORIZED,
+        "{refused}"
+    );
+
+    // A durable command, stored compact and handled.
+    within(
+        WAIT,
+        "durable send",
+        compact_client.send_durable(
+            Call::agent("worker", "post")
+                .command()
+                .payload(&"entry-1".to_owned())
+                .expect("payload"),
+        ),
+    )
+    .await
+    .expect("stored");
+    assert_eq!(
+        within(WAIT, "durable handled", posts.recv())
+            .await
+            .as_deref(),
+        Some("entry-1")
+    );
+
+    // Events: the topic is restored from the subject, and what travelled is compact without it.
+    compact_client
+        .publish("doc.ready.for-review", &"memo.png".to_owned())
+        .await
+        .expect("publish");
+    let (topic, name) = within(WAIT, "event", events.recv()).await.expect("event");
+    assert_eq!(topic.as_deref(), Some("doc.ready.for-review"));
+    assert_eq!(name, "memo.png");
+    let msg = within(WAIT, "raw event", wire.next())
+        .await
+        .expect("raw event");
+    assert_eq!(Encoding::sniff(msg.payload()), Some(Encoding::Compact));
+    assert!(
+        !msg.payload().windows(10).any(|w| w == b"for-review"),
+        "the topic travels only in the subject"
+    );
+    let (env, _) = codec::decode(msg.payload()).expect("decodes");
+    assert!(env.seq.is_some() && env.trace.is_some() && env.topic.is_none());
+
+    // A burst of compact events is counted without loss by a named-form subscriber.
+    let mut stream = named_client.subscribe("burst.>").await.expect("subscribe");
+    for i in 0..200u32 {
+        compact_client
+            .publish("burst.n", &i)
+            .await
+            .expect("publish");
+    }
+    let mut got = 0;
+    while got < 200 {
+        let event = within(WAIT, "burst", stream.next()).await.expect("event");
+        assert_eq!(event.envelope.topic.as_deref(), Some("burst.n"));
+        got += 1;
+    }
+    eventually(WAIT, "no loss counted", || async {
+        (named_client.stats().lost == 0).then_some(())
+    })
+    .await;
+    compact_client.shutdown().await;
+    named_client.shutdown().await;
+    worker.shutdown().await;
+}
