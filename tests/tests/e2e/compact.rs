@@ -176,3 +176,141 @@ async fn compact_and_named_agents_talk_through_the_bus() {
     named_client.shutdown().await;
     worker.shutdown().await;
 }
+
+/// What each kind of message the SDK sends costs on the wire in each form, around a 128-byte
+/// payload: the table in docs/PROTOCOL.md section 3.5 is this measurement.
+#[tokio::test]
+async fn envelope_sizes_per_kind_are_the_ones_the_spec_gives() {
+    let server = server();
+    let raw = raw_broker(&server).await;
+    let mut rows: Vec<(String, usize, usize)> = Vec::new();
+    // 128 bytes of MessagePack payload: a 126-character string (`str 8`).
+    let payload = "x".repeat(126);
+    for (column, encoding) in [(0, Encoding::MsgPack), (1, Encoding::Compact)] {
+        let worker = agent_options(&server, "worker")
+            .encoding(encoding)
+            .durable_inbox(true)
+            .connect()
+            .await
+            .expect("worker");
+        worker
+            .on_command("echo", |_ctx: Context, s: String| async move {
+                Ok::<_, HandlerError>(s)
+            })
+            .await
+            .expect("echo");
+        worker
+            .on_capability("text.echo", |_ctx: Context, s: String| async move {
+                Ok::<_, HandlerError>(s)
+            })
+            .await
+            .expect("capability");
+        let client = agent_options(&server, "client")
+            .encoding(encoding)
+            .connect()
+            .await
+            .expect("client");
+        let mut wire = raw.subscribe(">").await.expect("raw subscribe");
+        raw.sync(WAIT).await.expect("sync");
+        client
+            .publish("doc.ready", &payload)
+            .await
+            .expect("publish");
+        let _: String = within(WAIT, "request", client.request("worker", "echo", &payload))
+            .await
+            .expect("request");
+        let _: String = within(
+            WAIT,
+            "capability",
+            client.request_capability("text.echo", &payload),
+        )
+        .await
+        .expect("capability");
+        within(
+            WAIT,
+            "durable",
+            client.send_durable(
+                Call::agent("worker", "echo")
+                    .command()
+                    .payload(&payload)
+                    .expect("payload"),
+            ),
+        )
+        .await
+        .expect("durable");
+        // The first message seen of each kind, by its subject.
+        let mut found: Vec<(String, usize)> = Vec::new();
+        let wanted = [
+            "event",
+            "request to an agent",
+            "response",
+            "request to a capability",
+            "durable command",
+        ];
+        while found.len() < wanted.len() {
+            let msg = within(WAIT, "raw message", wire.next())
+                .await
+                .expect("message");
+            let subject = msg.subject();
+            let Ok((env, _)) = codec::decode(msg.payload()) else {
+                continue;
+            };
+            if env.payload.len() != 128 {
+                continue;
+            }
+            let what = if subject.starts_with("chorus.evt.") {
+                "event"
+            } else if subject.starts_with("chorus.agent.") {
+                "request to an agent"
+            } else if subject.starts_with("chorus.cap.") {
+                "request to a capability"
+            } else if subject.starts_with("chorus.inbox.") {
+                "durable command"
+            } else if subject.starts_with("_INBOX.") {
+                "response"
+            } else {
+                continue;
+            };
+            if !found.iter().any(|(w, _)| w == what) {
+                found.push((what.to_owned(), msg.payload().len() - 128));
+            }
+        }
+        for what in wanted {
+            let size = found
+                .iter()
+                .find(|(w, _)| w == what)
+                .map(|(_, s)| *s)
+                .expect("measured");
+            match rows.iter_mut().find(|(w, _, _)| w == what) {
+                Some(row) if column == 1 => row.2 = size,
+                _ => rows.push((what.to_owned(), size, 0)),
+            }
+        }
+        client.shutdown().await;
+        worker.shutdown().await;
+    }
+    let table: Vec<String> = rows
+        .iter()
+        .map(|(what, named, compact)| format!("| {what} | {named} | {compact} |"))
+        .collect();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/PROTOCOL.md"))
+        .expect("PROTOCOL.md");
+    let start = doc.find("<!-- compact-sizes -->").expect("sizes marker");
+    let documented: Vec<&str> = doc[start..]
+        .lines()
+        .skip(3)
+        .take_while(|l| l.starts_with('|'))
+        .collect();
+    assert_eq!(
+        documented,
+        table.iter().map(String::as_str).collect::<Vec<_>>(),
+        "docs/PROTOCOL.md's size table; measured:\n{}",
+        table.join("\n")
+    );
+    let event = rows.iter().find(|(w, _, _)| w == "event").expect("event");
+    assert!(
+        event.2 < 80,
+        "an event's compact envelope: {} bytes",
+        event.2
+    );
+}

@@ -74,6 +74,28 @@ fn every_vector_decodes_the_same_from_both_encodings_and_re_encodes_byte_for_byt
             String::from_utf8_lossy(&wire),
             "{name}: json wire bytes"
         );
+
+        // The compact form (protocol 2): with what its subject carries restored, the same
+        // envelope; re-encoded for that subject, the same bytes.
+        let compact_text = std::fs::read_to_string(dir.join(format!("{name}.compact.hex")))
+            .expect("compact vector");
+        let compact = hex::decode(compact_text.trim()).expect("valid hex");
+        let (mut from_compact, enc) = codec::decode(&compact).expect("compact decodes");
+        assert_eq!(enc, Encoding::Compact);
+        let subjects = agent_sdk::Subjects::default();
+        let implied = subjects.implied(chorus_tests::vectors::subject(&name));
+        implied.restore(&mut from_compact);
+        assert_eq!(
+            from_compact, from_msgpack,
+            "{name}: the compact form differs"
+        );
+        let re_compact =
+            codec::encode_on(&from_compact, Encoding::Compact, &implied).expect("encode");
+        assert_eq!(
+            hex::encode(&re_compact),
+            compact_text.trim(),
+            "{name}: compact bytes"
+        );
     }
 }
 
@@ -92,6 +114,12 @@ fn the_committed_vectors_are_the_ones_the_generator_writes() {
         let pretty = serde_json::to_string_pretty(&value).expect("pretty") + "\n";
         let mp = hex::encode(codec::encode(env, Encoding::MsgPack).expect("msgpack")) + "\n";
         let wire = String::from_utf8(json.to_vec()).expect("json is utf-8");
+        let subjects = agent_sdk::Subjects::default();
+        let implied = subjects.implied(chorus_tests::vectors::subject(name));
+        let compact =
+            hex::encode(codec::encode_on(env, Encoding::Compact, &implied).expect("compact"))
+                + "\n";
+        let compact_path = dir.join(format!("{name}.compact.hex"));
         let json_path = dir.join(format!("{name}.json"));
         let hex_path = dir.join(format!("{name}.msgpack.hex"));
         let wire_path = json_wire_dir().join(format!("{name}.json"));
@@ -100,7 +128,13 @@ fn the_committed_vectors_are_the_ones_the_generator_writes() {
             std::fs::write(&json_path, &pretty).expect("write");
             std::fs::write(&hex_path, &mp).expect("write");
             std::fs::write(&wire_path, &wire).expect("write");
+            std::fs::write(&compact_path, &compact).expect("write");
         } else {
+            assert_eq!(
+                std::fs::read_to_string(&compact_path).expect("committed compact vector"),
+                compact,
+                "{name}.compact.hex differs from the generator"
+            );
             assert_eq!(
                 std::fs::read_to_string(&wire_path).expect("committed json wire vector"),
                 wire,
@@ -499,4 +533,91 @@ async fn the_demo_calculator_answers_the_request_vector() {
     }
     within(WAIT, "demo shutdown", demo.shutdown()).await;
     coordinator.shutdown().await;
+}
+
+/// Section 3.5's key table is what the compact encoder writes (the every-field vector in the
+/// compact form has every listed key but the conditional ones: the timestamp, which its
+/// UUIDv7 id carries, the textual traceparent and the minor version), and the codes it gives
+/// the closed vocabularies are the SDK's.
+#[test]
+fn the_compact_key_table_and_the_codes_match_the_sdk() {
+    use agent_sdk::envelope::ProgressState;
+    use agent_sdk::{DeliveryClass, Kind, Performative, Priority};
+    use std::collections::BTreeSet;
+    let doc = protocol_doc();
+    let documented: BTreeSet<u64> = doc_table(&doc, "<!-- compact-keys -->")
+        .iter()
+        .map(|(k, _)| k.parse().expect("a numeric key"))
+        .collect();
+    let hex_text = std::fs::read_to_string(vectors_dir().join(format!(
+        "{}.compact.hex",
+        chorus_tests::vectors::EVERY_FIELD
+    )))
+    .expect("compact vector");
+    let bytes = hex::decode(hex_text.trim()).expect("hex");
+    let written: std::collections::BTreeMap<u64, serde::de::IgnoredAny> =
+        rmp_serde::from_slice(&bytes).expect("a map with integer keys");
+    let written: BTreeSet<u64> = written.keys().copied().collect();
+    let conditional: BTreeSet<u64> = [5, 25, 34].into();
+    assert_eq!(
+        written,
+        documented.difference(&conditional).copied().collect(),
+        "the keys of section 3.5 and the every-field vector's compact form"
+    );
+    // Codes count from 1 in the order of section 5's tables (and the lists of section 3.5).
+    let kinds: Vec<String> = doc_table(&doc, "### 5.1 Kinds")
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        kinds,
+        Kind::ALL
+            .iter()
+            .map(|k| k.as_str().to_owned())
+            .collect::<Vec<_>>()
+    );
+    let performatives: Vec<String> = doc_table(&doc, "### 5.2 Performatives")
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        performatives,
+        Performative::ALL
+            .iter()
+            .map(|p| p.as_str().to_owned())
+            .collect::<Vec<_>>()
+    );
+    for (i, k) in Kind::ALL.iter().enumerate() {
+        assert_eq!(usize::from(k.code()), i + 1);
+    }
+    let listed = |values: Vec<(&str, u8)>| {
+        values
+            .iter()
+            .map(|(v, c)| format!("`{v}` = {c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let prose = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+    for line in [
+        listed(
+            Priority::ALL
+                .iter()
+                .map(|p| (p.as_str(), p.code()))
+                .collect(),
+        ),
+        listed(
+            DeliveryClass::ALL
+                .iter()
+                .map(|d| (d.as_str(), d.code()))
+                .collect(),
+        ),
+        listed(
+            ProgressState::ALL
+                .iter()
+                .map(|s| (s.as_str(), s.code()))
+                .collect(),
+        ),
+    ] {
+        assert!(prose.contains(&line), "section 3.5 lists {line}");
+    }
 }

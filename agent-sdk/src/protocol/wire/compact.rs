@@ -154,6 +154,14 @@ pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
         encryption,
     } = env;
     let write_timestamp = v7_timestamp(id) != Some(*timestamp_ms);
+    // A reply's conversation is most often the request it answers: then it is not repeated,
+    // and a reply with no conversation of its own says so with nil.
+    let write_correlation = match (correlation_id, in_reply_to) {
+        (Some(c), Some(r)) => c != r,
+        (Some(_), None) => true,
+        (None, Some(_)) => true,
+        (None, None) => false,
+    };
     let to_implied = matches!(to.as_slice(), [only] if implied.agent == Some(only.as_str()));
     let write_to = !to.is_empty() && !to_implied;
     let write_topic = topic.is_some() && topic.as_deref() != implied.topic;
@@ -169,7 +177,7 @@ pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
     let fields = 5
         + usize::from(COMPACT_VERSION.minor != 0)
         + usize::from(write_timestamp)
-        + usize::from(correlation_id.is_some())
+        + usize::from(write_correlation)
         + usize::from(in_reply_to.is_some())
         + usize::from(write_to)
         + usize::from(write_topic)
@@ -208,9 +216,14 @@ pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
     if write_timestamp {
         uint(out, key::TIMESTAMP_MS, *timestamp_ms);
     }
-    if let Some(id) = correlation_id {
+    if write_correlation {
         k(out, key::CORRELATION_ID);
-        bin(out, id.as_bytes());
+        match correlation_id {
+            Some(id) => bin(out, id.as_bytes()),
+            None => {
+                let _ = w::write_nil(out);
+            }
+        }
     }
     if let Some(id) = in_reply_to {
         k(out, key::IN_REPLY_TO);
@@ -418,6 +431,10 @@ pub(crate) fn decode(
             return bad(&format!("no {name} (key {required})"));
         }
     }
+    // No key 6 on a reply: its conversation is the request it answers (nil: it has none).
+    if seen & (1 << key::CORRELATION_ID) == 0 {
+        env.correlation_id = env.in_reply_to;
+    }
     if env.trace.as_ref().is_some_and(|t| t.traceparent.is_empty()) {
         return bad("tracestate (key 24) without a traceparent (key 23 or 25)");
     }
@@ -453,7 +470,7 @@ fn read_field(
         key::KIND => env.kind = Kind::from_code(r.uint()?),
         key::PERFORMATIVE => env.performative = Performative::from_code(r.uint()?),
         key::TIMESTAMP_MS => *timestamp = Some(r.uint()?),
-        key::CORRELATION_ID => env.correlation_id = Some(r.uuid()?),
+        key::CORRELATION_ID => env.correlation_id = r.opt(Reader::uuid)?,
         key::IN_REPLY_TO => env.in_reply_to = Some(r.uuid()?),
         key::TO => {
             let n = r.array_len()?;

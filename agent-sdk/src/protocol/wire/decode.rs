@@ -369,7 +369,10 @@ impl<'a> Reader<'a> {
     }
 
     /// A nil reads as `None`; anything else as `read` reads it.
-    fn opt<T>(&mut self, read: impl FnOnce(&mut Self) -> Option<T>) -> Option<Option<T>> {
+    pub(super) fn opt<T>(
+        &mut self,
+        read: impl FnOnce(&mut Self) -> Option<T>,
+    ) -> Option<Option<T>> {
         if self.peek()? == 0xc0 {
             self.pos += 1;
             return Some(None);

@@ -244,6 +244,26 @@ mod compact_form {
     }
 
     #[test]
+    fn a_reply_does_not_repeat_its_conversation() {
+        let request = Envelope::new(Kind::Request, Performative::Request, "asker");
+        let mut reply = Envelope::new(Kind::Response, Performative::Inform, "answerer");
+        reply.in_reply_to = Some(request.id);
+        for correlation in [Some(request.id), None, Some(uuid::Uuid::now_v7())] {
+            reply.correlation_id = correlation;
+            let bytes = compact(&reply, &Implied::default());
+            let (read, _) = codec::decode(&bytes).expect("decodes");
+            assert_eq!(read, as_read(&reply), "{correlation:?}");
+            // 16 bytes of id saved when the conversation is the request.
+            let with_both = bytes.len();
+            if correlation == Some(request.id) {
+                let mut named = reply.clone();
+                named.correlation_id = Some(uuid::Uuid::now_v7());
+                assert_eq!(compact(&named, &Implied::default()).len(), with_both + 19);
+            }
+        }
+    }
+
+    #[test]
     fn the_named_form_is_still_told_apart_and_read() {
         let env = full();
         let named = codec::encode(&env, Encoding::MsgPack).expect("encodes");
