@@ -146,6 +146,17 @@ pub fn decode(bytes: &[u8]) -> Result<(Envelope, Encoding), CodecError> {
     decode_from(bytes, None)
 }
 
+/// [`decode`] of a message that arrived on (or was published to) a subject carrying
+/// `implied` ([`Subjects::implied`](crate::Subjects::implied)): a compact envelope gets the
+/// fields it left to the subject back.
+pub fn decode_on(bytes: &[u8], implied: &Implied<'_>) -> Result<(Envelope, Encoding), CodecError> {
+    let (mut envelope, encoding) = decode_from(bytes, None)?;
+    if encoding == Encoding::Compact {
+        implied.restore(&mut envelope);
+    }
+    Ok((envelope, encoding))
+}
+
 /// [`decode`], with the payload a slice of `bytes` instead of a copy.
 pub fn decode_shared(bytes: &Bytes) -> Result<(Envelope, Encoding), CodecError> {
     decode_from(bytes, Some(bytes))

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use agent_sdk::Subjects;
 use agent_sdk::durable::DeadLetterReason;
 use agent_sdk::envelope::now_ms;
 use chorus::duration::parse_duration;
@@ -107,7 +108,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         } => ls(&queue, &filter.to_query(), limit, after, args.json).await?,
         Action::Show { id } if args.json => {
             let entry = queue.show(id).await.map_err(not_in_queue(id))?;
-            print_json(&entry_json(&entry, true))?;
+            print_json(&entry_json(&entry, true, queue.subjects()))?;
         }
         Action::Show { id } => show(&queue, id).await?,
         Action::Replay { id, all, filter } => {
@@ -120,7 +121,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
 }
 
 /// One entry as `--json` prints it; with `full`, the original envelope decoded too.
-fn entry_json(entry: &DlqEntry, full: bool) -> serde_json::Value {
+fn entry_json(entry: &DlqEntry, full: bool, subjects: &Subjects) -> serde_json::Value {
     let l = &entry.letter;
     let mut v = serde_json::json!({
         "id": entry.id,
@@ -139,7 +140,7 @@ fn entry_json(entry: &DlqEntry, full: bool) -> serde_json::Value {
         "omitted": l.omitted.is_some(),
     });
     if full {
-        v["envelope"] = agent_sdk::codec::decode(&l.envelope)
+        v["envelope"] = agent_sdk::codec::decode_on(&l.envelope, &subjects.implied(&l.subject))
             .ok()
             .and_then(|(env, _)| serde_json::to_value(env).ok())
             .unwrap_or(serde_json::Value::Null);
@@ -159,7 +160,10 @@ async fn ls(
     let more = entries.len() > limit;
     entries.truncate(limit);
     if json {
-        let rows: Vec<_> = entries.iter().map(|e| entry_json(e, false)).collect();
+        let rows: Vec<_> = entries
+            .iter()
+            .map(|e| entry_json(e, false, queue.subjects()))
+            .collect();
         print_json(&rows)?;
     } else {
         let now = now_ms();
@@ -268,7 +272,10 @@ async fn show(queue: &DeadLetterQueue, id: u64) -> anyhow::Result<()> {
         Some(size) => outln!(
             "message:         not kept ({size} bytes, too large to store beside the dead letter's headers)"
         ),
-        None => outln!("message:         {}", describe_envelope(&l.envelope)),
+        None => outln!(
+            "message:         {}",
+            describe_envelope(&l.envelope, &queue.subjects().implied(&l.subject))
+        ),
     }
     Ok(())
 }

@@ -104,7 +104,8 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         let Some(msg) = msg else { break };
         // Anything that is not an envelope (JetStream's own traffic, a foreign client) is not
         // Chorus's to show.
-        let Ok((env, _)) = agent_sdk::codec::decode(msg.payload()) else {
+        let implied = subjects.implied(msg.subject());
+        let Ok((env, _)) = agent_sdk::codec::decode_on(msg.payload(), &implied) else {
             continue;
         };
         let line = Line::of(msg.subject(), &env, msg.payload().len());

@@ -241,6 +241,11 @@ impl DeadLetterQueue {
         }
     }
 
+    /// The subjects of its bus.
+    pub fn subjects(&self) -> &Subjects {
+        &self.subjects
+    }
+
     /// Entries, oldest first, at most `limit`.
     pub async fn list(&self, limit: usize) -> Result<Vec<DlqEntry>, broker_adapter::Error> {
         self.find(&DlqFilter::default(), 0, limit).await
@@ -397,9 +402,10 @@ impl DeadLetterQueue {
     }
 }
 
-/// Bytes of an entry's original envelope, decoded when possible, for display.
-pub fn describe_envelope(bytes: &Bytes) -> String {
-    match codec::decode(bytes) {
+/// Bytes of an entry's original envelope, decoded when possible, for display; `implied` is
+/// what its subject carries.
+pub fn describe_envelope(bytes: &Bytes, implied: &agent_sdk::subject::Implied<'_>) -> String {
+    match codec::decode_on(bytes, implied) {
         Ok((env, _)) if env.encryption.is_some() => format!(
             "{} {} from {} (payload encrypted, {} bytes)",
             env.kind,
