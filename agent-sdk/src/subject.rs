@@ -310,6 +310,12 @@ impl Subjects {
         format!("{}.sys.bye.*", self.root)
     }
 
+    /// `<root>.sys.wire`: the coordinator's announcement of the protocol every live agent
+    /// reads ([`WireLevel`](crate::registry::WireLevel)).
+    pub fn wire(&self) -> String {
+        format!("{}.sys.wire", self.root)
+    }
+
     /// `<root>.sys.discover`: discovery queries to the coordinator.
     pub fn discover(&self) -> String {
         format!("{}.sys.discover", self.root)

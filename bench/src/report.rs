@@ -28,6 +28,10 @@ pub struct Row {
     pub received: u64,
     /// `sent - received`.
     pub lost: u64,
+    /// Client CPU per message on the raw side, user and system, in microseconds (median).
+    pub raw_cpu_us: Option<f64>,
+    /// The same on the Chorus side.
+    pub chorus_cpu_us: Option<f64>,
 }
 
 impl Row {
@@ -50,6 +54,8 @@ impl Row {
             sent: 0,
             received: 0,
             lost: 0,
+            raw_cpu_us: None,
+            chorus_cpu_us: None,
         }
     }
 
@@ -83,6 +89,9 @@ pub(crate) struct Pair {
     pub(crate) chorus: Vec<f64>,
     pub(crate) sent: u64,
     pub(crate) received: u64,
+    /// Client CPU per message of each round, in microseconds.
+    pub(crate) raw_cpu: Vec<f64>,
+    pub(crate) chorus_cpu: Vec<f64>,
 }
 
 impl Pair {
@@ -92,7 +101,24 @@ impl Pair {
             chorus: Vec::new(),
             sent: 0,
             received: 0,
+            raw_cpu: Vec::new(),
+            chorus_cpu: Vec::new(),
         }
+    }
+
+    /// The medians of the recorded CPU per message: (raw, Chorus).
+    pub(crate) fn cpu_medians(self) -> (Option<f64>, Option<f64>) {
+        (median(self.raw_cpu), median(self.chorus_cpu))
+    }
+
+    /// Records the client CPU per message of a raw round.
+    pub(crate) fn raw_cpu(&mut self, cpu: crate::measure::Cpu, messages: u64) {
+        self.raw_cpu.extend(cpu.per_message_us(messages));
+    }
+
+    /// Records the client CPU per message of a Chorus round.
+    pub(crate) fn chorus_cpu(&mut self, cpu: crate::measure::Cpu, messages: u64) {
+        self.chorus_cpu.extend(cpu.per_message_us(messages));
     }
 
     pub(crate) fn row(
@@ -119,6 +145,8 @@ impl Pair {
             sent: self.sent,
             received: self.received,
             lost: self.sent.saturating_sub(self.received),
+            raw_cpu_us: median(self.raw_cpu),
+            chorus_cpu_us: median(self.chorus_cpu),
         }
     }
 }
@@ -131,17 +159,29 @@ pub fn table(rows: &[Row]) -> String {
         None => "-".into(),
     };
     let mut out = format!(
-        "{:<62} {:>6} {:>11} {:>11} {:>6}  {:<5} {:>8} {:>8} {:>5}  goal\n",
-        "scenario", "unit", "raw", "chorus", "ratio", "met", "sent", "received", "lost"
+        "{:<62} {:>6} {:>11} {:>11} {:>6} {:>7} {:>7}  {:<5} {:>8} {:>8} {:>5}  goal\n",
+        "scenario",
+        "unit",
+        "raw",
+        "chorus",
+        "ratio",
+        "raw us",
+        "ch us",
+        "met",
+        "sent",
+        "received",
+        "lost"
     );
     for r in rows {
         out.push_str(&format!(
-            "{:<62} {:>6} {:>11} {:>11} {:>6}  {:<5} {:>8} {:>8} {:>5}  {}\n",
+            "{:<62} {:>6} {:>11} {:>11} {:>6} {:>7} {:>7}  {:<5} {:>8} {:>8} {:>5}  {}\n",
             r.scenario,
             r.unit,
             fmt(r.raw),
             fmt(r.chorus),
             r.ratio.map_or("-".into(), |x| format!("{x:.2}")),
+            r.raw_cpu_us.map_or("-".into(), |x| format!("{x:.2}")),
+            r.chorus_cpu_us.map_or("-".into(), |x| format!("{x:.2}")),
             r.met.map_or("-", |m| if m { "yes" } else { "NO" }),
             r.sent,
             r.received,

@@ -25,9 +25,26 @@ pub(crate) const REGISTRATION_POLL: Duration = Duration::from_millis(50);
 /// Heartbeat period the synthetic agents announce: they never send a second one.
 const FAKE_HEARTBEAT_MS: u64 = 60_000;
 
-pub(crate) async fn agent(url: &str, id: &str) -> anyhow::Result<Agent> {
-    Ok(AgentOptions::new(id)
-        .servers([url])
+/// The bus the Chorus side of a scenario runs on: the server, and the envelope form its
+/// agents write.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bus<'a> {
+    pub(crate) url: &'a str,
+    pub(crate) wire: agent_sdk::Encoding,
+}
+
+impl Bus<'_> {
+    /// Options for agent `id` on this bus.
+    pub(crate) fn options(&self, id: &str) -> AgentOptions {
+        AgentOptions::new(id)
+            .servers([self.url])
+            .encoding(self.wire)
+    }
+}
+
+pub(crate) async fn agent(bus: &Bus<'_>, id: &str) -> anyhow::Result<Agent> {
+    Ok(bus
+        .options(id)
         .heartbeat_interval(Duration::ZERO)
         .service_discovery(false)
         .queue_capacity(QUEUE_CAPACITY)
@@ -37,7 +54,7 @@ pub(crate) async fn agent(url: &str, id: &str) -> anyhow::Result<Agent> {
 
 /// Chorus: `count` events of `size` bytes from one agent to `subscribers` agents.
 pub(crate) async fn chorus_events(
-    url: &str,
+    bus: &Bus<'_>,
     count: u64,
     size: usize,
     subscribers: usize,
@@ -46,14 +63,14 @@ pub(crate) async fn chorus_events(
     let mut counters = Vec::new();
     let mut keep = Vec::new();
     for i in 0..subscribers {
-        let sub = agent(url, &format!("bench-sub-{i}")).await?;
+        let sub = agent(bus, &format!("bench-sub-{i}")).await?;
         let mut events = sub.subscribe(&topic).await?;
         keep.push(sub);
         counters.push(tokio::spawn(async move {
             count_arrivals(&mut events, count, IDLE).await
         }));
     }
-    let publisher = agent(url, "bench-pub").await?;
+    let publisher = agent(bus, "bench-pub").await?;
     let payload = Bytes::from(vec![0x5a; size]);
     let started = Instant::now();
     for _ in 0..count {
@@ -81,8 +98,8 @@ pub(crate) async fn chorus_events(
     })
 }
 
-async fn echo_agent(url: &str, id: &str) -> anyhow::Result<Agent> {
-    let echo = agent(url, id).await?;
+async fn echo_agent(bus: &Bus<'_>, id: &str) -> anyhow::Result<Agent> {
+    let echo = agent(bus, id).await?;
     echo.handle_command("echo", EchoHandler).await?;
     Ok(echo)
 }
@@ -106,12 +123,12 @@ fn echo_call(id: &str, payload: &Bytes) -> Call {
 }
 
 pub(crate) async fn chorus_latency(
-    url: &str,
+    bus: &Bus<'_>,
     n: usize,
     size: usize,
 ) -> anyhow::Result<Vec<Duration>> {
-    let echo = echo_agent(url, "bench-echo").await?;
-    let client = agent(url, "bench-client").await?;
+    let echo = echo_agent(bus, "bench-echo").await?;
+    let client = agent(bus, "bench-client").await?;
     let payload = Bytes::from(vec![1u8; size]);
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
@@ -125,13 +142,13 @@ pub(crate) async fn chorus_latency(
 }
 
 pub(crate) async fn chorus_request_throughput(
-    url: &str,
+    bus: &Bus<'_>,
     concurrency: usize,
     duration: Duration,
     size: usize,
 ) -> anyhow::Result<Throughput> {
-    let echo = echo_agent(url, "bench-echo").await?;
-    let client = agent(url, "bench-client").await?;
+    let echo = echo_agent(bus, "bench-echo").await?;
+    let client = agent(bus, "bench-client").await?;
     let payload = Bytes::from(vec![1u8; size]);
     let started = Instant::now();
     let deadline = started + duration;
@@ -163,13 +180,13 @@ pub(crate) async fn chorus_request_throughput(
 }
 
 pub(crate) async fn chorus_durable(
-    url: &str,
+    bus: &Bus<'_>,
     count: u64,
     size: usize,
 ) -> anyhow::Result<Throughput> {
     let id = format!("bench-durable-{}", uuid::Uuid::now_v7().simple());
-    let worker = AgentOptions::new(id.clone())
-        .servers([url])
+    let worker = bus
+        .options(&id)
         .heartbeat_interval(Duration::ZERO)
         .service_discovery(false)
         .durable_inbox(true)
@@ -179,7 +196,7 @@ pub(crate) async fn chorus_durable(
     worker
         .handle_command("work", SignalHandler(Arc::clone(&tally)))
         .await?;
-    let sender = agent(url, "bench-sender").await?;
+    let sender = agent(bus, "bench-sender").await?;
     let payload = Bytes::from(vec![7u8; size]);
     let started = Instant::now();
     let calls: Vec<Call> = (0..count)
@@ -277,6 +294,7 @@ pub(crate) async fn publish_fake_heartbeats(
             started_ms: agent_sdk::envelope::now_ms(),
             sdk_version: String::new(),
             metrics_url: None,
+            wire_versions: vec![1, 2],
         };
         let mut env = Envelope::new(Kind::Heartbeat, Performative::Health, id.as_str());
         env.payload = codec::encode_payload(&manifest, CONTENT_TYPE_MSGPACK)?;
@@ -292,7 +310,11 @@ pub(crate) async fn publish_fake_heartbeats(
 
 /// Publishes heartbeats for `agents` synthetic agents (every tenth with capability `ocr`).
 async fn register_fakes(url: &str, agents: usize) -> anyhow::Result<Agent> {
-    let publisher = agent(url, "bench-registrar").await?;
+    let bus = Bus {
+        url,
+        wire: Encoding::MsgPack,
+    };
+    let publisher = agent(&bus, "bench-registrar").await?;
     publish_fake_heartbeats(&publisher, agents).await?;
     Ok(publisher)
 }
@@ -300,7 +322,7 @@ async fn register_fakes(url: &str, agents: usize) -> anyhow::Result<Agent> {
 /// Signed events from one agent to another that verifies every signature; with `encrypt`,
 /// one-way commands encrypted for the receiver as well.
 pub(crate) async fn secure_events(
-    url: &str,
+    bus: &Bus<'_>,
     count: u64,
     encrypt: bool,
 ) -> anyhow::Result<Throughput> {
@@ -310,8 +332,7 @@ pub(crate) async fn secure_events(
     let receiver_key = EncryptionKey::generate();
     let receiver_public = receiver_key.public_key();
     let base = |id: &str| {
-        AgentOptions::new(id)
-            .servers([url])
+        bus.options(id)
             .heartbeat_interval(Duration::ZERO)
             .service_discovery(false)
             .queue_capacity(QUEUE_CAPACITY)

@@ -108,6 +108,8 @@ fn permissions_of(
     let mut subscribe = vec![subjects.inbox_all(id)?];
     if !role.cli {
         subscribe.push(subjects.agent_inbound(id)?);
+        // The coordinator's announcement of the bus's protocol level.
+        subscribe.push(subjects.wire());
         subscribe.push(SERVICE_API.to_owned());
         for cap in &role.serves {
             subscribe.push(subjects.capability(cap)?);

@@ -128,7 +128,7 @@ impl Agent {
             subjects,
             broker,
             js,
-            encoding: options.encoding,
+            wire: crate::outbound::Wire::new(options.encoding),
             hop_limit: options.hop_limit,
             request_timeout: options.request_timeout,
             default_delivery: options.default_delivery,
@@ -332,6 +332,14 @@ impl Inner {
         }
         if !self.presence.heartbeat_interval.is_zero() {
             self.tracker.spawn(Arc::clone(&self.presence).run());
+        }
+        if self.out.wire.follows_bus() {
+            let sub = self.out.broker.subscribe(&self.out.subjects.wire()).await?;
+            self.tracker.spawn(crate::presence::follow_wire(
+                Arc::clone(&self.out),
+                sub,
+                self.stop.clone(),
+            ));
         }
         self.out.broker.sync(SYNC_TIMEOUT).await?;
         Ok(())

@@ -48,7 +48,7 @@ pub struct AgentOptions {
     pub(crate) capabilities: Vec<String>,
     pub(crate) broker: BrokerOptions,
     pub(crate) root: String,
-    pub(crate) encoding: Encoding,
+    pub(crate) encoding: Option<Encoding>,
     pub(crate) hop_limit: u8,
     pub(crate) request_timeout: Duration,
     pub(crate) max_in_flight: usize,
@@ -89,7 +89,7 @@ impl AgentOptions {
             capabilities: Vec::new(),
             broker: BrokerOptions::default(),
             root: crate::subject::DEFAULT_ROOT.to_owned(),
-            encoding: Encoding::MsgPack,
+            encoding: None,
             hop_limit: DEFAULT_HOP_LIMIT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
@@ -335,10 +335,13 @@ impl AgentOptions {
         self
     }
 
-    /// How this agent encodes what it sends (default MessagePack). It reads both, and answers
-    /// each request in the encoding it came in.
+    /// How this agent encodes what it sends, fixed. Without it, the agent follows its bus:
+    /// the compact form (protocol 2) once the coordinator announces that every live agent
+    /// reads it (`<root>.sys.wire`), MessagePack with field names (protocol 1) until then and
+    /// whenever one does not. It reads every form whatever it writes, and answers each request
+    /// in the form it came in.
     pub fn encoding(mut self, encoding: Encoding) -> Self {
-        self.encoding = encoding;
+        self.encoding = Some(encoding);
         self
     }
 

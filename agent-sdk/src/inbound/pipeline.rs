@@ -113,7 +113,7 @@ impl Pipeline {
         Limits {
             max_message_bytes: self.out.max_message_bytes,
             hop_limit: self.out.hop_limit,
-            encoding: self.out.encoding,
+            encoding: self.out.wire.encoding(),
         }
     }
 

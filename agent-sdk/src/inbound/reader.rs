@@ -179,7 +179,7 @@ impl Dispatcher {
                     StatusCode::UNAVAILABLE,
                     "overloaded: the agent's queue is full",
                 );
-                let encoding = reply_encoding(msg.payload(), self.pipeline.out.encoding);
+                let encoding = reply_encoding(msg.payload(), self.pipeline.out.wire.encoding());
                 reply::send(
                     &self.pipeline.out,
                     reply_to,

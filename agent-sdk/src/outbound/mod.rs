@@ -31,13 +31,53 @@ pub(crate) struct Parent<'a> {
     pub(crate) otel: &'a opentelemetry::Context,
 }
 
+/// How an agent chooses the form of what it sends: fixed by its options, or the bus's, as the
+/// coordinator announces it (`<root>.sys.wire`).
+#[derive(Debug)]
+pub(crate) struct Wire {
+    fixed: Option<Encoding>,
+    bus_compact: std::sync::atomic::AtomicBool,
+}
+
+impl Wire {
+    pub(crate) fn new(fixed: Option<Encoding>) -> Self {
+        Wire {
+            fixed,
+            bus_compact: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the agent follows the bus (no encoding was fixed).
+    pub(crate) fn follows_bus(&self) -> bool {
+        self.fixed.is_none()
+    }
+
+    /// Takes the bus's announcement: whether every live agent reads the compact form.
+    pub(crate) fn set_bus_compact(&self, compact: bool) {
+        self.bus_compact
+            .store(compact, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The form to write now.
+    pub(crate) fn encoding(&self) -> Encoding {
+        self.fixed.unwrap_or_else(|| {
+            if self.bus_compact.load(std::sync::atomic::Ordering::Relaxed) {
+                Encoding::Compact
+            } else {
+                Encoding::MsgPack
+            }
+        })
+    }
+}
+
 /// What every outgoing message of one agent shares.
 pub(crate) struct Outbound {
     pub(crate) id: String,
     pub(crate) subjects: Subjects,
     pub(crate) broker: Broker,
     pub(crate) js: JetStream,
-    pub(crate) encoding: Encoding,
+    /// The form of what it sends: fixed, or the bus's.
+    pub(crate) wire: Wire,
     pub(crate) hop_limit: u8,
     pub(crate) request_timeout: Duration,
     pub(crate) default_delivery: DeliveryClass,
@@ -58,7 +98,11 @@ impl Outbound {
         subject: &str,
         env: &Envelope,
     ) -> Result<bytes::Bytes, crate::protocol::codec::CodecError> {
-        crate::protocol::codec::encode_on(env, self.encoding, &self.subjects.implied(subject))
+        crate::protocol::codec::encode_on(
+            env,
+            self.wire.encoding(),
+            &self.subjects.implied(subject),
+        )
     }
 
     /// Signs `env` for `subject` when the agent has an identity.

@@ -16,7 +16,7 @@ impl Outbound {
         value: &T,
         parent: Option<Parent<'_>>,
     ) -> Result<(), SdkError> {
-        let content_type = self.encoding.content_type();
+        let content_type = self.wire.encoding().content_type();
         let (subject, mut env) = self.event(topic, content_type)?;
         self.inherit(&mut env, parent.map(|p| p.env))?;
         env.payload = encode_payload(value, content_type)?;

@@ -4,6 +4,7 @@
 
 mod keys;
 mod service;
+mod wire;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,6 +23,7 @@ use crate::protocol::registry::{Availability, CapabilityInfo, Manifest};
 use crate::sync::lock;
 
 pub(crate) use keys::watch_registered_keys;
+pub(crate) use wire::follow_wire;
 
 /// Default time between heartbeats.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
@@ -110,6 +112,7 @@ impl Presence {
             started_ms: self.started_ms,
             sdk_version: env!("CARGO_PKG_VERSION").to_owned(),
             metrics_url: self.metrics_url.clone(),
+            wire_versions: vec![1, 2],
         }
     }
 
@@ -123,7 +126,7 @@ impl Presence {
         env.content_type = CONTENT_TYPE_MSGPACK.to_owned();
         env.payload = codec::encode_payload(&self.manifest(), CONTENT_TYPE_MSGPACK)?;
         out.seal(&subject, &mut env);
-        let bytes = codec::encode(&env, out.encoding)?;
+        let bytes = codec::encode(&env, out.wire.encoding())?;
         Ok(out.broker.publish(&subject, bytes).await?)
     }
 

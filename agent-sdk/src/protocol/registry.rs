@@ -74,7 +74,34 @@ pub struct Manifest {
     /// it does: the coordinator lists it for Prometheus's HTTP service discovery.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_url: Option<String>,
+    /// The protocol majors the agent reads (`[1, 2]` for this SDK); absent means `[1]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wire_versions: Vec<u16>,
 }
+
+impl Manifest {
+    /// Whether the agent reads protocol major `major` (an agent that does not say reads 1).
+    pub fn reads(&self, major: u16) -> bool {
+        if self.wire_versions.is_empty() {
+            major == 1
+        } else {
+            self.wire_versions.contains(&major)
+        }
+    }
+}
+
+/// What the coordinator announces on `<root>.sys.wire`, when it changes and every
+/// [`WIRE_ANNOUNCE_INTERVAL`](crate::registry::WIRE_ANNOUNCE_INTERVAL): the newest protocol
+/// major that every live agent reads. Agents that follow the bus write the compact form
+/// (protocol 2) while it is 2, and the named form otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireLevel {
+    /// 1 or 2.
+    pub major: u16,
+}
+
+/// How often the coordinator repeats its [`WireLevel`] announcement.
+pub const WIRE_ANNOUNCE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// A metrics address as Prometheus scrapes it: scheme, `host:port` and path.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

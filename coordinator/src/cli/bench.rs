@@ -24,6 +24,17 @@ pub(crate) struct Args {
     /// fan-out, discovery, memory).
     #[arg(long)]
     only: Option<String>,
+    /// The envelope form Chorus's agents write: `compact` (protocol 2, what agents write on a
+    /// bus whose agents all read it) or `named` (protocol 1).
+    #[arg(long, value_enum, default_value_t = Wire::Compact)]
+    wire: Wire,
+}
+
+/// `--wire`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Wire {
+    Compact,
+    Named,
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
@@ -32,6 +43,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         rounds,
         json,
         only,
+        wire,
     } = args;
     if cfg!(debug_assertions) {
         eprintln!(
@@ -44,6 +56,10 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         quick,
         rounds,
         only,
+        wire: match wire {
+            Wire::Compact => agent_sdk::Encoding::Compact,
+            Wire::Named => agent_sdk::Encoding::MsgPack,
+        },
         program: std::env::current_exe()?,
         coordinator: Arc::new(InProcess),
     };
@@ -56,6 +72,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
                 "nats_server": version,
                 "quick": quick,
                 "rounds": rounds,
+                "wire": format!("{wire:?}").to_lowercase(),
                 "rows": rows,
             })
         );

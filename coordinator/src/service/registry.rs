@@ -266,6 +266,20 @@ impl Registry {
             .and_then(|l| l.manifest.public_key.clone())
     }
 
+    /// The newest protocol major every live agent reads: 2 when each one's manifest says it
+    /// reads the compact form (or no agent is live), 1 otherwise.
+    /// Also how many agents are live, so a newcomer can be told soon.
+    pub(crate) fn wire_level(&self) -> (u16, usize) {
+        let now = now_ms();
+        let agents = self.agents();
+        let (mut live, mut all_compact) = (0, true);
+        for l in agents.values().filter(|l| self.is_live(l, now)) {
+            live += 1;
+            all_compact &= l.manifest.reads(2);
+        }
+        (if all_compact { 2 } else { 1 }, live)
+    }
+
     /// Live agents matching `query`, least loaded first (ties by id).
     pub(crate) fn discover(&self, query: &DiscoverQuery) -> Vec<AgentRecord> {
         let now = now_ms();

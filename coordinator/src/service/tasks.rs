@@ -55,12 +55,18 @@ pub(super) fn spawn_reaper(shared: &Arc<Shared>) {
     shared.tracker.spawn(async move {
         let mut tick = tokio::time::interval(s.config.reap_interval());
         let mut ticks = 0u64;
+        // The last protocol level announced, how many agents were live then, and when.
+        let mut announced: Option<(u16, usize, tokio::time::Instant)> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = s.stop.cancelled() => break,
             }
             s.registry.reap().await;
+            let (level, live) = s.registry.wire_level();
+            if wire_announcement_due(announced, level, live) && announce_wire(&s, level).await {
+                announced = Some((level, live, tokio::time::Instant::now()));
+            }
             if ticks.is_multiple_of(GAUGE_REFRESH_TICKS) {
                 dlq::refresh_depth(&s.js, &s.subjects).await;
                 refresh_connection_gauges(&s);
@@ -68,6 +74,54 @@ pub(super) fn spawn_reaper(shared: &Arc<Shared>) {
             ticks += 1;
         }
     });
+}
+
+/// Whether to announce the protocol level now: at once when it changed (a protocol-1 agent
+/// joined, or the last one left), within a second when more agents are live (a newcomer
+/// learns it soon), and every `WIRE_ANNOUNCE_INTERVAL` in any case.
+fn wire_announcement_due(
+    last: Option<(u16, usize, tokio::time::Instant)>,
+    level: u16,
+    live: usize,
+) -> bool {
+    let Some((last_level, last_live, at)) = last else {
+        return true;
+    };
+    let since = at.elapsed();
+    last_level != level
+        || (live > last_live && since >= WIRE_NEWCOMER_DELAY)
+        || since >= agent_sdk::registry::WIRE_ANNOUNCE_INTERVAL
+}
+
+/// The least time between two announcements made for newcomers.
+const WIRE_NEWCOMER_DELAY: Duration = Duration::from_secs(1);
+
+/// Publishes the bus's protocol level on `<root>.sys.wire`, in the named form every agent
+/// reads, signed when the coordinator has a key. Whether it went out.
+async fn announce_wire(shared: &Shared, major: u16) -> bool {
+    use agent_sdk::codec::{self, Encoding};
+    use agent_sdk::envelope::CONTENT_TYPE_MSGPACK;
+    use agent_sdk::registry::WireLevel;
+    use agent_sdk::{Envelope, Kind, Performative};
+    let subject = shared.subjects.wire();
+    let mut env = Envelope::new(Kind::Event, Performative::Inform, super::COORDINATOR_ID);
+    let Ok(payload) = codec::encode_payload(&WireLevel { major }, CONTENT_TYPE_MSGPACK) else {
+        return false;
+    };
+    env.payload = payload;
+    if let Some(identity) = &shared.identity {
+        identity.sign(&subject, &mut env);
+    }
+    let Ok(bytes) = codec::encode(&env, Encoding::MsgPack) else {
+        return false;
+    };
+    match shared.broker.publish(&subject, bytes).await {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::debug!(error = %err, "protocol level not announced");
+            false
+        }
+    }
 }
 
 fn refresh_connection_gauges(shared: &Shared) {

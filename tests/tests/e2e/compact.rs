@@ -314,3 +314,94 @@ async fn envelope_sizes_per_kind_are_the_ones_the_spec_gives() {
         event.2
     );
 }
+
+/// Publishes a presence message for `agent` as a protocol-1 agent would: a manifest without
+/// `wire_versions`, in the named form.
+async fn old_agent_presence(raw: &broker_adapter::Broker, agent: &str, goodbye: bool) {
+    use agent_sdk::{Envelope, Kind, Performative, Subjects};
+    let manifest = serde_json::json!({
+        "agent": agent,
+        "instance": "v1",
+        "heartbeat_ms": 60_000,
+        "started_ms": agent_sdk::envelope::now_ms(),
+    });
+    let manifest: agent_sdk::registry::Manifest =
+        serde_json::from_value(manifest).expect("manifest");
+    let subjects = Subjects::default();
+    let (subject, performative) = if goodbye {
+        (
+            subjects.goodbye(agent).expect("subject"),
+            Performative::Done,
+        )
+    } else {
+        (
+            subjects.heartbeat(agent).expect("subject"),
+            Performative::Health,
+        )
+    };
+    let mut env = Envelope::new(Kind::Heartbeat, performative, agent);
+    env.payload = codec::encode_payload(&manifest, agent_sdk::envelope::CONTENT_TYPE_MSGPACK)
+        .expect("payload");
+    raw.publish(
+        &subject,
+        codec::encode(&env, Encoding::MsgPack).expect("encode"),
+    )
+    .await
+    .expect("publish");
+}
+
+/// The form events travel in now: publishes one and reads it off the wire.
+async fn form_on_the_wire(
+    publisher: &agent_sdk::Agent,
+    wire: &mut broker_adapter::Subscription,
+) -> Encoding {
+    publisher.publish("probe", &1u32).await.expect("publish");
+    let msg = within(WAIT, "probe on the wire", wire.next())
+        .await
+        .expect("probe");
+    Encoding::sniff(msg.payload()).expect("an envelope")
+}
+
+/// Publishes probes until they travel in `want`, within the test's deadline.
+async fn until_form(
+    publisher: &agent_sdk::Agent,
+    wire: &mut broker_adapter::Subscription,
+    want: Encoding,
+    what: &str,
+) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while form_on_the_wire(publisher, wire).await != want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: events still not {want:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// An agent without an encoding of its own follows its bus: compact while every live agent
+/// reads protocol 2 (the coordinator announces it), the named form as soon as one that reads
+/// only 1 registers, and compact again once it leaves.
+#[tokio::test]
+async fn agents_write_what_every_live_agent_reads() {
+    let server = server();
+    let coordinator = chorus_tests::coordinator(&server, false).await;
+    let publisher = chorus_tests::agent(&server, "publisher").await;
+    let _listener = chorus_tests::agent(&server, "listener").await;
+    let raw = raw_broker(&server).await;
+    let mut wire = raw.subscribe("chorus.evt.probe").await.expect("subscribe");
+    raw.sync(WAIT).await.expect("sync");
+
+    until_form(&publisher, &mut wire, Encoding::Compact, "once announced").await;
+    old_agent_presence(&raw, "old-agent", false).await;
+    until_form(
+        &publisher,
+        &mut wire,
+        Encoding::MsgPack,
+        "a protocol-1 agent is live",
+    )
+    .await;
+    old_agent_presence(&raw, "old-agent", true).await;
+    until_form(&publisher, &mut wire, Encoding::Compact, "it left").await;
+    coordinator.shutdown().await;
+}

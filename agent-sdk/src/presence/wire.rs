@@ -1,0 +1,38 @@
+//! Following the bus's protocol level: the coordinator announces on `<root>.sys.wire` the
+//! newest protocol major that every live agent reads, and an agent that has no encoding of its
+//! own writes the compact form while that is 2.
+
+use std::sync::Arc;
+
+use broker_adapter::Subscription;
+use tokio_util::sync::CancellationToken;
+
+use crate::outbound::Outbound;
+use crate::protocol::codec;
+use crate::protocol::registry::WireLevel;
+
+/// Reads the announcements until `stop`; what does not decode is ignored (the last good one
+/// holds).
+pub(crate) async fn follow_wire(
+    out: Arc<Outbound>,
+    mut sub: Subscription,
+    stop: CancellationToken,
+) {
+    while let Some(msg) = sub.next_until(stop.cancelled()).await {
+        let level = codec::decode(msg.payload()).ok().and_then(|(env, _)| {
+            codec::decode_payload::<WireLevel>(&env.payload, &env.content_type).ok()
+        });
+        match level {
+            Some(level) => {
+                let compact = level.major >= 2;
+                if compact != (out.wire.encoding() == codec::Encoding::Compact) {
+                    tracing::debug!(agent = %out.id, major = level.major, "following the bus's protocol");
+                }
+                out.wire.set_bus_compact(compact);
+            }
+            None => {
+                tracing::debug!(agent = %out.id, "an announcement on the wire subject did not decode");
+            }
+        }
+    }
+}
