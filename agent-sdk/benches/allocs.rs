@@ -20,23 +20,31 @@ fn main() {
     let subjects = Subjects::default();
     let payload = Bytes::from(vec![0x5a; 128]);
     let n = 100_000;
-    let publish = per_message(n, || {
-        // What Agent::publish_raw does before handing bytes to the NATS client.
+    for (form, encoding) in [("named", Encoding::MsgPack), ("compact", Encoding::Compact)] {
         let subject = subjects.event("doc.pages.scanned").expect("subject");
+        let publish = per_message(n, || {
+            // What Agent::publish_raw does before handing bytes to the NATS client.
+            let subject = subjects.event("doc.pages.scanned").expect("subject");
+            let mut env = Envelope::new(Kind::Event, Performative::Inform, "publisher-01");
+            env.topic = Some("doc.pages.scanned".to_owned());
+            env.content_type = "application/octet-stream".to_owned();
+            env.payload = payload.clone();
+            let bytes =
+                codec::encode_on(&env, encoding, &subjects.implied(&subject)).expect("encodes");
+            std::hint::black_box((subject, bytes));
+        });
         let mut env = Envelope::new(Kind::Event, Performative::Inform, "publisher-01");
         env.topic = Some("doc.pages.scanned".to_owned());
-        env.content_type = "application/octet-stream".to_owned();
         env.payload = payload.clone();
-        let bytes = codec::encode(&env, Encoding::MsgPack).expect("encodes");
-        std::hint::black_box((subject, bytes));
-    });
-    let mut env = Envelope::new(Kind::Event, Performative::Inform, "publisher-01");
-    env.topic = Some("doc.pages.scanned".to_owned());
-    env.payload = payload.clone();
-    let wire = codec::encode(&env, Encoding::MsgPack).expect("encodes");
-    let receive = per_message(n, || {
-        std::hint::black_box(codec::decode(&wire).expect("decodes"));
-    });
-    println!("allocations per message, SDK publish path (subject, envelope, encode): {publish:.1}");
-    println!("allocations per message, SDK receive path (decode): {receive:.1}");
+        let wire = codec::encode_on(&env, encoding, &subjects.implied(&subject)).expect("encodes");
+        let receive = per_message(n, || {
+            std::hint::black_box(
+                codec::decode_on(&wire, &subjects.implied(&subject)).expect("decodes"),
+            );
+        });
+        println!(
+            "allocations per message, {form} form, SDK publish path (subject, envelope, encode): {publish:.1}"
+        );
+        println!("allocations per message, {form} form, SDK receive path (decode): {receive:.1}");
+    }
 }
