@@ -436,6 +436,16 @@ where
     })
 }
 
+/// The time to judge `env`'s expiry by: the clock only for a message that can expire (most
+/// carry no TTL or deadline, and a clock read per message shows in the profile).
+fn clock_if_expiring(env: &Envelope) -> u64 {
+    if env.expires_at_ms().is_some() {
+        now_ms()
+    } else {
+        0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,15 +459,5 @@ mod tests {
             failure.reason,
             "agent ledger has no handler for chorus.agent.ledger.nope"
         );
-    }
-}
-
-/// The time to judge `env`'s expiry by: the clock only for a message that can expire (most
-/// carry no TTL or deadline, and a clock read per message shows in the profile).
-fn clock_if_expiring(env: &Envelope) -> u64 {
-    if env.expires_at_ms().is_some() {
-        now_ms()
-    } else {
-        0
     }
 }
