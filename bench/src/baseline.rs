@@ -21,6 +21,25 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}.{}", uuid::Uuid::now_v7().simple())
 }
 
+/// Publishes `count` messages of `size` bytes with nobody subscribed, until the server has
+/// them all (a flush): the sender's side of the events alone.
+pub(crate) async fn publish_only(url: &str, count: u64, size: usize) -> Result<Throughput> {
+    let subject = unique("baseline.publish");
+    let publisher = RawClient::connect(url, "baseline-pub-only").await?;
+    settle(&publisher).await?;
+    let payload = Bytes::from(vec![0x5a; size]);
+    let started = Instant::now();
+    for _ in 0..count {
+        publisher.publish(&subject, payload.clone()).await?;
+    }
+    publisher.flush().await?;
+    Ok(Throughput {
+        sent: count,
+        received: count,
+        elapsed: started.elapsed(),
+    })
+}
+
 /// Publishes `count` messages of `size` bytes to `subscribers` subscribers, each on its own
 /// connection, and counts what arrives (waiting at most `idle` after the last arrival).
 pub(crate) async fn pubsub(

@@ -128,6 +128,30 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         ));
     }
 
+    // The sender's share of the events' cost: the same 128-byte events with nobody
+    // subscribed, so the rows above split into what a publisher and a subscriber pay.
+    if want("events") {
+        let count = if q { 20_000 } else { 200_000 };
+        progress(&format!("publish only 128 B x {count}"));
+        let mut p = Pair::new();
+        for _ in 0..rounds {
+            let cpu = Cpu::start();
+            let r = baseline::publish_only(&url, count, 128).await?;
+            p.raw_cpu(cpu, r.sent);
+            p.raw.push(r.per_second());
+            let cpu = Cpu::start();
+            let c = scenarios::chorus_publish_only(&bus, count, 128).await?;
+            p.chorus_cpu(cpu, c.sent);
+            p.chorus.push(c.per_second());
+        }
+        rows.push(p.row(
+            "event publish only, nobody subscribed, 128 B",
+            "msg/s",
+            "(reported: the sender's share)",
+            |_| true,
+        ));
+    }
+
     let n = if q { 500 } else { 5_000 };
     if want("latency") {
         progress(&format!("request latency x {n}"));

@@ -98,6 +98,32 @@ pub(crate) async fn chorus_events(
     })
 }
 
+/// Chorus: `count` events of `size` bytes with nobody subscribed, until the server has them all
+/// (a flush): what the SDK costs a sender.
+pub(crate) async fn chorus_publish_only(
+    bus: &Bus<'_>,
+    count: u64,
+    size: usize,
+) -> anyhow::Result<Throughput> {
+    let topic = format!("bench.publish.{}", uuid::Uuid::now_v7().simple());
+    let publisher = agent(bus, "bench-pub-only").await?;
+    let payload = Bytes::from(vec![0x5a; size]);
+    let started = Instant::now();
+    for _ in 0..count {
+        publisher
+            .publish_raw(&topic, payload.clone(), "application/octet-stream")
+            .await?;
+    }
+    publisher.broker().flush().await?;
+    let elapsed = started.elapsed();
+    publisher.shutdown().await;
+    Ok(Throughput {
+        sent: count,
+        received: count,
+        elapsed,
+    })
+}
+
 async fn echo_agent(bus: &Bus<'_>, id: &str) -> anyhow::Result<Agent> {
     let echo = agent(bus, id).await?;
     echo.handle_command("echo", EchoHandler).await?;

@@ -138,6 +138,7 @@ impl Agent {
                 options.encryption_trust.iter().cloned().collect(),
             ),
             counters,
+            encode_chunk: std::sync::Mutex::new(bytes::BytesMut::new()),
             sequencer: Default::default(),
         });
         let verifier = options.signature_policy.clone().map(|policy| {

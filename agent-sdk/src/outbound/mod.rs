@@ -70,6 +70,9 @@ impl Wire {
     }
 }
 
+/// The size of the chunks encoded messages are sliced from.
+const ENCODE_CHUNK: usize = 16 * 1024;
+
 /// What every outgoing message of one agent shares.
 pub(crate) struct Outbound {
     pub(crate) id: String,
@@ -86,6 +89,8 @@ pub(crate) struct Outbound {
     /// Recipients' public encryption keys: configured ones, then the registry's.
     pub(crate) encryption_keys: RwLock<HashMap<String, String>>,
     pub(crate) counters: Arc<AgentCounters>,
+    /// The chunk encoded messages are sliced from ([`Outbound::encode`]).
+    pub(crate) encode_chunk: std::sync::Mutex<bytes::BytesMut>,
     /// Each published subject's count, stamped in its events.
     pub(crate) sequencer: crate::inbound::sequence::Sequencer,
 }
@@ -93,16 +98,43 @@ pub(crate) struct Outbound {
 impl Outbound {
     /// Encodes `env` in the agent's encoding for `subject` (the compact form leaves out what
     /// the subject carries).
+    ///
+    /// Messages are written into a thread's scratch buffer and copied into a shared chunk of
+    /// [`ENCODE_CHUNK`] bytes, each a slice of it: one allocation per chunk instead of one per
+    /// message (each freed on the connection's thread once written, which costs the
+    /// allocator more than the copy).
     pub(crate) fn encode(
         &self,
         subject: &str,
         env: &Envelope,
     ) -> Result<bytes::Bytes, crate::protocol::codec::CodecError> {
-        crate::protocol::codec::encode_on(
-            env,
-            self.wire.encoding(),
-            &self.subjects.implied(subject),
-        )
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            scratch.clear();
+            crate::protocol::codec::encode_into(
+                env,
+                self.wire.encoding(),
+                &self.subjects.implied(subject),
+                &mut scratch,
+            )?;
+            let mut chunk = self
+                .encode_chunk
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if chunk.capacity() < scratch.len() {
+                *chunk = bytes::BytesMut::with_capacity(ENCODE_CHUNK.max(scratch.len()));
+            }
+            chunk.extend_from_slice(&scratch);
+            let bytes = chunk.split().freeze();
+            // A large message must not keep its scratch buffer large.
+            if scratch.capacity() > ENCODE_CHUNK {
+                *scratch = Vec::new();
+            }
+            Ok(bytes)
+        })
     }
 
     /// Signs `env` for `subject` when the agent has an identity.

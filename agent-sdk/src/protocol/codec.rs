@@ -118,25 +118,36 @@ pub fn encode_on(
     encoding: Encoding,
     implied: &Implied<'_>,
 ) -> Result<Bytes, CodecError> {
+    let mut buf = Vec::new();
+    encode_into(envelope, encoding, implied, &mut buf)?;
+    Ok(Bytes::from(buf))
+}
+
+/// [`encode_on`], appending to `buf` (a sender that keeps a buffer saves an allocation per
+/// message).
+pub(crate) fn encode_into(
+    envelope: &Envelope,
+    encoding: Encoding,
+    implied: &Implied<'_>,
+    buf: &mut Vec<u8>,
+) -> Result<(), CodecError> {
     // Sized once for the fixed fields plus the payload: no regrowth on the hot path.
     match encoding {
         Encoding::Compact => {
-            let mut buf = Vec::with_capacity(COMPACT_OVERHEAD + envelope.payload.len());
-            compact::encode(envelope, implied, &mut buf);
-            Ok(Bytes::from(buf))
+            buf.reserve(COMPACT_OVERHEAD + envelope.payload.len());
+            compact::encode(envelope, implied, buf);
         }
         Encoding::MsgPack => {
-            let mut buf = Vec::with_capacity(ENVELOPE_OVERHEAD + envelope.payload.len());
-            crate::protocol::wire::encode(envelope, &mut buf);
-            Ok(Bytes::from(buf))
+            buf.reserve(ENVELOPE_OVERHEAD + envelope.payload.len());
+            crate::protocol::wire::encode(envelope, buf);
         }
         Encoding::Json => {
-            let mut buf = Vec::with_capacity(ENVELOPE_OVERHEAD + envelope.payload.len() * 4 / 3);
-            serde_json::to_writer(&mut buf, envelope)
+            buf.reserve(ENVELOPE_OVERHEAD + envelope.payload.len() * 4 / 3);
+            serde_json::to_writer(&mut *buf, envelope)
                 .map_err(|e| CodecError::Malformed(e.to_string()))?;
-            Ok(Bytes::from(buf))
         }
     }
+    Ok(())
 }
 
 /// Decodes an envelope, telling which encoding it was in. Refuses an unknown major version
