@@ -21,18 +21,30 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}.{}", uuid::Uuid::now_v7().simple())
 }
 
+/// Waits for `publisher` to reach the server, publishes `count` messages of `size` bytes on
+/// `subject` and flushes; returns when the publishing began.
+async fn publish_burst(
+    publisher: &RawClient,
+    subject: &str,
+    count: u64,
+    size: usize,
+) -> Result<Instant> {
+    settle(publisher).await?;
+    let payload = Bytes::from(vec![0x5a; size]);
+    let started = Instant::now();
+    for _ in 0..count {
+        publisher.publish(subject, payload.clone()).await?;
+    }
+    publisher.flush().await?;
+    Ok(started)
+}
+
 /// Publishes `count` messages of `size` bytes with nobody subscribed, until the server has
 /// them all (a flush): the sender's side of the events alone.
 pub(crate) async fn publish_only(url: &str, count: u64, size: usize) -> Result<Throughput> {
     let subject = unique("baseline.publish");
     let publisher = RawClient::connect(url, "baseline-pub-only").await?;
-    settle(&publisher).await?;
-    let payload = Bytes::from(vec![0x5a; size]);
-    let started = Instant::now();
-    for _ in 0..count {
-        publisher.publish(&subject, payload.clone()).await?;
-    }
-    publisher.flush().await?;
+    let started = publish_burst(&publisher, &subject, count, size).await?;
     Ok(Throughput {
         sent: count,
         received: count,
@@ -62,13 +74,7 @@ pub(crate) async fn pubsub(
     }
     // Let the subscriptions reach the server before publishing.
     let publisher = RawClient::connect(url, "baseline-pub").await?;
-    settle(&publisher).await?;
-    let payload = Bytes::from(vec![0x5a; size]);
-    let started = Instant::now();
-    for _ in 0..count {
-        publisher.publish(&subject, payload.clone()).await?;
-    }
-    publisher.flush().await?;
+    let started = publish_burst(&publisher, &subject, count, size).await?;
     let mut received = 0;
     let mut end = started;
     for counter in counters {

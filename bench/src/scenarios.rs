@@ -71,14 +71,7 @@ pub(crate) async fn chorus_events(
         }));
     }
     let publisher = agent(bus, "bench-pub").await?;
-    let payload = Bytes::from(vec![0x5a; size]);
-    let started = Instant::now();
-    for _ in 0..count {
-        publisher
-            .publish_raw(&topic, payload.clone(), "application/octet-stream")
-            .await?;
-    }
-    publisher.broker().flush().await?;
+    let started = publish_burst(&publisher, &topic, count, size).await?;
     let mut received = 0;
     let mut end = started;
     for counter in counters {
@@ -107,14 +100,7 @@ pub(crate) async fn chorus_publish_only(
 ) -> anyhow::Result<Throughput> {
     let topic = format!("bench.publish.{}", uuid::Uuid::now_v7().simple());
     let publisher = agent(bus, "bench-pub-only").await?;
-    let payload = Bytes::from(vec![0x5a; size]);
-    let started = Instant::now();
-    for _ in 0..count {
-        publisher
-            .publish_raw(&topic, payload.clone(), "application/octet-stream")
-            .await?;
-    }
-    publisher.broker().flush().await?;
+    let started = publish_burst(&publisher, &topic, count, size).await?;
     let elapsed = started.elapsed();
     publisher.shutdown().await;
     Ok(Throughput {
@@ -122,6 +108,24 @@ pub(crate) async fn chorus_publish_only(
         received: count,
         elapsed,
     })
+}
+
+/// Publishes `count` events of `size` bytes on `topic` and flushes; returns when it began.
+async fn publish_burst(
+    publisher: &Agent,
+    topic: &str,
+    count: u64,
+    size: usize,
+) -> anyhow::Result<Instant> {
+    let payload = Bytes::from(vec![0x5a; size]);
+    let started = Instant::now();
+    for _ in 0..count {
+        publisher
+            .publish_raw(topic, payload.clone(), "application/octet-stream")
+            .await?;
+    }
+    publisher.broker().flush().await?;
+    Ok(started)
 }
 
 async fn echo_agent(bus: &Bus<'_>, id: &str) -> anyhow::Result<Agent> {

@@ -98,17 +98,22 @@ impl Dispatcher {
                 {
                     let task = Arc::clone(&this);
                     let route = reader_route.clone();
-                    let mut run = Box::pin(async move {
+                    let run = async move {
                         task.process(msg, &route).await;
                         drop(permit);
-                    });
+                    };
                     // A handler that finishes without waiting (most do: a computation and a
                     // reply handed to the connection) is done here, with no task to spawn
                     // and wake. One that waits goes on as a task of its own. Signature checks
                     // are CPU work better spread over the cores, so a verifying agent always
                     // spawns.
-                    if this.pipeline.verifies() || futures::poll!(run.as_mut()).is_pending() {
+                    if this.pipeline.verifies() {
                         this.tracker.spawn(run);
+                    } else {
+                        let mut run = Box::pin(run);
+                        if futures::poll!(run.as_mut()).is_pending() {
+                            this.tracker.spawn(run);
+                        }
                     }
                     continue;
                 }

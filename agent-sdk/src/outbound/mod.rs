@@ -114,12 +114,14 @@ impl Outbound {
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             scratch.clear();
-            crate::protocol::codec::encode_into(
-                env,
-                self.wire.encoding(),
-                &self.subjects.implied(subject),
-                &mut scratch,
-            )?;
+            let encoding = self.wire.encoding();
+            // Only the compact form leaves anything to the subject.
+            let implied = if encoding == Encoding::Compact {
+                self.subjects.implied(subject)
+            } else {
+                crate::subject::Implied::default()
+            };
+            crate::protocol::codec::encode_into(env, encoding, &implied, &mut scratch)?;
             let mut chunk = self
                 .encode_chunk
                 .lock()

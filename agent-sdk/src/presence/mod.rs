@@ -126,7 +126,7 @@ impl Presence {
         env.content_type = CONTENT_TYPE_MSGPACK.to_owned();
         env.payload = codec::encode_payload(&self.manifest(), CONTENT_TYPE_MSGPACK)?;
         out.seal(&subject, &mut env);
-        let bytes = codec::encode(&env, out.wire.encoding())?;
+        let bytes = out.encode(&subject, &env)?;
         Ok(out.broker.publish(&subject, bytes).await?)
     }
 

@@ -175,21 +175,20 @@ pub fn decode_shared(bytes: &Bytes) -> Result<(Envelope, Encoding), CodecError> 
 
 fn decode_from(bytes: &[u8], shared: Option<&Bytes>) -> Result<(Envelope, Encoding), CodecError> {
     let encoding = Encoding::sniff(bytes).ok_or(CodecError::UnknownEncoding)?;
-    if encoding == Encoding::Compact {
-        return match compact::decode(bytes, shared) {
-            Ok(envelope) => Ok((envelope, encoding)),
-            Err(Ok(found)) => Err(unsupported(found)),
-            Err(Err(why)) => Err(CodecError::Malformed(why)),
-        };
-    }
     let result: Result<Envelope, String> = match encoding {
+        // The compact reader judges its own version and says what is wrong.
+        Encoding::Compact => {
+            return match compact::decode(bytes, shared) {
+                Ok(envelope) => Ok((envelope, encoding)),
+                Err(Ok(found)) => Err(unsupported(found)),
+                Err(Err(why)) => Err(CodecError::Malformed(why)),
+            };
+        }
         Encoding::MsgPack => match crate::protocol::wire::decode(bytes, shared) {
             Some(envelope) => Ok(envelope),
             None => rmp_serde::from_slice(bytes).map_err(|e| e.to_string()),
         },
-        Encoding::Json | Encoding::Compact => {
-            serde_json::from_slice(bytes).map_err(|e| e.to_string())
-        }
+        Encoding::Json => serde_json::from_slice(bytes).map_err(|e| e.to_string()),
     };
     match result {
         Ok(envelope) if envelope.version.major == PROTOCOL_VERSION.major => {

@@ -255,10 +255,7 @@ impl ConnectionArgs {
     /// published on the heartbeat subject) and no service-discovery answers; it only calls,
     /// sends and listens. With an nkey seed it signs what it sends with that key.
     pub(crate) async fn agent(&self) -> anyhow::Result<Agent> {
-        let id = self
-            .id
-            .clone()
-            .unwrap_or_else(|| format!("cli-{}", std::process::id()));
+        let id = self.agent_id();
         let server = self.url();
         let mut options = AgentOptions::new(id)
             .broker(self.broker_options()?)
@@ -283,13 +280,17 @@ impl ConnectionArgs {
         Ok(agent)
     }
 
+    /// The agent id one-shot commands connect as: `--id`, or `cli-<pid>`.
+    fn agent_id(&self) -> String {
+        self.id
+            .clone()
+            .unwrap_or_else(|| format!("cli-{}", std::process::id()))
+    }
+
     /// Who the server sees on this command's connections, for an error message: the nkey
     /// user and the agent id.
     fn user(&self) -> String {
-        let id = self
-            .id
-            .clone()
-            .unwrap_or_else(|| format!("cli-{}", std::process::id()));
+        let id = self.agent_id();
         match (&self.security.nkey_seed_file, self.security.identity()) {
             (Some(file), Ok(Some(identity))) => format!(
                 "user {} (--nkey-file {}, --id {id})",
@@ -435,18 +436,18 @@ pub(crate) fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `err` and its causes, outermost first.
+fn causes<'e>(
+    err: &'e (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'e (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(err), |e| e.source())
+}
+
 /// The first cause of type `T` in `err`'s chain.
 fn find_cause<'e, T: std::error::Error + 'static>(
     err: &'e (dyn std::error::Error + 'static),
 ) -> Option<&'e T> {
-    let mut cause = Some(err);
-    while let Some(c) = cause {
-        if let Some(found) = c.downcast_ref::<T>() {
-            return Some(found);
-        }
-        cause = c.source();
-    }
-    None
+    causes(err).find_map(|c| c.downcast_ref::<T>())
 }
 
 /// What to do about a failed connection, when the error's kind or cause says.
@@ -466,15 +467,12 @@ fn connect_hint(err: &agent_sdk::SdkError) -> &'static str {
             _ => {}
         }
     }
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(c) = cause {
-        if c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
-        {
-            return "\n  nothing listens there: `scripts/up` starts a local bus, or name the \
-                    server with --server (CHORUS_NATS_URL)";
-        }
-        cause = c.source();
+    let refused = causes(err)
+        .filter_map(|c| c.downcast_ref::<std::io::Error>())
+        .any(|io| io.kind() == std::io::ErrorKind::ConnectionRefused);
+    if refused {
+        return "\n  nothing listens there: `scripts/up` starts a local bus, or name the \
+                server with --server (CHORUS_NATS_URL)";
     }
     ""
 }

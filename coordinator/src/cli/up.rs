@@ -102,29 +102,14 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     }
     .run(&demo)
     .await;
-    outln!("chorus up: stopping agents (Ctrl-C again to force)");
     let stop = async {
         demo.shutdown().await;
         coordinator.shutdown().await;
     };
-    tokio::select! {
-        _ = stop => {}
-        _ = signals.recv() => {
-            eprintln!("chorus up: forced to stop");
-            drop(nats);
-            return Ok(ExitCode::from(130));
-        }
-        _ = tokio::time::sleep(SHUTDOWN_LIMIT) => {
-            eprintln!("chorus up: agents did not stop within {SHUTDOWN_LIMIT:?}; stopping anyway");
-        }
-    }
+    let forced = stop_gracefully(stop, &mut signals).await;
+    // The server it started stops before it says so.
     drop(nats);
-    outln!("chorus up: stopped");
-    Ok(if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(finished(forced, failed))
 }
 
 /// How the scenarios repeat, and the signals that stop them.
@@ -211,24 +196,41 @@ async fn run_joined(
         demo.agent_ids().join(", ")
     );
     let failed = rounds.run(&demo).await;
+    let forced = stop_gracefully(demo.shutdown(), rounds.signals).await;
+    server.stop().await;
+    Ok(finished(forced, failed))
+}
+
+/// Runs `stop` within [`SHUTDOWN_LIMIT`]; a signal meanwhile forces it. Whether it was forced.
+async fn stop_gracefully(
+    stop: impl std::future::Future<Output = ()>,
+    signals: &mut crate::Signals,
+) -> bool {
     outln!("chorus up: stopping agents (Ctrl-C again to force)");
     tokio::select! {
-        _ = demo.shutdown() => {}
-        _ = rounds.signals.recv() => {
+        _ = stop => false,
+        _ = signals.recv() => {
             eprintln!("chorus up: forced to stop");
-            return Ok(ExitCode::from(130));
+            true
         }
         _ = tokio::time::sleep(SHUTDOWN_LIMIT) => {
             eprintln!("chorus up: agents did not stop within {SHUTDOWN_LIMIT:?}; stopping anyway");
+            false
         }
     }
-    server.stop().await;
+}
+
+/// The exit status once stopped: 130 (128 + SIGINT) when forced, else whether a round failed.
+fn finished(forced: bool, failed: bool) -> ExitCode {
+    if forced {
+        return ExitCode::from(130);
+    }
     outln!("chorus up: stopped");
-    Ok(if failed {
+    if failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
-    })
+    }
 }
 
 /// The longest a graceful stop may take before `chorus up` stops anyway.
