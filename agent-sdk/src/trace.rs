@@ -98,6 +98,17 @@ fn push_hex(out: &mut String, v: u64) {
     out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
 }
 
+/// A new trace context with spans off, as its 25 bytes: a new trace id, a new parent (span)
+/// id, sampled.
+pub(crate) fn fresh() -> [u8; 25] {
+    let mut out = [0u8; 25];
+    out[..8].copy_from_slice(&random_u64().to_be_bytes());
+    out[8..16].copy_from_slice(&random_u64().to_be_bytes());
+    out[16..24].copy_from_slice(&random_u64().to_be_bytes());
+    out[24] = 1;
+    out
+}
+
 /// The trace id of a `traceparent`, when it has a well-formed one.
 fn trace_id_of(tc: &TraceContext) -> Option<&str> {
     let id = tc.traceparent.get(3..35)?;

@@ -82,7 +82,7 @@ impl Gaps {
             return 0;
         };
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (from.as_str(), subject).hash(&mut h);
+        (&*from, subject).hash(&mut h);
         let key = h.finish();
         if self.streams.len() >= MAX_FOLLOWED_STREAMS && !self.streams.contains_key(&key) {
             self.streams.clear();
@@ -106,14 +106,15 @@ impl Gaps {
     }
 }
 
-/// The sender and sequence of an envelope in any encoding.
-fn peek(payload: &[u8]) -> Option<(String, Sequence)> {
+/// The sender and sequence of an envelope in any encoding (the sender borrowed from the
+/// bytes, but for JSON).
+fn peek(payload: &[u8]) -> Option<(std::borrow::Cow<'_, str>, Sequence)> {
+    use std::borrow::Cow;
     match Encoding::sniff(payload)? {
-        Encoding::MsgPack => {
-            crate::protocol::wire::peek_sequence(payload).map(|(from, seq)| (from.to_owned(), seq))
-        }
+        Encoding::MsgPack => crate::protocol::wire::peek_sequence(payload)
+            .map(|(from, seq)| (Cow::Borrowed(from), seq)),
         Encoding::Compact => crate::protocol::wire::compact::peek_sequence(payload)
-            .map(|(from, seq)| (from.to_owned(), seq)),
+            .map(|(from, seq)| (Cow::Borrowed(from), seq)),
         Encoding::Json => {
             #[derive(serde::Deserialize)]
             struct Peek {
@@ -121,7 +122,7 @@ fn peek(payload: &[u8]) -> Option<(String, Sequence)> {
                 seq: Option<Sequence>,
             }
             let p: Peek = serde_json::from_slice(payload).ok()?;
-            Some((p.from, p.seq?))
+            Some((Cow::Owned(p.from), p.seq?))
         }
     }
 }

@@ -108,12 +108,7 @@ impl Outbound {
         subject: &str,
         env: &Envelope,
     ) -> Result<bytes::Bytes, crate::protocol::codec::CodecError> {
-        thread_local! {
-            static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        SCRATCH.with(|scratch| {
-            let mut scratch = scratch.borrow_mut();
-            scratch.clear();
+        self.write(|scratch| {
             let encoding = self.wire.encoding();
             // Only the compact form leaves anything to the subject.
             let implied = if encoding == Encoding::Compact {
@@ -121,7 +116,22 @@ impl Outbound {
             } else {
                 crate::subject::Implied::default()
             };
-            crate::protocol::codec::encode_into(env, encoding, &implied, &mut scratch)?;
+            crate::protocol::codec::encode_into(env, encoding, &implied, scratch)
+        })
+    }
+
+    /// What `write` puts in a thread's scratch buffer, as a slice of the shared chunk.
+    pub(crate) fn write<E>(
+        &self,
+        write: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<bytes::Bytes, E> {
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            scratch.clear();
+            write(&mut scratch)?;
             let mut chunk = self
                 .encode_chunk
                 .lock()

@@ -103,7 +103,7 @@ pub enum CodecError {
 /// Bytes an encoded envelope takes besides its payload, typically (a starting size).
 const ENVELOPE_OVERHEAD: usize = 320;
 /// The same for the compact form.
-const COMPACT_OVERHEAD: usize = 160;
+pub(crate) const COMPACT_OVERHEAD: usize = 160;
 
 /// Encodes `envelope` in `encoding`, every field written (see [`encode_on`]).
 pub fn encode(envelope: &Envelope, encoding: Encoding) -> Result<Bytes, CodecError> {

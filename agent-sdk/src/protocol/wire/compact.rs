@@ -87,32 +87,27 @@ fn trace_bytes(traceparent: &str) -> Option<[u8; 25]> {
     if b.len() != 55 || &b[..3] != b"00-" || b[35] != b'-' || b[52] != b'-' {
         return None;
     }
-    let mut out = [0u8; 25];
-    let hex = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    for (i, range) in [(0, 3..35), (16, 36..52), (24, 53..55)] {
-        for (j, pair) in b[range].chunks(2).enumerate() {
-            out[i + j] = hex(pair[0])? << 4 | hex(pair[1])?;
-        }
+    // Lowercase only: uppercase hex would not come back the same from the bytes.
+    if b.iter().any(u8::is_ascii_uppercase) {
+        return None;
     }
+    let mut out = [0u8; 25];
+    hex::decode_to_slice(&b[3..35], &mut out[..16]).ok()?;
+    hex::decode_to_slice(&b[36..52], &mut out[16..24]).ok()?;
+    hex::decode_to_slice(&b[53..55], &mut out[24..]).ok()?;
     Some(out)
 }
 
-fn trace_text(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(55);
-    s.push_str("00-");
-    for (i, b) in bytes.iter().enumerate() {
-        if i == 16 || i == 24 {
-            s.push('-');
-        }
-        s.push(char::from(HEX[usize::from(b >> 4)]));
-        s.push(char::from(HEX[usize::from(b & 0x0f)]));
-    }
-    s
+pub(crate) fn trace_text(bytes: &[u8; 25]) -> String {
+    let mut text = [0u8; 55];
+    text[..3].copy_from_slice(b"00-");
+    text[35] = b'-';
+    text[52] = b'-';
+    // The slices are exactly twice the bytes' length, so these cannot fail.
+    let _ = hex::encode_to_slice(&bytes[..16], &mut text[3..35]);
+    let _ = hex::encode_to_slice(&bytes[16..24], &mut text[36..52]);
+    let _ = hex::encode_to_slice(&bytes[24..], &mut text[53..55]);
+    String::from_utf8_lossy(&text).into_owned()
 }
 
 /// Writes `env` in the compact form onto `out`, leaving out what `implied` (the subject it is
@@ -168,12 +163,7 @@ pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
     let write_capability = capability.is_some() && capability.as_deref() != implied.capability;
     let write_name = name.is_some() && name.as_deref() != implied.name;
     let trace_binary = trace.as_ref().map(|t| trace_bytes(&t.traceparent));
-    let content_code = match content_type.as_str() {
-        CONTENT_TYPE_MSGPACK => None,
-        CONTENT_TYPE_JSON => Some(Ok(CT_JSON)),
-        CONTENT_TYPE_ENCRYPTED => Some(Ok(CT_ENCRYPTED)),
-        other => Some(Err(other)),
-    };
+    let content_code = content_code(content_type);
     let fields = 5
         + usize::from(COMPACT_VERSION.minor != 0)
         + usize::from(write_timestamp)
@@ -310,18 +300,7 @@ pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
             str(out, hv);
         }
     }
-    match content_code {
-        None => {}
-        Some(Ok(code)) => uint(out, key::CONTENT_TYPE, code),
-        Some(Err(other)) => {
-            k(out, key::CONTENT_TYPE);
-            str(out, other);
-        }
-    }
-    if !payload.is_empty() {
-        k(out, key::PAYLOAD);
-        bin(out, payload);
-    }
+    content_and_payload(out, content_code, payload);
     opt_str(out, key::TOKEN, token);
     if let Some(sig) = signature {
         k(out, key::SIGNATURE);
@@ -340,6 +319,100 @@ pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
             str(out, &r.agent);
             bin(out, &r.key);
         }
+    }
+    minor(out);
+}
+
+/// The parts of an event written straight from them by [`encode_event`]: an event with no
+/// parent, signature or span, published to `<root>.evt.<topic>` (which carries its topic).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EventParts<'a> {
+    pub(crate) id: Uuid,
+    pub(crate) from: &'a str,
+    pub(crate) hop_limit: u8,
+    pub(crate) seq: Sequence,
+    /// The trace context in its 25 bytes (trace id, parent id, flags).
+    pub(crate) trace: [u8; 25],
+    pub(crate) content_type: &'a str,
+    pub(crate) payload: &'a [u8],
+}
+
+/// Writes an event from its parts: the same bytes [`encode`] writes for the envelope they
+/// describe on its event subject, without building the envelope (no string is copied and
+/// nothing is allocated but what `out` grows by).
+pub(crate) fn encode_event(parts: &EventParts<'_>, out: &mut Vec<u8>) {
+    let EventParts {
+        id,
+        from,
+        hop_limit,
+        seq,
+        trace,
+        content_type,
+        payload,
+    } = *parts;
+    let content_code = content_code(content_type);
+    let write_timestamp = v7_timestamp(&id).is_none();
+    let fields = 7
+        + usize::from(COMPACT_VERSION.minor != 0)
+        + usize::from(write_timestamp)
+        + usize::from(hop_limit != DEFAULT_HOP_LIMIT)
+        + usize::from(content_code.is_some())
+        + usize::from(!payload.is_empty());
+    let _ = w::write_map_len(out, fields as u32);
+    uint(out, key::VERSION, COMPACT_VERSION.major.into());
+    k(out, key::ID);
+    bin(out, id.as_bytes());
+    k(out, key::FROM);
+    str(out, from);
+    uint(out, key::KIND, Kind::Event.code().into());
+    uint(out, key::PERFORMATIVE, Performative::Inform.code().into());
+    if write_timestamp {
+        uint(out, key::TIMESTAMP_MS, crate::protocol::envelope::now_ms());
+    }
+    if hop_limit != DEFAULT_HOP_LIMIT {
+        uint(out, key::HOP_LIMIT, hop_limit.into());
+    }
+    k(out, key::SEQ);
+    let _ = w::write_array_len(out, 2);
+    let _ = w::write_uint(out, seq.epoch.into());
+    let _ = w::write_uint(out, seq.n);
+    k(out, key::TRACE);
+    bin(out, &trace);
+    content_and_payload(out, content_code, payload);
+    minor(out);
+}
+
+/// The minor version, last, when it is not 0.
+fn minor(out: &mut Vec<u8>) {
+    if COMPACT_VERSION.minor != 0 {
+        uint(out, key::MINOR_VERSION, COMPACT_VERSION.minor.into());
+    }
+}
+
+/// The code of a content type: none for the default (MessagePack), a number for the known
+/// ones, the text for any other.
+fn content_code(content_type: &str) -> Option<Result<u64, &str>> {
+    match content_type {
+        CONTENT_TYPE_MSGPACK => None,
+        CONTENT_TYPE_JSON => Some(Ok(CT_JSON)),
+        CONTENT_TYPE_ENCRYPTED => Some(Ok(CT_ENCRYPTED)),
+        other => Some(Err(other)),
+    }
+}
+
+/// The content type (unless the default) and the payload (unless empty).
+fn content_and_payload(out: &mut Vec<u8>, code: Option<Result<u64, &str>>, payload: &[u8]) {
+    match code {
+        None => {}
+        Some(Ok(code)) => uint(out, key::CONTENT_TYPE, code),
+        Some(Err(other)) => {
+            k(out, key::CONTENT_TYPE);
+            str(out, other);
+        }
+    }
+    if !payload.is_empty() {
+        k(out, key::PAYLOAD);
+        bin(out, payload);
     }
 }
 
@@ -515,10 +588,7 @@ fn read_field(
         key::STATUS => env.status = Some(StatusCode(u16::try_from(r.uint()?).ok()?)),
         key::REASON => env.reason = Some(string(r)?),
         key::TRACE => {
-            let bytes = r.bin()?;
-            if bytes.len() != 25 {
-                return None;
-            }
+            let bytes: [u8; 25] = r.bin()?.as_ref().try_into().ok()?;
             trace_mut(env).traceparent = trace_text(&bytes);
         }
         key::TRACEPARENT => trace_mut(env).traceparent = string(r)?,
