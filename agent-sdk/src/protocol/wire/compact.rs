@@ -466,7 +466,8 @@ pub(crate) fn decode(
         Kind::Unknown,
         Performative::Unknown,
         String::new(),
-        CONTENT_TYPE_MSGPACK.to_owned(),
+        // Set at the end when no content type came (one allocation, not two).
+        String::new(),
     );
     env.version = PROTOCOL_VERSION;
     let mut seen = 0u64;
@@ -510,6 +511,9 @@ pub(crate) fn decode(
     }
     if env.trace.as_ref().is_some_and(|t| t.traceparent.is_empty()) {
         return bad("tracestate (key 24) without a traceparent (key 23 or 25)");
+    }
+    if seen & (1 << key::CONTENT_TYPE) == 0 {
+        env.content_type = CONTENT_TYPE_MSGPACK.to_owned();
     }
     env.timestamp_ms = match timestamp.or_else(|| v7_timestamp(&env.id)) {
         Some(t) => t,
