@@ -74,7 +74,11 @@ duplicates_suppressed,
     /// Requests refused because the sender lacks a permission the handler requires (5007).
     access_refused,
     /// Requests refused because the sender exceeded its rate limit (5013).
-    rate_limited,}
+    rate_limited,
+    /// Batches of signatures the handler routes checked together (an agent that verifies).
+    verify_batches,
+    /// Signed messages checked in those batches: divided by `verify_batches`, the mean batch.
+    verified_in_batches,}
 
 impl AgentCounters {
     pub(crate) fn bump(counter: &AtomicU64) {

@@ -206,7 +206,7 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             p.raw_cpu(cpu, r.received);
             p.raw.push(r.per_second());
             let cpu = Cpu::start();
-            let c = scenarios::chorus_request_throughput(&bus, 64, dur, 128).await?;
+            let c = scenarios::chorus_request_throughput(&bus, 64, dur, 128, false).await?;
             p.chorus_cpu(cpu, c.received);
             p.chorus.push(c.per_second());
             p.sent += c.sent;
@@ -285,6 +285,20 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
                 signed.per_second(),
                 ">= 50,000/s",
                 Some(met),
+            )
+            .counts(signed.sent, signed.received)
+        });
+        progress("signed and verified requests, 64 concurrent");
+        let cpu = Cpu::start();
+        let signed = scenarios::chorus_request_throughput(&bus, 64, dur, 128, true).await?;
+        rows.push(Row {
+            chorus_cpu_us: cpu.per_message_us(signed.received),
+            ..Row::chorus_only(
+                "signed and verified requests, 64 concurrent",
+                "req/s",
+                signed.per_second(),
+                "(reported)",
+                None,
             )
             .counts(signed.sent, signed.received)
         });

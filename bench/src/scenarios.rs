@@ -171,14 +171,45 @@ pub(crate) async fn chorus_latency(
     Ok(out)
 }
 
+/// Chorus: `concurrency` requesters calling an echo agent for `duration`. With `signed`, the
+/// client signs every request and the echo agent verifies each (in batches).
 pub(crate) async fn chorus_request_throughput(
     bus: &Bus<'_>,
     concurrency: usize,
     duration: Duration,
     size: usize,
+    signed: bool,
 ) -> anyhow::Result<Throughput> {
-    let echo = echo_agent(bus, "bench-echo").await?;
-    let client = agent(bus, "bench-client").await?;
+    let (echo, client) = if signed {
+        use agent_sdk::security::{Identity, SignaturePolicy};
+        let identity = Identity::generate();
+        let echo = bus
+            .options("bench-echo")
+            .heartbeat_interval(Duration::ZERO)
+            .service_discovery(false)
+            .queue_capacity(QUEUE_CAPACITY)
+            .verify_signatures(SignaturePolicy {
+                require_signed: true,
+                ..SignaturePolicy::default()
+            })
+            .trust("bench-client", identity.public_key())
+            .connect()
+            .await?;
+        echo.handle_command("echo", EchoHandler).await?;
+        let client = bus
+            .options("bench-client")
+            .heartbeat_interval(Duration::ZERO)
+            .service_discovery(false)
+            .identity(identity)
+            .connect()
+            .await?;
+        (echo, client)
+    } else {
+        (
+            echo_agent(bus, "bench-echo").await?,
+            agent(bus, "bench-client").await?,
+        )
+    };
     let payload = Bytes::from(vec![1u8; size]);
     let started = Instant::now();
     let deadline = started + duration;

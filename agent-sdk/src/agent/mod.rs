@@ -177,6 +177,8 @@ impl Agent {
                         options.inbox_limits.replicas,
                     )
                 }),
+            tracker: tracker.clone(),
+            stop: stop.clone(),
         }));
         let dispatcher = Arc::new(Dispatcher {
             pipeline: Arc::clone(&pipeline),

@@ -13,7 +13,7 @@ use opentelemetry::trace::SpanKind;
 
 use super::admit::{self, Limits, Refused};
 use super::exactly_once::{Before, ExactlyOnce};
-use super::layers::{Authorize, Decrypt, Inbound, Layer, Verify};
+use super::layers::{Authorize, Batches, Decrypt, Inbound, Layer, Verify};
 use super::outcome::{Failure, Outcome, Retry};
 use crate::error::HandlerError;
 use crate::handler::endpoint::{Endpoint, Endpoints};
@@ -58,6 +58,9 @@ pub(crate) struct PipelineParts {
     pub(crate) exactly_once: ExactlyOnce,
     /// Seen ids kept where a restart finds them ([`crate::AgentOptions::persist_seen_ids`]).
     pub(crate) seen: Option<super::seen::SeenIds>,
+    /// The agent's tasks and its stop, for the signature checks' collector.
+    pub(crate) tracker: tokio_util::task::TaskTracker,
+    pub(crate) stop: tokio_util::sync::CancellationToken,
 }
 
 /// The inbound pipeline of one agent.
@@ -67,6 +70,8 @@ pub(crate) struct Pipeline {
     layers: Vec<Box<dyn Layer>>,
     /// Whether the signature check runs (the event stream batches it when it does).
     verifies: bool,
+    /// Signature checks in batches for the handler routes, when the agent verifies.
+    batches: Option<Batches>,
     exactly_once: ExactlyOnce,
     seen: Option<super::seen::SeenIds>,
 }
@@ -81,10 +86,15 @@ impl Pipeline {
             access,
             exactly_once,
             seen,
+            tracker,
+            stop,
         } = parts;
         let counters = Arc::clone(&out.counters);
         let mut layers: Vec<Box<dyn Layer>> = Vec::new();
         let verifies = verifier.is_some();
+        let batches = verifier.as_ref().map(|verifier| {
+            Batches::start(Arc::clone(verifier), Arc::clone(&counters), &tracker, stop)
+        });
         if let Some(verifier) = verifier {
             // The signature covers the payload as sent (ciphertext): check it, then decrypt.
             layers.push(Box::new(Verify {
@@ -103,6 +113,7 @@ impl Pipeline {
             endpoints,
             layers,
             verifies,
+            batches,
             exactly_once,
             seen,
         }
@@ -230,7 +241,14 @@ impl Pipeline {
             Target::Endpoint(endpoint) => Some(endpoint.as_ref()),
             _ => None,
         };
+        // A signed message is checked with whatever else is waiting (the layer takes the
+        // verdict); an unsigned one has nothing to batch.
+        let (env, preverified) = match &self.batches {
+            Some(batches) if env.signature.is_some() => batches.verify(subject, env).await,
+            _ => (env, None),
+        };
         let mut msg = Inbound::new(subject, env, endpoint);
+        msg.preverified = preverified;
         for layer in &self.layers {
             if let Err(failure) = layer.check(&mut msg) {
                 return Processed {

@@ -30,27 +30,39 @@ async fn ask(raw: &broker_adapter::Broker, subject: &str, env: &Envelope) -> Env
     codec::decode(msg.payload()).expect("reply envelope").0
 }
 
+/// A bank that requires signatures, trusts `trusted`, and answers `pay` with who paid what.
+async fn strict_bank(
+    server: &chorus_tests::NatsServer,
+    trusted: &[(&str, &Identity)],
+) -> agent_sdk::Agent {
+    let mut options = agent_options(server, "bank").verify_signatures(SignaturePolicy {
+        require_signed: true,
+        ..SignaturePolicy::default()
+    });
+    for (id, identity) in trusted {
+        options = options.trust(*id, identity.public_key());
+    }
+    let bank = options.connect().await.expect("bank");
+    answer_pay(&bank).await;
+    bank
+}
+
+/// Registers the bank's `pay`: who paid what.
+async fn answer_pay(bank: &agent_sdk::Agent) {
+    bank.on_command("pay", |ctx: Context, cents: u32| async move {
+        Ok::<_, HandlerError>(format!("{} paid {cents}", ctx.from()))
+    })
+    .await
+    .expect("register");
+}
+
 #[tokio::test]
 async fn signatures_are_checked_and_each_attack_is_refused_with_its_code() {
     let server = server();
     let alice = Identity::generate();
     let carol = Identity::generate();
     let alice_public = alice.public_key();
-    let bank = agent_options(&server, "bank")
-        .verify_signatures(SignaturePolicy {
-            require_signed: true,
-            ..SignaturePolicy::default()
-        })
-        .trust("alice", alice.public_key())
-        .trust("carol", carol.public_key())
-        .connect()
-        .await
-        .expect("bank");
-    bank.on_command("pay", |ctx: Context, cents: u32| async move {
-        Ok::<_, HandlerError>(format!("{} paid {cents}", ctx.from()))
-    })
-    .await
-    .expect("register");
+    let bank = strict_bank(&server, &[("alice", &alice), ("carol", &carol)]).await;
 
     // Through the SDK: alice signs everything she sends.
     let alice_agent = agent_options(&server, "alice")
@@ -114,6 +126,61 @@ async fn signatures_are_checked_and_each_attack_is_refused_with_its_code() {
     assert_eq!(bank.stats().security_refused, 5);
 }
 
+/// A burst of signed requests to a handler is checked in batches (several signatures at once,
+/// on every core), and each message still gets its own verdict: the forged ones in the burst
+/// are refused with 5004, every other is handled once.
+#[tokio::test]
+async fn a_burst_of_signed_requests_is_verified_in_batches_each_with_its_verdict() {
+    let server = server();
+    let alice = Identity::generate();
+    let bank = strict_bank(&server, &[("alice", &alice)]).await;
+    let raw = raw_broker(&server).await;
+    let subject = bank.subjects().command("bank", "pay").expect("subject");
+
+    // 300 requests at once, every tenth forged (signed, then its payload changed).
+    const N: u32 = 300;
+    let asks = (0..N).map(|i| {
+        let mut env = pay("alice", i);
+        alice.sign(&subject, &mut env);
+        if i % 10 == 0 {
+            env.payload =
+                codec::encode_payload(&(i + 1_000_000), "application/msgpack").expect("payload");
+        }
+        let (raw, subject) = (&raw, &subject);
+        async move { (i, ask(raw, subject, &env).await) }
+    });
+    let replies = within(WAIT * 3, "the replies", futures::future::join_all(asks)).await;
+    for (i, reply) in replies {
+        if i % 10 == 0 {
+            assert_eq!(
+                reply.status,
+                Some(StatusCode::IDENTITY),
+                "{i}: {:?}",
+                reply.reason
+            );
+        } else {
+            assert_eq!(
+                reply.status,
+                Some(StatusCode::OK),
+                "{i}: {:?}",
+                reply.reason
+            );
+            let paid: String =
+                codec::decode_payload(&reply.payload, &reply.content_type).expect("text");
+            assert_eq!(paid, format!("alice paid {i}"));
+        }
+    }
+    let stats = bank.stats();
+    assert_eq!(stats.security_refused, u64::from(N / 10));
+    assert_eq!(stats.verified_in_batches, u64::from(N));
+    assert!(
+        stats.verify_batches < stats.verified_in_batches,
+        "a burst is checked in batches: {} batches for {} signatures",
+        stats.verify_batches,
+        stats.verified_in_batches
+    );
+}
+
 /// SECURITY.md: with `persist_seen_ids`, the ids of verified messages are kept in a bucket
 /// that outlives the agent, so the bank restarted refuses, with 5015, a signed request it
 /// accepted before the restart; a bank without it (in memory only) would accept it again.
@@ -131,11 +198,7 @@ async fn a_replay_across_a_restart_is_refused_when_seen_ids_are_persisted() {
             .persist_seen_ids(persist);
         async move {
             let bank = options.connect().await.expect("bank");
-            bank.on_command("pay", |ctx: Context, cents: u32| async move {
-                Ok::<_, HandlerError>(format!("{} paid {cents}", ctx.from()))
-            })
-            .await
-            .expect("register");
+            answer_pay(&bank).await;
             bank
         }
     };

@@ -9,7 +9,7 @@ mod verify;
 
 pub(crate) use authorize::Authorize;
 pub(crate) use decrypt::Decrypt;
-pub(crate) use verify::Verify;
+pub(crate) use verify::{Batches, Verify};
 
 use crate::handler::endpoint::Endpoint;
 use crate::inbound::outcome::Failure;
@@ -26,6 +26,9 @@ pub(crate) struct Inbound<'a> {
     /// signature that verified against the key registered for that sender. Grants apply only
     /// to verified senders (unless the agent trusts unverified ones).
     pub(crate) verified: bool,
+    /// The signature check's verdict, when it was made already in a batch
+    /// ([`Batches`]); the verify layer makes it otherwise.
+    pub(crate) preverified: Option<Result<(), crate::security::signing::Refused>>,
 }
 
 impl<'a> Inbound<'a> {
@@ -36,6 +39,7 @@ impl<'a> Inbound<'a> {
             env,
             endpoint,
             verified: false,
+            preverified: None,
         }
     }
 }
