@@ -15,7 +15,7 @@ use opentelemetry::{Context as OtelContext, KeyValue, global};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::protocol::envelope::{Envelope, TraceContext};
+use crate::protocol::envelope::{Envelope, TraceContext, TraceParent};
 
 static SPANS: AtomicBool = AtomicBool::new(false);
 
@@ -66,10 +66,38 @@ pub(crate) fn remote_parent(env: &Envelope) -> OtelContext {
     }
     env.trace
         .as_ref()
-        .and_then(|t| parse_traceparent(&t.traceparent))
+        .and_then(|t| span_context_of(&t.traceparent))
         .map_or_else(OtelContext::new, |sc| {
             OtelContext::new().with_remote_span_context(sc)
         })
+}
+
+/// The span context of a `traceparent` (read from its bytes when it is held as bytes).
+fn span_context_of(traceparent: &TraceParent) -> Option<SpanContext> {
+    let Some(b) = traceparent.as_bytes() else {
+        return traceparent.with_text(parse_traceparent);
+    };
+    let mut trace = [0u8; 16];
+    trace.copy_from_slice(&b[..16]);
+    let mut span = [0u8; 8];
+    span.copy_from_slice(&b[16..24]);
+    let sc = SpanContext::new(
+        TraceId::from_bytes(trace),
+        SpanId::from_bytes(span),
+        TraceFlags::new(b[24]),
+        true,
+        TraceState::default(),
+    );
+    sc.is_valid().then_some(sc)
+}
+
+/// The `traceparent` of a span context.
+fn traceparent_of(sc: &SpanContext) -> TraceParent {
+    let mut b = [0u8; 25];
+    b[..16].copy_from_slice(&sc.trace_id().to_bytes());
+    b[16..24].copy_from_slice(&sc.span_id().to_bytes());
+    b[24] = sc.trace_flags().to_u8();
+    TraceParent::from_bytes(b)
 }
 
 thread_local! {
@@ -90,14 +118,6 @@ fn random_u64() -> u64 {
     })
 }
 
-/// Appends `v` as 16 lowercase hex digits (what `{:016x}` writes, without the formatter).
-fn push_hex(out: &mut String, v: u64) {
-    let mut hex = [0u8; 16];
-    // 8 bytes always fit 16 hex digits, which are ASCII.
-    let _ = hex::encode_to_slice(v.to_be_bytes(), &mut hex);
-    out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
-}
-
 /// A new trace context with spans off, as its 25 bytes: a new trace id, a new parent (span)
 /// id, sampled.
 pub(crate) fn fresh() -> [u8; 25] {
@@ -110,9 +130,18 @@ pub(crate) fn fresh() -> [u8; 25] {
 }
 
 /// The trace id of a `traceparent`, when it has a well-formed one.
-fn trace_id_of(tc: &TraceContext) -> Option<&str> {
-    let id = tc.traceparent.get(3..35)?;
-    (tc.traceparent.starts_with("00-") && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
+fn trace_id_of(tc: &TraceContext) -> Option<[u8; 16]> {
+    if let Some(b) = tc.traceparent.as_bytes() {
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&b[..16]);
+        return Some(id);
+    }
+    tc.traceparent.with_text(|text| {
+        let hex_id = text.get(3..35).filter(|_| text.starts_with("00-"))?;
+        let mut id = [0u8; 16];
+        hex::decode_to_slice(hex_id, &mut id).ok()?;
+        Some(id)
+    })
 }
 
 /// A span for something this agent sends, and the `traceparent` for its envelope.
@@ -128,22 +157,15 @@ pub(crate) fn start(
     attributes: impl FnOnce() -> Vec<KeyValue>,
 ) -> (Option<OtelContext>, TraceContext) {
     if !spans_enabled() {
-        let mut traceparent = String::with_capacity(55);
-        traceparent.push_str("00-");
-        match inherited.and_then(trace_id_of) {
-            Some(trace) => traceparent.push_str(trace),
-            None => {
-                push_hex(&mut traceparent, random_u64());
-                push_hex(&mut traceparent, random_u64());
-            }
+        // A new trace (or the inherited one), a new span id, sampled.
+        let mut bytes = fresh();
+        if let Some(trace) = inherited.and_then(trace_id_of) {
+            bytes[..16].copy_from_slice(&trace);
         }
-        traceparent.push('-');
-        push_hex(&mut traceparent, random_u64());
-        traceparent.push_str("-01");
         return (
             None,
             TraceContext {
-                traceparent,
+                traceparent: TraceParent::from_bytes(bytes),
                 tracestate: None,
             },
         );
@@ -152,7 +174,7 @@ pub(crate) fn start(
         parent.clone()
     } else {
         inherited
-            .and_then(|t| parse_traceparent(&t.traceparent))
+            .and_then(|t| span_context_of(&t.traceparent))
             .map_or_else(OtelContext::new, |sc| {
                 OtelContext::new().with_remote_span_context(sc)
             })
@@ -160,14 +182,9 @@ pub(crate) fn start(
     let cx = child(kind, &parent, name, attributes);
     let sc = cx.span().span_context().clone();
     let traceparent = if sc.is_valid() {
-        format_traceparent(&sc)
+        traceparent_of(&sc)
     } else {
-        format!(
-            "00-{:016x}{:016x}-{:016x}-01",
-            random_u64(),
-            random_u64(),
-            random_u64()
-        )
+        TraceParent::from_bytes(fresh())
     };
     (
         Some(cx),
@@ -254,11 +271,6 @@ mod tests {
 
     #[test]
     fn traceparents_made_without_spans_are_valid_and_keep_the_inherited_trace() {
-        for v in [0, 1, 0xabc, u64::MAX, 0x0123_4567_89ab_cdef] {
-            let mut out = String::new();
-            push_hex(&mut out, v);
-            assert_eq!(out, format!("{v:016x}"));
-        }
         let (_, fresh) = start(
             SpanKind::Producer,
             &OtelContext::new(),
@@ -266,8 +278,10 @@ mod tests {
             String::new,
             Vec::new,
         );
-        let sc = parse_traceparent(&fresh.traceparent).expect("a valid traceparent");
-        assert_eq!(fresh.traceparent.len(), 55);
+        let text = fresh.traceparent.to_string();
+        let sc = parse_traceparent(&text).expect("a valid traceparent");
+        assert_eq!(text.len(), 55);
+        assert_eq!(span_context_of(&fresh.traceparent), Some(sc.clone()));
         let (_, child) = start(
             SpanKind::Producer,
             &OtelContext::new(),
@@ -275,8 +289,49 @@ mod tests {
             String::new,
             Vec::new,
         );
-        let child_sc = parse_traceparent(&child.traceparent).expect("a valid traceparent");
+        let child_sc =
+            parse_traceparent(&child.traceparent.to_string()).expect("a valid traceparent");
         assert_eq!(child_sc.trace_id(), sc.trace_id());
         assert_ne!(child_sc.span_id(), sc.span_id());
+        // Inherited from a traceparent that came as text of another version.
+        let other = TraceContext {
+            traceparent: "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra".into(),
+            tracestate: None,
+        };
+        assert!(other.traceparent.as_bytes().is_none(), "kept as text");
+        let (_, child) = start(
+            SpanKind::Producer,
+            &OtelContext::new(),
+            Some(&other),
+            String::new,
+            Vec::new,
+        );
+        assert!(
+            !child.traceparent.to_string().contains("4bf92f35"),
+            "a trace id is taken only from version 00"
+        );
+    }
+
+    #[test]
+    fn a_traceparent_is_held_as_bytes_only_in_its_canonical_form() {
+        let text = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let canonical = TraceParent::parse(text);
+        assert!(canonical.as_bytes().is_some());
+        assert_eq!(canonical.to_string(), text);
+        assert_eq!(canonical, text);
+        for kept in [
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "not a traceparent",
+            "",
+        ] {
+            let t = TraceParent::parse(kept);
+            assert!(t.as_bytes().is_none(), "{kept:?}");
+            assert_eq!(t.to_string(), kept);
+        }
+        let json = serde_json::to_string(&canonical).expect("json");
+        assert_eq!(json, format!("\"{text}\""));
+        let back: TraceParent = serde_json::from_str(&json).expect("reads");
+        assert_eq!(back, canonical);
     }
 }

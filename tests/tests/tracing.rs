@@ -25,8 +25,11 @@ async fn a_request_across_three_agents_is_one_trace_with_parent_child_spans() {
     {
         let seen = Arc::clone(&seen_traceparent);
         c.on_command("leaf", move |ctx: Context, n: u32| {
-            *seen.lock().expect("lock") =
-                ctx.message().trace.as_ref().map(|t| t.traceparent.clone());
+            *seen.lock().expect("lock") = ctx
+                .message()
+                .trace
+                .as_ref()
+                .map(|t| t.traceparent.to_string());
             async move { Ok::<_, HandlerError>(n * 2) }
         })
         .await

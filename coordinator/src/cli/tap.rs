@@ -47,7 +47,7 @@ struct Line<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     status: Option<u16>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    trace_id: Option<&'a str>,
+    trace_id: Option<String>,
     delivery: &'a str,
     timestamp_ms: u64,
     size: usize,
@@ -68,10 +68,10 @@ impl<'a> Line<'a> {
             in_reply_to: env.in_reply_to,
             hops: env.hops,
             status: env.status.map(|s| s.0),
-            trace_id: env
-                .trace
-                .as_ref()
-                .and_then(|t| t.traceparent.split('-').nth(1)),
+            trace_id: env.trace.as_ref().and_then(|t| {
+                t.traceparent
+                    .with_text(|text| text.split('-').nth(1).map(str::to_owned))
+            }),
             delivery: env.delivery.as_str(),
             timestamp_ms: env.timestamp_ms,
             size,

@@ -344,7 +344,7 @@ async fn trace_context_travels_in_every_envelope_and_keeps_its_trace_id_across_a
                     .as_ref()
                     .expect("trace")
                     .traceparent
-                    .clone(),
+                    .to_string(),
             );
             async { Ok::<_, HandlerError>(()) }
         })
@@ -361,7 +361,7 @@ async fn trace_context_travels_in_every_envelope_and_keeps_its_trace_id_across_a
                     .as_ref()
                     .expect("trace")
                     .traceparent
-                    .clone(),
+                    .to_string(),
             );
             async move {
                 ctx.request::<_, ()>("trace-c", "leaf", &()).await?;

@@ -11,7 +11,7 @@ use super::decode::Reader;
 use crate::protocol::envelope::{
     COMPACT_VERSION, CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, DEFAULT_HOP_LIMIT, DeliveryClass,
     EncryptedKey, Encryption, Envelope, ExpectedReply, Kind, PROTOCOL_VERSION, Performative,
-    Priority, Progress, ProgressState, Sequence, Signature, TraceContext,
+    Priority, Progress, ProgressState, Sequence, Signature, TraceContext, TraceParent,
 };
 use crate::protocol::status::StatusCode;
 use crate::subject::Implied;
@@ -80,36 +80,6 @@ fn v7_timestamp(id: &Uuid) -> Option<u64> {
     (id.get_version_num() == 7).then(|| (id.as_u128() >> 80) as u64)
 }
 
-/// The 25 bytes of a `traceparent` of version 00 (trace id, parent id, flags), if it is one
-/// in the canonical lowercase form.
-fn trace_bytes(traceparent: &str) -> Option<[u8; 25]> {
-    let b = traceparent.as_bytes();
-    if b.len() != 55 || &b[..3] != b"00-" || b[35] != b'-' || b[52] != b'-' {
-        return None;
-    }
-    // Lowercase only: uppercase hex would not come back the same from the bytes.
-    if b.iter().any(u8::is_ascii_uppercase) {
-        return None;
-    }
-    let mut out = [0u8; 25];
-    hex::decode_to_slice(&b[3..35], &mut out[..16]).ok()?;
-    hex::decode_to_slice(&b[36..52], &mut out[16..24]).ok()?;
-    hex::decode_to_slice(&b[53..55], &mut out[24..]).ok()?;
-    Some(out)
-}
-
-pub(crate) fn trace_text(bytes: &[u8; 25]) -> String {
-    let mut text = [0u8; 55];
-    text[..3].copy_from_slice(b"00-");
-    text[35] = b'-';
-    text[52] = b'-';
-    // The slices are exactly twice the bytes' length, so these cannot fail.
-    let _ = hex::encode_to_slice(&bytes[..16], &mut text[3..35]);
-    let _ = hex::encode_to_slice(&bytes[16..24], &mut text[36..52]);
-    let _ = hex::encode_to_slice(&bytes[24..], &mut text[53..55]);
-    String::from_utf8_lossy(&text).into_owned()
-}
-
 /// Writes `env` in the compact form onto `out`, leaving out what `implied` (the subject it is
 /// published to) carries.
 pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
@@ -162,7 +132,6 @@ pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
     let write_topic = topic.is_some() && topic.as_deref() != implied.topic;
     let write_capability = capability.is_some() && capability.as_deref() != implied.capability;
     let write_name = name.is_some() && name.as_deref() != implied.name;
-    let trace_binary = trace.as_ref().map(|t| trace_bytes(&t.traceparent));
     let content_code = content_code(content_type);
     let fields = 5
         + usize::from(COMPACT_VERSION.minor != 0)
@@ -277,15 +246,15 @@ pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
         uint(out, key::STATUS, status.0.into());
     }
     opt_str(out, key::REASON, reason);
-    if let (Some(trace), Some(binary)) = (trace, trace_binary) {
-        match binary {
+    if let Some(trace) = trace {
+        match trace.traceparent.as_bytes() {
             Some(bytes) => {
                 k(out, key::TRACE);
-                bin(out, &bytes);
+                bin(out, bytes);
             }
             None => {
                 k(out, key::TRACEPARENT);
-                str(out, &trace.traceparent);
+                trace.traceparent.with_text(|text| str(out, text));
             }
         }
         opt_str(out, key::TRACESTATE, &trace.tracestate);
@@ -593,9 +562,9 @@ fn read_field(
         key::REASON => env.reason = Some(string(r)?),
         key::TRACE => {
             let bytes: [u8; 25] = r.bin()?.as_ref().try_into().ok()?;
-            trace_mut(env).traceparent = trace_text(&bytes);
+            trace_mut(env).traceparent = TraceParent::from_bytes(bytes);
         }
-        key::TRACEPARENT => trace_mut(env).traceparent = string(r)?,
+        key::TRACEPARENT => trace_mut(env).traceparent = TraceParent::from(string(r)?),
         key::TRACESTATE => trace_mut(env).tracestate = Some(string(r)?),
         key::SESSION_ID => env.session_id = Some(string(r)?),
         key::CUSTOMER_ID => env.customer_id = Some(string(r)?),
@@ -665,7 +634,7 @@ fn pair<'a, A, B>(
 
 fn trace_mut(env: &mut Envelope) -> &mut TraceContext {
     env.trace.get_or_insert_with(|| TraceContext {
-        traceparent: String::new(),
+        traceparent: TraceParent::from(String::new()),
         tracestate: None,
     })
 }

@@ -471,7 +471,7 @@ impl<'a> Reader<'a> {
         let mut tracestate = None;
         self.fields(&["traceparent", "tracestate"], |r, i| {
             if i == 0 {
-                traceparent = Some(r.str()?.to_owned());
+                traceparent = Some(crate::protocol::envelope::TraceParent::parse(r.str()?));
             } else {
                 tracestate = r.opt_string()?;
             }

@@ -172,7 +172,7 @@ pub(crate) fn encode(env: &Envelope, out: &mut Vec<u8>) {
         key(out, "trace");
         let _ = w::write_map_len(out, 1 + u32::from(trace.tracestate.is_some()));
         key(out, "traceparent");
-        str(out, &trace.traceparent);
+        trace.traceparent.with_text(|text| str(out, text));
         opt_str(out, "tracestate", &trace.tracestate);
     }
     opt_str(out, "session_id", session_id);

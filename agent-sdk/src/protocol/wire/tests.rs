@@ -401,7 +401,7 @@ mod compact_form {
             env.hop_limit = hop_limit;
             env.seq = Some(parts.seq);
             env.trace = Some(TraceContext {
-                traceparent: compact::trace_text(&trace),
+                traceparent: crate::protocol::envelope::TraceParent::from_bytes(trace),
                 tracestate: None,
             });
             env.payload = Bytes::copy_from_slice(payload);
