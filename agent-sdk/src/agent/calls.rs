@@ -94,7 +94,7 @@ impl Agent {
             Performative::Discover,
             self.inner.out.id.as_str(),
         );
-        env.content_type = CONTENT_TYPE_MSGPACK.to_owned();
+        env.content_type = CONTENT_TYPE_MSGPACK.into();
         env.payload = encode_payload(query, CONTENT_TYPE_MSGPACK)?;
         let subject = self.inner.out.subjects.discover();
         let reply = self
@@ -136,7 +136,7 @@ impl Agent {
             self.inner.out.id.as_str(),
         );
         env.name = Some(command.to_owned());
-        env.content_type = CONTENT_TYPE_MSGPACK.to_owned();
+        env.content_type = CONTENT_TYPE_MSGPACK.into();
         env.payload = encode_payload(args, CONTENT_TYPE_MSGPACK)?;
         let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         env.expect = Some(ExpectedReply {

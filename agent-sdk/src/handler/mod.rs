@@ -14,6 +14,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::HandlerError;
 use crate::protocol::codec::{decode_payload, encode_payload};
+use crate::protocol::envelope::ContentType;
 pub use context::Context;
 
 /// The result of a request handler: the reply payload and its content type.
@@ -22,7 +23,7 @@ pub struct Output {
     /// Reply payload.
     pub payload: Bytes,
     /// Its content type.
-    pub content_type: String,
+    pub content_type: ContentType,
 }
 
 /// A boxed future returned by handlers.

@@ -21,7 +21,7 @@ use super::outcome::{Failure, Outcome, Retry};
 use crate::error::HandlerError;
 use crate::handler::Output;
 use crate::outbound::Outbound;
-use crate::protocol::envelope::{Envelope, bytes_field, now_ms};
+use crate::protocol::envelope::{ContentType, Envelope, bytes_field, now_ms};
 use crate::protocol::status::StatusCode;
 use crate::stats::AgentCounters;
 
@@ -50,7 +50,7 @@ enum IdempotencyRecord {
     /// Handled: the reply it gave.
     Done {
         status: StatusCode,
-        content_type: String,
+        content_type: ContentType,
         #[serde(with = "bytes_field")]
         payload: Bytes,
         handled_ms: u64,
@@ -347,7 +347,7 @@ fn remember_in(
 #[derive(Deserialize)]
 struct ResultOnly {
     status: StatusCode,
-    content_type: String,
+    content_type: ContentType,
     #[serde(with = "bytes_field")]
     payload: Bytes,
     handled_ms: u64,

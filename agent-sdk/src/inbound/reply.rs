@@ -29,7 +29,7 @@ pub(crate) async fn send(
         None => {
             // Bytes that never decoded: there is no sender to name or message to answer.
             let mut blank = Envelope::new(Kind::Response, Performative::Refuse, "");
-            blank.content_type = encoding.content_type().to_owned();
+            blank.content_type = encoding.content_type().into();
             let mut reply = blank.reply(out.id.as_str(), status);
             reply.to.clear();
             reply.in_reply_to = None;

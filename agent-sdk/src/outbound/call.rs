@@ -11,7 +11,7 @@ use uuid::Uuid;
 use crate::error::SdkError;
 use crate::protocol::codec::{decode_payload, encode_payload};
 use crate::protocol::envelope::{
-    CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, DeliveryClass, Envelope, Kind, Priority,
+    CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, ContentType, DeliveryClass, Envelope, Kind, Priority,
 };
 use crate::protocol::status::StatusCode;
 
@@ -40,7 +40,7 @@ pub struct Call {
     pub(crate) name: Option<String>,
     pub(crate) kind: Kind,
     pub(crate) payload: Bytes,
-    pub(crate) content_type: String,
+    pub(crate) content_type: ContentType,
     pub(crate) timeout: Option<Duration>,
     pub(crate) priority: Priority,
     pub(crate) headers: BTreeMap<String, String>,
@@ -67,7 +67,7 @@ impl Call {
             name,
             kind: Kind::Request,
             payload: Bytes::new(),
-            content_type: CONTENT_TYPE_MSGPACK.to_owned(),
+            content_type: ContentType::default(),
             timeout: None,
             priority: Priority::Normal,
             headers: BTreeMap::new(),
@@ -122,19 +122,19 @@ impl Call {
     /// The payload, as MessagePack.
     pub fn payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
         self.payload = encode_payload(value, CONTENT_TYPE_MSGPACK)?;
-        self.content_type = CONTENT_TYPE_MSGPACK.to_owned();
+        self.content_type = ContentType::default();
         Ok(self)
     }
 
     /// The payload, as JSON; the handler's reply comes back as JSON too.
     pub fn json_payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
         self.payload = encode_payload(value, CONTENT_TYPE_JSON)?;
-        self.content_type = CONTENT_TYPE_JSON.to_owned();
+        self.content_type = CONTENT_TYPE_JSON.into();
         Ok(self)
     }
 
     /// Payload bytes as they are, with their content type.
-    pub fn raw_payload(mut self, payload: Bytes, content_type: impl Into<String>) -> Self {
+    pub fn raw_payload(mut self, payload: Bytes, content_type: impl Into<ContentType>) -> Self {
         self.payload = payload;
         self.content_type = content_type.into();
         self

@@ -97,7 +97,7 @@ impl Outbound {
             Kind::Event,
             Performative::Inform,
             self.id.as_str(),
-            content_type.to_owned(),
+            content_type.into(),
         );
         env.topic = Some(topic.to_owned());
         Ok((subject, env))

@@ -123,7 +123,7 @@ impl Presence {
             _ => out.subjects.goodbye(&out.id),
         }?;
         let mut env = Envelope::new(Kind::Heartbeat, kind, out.id.as_str());
-        env.content_type = CONTENT_TYPE_MSGPACK.to_owned();
+        env.content_type = CONTENT_TYPE_MSGPACK.into();
         env.payload = codec::encode_payload(&self.manifest(), CONTENT_TYPE_MSGPACK)?;
         out.seal(&subject, &mut env);
         let bytes = out.encode(&subject, &env)?;

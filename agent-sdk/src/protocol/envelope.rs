@@ -303,6 +303,150 @@ pub struct TraceContext {
     pub tracestate: Option<String>,
 }
 
+/// The content type of a payload. The common ones (MessagePack, JSON, bytes, text, an
+/// encrypted payload) are held as static text, so reading one from the wire allocates nothing;
+/// any other is kept as it came. It reads as a `&str` (`Deref`), compares with text, and is
+/// made from text with `into()`.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContentType(std::borrow::Cow<'static, str>);
+
+/// The content types held without an allocation.
+const KNOWN_CONTENT_TYPES: [&str; 5] = [
+    CONTENT_TYPE_MSGPACK,
+    CONTENT_TYPE_JSON,
+    "application/octet-stream",
+    "text/plain",
+    crate::security::encryption::CONTENT_TYPE_ENCRYPTED,
+];
+
+impl ContentType {
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    fn known(text: &str) -> Option<&'static str> {
+        KNOWN_CONTENT_TYPES.iter().copied().find(|k| *k == text)
+    }
+}
+
+impl Default for ContentType {
+    /// MessagePack, the default.
+    fn default() -> Self {
+        ContentType(std::borrow::Cow::Borrowed(CONTENT_TYPE_MSGPACK))
+    }
+}
+
+impl std::ops::Deref for ContentType {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for ContentType {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for ContentType {
+    fn from(text: &str) -> Self {
+        match ContentType::known(text) {
+            Some(known) => ContentType(std::borrow::Cow::Borrowed(known)),
+            None => ContentType(std::borrow::Cow::Owned(text.to_owned())),
+        }
+    }
+}
+
+impl From<String> for ContentType {
+    fn from(text: String) -> Self {
+        match ContentType::known(&text) {
+            Some(known) => ContentType(std::borrow::Cow::Borrowed(known)),
+            None => ContentType(std::borrow::Cow::Owned(text)),
+        }
+    }
+}
+
+impl From<&String> for ContentType {
+    fn from(text: &String) -> Self {
+        ContentType::from(text.as_str())
+    }
+}
+
+impl From<ContentType> for String {
+    fn from(ct: ContentType) -> String {
+        ct.0.into_owned()
+    }
+}
+
+impl PartialEq<str> for ContentType {
+    fn eq(&self, other: &str) -> bool {
+        *self.0 == *other
+    }
+}
+
+impl PartialEq<&str> for ContentType {
+    fn eq(&self, other: &&str) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl PartialEq<String> for ContentType {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl PartialEq<ContentType> for &str {
+    fn eq(&self, other: &ContentType) -> bool {
+        **self == *other.0
+    }
+}
+
+impl PartialEq<ContentType> for String {
+    fn eq(&self, other: &ContentType) -> bool {
+        **self == *other.0
+    }
+}
+
+impl fmt::Display for ContentType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for ContentType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl Serialize for ContentType {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ContentType {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Text;
+        impl serde::de::Visitor<'_> for Text {
+            type Value = ContentType;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a content type")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ContentType, E> {
+                Ok(ContentType::from(v))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<ContentType, E> {
+                Ok(ContentType::from(v))
+            }
+        }
+        d.deserialize_str(Text)
+    }
+}
+
 /// A W3C `traceparent`. One of version `00` in its canonical lowercase form is held as its 25
 /// bytes (trace id, parent id, flags), what the compact envelope carries, so it is neither
 /// allocated nor parsed on the way; any other text is kept as it came. Either way it reads and
@@ -496,10 +640,6 @@ fn default_hop_limit() -> u8 {
     DEFAULT_HOP_LIMIT
 }
 
-fn default_content_type() -> String {
-    CONTENT_TYPE_MSGPACK.to_owned()
-}
-
 /// The Chorus envelope. Field names here are the wire names; `docs/PROTOCOL.md` says what each
 /// means. Optional fields are left out when empty, and unknown fields are ignored on decode.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -584,8 +724,8 @@ pub struct Envelope {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
     /// Content type of `payload`.
-    #[serde(default = "default_content_type")]
-    pub content_type: String,
+    #[serde(default)]
+    pub content_type: ContentType,
     /// The payload: bytes in MessagePack, base64 text in JSON.
     #[serde(default, with = "bytes_field", skip_serializing_if = "Bytes::is_empty")]
     pub payload: Bytes,
@@ -612,7 +752,7 @@ impl Envelope {
     /// A new envelope of `kind` from `from`, with a fresh UUIDv7 id, the current time and
     /// defaults elsewhere.
     pub fn new(kind: Kind, performative: Performative, from: impl Into<String>) -> Self {
-        Self::new_typed(kind, performative, from, CONTENT_TYPE_MSGPACK.to_owned())
+        Self::new_typed(kind, performative, from, ContentType::default())
     }
 
     /// [`Envelope::new`] with the payload's content type given (one allocation fewer than
@@ -621,7 +761,7 @@ impl Envelope {
         kind: Kind,
         performative: Performative,
         from: impl Into<String>,
-        content_type: String,
+        content_type: ContentType,
     ) -> Self {
         let id = Uuid::now_v7();
         Envelope {
@@ -638,7 +778,7 @@ impl Envelope {
         kind: Kind,
         performative: Performative,
         from: String,
-        content_type: String,
+        content_type: ContentType,
     ) -> Self {
         Envelope {
             version: PROTOCOL_VERSION,
@@ -800,5 +940,30 @@ mod tests {
             "{before} {} {after}",
             env.timestamp_ms
         );
+    }
+
+    #[test]
+    fn common_content_types_are_static_text_and_others_are_kept() {
+        for known in KNOWN_CONTENT_TYPES {
+            let ct = ContentType::from(known.to_owned());
+            assert!(matches!(ct.0, std::borrow::Cow::Borrowed(_)), "{known}");
+            assert_eq!(ct, known);
+        }
+        let other = ContentType::from("application/vnd.example+cbor");
+        assert!(matches!(other.0, std::borrow::Cow::Owned(_)));
+        assert_eq!(other.as_str(), "application/vnd.example+cbor");
+        assert_eq!(ContentType::default(), CONTENT_TYPE_MSGPACK);
+        let json = serde_json::to_string(&other).expect("json");
+        assert_eq!(json, r#""application/vnd.example+cbor""#);
+        assert_eq!(
+            serde_json::from_str::<ContentType>(&json).expect("reads"),
+            other
+        );
+        // An envelope without one reads as MessagePack.
+        let env: Envelope = serde_json::from_str(
+            r#"{"version":"1.0","id":"018f0000-0000-7000-8000-000000000000","from":"a","kind":"event","performative":"inform","timestamp_ms":1}"#,
+        )
+        .expect("an envelope");
+        assert_eq!(env.content_type, CONTENT_TYPE_MSGPACK);
     }
 }

@@ -118,7 +118,7 @@ impl EncryptionKey {
             return refuse(StatusCode::DATA_FORMAT, "the payload does not decrypt");
         };
         env.payload = Bytes::from(plain);
-        env.content_type = enc.inner_content_type;
+        env.content_type = enc.inner_content_type.into();
         Ok(())
     }
 }
@@ -162,10 +162,10 @@ fn seal_for(env: &mut Envelope, recipients: &[(String, String)]) -> Result<(), S
     }
     env.encryption = Some(Encryption {
         alg: ENCRYPTION_ALG.to_owned(),
-        inner_content_type: std::mem::replace(
+        inner_content_type: String::from(std::mem::replace(
             &mut env.content_type,
-            CONTENT_TYPE_ENCRYPTED.to_owned(),
-        ),
+            CONTENT_TYPE_ENCRYPTED.into(),
+        )),
         recipients: wrapped,
     });
     env.payload = Bytes::from(payload);

@@ -9,9 +9,10 @@ use uuid::Uuid;
 
 use super::decode::Reader;
 use crate::protocol::envelope::{
-    COMPACT_VERSION, CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, DEFAULT_HOP_LIMIT, DeliveryClass,
-    EncryptedKey, Encryption, Envelope, ExpectedReply, Kind, PROTOCOL_VERSION, Performative,
-    Priority, Progress, ProgressState, Sequence, Signature, TraceContext, TraceParent,
+    COMPACT_VERSION, CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, ContentType, DEFAULT_HOP_LIMIT,
+    DeliveryClass, EncryptedKey, Encryption, Envelope, ExpectedReply, Kind, PROTOCOL_VERSION,
+    Performative, Priority, Progress, ProgressState, Sequence, Signature, TraceContext,
+    TraceParent,
 };
 use crate::protocol::status::StatusCode;
 use crate::subject::Implied;
@@ -435,8 +436,8 @@ pub(crate) fn decode(
         Kind::Unknown,
         Performative::Unknown,
         String::new(),
-        // Set at the end when no content type came (one allocation, not two).
-        String::new(),
+        // MessagePack unless a content type comes (static text: no allocation).
+        ContentType::default(),
     );
     env.version = PROTOCOL_VERSION;
     let mut seen = 0u64;
@@ -480,9 +481,6 @@ pub(crate) fn decode(
     }
     if env.trace.as_ref().is_some_and(|t| t.traceparent.is_empty()) {
         return bad("tracestate (key 24) without a traceparent (key 23 or 25)");
-    }
-    if seen & (1 << key::CONTENT_TYPE) == 0 {
-        env.content_type = CONTENT_TYPE_MSGPACK.to_owned();
     }
     env.timestamp_ms = match timestamp.or_else(|| v7_timestamp(&env.id)) {
         Some(t) => t,
@@ -579,11 +577,11 @@ fn read_field(
         key::CONTENT_TYPE => {
             env.content_type = match r.peek()? {
                 0x00..=0x7f | 0xcc..=0xcf => match r.uint()? {
-                    CT_JSON => CONTENT_TYPE_JSON.to_owned(),
-                    CT_ENCRYPTED => CONTENT_TYPE_ENCRYPTED.to_owned(),
+                    CT_JSON => CONTENT_TYPE_JSON.into(),
+                    CT_ENCRYPTED => CONTENT_TYPE_ENCRYPTED.into(),
                     _ => return None,
                 },
-                _ => string(r)?,
+                _ => r.str()?.into(),
             };
         }
         key::PAYLOAD => env.payload = r.bin()?,

@@ -56,12 +56,13 @@ pub(crate) fn decode(bytes: &[u8], shared: Option<&Bytes>) -> Option<Envelope> {
         pos: 0,
     };
     let fields = r.map_len()?;
-    // The content type is filled in at the end when absent, saving an allocation when present.
+    // MessagePack unless a content type comes (static text: no allocation either way for
+    // the common ones).
     let mut env = Envelope::blank(
         Kind::Unknown,
         Performative::Unknown,
         String::new(),
-        String::new(),
+        crate::protocol::envelope::ContentType::default(),
     );
     // One bit per field seen: a repeated field, or a missing required one, goes to serde.
     let mut seen = 0u32;
@@ -190,7 +191,7 @@ pub(crate) fn decode(bytes: &[u8], shared: Option<&Bytes>) -> Option<Envelope> {
                 bit::HEADERS
             }
             b"content_type" => {
-                env.content_type = r.str()?.to_owned();
+                env.content_type = r.str()?.into();
                 bit::CONTENT_TYPE
             }
             b"payload" => {
@@ -228,9 +229,6 @@ pub(crate) fn decode(bytes: &[u8], shared: Option<&Bytes>) -> Option<Envelope> {
         | 1 << bit::TIMESTAMP_MS;
     if seen & REQUIRED != REQUIRED || r.pos != bytes.len() {
         return None;
-    }
-    if seen & 1 << bit::CONTENT_TYPE == 0 {
-        env.content_type = crate::protocol::envelope::CONTENT_TYPE_MSGPACK.to_owned();
     }
     Some(env)
 }

@@ -387,7 +387,7 @@ mod compact_form {
                 Kind::Event,
                 Performative::Inform,
                 "publisher-01",
-                content_type.to_owned(),
+                content_type.into(),
             );
             env.id = id;
             if id != v4 {
