@@ -78,8 +78,19 @@ async fn publish(
     } else {
         reply
     };
-    let bytes = codec::encode(reply, encoding).map_err(|e| {
-        broker_adapter::Error::with_source(ErrorKind::InvalidInput, "reply does not encode", e)
-    })?;
+    // Through the agent's shared chunk, as everything it sends; nothing is left to an inbox
+    // subject, so the caller reads the reply whole.
+    let bytes = out
+        .write(|scratch| {
+            codec::encode_into(
+                reply,
+                encoding,
+                &crate::subject::Implied::default(),
+                scratch,
+            )
+        })
+        .map_err(|e| {
+            broker_adapter::Error::with_source(ErrorKind::InvalidInput, "reply does not encode", e)
+        })?;
     out.broker.publish(reply_to, bytes).await
 }
