@@ -21,6 +21,8 @@ pub const DEFAULT_HOP_LIMIT: u8 = 16;
 pub const CONTENT_TYPE_MSGPACK: &str = "application/msgpack";
 /// Content type of JSON payloads.
 pub const CONTENT_TYPE_JSON: &str = "application/json";
+/// Content type of a payload encrypted end to end (`crate::encryption`).
+pub const CONTENT_TYPE_ENCRYPTED: &str = "application/chorus-encrypted";
 
 /// Protocol version `major.minor`, written as the string `"1.0"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -316,7 +318,7 @@ const KNOWN_CONTENT_TYPES: [&str; 5] = [
     CONTENT_TYPE_JSON,
     "application/octet-stream",
     "text/plain",
-    crate::security::encryption::CONTENT_TYPE_ENCRYPTED,
+    CONTENT_TYPE_ENCRYPTED,
 ];
 
 impl ContentType {

@@ -29,7 +29,7 @@ type Kem = X25519HkdfSha256;
 /// The scheme name carried in envelopes.
 pub const ENCRYPTION_ALG: &str = "hpke-x25519-hkdfsha256-aes256gcm";
 /// The content type of an encrypted payload.
-pub const CONTENT_TYPE_ENCRYPTED: &str = "application/chorus-encrypted";
+pub use crate::protocol::envelope::CONTENT_TYPE_ENCRYPTED;
 const INFO: &[u8] = b"chorus-e2e-v1";
 const ENC_LEN: usize = 32;
 

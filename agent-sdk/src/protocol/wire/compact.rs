@@ -9,16 +9,14 @@ use uuid::Uuid;
 
 use super::decode::Reader;
 use crate::protocol::envelope::{
-    COMPACT_VERSION, CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, ContentType, DEFAULT_HOP_LIMIT,
-    DeliveryClass, EncryptedKey, Encryption, Envelope, ExpectedReply, Kind, PROTOCOL_VERSION,
-    Performative, Priority, Progress, ProgressState, Sequence, Signature, TraceContext,
-    TraceParent,
+    COMPACT_VERSION, CONTENT_TYPE_ENCRYPTED, CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, ContentType,
+    DEFAULT_HOP_LIMIT, DeliveryClass, EncryptedKey, Encryption, Envelope, ExpectedReply, Kind,
+    PROTOCOL_VERSION, Performative, Priority, Progress, ProgressState, Sequence, Signature,
+    TraceContext, TraceParent,
 };
 use crate::protocol::status::StatusCode;
 use crate::subject::Implied;
 
-/// The content type of an encrypted payload.
-const CONTENT_TYPE_ENCRYPTED: &str = "application/chorus-encrypted";
 /// The one signature algorithm the compact form carries.
 const SIGNATURE_ALG: &str = "ed25519";
 
