@@ -432,20 +432,37 @@ impl Serialize for ContentType {
 
 impl<'de> Deserialize<'de> for ContentType {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Text;
-        impl serde::de::Visitor<'_> for Text {
-            type Value = ContentType;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a content type")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ContentType, E> {
-                Ok(ContentType::from(v))
-            }
-            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<ContentType, E> {
-                Ok(ContentType::from(v))
-            }
+        d.deserialize_str(TextVisitor::<ContentType>::new("a content type"))
+    }
+}
+
+/// Reads a value made from text, borrowing the text where the format lends it (so a value
+/// that keeps no copy, as a common content type or a canonical `traceparent`, allocates
+/// nothing).
+struct TextVisitor<T> {
+    expecting: &'static str,
+    made: std::marker::PhantomData<T>,
+}
+
+impl<T> TextVisitor<T> {
+    fn new(expecting: &'static str) -> Self {
+        TextVisitor {
+            expecting,
+            made: std::marker::PhantomData,
         }
-        d.deserialize_str(Text)
+    }
+}
+
+impl<T: for<'a> From<&'a str> + From<String>> serde::de::Visitor<'_> for TextVisitor<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.expecting)
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
+        Ok(T::from(v))
+    }
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<T, E> {
+        Ok(T::from(v))
     }
 }
 
@@ -580,20 +597,7 @@ impl Serialize for TraceParent {
 
 impl<'de> Deserialize<'de> for TraceParent {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Text;
-        impl serde::de::Visitor<'_> for Text {
-            type Value = TraceParent;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a traceparent string")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TraceParent, E> {
-                Ok(TraceParent::parse(v))
-            }
-            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<TraceParent, E> {
-                Ok(TraceParent::from(v))
-            }
-        }
-        d.deserialize_str(Text)
+        d.deserialize_str(TextVisitor::<TraceParent>::new("a traceparent string"))
     }
 }
 

@@ -163,14 +163,7 @@ pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
         + usize::from(signature.is_some())
         + usize::from(encryption.is_some());
     // Writes to a Vec cannot fail, so the io results below are ignored.
-    let _ = w::write_map_len(out, fields as u32);
-    uint(out, key::VERSION, COMPACT_VERSION.major.into());
-    k(out, key::ID);
-    bin(out, id.as_bytes());
-    k(out, key::FROM);
-    str(out, from);
-    uint(out, key::KIND, kind.code().into());
-    uint(out, key::PERFORMATIVE, performative.code().into());
+    head(out, fields, id, from, *kind, *performative);
     if write_timestamp {
         uint(out, key::TIMESTAMP_MS, *timestamp_ms);
     }
@@ -222,10 +215,7 @@ pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
         uint(out, key::DELIVERY, delivery.code().into());
     }
     if let Some(seq) = seq {
-        k(out, key::SEQ);
-        let _ = w::write_array_len(out, 2);
-        let _ = w::write_uint(out, seq.epoch.into());
-        let _ = w::write_uint(out, seq.n);
+        sequence(out, seq);
     }
     if let Some(expect) = expect {
         k(out, key::EXPECT);
@@ -326,28 +316,46 @@ pub(crate) fn encode_event(parts: &EventParts<'_>, out: &mut Vec<u8>) {
         + usize::from(hop_limit != DEFAULT_HOP_LIMIT)
         + usize::from(content_code.is_some())
         + usize::from(!payload.is_empty());
-    let _ = w::write_map_len(out, fields as u32);
-    uint(out, key::VERSION, COMPACT_VERSION.major.into());
-    k(out, key::ID);
-    bin(out, id.as_bytes());
-    k(out, key::FROM);
-    str(out, from);
-    uint(out, key::KIND, Kind::Event.code().into());
-    uint(out, key::PERFORMATIVE, Performative::Inform.code().into());
+    head(out, fields, &id, from, Kind::Event, Performative::Inform);
     if write_timestamp {
         uint(out, key::TIMESTAMP_MS, crate::protocol::envelope::now_ms());
     }
     if hop_limit != DEFAULT_HOP_LIMIT {
         uint(out, key::HOP_LIMIT, hop_limit.into());
     }
-    k(out, key::SEQ);
-    let _ = w::write_array_len(out, 2);
-    let _ = w::write_uint(out, seq.epoch.into());
-    let _ = w::write_uint(out, seq.n);
+    sequence(out, &seq);
     k(out, key::TRACE);
     bin(out, &trace);
     content_and_payload(out, content_code, payload);
     minor(out);
+}
+
+/// The map's length and the fields every envelope starts with: version, id, sender, kind,
+/// performative.
+fn head(
+    out: &mut Vec<u8>,
+    fields: usize,
+    id: &Uuid,
+    from: &str,
+    kind: Kind,
+    performative: Performative,
+) {
+    let _ = w::write_map_len(out, fields as u32);
+    uint(out, key::VERSION, COMPACT_VERSION.major.into());
+    k(out, key::ID);
+    bin(out, id.as_bytes());
+    k(out, key::FROM);
+    str(out, from);
+    uint(out, key::KIND, kind.code().into());
+    uint(out, key::PERFORMATIVE, performative.code().into());
+}
+
+/// The publisher's sequence: `[epoch, n]`.
+fn sequence(out: &mut Vec<u8>, seq: &Sequence) {
+    k(out, key::SEQ);
+    let _ = w::write_array_len(out, 2);
+    let _ = w::write_uint(out, seq.epoch.into());
+    let _ = w::write_uint(out, seq.n);
 }
 
 /// The minor version, last, when it is not 0.
