@@ -55,6 +55,18 @@ pub enum SdkError {
     /// The agent is shutting down and takes no new work.
     #[error("the agent is shutting down")]
     ShuttingDown,
+    /// The task cannot make this move from the state it is in (someone else moved it first,
+    /// or it has finished).
+    #[error("task {task}: {illegal}")]
+    TaskState {
+        /// The task.
+        task: uuid::Uuid,
+        /// The move refused.
+        illegal: crate::protocol::task::IllegalTransition,
+    },
+    /// No task with this id is recorded (never submitted, or past the task stream's age limit).
+    #[error("no task {0} is recorded")]
+    TaskNotFound(uuid::Uuid),
 }
 
 impl SdkError {
@@ -70,6 +82,8 @@ impl SdkError {
             SdkError::Codec(_) => StatusCode::DATA_FORMAT,
             SdkError::Subject(_) => StatusCode::INVALID_ARGUMENT,
             SdkError::ShuttingDown => StatusCode::UNAVAILABLE,
+            SdkError::TaskState { .. } => StatusCode::TASK_STATE,
+            SdkError::TaskNotFound(_) => StatusCode::INVALID_ARGUMENT,
             SdkError::Encryption(_) | SdkError::InvalidCall(_) => StatusCode::INVALID_ARGUMENT,
             SdkError::Broker(e) => match e.kind() {
                 K::TimedOut => StatusCode::TIMEOUT,

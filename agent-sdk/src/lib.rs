@@ -33,6 +33,7 @@
 //! | `inbound` | the one inbound pipeline: admit, layers, exactly-once, handle, outcome |
 //! | [`durable`] | durable sends, the durable inbox, dead letters |
 //! | `presence` | heartbeats, service discovery, keys learned from the registry |
+//! | [`task`] | long work: task handlers, progress, chunks, input, cancel, reports |
 //! | `agent` | the [`Agent`] handle and its [`AgentOptions`] |
 
 mod agent;
@@ -49,6 +50,7 @@ pub mod security;
 mod stats;
 pub mod subject;
 mod sync;
+pub mod task;
 pub mod trace;
 
 pub use protocol::{codec, envelope, registry, status};
@@ -57,10 +59,12 @@ pub use security::encryption;
 pub use agent::{
     Agent, AgentOptions, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_QUEUE_CAPACITY,
     DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, JETSTREAM_TIMEOUT, ShutdownReport,
+    TaskSummary,
 };
 pub use broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, TlsOptions};
 pub use codec::{CodecError, Encoding};
 pub use durable::Receipt;
+pub use envelope::TaskState;
 pub use envelope::{ContentType, DeliveryClass, Envelope, Kind, Performative, Priority};
 pub use error::{HandlerError, SdkError};
 pub use handler::{BoxFuture, Context, EventHandler, Handler, Output, Typed};
@@ -74,3 +78,6 @@ pub use security::access::RateLimit;
 pub use stats::AgentStats;
 pub use status::StatusCode;
 pub use subject::Subjects;
+pub use task::{
+    TaskContext, TaskHandle, TaskHandler, TaskReport, TaskStop, TaskUpdate, TaskUpdates, TypedTask,
+};

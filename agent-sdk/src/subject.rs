@@ -9,6 +9,7 @@
 //! <root>.sys.hb|bye.<agent-id>        heartbeats and goodbyes
 //! <root>.sys.discover                 discovery queries
 //! <root>.dlq.<reason>.<agent-id>      dead letters
+//! <root>.task.<task-id>.<kind>        a task's messages: status, progress, chunk, input, cancel
 //! _INBOX.<agent-id>.>                 replies to one agent (its own inbox prefix)
 //! ```
 //!
@@ -445,6 +446,34 @@ impl Subjects {
         ])
     }
 
+    /// `<root>.task.<task-id>.<kind>`: one kind of message of one task (the task stream's).
+    pub fn task(&self, task: &uuid::Uuid, kind: crate::protocol::task::TaskMessage) -> String {
+        format!("{}.task.{task}.{kind}", self.root)
+    }
+
+    /// `<root>.task.<task-id>.*`: every message of one task.
+    pub fn task_all(&self, task: &uuid::Uuid) -> String {
+        format!("{}.task.{task}.*", self.root)
+    }
+
+    /// `<root>.task.*.<kind>`: one kind of message of every task (`status` lists tasks).
+    pub fn tasks_of_kind(&self, kind: crate::protocol::task::TaskMessage) -> String {
+        format!("{}.task.*.{kind}", self.root)
+    }
+
+    /// The task id and message kind of a task subject.
+    pub fn task_of(
+        &self,
+        subject: &str,
+    ) -> Option<(uuid::Uuid, crate::protocol::task::TaskMessage)> {
+        let rest = subject.strip_prefix(&*self.root)?.strip_prefix(".task.")?;
+        let (id, kind) = rest.split_once('.')?;
+        Some((
+            uuid::Uuid::try_parse(id).ok()?,
+            crate::protocol::task::TaskMessage::parse(kind)?,
+        ))
+    }
+
     /// `<root>.dlq.>`: every dead letter (the dead-letter stream's subjects).
     pub fn dead_letters(&self) -> String {
         format!("{}.dlq.>", self.root)
@@ -555,5 +584,30 @@ mod tests {
         assert!(s.event_pattern("a.>.b").is_err());
         assert!(s.event(&vec!["t"; 17].join(".")).is_err());
         assert!(Subjects::new("bad root").is_err());
+    }
+
+    #[test]
+    fn a_task_subject_names_its_task_and_kind_and_nothing_else_parses_as_one() {
+        use crate::protocol::task::TaskMessage;
+        let s = Subjects::new("acme.bus").expect("valid root");
+        let id = uuid::Uuid::now_v7();
+        for kind in TaskMessage::ALL {
+            let subject = s.task(&id, kind);
+            assert_eq!(subject, format!("acme.bus.task.{id}.{kind}"));
+            assert_eq!(s.task_of(&subject), Some((id, kind)));
+        }
+        assert_eq!(s.task_all(&id), format!("acme.bus.task.{id}.*"));
+        assert_eq!(
+            s.tasks_of_kind(TaskMessage::Status),
+            "acme.bus.task.*.status"
+        );
+        for other in [
+            format!("acme.bus.task.{id}.report"),
+            "acme.bus.task.not-a-uuid.status".to_owned(),
+            format!("chorus.task.{id}.status"),
+            format!("acme.bus.agent.{id}.status"),
+        ] {
+            assert_eq!(s.task_of(&other), None, "{other}");
+        }
     }
 }

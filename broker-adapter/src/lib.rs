@@ -21,8 +21,8 @@ pub use client::{Broker, Subscription};
 pub use error::{Error, ErrorKind, PermissionViolation, Result};
 pub use events::{ConnectionEvent, ConnectionStats, StatsSnapshot};
 pub use jetstream::{
-    BatchMessage, Consumer, ConsumerSpec, ConsumerState, Deliveries, Delivery, JetStream, Kv,
-    KvEntry, KvOp, KvSpec, KvWatch, PubAck, StoredMessage, StreamSpec, StreamState,
+    BatchMessage, Consumer, ConsumerSpec, ConsumerState, Deliveries, Delivery, Follow, JetStream,
+    Kv, KvEntry, KvOp, KvSpec, KvWatch, PubAck, StoredMessage, StreamSpec, StreamState,
 };
 pub use message::{Headers, Message};
 pub use options::{

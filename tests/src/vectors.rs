@@ -6,7 +6,7 @@ use agent_sdk::codec::encode_payload;
 use agent_sdk::encryption::{CONTENT_TYPE_ENCRYPTED, ENCRYPTION_ALG};
 use agent_sdk::envelope::{
     CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, EncryptedKey, Encryption, ExpectedReply, Progress,
-    ProgressState, Sequence, Signature, TraceContext,
+    Sequence, Signature, TaskState, TraceContext,
 };
 use agent_sdk::security::SIGNATURE_ALG;
 use agent_sdk::{DeliveryClass, Envelope, Kind, Performative, Priority, StatusCode};
@@ -101,7 +101,7 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
     command.priority = Priority::Critical;
     command.delivery = DeliveryClass::ExactlyOnce;
     command.progress = Some(Progress {
-        state: ProgressState::Queued,
+        state: TaskState::Queued,
         fraction: Some(0.0),
     });
     command.token = Some("bearer-token".into());
@@ -148,7 +148,7 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
         timeout_ms: 1_500,
     });
     every.progress = Some(Progress {
-        state: ProgressState::Running,
+        state: TaskState::Running,
         fraction: Some(0.25),
     });
     every.status = Some(StatusCode::ACCEPTED);

@@ -7,6 +7,8 @@
 mod calls;
 mod handlers;
 mod options;
+mod tasks;
+pub use tasks::TaskSummary;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,6 +89,8 @@ pub(crate) struct Inner {
     pub(crate) durable: Option<Arc<DurableInbox>>,
     pub(crate) access: Arc<Access>,
     pub(crate) endpoints: Arc<Endpoints>,
+    /// Tasks this agent submits, watches and works on.
+    pub(crate) tasks: Arc<crate::task::Tasks>,
     pub(crate) tracker: TaskTracker,
     pub(crate) stop: CancellationToken,
     shutdown_timeout: Duration,
@@ -220,8 +224,14 @@ impl Agent {
                 .store(options.skip_acks, std::sync::atomic::Ordering::Relaxed);
             Arc::new(inbox)
         });
+        let tasks = Arc::new(crate::task::Tasks::new(
+            crate::task::store::TaskStore::new(Arc::clone(&out), options.inbox_limits.replicas),
+            tracker.clone(),
+            stop.clone(),
+        ));
         let inner = Arc::new(Inner {
             sender: Sender::new(Arc::clone(&out)),
+            tasks,
             out,
             pipeline,
             dispatcher,

@@ -47,6 +47,7 @@ pub struct Call {
     pub(crate) delivery: Option<DeliveryClass>,
     pub(crate) id: Option<Uuid>,
     pub(crate) ttl: Option<Duration>,
+    pub(crate) deadline: Option<Duration>,
     pub(crate) encrypt_for: Vec<String>,
 }
 
@@ -74,6 +75,7 @@ impl Call {
             delivery: None,
             id: None,
             ttl: None,
+            deadline: None,
             encrypt_for: Vec::new(),
         }
     }
@@ -109,6 +111,14 @@ impl Call {
     /// as expired instead of handled.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
+        self
+    }
+
+    /// A deadline `after` from now: past it the message is refused as expired (5011), and a
+    /// task submitted with it expires on both sides if it has not finished. Within a handler,
+    /// the earlier of this and the inherited deadline applies.
+    pub fn deadline(mut self, after: Duration) -> Self {
+        self.deadline = Some(after);
         self
     }
 

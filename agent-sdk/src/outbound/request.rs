@@ -35,6 +35,10 @@ impl Outbound {
         };
         env.name = call.name;
         self.inherit(&mut env, parent)?;
+        if let Some(after) = call.deadline {
+            let at = now_ms().saturating_add(u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
+            env.deadline_ms = Some(env.deadline_ms.map_or(at, |inherited| inherited.min(at)));
+        }
         let mut timeout = call.timeout.unwrap_or(self.request_timeout);
         if let Some(left) = env.remaining_at(now_ms()) {
             timeout = timeout.min(left);

@@ -220,20 +220,40 @@ string_enum! {
 }
 
 string_enum! {
-    /// State of ongoing work in a progress report.
-    ProgressState {
-        /// Accepted, not started.
+    /// Where a task (or other work a progress report is about) stands. The first five are
+    /// protocol 1's progress states; the rest were added with tasks. A task uses A2A's
+    /// vocabulary: submitted, accepted, working, input-required, then one of the terminal
+    /// states completed, failed, cancelled, rejected or expired. It reads `queued` as
+    /// `accepted` and `running` as `working` ([`TaskState::normalized`]); the legal moves are
+    /// [`TaskState::can_become`]'s table.
+    TaskState {
+        /// Accepted, not started (protocol 1; a task says `accepted`).
         Queued = "queued",
-        /// Being worked on.
+        /// Being worked on (protocol 1; a task says `working`).
         Running = "running",
         /// Finished successfully.
         Completed = "completed",
-        /// Finished with a failure.
+        /// Finished with a failure; the status code says why.
         Failed = "failed",
         /// Cancelled before it finished.
         Cancelled = "cancelled",
+        /// Recorded by the requester; nobody has taken it yet.
+        Submitted = "submitted",
+        /// An agent took it and will work on it.
+        Accepted = "accepted",
+        /// Being worked on.
+        Working = "working",
+        /// Waiting for the requester's answer to a question.
+        InputRequired = "input_required",
+        /// The agent asked would not take it; the status code says why.
+        Rejected = "rejected",
+        /// Its deadline passed before it finished.
+        Expired = "expired",
     }
 }
+
+/// The name protocol 1 gave [`TaskState`].
+pub type ProgressState = TaskState;
 
 string_enum! {
     /// The delivery guarantee a sender asked for (see `docs/PROTOCOL.md`, delivery classes).
@@ -277,7 +297,7 @@ pub struct ExpectedReply {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
     /// Where the work is.
-    pub state: ProgressState,
+    pub state: TaskState,
     /// How much is done, from 0 to 1, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fraction: Option<f32>,
@@ -864,6 +884,7 @@ impl Envelope {
             || status == StatusCode::UNAUTHORIZED
             || status == StatusCode::UNKNOWN_COMMAND
             || status == StatusCode::DATA_FORMAT
+            || status == StatusCode::TASK_STATE
         {
             Performative::Refuse
         } else {

@@ -5,4 +5,5 @@ pub mod codec;
 pub mod envelope;
 pub mod registry;
 pub mod status;
+pub mod task;
 pub(crate) mod wire;

@@ -81,6 +81,9 @@ status_codes! {
     /// Exactly-once: an earlier run of this message was interrupted (its instance died
     /// mid-handler), so whether it took effect is unknown; it is not run again.
     UNCERTAIN = 5023, "uncertain", "Outcome uncertain: an earlier run was interrupted";
+    /// A task cannot make this move from the state it is in (taken by another agent
+    /// already, finished, cancelled).
+    TASK_STATE = 5024, "task_state", "Not allowed in the task's current state";
 }
 
 impl StatusCode {

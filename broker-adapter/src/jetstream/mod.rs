@@ -5,10 +5,12 @@
 //! deliveries are in `consumer`, key-value buckets in `kv`.
 
 mod consumer;
+mod follow;
 mod kv_bucket;
 
 use consumer::datetime_ms;
 pub use consumer::{Consumer, ConsumerSpec, ConsumerState, Deliveries, Delivery};
+pub use follow::Follow;
 pub use kv_bucket::{Kv, KvEntry, KvOp, KvSpec, KvWatch};
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -348,15 +350,27 @@ impl JetStream {
         start: u64,
         max: usize,
     ) -> Result<Vec<StoredMessage>> {
+        let from = jetstream::consumer::DeliverPolicy::ByStartSequence {
+            start_sequence: start.max(1),
+        };
+        self.scan_with(name, filter, from, max).await
+    }
+
+    /// [`JetStream::scan`] from where `deliver_policy` says.
+    async fn scan_with(
+        &self,
+        name: &str,
+        filter: Option<&str>,
+        deliver_policy: jetstream::consumer::DeliverPolicy,
+        max: usize,
+    ) -> Result<Vec<StoredMessage>> {
         use futures::StreamExt;
         let what = || format!("scan of {name}");
         let stream = self.stream(name).await?;
         let consumer = stream
             .create_consumer(jetstream::consumer::pull::Config {
                 filter_subject: filter.unwrap_or_default().to_owned(),
-                deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: start.max(1),
-                },
+                deliver_policy,
                 ack_policy: jetstream::consumer::AckPolicy::None,
                 inactive_threshold: SCAN_CONSUMER_IDLE,
                 memory_storage: true,

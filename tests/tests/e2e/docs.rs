@@ -89,3 +89,69 @@ fn protocol_reply_performatives_match_the_sdk() {
         }
     }
 }
+
+/// The table of task moves in docs/PROTOCOL.md section 7.4 is the SDK's: every move it lists
+/// is legal, and every move it does not list is refused.
+#[test]
+fn protocol_task_transitions_match_the_sdk() {
+    use agent_sdk::TaskState;
+    use agent_sdk::task::transition;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/PROTOCOL.md");
+    let doc = std::fs::read_to_string(path).expect("docs/PROTOCOL.md");
+    let start = doc
+        .find("<!-- task-transitions")
+        .expect("task transitions marker");
+    let names = |cell: &str| -> Vec<String> {
+        cell.split(',')
+            .filter_map(|t| {
+                let t = t.trim();
+                (t.starts_with('`')).then(|| t.split('`').nth(1).unwrap_or_default().to_owned())
+            })
+            .collect()
+    };
+    let mut legal: Vec<(Option<TaskState>, TaskState)> = Vec::new();
+    let rows: Vec<&str> = doc[start..]
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .collect();
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for row in rows {
+        let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+        let from: Vec<Option<TaskState>> = if cells[0] == "(none)" {
+            vec![None]
+        } else {
+            names(cells[0])
+                .iter()
+                .map(|n| Some(n.parse().expect("infallible")))
+                .collect()
+        };
+        for f in from {
+            for to in names(cells[1]) {
+                legal.push((f, to.parse().expect("infallible")));
+            }
+        }
+    }
+    let task_states = [
+        TaskState::Submitted,
+        TaskState::Accepted,
+        TaskState::Working,
+        TaskState::InputRequired,
+        TaskState::Completed,
+        TaskState::Failed,
+        TaskState::Cancelled,
+        TaskState::Rejected,
+        TaskState::Expired,
+    ];
+    for from in task_states.iter().copied().map(Some).chain([None]) {
+        for to in task_states {
+            assert_eq!(
+                transition(from, to).is_ok(),
+                legal.contains(&(from, to)),
+                "{from:?} -> {to}"
+            );
+        }
+    }
+}

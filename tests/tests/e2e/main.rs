@@ -15,5 +15,6 @@ mod protocol;
 mod reliability;
 mod security;
 mod shutdown;
+mod tasks;
 mod vectors;
 mod walkthrough;

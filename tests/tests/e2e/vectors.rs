@@ -413,7 +413,7 @@ fn the_request_vector_is_the_demo_calculators_own() {
 /// MessagePack `float 64` fraction and signed integers are read too.
 #[test]
 fn json_numbers_and_strings_are_written_as_documented() {
-    use agent_sdk::envelope::{Progress, ProgressState};
+    use agent_sdk::envelope::{Progress, TaskState};
     let (_, mut env) = chorus_tests::vectors::all().remove(0);
     env.reason = Some("a\"b\\c\u{1}\n/é".into());
     for (fraction, text) in [
@@ -424,7 +424,7 @@ fn json_numbers_and_strings_are_written_as_documented() {
         (f32::NAN, "null"),
     ] {
         env.progress = Some(Progress {
-            state: ProgressState::Running,
+            state: TaskState::Running,
             fraction: Some(fraction),
         });
         let json = codec::encode(&env, Encoding::Json).expect("json");
@@ -541,7 +541,7 @@ async fn the_demo_calculator_answers_the_request_vector() {
 /// the closed vocabularies are the SDK's.
 #[test]
 fn the_compact_key_table_and_the_codes_match_the_sdk() {
-    use agent_sdk::envelope::ProgressState;
+    use agent_sdk::envelope::TaskState;
     use agent_sdk::{DeliveryClass, Kind, Performative, Priority};
     use std::collections::BTreeSet;
     let doc = protocol_doc();
@@ -612,7 +612,7 @@ fn the_compact_key_table_and_the_codes_match_the_sdk() {
                 .collect(),
         ),
         listed(
-            ProgressState::ALL
+            TaskState::ALL
                 .iter()
                 .map(|s| (s.as_str(), s.code()))
                 .collect(),

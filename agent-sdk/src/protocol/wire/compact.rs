@@ -11,7 +11,7 @@ use super::decode::Reader;
 use crate::protocol::envelope::{
     COMPACT_VERSION, CONTENT_TYPE_ENCRYPTED, CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, ContentType,
     DEFAULT_HOP_LIMIT, DeliveryClass, EncryptedKey, Encryption, Envelope, ExpectedReply, Kind,
-    PROTOCOL_VERSION, Performative, Priority, Progress, ProgressState, Sequence, Signature,
+    PROTOCOL_VERSION, Performative, Priority, Progress, Sequence, Signature, TaskState,
     TraceContext, TraceParent,
 };
 use crate::protocol::status::StatusCode;
@@ -558,7 +558,7 @@ fn read_field(
             if n == 0 || n > 2 {
                 return None;
             }
-            let state = ProgressState::from_code(r.uint()?);
+            let state = TaskState::from_code(r.uint()?);
             let fraction = if n == 2 { Some(r.f32()?) } else { None };
             env.progress = Some(Progress { state, fraction });
         }

@@ -3,8 +3,8 @@ use uuid::Uuid;
 
 use super::*;
 use crate::protocol::envelope::{
-    EncryptedKey, Encryption, ExpectedReply, Kind, Performative, Progress, ProgressState, Sequence,
-    Signature, TraceContext,
+    EncryptedKey, Encryption, ExpectedReply, Kind, Performative, Progress, Sequence, Signature,
+    TaskState, TraceContext,
 };
 use crate::protocol::status::StatusCode;
 
@@ -42,7 +42,7 @@ fn full() -> Envelope {
         timeout_ms: 300,
     });
     e.progress = Some(Progress {
-        state: ProgressState::Running,
+        state: TaskState::Running,
         fraction: Some(0.25),
     });
     e.status = Some(StatusCode(5002));
@@ -111,7 +111,7 @@ fn variants() -> Vec<Envelope> {
     }
     let mut no_fraction = full();
     no_fraction.progress = Some(Progress {
-        state: ProgressState::Failed,
+        state: TaskState::Failed,
         fraction: None,
     });
     no_fraction.trace.as_mut().expect("trace").tracestate = None;

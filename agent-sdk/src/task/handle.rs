@@ -1,0 +1,325 @@
+//! The requester's side: submitting a task, and the handle that watches it. A handle holds
+//! nothing the task stream does not: dropped and made again from the id (in another process,
+//! after a restart), it sees the same task.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::store::{TaskStore, decode, state_of};
+use super::{Fold, TaskReport, TaskUpdate};
+use crate::error::SdkError;
+use crate::outbound::Call;
+use crate::protocol::codec::encode_payload;
+use crate::protocol::envelope::{ExpectedReply, Kind, Performative, Progress, TaskState, now_ms};
+use crate::protocol::task::TaskMessage;
+
+/// After a task's deadline, how long the requester leaves the worker to record the expiry
+/// itself before recording it in its place (a worker that died cannot).
+pub const EXPIRY_GRACE: Duration = Duration::from_secs(2);
+/// How long [`TaskHandle::cancel`] waits for the worker to confirm before recording the
+/// cancel itself.
+pub const CANCEL_CONFIRM: Duration = Duration::from_secs(3);
+
+/// Submits `call` as a task: records it, then asks its target to take it.
+pub(crate) async fn submit(store: &Arc<TaskStore>, call: Call) -> Result<TaskHandle, SdkError> {
+    store.ensure().await?;
+    let out = &store.out;
+    let (subject, mut env, timeout) = out.prepare(call.command(), None)?;
+    let id = env.id;
+    env.performative = Performative::Assign;
+    env.correlation_id = Some(id);
+    // The submission's own life is the task's deadline, not the wait for an answer.
+    env.ttl_ms = None;
+    env.expect = Some(ExpectedReply {
+        performative: Performative::Agree,
+        timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+    });
+    env.progress = Some(Progress {
+        state: TaskState::Submitted,
+        fraction: None,
+    });
+    store.transition(id, None, env.clone()).await?;
+    let handle = TaskHandle::new(Arc::clone(store), id);
+    let otel = opentelemetry::Context::current();
+    if let Err(err) = out.exchange(&subject, env, timeout, &otel).await {
+        // Nobody took it: record why, unless it was taken meanwhile (an answer lost on the
+        // way back is no refusal).
+        let mut rejected = store.state_message(id, TaskState::Rejected);
+        rejected.status = Some(err.status());
+        rejected.reason = Some(err.to_string());
+        match store.transition(id, None, rejected).await {
+            Ok(_) => return Err(err),
+            Err(SdkError::TaskState { .. }) => {}
+            Err(other) => {
+                tracing::warn!(task = %id, error = %other, "task refusal not recorded");
+                return Err(err);
+            }
+        }
+    }
+    Ok(handle)
+}
+
+/// A task seen from the requester (or anyone allowed to read it): its updates as a stream,
+/// its report, and the requester's moves (cancel, answer a question). Cheap to clone.
+#[derive(Clone)]
+pub struct TaskHandle {
+    id: Uuid,
+    store: Arc<TaskStore>,
+    seen: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for TaskHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskHandle")
+            .field("id", &self.id)
+            .field("seen", &self.last_seen())
+            .finish()
+    }
+}
+
+impl TaskHandle {
+    pub(crate) fn new(store: Arc<TaskStore>, id: Uuid) -> Self {
+        TaskHandle {
+            id,
+            store,
+            seen: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The handle of task `id`, if it is recorded.
+    pub(crate) async fn lookup(store: &Arc<TaskStore>, id: Uuid) -> Result<TaskHandle, SdkError> {
+        store.ensure().await?;
+        match store.last_status(id).await? {
+            Some(_) => Ok(TaskHandle::new(Arc::clone(store), id)),
+            None => Err(SdkError::TaskNotFound(id)),
+        }
+    }
+
+    /// The task's id: give it to [`Agent::task`](crate::Agent::task) to watch it again.
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+
+    /// The sequence of the last update [`TaskHandle::updates`] yielded (0 before any): what
+    /// a requester keeps to resume after a restart.
+    pub fn last_seen(&self) -> u64 {
+        self.seen.load(Ordering::Acquire)
+    }
+
+    /// Every message of the task after the last one this handle yielded, in order, then each
+    /// new one, ending after the terminal state.
+    pub async fn updates(&self) -> Result<TaskUpdates, SdkError> {
+        self.updates_after(self.last_seen()).await
+    }
+
+    /// Every message of the task after sequence `seq` (0: from the start), then each new
+    /// one, ending after the terminal state: resuming from the last sequence seen gives no
+    /// gap and no repeat.
+    pub async fn updates_after(&self, seq: u64) -> Result<TaskUpdates, SdkError> {
+        let follow = self.store.follow(self.id, None, seq).await?;
+        Ok(TaskUpdates {
+            follow,
+            subjects: self.store.out.subjects.clone(),
+            seen: Arc::clone(&self.seen),
+            done: false,
+        })
+    }
+
+    /// Where the task stands now.
+    pub async fn state(&self) -> Result<TaskState, SdkError> {
+        match self.store.last_status(self.id).await? {
+            Some((_, env)) => Ok(state_of(&env)),
+            None => Err(SdkError::TaskNotFound(self.id)),
+        }
+    }
+
+    /// The task's report as it stands now (terminal or not).
+    pub async fn report(&self) -> Result<TaskReport, SdkError> {
+        let Some((last, _)) = self.store.last_status(self.id).await? else {
+            return Err(SdkError::TaskNotFound(self.id));
+        };
+        let mut states = self
+            .store
+            .follow(self.id, Some(TaskMessage::Status), 0)
+            .await?;
+        let mut fold = Fold::default();
+        while let Some(stored) = states.next().await {
+            let stored = stored?;
+            fold.status(self.id, stored.sequence, &decode(&stored)?);
+            if stored.sequence >= last {
+                break;
+            }
+        }
+        fold.into_report().ok_or(SdkError::TaskNotFound(self.id))
+    }
+
+    /// Waits for the task to finish and returns its report. Past the task's deadline (and
+    /// [`EXPIRY_GRACE`] for its worker to say so), a task still unfinished is recorded as
+    /// expired here: a worker that died cannot.
+    pub async fn result(&self) -> Result<TaskReport, SdkError> {
+        let mut states = self
+            .store
+            .follow(self.id, Some(TaskMessage::Status), 0)
+            .await?;
+        let mut fold = Fold::default();
+        let mut expiry: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        loop {
+            let next = match expiry.as_mut() {
+                Some(sleep) => tokio::select! {
+                    next = states.next() => next,
+                    () = sleep.as_mut() => {
+                        expiry = None;
+                        self.expire().await?;
+                        continue;
+                    }
+                },
+                None => states.next().await,
+            };
+            let Some(stored) = next else {
+                return Err(SdkError::TaskNotFound(self.id));
+            };
+            let stored = stored?;
+            fold.status(self.id, stored.sequence, &decode(&stored)?);
+            let Some(report) = fold.report() else {
+                continue;
+            };
+            if report.is_finished() {
+                return fold.into_report().ok_or(SdkError::TaskNotFound(self.id));
+            }
+            if expiry.is_none()
+                && let Some(deadline) = report.deadline_ms
+            {
+                let left = Duration::from_millis(deadline.saturating_sub(now_ms()));
+                expiry = Some(Box::pin(tokio::time::sleep(left + EXPIRY_GRACE)));
+            }
+        }
+    }
+
+    /// [`TaskHandle::result`], waiting at most `timeout` ([`SdkError::Timeout`] after).
+    pub async fn result_within(&self, timeout: Duration) -> Result<TaskReport, SdkError> {
+        tokio::time::timeout(timeout, self.result())
+            .await
+            .map_err(|_| SdkError::Timeout(timeout))?
+    }
+
+    /// Records the expiry in the worker's place; a task that finished meanwhile stays as it is.
+    async fn expire(&self) -> Result<(), SdkError> {
+        let mut env = self.store.state_message(self.id, TaskState::Expired);
+        env.reason = Some("the task's deadline passed and its worker did not finish it".into());
+        match self.store.transition(self.id, None, env).await {
+            Ok(_) | Err(SdkError::TaskState { .. }) => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Asks the worker to stop, and returns the task's report once it has. A worker that does
+    /// not confirm within [`CANCEL_CONFIRM`] (gone, or stuck) is not waited for: the cancel is
+    /// recorded here. A task already finished stays as it is.
+    pub async fn cancel(&self) -> Result<TaskReport, SdkError> {
+        let mut env = self
+            .store
+            .message(self.id, Kind::Command, Performative::Cancel);
+        env.reason = Some("cancelled by the requester".into());
+        self.store.append(self.id, TaskMessage::Cancel, env).await?;
+        match tokio::time::timeout(CANCEL_CONFIRM, self.result()).await {
+            Ok(report) => report,
+            Err(_) => {
+                let mut env = self.store.state_message(self.id, TaskState::Cancelled);
+                env.reason = Some("cancelled by the requester; the worker did not confirm".into());
+                match self.store.transition(self.id, None, env).await {
+                    Ok(_) | Err(SdkError::TaskState { .. }) => self.report().await,
+                    Err(err) => Err(err),
+                }
+            }
+        }
+    }
+
+    /// Answers the question of a task that is `input_required`.
+    pub async fn respond<T: Serialize + ?Sized>(&self, answer: &T) -> Result<(), SdkError> {
+        let Some((_, last)) = self.store.last_status(self.id).await? else {
+            return Err(SdkError::TaskNotFound(self.id));
+        };
+        let state = state_of(&last);
+        if state != TaskState::InputRequired {
+            return Err(SdkError::TaskState {
+                task: self.id,
+                illegal: crate::protocol::task::IllegalTransition {
+                    from: state,
+                    to: TaskState::Working,
+                },
+            });
+        }
+        let mut env = self
+            .store
+            .message(self.id, Kind::Response, Performative::Inform);
+        env.in_reply_to = Some(last.id);
+        env.content_type = last.content_type.clone();
+        env.payload = encode_payload(answer, &env.content_type)?;
+        self.store.append(self.id, TaskMessage::Input, env).await?;
+        Ok(())
+    }
+}
+
+/// A task's updates, in order; ends after the terminal state. Each one yielded moves the
+/// handle's [`TaskHandle::last_seen`].
+pub struct TaskUpdates {
+    follow: broker_adapter::Follow,
+    subjects: crate::Subjects,
+    seen: Arc<AtomicU64>,
+    done: bool,
+}
+
+impl std::fmt::Debug for TaskUpdates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskUpdates")
+            .field("seen", &self.seen.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl futures::Stream for TaskUpdates {
+    type Item = Result<TaskUpdate, SdkError>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let stored = match self.follow.poll_next_unpin(cx) {
+            Poll::Ready(Some(Ok(stored))) => stored,
+            Poll::Ready(Some(Err(err))) => return Poll::Ready(Some(Err(err.into()))),
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => return Poll::Pending,
+        };
+        let Some((_, kind)) = self.subjects.task_of(&stored.subject) else {
+            return Poll::Ready(Some(Err(SdkError::InvalidCall(format!(
+                "{} is not a task subject",
+                stored.subject
+            )))));
+        };
+        let envelope = match decode(&stored) {
+            Ok(env) => env,
+            Err(err) => return Poll::Ready(Some(Err(err))),
+        };
+        self.seen.fetch_max(stored.sequence, Ordering::AcqRel);
+        let update = TaskUpdate {
+            seq: stored.sequence,
+            stored_ms: stored.stored_ms,
+            kind,
+            envelope,
+        };
+        if update.state().is_some_and(TaskState::is_terminal) {
+            self.done = true;
+        }
+        Poll::Ready(Some(Ok(update)))
+    }
+}

@@ -1,0 +1,158 @@
+//! Reading one subject's history and writing to it only when nobody else did: what a record
+//! kept as a sequence of messages (a task) needs from a stream.
+//!
+//! - [`JetStream::publish_if_last`]: optimistic concurrency per subject. The write lands only if
+//!   the subject's last stored sequence is still the one the writer read (0: nothing yet);
+//!   otherwise it fails with [`ErrorKind::Conflict`] and the writer reads again.
+//! - [`JetStream::last_on_subject`]: the newest message on one subject.
+//! - [`JetStream::follow`]: every message on matching subjects after a sequence, in stream
+//!   order, then each new one as it is stored (an ordered consumer: it recreates itself after a
+//!   gap or a reconnect, so nothing is skipped and nothing repeats).
+//! - [`JetStream::last_per_subject`]: the newest message of each matching subject, for
+//!   listings.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull};
+use bytes::Bytes;
+
+use super::consumer::datetime_ms;
+use super::{JetStream, PubAck, StoredMessage, js_err};
+use crate::{Error, ErrorKind, Headers, Result};
+
+impl JetStream {
+    /// Publishes `payload` to `subject` only if the newest message the stream holds on that
+    /// subject has sequence `last_subject_seq` (0: the subject has none yet), and waits for the
+    /// ack. A write that lost the race fails with [`ErrorKind::Conflict`]. `msg_id` goes in
+    /// `Nats-Msg-Id` (a retried write is then stored once).
+    pub async fn publish_if_last(
+        &self,
+        subject: &str,
+        msg_id: Option<&str>,
+        last_subject_seq: u64,
+        payload: Bytes,
+    ) -> Result<PubAck> {
+        crate::subject::validate_subject(subject, crate::Wildcards::Refuse)?;
+        let mut publish = jetstream::message::PublishMessage::build()
+            .payload(payload)
+            .expected_last_subject_sequence(last_subject_seq);
+        if let Some(id) = msg_id {
+            publish = publish.message_id(id);
+        }
+        let ack = self
+            .ctx
+            .send_publish(subject.to_owned(), publish)
+            .await
+            .map_err(|e| js_err(&format!("publish to {subject} failed"), e))?
+            .await
+            .map_err(|e| js_err(&format!("conditional publish to {subject}"), e))?;
+        Ok(PubAck {
+            stream: ack.stream,
+            sequence: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// The newest message stream `name` holds on `subject`, or `None` if it holds none.
+    pub async fn last_on_subject(
+        &self,
+        name: &str,
+        subject: &str,
+    ) -> Result<Option<StoredMessage>> {
+        let stream = self.stream(name).await?;
+        match stream.get_last_raw_message_by_subject(subject).await {
+            Ok(raw) => Ok(Some(StoredMessage {
+                subject: raw.subject.to_string(),
+                sequence: raw.sequence,
+                headers: Headers(raw.headers),
+                payload: raw.payload,
+                stored_ms: datetime_ms(&raw.time),
+            })),
+            Err(e) => {
+                let err = js_err(&format!("last message on {subject} in {name}"), e);
+                if err.kind() == ErrorKind::NotFound {
+                    Ok(None)
+                } else {
+                    Err(err)
+                }
+            }
+        }
+    }
+
+    /// Every message of stream `name` on subjects matching `filter` with a sequence above
+    /// `after`, oldest first, then each new one as it is stored, until the returned stream is
+    /// dropped. Backed by an ordered consumer that lives only in memory on the server and goes
+    /// away with the reader.
+    pub async fn follow(&self, name: &str, filter: &str, after: u64) -> Result<Follow> {
+        let what = || format!("follow {filter} in {name}");
+        let stream = self.stream(name).await?;
+        let consumer = stream
+            .create_consumer(pull::OrderedConfig {
+                filter_subject: filter.to_owned(),
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: after.saturating_add(1),
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| js_err(&what(), e))?;
+        let messages = consumer.messages().await.map_err(|e| js_err(&what(), e))?;
+        Ok(Follow {
+            inner: Box::pin(messages),
+        })
+    }
+
+    /// The newest message of each subject matching `filter` in stream `name` (at most `max`),
+    /// in stream order.
+    pub async fn last_per_subject(
+        &self,
+        name: &str,
+        filter: &str,
+        max: usize,
+    ) -> Result<Vec<StoredMessage>> {
+        self.scan_with(name, Some(filter), DeliverPolicy::LastPerSubject, max)
+            .await
+    }
+}
+
+/// What [`JetStream::follow`] returns: a stream of stored messages in stream order.
+pub struct Follow {
+    inner: Pin<Box<pull::Ordered>>,
+}
+
+impl std::fmt::Debug for Follow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Follow")
+    }
+}
+
+impl futures::Stream for Follow {
+    type Item = Result<StoredMessage>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.inner.as_mut().poll_next(cx) {
+            Poll::Ready(Some(Ok(message))) => {
+                let info = message
+                    .info()
+                    .map(|i| (i.stream_sequence, datetime_ms(&i.published)))
+                    .map_err(|e| Error::new(ErrorKind::Broker, format!("follow: {e}")));
+                let (sequence, stored_ms) = match info {
+                    Ok(info) => info,
+                    Err(e) => return Poll::Ready(Some(Err(e))),
+                };
+                let message = message.split().0;
+                Poll::Ready(Some(Ok(StoredMessage {
+                    subject: message.subject.to_string(),
+                    sequence,
+                    headers: Headers(message.headers.unwrap_or_default()),
+                    payload: message.payload,
+                    stored_ms,
+                })))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(js_err("follow", e)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

@@ -1,0 +1,543 @@
+//! Tasks through a real nats-server: the lifecycle and its table, progress, input, cancel,
+//! deadlines on both sides, streamed chunks across a requester restart, and a requester that
+//! dies and finds its task again.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agent_sdk::task::TaskMessage;
+use agent_sdk::{
+    Call, HandlerError, SdkError, StatusCode, TaskContext, TaskState, TaskStop, TaskUpdate,
+};
+use chorus_tests::{CrashableAgent, WAIT, agent, agent_options, server, within};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Sum {
+    a: i64,
+    b: i64,
+}
+
+/// Reads `updates` until its end (the terminal state), within the test's deadline.
+async fn collect(updates: agent_sdk::TaskUpdates) -> Vec<TaskUpdate> {
+    within(WAIT, "a task's updates to end", async move {
+        updates
+            .map(|u| u.expect("update reads"))
+            .collect::<Vec<_>>()
+            .await
+    })
+    .await
+}
+
+fn states(updates: &[TaskUpdate]) -> Vec<TaskState> {
+    updates.iter().filter_map(TaskUpdate::state).collect()
+}
+
+/// Waits until the task's updates show `state`.
+async fn until_state(task: &agent_sdk::TaskHandle, state: TaskState) -> TaskUpdate {
+    let mut updates = task.updates_after(0).await.expect("follow");
+    within(WAIT, &format!("task to be {state}"), async {
+        loop {
+            let update = updates
+                .next()
+                .await
+                .expect("the task ended first")
+                .expect("update");
+            if update.state() == Some(state) {
+                return update;
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_task_goes_submitted_accepted_working_completed_with_progress_and_a_report() {
+    let server = server();
+    let worker = agent(&server, "adder").await;
+    worker
+        .on_task("sum", |task: TaskContext, args: Sum| async move {
+            task.progress(Some(0.5), "half way").await?;
+            task.progress_with(None, "partial", &args.a).await?;
+            Ok(args.a + args.b)
+        })
+        .await
+        .expect("serve the task");
+    let boss = agent(&server, "boss").await;
+    let task = boss
+        .submit(
+            Call::agent("adder", "sum")
+                .payload(&Sum { a: 2, b: 40 })
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    let updates = collect(task.updates().await.expect("follow the task")).await;
+    assert_eq!(
+        states(&updates),
+        [
+            TaskState::Submitted,
+            TaskState::Accepted,
+            TaskState::Working,
+            TaskState::Completed
+        ]
+    );
+    let progress: Vec<_> = updates
+        .iter()
+        .filter(|u| u.kind == TaskMessage::Progress)
+        .collect();
+    assert_eq!(progress.len(), 2);
+    assert_eq!(progress[0].fraction(), Some(0.5));
+    assert_eq!(progress[0].text(), Some("half way"));
+    assert_eq!(progress[1].payload_as::<i64>().expect("payload decodes"), 2);
+    // Sequences only grow, and the handle remembers the last one.
+    assert!(updates.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert_eq!(task.last_seen(), updates.last().expect("an update").seq);
+
+    let report = within(WAIT, "result", task.result()).await.expect("result");
+    assert_eq!(report.state, TaskState::Completed);
+    assert_eq!(report.status, StatusCode::OK);
+    assert_eq!(report.output_as::<i64>().expect("output decodes"), 42);
+    assert_eq!(report.requester, "boss");
+    assert_eq!(report.target, "adder.sum");
+    assert_eq!(report.attempts.len(), 1);
+    assert_eq!(report.attempts[0].agent, "adder");
+    assert_eq!(report.attempts[0].state, TaskState::Completed);
+    assert!(
+        report.attempts[0].ended_ms.expect("the attempt ended") >= report.attempts[0].started_ms
+    );
+
+    // Finished is final: a cancel now changes nothing, an answer is refused.
+    let after = within(WAIT, "cancel of a finished task", task.cancel())
+        .await
+        .expect("cancel");
+    assert_eq!(after.state, TaskState::Completed);
+    let err = task.respond(&1).await.expect_err("should fail");
+    assert_eq!(err.status(), StatusCode::TASK_STATE, "{err}");
+    let listed = boss.tasks(100).await.expect("list tasks");
+    assert!(
+        listed
+            .iter()
+            .any(|t| t.id == task.id() && t.state == TaskState::Completed),
+        "{listed:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_task_taken_once_cannot_be_taken_again_and_a_failure_keeps_its_code() {
+    let server = server();
+    let serve = |a: agent_sdk::Agent| async move {
+        a.on_task("flaky", |_task: TaskContext, n: u32| async move {
+            if n == 0 {
+                Err::<u32, _>(HandlerError::invalid_argument("zero is not allowed"))
+            } else {
+                Ok(n)
+            }
+        })
+        .await
+        .expect("serve the task");
+        a
+    };
+    let one = serve(agent(&server, "one").await).await;
+    let two = serve(agent(&server, "two").await).await;
+    let boss = agent(&server, "boss").await;
+    let task = boss
+        .submit(
+            Call::agent("one", "flaky")
+                .payload(&0u32)
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    let report = within(WAIT, "result", task.result()).await.expect("result");
+    assert_eq!(report.state, TaskState::Failed);
+    assert_eq!(report.status, StatusCode::INVALID_ARGUMENT);
+    assert_eq!(report.reason.as_deref(), Some("zero is not allowed"));
+
+    // The recorded submission sent again, to another agent: the task is no longer
+    // `submitted`, so taking it is refused with 5024 and nothing runs.
+    let submission = task
+        .updates_after(0)
+        .await
+        .expect("follow the task")
+        .next()
+        .await
+        .expect("follow the task")
+        .expect("an update")
+        .envelope;
+    let raw = chorus_tests::raw_broker(&server).await;
+    let bytes =
+        agent_sdk::codec::encode(&submission, agent_sdk::Encoding::MsgPack).expect("encode");
+    let reply = raw
+        .request("chorus.agent.two.flaky", None, bytes, WAIT)
+        .await
+        .expect("raw request");
+    let (reply, _) = agent_sdk::codec::decode(reply.payload()).expect("the reply decodes");
+    assert_eq!(reply.status, Some(StatusCode::TASK_STATE));
+    assert_eq!(task.state().await.expect("state"), TaskState::Failed);
+    drop((one, two));
+}
+
+#[tokio::test]
+async fn a_cancel_reaches_a_working_handler_within_100_ms() {
+    let server = server();
+    let worker = agent(&server, "slow").await;
+    let seen: Arc<Mutex<Option<(Instant, TaskStop)>>> = Arc::default();
+    let slot = Arc::clone(&seen);
+    worker
+        .on_task("wait", move |task: TaskContext, (): ()| {
+            let slot = Arc::clone(&slot);
+            async move {
+                let why = task.cancelled().await;
+                *slot.lock().expect("lock") = Some((Instant::now(), why));
+                Err::<(), _>(HandlerError::new(StatusCode::CANCELLED, "stopped"))
+            }
+        })
+        .await
+        .expect("lock");
+    let boss = agent(&server, "boss").await;
+    let task = boss
+        .submit(
+            Call::agent("slow", "wait")
+                .payload(&())
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    until_state(&task, TaskState::Working).await;
+    let sent = Instant::now();
+    let report = within(WAIT, "cancel", task.cancel()).await.expect("cancel");
+    let (heard, why) = seen
+        .lock()
+        .expect("lock")
+        .expect("the handler saw the cancel");
+    let latency = heard.duration_since(sent);
+    assert_eq!(why, TaskStop::Cancelled);
+    assert!(
+        latency < Duration::from_millis(100),
+        "cancel took {latency:?}"
+    );
+    assert_eq!(report.state, TaskState::Cancelled);
+    assert_eq!(report.status, StatusCode::CANCELLED);
+    assert_eq!(report.attempts[0].agent, "slow");
+}
+
+#[tokio::test]
+async fn a_handler_that_ignores_a_cancel_is_stopped_after_the_grace() {
+    let server = server();
+    let worker = agent(&server, "stubborn").await;
+    worker
+        .on_task("hang", |_task: TaskContext, (): ()| async move {
+            std::future::pending::<()>().await;
+            Ok(())
+        })
+        .await
+        .expect("serve the task");
+    let boss = agent(&server, "boss").await;
+    let task = boss
+        .submit(
+            Call::agent("stubborn", "hang")
+                .payload(&())
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    until_state(&task, TaskState::Working).await;
+    let report = within(WAIT, "cancel", task.cancel()).await.expect("cancel");
+    assert_eq!(report.state, TaskState::Cancelled);
+    // The worker confirmed it (not the requester in its place).
+    let updates = collect(task.updates_after(0).await.expect("follow the task")).await;
+    let last = updates.last().expect("an update");
+    assert_eq!(last.state(), Some(TaskState::Cancelled));
+    assert_eq!(last.from(), "stubborn");
+}
+
+#[tokio::test]
+async fn input_required_is_answered_by_the_requester_and_the_work_goes_on() {
+    let server = server();
+    let worker = agent(&server, "converter").await;
+    worker
+        .on_task("convert", |task: TaskContext, celsius: f64| async move {
+            let unit: String = task.ask("which unit?", &["F", "K"]).await?;
+            Ok(match unit.as_str() {
+                "F" => celsius * 9.0 / 5.0 + 32.0,
+                _ => celsius + 273.15,
+            })
+        })
+        .await
+        .expect("ok");
+    let boss = agent(&server, "boss").await;
+    let task = boss
+        .submit(
+            Call::agent("converter", "convert")
+                .payload(&100.0)
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    let question = until_state(&task, TaskState::InputRequired).await;
+    assert_eq!(question.text(), Some("which unit?"));
+    assert_eq!(
+        question
+            .payload_as::<Vec<String>>()
+            .expect("payload decodes"),
+        ["F", "K"]
+    );
+    task.respond(&"F").await.expect("respond");
+    let report = within(WAIT, "result", task.result()).await.expect("result");
+    assert_eq!(report.output_as::<f64>().expect("output decodes"), 212.0);
+    let updates = collect(task.updates_after(0).await.expect("follow the task")).await;
+    assert_eq!(
+        states(&updates),
+        [
+            TaskState::Submitted,
+            TaskState::Accepted,
+            TaskState::Working,
+            TaskState::InputRequired,
+            TaskState::Working,
+            TaskState::Completed
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_deadline_expires_the_task_on_both_sides() {
+    let server = server();
+    let worker = agent(&server, "late").await;
+    let seen: Arc<Mutex<Option<TaskStop>>> = Arc::default();
+    let slot = Arc::clone(&seen);
+    worker
+        .on_task("think", move |task: TaskContext, (): ()| {
+            let slot = Arc::clone(&slot);
+            async move {
+                let why = task.cancelled().await;
+                *slot.lock().expect("lock") = Some(why);
+                Ok(())
+            }
+        })
+        .await
+        .expect("lock");
+    let boss = agent(&server, "boss").await;
+    let task = boss
+        .submit(
+            Call::agent("late", "think")
+                .payload(&())
+                .expect("payload encodes")
+                .deadline(Duration::from_millis(300)),
+        )
+        .await
+        .expect("submit");
+    let report = within(WAIT, "result", task.result()).await.expect("result");
+    assert_eq!(report.state, TaskState::Expired);
+    assert_eq!(report.status, StatusCode::EXPIRED);
+    // The worker's handler was told, and the worker recorded it.
+    assert_eq!(*seen.lock().expect("lock"), Some(TaskStop::Expired));
+    assert_eq!(report.attempts[0].state, TaskState::Expired);
+    let updates = collect(task.updates_after(0).await.expect("follow the task")).await;
+    assert_eq!(updates.last().expect("an update").from(), "late");
+}
+
+#[tokio::test]
+async fn a_worker_that_dies_leaves_the_expiry_to_the_requester() {
+    let server = server();
+    let mut worker = CrashableAgent::start(agent_options(&server, "fragile"), |a| async move {
+        a.on_task("think", |_task: TaskContext, (): ()| async move {
+            std::future::pending::<()>().await;
+            Ok(())
+        })
+        .await
+        .expect("serve the task");
+    });
+    let boss = agent(&server, "boss").await;
+    let task = boss
+        .submit(
+            Call::agent("fragile", "think")
+                .payload(&())
+                .expect("payload encodes")
+                .deadline(Duration::from_millis(500)),
+        )
+        .await
+        .expect("submit");
+    until_state(&task, TaskState::Working).await;
+    worker.crash();
+    let report = within(WAIT, "result", task.result()).await.expect("result");
+    assert_eq!(report.state, TaskState::Expired);
+    let updates = collect(task.updates_after(0).await.expect("follow the task")).await;
+    assert_eq!(updates.last().expect("an update").from(), "boss");
+}
+
+#[tokio::test]
+async fn a_stream_of_10000_chunks_survives_a_requester_restart_midway() {
+    const CHUNKS: u64 = 10_000;
+    let server = server();
+    let worker = agent(&server, "model").await;
+    worker
+        .on_task("tokens", |task: TaskContext, n: u64| async move {
+            for i in 1..n {
+                task.chunk(&format!("token {i}")).await?;
+            }
+            task.last_chunk(&format!("token {n}")).await?;
+            Ok(n)
+        })
+        .await
+        .expect("serve the task");
+    let first = agent(&server, "reader").await;
+    let task = first
+        .submit(
+            Call::agent("model", "tokens")
+                .payload(&CHUNKS)
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    let id = task.id();
+    let mut chunks = Vec::new();
+    let mut updates = task.updates().await.expect("follow the task");
+    within(WAIT, "the first 4,000 chunks", async {
+        while chunks.len() < 4_000 {
+            let update = updates.next().await.expect("an update").expect("an update");
+            if let Some(n) = update.chunk() {
+                assert_eq!(
+                    update.payload_as::<String>().expect("payload decodes"),
+                    format!("token {n}")
+                );
+                chunks.push(n);
+            }
+        }
+    })
+    .await;
+    let resume_after = task.last_seen();
+    drop(updates);
+    first.shutdown().await;
+
+    // Another process, knowing only the id and the last sequence it saw.
+    let second = agent(&server, "reader").await;
+    let task = second.task(id).await.expect("look the task up");
+    let rest = within(
+        Duration::from_secs(120),
+        "the rest of the chunks",
+        task.updates_after(resume_after)
+            .await
+            .expect("follow the task")
+            .map(|u| u.expect("follow the task"))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let mut last = false;
+    for update in &rest {
+        if let Some(n) = update.chunk() {
+            chunks.push(n);
+            last = update.is_last_chunk();
+        }
+    }
+    assert!(last, "the final chunk is marked");
+    let expected: Vec<u64> = (1..=CHUNKS).collect();
+    assert_eq!(chunks.len(), expected.len(), "no gap, no duplicate");
+    assert_eq!(chunks, expected);
+    let report = task.result().await.expect("result");
+    assert_eq!(report.output_as::<u64>().expect("output decodes"), CHUNKS);
+}
+
+#[tokio::test]
+async fn a_requester_killed_while_its_task_runs_finds_it_and_gets_the_result() {
+    let server = server();
+    let worker = agent(&server, "worker").await;
+    let (release_tx, release_rx) = tokio::sync::watch::channel(false);
+    worker
+        .on_task("job", move |_task: TaskContext, x: u32| {
+            let mut release = release_rx.clone();
+            async move {
+                release
+                    .wait_for(|go| *go)
+                    .await
+                    .map_err(|_| HandlerError::failed("released nothing"))?;
+                Ok(x * 2)
+            }
+        })
+        .await
+        .expect("ok");
+    let (id_tx, id_rx) = std::sync::mpsc::channel();
+    let options = agent_options(&server, "asker");
+    // Started off this runtime, which must keep serving the worker meanwhile.
+    let id = tokio::task::spawn_blocking(move || {
+        let mut requester = CrashableAgent::start(options, move |a| async move {
+            let task = a
+                .submit(
+                    Call::agent("worker", "job")
+                        .payload(&21u32)
+                        .expect("payload encodes"),
+                )
+                .await
+                .expect("submit");
+            id_tx.send(task.id()).expect("send");
+        });
+        let id = id_rx
+            .recv_timeout(WAIT)
+            .expect("task id from the requester");
+        requester.crash();
+        id
+    })
+    .await
+    .expect("task id from the requester");
+    release_tx.send(true).expect("send");
+
+    let again = agent(&server, "asker").await;
+    let task = again.task(id).await.expect("look the task up");
+    let report = within(WAIT, "result", task.result()).await.expect("result");
+    assert_eq!(report.output_as::<u32>().expect("output decodes"), 42);
+    assert_eq!(report.requester, "asker");
+}
+
+#[tokio::test]
+async fn a_task_nobody_serves_is_rejected_and_on_record_and_an_unknown_id_is_not_found() {
+    let server = server();
+    let boss = agent(&server, "boss").await;
+    let err = boss
+        .submit(
+            Call::agent("nobody", "job")
+                .payload(&1)
+                .expect("payload encodes")
+                .timeout(Duration::from_secs(2)),
+        )
+        .await
+        .expect_err("should fail");
+    assert!(matches!(err, SdkError::NoResponders(_)), "{err}");
+    let listed = boss.tasks(10).await.expect("list tasks");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].state, TaskState::Rejected);
+    let missing = uuid::Uuid::now_v7();
+    assert!(matches!(
+        boss.task(missing).await.expect_err("should fail"),
+        SdkError::TaskNotFound(id) if id == missing
+    ));
+}
+
+#[tokio::test]
+async fn a_task_to_a_capability_is_taken_by_one_of_its_holders() {
+    let server = server();
+    let mut holders = Vec::new();
+    for id in ["ocr-1", "ocr-2"] {
+        let a = agent(&server, id).await;
+        a.on_task_capability("text.ocr", |task: TaskContext, page: String| async move {
+            Ok(format!("{} read {page}", task.agent_id()))
+        })
+        .await
+        .expect("serve the capability");
+        holders.push(a);
+    }
+    let boss = agent(&server, "boss").await;
+    let task = boss
+        .submit(
+            Call::capability("text.ocr")
+                .payload(&"page 1")
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    let report = within(WAIT, "result", task.result()).await.expect("result");
+    let text: String = report.output_as().expect("output decodes");
+    assert!(text.ends_with("read page 1"), "{text}");
+    assert!(text.starts_with(&report.attempts[0].agent), "{text}");
+    assert_eq!(report.target, "text.ocr");
+}
