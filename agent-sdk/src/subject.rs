@@ -461,6 +461,11 @@ impl Subjects {
         format!("{}.task.*.{kind}", self.root)
     }
 
+    /// `<root>.task.>`: every message of every task (what an agent that uses tasks writes).
+    pub fn tasks_all(&self) -> String {
+        format!("{}.task.>", self.root)
+    }
+
     /// The task id and message kind of a task subject.
     pub fn task_of(
         &self,

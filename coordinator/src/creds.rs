@@ -9,6 +9,7 @@
 use agent_sdk::Subjects;
 use agent_sdk::durable::{IDEMPOTENCY_BUCKET, INBOX_STREAM};
 use agent_sdk::security::SEEN_BUCKET;
+use agent_sdk::task::TaskMessage;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::service::COORDINATOR_ID;
@@ -39,6 +40,8 @@ pub struct Role {
     pub listens: Vec<String>,
     /// Whether it has a durable inbox (JetStream rights).
     pub durable: bool,
+    /// Whether it submits, works on or watches tasks (JetStream rights, the task subjects).
+    pub tasks: bool,
     /// A `chorus` CLI user rather than an agent: it calls, sends, broadcasts and listens as
     /// `agent` (`chorus --id <agent>`), but never registers, so it has no heartbeat, goodbye,
     /// command subject, capability access points or service-discovery rights.
@@ -132,6 +135,18 @@ fn permissions_of(
         // Seen message ids, for replay protection across restarts.
         publish.push(subjects.bucket_keys(SEEN_BUCKET, id)?);
         subscribe.push(JETSTREAM_EVENTS.to_owned());
+    }
+    if role.tasks {
+        // The task stream's API and every task subject: a submission, a state, progress, a
+        // chunk, an answer or a cancel may come from either side of a task, and task ids are
+        // not known in advance (signatures tell the writers apart, SECURITY.md).
+        if !role.durable {
+            publish.push(JETSTREAM_API.to_owned());
+        }
+        publish.push(subjects.tasks_all());
+        // A worker hears its tasks' cancels and answers.
+        subscribe.push(subjects.tasks_of_kind(TaskMessage::Cancel));
+        subscribe.push(subjects.tasks_of_kind(TaskMessage::Input));
     }
     Ok((publish, subscribe))
 }

@@ -33,6 +33,9 @@ pub(crate) struct Args {
     /// It has a durable inbox.
     #[arg(long)]
     durable: bool,
+    /// It submits, works on or watches tasks.
+    #[arg(long)]
+    tasks: bool,
     /// Directory for the seed file `<agent>.nk` (written with mode 0600).
     #[arg(long, default_value = ".")]
     out: PathBuf,
@@ -61,6 +64,7 @@ pub(crate) fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode>
             publishes: args.publishes,
             listens: args.listens,
             durable: args.durable,
+            tasks: args.tasks,
             cli: args.cli,
         };
         chorus::creds::authorization_entry(&subjects, &role, &identity.public_key())?

@@ -14,6 +14,7 @@ mod request;
 mod send;
 mod serve;
 mod tap;
+mod task;
 mod up;
 
 use std::path::PathBuf;
@@ -137,6 +138,8 @@ pub(crate) enum Command {
     Certs(certs::Args),
     /// Inspect and act on the dead-letter queue.
     Dlq(dlq::Args),
+    /// Submit, list, show, watch, cancel and answer tasks (long work with progress).
+    Task(task::Args),
     /// Start a local NATS server (if none answers) and the demo agents, and show them talking.
     Up(up::Args),
     /// Publish an event (--topic), or send a command to an agent (--to, --command) and print
@@ -194,6 +197,7 @@ async fn dispatch(
         Command::Creds(args) => creds::run(args, conn),
         Command::Certs(args) => certs::run(args),
         Command::Dlq(args) => dlq::run(args, conn).await,
+        Command::Task(args) => task::run(args, conn).await,
         Command::Up(args) => up::run(args, conn).await,
         Command::Send(args) => send::run(args, conn).await,
         Command::Request(args) => request::run(args, conn).await,

@@ -1,5 +1,5 @@
-//! What the coordinator makes sure exists before it starts any task: the inbox, dead-letter
-//! and advisory streams, the registry and config buckets, and the retry policies agents read.
+//! What the coordinator makes sure exists before it starts any task: the inbox, dead-letter,
+//! advisory and task streams, the registry and config buckets, and the retry policies agents read.
 //! Every step is idempotent, so coordinators starting side by side do not conflict.
 
 use agent_sdk::Subjects;
@@ -27,6 +27,7 @@ pub(super) async fn provision(
         durable::inbox_stream(subjects, &config.inbox),
         durable::dlq_stream(subjects, config.replicas),
         durable::advisory_stream(subjects, config.replicas),
+        agent_sdk::task::task_stream(subjects, config.replicas),
     ] {
         js.ensure_stream(&stream).await.map_err(Error::wrap(
             ErrorKind::Broker,

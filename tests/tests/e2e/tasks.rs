@@ -541,3 +541,210 @@ async fn a_task_to_a_capability_is_taken_by_one_of_its_holders() {
     assert!(text.starts_with(&report.attempts[0].agent), "{text}");
     assert_eq!(report.target, "text.ocr");
 }
+
+/// On a server whose users are the entries `chorus creds --tasks` makes, a task runs end to
+/// end: submitted, a question answered, progress, a cancel heard by the worker.
+#[tokio::test]
+async fn tasks_work_under_per_agent_credentials() {
+    use agent_sdk::security::Identity;
+    use broker_adapter::{BrokerOptions, Credentials};
+    use chorus::creds::{Role, authorization_entry};
+    let subjects = agent_sdk::Subjects::default();
+    let (worker_key, boss_key) = (Identity::generate(), Identity::generate());
+    let entry = |agent: &str, calls: Vec<String>, key: &Identity| {
+        authorization_entry(
+            &subjects,
+            &Role {
+                agent: agent.into(),
+                calls,
+                tasks: true,
+                ..Role::default()
+            },
+            &key.public_key(),
+        )
+        .expect("entry")
+    };
+    let users = [
+        entry("worker", vec!["agent:nobody".into()], &worker_key),
+        entry("boss", vec!["agent:worker".into()], &boss_key),
+    ]
+    .join("\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("auth.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: \"127.0.0.1:-1\"\njetstream {{ store_dir: \"{}\" }}\nauthorization {{\n  users = [\n{users}\n  ]\n}}\n",
+            dir.path().join("js").display()
+        ),
+    )
+    .expect("write");
+    let server = chorus_tests::ServerBuilder::default()
+        .config(&conf)
+        .start()
+        .expect("server");
+    let connect = |id: &'static str, key: &Identity| {
+        agent_options(&server, id)
+            .broker(
+                BrokerOptions::new([server.url()])
+                    .credentials(Credentials::NKeySeed(key.seed().expect("seed"))),
+            )
+            .connect()
+    };
+    let worker = connect("worker", &worker_key)
+        .await
+        .expect("worker connects");
+    worker
+        .on_task("plan", |task: TaskContext, (): ()| async move {
+            let days: u32 = task.ask("how many days?", &()).await?;
+            task.progress(Some(0.5), format!("planning {days} days"))
+                .await?;
+            task.cancelled().await;
+            Ok(days)
+        })
+        .await
+        .expect("serve the task");
+    let boss = connect("boss", &boss_key).await.expect("boss connects");
+    let task = boss
+        .submit(
+            Call::agent("worker", "plan")
+                .payload(&())
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    until_state(&task, TaskState::InputRequired).await;
+    task.respond(&3u32).await.expect("respond");
+    let mut updates = task.updates_after(0).await.expect("follow the task");
+    within(WAIT, "progress", async {
+        while let Some(update) = updates.next().await {
+            if update.expect("an update").text() == Some("planning 3 days") {
+                break;
+            }
+        }
+    })
+    .await;
+    let report = within(WAIT, "cancel", task.cancel()).await.expect("cancel");
+    assert_eq!(report.state, TaskState::Cancelled);
+    let updates = collect(task.updates_after(0).await.expect("follow the task")).await;
+    assert_eq!(updates.last().expect("an update").from(), "worker");
+}
+
+/// Runs `chorus --server <url> <args>` off the runtime (which keeps serving the agents) and
+/// returns its exit status and output.
+async fn chorus(server: &chorus_tests::NatsServer, args: &[&str]) -> (bool, String, String) {
+    let binary = chorus_tests::chorus_binary();
+    let mut all = vec!["--server".to_owned(), server.url().to_owned()];
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    let out = within(
+        Duration::from_secs(120),
+        "chorus task",
+        tokio::process::Command::new(binary)
+            .args(&all)
+            .env_remove("CHORUS_CONTEXT")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("run chorus");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_submits_lists_shows_watches_and_cancels_tasks() {
+    let server = server();
+    let worker = agent(&server, "counter").await;
+    worker
+        .on_task("count", |task: TaskContext, n: u32| async move {
+            for i in 1..=n {
+                task.progress(Some(i as f32 / n as f32), format!("step {i}"))
+                    .await?;
+                task.chunk(&i).await?;
+            }
+            Ok(n)
+        })
+        .await
+        .expect("serve the task");
+    worker
+        .on_task("hang", |task: TaskContext, (): ()| async move {
+            task.cancelled().await;
+            Ok(())
+        })
+        .await
+        .expect("serve the task");
+
+    let (ok, out, err) = chorus(
+        &server,
+        &[
+            "task",
+            "submit",
+            "--to",
+            "counter",
+            "--command",
+            "count",
+            "3",
+            "--watch",
+        ],
+    )
+    .await;
+    assert!(ok, "{out}{err}");
+    let id = out.lines().next().expect("the id first").trim().to_owned();
+    uuid::Uuid::parse_str(&id).expect("a task id");
+    for expected in [
+        "submitted",
+        "accepted",
+        "working",
+        "step 2",
+        "#3 3",
+        "completed (5002 ok) 3",
+    ] {
+        assert!(out.contains(expected), "{expected:?} in {out}");
+    }
+
+    let (ok, out, err) = chorus(&server, &["task", "ls", "--json"]).await;
+    assert!(ok, "{err}");
+    let list: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(list[0]["id"], id.as_str());
+    assert_eq!(list[0]["state"], "completed");
+
+    let (ok, out, err) = chorus(&server, &["task", "show", &id, "--json"]).await;
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(report["state"], "completed");
+    assert_eq!(report["output"], 3);
+    assert_eq!(report["attempts"][0]["agent"], "counter");
+    assert_eq!(report["target"], "counter.count");
+
+    let (ok, out, err) = chorus(
+        &server,
+        &["task", "submit", "--to", "counter", "--command", "hang"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let hung = out.trim().to_owned();
+    let (ok, out, err) = chorus(&server, &["task", "cancel", &hung]).await;
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("state     cancelled (5020 cancelled)"),
+        "{out}"
+    );
+    let (ok, out, _) = chorus(&server, &["task", "watch", &hung]).await;
+    assert!(!ok, "a task that did not complete exits 1");
+    assert!(out.contains("cancel requested"), "{out}");
+    let (ok, out, _) = chorus(&server, &["task", "ls", "--state", "cancelled"]).await;
+    assert!(ok && out.contains(&hung) && !out.contains(&id), "{out}");
+
+    let missing = uuid::Uuid::now_v7().to_string();
+    let (ok, _, err) = chorus(&server, &["task", "show", &missing]).await;
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("no task {missing} is recorded")),
+        "{err}"
+    );
+    let (ok, _, err) = chorus(&server, &["task", "ls", "--state", "sleeping"]).await;
+    assert!(!ok && err.contains("not a task state"), "{err}");
+}
