@@ -3,6 +3,7 @@
 //! ```text
 //! <root>.agent.<agent-id>.<command>   commands and requests to one agent
 //! <root>.cap.<capability...>          capability access points (queue group per capability)
+//! <root>.agent.<agent-id>.cap.<capability...>  one holder's own access point to a capability
 //! <root>.evt.<topic...>               events; subscribers may use * and >
 //! <root>.inbox.<agent-id>.<lane>.<command>  durable commands (JetStream; lane high or normal)
 //! <root>.bcast.all|group.<g>|cap.<c>  broadcast through the coordinator
@@ -227,6 +228,21 @@ impl Subjects {
     pub fn capability(&self, capability: &str) -> Result<String, SubjectError> {
         validate_dotted("capability", capability)?;
         Ok(format!("{}.cap.{capability}", self.root))
+    }
+
+    /// `<root>.agent.<agent-id>.cap.<capability...>`: one agent's own access point to a
+    /// capability it serves, for a caller that must reach that holder and no other (a task
+    /// retried on the same agent, or reassigned to another).
+    pub fn capability_at(&self, agent: &str, capability: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        validate_dotted("capability", capability)?;
+        Ok(format!("{}.agent.{agent}.cap.{capability}", self.root))
+    }
+
+    /// `<root>.agent.<agent-id>.cap.>`: every capability access point of one agent.
+    pub fn capabilities_at(&self, agent: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        Ok(format!("{}.agent.{agent}.cap.>", self.root))
     }
 
     /// `<root>.evt.<topic>`: where an event on `topic` is published.
@@ -607,7 +623,7 @@ mod tests {
             "acme.bus.task.*.status"
         );
         for other in [
-            format!("acme.bus.task.{id}.report"),
+            format!("acme.bus.task.{id}.verdict"),
             "acme.bus.task.not-a-uuid.status".to_owned(),
             format!("chorus.task.{id}.status"),
             format!("acme.bus.agent.{id}.status"),

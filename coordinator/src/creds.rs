@@ -84,14 +84,18 @@ fn permissions_of(
     if role.calls.is_empty() {
         publish.push(subjects.commands_all());
         publish.push(subjects.capabilities_all());
+        publish.push(format!("{}.agent.*.cap.>", subjects.root()));
         publish.push(subjects.durable_all());
     } else {
         for target in &role.calls {
             if let Some(agent) = target.strip_prefix("agent:") {
                 publish.push(subjects.agent_inbound(agent)?);
+                publish.push(subjects.capabilities_at(agent)?);
                 publish.push(subjects.durable_agent_all(agent)?);
             } else if let Some(cap) = target.strip_prefix("cap:") {
                 publish.push(subjects.capability(cap)?);
+                // The same capability at one holder (a task retried or reassigned).
+                publish.push(format!("{}.agent.*.cap.{cap}", subjects.root()));
             } else {
                 return Err(format!(
                     "--calls takes agent:<id> or cap:<capability>, not {target:?}"
@@ -116,6 +120,7 @@ fn permissions_of(
         subscribe.push(SERVICE_API.to_owned());
         for cap in &role.serves {
             subscribe.push(subjects.capability(cap)?);
+            subscribe.push(subjects.capability_at(id, cap)?);
         }
     }
     if role.listens.is_empty() {

@@ -82,6 +82,17 @@ impl Agent {
         let inner = &self.inner;
         let subject = inner.out.subjects.capability(capability)?;
         let sub = inner.out.broker.queue_subscribe(&subject, &subject).await?;
+        // Its own access point too, for callers that must reach this holder.
+        let own = inner
+            .out
+            .broker
+            .subscribe(
+                &inner
+                    .out
+                    .subjects
+                    .capability_at(&inner.out.id, capability)?,
+            )
+            .await?;
         inner.out.broker.sync(SYNC_TIMEOUT).await?;
         inner.presence.add_capability(capability);
         let endpoint = Arc::new(Endpoint::new(
@@ -92,6 +103,9 @@ impl Agent {
             Arc::new(handler),
         ));
         inner.endpoints.add(Arc::clone(&endpoint));
+        inner
+            .dispatcher
+            .spawn(own, Route::Capability(Arc::clone(&endpoint)));
         inner.dispatcher.spawn(sub, Route::Capability(endpoint));
         inner.presence.changed.notify_one();
         Ok(())

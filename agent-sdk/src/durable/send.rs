@@ -75,7 +75,7 @@ impl Sender {
             (Target::Agent(agent), _) => {
                 Some((agent.clone(), call.name.clone().unwrap_or_default()))
             }
-            (Target::Capability(_), _) => {
+            (Target::Capability(_) | Target::CapabilityAt { .. }, _) => {
                 return Err(SdkError::InvalidCall(
                     "durable messages go to one agent's inbox, not to a capability".into(),
                 ));

@@ -22,6 +22,13 @@ pub enum Target {
     Agent(String),
     /// Any one agent serving a capability (the access point's queue group picks).
     Capability(String),
+    /// A capability at one agent that serves it, and no other.
+    CapabilityAt {
+        /// The agent.
+        agent: String,
+        /// The capability.
+        capability: String,
+    },
 }
 
 /// A command or request to send with [`Agent::call`](crate::Agent::call).
@@ -60,6 +67,18 @@ impl Call {
     /// A request to whichever agent serves `capability`.
     pub fn capability(capability: impl Into<String>) -> Self {
         Call::new(Target::Capability(capability.into()), None)
+    }
+
+    /// A call to `capability` at agent `agent` only (its own access point, not the queue
+    /// group): to retry on one holder, or to pick one from [`Agent::discover`](crate::Agent::discover).
+    pub fn capability_at(agent: impl Into<String>, capability: impl Into<String>) -> Self {
+        Call::new(
+            Target::CapabilityAt {
+                agent: agent.into(),
+                capability: capability.into(),
+            },
+            None,
+        )
     }
 
     fn new(target: Target, name: Option<String>) -> Self {

@@ -32,6 +32,12 @@ impl Outbound {
                 env.capability = Some(capability);
                 subject
             }
+            Target::CapabilityAt { agent, capability } => {
+                let subject = self.subjects.capability_at(&agent, &capability)?;
+                env.to = vec![agent];
+                env.capability = Some(capability);
+                subject
+            }
         };
         env.name = call.name;
         self.inherit(&mut env, parent)?;

@@ -84,6 +84,8 @@ status_codes! {
     /// A task cannot make this move from the state it is in (taken by another agent
     /// already, finished, cancelled).
     TASK_STATE = 5024, "task_state", "Not allowed in the task's current state";
+    /// A task's result failed the requester's verification on every attempt allowed.
+    UNVERIFIED = 5025, "unverified", "The result failed verification on every attempt";
 }
 
 impl StatusCode {

@@ -6,14 +6,16 @@
 //!     │            │           │              │
 //!     └────────────┴───────────┴──────────────┴──> completed | failed | cancelled | expired
 //! submitted ──> rejected
+//! working, submitted ──> submitted     (a new attempt: retried, reassigned, escalated)
 //! ```
 //!
 //! - `completed` only from `working` (a result needs someone who worked on it).
 //! - `rejected` only from `submitted` (refusing work already taken is a failure).
 //! - `failed`, `cancelled` and `expired` from any live state.
 //! - Terminal states are final: nothing follows them.
-//! - `working` may follow `working` (a handoff to another agent, an attempt restarted); no
-//!   other state repeats.
+//! - `working` may follow `working` (a handoff to another agent).
+//! - `submitted` may follow `working` or `submitted`: the requester starts a new attempt, on
+//!   the same agent or another, after a result failed its verification or an agent refused.
 
 use std::fmt;
 
@@ -48,7 +50,8 @@ impl TaskState {
         let (from, to) = (self.normalized(), next.normalized());
         match (from, to) {
             _ if from.is_terminal() => false,
-            (_, S::Unknown | S::Submitted) | (S::Unknown, _) => false,
+            (_, S::Unknown) | (S::Unknown, _) => false,
+            (S::Submitted | S::Working, S::Submitted) => true,
             (S::Submitted, S::Accepted | S::Rejected) => true,
             (S::Accepted, S::Working) => true,
             (S::Working, S::Working | S::InputRequired | S::Completed) => true,
@@ -99,16 +102,20 @@ pub enum TaskMessage {
     Input,
     /// The requester asks for the work to stop.
     Cancel,
+    /// One attempt's result, when the requester verifies results before accepting them (the
+    /// submission expects `confirm`): `done` with the output, or `failure` with the code.
+    Report,
 }
 
 impl TaskMessage {
     /// Every kind.
-    pub const ALL: [TaskMessage; 5] = [
+    pub const ALL: [TaskMessage; 6] = [
         TaskMessage::Status,
         TaskMessage::Progress,
         TaskMessage::Chunk,
         TaskMessage::Input,
         TaskMessage::Cancel,
+        TaskMessage::Report,
     ];
 
     /// The last token of its subject.
@@ -119,6 +126,7 @@ impl TaskMessage {
             TaskMessage::Chunk => "chunk",
             TaskMessage::Input => "input",
             TaskMessage::Cancel => "cancel",
+            TaskMessage::Report => "report",
         }
     }
 
@@ -157,6 +165,8 @@ mod tests {
     #[test]
     fn every_legal_move_of_the_table() {
         let legal = [
+            (S::Submitted, S::Submitted),
+            (S::Working, S::Submitted),
             (S::Submitted, S::Accepted),
             (S::Submitted, S::Rejected),
             (S::Submitted, S::Failed),
@@ -230,6 +240,6 @@ mod tests {
         for kind in TaskMessage::ALL {
             assert_eq!(TaskMessage::parse(kind.as_str()), Some(kind));
         }
-        assert_eq!(TaskMessage::parse("report"), None);
+        assert_eq!(TaskMessage::parse("verdict"), None);
     }
 }

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
+use broker_adapter::StoredMessage;
 use futures::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
@@ -23,12 +24,20 @@ use crate::protocol::task::TaskMessage;
 /// After a task's deadline, how long the requester leaves the worker to record the expiry
 /// itself before recording it in its place (a worker that died cannot).
 pub const EXPIRY_GRACE: Duration = Duration::from_secs(2);
+/// The kinds of message a report is folded from.
+pub(crate) const FOLDED: [TaskMessage; 2] = [TaskMessage::Status, TaskMessage::Report];
+
 /// How long [`TaskHandle::cancel`] waits for the worker to confirm before recording the
 /// cancel itself.
 pub const CANCEL_CONFIRM: Duration = Duration::from_secs(3);
 
-/// Submits `call` as a task: records it, then asks its target to take it.
-pub(crate) async fn submit(store: &Arc<TaskStore>, call: Call) -> Result<TaskHandle, SdkError> {
+/// Submits `call` as a task: records it, then asks its target to take it. With `confirm`, the
+/// worker reports its result for the requester to verify instead of completing the task.
+pub(crate) async fn submit(
+    store: &Arc<TaskStore>,
+    call: Call,
+    confirm: bool,
+) -> Result<TaskHandle, SdkError> {
     store.ensure().await?;
     let out = &store.out;
     let (subject, mut env, timeout) = out.prepare(call.command(), None)?;
@@ -38,7 +47,11 @@ pub(crate) async fn submit(store: &Arc<TaskStore>, call: Call) -> Result<TaskHan
     // The submission's own life is the task's deadline, not the wait for an answer.
     env.ttl_ms = None;
     env.expect = Some(ExpectedReply {
-        performative: Performative::Agree,
+        performative: if confirm {
+            Performative::Confirm
+        } else {
+            Performative::Agree
+        },
         timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
     });
     env.progress = Some(Progress {
@@ -123,7 +136,7 @@ impl TaskHandle {
     /// one, ending after the terminal state: resuming from the last sequence seen gives no
     /// gap and no repeat.
     pub async fn updates_after(&self, seq: u64) -> Result<TaskUpdates, SdkError> {
-        let follow = self.store.follow(self.id, None, seq).await?;
+        let follow = self.store.follow(self.id, &[], seq).await?;
         Ok(TaskUpdates {
             follow,
             subjects: self.store.out.subjects.clone(),
@@ -142,17 +155,17 @@ impl TaskHandle {
 
     /// The task's report as it stands now (terminal or not).
     pub async fn report(&self) -> Result<TaskReport, SdkError> {
-        let Some((last, _)) = self.store.last_status(self.id).await? else {
+        let Some((mut last, _)) = self.store.last_status(self.id).await? else {
             return Err(SdkError::TaskNotFound(self.id));
         };
-        let mut states = self
-            .store
-            .follow(self.id, Some(TaskMessage::Status), 0)
-            .await?;
+        if let Some(report) = self.store.last_of(self.id, TaskMessage::Report).await? {
+            last = last.max(report.sequence);
+        }
+        let mut states = self.store.follow(self.id, &FOLDED, 0).await?;
         let mut fold = Fold::default();
         while let Some(stored) = states.next().await {
             let stored = stored?;
-            fold.status(self.id, stored.sequence, &decode(&stored)?);
+            self.fold_in(&mut fold, &stored)?;
             if stored.sequence >= last {
                 break;
             }
@@ -160,14 +173,22 @@ impl TaskHandle {
         fold.into_report().ok_or(SdkError::TaskNotFound(self.id))
     }
 
+    fn fold_in(&self, fold: &mut Fold, stored: &StoredMessage) -> Result<(), SdkError> {
+        let kind = self
+            .store
+            .out
+            .subjects
+            .task_of(&stored.subject)
+            .map_or(TaskMessage::Status, |(_, kind)| kind);
+        fold.message(self.id, kind, stored.sequence, &decode(stored)?);
+        Ok(())
+    }
+
     /// Waits for the task to finish and returns its report. Past the task's deadline (and
     /// [`EXPIRY_GRACE`] for its worker to say so), a task still unfinished is recorded as
     /// expired here: a worker that died cannot.
     pub async fn result(&self) -> Result<TaskReport, SdkError> {
-        let mut states = self
-            .store
-            .follow(self.id, Some(TaskMessage::Status), 0)
-            .await?;
+        let mut states = self.store.follow(self.id, &FOLDED, 0).await?;
         let mut fold = Fold::default();
         let mut expiry: Option<Pin<Box<tokio::time::Sleep>>> = None;
         loop {
@@ -186,7 +207,7 @@ impl TaskHandle {
                 return Err(SdkError::TaskNotFound(self.id));
             };
             let stored = stored?;
-            fold.status(self.id, stored.sequence, &decode(&stored)?);
+            self.fold_in(&mut fold, &stored)?;
             let Some(report) = fold.report() else {
                 continue;
             };

@@ -9,13 +9,16 @@
 //! The states and the moves between them are [`TaskState`] and
 //! [`crate::protocol::task`]'s table; `docs/PROTOCOL.md` (tasks) specifies the messages.
 
-mod handle;
+pub(crate) mod handle;
 pub(crate) mod store;
+mod verify;
 mod worker;
 
 pub(crate) use handle::submit;
 pub use handle::{CANCEL_CONFIRM, EXPIRY_GRACE, TaskHandle, TaskUpdates};
 pub use store::{DEFAULT_TASK_RETENTION, TASK_STREAM, task_stream};
+pub(crate) use verify::Check;
+pub use verify::{CheckFn, DEFAULT_MAX_ATTEMPTS, Verification};
 pub use worker::{CANCEL_GRACE, TaskContext, TaskHandler, TaskStop, TypedTask};
 pub(crate) use worker::{TaskEndpoint, Tasks};
 
@@ -98,8 +101,15 @@ pub struct Attempt {
     pub started_ms: u64,
     /// When its turn ended, if it has.
     pub ended_ms: Option<u64>,
-    /// How its turn ended (the state it left the task in), or where it is.
+    /// How its turn ended (the state it left the task in, or `completed` / `failed` for the
+    /// result it reported), or where it is.
     pub state: TaskState,
+    /// The code its turn ended with, if it has.
+    pub status: Option<StatusCode>,
+    /// Whether the requester's verification accepted its result (`None`: not verified).
+    pub verified: Option<bool>,
+    /// Why its turn ended as it did, when someone said (a verdict, a refusal, a reason).
+    pub note: Option<String>,
 }
 
 /// What a task came to: the outcome, the data, the code, and every attempt with its agent and
@@ -133,6 +143,20 @@ pub struct TaskReport {
     pub deadline_ms: Option<u64>,
     /// The sequence of the last status message folded in.
     pub last_seq: u64,
+}
+
+impl Attempt {
+    fn new(agent: &str, started_ms: u64) -> Self {
+        Attempt {
+            agent: agent.to_owned(),
+            started_ms,
+            ended_ms: None,
+            state: TaskState::Accepted,
+            status: None,
+            verified: None,
+            note: None,
+        }
+    }
 }
 
 impl TaskReport {
@@ -204,12 +228,22 @@ impl TaskReport {
             self.content_type = env.content_type.clone();
         }
         match state {
-            TaskState::Accepted => self.attempts.push(Attempt {
-                agent: env.from.clone(),
-                started_ms: env.timestamp_ms,
-                ended_ms: None,
-                state,
-            }),
+            TaskState::Accepted => self
+                .attempts
+                .push(Attempt::new(&env.from, env.timestamp_ms)),
+            // A new attempt: the last one ended, its result not accepted.
+            TaskState::Submitted => {
+                if let Some(last) = self.attempts.last_mut() {
+                    if last.ended_ms.is_none() {
+                        last.ended_ms = Some(env.timestamp_ms);
+                        last.state = TaskState::Failed;
+                    }
+                    if last.verified == Some(true) || last.status.is_some_and(|s| s.is_success()) {
+                        last.verified = Some(false);
+                    }
+                    last.note = env.reason.clone();
+                }
+            }
             // A working state from another agent: the task was handed to it.
             TaskState::Working
                 if self
@@ -218,12 +252,12 @@ impl TaskReport {
                     .is_none_or(|a| a.agent != env.from || a.ended_ms.is_some()) =>
             {
                 self.close_attempt(env.timestamp_ms, TaskState::Working);
-                self.attempts.push(Attempt {
-                    agent: env.from.clone(),
-                    started_ms: env.timestamp_ms,
-                    ended_ms: None,
-                    state,
-                });
+                if let Some(last) = self.attempts.last_mut() {
+                    last.note = env.reason.clone();
+                }
+                let mut attempt = Attempt::new(&env.from, env.timestamp_ms);
+                attempt.state = state;
+                self.attempts.push(attempt);
             }
             _ => {
                 if let Some(last) = self.attempts.last_mut()
@@ -235,7 +269,40 @@ impl TaskReport {
         }
         if state.is_terminal() {
             self.finished_ms = Some(env.timestamp_ms);
+            // The requester accepting a reported result is the verdict on the last attempt.
+            if let Some(last) = self.attempts.last_mut()
+                && last.ended_ms.is_some()
+            {
+                if state == TaskState::Completed && last.agent != env.from {
+                    last.verified = Some(true);
+                } else if last.note.is_none() {
+                    last.note = env.reason.clone();
+                }
+            }
             self.close_attempt(env.timestamp_ms, state);
+            if let Some(last) = self.attempts.last_mut()
+                && last.status.is_none()
+            {
+                last.status = env.status;
+            }
+        }
+    }
+
+    /// Folds in one attempt's reported result.
+    fn reported(&mut self, seq: u64, env: &Envelope) {
+        self.last_seq = self.last_seq.max(seq);
+        let done = env.performative == Performative::Done;
+        if let Some(last) = self.attempts.last_mut()
+            && last.ended_ms.is_none()
+        {
+            last.ended_ms = Some(env.timestamp_ms);
+            last.state = if done {
+                TaskState::Completed
+            } else {
+                TaskState::Failed
+            };
+            last.status = env.status;
+            last.note = env.reason.clone();
         }
     }
 
@@ -249,7 +316,7 @@ impl TaskReport {
     }
 }
 
-/// Folds a task's status messages, in order, into its report.
+/// Folds a task's status and report messages, in order, into its report.
 #[derive(Debug, Default)]
 pub(crate) struct Fold {
     report: Option<TaskReport>,
@@ -261,6 +328,19 @@ impl Fold {
         match &mut self.report {
             None => self.report = Some(TaskReport::submitted(id, seq, env)),
             Some(report) => report.apply(seq, env),
+        }
+    }
+
+    /// Takes one message of any kind (only states and reports change the report).
+    pub(crate) fn message(&mut self, id: Uuid, kind: TaskMessage, seq: u64, env: &Envelope) {
+        match kind {
+            TaskMessage::Status => self.status(id, seq, env),
+            TaskMessage::Report => {
+                if let Some(report) = &mut self.report {
+                    report.reported(seq, env);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -314,23 +394,20 @@ mod tests {
         assert_eq!(report.output, Bytes::from_static(b"42"));
         assert_eq!(report.last_seq, 9);
         assert_eq!(report.finished_ms, Some(190));
+        let attempts: Vec<_> = report
+            .attempts
+            .iter()
+            .map(|a| (a.agent.as_str(), a.started_ms, a.ended_ms, a.state))
+            .collect();
         assert_eq!(
-            report.attempts,
-            vec![
-                Attempt {
-                    agent: "a".into(),
-                    started_ms: 110,
-                    ended_ms: Some(150),
-                    state: TaskState::Working,
-                },
-                Attempt {
-                    agent: "b".into(),
-                    started_ms: 150,
-                    ended_ms: Some(190),
-                    state: TaskState::Completed,
-                },
+            attempts,
+            [
+                ("a", 110, Some(150), TaskState::Working),
+                ("b", 150, Some(190), TaskState::Completed),
             ]
         );
+        assert_eq!(report.attempts[1].status, Some(StatusCode::OK));
+        assert_eq!(report.attempts[1].verified, None);
     }
 
     #[test]

@@ -191,19 +191,36 @@ impl TaskStore {
         })
     }
 
-    /// Every message of task `id` after sequence `after`, then each new one; `kind` narrows it
-    /// to one kind of message.
+    /// Every message of task `id` after sequence `after`, then each new one; `kinds` narrows
+    /// it to those kinds of message (empty: every kind).
     pub(crate) async fn follow(
         &self,
         id: Uuid,
-        kind: Option<TaskMessage>,
+        kinds: &[TaskMessage],
         after: u64,
     ) -> Result<Follow, SdkError> {
-        let filter = match kind {
-            Some(kind) => self.out.subjects.task(&id, kind),
-            None => self.out.subjects.task_all(&id),
+        let filters: Vec<String> = if kinds.is_empty() {
+            vec![self.out.subjects.task_all(&id)]
+        } else {
+            kinds
+                .iter()
+                .map(|kind| self.out.subjects.task(&id, *kind))
+                .collect()
         };
-        Ok(self.out.js.follow(&self.stream, &filter, after).await?)
+        Ok(self.out.js.follow(&self.stream, &filters, after).await?)
+    }
+
+    /// The task's first status message: its submission (input, target, deadline).
+    pub(crate) async fn submission(&self, id: Uuid) -> Result<Envelope, SdkError> {
+        use futures::StreamExt;
+        if self.last_status(id).await?.is_none() {
+            return Err(SdkError::TaskNotFound(id));
+        }
+        let mut states = self.follow(id, &[TaskMessage::Status], 0).await?;
+        match states.next().await {
+            Some(stored) => decode(&stored?),
+            None => Err(SdkError::TaskNotFound(id)),
+        }
     }
 
     /// The newest message stored on one of task `id`'s subjects, if any.

@@ -18,6 +18,7 @@ use uuid::Uuid;
 use super::store::{TaskStore, state_of};
 use crate::error::{HandlerError, SdkError};
 use crate::handler::{BoxFuture, Context, Handler, Output};
+use crate::outbound::Call;
 use crate::protocol::codec::{self, decode_payload, encode_payload};
 use crate::protocol::envelope::{
     ContentType, Envelope, Kind, Performative, Progress, Sequence, TaskState, now_ms,
@@ -117,8 +118,9 @@ impl Tasks {
         handler: Arc<dyn TaskHandler>,
     ) -> Result<Output, HandlerError> {
         let env = ctx.message();
-        let id = match (env.performative, env.correlation_id) {
-            (Performative::Assign, Some(id)) => id,
+        let (id, handoff) = match (env.performative, env.correlation_id) {
+            (Performative::Assign, Some(id)) => (id, false),
+            (Performative::Handoff, Some(id)) => (id, true),
             _ => {
                 return Err(HandlerError::invalid_argument(
                     "this command runs as a task: submit it as one (Agent::submit)",
@@ -129,31 +131,64 @@ impl Tasks {
             return Err(SdkError::ShuttingDown.into());
         }
         self.store.ensure().await?;
-        let Some((seq, record)) = self.store.last_status(id).await? else {
+        let Some((seq, last)) = self.store.last_status(id).await? else {
             return Err(HandlerError::new(
                 StatusCode::TASK_STATE,
                 format!("task {id} is not recorded in the task stream"),
             ));
         };
-        let accepted = self.store.state_message(id, TaskState::Accepted);
-        let seq = self
-            .store
-            .transition(id, Some((seq, state_of(&record))), accepted)
-            .await?;
+        let (seq, state, record) = if handoff {
+            // Only the agent working on it may hand it on.
+            let working = matches!(
+                state_of(&last),
+                TaskState::Working | TaskState::InputRequired
+            );
+            if !working || last.from != env.from {
+                return Err(HandlerError::new(
+                    StatusCode::TASK_STATE,
+                    format!(
+                        "task {id} is {} by {}: {} cannot hand it on",
+                        state_of(&last),
+                        last.from,
+                        env.from
+                    ),
+                ));
+            }
+            let mut taken = self.store.state_message(id, TaskState::Working);
+            taken.reason = Some(format!("handed off by {}", env.from));
+            let seq = self
+                .store
+                .transition(id, Some((seq, state_of(&last))), taken)
+                .await?;
+            (seq, TaskState::Working, self.store.submission(id).await?)
+        } else {
+            let accepted = self.store.state_message(id, TaskState::Accepted);
+            let seq = self
+                .store
+                .transition(id, Some((seq, state_of(&last))), accepted)
+                .await?;
+            (seq, TaskState::Accepted, last)
+        };
         let (inputs, input_rx) = tokio::sync::mpsc::unbounded_channel();
         let run = Arc::new(Run {
             id,
             store: Arc::clone(&self.store),
-            last: tokio::sync::Mutex::new((seq, TaskState::Accepted)),
+            last: tokio::sync::Mutex::new((seq, state)),
             stop: CancellationToken::new(),
             why: OnceLock::new(),
             finished: CancellationToken::new(),
             chunks: AtomicU64::new(0),
+            handed_off: std::sync::atomic::AtomicBool::new(false),
             // The low bits of a v7 id are random.
             epoch: Uuid::now_v7().as_u128() as u32,
             inputs: tokio::sync::Mutex::new(input_rx),
-            // The submission is the record that was accepted: its deadline governs.
+            // The submission is the record that was accepted: its deadline governs, and it
+            // says whether the requester verifies the result before accepting it.
             deadline_ms: record.deadline_ms,
+            confirm: record
+                .expect
+                .as_ref()
+                .is_some_and(|e| e.performative == Performative::Confirm),
         });
         self.listen(&run, inputs).await?;
         let tasks = Arc::clone(&self);
@@ -214,11 +249,14 @@ impl Tasks {
     /// terminal state.
     async fn drive(self: Arc<Self>, run: Arc<Run>, ctx: Context, handler: Arc<dyn TaskHandler>) {
         let id = run.id;
-        let working = self.store.state_message(id, TaskState::Working);
-        if let Err(err) = run.set_state(working).await {
-            tracing::debug!(task = %id, error = %err, "task not started");
-            run.finished.cancel();
-            return;
+        let started = run.last.lock().await.1 == TaskState::Working;
+        if !started {
+            let working = self.store.state_message(id, TaskState::Working);
+            if let Err(err) = run.set_state(working).await {
+                tracing::debug!(task = %id, error = %err, "task not started");
+                run.finished.cancel();
+                return;
+            }
         }
         let mut work = handler.run(TaskContext {
             ctx,
@@ -245,6 +283,11 @@ impl Tasks {
             None => tokio::time::timeout(CANCEL_GRACE, &mut work).await.ok(),
         };
         drop(work);
+        if run.handed_off.load(Ordering::Acquire) {
+            // Another agent has it now and writes its end.
+            run.finished.cancel();
+            return;
+        }
         let store = &self.store;
         let end = match (run.why.get(), result) {
             (Some(TaskStop::Cancelled), _) => {
@@ -277,11 +320,36 @@ impl Tasks {
                 "the task stopped without a cause",
             ),
         };
-        if let Err(err) = run.set_state(end).await {
-            tracing::debug!(task = %id, error = %err, "task's terminal state not written");
+        let written = if run.confirm && run.why.get().is_none() {
+            // The attempt's result, for the requester to assess.
+            let report = as_report(store, id, end);
+            store
+                .append(id, TaskMessage::Report, report)
+                .await
+                .map(|_| ())
+        } else {
+            run.set_state(end).await
+        };
+        if let Err(err) = written {
+            tracing::debug!(task = %id, error = %err, "task's end not written");
         }
         run.finished.cancel();
     }
+}
+
+/// The `report` message of an attempt that ended as `end` says.
+fn as_report(store: &TaskStore, id: Uuid, end: Envelope) -> Envelope {
+    let performative = if state_of(&end) == TaskState::Completed {
+        Performative::Done
+    } else {
+        Performative::Failure
+    };
+    let mut report = store.message(id, Kind::Response, performative);
+    report.status = end.status;
+    report.reason = end.reason;
+    report.payload = end.payload;
+    report.content_type = end.content_type;
+    report
 }
 
 fn failed(store: &TaskStore, id: Uuid, status: StatusCode, reason: &str) -> Envelope {
@@ -323,9 +391,13 @@ struct Run {
     /// Tripped once the terminal state is written: the listeners end.
     finished: CancellationToken,
     chunks: AtomicU64,
+    /// Handed to another agent: this run writes nothing more.
+    handed_off: std::sync::atomic::AtomicBool,
     epoch: u32,
     inputs: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Envelope>>,
     deadline_ms: Option<u64>,
+    /// The requester verifies the result: it is reported, not written as the task's end.
+    confirm: bool,
 }
 
 impl Run {
@@ -521,6 +593,23 @@ impl TaskContext {
             .set_state(store.state_message(self.run.id, TaskState::Working))
             .await?;
         Ok(decode_payload(&answer.payload, &answer.content_type)?)
+    }
+
+    /// Hands the task to another agent with `call` (its target and payload: the context the
+    /// next agent needs), as IACP's handoff: that agent takes it over where it stands, the
+    /// requester's handle follows it, and the report lists both turns. Once this returns,
+    /// this handler should return too: whatever it returns is not recorded.
+    pub async fn handoff(&self, call: Call) -> Result<(), SdkError> {
+        let out = &self.ctx.out;
+        let (subject, mut env, timeout) = out.prepare(call.command(), Some(self.ctx.message()))?;
+        env.performative = Performative::Handoff;
+        env.correlation_id = Some(self.run.id);
+        env.ttl_ms = None;
+        env.deadline_ms = self.run.deadline_ms;
+        out.exchange(&subject, env, timeout, self.ctx.otel_context())
+            .await?;
+        self.run.handed_off.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// The content type the requester used, which the task answers in.

@@ -80,16 +80,21 @@ impl JetStream {
         }
     }
 
-    /// Every message of stream `name` on subjects matching `filter` with a sequence above
-    /// `after`, oldest first, then each new one as it is stored, until the returned stream is
-    /// dropped. Backed by an ordered consumer that lives only in memory on the server and goes
-    /// away with the reader.
-    pub async fn follow(&self, name: &str, filter: &str, after: u64) -> Result<Follow> {
-        let what = || format!("follow {filter} in {name}");
+    /// Every message of stream `name` on subjects matching one of `filters` with a sequence
+    /// above `after`, oldest first, then each new one as it is stored, until the returned
+    /// stream is dropped. Backed by an ordered consumer that lives only in memory on the
+    /// server and goes away with the reader.
+    pub async fn follow(&self, name: &str, filters: &[String], after: u64) -> Result<Follow> {
+        let what = || format!("follow {} in {name}", filters.join(", "));
         let stream = self.stream(name).await?;
+        let (filter_subject, filter_subjects) = match filters {
+            [one] => (one.clone(), Vec::new()),
+            many => (String::new(), many.to_vec()),
+        };
         let consumer = stream
             .create_consumer(pull::OrderedConfig {
-                filter_subject: filter.to_owned(),
+                filter_subject,
+                filter_subjects,
                 deliver_policy: DeliverPolicy::ByStartSequence {
                     start_sequence: after.saturating_add(1),
                 },

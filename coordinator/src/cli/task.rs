@@ -283,6 +283,23 @@ fn describe(update: &TaskUpdate) -> String {
         ),
         TaskMessage::Input => format!("answer {}", payload_json(update)),
         TaskMessage::Cancel => "cancel requested".to_owned(),
+        TaskMessage::Report => {
+            let mut text = format!(
+                "result {}",
+                update
+                    .envelope
+                    .status
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            );
+            if let Some(reason) = update.text() {
+                text.push_str(&format!(": {reason}"));
+            }
+            if !update.payload().is_empty() {
+                text.push_str(&format!(" {}", payload_json(update)));
+            }
+            text
+        }
     };
     format!(
         "{:>6}  {:<8}  {:<16}  {what}",

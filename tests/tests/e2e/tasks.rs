@@ -748,3 +748,255 @@ async fn the_cli_submits_lists_shows_watches_and_cancels_tasks() {
     let (ok, _, err) = chorus(&server, &["task", "ls", "--state", "sleeping"]).await;
     assert!(!ok && err.contains("not a task state"), "{err}");
 }
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Summary {
+    summary: String,
+}
+
+/// Serves capability `summarize` on `id`, answering with `text`.
+async fn summarizer(
+    server: &chorus_tests::NatsServer,
+    id: &str,
+    text: &'static str,
+) -> agent_sdk::Agent {
+    let a = agent(server, id).await;
+    a.on_task_capability(
+        "summarize",
+        move |_task: TaskContext, _doc: String| async move {
+            Ok(Summary {
+                summary: text.to_owned(),
+            })
+        },
+    )
+    .await
+    .expect("serve the capability");
+    a
+}
+
+#[tokio::test]
+async fn a_result_that_fails_verification_is_reassigned_to_another_holder_and_the_report_lists_both()
+ {
+    let server = server();
+    let coordinator = chorus_tests::coordinator(&server, false).await;
+    let _sloppy = summarizer(&server, "sloppy", "short").await;
+    let _careful = summarizer(&server, "careful", "a summary long enough to pass").await;
+    let boss = agent(&server, "boss").await;
+    chorus_tests::eventually(WAIT, "both holders registered", || async {
+        let holders = boss.discover_capability("summarize").await.ok()?;
+        (holders.len() == 2).then_some(())
+    })
+    .await;
+    let schema = serde_json::json!({
+        "type": "object",
+        "required": ["summary"],
+        "properties": {"summary": {"type": "string", "minLength": 10}}
+    });
+    let verification = agent_sdk::task::Verification::schema(&schema).expect("schema compiles");
+    // The first attempt goes to the sloppy holder.
+    let task = boss
+        .submit_verified(
+            Call::capability_at("sloppy", "summarize")
+                .payload(&"a long document")
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    let report = within(WAIT, "verified result", boss.verify(&task, &verification))
+        .await
+        .expect("verify");
+    assert_eq!(report.state, TaskState::Completed, "{report:?}");
+    assert_eq!(
+        report
+            .output_as::<Summary>()
+            .expect("output decodes")
+            .summary,
+        "a summary long enough to pass"
+    );
+    let turns: Vec<_> = report
+        .attempts
+        .iter()
+        .map(|a| (a.agent.as_str(), a.verified))
+        .collect();
+    assert_eq!(turns, [("sloppy", Some(false)), ("careful", Some(true))]);
+    let verdict = report.attempts[0].note.as_deref().expect("a verdict");
+    assert!(verdict.contains("does not meet the schema"), "{verdict}");
+    assert!(verdict.contains("reassigned to careful"), "{verdict}");
+    // Each step is a message of the task.
+    let updates = collect(task.updates_after(0).await.expect("follow the task")).await;
+    assert_eq!(
+        states(&updates),
+        [
+            TaskState::Submitted,
+            TaskState::Accepted,
+            TaskState::Working,
+            TaskState::Submitted,
+            TaskState::Accepted,
+            TaskState::Working,
+            TaskState::Completed
+        ]
+    );
+    assert_eq!(
+        updates
+            .iter()
+            .filter(|u| u.kind == TaskMessage::Report)
+            .count(),
+        2
+    );
+    coordinator.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_only_failing_agents_verification_stops_at_the_limit_with_a_failure_report() {
+    let server = server();
+    let mut agents = Vec::new();
+    for id in ["first", "second", "judge-pool"] {
+        let a = agent(&server, id).await;
+        a.on_task("answer", |task: TaskContext, (): ()| async move {
+            Ok(format!("wrong answer from {}", task.agent_id()))
+        })
+        .await
+        .expect("serve the task");
+        agents.push(a);
+    }
+    // A supervisor agent judges: only "42" passes.
+    let judge = agent(&server, "judge").await;
+    judge
+        .on_command(
+            "check",
+            |_ctx: agent_sdk::Context, answer: String| async move {
+                if answer == "42" {
+                    Ok(())
+                } else {
+                    Err(HandlerError::invalid_argument(format!(
+                        "{answer:?} is not 42"
+                    )))
+                }
+            },
+        )
+        .await
+        .expect("serve the check");
+    let boss = agent(&server, "boss").await;
+    let verification = agent_sdk::task::Verification::agent("judge", "check")
+        .retries(1)
+        .candidates(["second"])
+        .max_attempts(4);
+    let task = boss
+        .submit_verified(
+            Call::agent("first", "answer")
+                .payload(&())
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    let report = within(WAIT, "verification", boss.verify(&task, &verification))
+        .await
+        .expect("verify");
+    assert_eq!(report.state, TaskState::Failed);
+    assert_eq!(report.status, StatusCode::UNVERIFIED);
+    // One retry on the same agent, then the candidate, then its own retry: four, the limit.
+    let turns: Vec<_> = report.attempts.iter().map(|a| a.agent.as_str()).collect();
+    assert_eq!(turns, ["first", "first", "second", "second"]);
+    let reason = report.reason.as_deref().expect("a reason");
+    assert!(reason.contains("in 4 attempts"), "{reason}");
+    assert!(
+        reason.contains("\"wrong answer from second\" is not 42"),
+        "{reason}"
+    );
+    assert!(
+        report
+            .attempts
+            .iter()
+            .all(|a| a.verified == Some(false) || a.agent == "second")
+    );
+
+    // Verifying again (a requester that restarted) finds the task over and changes nothing.
+    let again = within(WAIT, "verify again", boss.verify(&task, &verification))
+        .await
+        .expect("verify again");
+    assert_eq!(again.state, TaskState::Failed);
+    assert_eq!(again.last_seq, report.last_seq);
+}
+
+#[tokio::test]
+async fn a_handoff_from_a_to_b_while_the_requester_watches_gives_one_handle_and_one_result() {
+    let server = server();
+    let front = agent(&server, "front-desk").await;
+    front
+        .on_task("ticket", |task: TaskContext, issue: String| async move {
+            task.progress(Some(0.2), "triaged").await?;
+            task.handoff(
+                Call::agent("specialist", "ticket")
+                    .payload(&format!("{issue} (triaged: network)"))?,
+            )
+            .await?;
+            Ok("not recorded".to_owned())
+        })
+        .await
+        .expect("serve the task");
+    let specialist = agent(&server, "specialist").await;
+    specialist
+        .on_task("ticket", |task: TaskContext, context: String| async move {
+            task.progress(Some(0.9), "fixing").await?;
+            Ok(format!("fixed: {context}"))
+        })
+        .await
+        .expect("serve the task");
+    let customer = agent(&server, "customer").await;
+    let task = customer
+        .submit(
+            Call::agent("front-desk", "ticket")
+                .payload(&"wifi down")
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    let updates = collect(task.updates().await.expect("follow the task")).await;
+    let steps: Vec<_> = updates
+        .iter()
+        .filter_map(|u| u.state().map(|s| (s, u.from().to_owned())))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (TaskState::Submitted, "customer".to_owned()),
+            (TaskState::Accepted, "front-desk".to_owned()),
+            (TaskState::Working, "front-desk".to_owned()),
+            (TaskState::Working, "specialist".to_owned()),
+            (TaskState::Completed, "specialist".to_owned()),
+        ]
+    );
+    let report = within(WAIT, "result", task.result()).await.expect("result");
+    assert_eq!(
+        report.output_as::<String>().expect("output decodes"),
+        "fixed: wifi down (triaged: network)"
+    );
+    let turns: Vec<_> = report
+        .attempts
+        .iter()
+        .map(|a| (a.agent.as_str(), a.state))
+        .collect();
+    assert_eq!(
+        turns,
+        [
+            ("front-desk", TaskState::Working),
+            ("specialist", TaskState::Completed)
+        ]
+    );
+    assert_eq!(
+        report.attempts[0].note.as_deref(),
+        Some("handed off by front-desk")
+    );
+
+    // Only the agent working on a task may hand it on.
+    let intruder = agent(&server, "intruder").await;
+    let err = intruder
+        .call(
+            Call::agent("specialist", "ticket")
+                .payload(&"mine now")
+                .expect("payload encodes"),
+        )
+        .await
+        .expect_err("a plain call is not a task");
+    assert_eq!(err.status(), StatusCode::INVALID_ARGUMENT, "{err}");
+}
