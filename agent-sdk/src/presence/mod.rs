@@ -123,6 +123,10 @@ impl Presence {
             _ => out.subjects.goodbye(&out.id),
         }?;
         let mut env = Envelope::new(Kind::Heartbeat, kind, out.id.as_str());
+        if kind == Performative::Done {
+            // AIXP: an orderly disconnection.
+            env.status = Some(crate::StatusCode::DISCONNECTED);
+        }
         env.content_type = CONTENT_TYPE_MSGPACK.into();
         env.payload = codec::encode_payload(&self.manifest(), CONTENT_TYPE_MSGPACK)?;
         out.seal(&subject, &mut env);

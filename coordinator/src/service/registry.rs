@@ -22,7 +22,11 @@ use serde::{Deserialize, Serialize};
 use super::COORDINATOR_ID;
 use super::metrics::metrics;
 
-/// The payload of `registry.joined` and `registry.left` events.
+/// The reason of a `registry.left` event for an agent that said goodbye.
+pub const GOODBYE: &str = "goodbye";
+
+/// The payload of `registry.joined` and `registry.left` events (their status: 5001 joined,
+/// 5003 left with a goodbye, 5009 left without one).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegistryEvent {
     /// The agent.
@@ -170,7 +174,7 @@ impl Registry {
             return;
         };
         self.agents().remove(&manifest.agent);
-        self.remove(&manifest, "goodbye").await;
+        self.remove(&manifest, GOODBYE).await;
     }
 
     /// Declares gone every agent silent for more than the allowed heartbeats.
@@ -219,7 +223,7 @@ impl Registry {
         // A newer instance re-registered meanwhile: it is not gone.
         if let Ok(record) = serde_json::from_slice::<AgentRecord>(&entry.value)
             && record.manifest.instance != manifest.instance
-            && reason != "goodbye"
+            && reason != GOODBYE
         {
             return;
         }
@@ -245,6 +249,14 @@ impl Registry {
         };
         let mut env = Envelope::new(Kind::Event, Performative::Inform, COORDINATOR_ID);
         env.topic = Some(topic.to_owned());
+        // AIXP's codes for an agent's arrival and departure, orderly or not.
+        env.status = Some(if topic.ends_with("joined") {
+            StatusCode::CONNECTED
+        } else if reason == GOODBYE {
+            StatusCode::DISCONNECTED
+        } else {
+            StatusCode::UNEXPECTED_DISCONNECT
+        });
         let Ok(payload) = encode_payload(&event, CONTENT_TYPE_MSGPACK) else {
             return;
         };

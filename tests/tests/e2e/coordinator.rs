@@ -38,6 +38,10 @@ async fn discovery_is_least_loaded_first_and_a_crashed_agent_drops_out_within_th
     let coordinator = coordinator(&server, false).await;
     let client = agent(&server, "client").await;
     let mut registry_events = client.subscribe("registry.left").await.expect("subscribe");
+    let mut joins = client
+        .subscribe("registry.joined")
+        .await
+        .expect("subscribe");
 
     let serve_ocr = |load: f32| {
         move |a: agent_sdk::Agent| async move {
@@ -66,6 +70,13 @@ async fn discovery_is_least_loaded_first_and_a_crashed_agent_drops_out_within_th
     })
     .await;
     assert_eq!(order, ["ocr-idle", "ocr-busy"], "least loaded first");
+    let joined = within(WAIT, "joined event", joins.next())
+        .await
+        .expect("event");
+    assert_eq!(
+        joined.envelope.status,
+        Some(agent_sdk::StatusCode::CONNECTED)
+    );
     // Load changes are seen at the next heartbeat and reorder the answer.
     idle.set_load(0.9, Availability::Available);
     eventually(WAIT, "order follows load", || async {
@@ -108,6 +119,10 @@ async fn discovery_is_least_loaded_first_and_a_crashed_agent_drops_out_within_th
         (left.agent.as_str(), left.reason.as_str()),
         ("ocr-busy", "missed heartbeats")
     );
+    assert_eq!(
+        event.envelope.status,
+        Some(agent_sdk::StatusCode::UNEXPECTED_DISCONNECT)
+    );
 
     // A clean shutdown leaves at once, with a goodbye.
     idle.shutdown().await;
@@ -118,6 +133,10 @@ async fn discovery_is_least_loaded_first_and_a_crashed_agent_drops_out_within_th
     assert_eq!(
         (left.agent.as_str(), left.reason.as_str()),
         ("ocr-idle", "goodbye")
+    );
+    assert_eq!(
+        event.envelope.status,
+        Some(agent_sdk::StatusCode::DISCONNECTED)
     );
     assert!(ids_for(&client, "ocr").await.is_empty());
     coordinator.shutdown().await;
