@@ -4,8 +4,14 @@ use agent_sdk::{AgentOptions, Context, HandlerError, RetryPolicies, RetryPolicy,
 use tokio::sync::{Mutex, mpsc};
 
 use super::model::{Calculation, OcrReport, Posting, ScannedDocument};
-use super::skills::{analyse, calculate};
+use super::skills::{analyse, calculate, draft, summarize};
 use super::{Demo, LEDGER_ATTEMPTS, RELAY_HOP_LIMIT, WATCHERS};
+use agent_sdk::TaskContext;
+
+/// Steps of the researcher's long task.
+const RESEARCH_STEPS: u32 = 50;
+/// How long each step takes.
+const RESEARCH_STEP: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The ledger's first retry comes this soon, in milliseconds, so the demo sees its dead
 /// letter within seconds.
@@ -142,8 +148,63 @@ impl Demo {
             watchers.push(watcher);
         }
 
+        // Tasks: a writer that streams its draft word by word, a researcher whose work is
+        // long (it reports progress until cancelled), and two summarizers, one sloppy.
+        let writer = connect("writer").await?;
+        writer
+            .on_task("draft", |task: TaskContext, topic: String| async move {
+                let words = draft(&topic);
+                let n = words.len();
+                for (i, word) in words.into_iter().enumerate() {
+                    #[allow(clippy::cast_precision_loss)]
+                    let fraction = (i + 1) as f32 / n as f32;
+                    task.progress(Some(fraction), "writing").await?;
+                    if i + 1 == n {
+                        task.last_chunk(&word).await?;
+                    } else {
+                        task.chunk(&word).await?;
+                    }
+                }
+                Ok::<_, HandlerError>(n)
+            })
+            .await?;
+        let researcher = connect("researcher").await?;
+        researcher
+            .on_task("research", move |task: TaskContext, question: String| async move {
+                for step in 1..=RESEARCH_STEPS {
+                    task.progress(
+                        Some(step as f32 / RESEARCH_STEPS as f32),
+                        format!("reading source {step} on {question:?}"),
+                    )
+                    .await?;
+                    tokio::select! {
+                        why = task.cancelled() => {
+                            say(&format!("[tasks]   researcher stops: {why:?}"));
+                            return Err(HandlerError::new(agent_sdk::StatusCode::CANCELLED, "stopped"));
+                        }
+                        () = tokio::time::sleep(RESEARCH_STEP) => {}
+                    }
+                }
+                Ok(format!("{RESEARCH_STEPS} sources on {question:?}"))
+            })
+            .await?;
+        let mut summarizers = Vec::new();
+        for (id, careful) in [("summarizer-fast", false), ("summarizer-careful", true)] {
+            let summarizer = connect(id).await?;
+            summarizer
+                .on_task_capability(
+                    "summarize",
+                    move |_task: TaskContext, text: String| async move {
+                        Ok::<_, HandlerError>(summarize(&text, careful))
+                    },
+                )
+                .await?;
+            summarizers.push(summarizer);
+        }
+
         let orchestrator = connect(super::ORCHESTRATOR).await?;
-        let mut agents = vec![ocr, nlp, calculator, ledger];
+        let mut agents = vec![ocr, nlp, calculator, ledger, writer, researcher];
+        agents.extend(summarizers);
         agents.extend(relays);
         agents.extend(watchers);
         agents.push(orchestrator.clone());

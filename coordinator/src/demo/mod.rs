@@ -8,6 +8,9 @@
 //! - Loop protection: two agents that relay to each other forever are stopped at the hop limit.
 //! - Coordinator: discovery of the OCR capability, a broadcast to the watcher group with its
 //!   per-recipient report, and a poison durable command retried and then dead-lettered.
+//! - Tasks: a writer streams a draft chunk by chunk, a long research task reports progress
+//!   and is cancelled, and a summary that fails the orchestrator's check (a JSON Schema) is
+//!   reassigned from the fast summarizer to the careful one.
 
 //!
 //! - [`model`]: what the agents exchange and what a run reports;
@@ -23,7 +26,9 @@ mod skills;
 use agent_sdk::Agent;
 use tokio::sync::{Mutex, mpsc};
 
-pub use model::{Analysis, Calculation, DemoReport, OcrReport, Posting, ScannedDocument};
+pub use model::{
+    Analysis, Calculation, DemoReport, OcrReport, Posting, ScannedDocument, Summary, TaskScenes,
+};
 
 const WATCHERS: [&str; 3] = ["audit", "dashboard", "notifier"];
 const RELAY_HOP_LIMIT: u8 = 8;

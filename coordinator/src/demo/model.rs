@@ -1,7 +1,7 @@
 //! What the demo agents exchange, and what one run of the scenarios reports.
 
 use agent_sdk::durable::DeadLetter;
-use agent_sdk::{BroadcastReport, StatusCode};
+use agent_sdk::{BroadcastReport, StatusCode, TaskState};
 use serde::{Deserialize, Serialize};
 
 /// A scanned page, as the OCR agent receives it. The "image" is its lines of text.
@@ -63,6 +63,32 @@ pub struct DemoReport {
     pub broadcast: BroadcastReport,
     /// The poison command's dead letter.
     pub dead_letter: Option<DeadLetter>,
+    /// The task scenarios.
+    pub tasks: TaskScenes,
+}
+
+/// What a summarizer answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    /// The summary.
+    pub summary: String,
+}
+
+/// What the task scenarios showed.
+#[derive(Debug, Clone)]
+pub struct TaskScenes {
+    /// The writer's streamed draft, chunk by chunk, in order.
+    pub streamed: Vec<String>,
+    /// Milliseconds from submitting the draft to its first chunk.
+    pub first_chunk_ms: u64,
+    /// How the long research task ended after its cancel.
+    pub cancelled: TaskState,
+    /// Progress reports the research made before it was cancelled.
+    pub research_progress: usize,
+    /// The verified summary's attempts: agent and verdict, in order.
+    pub summary_attempts: Vec<(String, Option<bool>)>,
+    /// The summary accepted.
+    pub summary: String,
 }
 
 /// A ledger entry; a negative amount is poison.

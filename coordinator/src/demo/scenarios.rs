@@ -2,9 +2,13 @@
 
 use std::time::Duration;
 
+use agent_sdk::task::{TaskMessage, Verification};
 use agent_sdk::{BroadcastTarget, Call, SdkError, StatusCode};
+use futures::StreamExt;
 
-use super::model::{Calculation, DemoReport, OcrReport, Posting, ScannedDocument};
+use super::model::{
+    Calculation, DemoReport, OcrReport, Posting, ScannedDocument, Summary, TaskScenes,
+};
 use super::{Demo, ORCHESTRATOR, RELAY_HOP_LIMIT, WATCHERS};
 use crate::service::dlq::DeadLetterQueue;
 
@@ -21,6 +25,8 @@ const BROADCAST_TRIES: usize = 20;
 const BROADCAST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Looks at the dead-letter queue before giving up: ten seconds, past the ledger's retries.
 const DEAD_LETTER_TRIES: usize = 100;
+/// Progress reports the orchestrator waits for before it cancels the research.
+const CANCEL_AFTER_PROGRESS: usize = 3;
 /// Dead letters read per look.
 const DEAD_LETTER_PAGE: usize = 1_000;
 
@@ -175,6 +181,8 @@ impl Demo {
             tokio::time::sleep(RETRY_EVERY).await;
         }
 
+        let tasks = self.tasks(say).await?;
+
         Ok(DemoReport {
             ocr,
             calculations,
@@ -183,6 +191,109 @@ impl Demo {
             discovered,
             broadcast,
             dead_letter,
+            tasks,
+        })
+    }
+
+    /// Tasks: a streamed result, a long task cancelled, a result that fails verification and
+    /// is reassigned.
+    async fn tasks(&self, say: fn(&str)) -> Result<TaskScenes, SdkError> {
+        let o = &self.orchestrator;
+
+        say("[tasks] orchestrator -> writer: draft \"agents\" (a task streaming its result)");
+        let started = std::time::Instant::now();
+        let draft = o
+            .submit(Call::agent("writer", "draft").payload(&"agents")?)
+            .await?;
+        let mut updates = draft.updates().await?;
+        let mut streamed = Vec::new();
+        let mut first_chunk_ms = 0;
+        while let Some(update) = updates.next().await {
+            let update = update?;
+            if update.chunk().is_some() {
+                if streamed.is_empty() {
+                    first_chunk_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(0);
+                }
+                streamed.push(update.payload_as::<String>()?);
+            }
+        }
+        say(&format!(
+            "[tasks]   {} chunks in order, the first after {first_chunk_ms} ms: {}",
+            streamed.len(),
+            streamed.join(" ")
+        ));
+
+        say("[tasks] orchestrator -> researcher: research (a long task), then cancels it");
+        let research = o
+            .submit(Call::agent("researcher", "research").payload(&"message buses")?)
+            .await?;
+        let mut updates = research.updates().await?;
+        let mut research_progress = 0;
+        while let Some(update) = updates.next().await {
+            let update = update?;
+            if update.kind == TaskMessage::Progress {
+                research_progress += 1;
+                say(&format!(
+                    "[tasks]   progress {:.0}%: {}",
+                    update.fraction().unwrap_or_default() * 100.0,
+                    update.text().unwrap_or_default()
+                ));
+                if research_progress == CANCEL_AFTER_PROGRESS {
+                    break;
+                }
+            }
+        }
+        let cancelled = research.cancel().await?;
+        say(&format!(
+            "[tasks]   cancelled: the task is {} ({}); `chorus task show {}` shows it",
+            cancelled.state, cancelled.status, cancelled.id
+        ));
+
+        say(
+            "[tasks] orchestrator -> summarize (verified: a summary of 10 characters or more), first at summarizer-fast",
+        );
+        let schema = serde_json::json!({
+            "type": "object",
+            "required": ["summary"],
+            "properties": {"summary": {"type": "string", "minLength": 10}}
+        });
+        let verification = Verification::schema(&schema)?.max_attempts(3);
+        let summary_task = o
+            .submit_verified(Call::capability_at("summarizer-fast", "summarize").payload(
+                &"Agents hand long work to each other as tasks. Each result is checked.",
+            )?)
+            .await?;
+        let report = o.verify(&summary_task, &verification).await?;
+        for (i, attempt) in report.attempts.iter().enumerate() {
+            say(&format!(
+                "[tasks]   attempt {} by {}: {}{}",
+                i + 1,
+                attempt.agent,
+                match attempt.verified {
+                    Some(true) => "passed",
+                    Some(false) => "failed verification",
+                    None => attempt.state.as_str(),
+                },
+                attempt
+                    .note
+                    .as_deref()
+                    .map(|n| format!(" ({n})"))
+                    .unwrap_or_default()
+            ));
+        }
+        let summary: Summary = report.output_as()?;
+        say(&format!("[tasks]   accepted: {:?}", summary.summary));
+        Ok(TaskScenes {
+            streamed,
+            first_chunk_ms,
+            cancelled: cancelled.state,
+            research_progress,
+            summary_attempts: report
+                .attempts
+                .iter()
+                .map(|a| (a.agent.clone(), a.verified))
+                .collect(),
+            summary: summary.summary,
         })
     }
 }

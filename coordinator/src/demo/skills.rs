@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use agent_sdk::HandlerError;
 
-use super::model::{Analysis, Calculation};
+use super::model::{Analysis, Calculation, Summary};
 
 pub(super) fn analyse(text: &str) -> Analysis {
     const POSITIVE: [&str; 6] = ["good", "great", "paid", "thanks", "excellent", "on-time"];
@@ -62,6 +62,30 @@ pub(super) fn calculate(c: &Calculation) -> Result<f64, HandlerError> {
         })
 }
 
+/// The writer's draft on `topic`, word by word: a haiku it streams.
+pub(super) fn draft(topic: &str) -> Vec<String> {
+    format!("{topic} on the wire / each token finds its listener / the stream never gaps")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A summary of `text`: the careful summarizer keeps the first sentence whole, the fast one
+/// only its first word (too short for the orchestrator's check).
+pub(super) fn summarize(text: &str, careful: bool) -> Summary {
+    let first = text.split('.').next().unwrap_or_default().trim();
+    let summary = if careful {
+        first.to_owned()
+    } else {
+        first
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    Summary { summary }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +113,16 @@ mod tests {
             Err(StatusCode::INVALID_ARGUMENT)
         );
         assert!(c("add", vec![]).is_err());
+    }
+
+    #[test]
+    fn the_fast_summary_is_too_short_and_the_careful_one_keeps_the_sentence() {
+        let text = "Chorus carries tasks with progress and results. The rest is detail.";
+        assert_eq!(summarize(text, false).summary, "Chorus");
+        assert_eq!(
+            summarize(text, true).summary,
+            "Chorus carries tasks with progress and results"
+        );
+        assert_eq!(draft("bus").len(), 15);
     }
 }

@@ -47,6 +47,27 @@ async fn the_demo_scenarios_run_end_to_end() {
     assert_eq!(letter.attempts, u64::from(LEDGER_ATTEMPTS));
     assert_eq!(letter.agent, "ledger");
 
+    // Tasks: the streamed draft arrives whole and in order, the long task is cancelled while
+    // it reports progress, and the sloppy summary is reassigned to the careful summarizer.
+    let tasks = &report.tasks;
+    assert_eq!(
+        tasks.streamed.join(" "),
+        "agents on the wire / each token finds its listener / the stream never gaps"
+    );
+    assert_eq!(tasks.cancelled, agent_sdk::TaskState::Cancelled);
+    assert!(tasks.research_progress >= 3);
+    assert_eq!(
+        tasks.summary_attempts,
+        [
+            ("summarizer-fast".to_owned(), Some(false)),
+            ("summarizer-careful".to_owned(), Some(true))
+        ]
+    );
+    assert_eq!(
+        tasks.summary,
+        "Agents hand long work to each other as tasks"
+    );
+
     // A second run works the same (the demo repeats until Ctrl-C).
     let again = within(WAIT, "demo rerun", demo.run(quiet))
         .await
