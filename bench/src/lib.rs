@@ -30,6 +30,8 @@ use report::{Pair, percentile};
 const THROUGHPUT_WINDOW: Duration = Duration::from_secs(3);
 /// The same with `--quick`.
 const QUICK_THROUGHPUT_WINDOW: Duration = Duration::from_secs(1);
+/// Chunks each streamed task of the task rows sends.
+const TASK_CHUNKS: usize = 10;
 
 pub use report::{Row, table};
 
@@ -189,6 +191,48 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
                 lost: 0,
                 raw_cpu_us,
                 chorus_cpu_us,
+            });
+        }
+    }
+    if want("tasks") {
+        let n = if q { 50 } else { 500 };
+        progress(&format!("tasks x {n}, beside request-reply"));
+        let mut raw_l = Vec::new();
+        let (mut round_trips, mut first_chunks) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            raw_l.extend(baseline::request_latency(&url, n, 128).await?);
+            let (r, f) = scenarios::chorus_tasks(&bus, n, 128, TASK_CHUNKS).await?;
+            round_trips.extend(r);
+            first_chunks.extend(f);
+        }
+        raw_l.sort();
+        round_trips.sort();
+        first_chunks.sort();
+        let raw = percentile(&raw_l, 0.5);
+        for (label, sample) in [
+            (
+                "task round trip p50 (submit -> completed report)",
+                &round_trips,
+            ),
+            (
+                "task first chunk p50 (submit -> first of 10 streamed chunks)",
+                &first_chunks,
+            ),
+        ] {
+            let chorus = percentile(sample, 0.5);
+            rows.push(Row {
+                scenario: label.into(),
+                unit: "us".into(),
+                raw: Some(raw),
+                chorus: Some(chorus),
+                ratio: Some(chorus / raw.max(1e-9)),
+                goal: "(reported; raw: a request-reply p50)".into(),
+                met: None,
+                sent: sample.len() as u64,
+                received: sample.len() as u64,
+                lost: 0,
+                raw_cpu_us: None,
+                chorus_cpu_us: None,
             });
         }
     }

@@ -171,6 +171,76 @@ pub(crate) async fn chorus_latency(
     Ok(out)
 }
 
+/// Chorus tasks, sequential: `n` tasks submitted to an agent that answers at once (from
+/// submission to the completed report), and `n` tasks streaming `chunks` chunks (from
+/// submission to the first chunk read by the requester). Every state, chunk and report is
+/// stored in JetStream on the way.
+pub(crate) async fn chorus_tasks(
+    bus: &Bus<'_>,
+    n: usize,
+    size: usize,
+    chunks: usize,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let worker = agent(bus, "bench-tasker").await?;
+    worker
+        .on_task(
+            "echo",
+            |task: agent_sdk::TaskContext, data: Bytes| async move {
+                drop(task);
+                Ok::<_, HandlerError>(data)
+            },
+        )
+        .await?;
+    worker
+        .on_task(
+            "stream",
+            move |task: agent_sdk::TaskContext, data: Bytes| async move {
+                for i in 1..=chunks {
+                    if i == chunks {
+                        task.last_chunk(&data).await?;
+                    } else {
+                        task.chunk(&data).await?;
+                    }
+                }
+                Ok::<_, HandlerError>(chunks)
+            },
+        )
+        .await?;
+    let client = agent(bus, "bench-task-client").await?;
+    let payload = Bytes::from(vec![1u8; size]);
+    let mut round_trips = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let task = client
+            .submit(Call::agent("bench-tasker", "echo").payload(&payload)?)
+            .await?;
+        let report = task.result().await?;
+        anyhow::ensure!(report.is_completed(), "task ended {}", report.state);
+        round_trips.push(t.elapsed());
+    }
+    let mut first_chunks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let task = client
+            .submit(Call::agent("bench-tasker", "stream").payload(&payload)?)
+            .await?;
+        let mut updates = task.updates().await?;
+        let mut first = None;
+        let mut seen = 0;
+        while let Some(update) = futures::StreamExt::next(&mut updates).await {
+            if update?.chunk().is_some() {
+                first.get_or_insert_with(|| t.elapsed());
+                seen += 1;
+            }
+        }
+        anyhow::ensure!(seen == chunks, "{seen} of {chunks} chunks read");
+        first_chunks.extend(first);
+    }
+    client.shutdown().await;
+    worker.shutdown().await;
+    Ok((round_trips, first_chunks))
+}
+
 /// Chorus: `concurrency` requesters calling an echo agent for `duration`. With `signed`, the
 /// client signs every request and the echo agent verifies each (in batches).
 pub(crate) async fn chorus_request_throughput(

@@ -20,8 +20,8 @@ pub(crate) struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
-    /// Only scenarios whose name contains this (events, latency, throughput, durable,
-    /// fan-out, discovery, memory).
+    /// Only scenarios whose name contains this (events, latency, tasks, throughput, durable,
+    /// fan-out, secure, discovery, memory).
     #[arg(long)]
     only: Option<String>,
     /// The envelope form Chorus's agents write: `compact` (protocol 2, what agents write on a
