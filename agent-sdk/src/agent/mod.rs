@@ -225,7 +225,11 @@ impl Agent {
             Arc::new(inbox)
         });
         let tasks = Arc::new(crate::task::Tasks::new(
-            crate::task::store::TaskStore::new(Arc::clone(&out), options.inbox_limits.replicas),
+            crate::task::store::TaskStore::new(
+                Arc::clone(&out),
+                options.inbox_limits.replicas,
+                tracker.clone(),
+            ),
             tracker.clone(),
             stop.clone(),
         ));

@@ -154,6 +154,7 @@ impl Agent {
                         round.submission = Some(env.clone());
                     }
                     if state_of(&env).is_terminal() {
+                        store.close(messages);
                         return fold.into_report().ok_or(SdkError::TaskNotFound(id));
                     }
                 }

@@ -58,7 +58,7 @@ pub(crate) async fn submit(
         state: TaskState::Submitted,
         fraction: None,
     });
-    store.transition(id, None, env.clone()).await?;
+    store.create(id, env.clone()).await?;
     let handle = TaskHandle::new(Arc::clone(store), id);
     let otel = opentelemetry::Context::current();
     if let Err(err) = out.exchange(&subject, env, timeout, &otel).await {
@@ -138,7 +138,8 @@ impl TaskHandle {
     pub async fn updates_after(&self, seq: u64) -> Result<TaskUpdates, SdkError> {
         let follow = self.store.follow(self.id, &[], seq).await?;
         Ok(TaskUpdates {
-            follow,
+            follow: Some(follow),
+            closing: None,
             subjects: self.store.out.subjects.clone(),
             seen: Arc::clone(&self.seen),
             done: false,
@@ -170,6 +171,7 @@ impl TaskHandle {
                 break;
             }
         }
+        self.store.close(states);
         fold.into_report().ok_or(SdkError::TaskNotFound(self.id))
     }
 
@@ -212,6 +214,7 @@ impl TaskHandle {
                 continue;
             };
             if report.is_finished() {
+                self.store.close(states);
                 return fold.into_report().ok_or(SdkError::TaskNotFound(self.id));
             }
             if expiry.is_none()
@@ -288,10 +291,11 @@ impl TaskHandle {
     }
 }
 
-/// A task's updates, in order; ends after the terminal state. Each one yielded moves the
-/// handle's [`TaskHandle::last_seen`].
+/// A task's updates, in order; ends after the terminal state (and then removes its consumer
+/// from the server). Each one yielded moves the handle's [`TaskHandle::last_seen`].
 pub struct TaskUpdates {
-    follow: broker_adapter::Follow,
+    follow: Option<broker_adapter::Follow>,
+    closing: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
     subjects: crate::Subjects,
     seen: Arc<AtomicU64>,
     done: bool,
@@ -313,9 +317,22 @@ impl futures::Stream for TaskUpdates {
         cx: &mut std::task::Context<'_>,
     ) -> Poll<Option<Self::Item>> {
         if self.done {
+            // Remove the consumer before saying the end.
+            if let Some(follow) = self.follow.take() {
+                self.closing = Some(Box::pin(follow.close()));
+            }
+            if let Some(closing) = self.closing.as_mut() {
+                if closing.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.closing = None;
+            }
             return Poll::Ready(None);
         }
-        let stored = match self.follow.poll_next_unpin(cx) {
+        let Some(follow) = self.follow.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let stored = match follow.poll_next_unpin(cx) {
             Poll::Ready(Some(Ok(stored))) => stored,
             Poll::Ready(Some(Err(err))) => return Poll::Ready(Some(Err(err.into()))),
             Poll::Ready(None) => return Poll::Ready(None),

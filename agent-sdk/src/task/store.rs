@@ -66,15 +66,51 @@ pub(crate) struct TaskStore {
     pub(crate) stream: String,
     replicas: usize,
     ready: tokio::sync::OnceCell<()>,
+    /// The agent's tracker: consumers done with are removed on it, off the caller's path.
+    tracker: tokio_util::task::TaskTracker,
 }
 
 impl TaskStore {
-    pub(crate) fn new(out: Arc<Outbound>, replicas: usize) -> Self {
+    pub(crate) fn new(
+        out: Arc<Outbound>,
+        replicas: usize,
+        tracker: tokio_util::task::TaskTracker,
+    ) -> Self {
         TaskStore {
             stream: out.subjects.stream_name(TASK_STREAM),
             out,
             replicas,
             ready: tokio::sync::OnceCell::new(),
+            tracker,
+        }
+    }
+
+    /// Removes a finished reader's consumer from the server in the background (the agent
+    /// waits for it at shutdown).
+    pub(crate) fn close(&self, follow: Follow) {
+        self.tracker.spawn(follow.close());
+    }
+
+    /// Records a new task: its submission, as the first state of its status subject (refused
+    /// as [`SdkError::TaskState`] if the task exists already).
+    pub(crate) async fn create(&self, id: Uuid, mut env: Envelope) -> Result<u64, SdkError> {
+        let subject = self.out.subjects.task(&id, TaskMessage::Status);
+        let bytes = self.seal(&subject, &mut env)?;
+        match self
+            .out
+            .js
+            .publish_if_last(&subject, Some(&env.id.to_string()), 0, bytes)
+            .await
+        {
+            Ok(ack) => Ok(ack.sequence),
+            Err(e) if e.kind() == ErrorKind::Conflict => Err(SdkError::TaskState {
+                task: id,
+                illegal: crate::protocol::task::IllegalTransition {
+                    from: TaskState::Unknown,
+                    to: TaskState::Submitted,
+                },
+            }),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -217,7 +253,9 @@ impl TaskStore {
             return Err(SdkError::TaskNotFound(id));
         }
         let mut states = self.follow(id, &[TaskMessage::Status], 0).await?;
-        match states.next().await {
+        let first = states.next().await;
+        self.close(states);
+        match first {
             Some(stored) => decode(&stored?),
             None => Err(SdkError::TaskNotFound(id)),
         }

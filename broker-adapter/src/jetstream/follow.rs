@@ -97,12 +97,14 @@ impl JetStream {
     pub async fn follow(&self, name: &str, filters: &[String], after: u64) -> Result<Follow> {
         let what = || format!("follow {} in {name}", filters.join(", "));
         let stream = self.handle(name).await?;
+        let consumer_name = format!("follow_{}", nuid::next());
         let (filter_subject, filter_subjects) = match filters {
             [one] => (one.clone(), Vec::new()),
             many => (String::new(), many.to_vec()),
         };
         let consumer = stream
             .create_consumer(pull::OrderedConfig {
+                name: Some(consumer_name.clone()),
                 filter_subject,
                 filter_subjects,
                 deliver_policy: DeliverPolicy::ByStartSequence {
@@ -115,6 +117,8 @@ impl JetStream {
         let messages = consumer.messages().await.map_err(|e| js_err(&what(), e))?;
         Ok(Follow {
             inner: Box::pin(messages),
+            stream,
+            name: consumer_name,
         })
     }
 
@@ -131,9 +135,23 @@ impl JetStream {
     }
 }
 
-/// What [`JetStream::follow`] returns: a stream of stored messages in stream order.
+/// What [`JetStream::follow`] returns: a stream of stored messages in stream order. Its
+/// consumer lives on the server until [`Follow::close`], or for 30 s after the last read.
 pub struct Follow {
     inner: Pin<Box<pull::Ordered>>,
+    stream: async_nats::jetstream::stream::Stream<()>,
+    name: String,
+}
+
+impl Follow {
+    /// Stops reading and removes the consumer from the server at once (a reader that follows
+    /// many short histories does not leave a consumer behind for each).
+    pub async fn close(self) {
+        drop(self.inner);
+        if let Err(err) = self.stream.delete_consumer(&self.name).await {
+            tracing::debug!(consumer = %self.name, error = %err, "follow consumer not removed");
+        }
+    }
 }
 
 impl std::fmt::Debug for Follow {

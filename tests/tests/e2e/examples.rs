@@ -180,3 +180,29 @@ async fn durable_worker_takes_what_was_sent_while_it_was_offline() {
     assert!(text.contains("posted 40 to globex"), "{text}");
     assert!(text.contains("stopped after 2 posting(s)"), "{text}");
 }
+
+#[tokio::test]
+async fn long_task_streams_a_draft_and_cancels_a_second() {
+    let server = server();
+    let out = tokio::task::spawn_blocking({
+        let url = server.url().to_owned();
+        move || finish(start("long_task", &url, &[]))
+    })
+    .await
+    .expect("join");
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    for line in [
+        "long_task: state submitted",
+        "long_task: state accepted",
+        "long_task: state working",
+        "long_task: progress 100%",
+        "long_task: chunk 1: a",
+        "long_task: chunk 7: slowly",
+        "long_task: state completed",
+        "long_task: completed by writer: \"a short text about tasks, written slowly\"",
+        "long_task: the second draft is cancelled (5020 cancelled)",
+    ] {
+        assert!(text.contains(line), "{line:?} in {text}");
+    }
+}
