@@ -186,6 +186,54 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
         ],
     });
 
+    // 7-11. A task (docs/PROTOCOL.md section 7.4): the demo's orchestrator has the writer
+    //    draft a text, streamed; each message is stored on the task's own subject.
+    let task = id(7);
+    let mut submitted = base(Kind::Command, Performative::Assign, "orchestrator", 7);
+    submitted.correlation_id = Some(task);
+    submitted.to = vec!["writer".into()];
+    submitted.name = Some("draft".into());
+    submitted.deadline_ms = Some(T0 + 60_000);
+    submitted.expect = Some(ExpectedReply {
+        performative: Performative::Agree,
+        timeout_ms: 5_000,
+    });
+    submitted.progress = Some(Progress {
+        state: TaskState::Submitted,
+        fraction: None,
+    });
+    submitted.status = Some(StatusCode::ACCEPTED);
+    submitted.payload = encode_payload("agents", CONTENT_TYPE_MSGPACK).expect("the topic encodes");
+
+    let mut progress = base(Kind::Event, Performative::Progress, "writer", 8);
+    progress.correlation_id = Some(task);
+    progress.progress = Some(Progress {
+        state: TaskState::Working,
+        fraction: Some(0.25),
+    });
+    progress.reason = Some("writing".into());
+
+    let mut chunk = base(Kind::Event, Performative::Inform, "writer", 9);
+    chunk.correlation_id = Some(task);
+    chunk.seq = Some(Sequence {
+        epoch: 0x5eed_0001,
+        n: 1,
+    });
+    chunk.payload = encode_payload("agents", CONTENT_TYPE_MSGPACK).expect("the word encodes");
+
+    let mut completed = base(Kind::Response, Performative::Done, "writer", 10);
+    completed.correlation_id = Some(task);
+    completed.progress = Some(Progress {
+        state: TaskState::Completed,
+        fraction: None,
+    });
+    completed.status = Some(StatusCode::OK);
+    completed.payload = encode_payload(&14u32, CONTENT_TYPE_MSGPACK).expect("the count encodes");
+
+    let mut cancel = base(Kind::Command, Performative::Cancel, "orchestrator", 11);
+    cancel.correlation_id = Some(task);
+    cancel.reason = Some("cancelled by the requester".into());
+
     vec![
         ("01-request", request),
         ("02-response", response),
@@ -193,7 +241,17 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
         ("04-refusal", refusal),
         ("05-command-secured", command),
         (EVERY_FIELD, every),
+        ("07-task-submitted", submitted),
+        ("08-task-progress", progress),
+        ("09-task-chunk", chunk),
+        ("10-task-completed", completed),
+        ("11-task-cancel", cancel),
     ]
+}
+
+/// The task the task vectors (07 to 11) belong to.
+pub fn task_id() -> Uuid {
+    id(7)
 }
 
 /// The subject each vector is published on, for its compact form
@@ -201,11 +259,16 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
 /// goes to the calculator's command subject, the event to its topic's, the secured command to
 /// its capability's; the replies and the every-field vector go to a reply inbox, which
 /// carries nothing, so every field is written.
-pub fn subject(name: &str) -> &'static str {
+pub fn subject(name: &str) -> String {
+    let task = |kind: &str| format!("chorus.task.{}.{kind}", task_id());
     match name {
-        "01-request" => "chorus.agent.calculator.calculation",
-        "03-event" => "chorus.evt.doc.text.extracted",
-        "05-command-secured" => "chorus.cap.code.review",
-        _ => "_INBOX.planner.a1b2c3",
+        "01-request" => "chorus.agent.calculator.calculation".into(),
+        "03-event" => "chorus.evt.doc.text.extracted".into(),
+        "05-command-secured" => "chorus.cap.code.review".into(),
+        "07-task-submitted" | "10-task-completed" => task("status"),
+        "08-task-progress" => task("progress"),
+        "09-task-chunk" => task("chunk"),
+        "11-task-cancel" => task("cancel"),
+        _ => "_INBOX.planner.a1b2c3".into(),
     }
 }

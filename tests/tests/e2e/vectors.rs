@@ -83,7 +83,8 @@ fn every_vector_decodes_the_same_from_both_encodings_and_re_encodes_byte_for_byt
         let (mut from_compact, enc) = codec::decode(&compact).expect("compact decodes");
         assert_eq!(enc, Encoding::Compact);
         let subjects = agent_sdk::Subjects::default();
-        let implied = subjects.implied(chorus_tests::vectors::subject(&name));
+        let subject = chorus_tests::vectors::subject(&name);
+        let implied = subjects.implied(&subject);
         implied.restore(&mut from_compact);
         assert_eq!(
             from_compact, from_msgpack,
@@ -115,7 +116,8 @@ fn the_committed_vectors_are_the_ones_the_generator_writes() {
         let mp = hex::encode(codec::encode(env, Encoding::MsgPack).expect("msgpack")) + "\n";
         let wire = String::from_utf8(json.to_vec()).expect("json is utf-8");
         let subjects = agent_sdk::Subjects::default();
-        let implied = subjects.implied(chorus_tests::vectors::subject(name));
+        let subject = chorus_tests::vectors::subject(name);
+        let implied = subjects.implied(&subject);
         let compact =
             hex::encode(codec::encode_on(env, Encoding::Compact, &implied).expect("compact"))
                 + "\n";
@@ -620,4 +622,51 @@ fn the_compact_key_table_and_the_codes_match_the_sdk() {
     ] {
         assert!(prose.contains(&line), "section 3.5 lists {line}");
     }
+}
+
+/// The task vectors read as the messages of one task: each on its kind's subject, with the
+/// state, progress, chunk number and text a watcher sees.
+#[test]
+fn the_task_vectors_read_as_one_tasks_messages() {
+    use agent_sdk::task::TaskMessage;
+    use agent_sdk::{TaskState, TaskUpdate};
+    let subjects = agent_sdk::Subjects::default();
+    let task = chorus_tests::vectors::task_id();
+    let dir = vectors_dir();
+    let read = |name: &str| {
+        let hex_text = std::fs::read_to_string(dir.join(format!("{name}.compact.hex")))
+            .expect("committed compact vector");
+        let bytes = hex::decode(hex_text.trim()).expect("hex");
+        let (envelope, _) = codec::decode(&bytes).expect("decodes");
+        let subject = chorus_tests::vectors::subject(name);
+        let (id, kind) = subjects.task_of(&subject).expect("a task subject");
+        assert_eq!(id, task, "{name}");
+        assert_eq!(envelope.correlation_id, Some(task), "{name}");
+        TaskUpdate {
+            seq: 1,
+            stored_ms: 0,
+            kind,
+            envelope,
+        }
+    };
+    let submitted = read("07-task-submitted");
+    assert_eq!(submitted.state(), Some(TaskState::Submitted));
+    assert_eq!(
+        submitted.envelope.id, task,
+        "a task's id is its submission's"
+    );
+    assert_eq!(submitted.payload_as::<String>().expect("input"), "agents");
+    let progress = read("08-task-progress");
+    assert_eq!(progress.kind, TaskMessage::Progress);
+    assert_eq!(progress.fraction(), Some(0.25));
+    assert_eq!(progress.text(), Some("writing"));
+    let chunk = read("09-task-chunk");
+    assert_eq!(chunk.chunk(), Some(1));
+    assert!(!chunk.is_last_chunk());
+    let completed = read("10-task-completed");
+    assert_eq!(completed.state(), Some(TaskState::Completed));
+    assert_eq!(completed.payload_as::<u32>().expect("result"), 14);
+    let cancel = read("11-task-cancel");
+    assert_eq!(cancel.kind, TaskMessage::Cancel);
+    assert_eq!(cancel.state(), None);
 }
