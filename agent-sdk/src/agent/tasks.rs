@@ -224,6 +224,7 @@ impl Agent {
             .chain
             .push(format!("attempt {} by {agent}: {why}", round.attempts));
         let mut last = agent;
+        let mut last_why = why;
         loop {
             let Some(next) = self.choose(verification, round, &last, task).await else {
                 let mut failed = store.state_message(id, TaskState::Failed);
@@ -239,7 +240,7 @@ impl Agent {
                 };
             };
             match self
-                .resubmit(task, round, &next, round.chain.last().cloned())
+                .resubmit(task, round, &next, Some(last_why.clone()))
                 .await
             {
                 Ok(()) => return Ok(()),
@@ -249,10 +250,10 @@ impl Agent {
                     round.attempts += 1;
                     *round.tries.entry(next.clone()).or_default() += 1;
                     round.failed.push(next.clone());
-                    round.chain.push(format!(
-                        "attempt {} by {next}: not taken ({err})",
-                        round.attempts
-                    ));
+                    last_why = format!("not taken ({err})");
+                    round
+                        .chain
+                        .push(format!("attempt {} by {next}: {last_why}", round.attempts));
                     last = next;
                 }
             }
