@@ -33,6 +33,7 @@
 //! | `inbound` | the one inbound pipeline: admit, layers, exactly-once, handle, outcome |
 //! | [`durable`] | durable sends, the durable inbox, dead letters |
 //! | `presence` | heartbeats, service discovery, keys learned from the registry |
+//! | [`negotiate`] | contract-net: calls for proposals, policies, awards, settlements |
 //! | [`task`] | long work: task handlers, progress, chunks, input, cancel, reports |
 //! | `agent` | the [`Agent`] handle and its [`AgentOptions`] |
 
@@ -42,6 +43,7 @@ mod error;
 mod handler;
 mod inbound;
 pub mod metrics;
+pub mod negotiate;
 mod outbound;
 mod presence;
 mod protocol;

@@ -4,6 +4,7 @@
 //! <root>.agent.<agent-id>.<command>   commands and requests to one agent
 //! <root>.cap.<capability...>          capability access points (queue group per capability)
 //! <root>.agent.<agent-id>.cap.<capability...>  one holder's own access point to a capability
+//! <root>.agent.<agent-id>.bid.<capability...>  calls for proposals to one bidder (contract-net)
 //! <root>.evt.<topic...>               events; subscribers may use * and >
 //! <root>.inbox.<agent-id>.<lane>.<command>  durable commands (JetStream; lane high or normal)
 //! <root>.bcast.all|group.<g>|cap.<c>  broadcast through the coordinator
@@ -237,6 +238,14 @@ impl Subjects {
         validate_token("agent id", agent)?;
         validate_dotted("capability", capability)?;
         Ok(format!("{}.agent.{agent}.cap.{capability}", self.root))
+    }
+
+    /// `<root>.agent.<agent-id>.bid.<capability...>`: where an agent hears calls for proposals
+    /// for a capability, and the outcome of the rounds it proposed in (contract-net).
+    pub fn bid(&self, agent: &str, capability: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        validate_dotted("capability", capability)?;
+        Ok(format!("{}.agent.{agent}.bid.{capability}", self.root))
     }
 
     /// `<root>.agent.<agent-id>.cap.>`: every capability access point of one agent.

@@ -85,6 +85,7 @@ fn permissions_of(
         publish.push(subjects.commands_all());
         publish.push(subjects.capabilities_all());
         publish.push(format!("{}.agent.*.cap.>", subjects.root()));
+        publish.push(format!("{}.agent.*.bid.>", subjects.root()));
         publish.push(subjects.durable_all());
     } else {
         for target in &role.calls {
@@ -96,6 +97,8 @@ fn permissions_of(
                 publish.push(subjects.capability(cap)?);
                 // The same capability at one holder (a task retried or reassigned).
                 publish.push(format!("{}.agent.*.cap.{cap}", subjects.root()));
+                // Calls for proposals for it (contract-net).
+                publish.push(format!("{}.agent.*.bid.{cap}", subjects.root()));
             } else {
                 return Err(format!(
                     "--calls takes agent:<id> or cap:<capability>, not {target:?}"
@@ -121,6 +124,7 @@ fn permissions_of(
         for cap in &role.serves {
             subscribe.push(subjects.capability(cap)?);
             subscribe.push(subjects.capability_at(id, cap)?);
+            subscribe.push(subjects.bid(id, cap)?);
         }
     }
     if role.listens.is_empty() {

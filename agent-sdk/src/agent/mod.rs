@@ -6,6 +6,7 @@
 
 mod calls;
 mod handlers;
+mod negotiate;
 mod options;
 mod tasks;
 pub use tasks::TaskSummary;
@@ -91,6 +92,8 @@ pub(crate) struct Inner {
     pub(crate) endpoints: Arc<Endpoints>,
     /// Tasks this agent submits, watches and works on.
     pub(crate) tasks: Arc<crate::task::Tasks>,
+    /// What this agent learns of the contract-net rounds it proposed in.
+    pub(crate) rounds: tokio::sync::broadcast::Sender<crate::negotiate::RoundResult>,
     pub(crate) tracker: TaskTracker,
     pub(crate) stop: CancellationToken,
     shutdown_timeout: Duration,
@@ -102,6 +105,10 @@ pub(crate) struct Inner {
     events_broker: tokio::sync::OnceCell<Broker>,
     broker_options: BrokerOptions,
 }
+
+/// Round results kept for a slow reader of [`Agent::round_results`] before the oldest are
+/// dropped.
+const ROUND_RESULTS: usize = 256;
 
 impl Agent {
     async fn connect(options: AgentOptions) -> Result<Agent, SdkError> {
@@ -236,6 +243,7 @@ impl Agent {
         let inner = Arc::new(Inner {
             sender: Sender::new(Arc::clone(&out)),
             tasks,
+            rounds: tokio::sync::broadcast::channel(ROUND_RESULTS).0,
             out,
             pipeline,
             dispatcher,

@@ -10,6 +10,7 @@ mod context;
 mod creds;
 mod dlq;
 mod listen;
+mod negotiate;
 mod request;
 mod send;
 mod serve;
@@ -140,6 +141,9 @@ pub(crate) enum Command {
     Dlq(dlq::Args),
     /// Submit, list, show, watch, cancel and answer tasks (long work with progress).
     Task(task::Args),
+    /// Run a contract-net round: call for proposals on a capability, award the best by a
+    /// policy, and print the bids and the winner's task.
+    Negotiate(negotiate::Args),
     /// Start a local NATS server (if none answers) and the demo agents, and show them talking.
     Up(up::Args),
     /// Publish an event (--topic), or send a command to an agent (--to, --command) and print
@@ -198,6 +202,7 @@ async fn dispatch(
         Command::Certs(args) => certs::run(args),
         Command::Dlq(args) => dlq::run(args, conn).await,
         Command::Task(args) => task::run(args, conn).await,
+        Command::Negotiate(args) => negotiate::run(args, conn).await,
         Command::Up(args) => up::run(args, conn).await,
         Command::Send(args) => send::run(args, conn).await,
         Command::Request(args) => request::run(args, conn).await,

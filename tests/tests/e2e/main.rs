@@ -11,6 +11,7 @@ mod deploy;
 mod docs;
 mod examples;
 mod messaging;
+mod negotiation;
 mod protocol;
 mod reliability;
 mod security;

@@ -1,0 +1,313 @@
+//! Contract-net from the agent's side: bidding, and running a round.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{Agent, SYNC_TIMEOUT};
+use crate::error::{HandlerError, SdkError};
+use crate::handler::endpoint::{Endpoint, EndpointKind};
+use crate::handler::{BoxFuture, Context, Handler, Output};
+use crate::inbound::reader::Route;
+use crate::negotiate::{
+    Answer, Award, Bid, Negotiation, Proposal, ROUND_HEADER, RoundResult, SETTLED_TOPIC, Settlement,
+};
+use crate::outbound::Call;
+use crate::protocol::codec::{decode_payload, encode_payload};
+use crate::protocol::envelope::{CONTENT_TYPE_MSGPACK, Envelope, Kind, Performative};
+use crate::protocol::status::StatusCode;
+
+/// How a bid handler is called: the call for proposals decoded as `T`.
+type BidFn<T> = dyn Fn(Context, T) -> BoxFuture<Result<Proposal, HandlerError>> + Send + Sync;
+
+/// Serves one capability's calls for proposals, and hears the rounds' outcomes.
+struct BidEndpoint<T> {
+    capability: String,
+    bid: Arc<BidFn<T>>,
+    rounds: tokio::sync::broadcast::Sender<RoundResult>,
+}
+
+impl<T: DeserializeOwned + Send + 'static> Handler for BidEndpoint<T> {
+    fn call(&self, ctx: Context) -> BoxFuture<Result<Output, HandlerError>> {
+        let message = ctx.message();
+        match message.performative {
+            Performative::Negotiate => {
+                let args = decode_payload::<T>(&message.payload, &message.content_type);
+                let bid = Arc::clone(&self.bid);
+                Box::pin(async move {
+                    let proposal = bid(ctx, args?).await?;
+                    Ok(Output {
+                        payload: encode_payload(&proposal, CONTENT_TYPE_MSGPACK)?,
+                        content_type: CONTENT_TYPE_MSGPACK.into(),
+                    })
+                })
+            }
+            // The outcome of a round it proposed in.
+            Performative::Refuse | Performative::Agree => {
+                if let Some(round) = message.correlation_id {
+                    let _ = self.rounds.send(RoundResult {
+                        round,
+                        capability: self.capability.clone(),
+                        won: message.performative == Performative::Agree,
+                    });
+                }
+                Box::pin(async { Ok(Output::default()) })
+            }
+            other => Box::pin(async move {
+                Err(HandlerError::invalid_argument(format!(
+                    "a bid subject takes calls for proposals (negotiate) and outcomes, not {other}"
+                )))
+            }),
+        }
+    }
+}
+
+impl Agent {
+    /// Bids for work on `capability` (contract-net): each call for proposals is decoded as `T`
+    /// and `f` answers with a [`Proposal`], or an error to refuse (its code goes back). Serve
+    /// the work itself with [`Agent::on_task_capability`]: a won round arrives as a task.
+    pub async fn on_bid<T, F, Fut>(&self, capability: &str, f: F) -> Result<(), SdkError>
+    where
+        F: Fn(Context, T) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Proposal, HandlerError>> + Send + 'static,
+        T: DeserializeOwned + Send + 'static,
+    {
+        let inner = &self.inner;
+        let subject = inner.out.subjects.bid(&inner.out.id, capability)?;
+        let sub = inner.out.broker.subscribe(&subject).await?;
+        inner.out.broker.sync(SYNC_TIMEOUT).await?;
+        let bid: Arc<BidFn<T>> = Arc::new(move |ctx, args| Box::pin(f(ctx, args)));
+        let endpoint = Arc::new(Endpoint::new(
+            format!("bid.{capability}"),
+            subject,
+            None,
+            EndpointKind::Capability,
+            Arc::new(BidEndpoint {
+                capability: capability.to_owned(),
+                bid,
+                rounds: inner.rounds.clone(),
+            }),
+        ));
+        inner.endpoints.add(Arc::clone(&endpoint));
+        inner.dispatcher.spawn(sub, Route::Capability(endpoint));
+        Ok(())
+    }
+
+    /// The outcomes of the rounds this agent proposes in, from now on: lost (told by the
+    /// requester) or won.
+    pub fn round_results(&self) -> tokio::sync::broadcast::Receiver<RoundResult> {
+        self.inner.rounds.subscribe()
+    }
+
+    /// Runs a contract-net round: calls for proposals from the capability's live holders (or
+    /// the bidders named), waits up to the deadline, ranks the proposals by the policy and
+    /// gives the work to the best as a task (the next best if it will not take it), tells the
+    /// other proposers they lost, and publishes a [`Settlement`] on `negotiation.settled`.
+    /// Without any proposal (all refused or silent), or with a policy that picks none, no
+    /// task is started and the error says what each bidder answered.
+    pub async fn negotiate(&self, round: Negotiation) -> Result<Award, SdkError> {
+        let out = &self.inner.out;
+        let capability = round.capability.clone();
+        let bidders = if round.bidders.is_empty() {
+            self.discover_capability(&capability)
+                .await?
+                .into_iter()
+                .map(|r| r.manifest.agent)
+                .filter(|a| *a != out.id)
+                .collect()
+        } else {
+            round.bidders.clone()
+        };
+        if bidders.is_empty() {
+            return Err(SdkError::NoResponders(format!("bids for {capability}")));
+        }
+        let id = uuid::Uuid::now_v7();
+        let asks = bidders.iter().map(|bidder| self.ask(id, &round, bidder));
+        let answers = futures::future::join_all(asks).await;
+        let bids: Vec<Bid> = bidders
+            .into_iter()
+            .zip(answers)
+            .map(|(agent, answer)| Bid { agent, answer })
+            .collect();
+        let proposals: Vec<Bid> = bids
+            .iter()
+            .filter(|b| b.proposal().is_some())
+            .cloned()
+            .collect();
+        let order = round.policy.rank(&proposals);
+        let mut task = None;
+        for i in order {
+            let winner = &proposals[i];
+            let mut call = Call::capability_at(winner.agent.as_str(), capability.as_str())
+                .raw_payload(round.payload.clone(), round.content_type.clone())
+                .header(ROUND_HEADER, id.to_string());
+            if let Some(deadline) = round.task_deadline {
+                call = call.deadline(deadline);
+            }
+            match self.submit(call).await {
+                Ok(handle) => {
+                    task = Some((winner.clone(), handle));
+                    break;
+                }
+                Err(err) => {
+                    tracing::info!(round = %id, agent = %winner.agent, error = %err, "award not taken; trying the next proposal");
+                }
+            }
+        }
+        let Some((winner, task)) = task else {
+            let summary: Vec<String> = bids
+                .iter()
+                .map(|b| match &b.answer {
+                    Answer::Proposed(_) => format!("{} proposed", b.agent),
+                    Answer::Refused { status, .. } => format!("{} refused ({status})", b.agent),
+                    Answer::Silent => format!("{} was silent", b.agent),
+                })
+                .collect();
+            // Every proposer lost.
+            for bid in &proposals {
+                self.tell(id, &capability, &bid.agent, false).await;
+            }
+            return Err(SdkError::Remote {
+                status: StatusCode::UNAVAILABLE,
+                reason: format!(
+                    "no proposal for {capability} was awarded: {}",
+                    summary.join(", ")
+                ),
+            });
+        };
+        for bid in &proposals {
+            self.tell(id, &capability, &bid.agent, bid.agent == winner.agent)
+                .await;
+        }
+        let proposal = winner.proposal().cloned().unwrap_or_default();
+        let settlement = Settlement {
+            round: id,
+            capability: capability.clone(),
+            requester: out.id.clone(),
+            winner: winner.agent.clone(),
+            proposal: proposal.clone(),
+            task: task.id(),
+            asked: bids.len(),
+            proposals: proposals.len(),
+            refusals: bids
+                .iter()
+                .filter(|b| matches!(b.answer, Answer::Refused { .. }))
+                .count(),
+        };
+        if let Err(err) = self.publish(SETTLED_TOPIC, &settlement).await {
+            tracing::warn!(round = %id, error = %err, "settlement not published");
+        }
+        Ok(Award {
+            round: id,
+            capability,
+            winner: winner.agent,
+            proposal,
+            bids,
+            task,
+        })
+    }
+
+    /// One bidder's answer to the call for proposals, within the round's deadline.
+    async fn ask(&self, round: uuid::Uuid, negotiation: &Negotiation, bidder: &str) -> Answer {
+        let out = &self.inner.out;
+        let subject = match out.subjects.bid(bidder, &negotiation.capability) {
+            Ok(subject) => subject,
+            Err(err) => {
+                return Answer::Refused {
+                    status: StatusCode::INVALID_ARGUMENT,
+                    reason: err.to_string(),
+                };
+            }
+        };
+        let call = Call::capability_at(bidder, negotiation.capability.as_str())
+            .raw_payload(
+                negotiation.payload.clone(),
+                negotiation.content_type.clone(),
+            )
+            .timeout(negotiation.deadline);
+        let (_, mut env, timeout) = match out.prepare(call, None) {
+            Ok(prepared) => prepared,
+            Err(err) => {
+                return Answer::Refused {
+                    status: err.status(),
+                    reason: err.to_string(),
+                };
+            }
+        };
+        env.performative = Performative::Negotiate;
+        env.correlation_id = Some(round);
+        let otel = opentelemetry::Context::current();
+        match out.exchange(&subject, env, timeout, &otel).await {
+            Ok(reply) => match reply.payload_as::<Proposal>() {
+                Ok(proposal) => Answer::Proposed(proposal),
+                Err(err) => Answer::Refused {
+                    status: StatusCode::DATA_FORMAT,
+                    reason: format!("the proposal does not decode: {err}"),
+                },
+            },
+            Err(SdkError::Remote { status, reason }) => Answer::Refused { status, reason },
+            Err(_) => Answer::Silent,
+        }
+    }
+
+    /// Tells a proposer the round's outcome (one way: nothing is awaited).
+    async fn tell(&self, round: uuid::Uuid, capability: &str, agent: &str, won: bool) {
+        let out = &self.inner.out;
+        let Ok(subject) = out.subjects.bid(agent, capability) else {
+            return;
+        };
+        let performative = if won {
+            Performative::Agree
+        } else {
+            Performative::Refuse
+        };
+        let mut env = Envelope::new(Kind::Command, performative, out.id.as_str());
+        env.correlation_id = Some(round);
+        env.to = vec![agent.to_owned()];
+        env.capability = Some(capability.to_owned());
+        env.reason = (!won).then(|| "another proposal was awarded".to_owned());
+        out.seal(&subject, &mut env);
+        let sent = match out.encode(&subject, &env) {
+            Ok(bytes) => out
+                .broker
+                .publish(&subject, bytes)
+                .await
+                .map_err(SdkError::from),
+            Err(err) => Err(err.into()),
+        };
+        if let Err(err) = sent {
+            tracing::debug!(%round, %agent, error = %err, "round outcome not sent");
+        }
+    }
+}
+
+/// A proposal a bidder makes with `price`, `eta_ms` and `confidence`.
+impl Proposal {
+    /// A proposal at `price`.
+    pub fn at(price: f64) -> Self {
+        Proposal {
+            price: Some(price),
+            ..Proposal::default()
+        }
+    }
+
+    /// With an ETA.
+    pub fn eta_ms(mut self, eta_ms: u64) -> Self {
+        self.eta_ms = Some(eta_ms);
+        self
+    }
+
+    /// With a confidence (0 to 1).
+    pub fn confidence(mut self, confidence: f32) -> Self {
+        self.confidence = Some(confidence);
+        self
+    }
+
+    /// With free-form terms.
+    pub fn terms<T: Serialize>(mut self, terms: &T) -> Result<Self, SdkError> {
+        self.terms = serde_json::to_value(terms)
+            .map_err(|e| SdkError::InvalidCall(format!("terms do not encode: {e}")))?;
+        Ok(self)
+    }
+}

@@ -1,0 +1,240 @@
+//! Contract-net through a real nats-server: a call for proposals to every live holder of a
+//! capability, refusals and a silent bidder, the award by policy, the losers told, the winner's
+//! task run, the settlement recorded.
+
+use std::time::Duration;
+
+use agent_sdk::negotiate::{Answer, Negotiation, Policy, Proposal, Settlement};
+use agent_sdk::{Context, HandlerError, StatusCode, TaskContext, TaskState};
+use chorus_tests::{WAIT, agent, coordinator, eventually, server, within};
+use futures::StreamExt;
+
+/// How a bidder of the test answers.
+#[derive(Clone, Copy)]
+enum Bidding {
+    Price(f64),
+    Refuse,
+    Silent,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_with_ten_bidders_awards_the_cheapest_tells_the_losers_and_settles() {
+    let server = server();
+    let coordinator = coordinator(&server, false).await;
+    let plan = [
+        Bidding::Price(7.0),
+        Bidding::Refuse,
+        Bidding::Price(3.0),
+        Bidding::Price(9.0),
+        Bidding::Silent,
+        Bidding::Refuse,
+        Bidding::Price(4.0),
+        Bidding::Price(5.0),
+        Bidding::Refuse,
+        Bidding::Price(8.0),
+    ];
+    let mut bidders = Vec::new();
+    for (i, bidding) in plan.into_iter().enumerate() {
+        let id = format!("translator-{i}");
+        let a = agent(&server, &id).await;
+        a.on_bid("translate", move |_ctx: Context, text: String| async move {
+            match bidding {
+                Bidding::Price(price) => Ok(Proposal::at(price)
+                    .eta_ms(100 * text.len() as u64)
+                    .confidence(0.9)),
+                Bidding::Refuse => Err(HandlerError::new(
+                    StatusCode::UNAVAILABLE,
+                    "busy with other work",
+                )),
+                Bidding::Silent => {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    Ok(Proposal::at(0.0))
+                }
+            }
+        })
+        .await
+        .expect("bid");
+        a.on_task_capability("translate", |task: TaskContext, text: String| async move {
+            Ok::<_, HandlerError>(format!("{} translated {text:?}", task.agent_id()))
+        })
+        .await
+        .expect("serve the work");
+        bidders.push((a.round_results(), a));
+    }
+    let requester = agent(&server, "requester").await;
+    let mut settled = requester
+        .subscribe("negotiation.settled")
+        .await
+        .expect("subscribe");
+    eventually(WAIT, "the ten bidders registered", || async {
+        let holders = requester.discover_capability("translate").await.ok()?;
+        (holders.len() == 10).then_some(())
+    })
+    .await;
+
+    let started = std::time::Instant::now();
+    let award = within(
+        WAIT,
+        "the round",
+        requester.negotiate(
+            Negotiation::capability("translate")
+                .payload(&"bonjour")
+                .expect("payload")
+                .deadline(Duration::from_millis(800))
+                .policy(Policy::Cheapest),
+        ),
+    )
+    .await
+    .expect("awarded");
+    // The silent bidder is not waited for past the deadline.
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(award.winner, "translator-2");
+    assert_eq!(award.proposal.price, Some(3.0));
+    assert_eq!(award.bids.len(), 10);
+    let count = |f: fn(&Answer) -> bool| award.bids.iter().filter(|b| f(&b.answer)).count();
+    assert_eq!(count(|a| matches!(a, Answer::Proposed(_))), 6);
+    assert_eq!(
+        count(|a| matches!(
+            a,
+            Answer::Refused {
+                status: StatusCode::UNAVAILABLE,
+                ..
+            }
+        )),
+        3
+    );
+    assert_eq!(count(|a| matches!(a, Answer::Silent)), 1);
+    let silent = award
+        .bids
+        .iter()
+        .find(|b| b.answer == Answer::Silent)
+        .expect("one silent");
+    assert_eq!(silent.agent, "translator-4");
+
+    // The winner's task runs.
+    let report = within(WAIT, "the task", award.task.result())
+        .await
+        .expect("result");
+    assert_eq!(report.state, TaskState::Completed);
+    assert_eq!(
+        report.output_as::<String>().expect("output"),
+        "translator-2 translated \"bonjour\""
+    );
+
+    // Each proposer hears how it went; refusers and the silent one are not told.
+    for (i, (results, _)) in bidders.iter_mut().enumerate() {
+        let proposed = matches!(plan[i], Bidding::Price(_));
+        if !proposed {
+            assert!(results.try_recv().is_err(), "translator-{i} told");
+            continue;
+        }
+        let result = within(WAIT, "the round's outcome", results.recv())
+            .await
+            .expect("an outcome");
+        assert_eq!(result.round, award.round);
+        assert_eq!(result.won, i == 2, "translator-{i}");
+    }
+
+    // The settlement records what was agreed.
+    let event = within(WAIT, "settlement", settled.next())
+        .await
+        .expect("event");
+    let settlement: Settlement = event.payload_as().expect("settlement");
+    assert_eq!(settlement.round, award.round);
+    assert_eq!(settlement.winner, "translator-2");
+    assert_eq!(settlement.task, award.task.id());
+    assert_eq!(settlement.proposal.price, Some(3.0));
+    assert_eq!(
+        (settlement.asked, settlement.proposals, settlement.refusals),
+        (10, 6, 3)
+    );
+    coordinator.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_round_without_proposals_awards_nothing_and_says_why() {
+    let server = server();
+    let refuser = agent(&server, "refuser").await;
+    refuser
+        .on_bid("audit", |_ctx: Context, (): ()| async move {
+            Err::<Proposal, _>(HandlerError::invalid_argument("not my field"))
+        })
+        .await
+        .expect("bid");
+    let requester = agent(&server, "requester").await;
+    let err = requester
+        .negotiate(
+            Negotiation::capability("audit")
+                .payload(&())
+                .expect("payload")
+                .bidders(["refuser", "nobody"])
+                .deadline(Duration::from_millis(300)),
+        )
+        .await
+        .expect_err("nothing to award");
+    let text = err.to_string();
+    assert!(text.contains("refuser refused (5018"), "{text}");
+    assert!(text.contains("nobody was silent"), "{text}");
+    assert!(requester.tasks(10).await.expect("list").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_runs_a_round_and_waits_for_the_winners_result() {
+    let server = server();
+    let mut keep = Vec::new();
+    for (id, price) in [("cheap", 1.0), ("dear", 9.0)] {
+        let a = agent(&server, id).await;
+        a.on_bid("quote", move |_ctx: Context, (): ()| async move {
+            Ok(Proposal::at(price).eta_ms(50))
+        })
+        .await
+        .expect("bid");
+        a.on_task_capability("quote", |task: TaskContext, (): ()| async move {
+            Ok::<_, HandlerError>(format!("quoted by {}", task.agent_id()))
+        })
+        .await
+        .expect("serve the work");
+        keep.push(a);
+    }
+    let binary = chorus_tests::chorus_binary();
+    let out = within(
+        Duration::from_secs(120),
+        "chorus negotiate",
+        tokio::process::Command::new(binary)
+            .args([
+                "--server",
+                server.url(),
+                "negotiate",
+                "--capability",
+                "quote",
+                "--bidders",
+                "dear,cheap,ghost",
+                "--deadline",
+                "500ms",
+                "--wait",
+                "--json",
+            ])
+            .env_remove("CHORUS_CONTEXT")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("run chorus");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let round: serde_json::Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(round["winner"], "cheap");
+    assert_eq!(round["state"], "completed");
+    assert_eq!(round["output"], "quoted by cheap");
+    let answers: Vec<&str> = round["bids"]
+        .as_array()
+        .expect("bids")
+        .iter()
+        .map(|b| b["answer"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(answers, ["proposed", "proposed", "silent"]);
+}
