@@ -209,10 +209,21 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         round_trips.sort();
         first_chunks.sort();
         let raw = percentile(&raw_l, 0.5);
+        let n_rounds = if q { 20 } else { 100 };
+        progress(&format!("contract-net rounds x {n_rounds}, 10 bidders"));
+        let mut rounds_l = Vec::new();
+        for _ in 0..rounds {
+            rounds_l.extend(scenarios::chorus_negotiation(&bus, n_rounds, 10).await?);
+        }
+        rounds_l.sort();
         for (label, sample) in [
             (
                 "task round trip p50 (submit -> completed report)",
                 &round_trips,
+            ),
+            (
+                "contract-net round p50, 10 bidders (call -> award -> completed)",
+                &rounds_l,
             ),
             (
                 "task first chunk p50 (submit -> first of 10 streamed chunks)",

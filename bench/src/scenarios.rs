@@ -241,6 +241,55 @@ pub(crate) async fn chorus_tasks(
     Ok((round_trips, first_chunks))
 }
 
+/// Contract-net rounds, sequential: `n` rounds among `bidders` agents, each from the call for
+/// proposals until the winner's task has completed.
+pub(crate) async fn chorus_negotiation(
+    bus: &Bus<'_>,
+    n: usize,
+    bidders: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    use agent_sdk::negotiate::{Negotiation, Proposal};
+    let mut agents = Vec::new();
+    let mut ids = Vec::new();
+    for i in 0..bidders {
+        let id = format!("bench-bidder-{i}");
+        let a = agent(bus, &id).await?;
+        #[allow(clippy::cast_precision_loss)]
+        let price = (bidders - i) as f64;
+        a.on_bid("bench.work", move |_ctx: Context, (): ()| async move {
+            Ok(Proposal::at(price))
+        })
+        .await?;
+        a.on_task_capability(
+            "bench.work",
+            |_task: agent_sdk::TaskContext, (): ()| async { Ok::<_, HandlerError>(()) },
+        )
+        .await?;
+        agents.push(a);
+        ids.push(id);
+    }
+    let client = agent(bus, "bench-negotiator").await?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let award = client
+            .negotiate(
+                Negotiation::capability("bench.work")
+                    .payload(&())?
+                    .bidders(ids.iter().cloned()),
+            )
+            .await?;
+        let report = award.task.result().await?;
+        anyhow::ensure!(report.is_completed(), "task ended {}", report.state);
+        out.push(t.elapsed());
+    }
+    client.shutdown().await;
+    for a in agents {
+        a.shutdown().await;
+    }
+    Ok(out)
+}
+
 /// Chorus: `concurrency` requesters calling an echo agent for `duration`. With `signed`, the
 /// client signs every request and the echo agent verifies each (in batches).
 pub(crate) async fn chorus_request_throughput(

@@ -7,6 +7,7 @@ use super::model::{Calculation, OcrReport, Posting, ScannedDocument};
 use super::skills::{analyse, calculate, draft, summarize};
 use super::{Demo, LEDGER_ATTEMPTS, RELAY_HOP_LIMIT, WATCHERS};
 use agent_sdk::TaskContext;
+use agent_sdk::negotiate::Proposal;
 
 /// Steps of the researcher's long task.
 const RESEARCH_STEPS: u32 = 50;
@@ -191,6 +192,20 @@ impl Demo {
         let mut summarizers = Vec::new();
         for (id, careful) in [("summarizer-fast", false), ("summarizer-careful", true)] {
             let summarizer = connect(id).await?;
+            // Contract-net: the fast one is cheap, the careful one sure of itself.
+            summarizer
+                .on_bid(
+                    "summarize",
+                    move |_ctx: agent_sdk::Context, text: String| async move {
+                        let words = text.split_whitespace().count() as u64;
+                        Ok(if careful {
+                            Proposal::at(5.0).eta_ms(40 * words).confidence(0.95)
+                        } else {
+                            Proposal::at(1.0).eta_ms(10 * words).confidence(0.4)
+                        })
+                    },
+                )
+                .await?;
             summarizer
                 .on_task_capability(
                     "summarize",

@@ -11,6 +11,7 @@
 //! - Tasks: a writer streams a draft chunk by chunk, a long research task reports progress
 //!   and is cancelled, and a summary that fails the orchestrator's check (a JSON Schema) is
 //!   reassigned from the fast summarizer to the careful one.
+//! - Contract-net: both summarizers bid for a summary; the most confident wins the task.
 
 //!
 //! - [`model`]: what the agents exchange and what a run reports;

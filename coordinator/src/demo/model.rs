@@ -89,6 +89,8 @@ pub struct TaskScenes {
     pub summary_attempts: Vec<(String, Option<bool>)>,
     /// The summary accepted.
     pub summary: String,
+    /// The contract-net round: its winner and how many bid.
+    pub negotiated: (String, usize),
 }
 
 /// A ledger entry; a negative amount is poison.

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use agent_sdk::negotiate::{Negotiation, Policy};
 use agent_sdk::task::{TaskMessage, Verification};
 use agent_sdk::{BroadcastTarget, Call, SdkError, StatusCode};
 use futures::StreamExt;
@@ -283,6 +284,35 @@ impl Demo {
         }
         let summary: Summary = report.output_as()?;
         say(&format!("[tasks]   accepted: {:?}", summary.summary));
+
+        say("[negotiate] orchestrator calls for proposals on summarize, the most confident wins");
+        let award = o
+            .negotiate(
+                Negotiation::capability("summarize")
+                    .payload(&"Bids are compared. The best one gets the work.")?
+                    .bidders(["summarizer-fast", "summarizer-careful"])
+                    .policy(Policy::MostConfident),
+            )
+            .await?;
+        for bid in &award.bids {
+            if let Some(p) = bid.proposal() {
+                say(&format!(
+                    "[negotiate]   {} proposes price {}, eta {} ms, confidence {}",
+                    bid.agent,
+                    p.price.unwrap_or_default(),
+                    p.eta_ms.unwrap_or_default(),
+                    p.confidence.unwrap_or_default()
+                ));
+            }
+        }
+        let awarded = award.task.result().await?;
+        let awarded_summary: Summary = awarded.output_as()?;
+        say(&format!(
+            "[negotiate]   awarded to {} (task {}): {:?}; settlement on negotiation.settled",
+            award.winner,
+            award.task.id(),
+            awarded_summary.summary
+        ));
         Ok(TaskScenes {
             streamed,
             first_chunk_ms,
@@ -294,6 +324,7 @@ impl Demo {
                 .map(|a| (a.agent.clone(), a.verified))
                 .collect(),
             summary: summary.summary,
+            negotiated: (award.winner, award.bids.len()),
         })
     }
 }

@@ -67,6 +67,8 @@ async fn the_demo_scenarios_run_end_to_end() {
         tasks.summary,
         "Agents hand long work to each other as tasks"
     );
+    // Contract-net: the most confident of the two bidders wins.
+    assert_eq!(tasks.negotiated, ("summarizer-careful".to_owned(), 2));
 
     // A second run works the same (the demo repeats until Ctrl-C).
     let again = within(WAIT, "demo rerun", demo.run(quiet))
