@@ -234,6 +234,38 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
     cancel.correlation_id = Some(task);
     cancel.reason = Some("cancelled by the requester".into());
 
+    // 12-14. A contract-net round (section 7.10): the call for proposals to one summarizer,
+    //    its proposal, and the outcome it is told.
+    let round = id(12);
+    let mut cfp = base(Kind::Request, Performative::Negotiate, "orchestrator", 12);
+    cfp.correlation_id = Some(round);
+    cfp.to = vec!["summarizer-careful".into()];
+    cfp.capability = Some("summarize".into());
+    cfp.ttl_ms = Some(2_000);
+    cfp.expect = Some(ExpectedReply {
+        performative: Performative::Inform,
+        timeout_ms: 2_000,
+    });
+    cfp.payload =
+        encode_payload("Bids are compared.", CONTENT_TYPE_MSGPACK).expect("the work encodes");
+
+    let mut proposal = cfp.reply("summarizer-careful", StatusCode::OK);
+    proposal.id = id(13);
+    proposal.timestamp_ms = T0 + 13;
+    proposal.payload = encode_payload(
+        &agent_sdk::negotiate::Proposal::at(5.0)
+            .eta_ms(120)
+            .confidence(0.95),
+        CONTENT_TYPE_MSGPACK,
+    )
+    .expect("the proposal encodes");
+
+    let mut lost = base(Kind::Command, Performative::Refuse, "orchestrator", 14);
+    lost.correlation_id = Some(round);
+    lost.to = vec!["summarizer-fast".into()];
+    lost.capability = Some("summarize".into());
+    lost.reason = Some("another proposal was awarded".into());
+
     vec![
         ("01-request", request),
         ("02-response", response),
@@ -246,6 +278,9 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
         ("09-task-chunk", chunk),
         ("10-task-completed", completed),
         ("11-task-cancel", cancel),
+        ("12-negotiate-call", cfp),
+        ("13-negotiate-proposal", proposal),
+        ("14-negotiate-lost", lost),
     ]
 }
 
@@ -269,6 +304,8 @@ pub fn subject(name: &str) -> String {
         "08-task-progress" => task("progress"),
         "09-task-chunk" => task("chunk"),
         "11-task-cancel" => task("cancel"),
+        "12-negotiate-call" => "chorus.agent.summarizer-careful.bid.summarize".into(),
+        "14-negotiate-lost" => "chorus.agent.summarizer-fast.bid.summarize".into(),
         _ => "_INBOX.planner.a1b2c3".into(),
     }
 }

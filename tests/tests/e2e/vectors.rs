@@ -670,3 +670,35 @@ fn the_task_vectors_read_as_one_tasks_messages() {
     assert_eq!(cancel.kind, TaskMessage::Cancel);
     assert_eq!(cancel.state(), None);
 }
+
+/// The contract-net vectors read as one round: a call, a proposal that decodes as the SDK's,
+/// and an outcome that names the round.
+#[test]
+fn the_negotiation_vectors_read_as_one_round() {
+    use agent_sdk::negotiate::Proposal;
+    use agent_sdk::{Kind, Performative};
+    let dir = vectors_dir();
+    let read = |name: &str| {
+        let text = std::fs::read_to_string(dir.join(format!("{name}.msgpack.hex")))
+            .expect("committed vector");
+        codec::decode(&hex::decode(text.trim()).expect("hex"))
+            .expect("decodes")
+            .0
+    };
+    let call = read("12-negotiate-call");
+    assert_eq!(
+        (call.kind, call.performative),
+        (Kind::Request, Performative::Negotiate)
+    );
+    let round = call.correlation_id.expect("the round");
+    let proposal = read("13-negotiate-proposal");
+    assert_eq!(proposal.in_reply_to, Some(call.id));
+    assert_eq!(proposal.correlation_id, Some(round));
+    let offer: Proposal =
+        agent_sdk::codec::decode_payload(&proposal.payload, &proposal.content_type)
+            .expect("a proposal");
+    assert_eq!(offer, Proposal::at(5.0).eta_ms(120).confidence(0.95));
+    let lost = read("14-negotiate-lost");
+    assert_eq!(lost.performative, Performative::Refuse);
+    assert_eq!(lost.correlation_id, Some(round));
+}
