@@ -24,8 +24,10 @@ use crate::protocol::task::TaskMessage;
 /// After a task's deadline, how long the requester leaves the worker to record the expiry
 /// itself before recording it in its place (a worker that died cannot).
 pub const EXPIRY_GRACE: Duration = Duration::from_secs(2);
-/// The kinds of message a report is folded from.
-pub(crate) const FOLDED: [TaskMessage; 2] = [TaskMessage::Status, TaskMessage::Report];
+/// The kinds of message a report is folded from, read through the task's one wildcard
+/// subject (the server finds a task's messages by its subject index whatever the stream's
+/// size; a consumer with several filters would scan the stream from its start instead).
+pub(crate) const FOLDED: [TaskMessage; 0] = [];
 
 /// How long [`TaskHandle::cancel`] waits for the worker to confirm before recording the
 /// cancel itself.
@@ -190,7 +192,11 @@ impl TaskHandle {
     /// [`EXPIRY_GRACE`] for its worker to say so), a task still unfinished is recorded as
     /// expired here: a worker that died cannot.
     pub async fn result(&self) -> Result<TaskReport, SdkError> {
-        let mut states = self.store.follow(self.id, &FOLDED, 0).await?;
+        // Its states alone (not its chunks); a verified task's reports are folded in at the end.
+        let mut states = self
+            .store
+            .follow(self.id, &[TaskMessage::Status], 0)
+            .await?;
         let mut fold = Fold::default();
         let mut expiry: Option<Pin<Box<tokio::time::Sleep>>> = None;
         loop {
@@ -215,6 +221,9 @@ impl TaskHandle {
             };
             if report.is_finished() {
                 self.store.close(states);
+                if fold.verified() {
+                    return self.report().await;
+                }
                 return fold.into_report().ok_or(SdkError::TaskNotFound(self.id));
             }
             if expiry.is_none()

@@ -320,13 +320,20 @@ impl TaskReport {
 #[derive(Debug, Default)]
 pub(crate) struct Fold {
     report: Option<TaskReport>,
+    verified: bool,
 }
 
 impl Fold {
     /// Takes one status message.
     pub(crate) fn status(&mut self, id: Uuid, seq: u64, env: &Envelope) {
         match &mut self.report {
-            None => self.report = Some(TaskReport::submitted(id, seq, env)),
+            None => {
+                self.verified = env
+                    .expect
+                    .as_ref()
+                    .is_some_and(|e| e.performative == Performative::Confirm);
+                self.report = Some(TaskReport::submitted(id, seq, env));
+            }
             Some(report) => report.apply(seq, env),
         }
     }
@@ -342,6 +349,12 @@ impl Fold {
             }
             _ => {}
         }
+    }
+
+    /// Whether the task's results were verified by its requester (its attempts then ended in
+    /// `report` messages, which only a full fold sees).
+    pub(crate) fn verified(&self) -> bool {
+        self.verified
     }
 
     /// The report so far.
