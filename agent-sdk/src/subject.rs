@@ -11,7 +11,7 @@
 //! <root>.sys.hb|bye.<agent-id>        heartbeats and goodbyes
 //! <root>.sys.discover                 discovery queries
 //! <root>.dlq.<reason>.<agent-id>      dead letters
-//! <root>.task.<task-id>.<kind>        a task's messages: status, progress, chunk, input, cancel
+//! <root>.task.<task-id>.<kind>        a task's messages: status, progress, chunk, input, cancel, report
 //! _INBOX.<agent-id>.>                 replies to one agent (its own inbox prefix)
 //! ```
 //!
