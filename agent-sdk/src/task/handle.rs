@@ -19,11 +19,42 @@ use crate::error::SdkError;
 use crate::outbound::Call;
 use crate::protocol::codec::encode_payload;
 use crate::protocol::envelope::{ExpectedReply, Kind, Performative, Progress, TaskState, now_ms};
+use crate::protocol::status::StatusCode;
 use crate::protocol::task::TaskMessage;
 
 /// After a task's deadline, how long the requester leaves the worker to record the expiry
 /// itself before recording it in its place (a worker that died cannot).
 pub const EXPIRY_GRACE: Duration = Duration::from_secs(2);
+/// The registry's event for an agent that left (docs/PROTOCOL.md section 7.7).
+const REGISTRY_LEFT: &str = "registry.left";
+
+/// The agent a task is with while it works on it (accepted, working, input required).
+fn working_agent(report: &TaskReport) -> Option<String> {
+    matches!(
+        report.state,
+        TaskState::Accepted | TaskState::Working | TaskState::InputRequired
+    )
+    .then(|| report.attempts.last())
+    .flatten()
+    .filter(|a| a.ended_ms.is_none())
+    .map(|a| a.agent.clone())
+}
+
+/// Whether a `registry.left` event says `agent` stopped without a goodbye (5009: its
+/// heartbeats stopped). An agent that said goodbye ended its tasks itself.
+fn gone_without_goodbye(event: &broker_adapter::Message, agent: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Left {
+        agent: String,
+    }
+    let Ok((env, _)) = crate::protocol::codec::decode_shared(event.payload()) else {
+        return false;
+    };
+    env.status == Some(StatusCode::UNEXPECTED_DISCONNECT)
+        && crate::protocol::codec::decode_payload::<Left>(&env.payload, &env.content_type)
+            .is_ok_and(|left| left.agent == agent)
+}
+
 /// The kinds of message a report is folded from, read through the task's one wildcard
 /// subject (the server finds a task's messages by its subject index whatever the stream's
 /// size; a consumer with several filters would scan the stream from its start instead).
@@ -192,6 +223,13 @@ impl TaskHandle {
     /// [`EXPIRY_GRACE`] for its worker to say so), a task still unfinished is recorded as
     /// expired here: a worker that died cannot.
     pub async fn result(&self) -> Result<TaskReport, SdkError> {
+        // Agents the registry declares gone (their heartbeats stopped): a worker among them
+        // will not finish.
+        let out = &self.store.out;
+        let mut departures = out
+            .broker
+            .subscribe(&out.subjects.event(REGISTRY_LEFT)?)
+            .await?;
         // Its states alone (not its chunks); a verified task's reports are folded in at the end.
         let mut states = self
             .store
@@ -200,16 +238,27 @@ impl TaskHandle {
         let mut fold = Fold::default();
         let mut expiry: Option<Pin<Box<tokio::time::Sleep>>> = None;
         loop {
-            let next = match expiry.as_mut() {
-                Some(sleep) => tokio::select! {
-                    next = states.next() => next,
-                    () = sleep.as_mut() => {
-                        expiry = None;
-                        self.expire().await?;
-                        continue;
+            let expired = async {
+                match expiry.as_mut() {
+                    Some(sleep) => sleep.as_mut().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let next = tokio::select! {
+                next = states.next() => next,
+                () = expired => {
+                    expiry = None;
+                    self.expire().await?;
+                    continue;
+                }
+                Some(left) = departures.next() => {
+                    if let Some(worker) = fold.report().and_then(working_agent)
+                        && gone_without_goodbye(&left, &worker)
+                    {
+                        self.abandon(&worker).await?;
                     }
-                },
-                None => states.next().await,
+                    continue;
+                }
             };
             let Some(stored) = next else {
                 return Err(SdkError::TaskNotFound(self.id));
@@ -232,6 +281,18 @@ impl TaskHandle {
                 let left = Duration::from_millis(deadline.saturating_sub(now_ms()));
                 expiry = Some(Box::pin(tokio::time::sleep(left + EXPIRY_GRACE)));
             }
+        }
+    }
+
+    /// Records that `worker` left without finishing the task (its heartbeats stopped); a task
+    /// that moved on meanwhile stays as it is.
+    async fn abandon(&self, worker: &str) -> Result<(), SdkError> {
+        let mut env = self.store.state_message(self.id, TaskState::Failed);
+        env.status = Some(StatusCode::UNEXPECTED_DISCONNECT);
+        env.reason = Some(format!("{worker} left without finishing the task"));
+        match self.store.transition(self.id, None, env).await {
+            Ok(_) | Err(SdkError::TaskState { .. }) => Ok(()),
+            Err(err) => Err(err),
         }
     }
 

@@ -1000,3 +1000,57 @@ async fn a_handoff_from_a_to_b_while_the_requester_watches_gives_one_handle_and_
         .expect_err("a plain call is not a task");
     assert_eq!(err.status(), StatusCode::INVALID_ARGUMENT, "{err}");
 }
+
+#[tokio::test]
+async fn a_worker_gone_without_a_goodbye_fails_its_task_without_a_deadline() {
+    let server = server();
+    let coordinator = chorus_tests::coordinator(&server, false).await;
+    let mut worker = CrashableAgent::start(
+        agent_options(&server, "vanishing").heartbeat_interval(Duration::from_millis(300)),
+        |a| async move {
+            a.on_task("think", |_task: TaskContext, (): ()| async move {
+                std::future::pending::<()>().await;
+                Ok(())
+            })
+            .await
+            .expect("serve the task");
+        },
+    );
+    let boss = agent(&server, "boss").await;
+    chorus_tests::eventually(WAIT, "the worker registered", || async {
+        let live = boss
+            .discover(&agent_sdk::DiscoverQuery::default())
+            .await
+            .ok()?;
+        live.iter()
+            .any(|r| r.manifest.agent == "vanishing")
+            .then_some(())
+    })
+    .await;
+    // No deadline: only the registry can tell that nobody will finish it.
+    let task = boss
+        .submit(
+            Call::agent("vanishing", "think")
+                .payload(&())
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    until_state(&task, TaskState::Working).await;
+    let waiting = tokio::spawn({
+        let task = task.clone();
+        async move { task.result().await }
+    });
+    worker.crash();
+    let report = within(WAIT, "the task to fail", waiting)
+        .await
+        .expect("join")
+        .expect("result");
+    assert_eq!(report.state, TaskState::Failed);
+    assert_eq!(report.status, StatusCode::UNEXPECTED_DISCONNECT);
+    assert_eq!(
+        report.reason.as_deref(),
+        Some("vanishing left without finishing the task")
+    );
+    coordinator.shutdown().await;
+}
