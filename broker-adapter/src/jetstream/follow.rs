@@ -40,18 +40,7 @@ impl JetStream {
         if let Some(id) = msg_id {
             publish = publish.message_id(id);
         }
-        let ack = self
-            .ctx
-            .send_publish(subject.to_owned(), publish)
-            .await
-            .map_err(|e| js_err(&format!("publish to {subject} failed"), e))?
-            .await
-            .map_err(|e| js_err(&format!("conditional publish to {subject}"), e))?;
-        Ok(PubAck {
-            stream: ack.stream,
-            sequence: ack.sequence,
-            duplicate: ack.duplicate,
-        })
+        self.send_and_ack(subject, publish).await
     }
 
     /// A handle on stream `name` without asking the server for its info (one round trip

@@ -246,6 +246,15 @@ impl JetStream {
         if let Some(ttl) = ttl {
             publish = publish.ttl(ttl);
         }
+        self.send_and_ack(subject, publish).await
+    }
+
+    /// Sends one built publish and waits for the stream's ack.
+    pub(super) async fn send_and_ack(
+        &self,
+        subject: &str,
+        publish: jetstream::message::PublishMessage,
+    ) -> Result<PubAck> {
         let ack = self
             .ctx
             .send_publish(subject.to_owned(), publish)
