@@ -186,7 +186,12 @@ async fn every_dashboard_panel_query_returns_data_from_the_live_demo() {
     // The coordinator lists the demo's process for Prometheus, found through the registry.
     let sd = chorus_tests::eventually(DATA_WAIT, "the demo in /sd/agents", || async {
         let (status, body) = try_http_get(coordinator, "/sd/agents").await.ok()?;
-        (status == 200 && body.contains(&demo_metrics.to_string())).then_some(body)
+        // The demo's agents register one by one: wait for the first and the last of them.
+        (status == 200
+            && body.contains(&demo_metrics.to_string())
+            && body.contains("ocr-agent")
+            && body.contains("orchestrator"))
+        .then_some(body)
     })
     .await;
     let groups: serde_json::Value = serde_json::from_str(&sd).expect("sd json");

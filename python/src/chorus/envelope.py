@@ -1,0 +1,249 @@
+"""The envelope (docs/PROTOCOL.md section 4) and its vocabularies (section 5)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TypeVar
+
+PROTOCOL_VERSION = (1, 0)
+COMPACT_VERSION = (2, 0)
+DEFAULT_HOP_LIMIT = 16
+
+CONTENT_TYPE_MSGPACK = "application/msgpack"
+CONTENT_TYPE_JSON = "application/json"
+CONTENT_TYPE_ENCRYPTED = "application/chorus-encrypted"
+
+E = TypeVar("E", bound="Vocabulary")
+
+
+class Vocabulary(str, Enum):
+    """A closed vocabulary: lowercase strings in the named forms, codes (the position in the
+    spec's table, from 1) in the compact form. A value this version does not know reads as
+    ``UNKNOWN`` (code 0)."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> Vocabulary:
+        return cls("unknown")
+
+    @property
+    def code(self) -> int:
+        if self.value == "unknown":
+            return 0
+        return [m for m in type(self) if m.value != "unknown"].index(self) + 1
+
+    @classmethod
+    def from_code(cls: type[E], code: int) -> E:
+        members = [m for m in cls if m.value != "unknown"]
+        if 1 <= code <= len(members):
+            return members[code - 1]
+        return cls("unknown")
+
+
+class Kind(Vocabulary):
+    """What a message is, structurally (section 5.1)."""
+
+    REQUEST = "request"
+    RESPONSE = "response"
+    EVENT = "event"
+    COMMAND = "command"
+    HEARTBEAT = "heartbeat"
+    ERROR = "error"
+    UNKNOWN = "unknown"
+
+
+class Performative(Vocabulary):
+    """What the sender means by it (section 5.2)."""
+
+    REQUEST = "request"
+    INFORM = "inform"
+    PROPOSE = "propose"
+    AGREE = "agree"
+    REFUSE = "refuse"
+    CONFIRM = "confirm"
+    FAILURE = "failure"
+    DONE = "done"
+    QUERY = "query"
+    DISCOVER = "discover"
+    OFFER = "offer"
+    ASSIGN = "assign"
+    CANCEL = "cancel"
+    HANDOFF = "handoff"
+    NEGOTIATE = "negotiate"
+    PROGRESS = "progress"
+    HEALTH = "health"
+    UNKNOWN = "unknown"
+
+
+class Priority(Vocabulary):
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+    CRITICAL = "critical"
+    UNKNOWN = "unknown"
+
+
+class Delivery(Vocabulary):
+    """The delivery class a sender chose (section 7.9)."""
+
+    AT_MOST_ONCE = "at_most_once"
+    AT_LEAST_ONCE = "at_least_once"
+    EXACTLY_ONCE = "exactly_once"
+    UNKNOWN = "unknown"
+
+
+class TaskState(Vocabulary):
+    """Where a task (or other reported work) stands (section 4.1, ``progress``)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SUBMITTED = "submitted"
+    ACCEPTED = "accepted"
+    WORKING = "working"
+    INPUT_REQUIRED = "input_required"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    UNKNOWN = "unknown"
+
+
+@dataclass
+class Seq:
+    """A publisher's count on one subject."""
+
+    epoch: int
+    n: int
+
+
+@dataclass
+class Expect:
+    """The reply the sender expects, and how long it waits."""
+
+    performative: Performative
+    timeout_ms: int
+
+
+@dataclass
+class Progress:
+    state: TaskState
+    fraction: float | None = None
+
+
+@dataclass
+class Trace:
+    """W3C trace context."""
+
+    traceparent: str
+    tracestate: str | None = None
+
+
+@dataclass
+class Signature:
+    key: str
+    value: bytes
+    alg: str = "ed25519"
+
+
+@dataclass
+class Recipient:
+    agent: str
+    key: bytes
+
+
+@dataclass
+class Encryption:
+    alg: str
+    inner_content_type: str
+    recipients: list[Recipient] = field(default_factory=list)
+
+
+@dataclass
+class Envelope:
+    """One Chorus message. Field names are the spec's; ``from_`` is ``from``."""
+
+    id: uuid.UUID
+    from_: str
+    kind: Kind
+    performative: Performative
+    timestamp_ms: int
+    version: tuple[int, int] = PROTOCOL_VERSION
+    correlation_id: uuid.UUID | None = None
+    in_reply_to: uuid.UUID | None = None
+    to: list[str] = field(default_factory=list)
+    topic: str | None = None
+    capability: str | None = None
+    name: str | None = None
+    ttl_ms: int | None = None
+    deadline_ms: int | None = None
+    hops: int = 0
+    hop_limit: int = DEFAULT_HOP_LIMIT
+    priority: Priority = Priority.NORMAL
+    delivery: Delivery = Delivery.AT_MOST_ONCE
+    seq: Seq | None = None
+    expect: Expect | None = None
+    progress: Progress | None = None
+    status: int | None = None
+    reason: str | None = None
+    trace: Trace | None = None
+    session_id: str | None = None
+    customer_id: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = CONTENT_TYPE_MSGPACK
+    payload: bytes = b""
+    token: str | None = None
+    signature: Signature | None = None
+    encryption: Encryption | None = None
+
+    @classmethod
+    def new(cls, kind: Kind, performative: Performative, sender: str) -> Envelope:
+        """A new message: a fresh UUIDv7 id and the current time."""
+        now = now_ms()
+        return cls(id=uuid7(now), from_=sender, kind=kind, performative=performative, timestamp_ms=now)
+
+    @property
+    def conversation(self) -> uuid.UUID:
+        """The conversation this message belongs to: ``correlation_id``, else its own id."""
+        return self.correlation_id or self.id
+
+    def expires_ms(self) -> int | None:
+        """When it expires: the earlier of ``timestamp_ms + ttl_ms`` and ``deadline_ms``."""
+        ends = [t for t in (
+            self.timestamp_ms + self.ttl_ms if self.ttl_ms is not None else None,
+            self.deadline_ms,
+        ) if t is not None]
+        return min(ends) if ends else None
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+_last_v7 = [0, 0]
+
+
+def uuid7(ms: int | None = None) -> uuid.UUID:
+    """A UUIDv7 (RFC 9562): 48 bits of milliseconds, then random bits; ids made in the same
+    millisecond by this process still sort in the order made."""
+    ms = now_ms() if ms is None else ms
+    rand_a = int.from_bytes(os.urandom(2), "big") & 0x0FFF
+    if ms == _last_v7[0] and rand_a <= _last_v7[1]:
+        rand_a = _last_v7[1] + 1
+        if rand_a > 0x0FFF:
+            ms += 1
+            rand_a = 0
+    _last_v7[0], _last_v7[1] = ms, rand_a
+    rand_b = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
+    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b
+    return uuid.UUID(int=value)
+
+
+def uuid7_ms(u: uuid.UUID) -> int | None:
+    """The millisecond time of a UUIDv7, or None for another version."""
+    if u.version != 7 or u.variant != uuid.RFC_4122:
+        return None
+    return u.int >> 80

@@ -1,0 +1,146 @@
+"""Subjects (docs/PROTOCOL.md section 2): every name is checked before it becomes a subject."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_DOTTED_TOKENS = 16
+
+
+class SubjectError(ValueError):
+    """A name that cannot be a subject token (answered as 5018 where a peer sent it)."""
+
+
+def validate_token(what: str, name: str) -> str:
+    """An agent id, command or group name: one token of 1-64 ``A-Z a-z 0-9 _ -``."""
+    if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+        raise SubjectError(f"{what} {name!r} must be 1 to 64 characters from A-Z a-z 0-9 _ -")
+    return name
+
+
+def validate_dotted(what: str, name: str, pattern: bool = False) -> str:
+    """A capability, topic or root: 1 to 16 tokens joined by ``.``; a pattern may use ``*``
+    for a token and ``>`` as the last."""
+    tokens = name.split(".") if isinstance(name, str) else []
+    if not 1 <= len(tokens) <= MAX_DOTTED_TOKENS:
+        raise SubjectError(f"{what} {name!r} must be 1 to {MAX_DOTTED_TOKENS} tokens joined by '.'")
+    for i, token in enumerate(tokens):
+        if pattern and (token == "*" or (token == ">" and i == len(tokens) - 1)):
+            continue
+        if not _TOKEN.fullmatch(token):
+            raise SubjectError(f"{what} {name!r}: token {token!r} must be 1 to 64 characters from A-Z a-z 0-9 _ -")
+    return name
+
+
+@dataclass(frozen=True)
+class Implied:
+    """What a subject carries of an envelope's addressing; the compact form leaves these out."""
+
+    topic: str | None = None
+    capability: str | None = None
+    agent: str | None = None
+    name: str | None = None
+
+
+class Subjects:
+    """The subjects of one bus (one root)."""
+
+    def __init__(self, root: str = "chorus") -> None:
+        self.root = validate_dotted("subject root", root)
+
+    def command(self, agent: str, command: str) -> str:
+        validate_token("agent id", agent)
+        validate_token("command name", command)
+        return f"{self.root}.agent.{agent}.{command}"
+
+    def agent_inbound(self, agent: str) -> str:
+        return f"{self.root}.agent.{validate_token('agent id', agent)}.*"
+
+    def capability(self, capability: str) -> str:
+        return f"{self.root}.cap.{validate_dotted('capability', capability)}"
+
+    def capability_at(self, agent: str, capability: str) -> str:
+        validate_token("agent id", agent)
+        return f"{self.root}.agent.{agent}.cap.{validate_dotted('capability', capability)}"
+
+    def event(self, topic: str) -> str:
+        return f"{self.root}.evt.{validate_dotted('topic', topic)}"
+
+    def event_pattern(self, pattern: str) -> str:
+        return f"{self.root}.evt.{validate_dotted('topic pattern', pattern, pattern=True)}"
+
+    def durable_inbox(self, agent: str, high: bool, command: str | None = None) -> str:
+        validate_token("agent id", agent)
+        lane = "high" if high else "normal"
+        tail = validate_token("command name", command) if command is not None else "*"
+        return f"{self.root}.inbox.{agent}.{lane}.{tail}"
+
+    def heartbeat(self, agent: str) -> str:
+        return f"{self.root}.sys.hb.{validate_token('agent id', agent)}"
+
+    def goodbye(self, agent: str) -> str:
+        return f"{self.root}.sys.bye.{validate_token('agent id', agent)}"
+
+    @property
+    def discover(self) -> str:
+        return f"{self.root}.sys.discover"
+
+    @property
+    def wire(self) -> str:
+        return f"{self.root}.sys.wire"
+
+    def broadcast(self, group: str | None = None, capability: str | None = None) -> str:
+        if group is not None:
+            return f"{self.root}.bcast.group.{validate_token('group', group)}"
+        if capability is not None:
+            return f"{self.root}.bcast.cap.{validate_dotted('capability', capability)}"
+        return f"{self.root}.bcast.all"
+
+    def reply_prefix(self, agent: str) -> str:
+        return f"_INBOX.{validate_token('agent id', agent)}"
+
+    def stream_name(self, suffix: str) -> str:
+        return f"{self.root.replace('.', '_').upper()}_{suffix}"
+
+    def bucket_name(self, suffix: str) -> str:
+        return f"{self.root.replace('.', '_')}_{suffix}"
+
+    def command_name(self, subject: str) -> str | None:
+        """The command of ``<root>.agent.<agent>.<command>``."""
+        prefix = f"{self.root}.agent."
+        if not subject.startswith(prefix):
+            return None
+        parts = subject[len(prefix):].split(".")
+        return parts[1] if len(parts) == 2 else None
+
+    def durable_command(self, subject: str) -> str | None:
+        """The command of ``<root>.inbox.<agent>.<lane>.<command>``."""
+        prefix = f"{self.root}.inbox."
+        if not subject.startswith(prefix):
+            return None
+        parts = subject[len(prefix):].split(".")
+        if len(parts) == 3 and parts[1] in ("high", "normal"):
+            return parts[2]
+        return None
+
+    def implied(self, subject: str) -> Implied:
+        """What ``subject`` carries (nothing for a reply inbox or another root's subject)."""
+        prefix = self.root + "."
+        if not subject.startswith(prefix):
+            return Implied()
+        rest = subject[len(prefix):]
+        if rest.startswith("evt."):
+            return Implied(topic=rest[4:])
+        if rest.startswith("cap."):
+            return Implied(capability=rest[4:])
+        if rest.startswith("agent."):
+            parts = rest[6:].split(".", 1)
+            if len(parts) == 2 and "." not in parts[1]:
+                return Implied(agent=parts[0], name=parts[1])
+            return Implied()
+        command = self.durable_command(subject)
+        if command is not None:
+            return Implied(agent=rest.split(".")[1], name=command)
+        return Implied()
