@@ -1,0 +1,165 @@
+//! A Rust agent for cross-language tests: the Python SDK's tests (`python/tests`) start it and
+//! talk to it in every message kind, both ways. It serves:
+//!
+//! - `echo` (returns its argument), `fail` (always 5018), `ask` (`{"to", "command",
+//!   "payload"}`: asks that agent in turn and returns its answer, or fails with its code),
+//!   `emit` (`{"topic", "payload"}`: publishes that event), `send` (`{"to", "command",
+//!   "payload"}`: stores that durable command), and `record` (durable: publishes
+//!   `interop.recorded` with its argument and the attempt);
+//! - the capability `interop.upper` (a string, upper-cased);
+//! - events on `interop.ping.>`, answered with the event `interop.pong` (`{"from", "topic",
+//!   "payload"}`).
+//!
+//! Settings from the environment: `CHORUS_NATS_URL`, `PEER_ID` (default `rust-peer`),
+//! `PEER_ENCODING` (`msgpack`, `json` or `compact`; default: follow the bus), `PEER_SEED` (a
+//! file with an nkey seed: sign what it sends), `PEER_TRUST` (`agent=U...`: verify signatures
+//! and refuse unsigned messages). It prints `interop_peer: ready` once everything is
+//! subscribed, and stops on Ctrl-C, SIGTERM or the end of its standard input.
+//!
+//! ```sh
+//! cargo run -p agent-sdk --example interop_peer
+//! ```
+
+use agent_sdk::security::{Identity, SignaturePolicy};
+use agent_sdk::{AgentOptions, Call, Context, DeliveryClass, Encoding, HandlerError, Typed};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+#[derive(Debug, Deserialize)]
+struct Ask {
+    to: String,
+    command: String,
+    #[serde(default)]
+    payload: Value,
+}
+
+#[derive(Debug, Deserialize)]
+struct Emit {
+    topic: String,
+    #[serde(default)]
+    payload: Value,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url = std::env::var("CHORUS_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let id = std::env::var("PEER_ID").unwrap_or_else(|_| "rust-peer".into());
+    let mut options = AgentOptions::new(id.as_str())
+        .servers([url.as_str()])
+        .durable_inbox(true)
+        .capability("interop.upper");
+    match std::env::var("PEER_ENCODING").as_deref() {
+        Ok("msgpack") => options = options.encoding(Encoding::MsgPack),
+        Ok("json") => options = options.encoding(Encoding::Json),
+        Ok("compact") => options = options.encoding(Encoding::Compact),
+        Ok(other) => return Err(format!("PEER_ENCODING {other:?}: msgpack, json or compact").into()),
+        Err(_) => {}
+    }
+    if let Ok(path) = std::env::var("PEER_SEED") {
+        let seed = std::fs::read_to_string(&path)?;
+        options = options.identity(Identity::from_seed(seed.trim())?);
+    }
+    if let Ok(trust) = std::env::var("PEER_TRUST") {
+        let (agent, key) = trust
+            .split_once('=')
+            .ok_or("PEER_TRUST is agent=U...")?;
+        options = options
+            .verify_signatures(SignaturePolicy {
+                require_signed: true,
+                ..SignaturePolicy::default()
+            })
+            .trust(agent, key);
+    }
+    let peer = options.connect().await?;
+
+    peer.on_command("echo", |_ctx: Context, v: Value| async move {
+        Ok::<_, HandlerError>(v)
+    })
+    .await?;
+    peer.on_command("fail", |_ctx: Context, _v: Value| async move {
+        Err::<Value, _>(HandlerError::invalid_argument("asked to fail"))
+    })
+    .await?;
+    peer.on_command("ask", |ctx: Context, ask: Ask| async move {
+        let answer: Value = ctx.request(&ask.to, &ask.command, &ask.payload).await?;
+        Ok::<_, HandlerError>(answer)
+    })
+    .await?;
+    peer.on_command("emit", |ctx: Context, emit: Emit| async move {
+        ctx.publish(&emit.topic, &emit.payload).await?;
+        Ok::<_, HandlerError>(Value::Null)
+    })
+    .await?;
+    let sender = peer.clone();
+    peer.on_command("send", move |_ctx: Context, ask: Ask| {
+        let sender = sender.clone();
+        async move {
+            let call = Call::agent(&ask.to, &ask.command)
+                .delivery(DeliveryClass::AtLeastOnce)
+                .payload(&ask.payload)?;
+            let receipt = sender.send(call).await?;
+            Ok::<_, HandlerError>(json!({ "stored": receipt.stream_seq }))
+        }
+    })
+    .await?;
+    peer.on_command("record", |ctx: Context, v: Value| async move {
+        let attempt = ctx.attempt();
+        ctx.publish(
+            "interop.recorded",
+            &json!({ "payload": v, "attempt": attempt, "from": ctx.from() }),
+        )
+        .await?;
+        Ok::<_, HandlerError>(Value::Null)
+    })
+    .await?;
+    peer.on_capability("interop.upper", |_ctx: Context, s: String| async move {
+        Ok::<_, HandlerError>(s.to_uppercase())
+    })
+    .await?;
+    peer.handle_events(
+        "interop.ping.>",
+        Typed::new(|ctx: Context, v: Value| async move {
+            let event = ctx.message();
+            let pong = json!({
+                "from": event.from,
+                "topic": event.topic,
+                "payload": v,
+            });
+            ctx.publish("interop.pong", &pong).await?;
+            Ok(())
+        }),
+    )
+    .await?;
+    peer.broker().flush().await?;
+    println!("interop_peer: ready as {id} at {url}");
+
+    let stdin_closed = tokio::task::spawn_blocking(|| {
+        let mut sink = String::new();
+        while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
+    });
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        _ = stdin_closed => {}
+    }
+    peer.shutdown().await;
+    println!("interop_peer: stopped");
+    Ok(())
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

@@ -1,0 +1,54 @@
+"""Chorus for Python: agents on NATS that talk to Chorus agents in any language.
+
+>>> async with Agent("greeter") as agent:          # doctest: +SKIP
+...     @agent.command("hello")
+...     async def hello(ctx):
+...         return f"hello, {ctx.data()}"
+"""
+
+__version__ = "0.1.0"
+
+from .agent import Agent, Stats  # noqa: E402
+from .codec import DecodeError, Encoding, decode, decode_payload, encode, encode_payload  # noqa: E402
+from .context import Context, Reply  # noqa: E402
+from .durable import InboxOptions, RetryPolicies, RetryPolicy  # noqa: E402
+from .envelope import (  # noqa: E402
+    Delivery,
+    Envelope,
+    Kind,
+    Performative,
+    Priority,
+    TaskState,
+)
+from .signing import Identity, Verifier  # noqa: E402
+from .status import ChorusError, StatusCode  # noqa: E402
+from .subjects import SubjectError, Subjects  # noqa: E402
+
+__all__ = [
+    "Agent",
+    "ChorusError",
+    "Context",
+    "DecodeError",
+    "Delivery",
+    "Encoding",
+    "Envelope",
+    "Identity",
+    "InboxOptions",
+    "Kind",
+    "Performative",
+    "Priority",
+    "Reply",
+    "RetryPolicies",
+    "RetryPolicy",
+    "StatusCode",
+    "Stats",
+    "SubjectError",
+    "Subjects",
+    "TaskState",
+    "Verifier",
+    "__version__",
+    "decode",
+    "decode_payload",
+    "encode",
+    "encode_payload",
+]

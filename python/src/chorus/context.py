@@ -1,0 +1,65 @@
+"""What a handler gets: the message, its payload, and sends that keep the conversation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .codec import decode_payload
+from .envelope import Envelope
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+
+@dataclass
+class Reply:
+    """A handler's answer as raw bytes with their content type (a handler that returns any
+    other value has it encoded in the request's content type, MessagePack or JSON)."""
+
+    payload: bytes
+    content_type: str = "application/octet-stream"
+
+
+class Context:
+    """The message a handler is running for. Messages sent through it (``request``,
+    ``publish``, ``send``) are forwards: they keep the conversation, count one more hop, and
+    carry the parent's deadline and trace (docs/PROTOCOL.md section 7.3)."""
+
+    def __init__(self, agent: Agent, envelope: Envelope, subject: str, attempt: int = 1) -> None:
+        self.agent = agent
+        self.envelope = envelope
+        self.subject = subject
+        self.attempt = attempt
+
+    @property
+    def sender(self) -> str:
+        """The agent that sent the message."""
+        return self.envelope.from_
+
+    @property
+    def payload(self) -> bytes:
+        return self.envelope.payload
+
+    @property
+    def content_type(self) -> str:
+        return self.envelope.content_type
+
+    def data(self) -> Any:
+        """The payload's value, read by its content type (MessagePack or JSON); raises
+        :class:`~chorus.codec.DecodeError` (answered 5006) when it does not read."""
+        if not self.envelope.payload:
+            return None
+        return decode_payload(self.envelope.payload, self.envelope.content_type)
+
+    async def request(self, agent: str, command: str, payload: Any = None, **kw: Any) -> Any:
+        return await self.agent.request(agent, command, payload, parent=self.envelope, **kw)
+
+    async def request_capability(self, capability: str, payload: Any = None, **kw: Any) -> Any:
+        return await self.agent.request_capability(capability, payload, parent=self.envelope, **kw)
+
+    async def publish(self, topic: str, payload: Any = None, **kw: Any) -> None:
+        await self.agent.publish(topic, payload, parent=self.envelope, **kw)
+
+    async def send(self, agent: str, command: str, payload: Any = None, **kw: Any) -> int:
+        return await self.agent.send(agent, command, payload, parent=self.envelope, **kw)

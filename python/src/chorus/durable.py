@@ -1,0 +1,372 @@
+"""An agent's durable inbox (docs/PROTOCOL.md sections 7.5, 7.8, 7.9): its two consumers
+(normal and high priority), lanes that keep one sender's commands in order, and the one place a
+delivery's outcome becomes an ack, a nak with the retry policy's delay, or a dead letter."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+
+from .codec import DecodeError, decode
+from .envelope import Kind, now_ms
+from .status import ChorusError, StatusCode
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+log = logging.getLogger("chorus")
+
+INBOX_STREAM = "INBOX"
+DLQ_STREAM = "DLQ"
+ADVISORY_STREAM = "ADVISORIES"
+CONFIG_BUCKET = "config"
+RETRY_KEY = "retry"
+DEAD_LETTER_HEADROOM = 4096
+MAX_DETAIL_BYTES = 512
+DEAD_LETTER_RETRY_DELAY = 5.0
+HIGH_PRIORITY_LANE_SHARE = 4
+MAX_PULL_BATCH = 256
+RECENT_DELIVERIES = 16_384
+
+# The status codes the default policy retries.
+DEFAULT_RETRY_ON = (5017, 5005, 5019, 5022, 5012, 5009, 5013)
+
+
+@dataclass
+class RetryPolicy:
+    """How a failed durable message is retried (the coordinator's ``[retry]`` config)."""
+
+    max_attempts: int = 5
+    initial_backoff_ms: int = 500
+    multiplier: float = 2.0
+    max_backoff_ms: int = 30_000
+    jitter: float = 0.2
+    retry_on: tuple[int, ...] = DEFAULT_RETRY_ON
+
+    def should_retry(self, status: int, delivered: int) -> bool:
+        return delivered < self.max_attempts and status in self.retry_on
+
+    def delay(self, delivered: int, rand: float | None = None) -> float:
+        """Seconds to wait before delivery ``delivered + 1``."""
+        base = min(self.initial_backoff_ms * self.multiplier ** max(delivered - 1, 0), self.max_backoff_ms)
+        r = random.random() if rand is None else min(max(rand, 0.0), 1.0)
+        return base * (1.0 - self.jitter * r) / 1000.0
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> RetryPolicy:
+        known = {"max_attempts", "initial_backoff_ms", "multiplier", "max_backoff_ms", "jitter", "retry_on"}
+        unknown = set(raw) - known
+        if unknown:
+            raise ValueError(f"unknown retry policy fields {sorted(unknown)}")
+        policy = cls(**{k: v for k, v in raw.items() if k != "retry_on"})
+        if "retry_on" in raw:
+            policy.retry_on = tuple(int(c) for c in raw["retry_on"])
+        if policy.max_attempts < 1 or policy.multiplier < 1 or not 0 <= policy.jitter <= 1:
+            raise ValueError("invalid retry policy")
+        return policy
+
+
+@dataclass
+class RetryRule:
+    policy: RetryPolicy
+    subject: str | None = None
+    kind: str | None = None
+
+
+@dataclass
+class RetryPolicies:
+    default: RetryPolicy = field(default_factory=RetryPolicy)
+    rules: list[RetryRule] = field(default_factory=list)
+
+    def for_message(self, subject: str, kind: Kind) -> RetryPolicy:
+        for rule in self.rules:
+            if (rule.kind is None or rule.kind == kind.value) and (
+                rule.subject is None or subject_matches(rule.subject, subject)
+            ):
+                return rule.policy
+        return self.default
+
+    def max_attempts(self) -> int:
+        return max([self.default.max_attempts] + [r.policy.max_attempts for r in self.rules])
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> RetryPolicies:
+        policies = cls()
+        if "default" in raw:
+            policies.default = RetryPolicy.from_json(raw["default"])
+        for rule in raw.get("rules", []):
+            policies.rules.append(
+                RetryRule(RetryPolicy.from_json(rule["policy"]), rule.get("subject"), rule.get("kind"))
+            )
+        return policies
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    p, s = pattern.split("."), subject.split(".")
+    for i, token in enumerate(p):
+        if token == ">":
+            return len(s) > i
+        if i >= len(s) or (token != "*" and token != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+@dataclass
+class InboxOptions:
+    """The durable inbox's settings (the Rust SDK's defaults)."""
+
+    ack_wait: float = 5.0
+    lanes: int = 16
+    max_in_flight: int = 256
+    max_age_secs: int = 7 * 24 * 3600
+    max_bytes: int = 1 << 30
+    duplicate_window_secs: int = 120
+    replicas: int = 1
+
+
+@dataclass
+class _Settle:
+    action: str  # "ack", "nak", "dead"
+    delay: float = 0.0
+    status: int = 0
+    reason: str = ""
+    detail: str = ""
+
+
+def settle(policies: RetryPolicies, subject: str, delivered: int, kind: Kind, outcome: Any) -> _Settle:
+    """What becomes of delivery number ``delivered`` (section 7.5)."""
+    if not isinstance(outcome, ChorusError):
+        return _Settle("ack")
+    policy = policies.for_message(subject, kind)
+    status = outcome.status
+    last = delivered >= policy.max_attempts
+    if status == StatusCode.UNKNOWN_COMMAND and not last:
+        # Another instance may know the command: wait for it, up to the attempts.
+        return _Settle("nak", policy.delay(delivered))
+    if policy.should_retry(status, delivered):
+        return _Settle("nak", policy.delay(delivered))
+    if status in policy.retry_on:
+        reason = "max_attempts"
+    elif status == StatusCode.EXPIRED:
+        reason = "expired"
+    elif status == StatusCode.UNCERTAIN:
+        reason = "uncertain"
+    else:
+        reason = "refused"
+    return _Settle("dead", status=status, reason=reason, detail=outcome.reason)
+
+
+class DurableInbox:
+    def __init__(self, agent: Agent, options: InboxOptions) -> None:
+        self.agent = agent
+        self.options = options
+        self.policies = RetryPolicies()
+        self._started = False
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._stop = asyncio.Event()
+        self._held: dict[int, Msg] = {}
+        self._recent: dict[int, None] = {}
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        agent = self.agent
+        js = agent.nc.jetstream(timeout=agent.request_timeout)
+        subjects = agent.subjects
+        inbox = subjects.stream_name(INBOX_STREAM)
+        await self._ensure_stream(
+            js,
+            StreamConfig(
+                name=inbox,
+                subjects=[f"{subjects.root}.inbox.>"],
+                retention=RetentionPolicy.WORK_QUEUE,
+                storage=StorageType.FILE,
+                max_age=float(self.options.max_age_secs),
+                max_bytes=self.options.max_bytes,
+                max_msgs_per_subject=-1,
+                duplicate_window=float(self.options.duplicate_window_secs),
+                num_replicas=self.options.replicas,
+                description="Chorus durable inboxes: commands waiting for their agent",
+            ),
+        )
+        await self._ensure_stream(
+            js,
+            StreamConfig(
+                name=subjects.stream_name(DLQ_STREAM),
+                subjects=[f"{subjects.root}.dlq.>"],
+                storage=StorageType.FILE,
+                max_age=30 * 24 * 3600.0,
+                duplicate_window=24 * 3600.0,
+                num_replicas=self.options.replicas,
+                description="Chorus dead letters",
+            ),
+        )
+        await self._load_policies(js)
+        for high in (False, True):
+            durable = f"{agent.id}_high" if high else agent.id
+            config = ConsumerConfig(
+                durable_name=durable,
+                description=f"durable inbox of agent {agent.id} ({'high' if high else 'normal'} priority)",
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=self.options.ack_wait,
+                max_deliver=self.policies.max_attempts(),
+                max_ack_pending=self.options.max_in_flight,
+                filter_subjects=[subjects.durable_inbox(agent.id, high)],
+            )
+            await js.add_consumer(inbox, config)
+            sub = await js.pull_subscribe_bind(durable=durable, stream=inbox)
+            lanes = max(self.options.lanes // HIGH_PRIORITY_LANE_SHARE, 1) if high else self.options.lanes
+            queues: list[asyncio.Queue[Msg]] = [asyncio.Queue() for _ in range(lanes)]
+            for q in queues:
+                self._tasks.append(asyncio.ensure_future(self._lane(q)))
+            self._tasks.append(asyncio.ensure_future(self._pull(sub, queues)))
+        self._tasks.append(asyncio.ensure_future(self._keeper()))
+        self._started = True
+
+    async def stop(self) -> None:
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=2.0)
+        self._tasks.clear()
+
+    async def _ensure_stream(self, js: Any, config: StreamConfig) -> None:
+        try:
+            await js.stream_info(config.name)
+        except nats.js.errors.NotFoundError:
+            try:
+                await js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                pass  # created by someone else meanwhile
+
+    async def _load_policies(self, js: Any) -> None:
+        try:
+            kv = await js.key_value(self.agent.subjects.bucket_name(CONFIG_BUCKET))
+            entry = await kv.get(RETRY_KEY)
+        except Exception:  # noqa: BLE001 - no published policies: the defaults
+            return
+        try:
+            self.policies = RetryPolicies.from_json(json.loads(entry.value))
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("agent %s: published retry policies unusable (%s); using defaults", self.agent.id, e)
+
+    async def _pull(self, sub: Any, queues: list[asyncio.Queue[Msg]]) -> None:
+        batch = min(self.options.max_in_flight, MAX_PULL_BATCH)
+        while not self._stop.is_set():
+            try:
+                msgs = await sub.fetch(batch, timeout=5.0)
+            except nats.errors.TimeoutError:
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the server away: try again shortly
+                log.debug("durable inbox: pull interrupted: %s", e)
+                await asyncio.sleep(1.0)
+                continue
+            for msg in msgs:
+                try:
+                    sender = decode(msg.data)[0].from_
+                except DecodeError:
+                    sender = ""
+                lane = zlib.crc32(sender.encode()) % len(queues) if sender else 0
+                self._held[msg.metadata.sequence.stream] = msg
+                queues[lane].put_nowait(msg)
+
+    async def _lane(self, queue: asyncio.Queue[Msg]) -> None:
+        while True:
+            msg = await queue.get()
+            try:
+                await self._process(msg)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - never lose the lane
+                log.exception("durable delivery not settled; the server will redeliver it")
+
+    async def _keeper(self) -> None:
+        """Reports progress on every held delivery every third of the ack wait, so none is
+        redelivered while this instance lives."""
+        while True:
+            await asyncio.sleep(self.options.ack_wait / 3)
+            for msg in list(self._held.values()):
+                try:
+                    await msg.in_progress()
+                except Exception as e:  # noqa: BLE001
+                    log.debug("in-progress ack not sent: %s", e)
+
+    async def _process(self, msg: Msg) -> None:
+        agent = self.agent
+        meta = msg.metadata
+        seq, delivered = meta.sequence.stream, meta.num_delivered
+        if delivered > 1 or seq in self._recent:
+            agent.stats.redelivered += 1
+        self._recent[seq] = None
+        if len(self._recent) > RECENT_DELIVERIES:
+            self._recent.pop(next(iter(self._recent)))
+        kind = Kind.UNKNOWN
+        message_id = None
+        try:
+            env, _ = decode(msg.data, agent.subjects.implied(msg.subject), agent.max_message_bytes)
+            kind, message_id = env.kind, env.id
+            outcome = await agent.handle(env, msg.subject, "command", "", attempt=delivered)
+        except DecodeError as e:
+            outcome = ChorusError(StatusCode.DATA_FORMAT, e.reason)
+        decision = settle(self.policies, msg.subject, delivered, kind, outcome)
+        try:
+            if decision.action == "ack":
+                await msg.ack()
+            elif decision.action == "nak":
+                agent.stats.retries += 1
+                await msg.nak(delay=decision.delay)
+            else:
+                await self._dead_letter(msg, decision, message_id)
+        finally:
+            if self._held.get(seq) is msg:
+                del self._held[seq]
+
+    async def _dead_letter(self, msg: Msg, decision: _Settle, message_id: Any) -> None:
+        agent = self.agent
+        subjects = agent.subjects
+        meta = msg.metadata
+        inbox = subjects.stream_name(INBOX_STREAM)
+        detail = " ".join(decision.detail.splitlines()).encode()[:MAX_DETAIL_BYTES].decode("utf-8", "ignore")
+        headers = {k: v for k, v in (msg.headers or {}).items() if not k.lower().startswith("nats-")}
+        stored_ms = int(meta.timestamp.timestamp() * 1000) if meta.timestamp else 0
+        headers.update(
+            {
+                "Chorus-Dlq-Reason": decision.reason,
+                "Chorus-Dlq-Status": str(decision.status),
+                "Chorus-Dlq-Detail": detail,
+                "Chorus-Dlq-Agent": agent.id,
+                "Chorus-Dlq-Subject": msg.subject,
+                "Chorus-Dlq-Attempts": str(meta.num_delivered),
+                "Chorus-Dlq-Stored-Ms": str(stored_ms),
+                "Chorus-Dlq-Dead-Lettered-Ms": str(now_ms()),
+                "Chorus-Dlq-Source": f"{inbox}:{meta.sequence.stream}",
+                "Nats-Msg-Id": f"dlq:{inbox}:{meta.sequence.stream}",
+            }
+        )
+        if message_id is not None:
+            headers["Chorus-Dlq-Message-Id"] = str(message_id)
+        js = agent.nc.jetstream(timeout=agent.request_timeout)
+        try:
+            await js.publish(f"{subjects.root}.dlq.{decision.reason}.{agent.id}", msg.data, headers=headers)
+        except Exception as e:  # noqa: BLE001 - not stored: keep the message, try again later
+            log.error("agent %s: dead letter not written (%s); will retry", agent.id, e)
+            await msg.nak(delay=DEAD_LETTER_RETRY_DELAY)
+            return
+        agent.stats.dead_lettered += 1
+        note = f"{decision.status} {decision.reason}: {decision.detail}"
+        note = "".join(c for c in note if c.isprintable())[:200]
+        log.warning("agent %s: durable message %s dead-lettered: %s", agent.id, meta.sequence.stream, note)
+        await agent.nc.publish(msg.reply, f"+TERM {note}".encode())

@@ -1,0 +1,132 @@
+"""Signed envelopes (docs/PROTOCOL.md section 4, notes; docs/SECURITY.md): an agent signs what
+it sends with its ed25519 identity, an nkey user key; a receiver checks the signature against
+the key registered for the claimed sender, and refuses stale timestamps and repeated ids."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import threading
+import uuid
+
+import nacl.exceptions
+import nacl.signing
+import nkeys
+
+from .envelope import Envelope, Signature, now_ms
+from .status import ChorusError, StatusCode
+
+SIGNATURE_ALG = "ed25519"
+DEFAULT_TOLERANCE_MS = 120_000
+
+
+def canonical_bytes(subject: str, env: Envelope) -> bytes:
+    """The bytes a signature covers: ``chorus-sig-v1``, the subject, the id, ``timestamp_ms``,
+    ``from`` and the hex SHA-256 of the payload, joined by ``\\n``."""
+    digest = hashlib.sha256(bytes(env.payload)).hexdigest()
+    return f"chorus-sig-v1\n{subject}\n{env.id}\n{env.timestamp_ms}\n{env.from_}\n{digest}".encode()
+
+
+class Identity:
+    """An agent's signing identity: a user nkey (seed ``SU...``, public key ``U...``)."""
+
+    def __init__(self, seed: str) -> None:
+        try:
+            self._pair = nkeys.from_seed(seed.encode() if isinstance(seed, str) else seed)
+            public = self._pair.public_key
+        except Exception as e:  # nkeys raises several kinds for a bad seed
+            raise ValueError(f"not a valid nkey seed: {e}") from None
+        self.public_key: str = public.decode() if isinstance(public, bytes) else str(public)
+        if not self.public_key.startswith("U"):
+            raise ValueError("not a user nkey seed (it must start with SU)")
+        self._seed = seed
+        raw = nkeys.decode_seed(seed.encode())
+        self._signer = nacl.signing.SigningKey(bytes(raw[1]))
+
+    @classmethod
+    def generate(cls) -> Identity:
+        """A new random identity."""
+        seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+        return cls(seed.decode() if isinstance(seed, bytes) else seed)
+
+    @property
+    def seed(self) -> str:
+        """The seed, to store securely."""
+        return self._seed
+
+    def sign(self, subject: str, env: Envelope) -> None:
+        """Signs ``env`` as published to ``subject``."""
+        value = self._signer.sign(canonical_bytes(subject, env)).signature
+        env.signature = Signature(key=self.public_key, value=bytes(value))
+
+
+def _public_key_bytes(public_key: str) -> bytes | None:
+    """The 32-byte ed25519 key of a user nkey public key, or None when it is not one (its
+    prefix, length and checksum are checked)."""
+    try:
+        raw = base64.b32decode(public_key.encode("ascii"))
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        return None
+    if len(raw) != 35 or raw[0] != nkeys.PREFIX_BYTE_USER:
+        return None
+    if nkeys.crc16(bytearray(raw[:-2])) != int.from_bytes(raw[-2:], "little"):
+        return None
+    return bytes(raw[1:33])
+
+
+class Verifier:
+    """Checks signatures against registered keys and remembers recent ids to refuse replays."""
+
+    def __init__(self, require_signed: bool = False, tolerance_ms: int = DEFAULT_TOLERANCE_MS) -> None:
+        self.require_signed = require_signed
+        self.tolerance_ms = tolerance_ms
+        self._keys: dict[str, tuple[str, nacl.signing.VerifyKey]] = {}
+        self._seen: dict[uuid.UUID, int] = {}
+        self._next_prune = 0
+        self._lock = threading.Lock()
+
+    def trust(self, agent: str, public_key: str) -> None:
+        """Registers (or replaces) ``agent``'s public key (``U...``)."""
+        raw = _public_key_bytes(public_key)
+        if raw is None:
+            raise ValueError(f"{public_key!r} is not a user nkey public key")
+        self._keys[agent] = (public_key, nacl.signing.VerifyKey(raw))
+
+    def key_of(self, agent: str) -> str | None:
+        entry = self._keys.get(agent)
+        return entry[0] if entry else None
+
+    def verify(self, subject: str, env: Envelope, now: int | None = None) -> None:
+        """Raises :class:`ChorusError` with 5014, 5004 or 5015 when ``env`` must be refused."""
+        now = now_ms() if now is None else now
+        sig = env.signature
+        if sig is None:
+            if self.require_signed:
+                raise ChorusError(StatusCode.UNAUTHORIZED, "unsigned messages are refused here")
+            return
+        if sig.alg != SIGNATURE_ALG:
+            raise ChorusError(StatusCode.UNAUTHORIZED, f"unsupported signature algorithm {sig.alg!r}")
+        entry = self._keys.get(env.from_)
+        if entry is None:
+            raise ChorusError(StatusCode.IDENTITY, f"no key is registered for {env.from_!r}")
+        if entry[0] != sig.key:
+            raise ChorusError(StatusCode.IDENTITY, f"signed with a key that is not {env.from_!r}'s")
+        drift = abs(env.timestamp_ms - now)
+        if drift > self.tolerance_ms:
+            raise ChorusError(
+                StatusCode.REPLAY,
+                f"timestamp is {drift} ms from this receiver's clock, beyond the tolerance of {self.tolerance_ms} ms",
+            )
+        try:
+            entry[1].verify(canonical_bytes(subject, env), bytes(sig.value))
+        except (nacl.exceptions.BadSignatureError, ValueError, TypeError):
+            raise ChorusError(StatusCode.IDENTITY, "the signature does not verify") from None
+        with self._lock:
+            if now >= self._next_prune:
+                self._seen = {k: v for k, v in self._seen.items() if v > now}
+                self._next_prune = now + max(self.tolerance_ms, 1000)
+            if env.id in self._seen:
+                raise ChorusError(StatusCode.REPLAY, "this message id was seen before")
+            self._seen[env.id] = env.timestamp_ms + self.tolerance_ms + 1

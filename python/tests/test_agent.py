@@ -1,0 +1,122 @@
+"""Python agents with each other through a real nats-server: requests, errors with their codes,
+events, and what the inbound pipeline refuses."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import nats
+import pytest
+
+from chorus import Agent, ChorusError, Context, Encoding, Envelope, Kind, Performative, StatusCode, decode, encode
+from chorus.envelope import now_ms
+
+WAIT = 10.0
+
+
+async def test_request_reply_in_every_encoding_and_errors_carry_their_code(server: Any) -> None:
+    async with Agent("py-calc", servers=server.url, heartbeat_interval=0) as calc:
+
+        @calc.command("add")
+        async def add(ctx: Context) -> float:
+            a, b = ctx.data()
+            return float(a + b)
+
+        @calc.command("divide")
+        def divide(ctx: Context) -> float:
+            a, b = ctx.data()
+            if b == 0:
+                raise ChorusError(StatusCode.INVALID_ARGUMENT, "division by zero")
+            return a / b
+
+        @calc.command("crash")
+        async def crash(ctx: Context) -> None:
+            raise RuntimeError("boom")
+
+        for encoding in Encoding:
+            async with Agent(f"py-caller-{encoding.value}", servers=server.url, heartbeat_interval=0, encoding=encoding) as caller:
+                assert await caller.request("py-calc", "add", [2, 3]) == 5.0
+                with pytest.raises(ChorusError) as refused:
+                    await caller.request("py-calc", "divide", [1, 0])
+                assert refused.value.status == 5018 and refused.value.reason == "division by zero"
+                with pytest.raises(ChorusError) as crashed:
+                    await caller.request("py-calc", "crash")
+                assert crashed.value.status == 5017 and "boom" in crashed.value.reason
+                with pytest.raises(ChorusError) as unknown:
+                    await caller.request("py-calc", "nothing")
+                assert unknown.value.status == 5016
+                with pytest.raises(ChorusError) as nobody:
+                    await caller.request("nobody-here", "add", [1, 2], timeout=2)
+                assert nobody.value.status == 5012
+        assert calc.stats.handled == len(Encoding)
+        assert calc.stats.failed == 2 * len(Encoding)
+
+
+async def test_events_reach_every_matching_subscriber_and_gaps_are_counted(server: Any) -> None:
+    got: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    async with Agent("py-listener", servers=server.url, heartbeat_interval=0) as listener:
+
+        @listener.event("doc.>")
+        async def on_doc(ctx: Context) -> None:
+            await got.put((ctx.envelope.topic or "", ctx.data()))
+
+        await listener.flush()
+        async with Agent("py-publisher", servers=server.url, heartbeat_interval=0) as publisher:
+            await publisher.publish("doc.text.extracted", {"pages": 3})
+            await publisher.publish("other.topic", "not for the listener")
+            await publisher.publish("doc.deleted", "gone")
+            first = await asyncio.wait_for(got.get(), WAIT)
+            second = await asyncio.wait_for(got.get(), WAIT)
+            assert first == ("doc.text.extracted", {"pages": 3})
+            assert second == ("doc.deleted", "gone")
+            # Two events the listener never sees: the next one shows the gap.
+            publisher._seq[publisher.subjects.event("doc.deleted")][1] += 2
+            await publisher.publish("doc.deleted", "again")
+            await asyncio.wait_for(got.get(), WAIT)
+            assert listener.stats.lost == 2
+
+
+async def raw_request(url: str, subject: str, data: bytes) -> Envelope:
+    nc = await nats.connect(url)
+    try:
+        msg = await nc.request(subject, data, timeout=WAIT)
+        return decode(msg.data)[0]
+    finally:
+        await nc.close()
+
+
+async def test_what_the_pipeline_refuses_is_answered_with_its_code(server: Any) -> None:
+    async with Agent("py-guard", servers=server.url, heartbeat_interval=0, hop_limit=4) as guard:
+
+        @guard.command("work")
+        async def work(ctx: Context) -> str:
+            return "done"
+
+        subject = guard.subjects.command("py-guard", "work")
+        garbage = await raw_request(server.url, subject, b"\x01\x02 not an envelope")
+        assert garbage.status == 5006 and garbage.performative is Performative.REFUSE
+
+        broken = await raw_request(server.url, subject, b'{"version":"1.0","id":')
+        assert broken.status == 5006 and broken.reason and broken.reason.startswith("malformed envelope")
+
+        future = await raw_request(server.url, subject, b'{"version":"7.0","anything":1}')
+        assert future.status == 5006 and "unsupported protocol version 7.0" in (future.reason or "")
+
+        looping = Envelope.new(Kind.REQUEST, Performative.REQUEST, "someone")
+        looping.hops = 5
+        answer = await raw_request(server.url, subject, encode(looping))
+        assert answer.status == 5010 and answer.in_reply_to == looping.id
+
+        stale = Envelope.new(Kind.REQUEST, Performative.REQUEST, "someone")
+        stale.deadline_ms = now_ms() - 1000
+        answer = await raw_request(server.url, subject, encode(stale, Encoding.JSON))
+        assert answer.status == 5011
+
+        odd = encode(Envelope.new(Kind.REQUEST, Performative.REQUEST, "someone")).replace(b"\xa7request", b"\xa7mystery", 1)
+        answer = await raw_request(server.url, subject, odd)
+        assert answer.status == 5006 and "kind" in (answer.reason or "")
+
+        fine = Envelope.new(Kind.REQUEST, Performative.REQUEST, "someone")
+        answer = await raw_request(server.url, subject, encode(fine, Encoding.COMPACT, guard.subjects.implied(subject)))
+        assert answer.status == 5002 and answer.correlation_id == fine.id
