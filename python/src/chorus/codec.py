@@ -271,115 +271,105 @@ _CANONICAL_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
 def _encode_compact(env: Envelope, implied: Implied) -> bytes:
-    fields: list[tuple[int, Callable[[Writer], None]]] = []
+    body = Writer()
+    count = 0
 
-    def add(key: int, write: Callable[[Writer], None]) -> None:
-        fields.append((key, write))
+    def key(k: int) -> Writer:
+        nonlocal count
+        count += 1
+        body.uint(k)
+        return body
 
-    add(0, lambda w: w.uint(2))
-    add(1, lambda w: w.bin(env.id.bytes))
-    add(2, lambda w: w.str(env.from_))
-    add(3, lambda w: w.uint(env.kind.code))
-    add(4, lambda w: w.uint(env.performative.code))
+    key(0).uint(2)
+    key(1).bin(env.id.bytes)
+    key(2).str(env.from_)
+    key(3).uint(env.kind.code)
+    key(4).uint(env.performative.code)
     if uuid7_ms(env.id) != env.timestamp_ms:
-        add(5, lambda w: w.uint(env.timestamp_ms))
+        key(5).uint(env.timestamp_ms)
     if env.correlation_id is not None and env.correlation_id != env.in_reply_to:
-        cid = env.correlation_id
-        add(6, lambda w: w.bin(cid.bytes))
+        key(6).bin(env.correlation_id.bytes)
     elif env.correlation_id is None and env.in_reply_to is not None:
-        add(6, lambda w: w.nil())
+        key(6).nil()
     if env.in_reply_to is not None:
-        irt = env.in_reply_to
-        add(7, lambda w: w.bin(irt.bytes))
+        key(7).bin(env.in_reply_to.bytes)
     if env.to and not (len(env.to) == 1 and env.to[0] == implied.agent):
-        add(8, lambda w: _write_value(w, list(env.to)))
-    for key, name, same in ((9, "topic", implied.topic), (10, "capability", implied.capability), (11, "name", implied.name)):
-        value = getattr(env, name)
+        _write_value(key(8), list(env.to))
+    for k, value, same in ((9, env.topic, implied.topic), (10, env.capability, implied.capability), (11, env.name, implied.name)):
         if value is not None and value != same:
-            add(key, lambda w, v=value: w.str(v))
+            key(k).str(value)
     if env.ttl_ms is not None:
-        add(12, lambda w: w.uint(env.ttl_ms or 0))
+        key(12).uint(env.ttl_ms)
     if env.deadline_ms is not None:
-        add(13, lambda w: w.uint(env.deadline_ms or 0))
+        key(13).uint(env.deadline_ms)
     if env.hops != 0:
-        add(14, lambda w: w.uint(env.hops))
+        key(14).uint(env.hops)
     if env.hop_limit != DEFAULT_HOP_LIMIT:
-        add(15, lambda w: w.uint(env.hop_limit))
+        key(15).uint(env.hop_limit)
     if env.priority is not Priority.NORMAL:
-        add(16, lambda w: w.uint(env.priority.code))
+        key(16).uint(env.priority.code)
     if env.delivery is not Delivery.AT_MOST_ONCE:
-        add(17, lambda w: w.uint(env.delivery.code))
+        key(17).uint(env.delivery.code)
     if env.seq is not None:
-        seq = env.seq
-        add(18, lambda w: (w.array(2), w.uint(seq.epoch), w.uint(seq.n)))
+        key(18).array(2)
+        body.uint(env.seq.epoch)
+        body.uint(env.seq.n)
     if env.expect is not None:
-        ex = env.expect
-        add(19, lambda w: (w.array(2), w.uint(ex.performative.code), w.uint(ex.timeout_ms)))
+        key(19).array(2)
+        body.uint(env.expect.performative.code)
+        body.uint(env.expect.timeout_ms)
     if env.progress is not None:
-        pr = env.progress
-
-        def progress(w: Writer) -> None:
-            w.array(1 if pr.fraction is None else 2)
-            w.uint(pr.state.code)
-            if pr.fraction is not None:
-                w.f32(pr.fraction)
-
-        add(20, progress)
+        key(20).array(1 if env.progress.fraction is None else 2)
+        body.uint(env.progress.state.code)
+        if env.progress.fraction is not None:
+            body.f32(env.progress.fraction)
     if env.status is not None:
-        add(21, lambda w: w.uint(env.status or 0))
+        key(21).uint(env.status)
     if env.reason is not None:
-        add(22, lambda w: w.str(env.reason or ""))
+        key(22).str(env.reason)
     if env.trace is not None:
         tp = env.trace.traceparent
         if _CANONICAL_TRACEPARENT.fullmatch(tp):
-            binary = bytes.fromhex(tp[3:35]) + bytes.fromhex(tp[36:52]) + bytes.fromhex(tp[53:55])
-            add(23, lambda w: w.bin(binary))
-        else:
-            add(25, lambda w: w.str(tp))
+            key(23).bin(bytes.fromhex(tp[3:35] + tp[36:52] + tp[53:55]))
         if env.trace.tracestate is not None:
-            ts = env.trace.tracestate
-            add(24, lambda w: w.str(ts))
+            key(24).str(env.trace.tracestate)
+        if not _CANONICAL_TRACEPARENT.fullmatch(tp):
+            key(25).str(tp)
     if env.session_id is not None:
-        add(26, lambda w: w.str(env.session_id or ""))
+        key(26).str(env.session_id)
     if env.customer_id is not None:
-        add(27, lambda w: w.str(env.customer_id or ""))
+        key(27).str(env.customer_id)
     if env.headers:
-        add(28, lambda w: _write_value(w, env.headers))
+        _write_value(key(28), env.headers)
     if env.content_type != CONTENT_TYPE_MSGPACK:
         ct = env.content_type
         if ct == CONTENT_TYPE_JSON:
-            add(29, lambda w: w.uint(1))
+            key(29).uint(1)
         elif ct == CONTENT_TYPE_ENCRYPTED:
-            add(29, lambda w: w.uint(2))
+            key(29).uint(2)
         else:
-            add(29, lambda w: w.str(ct))
+            key(29).str(ct)
     if env.payload:
-        add(30, lambda w: w.bin(bytes(env.payload)))
+        key(30).bin(bytes(env.payload))
     if env.token is not None:
-        add(31, lambda w: w.str(env.token or ""))
+        key(31).str(env.token)
     if env.signature is not None:
-        sig = env.signature
-        add(32, lambda w: (w.array(2), w.str(sig.key), w.bin(bytes(sig.value))))
+        key(32).array(2)
+        body.str(env.signature.key)
+        body.bin(bytes(env.signature.value))
     if env.encryption is not None:
         enc = env.encryption
-
-        def encryption(w: Writer) -> None:
-            w.array(3)
-            w.str(enc.alg)
-            w.str(enc.inner_content_type)
-            w.array(len(enc.recipients))
-            for r in enc.recipients:
-                w.array(2)
-                w.str(r.agent)
-                w.bin(bytes(r.key))
-
-        add(33, encryption)
-    w = Writer()
-    w.map(len(fields))
-    for key, write in fields:
-        w.uint(key)
-        write(w)
-    return bytes(w.buf)
+        key(33).array(3)
+        body.str(enc.alg)
+        body.str(enc.inner_content_type)
+        body.array(len(enc.recipients))
+        for r in enc.recipients:
+            body.array(2)
+            body.str(r.agent)
+            body.bin(bytes(r.key))
+    head = Writer()
+    head.map(count)
+    return bytes(head.buf + body.buf)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -533,7 +523,10 @@ def _from_named(raw: dict[Any, Any], binary: bool) -> Envelope:
     for key, value in raw.items():
         if value is None and key not in _NULLABLE and isinstance(key, str) and key in _KNOWN:
             raise _malformed(f"`{key}` is null")
-    g = lambda k: raw.get(k)  # noqa: E731
+
+    def g(k: str) -> Any:
+        return raw.get(k)
+
     env = Envelope(
         version=parse_version(raw["version"]),
         id=_uuid("id", raw["id"], binary),

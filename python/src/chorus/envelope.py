@@ -202,8 +202,8 @@ class Envelope:
     @classmethod
     def new(cls, kind: Kind, performative: Performative, sender: str) -> Envelope:
         """A new message: a fresh UUIDv7 id and the current time."""
-        now = now_ms()
-        return cls(id=uuid7(now), from_=sender, kind=kind, performative=performative, timestamp_ms=now)
+        id = uuid7()
+        return cls(id=id, from_=sender, kind=kind, performative=performative, timestamp_ms=id.int >> 80)
 
     @property
     def conversation(self) -> uuid.UUID:
@@ -227,23 +227,24 @@ _last_v7 = [0, 0]
 
 
 def uuid7(ms: int | None = None) -> uuid.UUID:
-    """A UUIDv7 (RFC 9562): 48 bits of milliseconds, then random bits; ids made in the same
-    millisecond by this process still sort in the order made."""
+    """A UUIDv7 (RFC 9562): 48 bits of milliseconds, a 12-bit counter, then random bits. Ids
+    made by this process sort in the order made: within one millisecond the counter (started
+    at a random value below 2048) counts up, and a clock that steps back is not followed."""
     ms = now_ms() if ms is None else ms
-    rand_a = int.from_bytes(os.urandom(2), "big") & 0x0FFF
-    if ms == _last_v7[0] and rand_a <= _last_v7[1]:
-        rand_a = _last_v7[1] + 1
-        if rand_a > 0x0FFF:
-            ms += 1
-            rand_a = 0
-    _last_v7[0], _last_v7[1] = ms, rand_a
+    if ms <= _last_v7[0]:
+        ms, counter = _last_v7[0], _last_v7[1] + 1
+        if counter > 0x0FFF:
+            ms, counter = ms + 1, int.from_bytes(os.urandom(2), "big") & 0x07FF
+    else:
+        counter = int.from_bytes(os.urandom(2), "big") & 0x07FF
+    _last_v7[0], _last_v7[1] = ms, counter
     rand_b = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
-    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b
+    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand_b
     return uuid.UUID(int=value)
 
 
 def uuid7_ms(u: uuid.UUID) -> int | None:
     """The millisecond time of a UUIDv7, or None for another version."""
-    if u.version != 7 or u.variant != uuid.RFC_4122:
+    if (u.int >> 76) & 0xF != 7:
         return None
     return u.int >> 80
