@@ -8,7 +8,12 @@
 //!   `interop.recorded` with its argument and the attempt);
 //! - the capability `interop.upper` (a string, upper-cased);
 //! - events on `interop.ping.>`, answered with the event `interop.pong` (`{"from", "topic",
-//!   "payload"}`).
+//!   "payload"}`);
+//! - the tasks `draft` (progress and a streamed text), `slow` (runs until cancelled) and
+//!   `question` (asks its requester a colour), and the command `submit` (`{"to", "command",
+//!   "payload", "answer", "cancel_after_chunks"}`: submits that task, answers its question,
+//!   cancels it after that many chunks, and returns the states, chunks and progress it saw
+//!   with the outcome).
 //!
 //! Settings from the environment: `CHORUS_NATS_URL`, `PEER_ID` (default `rust-peer`),
 //! `PEER_ENCODING` (`msgpack`, `json` or `compact`; default: follow the bus), `PEER_SEED` (a
@@ -21,7 +26,11 @@
 //! ```
 
 use agent_sdk::security::{Identity, SignaturePolicy};
-use agent_sdk::{AgentOptions, Call, Context, DeliveryClass, Encoding, HandlerError, Typed};
+use agent_sdk::{
+    AgentOptions, Call, Context, DeliveryClass, Encoding, HandlerError, StatusCode, TaskContext,
+    TaskState, Typed,
+};
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -38,6 +47,24 @@ struct Emit {
     topic: String,
     #[serde(default)]
     payload: Value,
+}
+
+#[derive(Debug, Deserialize)]
+struct Submit {
+    to: String,
+    command: String,
+    #[serde(default)]
+    payload: Value,
+    #[serde(default)]
+    answer: Value,
+    #[serde(default)]
+    cancel_after_chunks: Option<usize>,
+}
+
+fn push(seen: &mut Value, key: &str, value: Value) {
+    if let Some(list) = seen[key].as_array_mut() {
+        list.push(value);
+    }
 }
 
 #[tokio::main]
@@ -114,6 +141,71 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .await?;
     peer.on_capability("interop.upper", |_ctx: Context, s: String| async move {
         Ok::<_, HandlerError>(s.to_uppercase())
+    })
+    .await?;
+    // Tasks a Python requester submits: a streamed draft, one that runs until cancelled, and
+    // one that asks its requester a question.
+    peer.on_task("draft", |task: TaskContext, topic: String| async move {
+        let text = format!("a short draft about {topic}");
+        let words: Vec<&str> = text.split(' ').collect();
+        task.progress(Some(0.0), "writing").await?;
+        for (i, word) in words.iter().enumerate() {
+            if i + 1 == words.len() {
+                task.last_chunk(word).await?;
+            } else {
+                task.chunk(word).await?;
+            }
+        }
+        task.progress(Some(1.0), "written").await?;
+        Ok::<_, HandlerError>(text)
+    })
+    .await?;
+    peer.on_task("slow", |task: TaskContext, _v: Value| async move {
+        task.progress(None, "waiting to be cancelled").await?;
+        let why = task.cancelled().await;
+        Err::<Value, _>(HandlerError::new(StatusCode::CANCELLED, format!("{why:?}")))
+    })
+    .await?;
+    peer.on_task("question", |task: TaskContext, _v: Value| async move {
+        let colour: String = task.ask("which colour?", &json!(["red", "blue"])).await?;
+        Ok::<_, HandlerError>(format!("painted {colour}"))
+    })
+    .await?;
+    // Submits a task to another agent, answers its question, cancels it after some chunks if
+    // told to, and returns what it saw.
+    let requester = peer.clone();
+    peer.on_command("submit", move |_ctx: Context, order: Submit| {
+        let requester = requester.clone();
+        async move {
+            let handle = requester
+                .submit(Call::agent(&order.to, &order.command).payload(&order.payload)?)
+                .await?;
+            let mut seen = json!({ "states": [], "chunks": [], "fractions": [] });
+            let mut updates = handle.updates().await?;
+            while let Some(update) = updates.next().await {
+                let update = update?;
+                if let Some(state) = update.state() {
+                    push(&mut seen, "states", json!(state.to_string()));
+                    if state == TaskState::InputRequired {
+                        handle.respond(&order.answer).await?;
+                    }
+                } else if update.chunk().is_some() {
+                    push(&mut seen, "chunks", update.payload_as::<Value>()?);
+                    let count = seen["chunks"].as_array().map_or(0, Vec::len);
+                    if order.cancel_after_chunks == Some(count) {
+                        handle.cancel().await?;
+                    }
+                } else if let Some(fraction) = update.fraction() {
+                    push(&mut seen, "fractions", json!(fraction));
+                }
+            }
+            let report = handle.result().await?;
+            seen["state"] = json!(report.state.to_string());
+            seen["status"] = json!(report.status.0);
+            seen["worker"] = json!(report.attempts.last().map(|a| a.agent.clone()));
+            seen["output"] = report.output_as::<Value>().unwrap_or(Value::Null);
+            Ok::<_, HandlerError>(seen)
+        }
     })
     .await?;
     peer.handle_events(

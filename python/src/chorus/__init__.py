@@ -23,6 +23,7 @@ from .envelope import (  # noqa: E402
 from .signing import Identity, Verifier  # noqa: E402
 from .status import ChorusError, StatusCode  # noqa: E402
 from .subjects import SubjectError, Subjects  # noqa: E402
+from .tasks import TaskContext, TaskHandle, TaskResult, TaskStopped, TaskUpdate  # noqa: E402
 
 __all__ = [
     "Agent",
@@ -44,7 +45,12 @@ __all__ = [
     "Stats",
     "SubjectError",
     "Subjects",
+    "TaskContext",
+    "TaskHandle",
+    "TaskResult",
     "TaskState",
+    "TaskStopped",
+    "TaskUpdate",
     "Verifier",
     "__version__",
     "decode",

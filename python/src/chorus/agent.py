@@ -7,8 +7,9 @@ import asyncio
 import inspect
 import logging
 import random
+import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Union
+from typing import Any, Awaitable, Callable, TypeVar, Union
 
 import nats
 import nats.errors
@@ -37,6 +38,8 @@ from .envelope import (
 from .signing import Identity, Verifier
 from .status import ChorusError, StatusCode, reply_performative
 from .subjects import Subjects, validate_dotted, validate_token
+from .tasks import TaskHandle, TaskHandler, Tasks
+from .tasks import submit as submit_task
 
 log = logging.getLogger("chorus")
 
@@ -160,6 +163,7 @@ class Agent:
         self._seq: dict[str, list[int]] = {}
         self._stopping = False
         self._durable: DurableInbox | None = None
+        self._task_worker = Tasks(self)
 
     # -----------------------------------------------------------------------------------------
     # Handlers
@@ -206,6 +210,25 @@ class Agent:
 
         def register(f: EventHandler) -> EventHandler:
             self.on_event(pattern, _as_async(f))
+            return f
+
+        return register
+
+    def on_task(self, name: str, handler: TaskHandler) -> None:
+        """Serves task ``name`` (section 7.4): a submission to ``<root>.agent.<id>.<name>`` is
+        taken (answered 5002) and ``handler`` runs with a :class:`TaskContext`; what it returns
+        completes the task, a :class:`ChorusError` it raises fails it with that code."""
+        self.on_command(name, self._task_worker.endpoint(_as_async(handler)))
+
+    def on_task_capability(self, capability: str, handler: TaskHandler) -> None:
+        """Serves tasks submitted to a capability."""
+        self.on_capability(capability, self._task_worker.endpoint(_as_async(handler)))
+
+    def task(self, name: str) -> Callable[[TaskHandler], TaskHandler]:
+        """Decorator form of :meth:`on_task`: ``@agent.task("draft")``."""
+
+        def register(f: TaskHandler) -> TaskHandler:
+            self.on_task(name, f)
             return f
 
         return register
@@ -653,6 +676,40 @@ class Agent:
         report = _value(await self._roundtrip(subject, env, timeout + 5.0))
         return dict(report or {})
 
+    async def submit(
+        self,
+        payload: Payload = None,
+        *,
+        to: str | None = None,
+        name: str | None = None,
+        capability: str | None = None,
+        deadline: float | None = None,
+        timeout: float | None = None,
+        verify: bool = False,
+    ) -> TaskHandle:
+        """Submits a task to agent ``to``'s task ``name``, or to a ``capability`` (any holder,
+        or ``to``'s own access point), and returns its handle once a worker has taken it.
+        ``deadline`` (seconds from now) expires it. Raises :class:`ChorusError` with the code
+        when nobody takes it (the task is then recorded ``rejected``)."""
+        if capability is None and (to is None or name is None):
+            raise ValueError("submit needs to= and name=, or capability=")
+        return await submit_task(
+            self,
+            self._task_worker.store,
+            payload,
+            to=to,
+            name=name,
+            capability=capability,
+            deadline=deadline,
+            timeout=self.request_timeout if timeout is None else timeout,
+            verify=verify,
+        )
+
+    def task_handle(self, task: uuid.UUID | str) -> TaskHandle:
+        """The handle of a task submitted earlier (after a restart, say), by its id."""
+        task = task if isinstance(task, uuid.UUID) else uuid.UUID(task)
+        return TaskHandle(self, self._task_worker.store, task)
+
     # -----------------------------------------------------------------------------------------
     # Receiving
 
@@ -829,11 +886,15 @@ class Agent:
             log.warning("agent %s: durable inbox not started: %s", self.id, e)
 
 
-def _as_async(f: Callable[[Context], Any]) -> Callable[[Context], Awaitable[Any]]:
+C = TypeVar("C", bound=Context)
+
+
+def _as_async(f: Callable[[C], Any]) -> Callable[[C], Awaitable[Any]]:
+    """A handler written as a plain function runs as a coroutine."""
     if inspect.iscoroutinefunction(f):
         return f
 
-    async def call(ctx: Context) -> Any:
+    async def call(ctx: C) -> Any:
         return f(ctx)
 
     return call

@@ -34,6 +34,7 @@ from .envelope import (
     Signature,
     TaskState,
     Trace,
+    Vocabulary,
     uuid7_ms,
 )
 from .status import StatusCode
@@ -185,14 +186,14 @@ class _Struct:
 
 
 def _write_value(w: Writer, value: Any) -> None:
-    if isinstance(value, Enum):
+    if isinstance(value, Vocabulary):
         w.str(str(value.value))
     elif isinstance(value, bool):
         w.bool(value)
     elif isinstance(value, _F32):
         w.f32(float(value))
     elif isinstance(value, int):
-        w.uint(value)
+        w.uint(int(value))
     elif isinstance(value, float):
         w.f64(value)
     elif isinstance(value, str):
@@ -235,14 +236,14 @@ def _json_str(s: str) -> str:
 
 
 def _json_value(value: Any) -> str:
-    if isinstance(value, Enum):
+    if isinstance(value, Vocabulary):
         return _json_str(str(value.value))
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, _F32):
         return f32_text(float(value))
     if isinstance(value, int):
-        return str(value)
+        return str(int(value))
     if isinstance(value, float):
         return json.dumps(value)
     if isinstance(value, str):

@@ -1,0 +1,135 @@
+"""Tasks across languages through the task stream: a Python requester with a Rust worker and a
+Rust requester with a Python worker, with progress, streamed chunks, a question answered, a
+cancel, resuming after the last message seen, and a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from chorus import Agent, ChorusError, StatusCode, TaskContext, TaskState
+
+WAIT = 20.0
+
+
+def py_agent(server: Any, id: str, **kw: Any) -> Agent:
+    return Agent(id, servers=server.url, heartbeat_interval=0, **kw)
+
+
+async def collect(handle: Any, after: int = 0) -> list[Any]:
+    return [u async for u in handle.updates(after=after)]
+
+
+async def test_a_python_requester_follows_a_rust_task_to_its_end_and_resumes(server: Any, rust_peer: Any) -> None:
+    peer = rust_peer("rust-tasks")
+    async with py_agent(server, "py-requester") as py:
+        handle = await py.submit("tasks", to=peer.id, name="draft")
+        updates = await asyncio.wait_for(collect(handle), WAIT)
+        states = [u.state for u in updates if u.state is not None]
+        assert states == [TaskState.SUBMITTED, TaskState.ACCEPTED, TaskState.WORKING, TaskState.COMPLETED]
+        chunks = [(u.chunk, u.data()) for u in updates if u.chunk is not None]
+        assert chunks == list(enumerate("a short draft about tasks".split(), start=1))
+        assert [u.fraction for u in updates if u.fraction is not None] == [0.0, 1.0]
+        # Every chunk is stored before the end.
+        assert max(u.seq for u in updates if u.chunk) < updates[-1].seq
+        result = await handle.result(timeout=WAIT)
+        assert (result.state, result.status, result.worker) == (TaskState.COMPLETED, 5002, peer.id)
+        assert result.data() == "a short draft about tasks"
+
+        # Resumed after the third message, by id (as after a restart): the rest, once each.
+        again = py.task_handle(str(handle.id))
+        rest = await asyncio.wait_for(collect(again, after=updates[2].seq), WAIT)
+        assert [u.seq for u in rest] == [u.seq for u in updates[3:]]
+        assert await again.state() is TaskState.COMPLETED
+
+
+async def test_a_python_requester_answers_a_rust_question_and_cancels_a_rust_task(server: Any, rust_peer: Any) -> None:
+    peer = rust_peer("rust-tasks-2")
+    async with py_agent(server, "py-requester-2") as py:
+        question = await py.submit(None, to=peer.id, name="question")
+        async for update in question.updates():
+            if update.state is TaskState.INPUT_REQUIRED:
+                assert update.envelope.reason == "which colour?"
+                assert update.data() == ["red", "blue"]
+                await question.respond("green")
+        assert (await question.result(timeout=WAIT)).data() == "painted green"
+
+        slow = await py.submit(None, to=peer.id, name="slow")
+        async for update in slow.updates():
+            if update.fraction is not None or update.envelope.reason == "waiting to be cancelled":
+                break
+        ended = await slow.cancel()
+        assert (ended.state, ended.status, ended.worker) == (TaskState.CANCELLED, 5020, peer.id)
+
+        with pytest.raises(ChorusError) as nobody:
+            await py.submit(None, to="nobody-here", name="draft", timeout=2)
+        assert nobody.value.status == StatusCode.NO_RESPONDERS
+
+
+async def test_a_rust_requester_gets_progress_chunks_answers_and_cancels_from_a_python_worker(
+    server: Any, rust_peer: Any
+) -> None:
+    peer = rust_peer("rust-requester")
+    async with py_agent(server, "py-worker") as py:
+
+        @py.task("compose")
+        async def compose(task: TaskContext) -> str:
+            topic = task.data()
+            words = f"python writes about {topic}".split()
+            await task.progress(0.5, "halfway", data={"words": len(words)})
+            for i, word in enumerate(words):
+                await task.chunk(word, last=i == len(words) - 1)
+            return " ".join(words)
+
+        @py.task("ask")
+        async def ask(task: TaskContext) -> str:
+            answer = await task.ask("how many?", ["one", "two"])
+            return f"got {answer}"
+
+        @py.task("stream")
+        async def stream(task: TaskContext) -> None:
+            n = 0
+            while not task.is_cancelled:
+                n += 1
+                await task.chunk(n)
+                await asyncio.sleep(0.05)
+
+        @py.task("broken")
+        async def broken(task: TaskContext) -> None:
+            raise ChorusError(StatusCode.INVALID_ARGUMENT, "no such topic")
+
+        await py.flush()
+        seen = await py.request(peer.id, "submit", {"to": py.id, "command": "compose", "payload": "tasks"}, timeout=WAIT)
+        assert seen["states"] == ["submitted", "accepted", "working", "completed"]
+        assert seen["chunks"] == ["python", "writes", "about", "tasks"]
+        assert seen["fractions"] == [0.5]
+        assert (seen["state"], seen["status"], seen["worker"]) == ("completed", 5002, py.id)
+        assert seen["output"] == "python writes about tasks"
+
+        seen = await py.request(peer.id, "submit", {"to": py.id, "command": "ask", "answer": 2}, timeout=WAIT)
+        assert seen["states"] == ["submitted", "accepted", "working", "input_required", "working", "completed"]
+        assert seen["output"] == "got 2"
+
+        seen = await py.request(peer.id, "submit", {"to": py.id, "command": "stream", "cancel_after_chunks": 2}, timeout=WAIT)
+        assert (seen["state"], seen["status"]) == ("cancelled", 5020)
+        assert seen["chunks"][:2] == [1, 2]
+
+        seen = await py.request(peer.id, "submit", {"to": py.id, "command": "broken"}, timeout=WAIT)
+        # The task failed with the handler's own code.
+        assert seen["states"] == ["submitted", "accepted", "working", "failed"]
+        assert (seen["state"], seen["status"]) == ("failed", StatusCode.INVALID_ARGUMENT)
+
+
+async def test_a_task_past_its_deadline_expires(server: Any) -> None:
+    async with py_agent(server, "py-slowpoke") as worker, py_agent(server, "py-impatient") as requester:
+
+        @worker.task("forever")
+        async def forever(task: TaskContext) -> None:
+            await asyncio.sleep(3600)
+
+        await worker.flush()
+        handle = await requester.submit(None, to="py-slowpoke", name="forever", deadline=0.5)
+        result = await handle.result(timeout=WAIT)
+        assert (result.state, result.status, result.worker) == (TaskState.EXPIRED, 5011, "py-slowpoke")
