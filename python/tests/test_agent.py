@@ -9,7 +9,21 @@ from typing import Any
 import nats
 import pytest
 
-from chorus import Agent, ChorusError, Context, Encoding, Envelope, Kind, Performative, StatusCode, decode, encode
+from chorus import (
+    Agent,
+    ChorusError,
+    Context,
+    Delivery,
+    Encoding,
+    Envelope,
+    Kind,
+    Performative,
+    StatusCode,
+    decode,
+    decode_payload,
+    encode,
+    encode_payload,
+)
 from chorus.envelope import now_ms
 
 WAIT = 10.0
@@ -120,3 +134,32 @@ async def test_what_the_pipeline_refuses_is_answered_with_its_code(server: Any) 
         fine = Envelope.new(Kind.REQUEST, Performative.REQUEST, "someone")
         answer = await raw_request(server.url, subject, encode(fine, Encoding.COMPACT, guard.subjects.implied(subject)))
         assert answer.status == 5002 and answer.correlation_id == fine.id
+
+
+async def test_an_exactly_once_request_runs_once_and_a_copy_gets_the_same_reply(server: Any) -> None:
+    runs: list[Any] = []
+    async with Agent("py-once", servers=server.url, heartbeat_interval=0) as once:
+
+        @once.command("charge")
+        async def charge(ctx: Context) -> dict[str, Any]:
+            runs.append(ctx.data())
+            return {"charged": ctx.data(), "run": len(runs)}
+
+        subject = once.subjects.command("py-once", "charge")
+        request = Envelope.new(Kind.REQUEST, Performative.REQUEST, "billing")
+        request.delivery = Delivery.EXACTLY_ONCE
+        request.payload = encode_payload(42)
+        first = await raw_request(server.url, subject, encode(request))
+        second = await raw_request(server.url, subject, encode(request))
+        assert first.status == second.status == 5002
+        assert decode_payload(first.payload) == decode_payload(second.payload) == {"charged": 42, "run": 1}
+        assert runs == [42] and once.stats.duplicates == 1
+
+        # A claim left by another instance that never finished: never run again, reported.
+        js = once.nc.jetstream()
+        kv = await js.key_value("chorus_idempotency")
+        lost = Envelope.new(Kind.REQUEST, Performative.REQUEST, "billing")
+        lost.delivery = Delivery.EXACTLY_ONCE
+        await kv.create(f"py-once.{lost.id}", b'{"state":"claimed","instance":"0123","claimed_ms":1}')
+        answer = await raw_request(server.url, subject, encode(lost))
+        assert answer.status == StatusCode.UNCERTAIN and runs == [42]

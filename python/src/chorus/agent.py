@@ -21,6 +21,7 @@ from ._wire import Writer
 from .codec import DecodeError, Encoding, decode, decode_payload, encode, encode_payload, sniff
 from .context import Context, Reply
 from .durable import DurableInbox, InboxOptions
+from .exactly_once import ExactlyOnce
 from .envelope import (
     CONTENT_TYPE_JSON,
     CONTENT_TYPE_MSGPACK,
@@ -67,6 +68,7 @@ class Stats:
     redelivered: int = 0
     retries: int = 0
     dead_lettered: int = 0
+    duplicates: int = 0
 
 
 @dataclass
@@ -164,6 +166,7 @@ class Agent:
         self._stopping = False
         self._durable: DurableInbox | None = None
         self._task_worker = Tasks(self)
+        self._exactly_once = ExactlyOnce(self)
 
     # -----------------------------------------------------------------------------------------
     # Handlers
@@ -800,6 +803,13 @@ class Agent:
             self.stats.refused += 1
             return ChorusError(StatusCode.UNKNOWN_COMMAND, f"no handler for {subject}")
         ctx = Context(self, env, subject, attempt)
+        if env.delivery is Delivery.EXACTLY_ONCE and route != "event":
+            return await self._exactly_once.run(env, lambda: self._invoke(handler, ctx))
+        return await self._invoke(handler, ctx)
+
+    async def _invoke(self, handler: Callable[[Context], Awaitable[Any]], ctx: Context) -> Any:
+        """Runs a handler: its value, or the :class:`ChorusError` to answer with (anything
+        else it raises is 5017)."""
         try:
             result = await handler(ctx)
         except ChorusError as e:
@@ -812,7 +822,7 @@ class Agent:
             raise
         except Exception as e:  # noqa: BLE001 - answered as 5017, never a crash
             self.stats.failed += 1
-            log.warning("agent %s: handler for %s raised %r", self.id, subject, e)
+            log.warning("agent %s: handler for %s raised %r", self.id, ctx.subject, e)
             return ChorusError(StatusCode.HANDLER_FAILED, f"{type(e).__name__}: {e}")
         self.stats.handled += 1
         return result
@@ -851,13 +861,18 @@ class Agent:
             env.trace = request.trace
             env.content_type = request.content_type
         if not isinstance(outcome, ChorusError):
-            if isinstance(outcome, Reply):
-                env.payload, env.content_type = outcome.payload, outcome.content_type
-            else:
-                content_type = env.content_type if env.content_type in (CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK) else CONTENT_TYPE_MSGPACK
-                env.payload = encode_payload(outcome, content_type)
-                env.content_type = content_type
+            env.payload, env.content_type = self.reply_payload(request, outcome)
         return env
+
+    @staticmethod
+    def reply_payload(request: Envelope | None, value: Any) -> tuple[bytes, str]:
+        """A handler's value as a reply payload: raw for a :class:`Reply`, else encoded in the
+        request's content type (MessagePack unless it asked in JSON)."""
+        if isinstance(value, Reply):
+            return value.payload, value.content_type
+        asked = request.content_type if request is not None else CONTENT_TYPE_MSGPACK
+        content_type = CONTENT_TYPE_JSON if asked == CONTENT_TYPE_JSON else CONTENT_TYPE_MSGPACK
+        return encode_payload(value, content_type), content_type
 
     async def _answer(self, msg: Msg, request: Envelope | None, encoding: Encoding, outcome: Any) -> None:
         if not msg.reply:

@@ -19,6 +19,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
 
 from .codec import DecodeError, decode
 from .envelope import Kind, now_ms
+from .exactly_once import RetryAfter
 from .status import ChorusError, StatusCode
 
 if TYPE_CHECKING:
@@ -147,6 +148,8 @@ def settle(policies: RetryPolicies, subject: str, delivered: int, kind: Kind, ou
     """What becomes of delivery number ``delivered`` (section 7.5)."""
     if not isinstance(outcome, ChorusError):
         return _Settle("ack")
+    if isinstance(outcome, RetryAfter):
+        return _Settle("nak", outcome.delay)
     policy = policies.for_message(subject, kind)
     status = outcome.status
     last = delivered >= policy.max_attempts
