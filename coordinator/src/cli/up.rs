@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use chorus::demo::Demo;
+use chorus::demo::{Demo, PYTHON_AGENT, PythonAgent};
 use chorus::duration::parse_duration;
 use chorus::local::{LocalNats, ensure_nats};
 use chorus::{Coordinator, CoordinatorConfig};
@@ -36,6 +36,10 @@ pub(crate) struct Args {
     /// http://<metrics-addr>/metrics; needed when --metrics-addr is 0.0.0.0].
     #[arg(long, requires = "join")]
     metrics_url: Option<String>,
+    /// A Python interpreter with the Chorus Python SDK installed (`scripts/install-python-sdk`
+    /// prints one): a Python agent joins the demo and talks with the Rust agents each round.
+    #[arg(long, env = "CHORUS_PYTHON")]
+    python: Option<PathBuf>,
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
@@ -46,6 +50,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         metrics_addr,
         join,
         metrics_url,
+        python,
     } = args;
     let _otel = chorus::otel::from_env()?;
     // Caught from here on: a signal during a round or the shutdown is not lost.
@@ -56,7 +61,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
             interval,
             signals: &mut signals,
         };
-        return run_joined(conn, metrics_addr, metrics_url, rounds).await;
+        return run_joined(conn, metrics_addr, metrics_url, python, rounds).await;
     }
     let nats = ensure_nats(conn.url(), &config).await?;
     match &nats {
@@ -95,14 +100,18 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     let say: fn(&str) = |line| outln!("{line}");
     let demo = Demo::start(nats.url(), say).await?;
     outln!("chorus up: agents online: {}", demo.agent_ids().join(", "));
+    let python = start_python(python.as_deref(), nats.url()).await?;
     let failed = Rounds {
         once,
         interval,
         signals: &mut signals,
     }
-    .run(&demo)
+    .run(&demo, python.is_some())
     .await;
     let stop = async {
+        if let Some(python) = python {
+            python.stop().await;
+        }
         demo.shutdown().await;
         coordinator.shutdown().await;
     };
@@ -120,14 +129,21 @@ struct Rounds<'a> {
 }
 
 impl Rounds<'_> {
-    /// Runs the scenarios once or until a signal; returns whether a round failed.
-    async fn run(&mut self, demo: &Demo) -> bool {
+    /// Runs the scenarios (and the Python agent's, when one joined) once or until a signal;
+    /// returns whether a round failed.
+    async fn run(&mut self, demo: &Demo, with_python: bool) -> bool {
         let say: fn(&str) = |line| outln!("{line}");
         let mut failed = false;
         loop {
             // A signal stops the round where it is.
             let round = tokio::select! {
-                round = demo.run(say) => round,
+                round = async {
+                    demo.run(say).await?;
+                    if with_python {
+                        demo.python_round(say).await?;
+                    }
+                    Ok::<_, agent_sdk::SdkError>(())
+                } => round,
                 _ = self.signals.recv() => break,
             };
             match round {
@@ -158,6 +174,7 @@ async fn run_joined(
     conn: &ConnectionArgs,
     metrics_addr: SocketAddr,
     metrics_url: Option<String>,
+    python: Option<PathBuf>,
     mut rounds: Rounds<'_>,
 ) -> anyhow::Result<ExitCode> {
     if !bus_answers(conn).await {
@@ -195,10 +212,27 @@ async fn run_joined(
         conn.url(),
         demo.agent_ids().join(", ")
     );
-    let failed = rounds.run(&demo).await;
-    let forced = stop_gracefully(demo.shutdown(), rounds.signals).await;
+    let python = start_python(python.as_deref(), conn.url()).await?;
+    let failed = rounds.run(&demo, python.is_some()).await;
+    let stop = async {
+        if let Some(python) = python {
+            python.stop().await;
+        }
+        demo.shutdown().await;
+    };
+    let forced = stop_gracefully(stop, rounds.signals).await;
     server.stop().await;
     Ok(finished(forced, failed))
+}
+
+/// Starts the demo's Python agent when `python` names an interpreter.
+async fn start_python(python: Option<&std::path::Path>, server: &str) -> anyhow::Result<Option<PythonAgent>> {
+    let Some(python) = python else {
+        return Ok(None);
+    };
+    let agent = PythonAgent::start(python, server).await?;
+    outln!("chorus up: Python agent online: {PYTHON_AGENT} ({})", python.display());
+    Ok(Some(agent))
 }
 
 /// Runs `stop` within [`SHUTDOWN_LIMIT`]; a signal meanwhile forces it. Whether it was forced.

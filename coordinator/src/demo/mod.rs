@@ -12,21 +12,26 @@
 //!   and is cancelled, and a summary that fails the orchestrator's check (a JSON Schema) is
 //!   reassigned from the fast summarizer to the careful one.
 //! - Contract-net: both summarizers bid for a summary; the most confident wins the task.
+//! - Python (with `chorus up --python`): the orchestrator asks a Python agent, which asks the
+//!   Rust calculator in turn, and follows a task the Python agent streams.
 
 //!
 //! - [`model`]: what the agents exchange and what a run reports;
 //! - `skills`: the agents' own work (text analysis, arithmetic), tested without a server;
 //! - `agents`: [`Demo::start`], the agents and their handlers;
-//! - `scenarios`: [`Demo::run`], the scenarios in order.
+//! - `scenarios`: [`Demo::run`], the scenarios in order;
+//! - `python`: the Python agent's process and its scenario.
 
 mod agents;
 pub mod model;
+mod python;
 mod scenarios;
 mod skills;
 
 use agent_sdk::Agent;
 use tokio::sync::{Mutex, mpsc};
 
+pub use python::{PYTHON_AGENT, PythonAgent};
 pub use model::{
     Analysis, Calculation, DemoReport, OcrReport, Posting, ScannedDocument, Summary, TaskScenes,
 };

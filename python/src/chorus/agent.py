@@ -287,7 +287,7 @@ class Agent:
             await self._start_durable()
         if self.heartbeat_interval > 0:
             await self._heartbeat()
-            self._spawn(self._heartbeats())
+            self._spawn(self._heartbeats(), name="chorus-heartbeats")
         return self
 
     async def flush(self) -> None:
