@@ -212,3 +212,102 @@ async def test_the_chorus_cli_asks_a_python_agent(server: Any) -> None:
         assert cli.returncode == 0, cli.stderr
         reply = json.loads(cli.stdout)
         assert reply["status"] == 5002 and reply["payload"] == 5.0 and reply["from"] == "py-cli"
+
+
+class Coordinator:
+    """`chorus serve` on the module's server, until stopped."""
+
+    def __init__(self, url: str) -> None:
+        import os
+        import queue
+        import threading
+
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.proc = subprocess.Popen(
+            [rust_binary("chorus"), "--server", url, "serve"],
+            env={**os.environ, "CHORUS_SERVE__METRICS_ADDR": "127.0.0.1:0", "RUST_LOG": "info"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+        def read() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.put(line)
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def eventually(what: str, check: Any, wait: float = WAIT) -> Any:
+    deadline = asyncio.get_running_loop().time() + wait
+    while True:
+        found = await check()
+        if found:
+            return found
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what}: not within {wait} s")
+        await asyncio.sleep(0.1)
+
+
+async def test_the_coordinator_registers_discovers_and_broadcasts_to_python_agents(server: Any) -> None:
+    coordinator = Coordinator(server.url)
+    try:
+        registry: asyncio.Queue[Any] = asyncio.Queue()
+        async with py_agent(server, "py-watcher") as watcher:
+
+            @watcher.event("registry.>")
+            async def on_registry(ctx: Context) -> None:
+                await registry.put((ctx.envelope.topic, ctx.envelope.status, ctx.data()))
+
+            await watcher.flush()
+            member = Agent("py-member", servers=server.url, heartbeat_interval=0.2, groups=["py-group"])
+            pinged: list[Any] = []
+
+            @member.command("ping")
+            async def ping(ctx: Context) -> str:
+                pinged.append(ctx.data())
+                return "pong"
+
+            @member.capability("py.analysis")
+            async def analyse(ctx: Context) -> str:
+                return "analysed"
+
+            async with member:
+
+                async def found() -> Any:
+                    try:
+                        return [r for r in await watcher.discover(capability="py.analysis") if r["manifest"]["agent"] == "py-member"]
+                    except ChorusError:
+                        return None
+
+                records = await eventually("py-member in discovery", found)
+                manifest = records[0]["manifest"]
+                assert manifest["capabilities"] == [{"name": "py.analysis", "version": ""}]
+                assert manifest["commands"] == ["ping"] and manifest["groups"] == ["py-group"]
+                assert manifest["wire_versions"] == [1, 2]
+
+                report = await watcher.broadcast("ping", "all of you", group="py-group", timeout=2.0)
+                outcomes = {r["agent"]: r["outcome"] for r in report["recipients"]}
+                assert outcomes == {"py-member": "delivered"}, report
+                assert pinged == ["all of you"]
+
+            # Its goodbye: the registry says it left in good order (5003).
+            async def left() -> Any:
+                while not registry.empty():
+                    topic, status, data = registry.get_nowait()
+                    if topic == "registry.left" and data.get("agent") == "py-member":
+                        return status
+                return None
+
+            assert await eventually("registry.left for py-member", left) == StatusCode.DISCONNECTED
+    finally:
+        coordinator.stop()
