@@ -1,9 +1,12 @@
 """Request-reply latency from Python, in one run: plain nats-py, Chorus Python -> Python, and
 Chorus Python -> Rust (the `interop_peer` example), sequential requests with a 128-byte
-payload, p50 and p99 of each. What the envelope costs in Python is the Chorus Python -> Python
-figure less the plain one.
+payload, p50 and p99 of each; and, to tell the envelope's share from the agent's, plain nats-py
+writing and reading the envelope itself (codec only, no agent). The Python responders run in a
+process of their own, as the Rust one does. What the envelope costs in Python is the
+"with the envelope" figure less the plain one; what the whole SDK costs, the Chorus
+Python -> Python figure less the plain one.
 
-    .tools/python/bin/python python/benchmarks/latency.py [--requests 5000] [--encoding compact]
+    .tools/python/bin/python python/benchmarks/latency.py [--requests 10000] [--rounds 10] [--encoding compact]
 
 It starts its own nats-server (``NATS_SERVER`` or ``.tools/bin/nats-server``) on a free loopback
 port, and the Rust peer from ``CARGO_TARGET_DIR`` (or ``target``)/debug or /release; build it
@@ -19,16 +22,20 @@ import os
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import nats
 
-from chorus import Agent, Context, Encoding
+from chorus import Agent, Context, Encoding, Envelope, Kind, Performative, Subjects, decode, encode
 
 REPO = Path(__file__).resolve().parents[2]
-PAYLOAD = bytes(range(128))
+# A 128-byte MessagePack payload (a string of 126 characters), the same on every path.
+PAYLOAD = "x" * 126
+RAW = b"\xd9\x7e" + PAYLOAD.encode()
 
 
 def free_port() -> int:
@@ -57,91 +64,154 @@ def peer_binary() -> Path:
     raise SystemExit("build the Rust peer first: cargo build --release -p agent-sdk --example interop_peer")
 
 
-def percentiles(samples: list[float]) -> tuple[float, float]:
-    samples = sorted(samples)
-    return statistics.median(samples), samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+async def measure(rounds: int, n: int, calls: list[Any]) -> list[tuple[float, float]]:
+    """p50 and p99 of each call, measured in interleaved rounds of ``n`` so that drift on a
+    busy machine touches every path alike: the p50 is the median of the rounds' medians."""
+    for call in calls:
+        for _ in range(200):  # warm up
+            await call()
+    medians: list[list[float]] = [[] for _ in calls]
+    samples: list[list[float]] = [[] for _ in calls]
+    for _ in range(rounds):
+        for i, call in enumerate(calls):
+            times = []
+            for _ in range(n):
+                start = time.perf_counter()
+                await call()
+                times.append((time.perf_counter() - start) * 1e6)
+            medians[i].append(statistics.median(times))
+            samples[i] += times
+    out = []
+    for i in range(len(calls)):
+        ordered = sorted(samples[i])
+        out.append((statistics.median(medians[i]), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]))
+    return out
 
 
-async def measure(n: int, call: object) -> tuple[float, float]:
-    assert callable(call)
-    for _ in range(min(500, n // 5)):  # warm up
-        await call()
-    samples = []
-    for _ in range(n):
-        start = time.perf_counter()
-        await call()
-        samples.append((time.perf_counter() - start) * 1e6)
-    return percentiles(samples)
-
-
-async def run(url: str, n: int, encoding: Encoding) -> None:
+async def serve(url: str, encoding: Encoding) -> None:
+    """The responders, in a process of their own (as the Rust peer is): a plain nats-py echo
+    and a Chorus echo agent, until standard input closes."""
     nc = await nats.connect(url)
 
-    async def raw_echo(msg: nats.aio.msg.Msg) -> None:
+    async def raw_echo(msg: Any) -> None:
         await msg.respond(msg.data)
 
     await nc.subscribe("bench.raw.echo", cb=raw_echo)
+    subjects = Subjects()
+
+    async def envelope_echo(msg: Any) -> None:
+        # The envelope alone, without the agent around it: decode, answer, encode.
+        request, _ = decode(msg.data, subjects.implied(msg.subject))
+        reply = Envelope.new(Kind.RESPONSE, Performative.INFORM, "bench-py-envelope")
+        reply.in_reply_to, reply.correlation_id, reply.to = request.id, request.conversation, [request.from_]
+        reply.status, reply.payload = 5002, request.payload
+        await msg.respond(encode(reply, encoding))
+
+    await nc.subscribe("chorus.agent.bench-py-envelope.echo", cb=envelope_echo)
     await nc.flush()
-
-    async def raw() -> None:
-        await nc.request("bench.raw.echo", PAYLOAD, timeout=5)
-
     async with Agent("bench-py-echo", servers=url, heartbeat_interval=0, encoding=encoding) as echo:
 
         @echo.command("echo")
         async def echo_back(ctx: Context) -> object:
             return ctx.data()
 
-        async with Agent("bench-py-caller", servers=url, heartbeat_interval=0, encoding=encoding) as caller:
-
-            async def py_to_py() -> None:
-                await caller.request("bench-py-echo", "echo", PAYLOAD)
-
-            async def py_to_rust() -> None:
-                await caller.request("rust-peer", "echo", PAYLOAD)
-
-            rows = [
-                ("plain nats-py request-reply", await measure(n, raw)),
-                (f"Chorus Python -> Python ({encoding.value})", await measure(n, py_to_py)),
-                (f"Chorus Python -> Rust ({encoding.value})", await measure(n, py_to_rust)),
-            ]
+        await echo.flush()
+        print("responders ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await nc.close()
-    print(f"request-reply latency from Python, {n} sequential requests, 128-byte payload (µs):")
+
+
+async def run(url: str, n: int, rounds: int, encoding: Encoding) -> None:
+    nc = await nats.connect(url)
+
+    async def raw() -> None:
+        await nc.request("bench.raw.echo", RAW, timeout=5)
+
+    subjects = Subjects()
+    envelope_subject = subjects.command("bench-py-envelope", "echo")
+    implied = subjects.implied(envelope_subject)
+
+    async def envelope_only() -> None:
+        request = Envelope.new(Kind.REQUEST, Performative.REQUEST, "bench-py-caller")
+        request.to, request.name, request.payload = ["bench-py-envelope"], "echo", RAW
+        msg = await nc.request(envelope_subject, encode(request, encoding, implied), timeout=5)
+        decode(msg.data)
+
+    async with Agent("bench-py-caller", servers=url, heartbeat_interval=0, encoding=encoding) as caller:
+
+        async def py_to_py() -> None:
+            await caller.request("bench-py-echo", "echo", PAYLOAD)
+
+        async def py_to_rust() -> None:
+            await caller.request("rust-peer", "echo", PAYLOAD)
+
+        figures = await measure(rounds, n // rounds, [raw, envelope_only, py_to_py, py_to_rust])
+    names = [
+        "plain nats-py request-reply",
+        f"nats-py with the envelope ({encoding.value})",
+        f"Chorus Python -> Python ({encoding.value})",
+        f"Chorus Python -> Rust ({encoding.value})",
+    ]
+    rows = list(zip(names, figures))
+    await nc.close()
+    print(f"request-reply latency from Python, {n} sequential requests per path in {rounds} interleaved rounds, 128-byte payload (µs):")
     print(f"  {'path':<42} {'p50':>8} {'p99':>8}")
     for name, (p50, p99) in rows:
         print(f"  {name:<42} {p50:8.0f} {p99:8.0f}")
     envelope = rows[1][1][0] - rows[0][1][0]
-    print(f"  the envelope's cost in Python (Python -> Python less plain), p50: {envelope / 1000:.3f} ms")
+    agent = rows[2][1][0] - rows[0][1][0]
+    print(f"  the envelope's cost in Python, both ends (with the envelope less plain), p50: {envelope / 1000:.3f} ms")
+    print(f"  the SDK's cost in Python, both ends (Python -> Python less plain), p50: {agent / 1000:.3f} ms")
+
+
+def started(proc: subprocess.Popen[str], marker: str) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 20
+    for line in proc.stdout:
+        if marker in line:
+            return
+        if time.monotonic() > deadline:
+            break
+    raise SystemExit(f"{proc.args} did not start")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--requests", type=int, default=10000)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--encoding", choices=[e.value for e in Encoding], default="compact")
+    parser.add_argument("--serve", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    encoding = Encoding(args.encoding)
+    if args.serve:
+        asyncio.run(serve(args.serve, encoding))
+        return
     binary = os.environ.get("NATS_SERVER") or str(REPO / ".tools" / "bin" / "nats-server")
     port = free_port()
     url = f"nats://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as store:
         server = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", store],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        peer = None
+        children: list[subprocess.Popen[str]] = []
         try:
             wait_for_port(port, time.monotonic() + 10)
             peer = subprocess.Popen([str(peer_binary())], env={**os.environ, "CHORUS_NATS_URL": url, "RUST_LOG": "warn"},
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            assert peer.stdout is not None
-            deadline = time.monotonic() + 20
-            for line in peer.stdout:
-                if "interop_peer: ready" in line:
-                    break
-                if time.monotonic() > deadline:
-                    raise SystemExit("the Rust peer did not start")
-            asyncio.run(run(url, args.requests, Encoding(args.encoding)))
+            children.append(peer)
+            started(peer, "interop_peer: ready")
+            responders = subprocess.Popen([sys.executable, __file__, "--serve", url, "--encoding", encoding.value],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            children.append(responders)
+            started(responders, "responders ready")
+            asyncio.run(run(url, args.requests, args.rounds, encoding))
         finally:
-            if peer is not None and peer.stdin is not None:
-                peer.stdin.close()
-                peer.wait(timeout=15)
+            for child in children:
+                if child.stdin is not None:
+                    child.stdin.close()
+                try:
+                    child.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    child.kill()
             server.terminate()
             server.wait(timeout=10)
 

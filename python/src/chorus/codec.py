@@ -9,6 +9,7 @@ import base64
 import binascii
 import json
 import re
+import struct
 import uuid
 from enum import Enum
 from typing import Any, Callable
@@ -225,10 +226,142 @@ def _write_members(w: Writer, members: list[tuple[str, Any]]) -> None:
         _write_value(w, value)
 
 
-def _encode_named(env: Envelope) -> bytes:
+def _k(name: str) -> bytes:
+    """A field name as the MessagePack string it is written as."""
     w = Writer()
-    _write_members(w, _named_fields(env))
+    w.str(name)
     return bytes(w.buf)
+
+
+_K = {name: _k(name) for name in (
+    "version", "id", "correlation_id", "in_reply_to", "from", "to", "topic", "capability", "name",
+    "kind", "performative", "timestamp_ms", "ttl_ms", "deadline_ms", "hops", "hop_limit",
+    "priority", "delivery", "seq", "expect", "progress", "status", "reason", "trace",
+    "session_id", "customer_id", "headers", "content_type", "payload", "token", "signature",
+    "encryption", "epoch", "n", "timeout_ms", "state", "fraction", "traceparent", "tracestate",
+)}
+_UUID_BIN = b"\xc4\x10"
+
+
+def _encode_named(env: Envelope) -> bytes:
+    """The named MessagePack form, fields in the order of section 4 (as `_named_fields`)."""
+    k = _K
+    b = bytearray(k["version"])
+    _put_str(b, f"{env.version[0]}.{env.version[1]}")
+    b += k["id"] + _UUID_BIN + env.id.bytes
+    count = 2
+    if env.correlation_id is not None:
+        b += k["correlation_id"] + _UUID_BIN + env.correlation_id.bytes
+        count += 1
+    if env.in_reply_to is not None:
+        b += k["in_reply_to"] + _UUID_BIN + env.in_reply_to.bytes
+        count += 1
+    b += k["from"]
+    _put_str(b, env.from_)
+    count += 1
+    if env.to:
+        b += k["to"]
+        n = len(env.to)
+        b += bytes((0x90 | n,)) if n < 16 else b"\xdc" + n.to_bytes(2, "big")
+        for t in env.to:
+            _put_str(b, t)
+        count += 1
+    for name, value in (("topic", env.topic), ("capability", env.capability), ("name", env.name)):
+        if value is not None:
+            b += k[name]
+            _put_str(b, value)
+            count += 1
+    b += k["kind"]
+    _put_str(b, env.kind.value)
+    b += k["performative"]
+    _put_str(b, env.performative.value)
+    b += k["timestamp_ms"]
+    _put_uint(b, env.timestamp_ms)
+    count += 3
+    for name, number in (("ttl_ms", env.ttl_ms), ("deadline_ms", env.deadline_ms)):
+        if number is not None:
+            b += k[name]
+            _put_uint(b, number)
+            count += 1
+    if env.hops != 0:
+        b += k["hops"]
+        _put_uint(b, env.hops)
+        count += 1
+    if env.hop_limit != DEFAULT_HOP_LIMIT:
+        b += k["hop_limit"]
+        _put_uint(b, env.hop_limit)
+        count += 1
+    if env.priority is not Priority.NORMAL:
+        b += k["priority"]
+        _put_str(b, env.priority.value)
+        count += 1
+    if env.delivery is not Delivery.AT_MOST_ONCE:
+        b += k["delivery"]
+        _put_str(b, env.delivery.value)
+        count += 1
+    if env.seq is not None:
+        b += k["seq"] + b"\x82" + k["epoch"]
+        _put_uint(b, env.seq.epoch)
+        b += k["n"]
+        _put_uint(b, env.seq.n)
+        count += 1
+    if env.expect is not None:
+        b += k["expect"] + b"\x82" + k["performative"]
+        _put_str(b, env.expect.performative.value)
+        b += k["timeout_ms"]
+        _put_uint(b, env.expect.timeout_ms)
+        count += 1
+    if env.progress is not None:
+        fraction = env.progress.fraction
+        b += k["progress"] + (b"\x81" if fraction is None else b"\x82") + k["state"]
+        _put_str(b, env.progress.state.value)
+        if fraction is not None:
+            b += k["fraction"] + b"\xca" + struct.pack(">f", fraction)
+        count += 1
+    if env.status is not None:
+        b += k["status"]
+        _put_uint(b, int(env.status))
+        count += 1
+    if env.reason is not None:
+        b += k["reason"]
+        _put_str(b, env.reason)
+        count += 1
+    if env.trace is not None:
+        state = env.trace.tracestate
+        b += k["trace"] + (b"\x81" if state is None else b"\x82") + k["traceparent"]
+        _put_str(b, env.trace.traceparent)
+        if state is not None:
+            b += k["tracestate"]
+            _put_str(b, state)
+        count += 1
+    for name, value in (("session_id", env.session_id), ("customer_id", env.customer_id)):
+        if value is not None:
+            b += k[name]
+            _put_str(b, value)
+            count += 1
+    rest = Writer()
+    if env.headers:
+        rest.buf += k["headers"]
+        _write_value(rest, env.headers)
+        count += 1
+    b += rest.buf
+    b += k["content_type"]
+    _put_str(b, env.content_type)
+    count += 1
+    if env.payload:
+        b += k["payload"]
+        _put_bin(b, bytes(env.payload))
+        count += 1
+    tail = [(name, getattr(env, name)) for name in ("token", "signature", "encryption") if getattr(env, name) is not None]
+    if tail:
+        w = Writer()
+        for name, value in tail:
+            w.str(name)
+            _write_value(w, value)
+        b += w.buf
+        count += len(tail)
+    head = bytes((0x80 | count,)) if count < 16 else b"\xde" + count.to_bytes(2, "big")
+    return head + bytes(b)
 
 
 def _json_str(s: str) -> str:
@@ -271,106 +404,215 @@ def _encode_json(env: Envelope) -> bytes:
 _CANONICAL_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
+def _put_uint(b: bytearray, n: int) -> None:
+    if 0 <= n < 0x80:
+        b.append(n)
+    elif 0 <= n < 0x100:
+        b += b"\xcc" + n.to_bytes(1, "big")
+    elif 0 <= n < 0x10000:
+        b += b"\xcd" + n.to_bytes(2, "big")
+    elif 0 <= n < 0x100000000:
+        b += b"\xce" + n.to_bytes(4, "big")
+    elif 0 <= n < 1 << 64:
+        b += b"\xcf" + n.to_bytes(8, "big")
+    else:
+        raise ValueError(f"{n} is not an unsigned 64-bit integer")
+
+
+def _put_str(b: bytearray, s: str) -> None:
+    data = s.encode("utf-8")
+    n = len(data)
+    if n < 32:
+        b.append(0xA0 | n)
+    elif n < 0x100:
+        b += b"\xd9" + n.to_bytes(1, "big")
+    elif n < 0x10000:
+        b += b"\xda" + n.to_bytes(2, "big")
+    else:
+        b += b"\xdb" + n.to_bytes(4, "big")
+    b += data
+
+
+def _put_bin(b: bytearray, data: bytes) -> None:
+    n = len(data)
+    if n < 0x100:
+        b += b"\xc4" + n.to_bytes(1, "big")
+    elif n < 0x10000:
+        b += b"\xc5" + n.to_bytes(2, "big")
+    else:
+        b += b"\xc6" + n.to_bytes(4, "big")
+    b += data
+
+
 def _encode_compact(env: Envelope, implied: Implied) -> bytes:
-    body = Writer()
-    count = 0
-
-    def key(k: int) -> Writer:
-        nonlocal count
-        count += 1
-        body.uint(k)
-        return body
-
-    key(0).uint(2)
-    key(1).bin(env.id.bytes)
-    key(2).str(env.from_)
-    key(3).uint(env.kind.code)
-    key(4).uint(env.performative.code)
+    # The body after key 0; the map's header is put in front once the count is known. Every
+    # key is below 128: one byte.
+    b = bytearray(b"\x01\xc4\x10")
+    b += env.id.bytes
+    b.append(2)
+    _put_str(b, env.from_)
+    b.append(3)
+    _put_uint(b, env.kind.code)
+    b.append(4)
+    _put_uint(b, env.performative.code)
+    count = 4
     if uuid7_ms(env.id) != env.timestamp_ms:
-        key(5).uint(env.timestamp_ms)
-    if env.correlation_id is not None and env.correlation_id != env.in_reply_to:
-        key(6).bin(env.correlation_id.bytes)
-    elif env.correlation_id is None and env.in_reply_to is not None:
-        key(6).nil()
-    if env.in_reply_to is not None:
-        key(7).bin(env.in_reply_to.bytes)
-    if env.to and not (len(env.to) == 1 and env.to[0] == implied.agent):
-        _write_value(key(8), list(env.to))
-    for k, value, same in ((9, env.topic, implied.topic), (10, env.capability, implied.capability), (11, env.name, implied.name)):
-        if value is not None and value != same:
-            key(k).str(value)
+        b.append(5)
+        _put_uint(b, env.timestamp_ms)
+        count += 1
+    cid, irt = env.correlation_id, env.in_reply_to
+    if cid is not None and cid != irt:
+        b += b"\x06\xc4\x10"
+        b += cid.bytes
+        count += 1
+    elif cid is None and irt is not None:
+        b += b"\x06\xc0"
+        count += 1
+    if irt is not None:
+        b += b"\x07\xc4\x10"
+        b += irt.bytes
+        count += 1
+    to = env.to
+    if to and not (len(to) == 1 and to[0] == implied.agent):
+        b.append(8)
+        n = len(to)
+        if n < 16:
+            b.append(0x90 | n)
+        else:
+            b += b"\xdc" + n.to_bytes(2, "big")
+        for t in to:
+            _put_str(b, t)
+        count += 1
+    if env.topic is not None and env.topic != implied.topic:
+        b.append(9)
+        _put_str(b, env.topic)
+        count += 1
+    if env.capability is not None and env.capability != implied.capability:
+        b.append(10)
+        _put_str(b, env.capability)
+        count += 1
+    if env.name is not None and env.name != implied.name:
+        b.append(11)
+        _put_str(b, env.name)
+        count += 1
     if env.ttl_ms is not None:
-        key(12).uint(env.ttl_ms)
+        b.append(12)
+        _put_uint(b, env.ttl_ms)
+        count += 1
     if env.deadline_ms is not None:
-        key(13).uint(env.deadline_ms)
+        b.append(13)
+        _put_uint(b, env.deadline_ms)
+        count += 1
     if env.hops != 0:
-        key(14).uint(env.hops)
+        b.append(14)
+        _put_uint(b, env.hops)
+        count += 1
     if env.hop_limit != DEFAULT_HOP_LIMIT:
-        key(15).uint(env.hop_limit)
+        b.append(15)
+        _put_uint(b, env.hop_limit)
+        count += 1
     if env.priority is not Priority.NORMAL:
-        key(16).uint(env.priority.code)
+        b.append(16)
+        _put_uint(b, env.priority.code)
+        count += 1
     if env.delivery is not Delivery.AT_MOST_ONCE:
-        key(17).uint(env.delivery.code)
+        b.append(17)
+        _put_uint(b, env.delivery.code)
+        count += 1
     if env.seq is not None:
-        key(18).array(2)
-        body.uint(env.seq.epoch)
-        body.uint(env.seq.n)
+        b += b"\x12\x92"
+        _put_uint(b, env.seq.epoch)
+        _put_uint(b, env.seq.n)
+        count += 1
     if env.expect is not None:
-        key(19).array(2)
-        body.uint(env.expect.performative.code)
-        body.uint(env.expect.timeout_ms)
+        b += b"\x13\x92"
+        _put_uint(b, env.expect.performative.code)
+        _put_uint(b, env.expect.timeout_ms)
+        count += 1
     if env.progress is not None:
-        key(20).array(1 if env.progress.fraction is None else 2)
-        body.uint(env.progress.state.code)
-        if env.progress.fraction is not None:
-            body.f32(env.progress.fraction)
+        fraction = env.progress.fraction
+        b += b"\x14\x91" if fraction is None else b"\x14\x92"
+        _put_uint(b, env.progress.state.code)
+        if fraction is not None:
+            b += b"\xca" + struct.pack(">f", fraction)
+        count += 1
     if env.status is not None:
-        key(21).uint(env.status)
+        b.append(21)
+        _put_uint(b, int(env.status))
+        count += 1
     if env.reason is not None:
-        key(22).str(env.reason)
+        b.append(22)
+        _put_str(b, env.reason)
+        count += 1
     if env.trace is not None:
         tp = env.trace.traceparent
-        if _CANONICAL_TRACEPARENT.fullmatch(tp):
-            key(23).bin(bytes.fromhex(tp[3:35] + tp[36:52] + tp[53:55]))
+        canonical = _CANONICAL_TRACEPARENT.fullmatch(tp) is not None
+        if canonical:
+            b += b"\x17\xc4\x19"
+            b += bytes.fromhex(tp[3:35] + tp[36:52] + tp[53:55])
+            count += 1
         if env.trace.tracestate is not None:
-            key(24).str(env.trace.tracestate)
-        if not _CANONICAL_TRACEPARENT.fullmatch(tp):
-            key(25).str(tp)
+            b.append(24)
+            _put_str(b, env.trace.tracestate)
+            count += 1
+        if not canonical:
+            b.append(25)
+            _put_str(b, tp)
+            count += 1
     if env.session_id is not None:
-        key(26).str(env.session_id)
+        b.append(26)
+        _put_str(b, env.session_id)
+        count += 1
     if env.customer_id is not None:
-        key(27).str(env.customer_id)
+        b.append(27)
+        _put_str(b, env.customer_id)
+        count += 1
     if env.headers:
-        _write_value(key(28), env.headers)
-    if env.content_type != CONTENT_TYPE_MSGPACK:
-        ct = env.content_type
+        w = Writer()
+        _write_value(w, env.headers)
+        b.append(28)
+        b += w.buf
+        count += 1
+    ct = env.content_type
+    if ct != CONTENT_TYPE_MSGPACK:
         if ct == CONTENT_TYPE_JSON:
-            key(29).uint(1)
+            b += b"\x1d\x01"
         elif ct == CONTENT_TYPE_ENCRYPTED:
-            key(29).uint(2)
+            b += b"\x1d\x02"
         else:
-            key(29).str(ct)
+            b.append(29)
+            _put_str(b, ct)
+        count += 1
     if env.payload:
-        key(30).bin(bytes(env.payload))
+        b.append(30)
+        _put_bin(b, env.payload)
+        count += 1
     if env.token is not None:
-        key(31).str(env.token)
+        b.append(31)
+        _put_str(b, env.token)
+        count += 1
     if env.signature is not None:
-        key(32).array(2)
-        body.str(env.signature.key)
-        body.bin(bytes(env.signature.value))
+        b += b"\x20\x92"
+        _put_str(b, env.signature.key)
+        _put_bin(b, bytes(env.signature.value))
+        count += 1
     if env.encryption is not None:
         enc = env.encryption
-        key(33).array(3)
-        body.str(enc.alg)
-        body.str(enc.inner_content_type)
-        body.array(len(enc.recipients))
+        w = Writer()
+        w.array(3)
+        w.str(enc.alg)
+        w.str(enc.inner_content_type)
+        w.array(len(enc.recipients))
         for r in enc.recipients:
-            body.array(2)
-            body.str(r.agent)
-            body.bin(bytes(r.key))
-    head = Writer()
-    head.map(count)
-    return bytes(head.buf + body.buf)
+            w.array(2)
+            w.str(r.agent)
+            w.bin(bytes(r.key))
+        b.append(33)
+        b += w.buf
+        count += 1
+    count += 1  # key 0
+    head = bytes((0x80 | count,)) if count < 16 else b"\xde" + count.to_bytes(2, "big")
+    return head + b"\x00\x02" + b
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,7 +636,7 @@ def decode(data: bytes, implied: Implied | None = None, limit: int | None = None
         if encoding is Encoding.JSON:
             raw = json.loads(data, object_pairs_hook=_unique_pairs)
         else:
-            raw = msgpack.unpackb(data, raw=False, strict_map_key=False, object_pairs_hook=_unique_pairs)
+            raw = _unpack_map(data, "")
     except DecodeError:
         raise
     except (ValueError, msgpack.UnpackException, msgpack.ExtraData, RecursionError) as e:
@@ -485,7 +727,7 @@ def _float(name: str, v: Any) -> float:
 
 
 def _vocab(cls: Any, name: str, v: Any) -> Any:
-    return cls(_str(name, v))
+    return cls.read(_str(name, v))
 
 
 def _map(name: str, v: Any) -> dict[Any, Any]:
@@ -501,6 +743,8 @@ def _list(name: str, v: Any) -> list[Any]:
 
 
 def parse_version(v: Any) -> tuple[int, int]:
+    if v == "1.0":
+        return (1, 0)
     if not isinstance(v, str):
         raise _malformed("version is not a string")
     parts = v.split(".")
@@ -521,13 +765,11 @@ def _from_named(raw: dict[Any, Any], binary: bool) -> Envelope:
     for key in ("version", "id", "from", "kind", "performative", "timestamp_ms"):
         if raw.get(key) is None:
             raise _malformed(f"missing field `{key}`")
-    for key, value in raw.items():
-        if value is None and key not in _NULLABLE and isinstance(key, str) and key in _KNOWN:
-            raise _malformed(f"`{key}` is null")
-
-    def g(k: str) -> Any:
-        return raw.get(k)
-
+    if None in raw.values():
+        for key, value in raw.items():
+            if value is None and key not in _NULLABLE and isinstance(key, str) and key in _KNOWN:
+                raise _malformed(f"`{key}` is null")
+    g = raw.get
     env = Envelope(
         version=parse_version(raw["version"]),
         id=_uuid("id", raw["id"], binary),
@@ -618,166 +860,249 @@ _KNOWN = {
 }
 
 
-def _decode_compact(data: bytes) -> Envelope:
-    def bad(what: str) -> DecodeError:
-        return _malformed(f"compact envelope: {what}")
+def _map_header(data: bytes) -> int:
+    """The number of entries the map at the start of ``data`` announces."""
+    first = data[0]
+    if first <= 0x8F:
+        return first & 0x0F
+    if first == 0xDE:
+        return int.from_bytes(data[1:3], "big")
+    return int.from_bytes(data[1:5], "big")
 
+
+def _unpack_map(data: bytes, what: str) -> dict[Any, Any]:
+    """A whole MessagePack map (nothing after it), its keys each once."""
     try:
-        pairs: list[tuple[Any, Any]] = msgpack.unpackb(
-            data, raw=False, strict_map_key=False, object_pairs_hook=lambda p: p
-        )
-    except (ValueError, msgpack.UnpackException, msgpack.ExtraData, RecursionError) as e:
-        raise bad(str(e) or type(e).__name__) from None
-    if not isinstance(pairs, list) or not pairs:
-        raise bad("not a map")
-    fields: dict[int, Any] = {}
-    for i, (key, value) in enumerate(pairs):
-        if not _is_uint(key):
-            raise bad("a key that is not a small unsigned integer")
-        if i == 0 and key != 0:
-            raise bad("the first key is not 0 (the version)")
-        if key in fields:
-            raise bad(f"key {key} repeated")
-        fields[key] = value
-    major = fields[0]
-    if not _is_uint(major):
-        raise bad("key 0 does not read")
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData, RecursionError) as e:
+        raise _malformed(f"{what}{e or type(e).__name__}") from None
+    if not isinstance(raw, dict):
+        raise _malformed(f"{what}not a map")
+    if len(raw) != _map_header(data):
+        raise _malformed(f"{what}a key repeated")
+    return raw
+
+
+_PREFIX = "compact envelope: "
+_ABSENT = object()
+
+
+def _c_uint(v: Any, bits: int = 64) -> int:
+    if type(v) is not int or v < 0 or v >= 1 << bits:
+        raise ValueError
+    return v
+
+
+def _c_str(v: Any) -> str:
+    if type(v) is not str:
+        raise ValueError
+    return v
+
+
+def _c_bin(v: Any) -> bytes:
+    if type(v) is not bytes:
+        raise ValueError
+    return v
+
+
+def _c_uuid(v: Any) -> uuid.UUID:
+    if type(v) is not bytes or len(v) != 16:
+        raise ValueError
+    return uuid.UUID(bytes=v)
+
+
+def _c_pair(v: Any) -> tuple[Any, Any]:
+    if type(v) is not list or len(v) != 2:
+        raise ValueError
+    return v[0], v[1]
+
+
+def _c_float(v: Any) -> float:
+    if type(v) is not float and type(v) is not int:
+        raise ValueError
+    return to_f32(float(v))
+
+
+def _c_content_type(v: Any) -> str:
+    if v == 1 and type(v) is int:
+        return CONTENT_TYPE_JSON
+    if v == 2 and type(v) is int:
+        return CONTENT_TYPE_ENCRYPTED
+    return _c_str(v)
+
+
+def _c_strings(v: Any) -> list[str]:
+    if type(v) is not list:
+        raise ValueError
+    return [_c_str(x) for x in v]
+
+
+def _c_headers(v: Any) -> dict[str, str]:
+    if type(v) is not dict:
+        raise ValueError
+    return {_c_str(k): _c_str(x) for k, x in v.items()}
+
+
+def _c_progress(v: Any) -> Progress:
+    if type(v) is not list or len(v) not in (1, 2):
+        raise ValueError
+    state = TaskState.from_code(_c_uint(v[0]))
+    return Progress(state, _c_float(v[1]) if len(v) == 2 else None)
+
+
+def _c_traceparent(v: Any) -> str:
+    if type(v) is not bytes or len(v) != 25:
+        raise ValueError
+    return f"00-{v[:16].hex()}-{v[16:24].hex()}-{v[24:].hex()}"
+
+
+def _c_encryption(v: Any) -> Encryption:
+    if type(v) is not list or len(v) != 3 or type(v[2]) is not list:
+        raise ValueError
+    recipients = []
+    for r in v[2]:
+        agent, key = _c_pair(r)
+        recipients.append(Recipient(_c_str(agent), _c_bin(key)))
+    return Encryption(_c_str(v[0]), _c_str(v[1]), recipients)
+
+
+def _decode_compact(data: bytes) -> Envelope:
+    raw = _unpack_map(data, _PREFIX)
+    major = raw.get(0)
+    if type(major) is not int or major < 0:
+        raise _malformed(_PREFIX + "key 0 does not read")
     if major != 2:
         raise _unsupported(str(major))
     for required, name in ((1, "id"), (2, "from"), (3, "kind"), (4, "performative")):
-        if required not in fields:
-            raise bad(f"no {name} (key {required})")
-
-    def get(key: int, read: Callable[[Any], Any]) -> Any:
-        value = fields.get(key)
-        try:
-            return read(value)
-        except DecodeError:
-            raise bad(f"key {key} does not read") from None
-
-    def code(cls: Any) -> Callable[[Any], Any]:
-        return lambda v: cls.from_code(_uint("code", v))
-
-    def uid(v: Any) -> uuid.UUID:
-        return _uuid("uuid", v, True)
-
-    def pair(v: Any, first: Callable[[Any], Any], second: Callable[[Any], Any]) -> tuple[Any, Any]:
-        items = _list("pair", v)
-        if len(items) != 2:
-            raise _malformed("not a pair")
-        return first(items[0]), second(items[1])
-
-    env = Envelope(
-        id=get(1, uid),
-        from_=get(2, lambda v: _str("from", v)),
-        kind=get(3, code(Kind)),
-        performative=get(4, code(Performative)),
-        timestamp_ms=0,
-    )
-    timestamp = get(5, lambda v: _uint("t", v)) if 5 in fields else None
-    if 7 in fields:
-        env.in_reply_to = get(7, uid)
-    if 6 in fields:
-        env.correlation_id = None if fields[6] is None else get(6, uid)
-    else:
-        env.correlation_id = env.in_reply_to
-    if 8 in fields:
-        env.to = get(8, lambda v: [_str("to", t) for t in _list("to", v)])
-    for key, name in ((9, "topic"), (10, "capability"), (11, "name"), (22, "reason"), (26, "session_id"), (27, "customer_id"), (31, "token")):
-        if key in fields:
-            setattr(env, name, get(key, lambda v: _str(name, v)))
-    if 12 in fields:
-        env.ttl_ms = get(12, lambda v: _uint("ttl", v))
-    if 13 in fields:
-        env.deadline_ms = get(13, lambda v: _uint("deadline", v))
-    if 14 in fields:
-        env.hops = get(14, lambda v: _uint("hops", v, 8))
-    if 15 in fields:
-        env.hop_limit = get(15, lambda v: _uint("hop_limit", v, 8))
-    if 16 in fields:
-        env.priority = get(16, code(Priority))
-    if 17 in fields:
-        env.delivery = get(17, code(Delivery))
-    if 18 in fields:
-        epoch, n = get(18, lambda v: pair(v, lambda e: _uint("epoch", e, 32), lambda n: _uint("n", n)))
-        env.seq = Seq(epoch, n)
-    if 19 in fields:
-        perf, timeout = get(19, lambda v: pair(v, code(Performative), lambda t: _uint("t", t)))
-        env.expect = Expect(perf, timeout)
-    if 20 in fields:
-
-        def progress(v: Any) -> Progress:
-            items = _list("progress", v)
-            if len(items) not in (1, 2):
-                raise _malformed("progress")
-            state = TaskState.from_code(_uint("state", items[0]))
-            return Progress(state, _float("fraction", items[1]) if len(items) == 2 else None)
-
-        env.progress = get(20, progress)
-    if 21 in fields:
-        env.status = get(21, lambda v: _uint("status", v, 16))
-    traceparent = None
-    if 23 in fields:
-
-        def binary_trace(v: Any) -> str:
-            if not isinstance(v, bytes) or len(v) != 25:
-                raise _malformed("traceparent")
-            return f"00-{v[:16].hex()}-{v[16:24].hex()}-{v[24:].hex()}"
-
-        traceparent = get(23, binary_trace)
-    if 25 in fields:
-        traceparent = get(25, lambda v: _str("traceparent", v))
-    tracestate = get(24, lambda v: _str("tracestate", v)) if 24 in fields else None
+        if required not in raw:
+            raise _malformed(f"{_PREFIX}no {name} (key {required})")
+    key = 0
+    try:
+        for key in raw:
+            if type(key) is not int or key < 0:
+                raise _malformed(_PREFIX + "a key that is not a small unsigned integer")
+        key = 1
+        env = Envelope(
+            id=_c_uuid(raw[1]),
+            from_="",
+            kind=Kind.UNKNOWN,
+            performative=Performative.UNKNOWN,
+            timestamp_ms=0,
+        )
+        key = 2
+        env.from_ = _c_str(raw[2])
+        key = 3
+        env.kind = Kind.from_code(_c_uint(raw[3]))
+        key = 4
+        env.performative = Performative.from_code(_c_uint(raw[4]))
+        get = raw.get
+        timestamp = None
+        key = 5
+        if (v := get(5, _ABSENT)) is not _ABSENT:
+            timestamp = _c_uint(v)
+        key = 7
+        if (v := get(7, _ABSENT)) is not _ABSENT:
+            env.in_reply_to = _c_uuid(v)
+        key = 6
+        if (v := get(6, _ABSENT)) is not _ABSENT:
+            env.correlation_id = None if v is None else _c_uuid(v)
+        key = 8
+        if (v := get(8, _ABSENT)) is not _ABSENT:
+            env.to = _c_strings(v)
+        key = 9
+        if (v := get(9, _ABSENT)) is not _ABSENT:
+            env.topic = _c_str(v)
+        key = 10
+        if (v := get(10, _ABSENT)) is not _ABSENT:
+            env.capability = _c_str(v)
+        key = 11
+        if (v := get(11, _ABSENT)) is not _ABSENT:
+            env.name = _c_str(v)
+        key = 12
+        if (v := get(12, _ABSENT)) is not _ABSENT:
+            env.ttl_ms = _c_uint(v)
+        key = 13
+        if (v := get(13, _ABSENT)) is not _ABSENT:
+            env.deadline_ms = _c_uint(v)
+        key = 14
+        if (v := get(14, _ABSENT)) is not _ABSENT:
+            env.hops = _c_uint(v, 8)
+        key = 15
+        if (v := get(15, _ABSENT)) is not _ABSENT:
+            env.hop_limit = _c_uint(v, 8)
+        key = 16
+        if (v := get(16, _ABSENT)) is not _ABSENT:
+            env.priority = Priority.from_code(_c_uint(v))
+        key = 17
+        if (v := get(17, _ABSENT)) is not _ABSENT:
+            env.delivery = Delivery.from_code(_c_uint(v))
+        key = 18
+        if (v := get(18, _ABSENT)) is not _ABSENT:
+            epoch, n = _c_pair(v)
+            env.seq = Seq(_c_uint(epoch, 32), _c_uint(n))
+        key = 19
+        if (v := get(19, _ABSENT)) is not _ABSENT:
+            perf, timeout = _c_pair(v)
+            env.expect = Expect(Performative.from_code(_c_uint(perf)), _c_uint(timeout))
+        key = 20
+        if (v := get(20, _ABSENT)) is not _ABSENT:
+            env.progress = _c_progress(v)
+        key = 21
+        if (v := get(21, _ABSENT)) is not _ABSENT:
+            env.status = _c_uint(v, 16)
+        key = 22
+        if (v := get(22, _ABSENT)) is not _ABSENT:
+            env.reason = _c_str(v)
+        key = 26
+        if (v := get(26, _ABSENT)) is not _ABSENT:
+            env.session_id = _c_str(v)
+        key = 27
+        if (v := get(27, _ABSENT)) is not _ABSENT:
+            env.customer_id = _c_str(v)
+        key = 28
+        if (v := get(28, _ABSENT)) is not _ABSENT:
+            env.headers = _c_headers(v)
+        key = 29
+        if (v := get(29, _ABSENT)) is not _ABSENT:
+            env.content_type = _c_content_type(v)
+        key = 30
+        if (v := get(30, _ABSENT)) is not _ABSENT:
+            env.payload = _c_bin(v)
+        key = 31
+        if (v := get(31, _ABSENT)) is not _ABSENT:
+            env.token = _c_str(v)
+        key = 32
+        if (v := get(32, _ABSENT)) is not _ABSENT:
+            sig_key, sig_value = _c_pair(v)
+            env.signature = Signature(key=_c_str(sig_key), value=_c_bin(sig_value))
+        key = 33
+        if (v := get(33, _ABSENT)) is not _ABSENT:
+            env.encryption = _c_encryption(v)
+        key = 34
+        if (v := get(34, _ABSENT)) is not _ABSENT:
+            _c_uint(v, 16)
+        if 6 not in raw:
+            env.correlation_id = env.in_reply_to
+        traceparent = None
+        key = 23
+        if 23 in raw:
+            traceparent = _c_traceparent(raw[23])
+        key = 25
+        if 25 in raw:
+            traceparent = _c_str(raw[25])
+        key = 24
+        tracestate = _c_str(raw[24]) if 24 in raw else None
+    except ValueError:
+        raise _malformed(f"{_PREFIX}key {key} does not read") from None
     if traceparent is not None:
         env.trace = Trace(traceparent, tracestate)
     elif tracestate is not None:
-        raise bad("tracestate (key 24) without a traceparent (key 23 or 25)")
-    if 28 in fields:
-        env.headers = get(28, lambda v: {_str("h", k): _str("h", x) for k, x in _pairs_map(v).items()})
-    if 29 in fields:
-
-        def content_type(v: Any) -> str:
-            if v == 1 and _is_uint(v):
-                return CONTENT_TYPE_JSON
-            if v == 2 and _is_uint(v):
-                return CONTENT_TYPE_ENCRYPTED
-            return _str("content_type", v)
-
-        env.content_type = get(29, content_type)
-    if 30 in fields:
-        env.payload = get(30, lambda v: _bytes("payload", v, True))
-    if 32 in fields:
-        key, value = get(32, lambda v: pair(v, lambda k: _str("key", k), lambda x: _bytes("value", x, True)))
-        env.signature = Signature(key=key, value=value)
-    if 33 in fields:
-
-        def encryption(v: Any) -> Encryption:
-            items = _list("encryption", v)
-            if len(items) != 3:
-                raise _malformed("encryption")
-            recipients = [
-                Recipient(*pair(r, lambda a: _str("agent", a), lambda k: _bytes("key", k, True)))
-                for r in _list("recipients", items[2])
-            ]
-            return Encryption(_str("alg", items[0]), _str("inner", items[1]), recipients)
-
-        env.encryption = get(33, encryption)
-    if 34 in fields:
-        get(34, lambda v: _uint("minor", v, 16))
+        raise _malformed(_PREFIX + "tracestate (key 24) without a traceparent (key 23 or 25)")
     t = timestamp if timestamp is not None else uuid7_ms(env.id)
     if t is None:
-        raise bad("no timestamp_ms (key 5), and the id is not a UUIDv7")
+        raise _malformed(_PREFIX + "no timestamp_ms (key 5), and the id is not a UUIDv7")
     env.timestamp_ms = t
     return env
-
-
-def _pairs_map(v: Any) -> dict[Any, Any]:
-    """A nested map read with the pairs hook of the compact reader."""
-    if isinstance(v, list) and all(isinstance(p, tuple) and len(p) == 2 for p in v):
-        return _unique_pairs(v)
-    if isinstance(v, dict):
-        return v
-    raise _malformed("not a map")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,16 +32,40 @@ class Vocabulary(str, Enum):
 
     @property
     def code(self) -> int:
-        if self.value == "unknown":
-            return 0
-        return [m for m in type(self) if m.value != "unknown"].index(self) + 1
+        code = _CODE_OF.get(self)
+        if code is None:
+            _table(type(self))
+            code = _CODE_OF.get(self, 0)
+        return code
 
     @classmethod
     def from_code(cls: type[E], code: int) -> E:
-        members = [m for m in cls if m.value != "unknown"]
+        members = _table(cls)
         if 1 <= code <= len(members):
-            return members[code - 1]
+            return members[code - 1]  # type: ignore[return-value]
         return cls("unknown")
+
+    @classmethod
+    def read(cls: type[E], value: str) -> E:
+        """The member named ``value``, or ``UNKNOWN``."""
+        member = cls._value2member_map_.get(value)
+        return member if member is not None else cls("unknown")  # type: ignore[return-value]
+
+
+# Codes of the closed vocabularies, computed once per vocabulary.
+_CODE_OF: dict[Vocabulary, int] = {}
+_BY_CODE: dict[type, list[Vocabulary]] = {}
+
+
+def _table(cls: type[Vocabulary]) -> list[Vocabulary]:
+    members = _BY_CODE.get(cls)
+    if members is None:
+        members = [m for m in cls if m.value != "unknown"]
+        _BY_CODE[cls] = members
+        for i, m in enumerate(members):
+            _CODE_OF[m] = i + 1
+        _CODE_OF[cls("unknown")] = 0
+    return members
 
 
 class Kind(Vocabulary):
@@ -112,7 +137,7 @@ class TaskState(Vocabulary):
     UNKNOWN = "unknown"
 
 
-@dataclass
+@dataclass(slots=True)
 class Seq:
     """A publisher's count on one subject."""
 
@@ -120,7 +145,7 @@ class Seq:
     n: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Expect:
     """The reply the sender expects, and how long it waits."""
 
@@ -128,13 +153,13 @@ class Expect:
     timeout_ms: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Progress:
     state: TaskState
     fraction: float | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Trace:
     """W3C trace context."""
 
@@ -142,27 +167,27 @@ class Trace:
     tracestate: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Signature:
     key: str
     value: bytes
     alg: str = "ed25519"
 
 
-@dataclass
+@dataclass(slots=True)
 class Recipient:
     agent: str
     key: bytes
 
 
-@dataclass
+@dataclass(slots=True)
 class Encryption:
     alg: str
     inner_content_type: str
     recipients: list[Recipient] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class Envelope:
     """One Chorus message. Field names are the spec's; ``from_`` is ``from``."""
 
@@ -224,6 +249,8 @@ def now_ms() -> int:
 
 
 _last_v7 = [0, 0]
+# Ids need to be unique, not secret: a generator seeded from the OS, fast to draw from.
+_random = random.Random(os.urandom(16))
 
 
 def uuid7(ms: int | None = None) -> uuid.UUID:
@@ -234,11 +261,11 @@ def uuid7(ms: int | None = None) -> uuid.UUID:
     if ms <= _last_v7[0]:
         ms, counter = _last_v7[0], _last_v7[1] + 1
         if counter > 0x0FFF:
-            ms, counter = ms + 1, int.from_bytes(os.urandom(2), "big") & 0x07FF
+            ms, counter = ms + 1, _random.getrandbits(11)
     else:
-        counter = int.from_bytes(os.urandom(2), "big") & 0x07FF
+        counter = _random.getrandbits(11)
     _last_v7[0], _last_v7[1] = ms, counter
-    rand_b = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
+    rand_b = _random.getrandbits(62)
     value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand_b
     return uuid.UUID(int=value)
 

@@ -49,6 +49,7 @@ class Subjects:
 
     def __init__(self, root: str = "chorus") -> None:
         self.root = validate_dotted("subject root", root)
+        self._implied: dict[str, Implied] = {}
 
     def command(self, agent: str, command: str) -> str:
         validate_token("agent id", agent)
@@ -127,6 +128,15 @@ class Subjects:
 
     def implied(self, subject: str) -> Implied:
         """What ``subject`` carries (nothing for a reply inbox or another root's subject)."""
+        found = self._implied.get(subject)
+        if found is None:
+            found = self._implied_of(subject)
+            if len(self._implied) >= 4096:
+                self._implied.clear()
+            self._implied[subject] = found
+        return found
+
+    def _implied_of(self, subject: str) -> Implied:
         prefix = self.root + "."
         if not subject.startswith(prefix):
             return Implied()
