@@ -4,6 +4,7 @@ events, and what the inbound pipeline refuses."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -163,3 +164,33 @@ async def test_an_exactly_once_request_runs_once_and_a_copy_gets_the_same_reply(
         await kv.create(f"py-once.{lost.id}", b'{"state":"claimed","instance":"0123","claimed_ms":1}')
         answer = await raw_request(server.url, subject, encode(lost))
         assert answer.status == StatusCode.UNCERTAIN and runs == [42]
+
+
+@dataclass
+class Order:
+    item: str
+    quantity: int
+
+
+@dataclass
+class Receipt:
+    item: str
+    total: float
+
+
+async def test_dataclass_payloads_in_and_out_and_a_wrong_shape_is_5006(server: Any) -> None:
+    async with Agent("py-shop", servers=server.url, heartbeat_interval=0) as shop:
+
+        @shop.command("order")
+        async def order(ctx: Context) -> Receipt:
+            o = ctx.data(Order)
+            return Receipt(item=o.item, total=o.quantity * 2.5)
+
+        for encoding in (Encoding.MSGPACK, Encoding.JSON):
+            async with Agent(f"py-buyer-{encoding.value}", servers=server.url, heartbeat_interval=0, encoding=encoding) as buyer:
+                content_type = "application/json" if encoding is Encoding.JSON else None
+                receipt = await buyer.request("py-shop", "order", Order("tea", 4), returns=Receipt, content_type=content_type)
+                assert receipt == Receipt("tea", 10.0)
+                with pytest.raises(ChorusError) as wrong:
+                    await buyer.request("py-shop", "order", {"item": "tea"}, content_type=content_type)
+                assert wrong.value.status == StatusCode.DATA_FORMAT

@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 
 from . import __version__
 from ._wire import Writer
-from .codec import DecodeError, Encoding, decode, decode_payload, encode, encode_payload, sniff
+from .codec import DecodeError, Encoding, decode, decode_payload, encode, encode_payload, sniff, typed
 from .context import Context, Reply
 from .durable import DurableInbox, InboxOptions
 from .exactly_once import ExactlyOnce
@@ -500,15 +500,17 @@ class Agent:
         parent: Envelope | None = None,
         headers: dict[str, str] | None = None,
         encoding: Encoding | None = None,
+        returns: type[Any] | None = None,
     ) -> Any:
-        """Asks ``agent`` to run ``command`` and returns the answer's value (its raw payload
-        with ``raw=True``). Raises :class:`ChorusError` with the reply's code, 5005 on timeout,
-        5012 when nobody serves the subject."""
+        """Asks ``agent`` to run ``command`` and returns the answer's value (as a ``returns``
+        when given: a dataclass, a pydantic model or a plain type; the reply envelope itself
+        with ``raw=True``). Raises :class:`ChorusError` with the reply's code, 5005 on
+        timeout, 5012 when nobody serves the subject."""
         subject = self.subjects.command(agent, command)
         env = self._envelope(Kind.REQUEST, Performative.REQUEST, parent)
         env.to = [agent]
         env.name = command
-        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding)
+        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns)
 
     async def request_capability(
         self,
@@ -522,8 +524,10 @@ class Agent:
         parent: Envelope | None = None,
         headers: dict[str, str] | None = None,
         encoding: Encoding | None = None,
+        returns: type[Any] | None = None,
     ) -> Any:
-        """Asks one agent serving ``capability`` (any of them, or the one named by ``at``)."""
+        """Asks one agent serving ``capability`` (any of them, or the one named by ``at``);
+        as :meth:`request` otherwise."""
         if at is not None:
             subject = self.subjects.capability_at(at, capability)
         else:
@@ -532,7 +536,7 @@ class Agent:
         env.capability = capability
         if at is not None:
             env.to = [at]
-        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding)
+        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns)
 
     async def _call(
         self,
@@ -544,6 +548,7 @@ class Agent:
         raw: bool,
         headers: dict[str, str] | None,
         encoding: Encoding | None,
+        returns: type[Any] | None = None,
     ) -> Any:
         wait = self.request_timeout if timeout is None else timeout
         wait_ms = max(1, int(wait * 1000))
@@ -554,7 +559,12 @@ class Agent:
         env.headers = dict(headers or {})
         self._set_payload(env, payload, content_type)
         reply = await self._roundtrip(subject, env, wait_ms / 1000, encoding)
-        return reply if raw else _value(reply)
+        if raw:
+            return reply
+        try:
+            return typed(_value(reply), returns)
+        except DecodeError as e:
+            raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from None
 
     async def _roundtrip(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None = None) -> Envelope:
         """Sends a request envelope and returns the reply envelope; raises on a failure code."""
@@ -848,7 +858,7 @@ class Agent:
             status, reason = outcome.status, outcome.reason
         else:
             status, reason = int(StatusCode.OK), None
-        env = Envelope.new(Kind.RESPONSE, Performative(reply_performative(status)), self.id)
+        env = Envelope.new(Kind.RESPONSE, Performative.read(reply_performative(status)), self.id)
         env.status = status
         env.reason = reason or (None if status in (5001, 5002, 5021) else "")
         if request is not None:

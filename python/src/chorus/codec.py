@@ -6,13 +6,14 @@ string or binary format of the right family, and refuse what the spec calls malf
 from __future__ import annotations
 
 import base64
+import dataclasses
 import binascii
 import json
 import re
 import struct
 import uuid
 from enum import Enum
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import msgpack
 
@@ -1109,14 +1110,55 @@ def _decode_compact(data: bytes) -> Envelope:
 # Payloads
 
 
+def _plain(value: Any) -> Any:
+    """A dataclass or a pydantic model as the plain value it is written as."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} cannot be a payload (plain values, dataclasses or pydantic models)")
+
+
 def encode_payload(value: Any, content_type: str = CONTENT_TYPE_MSGPACK) -> bytes:
-    """A payload value in ``content_type`` (MessagePack or JSON)."""
+    """A payload value in ``content_type`` (MessagePack or JSON). Dataclasses and pydantic
+    models are written as their fields."""
     base = content_type.split(";")[0].strip()
-    if base == CONTENT_TYPE_JSON:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    if base in (CONTENT_TYPE_MSGPACK, "application/x-msgpack", "application/vnd.msgpack"):
-        return bytes(msgpack.packb(value, use_bin_type=True))
+    try:
+        if base == CONTENT_TYPE_JSON:
+            return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_plain).encode("utf-8")
+        if base in (CONTENT_TYPE_MSGPACK, "application/x-msgpack", "application/vnd.msgpack"):
+            return bytes(msgpack.packb(value, use_bin_type=True, default=_plain))
+    except (TypeError, ValueError, OverflowError) as e:
+        raise DecodeError(f"payload: {e}") from None
     raise DecodeError(f"unsupported payload content type {content_type!r}")
+
+
+T = TypeVar("T")
+
+
+def typed(value: Any, cls: type[T] | None) -> Any:
+    """``value`` as a ``cls``: a dataclass from its fields, a pydantic model validated, or a
+    plain type checked. Raises :class:`DecodeError` (5006) when it does not fit."""
+    if cls is None or cls is Any:
+        return value
+    try:
+        if dataclasses.is_dataclass(cls):
+            if not isinstance(value, dict):
+                raise TypeError(f"expected a map, got {type(value).__name__}")
+            return cls(**value)
+        validate = getattr(cls, "model_validate", None)
+        if callable(validate):
+            return validate(value)
+        if cls is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, cls):
+            return value
+    except (TypeError, ValueError) as e:
+        raise DecodeError(f"payload is not a {cls.__name__}: {e}") from None
+    raise DecodeError(f"payload is not a {cls.__name__}: got {type(value).__name__}")
 
 
 def decode_payload(data: bytes, content_type: str = CONTENT_TYPE_MSGPACK) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .codec import decode_payload
+from .codec import decode_payload, typed
 from .envelope import Envelope
 
 if TYPE_CHECKING:
@@ -45,12 +45,13 @@ class Context:
     def content_type(self) -> str:
         return self.envelope.content_type
 
-    def data(self) -> Any:
-        """The payload's value, read by its content type (MessagePack or JSON); raises
-        :class:`~chorus.codec.DecodeError` (answered 5006) when it does not read."""
+    def data(self, cls: type[Any] | None = None) -> Any:
+        """The payload's value, read by its content type (MessagePack or JSON), as a ``cls``
+        when given (a dataclass, a pydantic model, or a plain type); raises
+        :class:`~chorus.codec.DecodeError` (answered 5006) when it does not read or fit."""
         if not self.envelope.payload:
-            return None
-        return decode_payload(self.envelope.payload, self.envelope.content_type)
+            return typed(None, cls) if cls is not None and cls is not type(None) else None
+        return typed(decode_payload(self.envelope.payload, self.envelope.content_type), cls)
 
     async def request(self, agent: str, command: str, payload: Any = None, **kw: Any) -> Any:
         return await self.agent.request(agent, command, payload, parent=self.envelope, **kw)

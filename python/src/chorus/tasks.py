@@ -19,7 +19,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import DeliverPolicy, StorageType, StreamConfig
 
-from .codec import DecodeError, decode, decode_payload
+from .codec import DecodeError, decode, decode_payload, typed
 from .context import Context, Reply
 from .envelope import (
     CONTENT_TYPE_JSON,
@@ -469,9 +469,10 @@ class TaskUpdate:
         s = self.envelope.seq
         return s.n if self.kind == "chunk" and s is not None else None
 
-    def data(self) -> Any:
+    def data(self, cls: type[Any] | None = None) -> Any:
+        """The payload's value (as a ``cls`` when given, see :meth:`Context.data`)."""
         env = self.envelope
-        return decode_payload(env.payload, env.content_type) if env.payload else None
+        return typed(decode_payload(env.payload, env.content_type) if env.payload else None, cls)
 
 
 @dataclass
@@ -485,9 +486,10 @@ class TaskResult:
     worker: str
     envelope: Envelope
 
-    def data(self) -> Any:
+    def data(self, cls: type[Any] | None = None) -> Any:
+        """The payload's value (as a ``cls`` when given, see :meth:`Context.data`)."""
         env = self.envelope
-        return decode_payload(env.payload, env.content_type) if env.payload else None
+        return typed(decode_payload(env.payload, env.content_type) if env.payload else None, cls)
 
 
 class TaskHandle:
