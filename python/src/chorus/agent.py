@@ -316,6 +316,9 @@ class Agent:
             if self._durable is not None:
                 await self._durable.stop()
             current = asyncio.current_task()
+            for task in self._tasks:
+                if task.get_name() == "chorus-heartbeats":
+                    task.cancel()
             running = [t for t in self._tasks if t is not current]
             if running:
                 _, late = await asyncio.wait(running, timeout=self.shutdown_timeout)
