@@ -79,7 +79,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok("msgpack") => options = options.encoding(Encoding::MsgPack),
         Ok("json") => options = options.encoding(Encoding::Json),
         Ok("compact") => options = options.encoding(Encoding::Compact),
-        Ok(other) => return Err(format!("PEER_ENCODING {other:?}: msgpack, json or compact").into()),
+        Ok(other) => {
+            return Err(format!("PEER_ENCODING {other:?}: msgpack, json or compact").into());
+        }
         Err(_) => {}
     }
     if let Ok(path) = std::env::var("PEER_SEED") {
@@ -87,9 +89,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         options = options.identity(Identity::from_seed(seed.trim())?);
     }
     if let Ok(trust) = std::env::var("PEER_TRUST") {
-        let (agent, key) = trust
-            .split_once('=')
-            .ok_or("PEER_TRUST is agent=U...")?;
+        let (agent, key) = trust.split_once('=').ok_or("PEER_TRUST is agent=U...")?;
         options = options
             .verify_signatures(SignaturePolicy {
                 require_signed: true,

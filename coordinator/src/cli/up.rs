@@ -226,12 +226,18 @@ async fn run_joined(
 }
 
 /// Starts the demo's Python agent when `python` names an interpreter.
-async fn start_python(python: Option<&std::path::Path>, server: &str) -> anyhow::Result<Option<PythonAgent>> {
+async fn start_python(
+    python: Option<&std::path::Path>,
+    server: &str,
+) -> anyhow::Result<Option<PythonAgent>> {
     let Some(python) = python else {
         return Ok(None);
     };
     let agent = PythonAgent::start(python, server).await?;
-    outln!("chorus up: Python agent online: {PYTHON_AGENT} ({})", python.display());
+    outln!(
+        "chorus up: Python agent online: {PYTHON_AGENT} ({})",
+        python.display()
+    );
     Ok(Some(agent))
 }
 

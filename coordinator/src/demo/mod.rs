@@ -31,10 +31,10 @@ mod skills;
 use agent_sdk::Agent;
 use tokio::sync::{Mutex, mpsc};
 
-pub use python::{PYTHON_AGENT, PythonAgent};
 pub use model::{
     Analysis, Calculation, DemoReport, OcrReport, Posting, ScannedDocument, Summary, TaskScenes,
 };
+pub use python::{PYTHON_AGENT, PythonAgent};
 
 const WATCHERS: [&str; 3] = ["audit", "dashboard", "notifier"];
 const RELAY_HOP_LIMIT: u8 = 8;

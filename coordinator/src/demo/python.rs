@@ -76,7 +76,8 @@ impl PythonAgent {
                 ));
             }
         }
-        let output = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let output =
+            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Ok(PythonAgent { child, output })
     }
 

@@ -250,7 +250,7 @@ class Agent:
                 await self._start_durable()
             await self._heartbeat()
 
-        self._spawn(apply())
+        self.spawn(apply())
 
     # -----------------------------------------------------------------------------------------
     # Life cycle
@@ -261,6 +261,11 @@ class Agent:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the agent is shutting down."""
+        return self._stopping
 
     @property
     def nc(self) -> NATS:
@@ -287,7 +292,7 @@ class Agent:
             await self._start_durable()
         if self.heartbeat_interval > 0:
             await self._heartbeat()
-            self._spawn(self._heartbeats(), name="chorus-heartbeats")
+            self.spawn(self._heartbeats(), name="chorus-heartbeats")
         return self
 
     async def flush(self) -> None:
@@ -333,7 +338,8 @@ class Agent:
                 await nc.close()
             self._nc = None
 
-    def _spawn(self, coro: Awaitable[Any], name: str = "chorus-setup") -> asyncio.Task[Any]:
+    def spawn(self, coro: Awaitable[Any], name: str = "chorus-setup") -> asyncio.Task[Any]:
+        """Runs ``coro`` as a task this agent owns: it waits for it at shutdown."""
         task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -433,7 +439,9 @@ class Agent:
             env.customer_id = parent.customer_id
         return env
 
-    def _set_payload(self, env: Envelope, payload: Payload, content_type: str | None) -> None:
+    def set_payload(self, env: Envelope, payload: Payload, content_type: str | None) -> None:
+        """Puts a payload into ``env``: bytes as they are, a ``Reply`` with its content type,
+        any other value encoded (MessagePack unless ``content_type`` says JSON)."""
         if isinstance(payload, Reply):
             env.payload, env.content_type = payload.payload, payload.content_type
         elif isinstance(payload, (bytes, bytearray, memoryview)):
@@ -444,7 +452,9 @@ class Agent:
             env.content_type = content_type or CONTENT_TYPE_MSGPACK
             env.payload = encode_payload(payload, env.content_type)
 
-    def _encode(self, subject: str, env: Envelope, encoding: Encoding | None = None) -> bytes:
+    def encode_for(self, subject: str, env: Envelope, encoding: Encoding | None = None) -> bytes:
+        """``env`` signed (when this agent signs) and encoded for ``subject``, within the size
+        limit (5006 past it)."""
         if self.identity is not None and env.signature is None:
             self.identity.sign(subject, env)
         data = encode(env, encoding or self.encoding, self.subjects.implied(subject))
@@ -454,7 +464,8 @@ class Agent:
         return data
 
     @staticmethod
-    def _headers(env: Envelope) -> dict[str, str] | None:
+    def nats_headers(env: Envelope) -> dict[str, str] | None:
+        """The NATS headers that mirror ``env``: its trace context, when it has one."""
         if env.trace is None:
             return None
         headers = {"traceparent": env.trace.traceparent}
@@ -463,7 +474,7 @@ class Agent:
         return headers
 
     async def _publish_envelope(self, subject: str, env: Envelope, reply: str = "") -> None:
-        await self.nc.publish(subject, self._encode(subject, env), reply=reply, headers=self._headers(env))
+        await self.nc.publish(subject, self.encode_for(subject, env), reply=reply, headers=self.nats_headers(env))
 
     async def publish(
         self,
@@ -481,7 +492,7 @@ class Agent:
         env.topic = topic
         env.priority = priority
         env.headers = dict(headers or {})
-        self._set_payload(env, payload, content_type)
+        self.set_payload(env, payload, content_type)
         count = self._seq.get(subject)
         if count is None:
             if len(self._seq) >= MAX_SEQ_SUBJECTS:
@@ -560,7 +571,7 @@ class Agent:
         env.ttl_ms = wait_ms
         env.expect = Expect(Performative.INFORM, wait_ms)
         env.headers = dict(headers or {})
-        self._set_payload(env, payload, content_type)
+        self.set_payload(env, payload, content_type)
         reply = await self._roundtrip(subject, env, wait_ms / 1000, encoding)
         if raw:
             return reply
@@ -571,9 +582,9 @@ class Agent:
 
     async def _roundtrip(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None = None) -> Envelope:
         """Sends a request envelope and returns the reply envelope; raises on a failure code."""
-        data = self._encode(subject, env, encoding)
+        data = self.encode_for(subject, env, encoding)
         try:
-            msg = await self.nc.request(subject, data, timeout=wait, headers=self._headers(env))
+            msg = await self.nc.request(subject, data, timeout=wait, headers=self.nats_headers(env))
         except nats.errors.NoRespondersError:
             raise ChorusError(StatusCode.NO_RESPONDERS, f"nobody serves {subject}") from None
         except nats.errors.TimeoutError:
@@ -614,20 +625,20 @@ class Agent:
         env.headers = dict(headers or {})
         if ttl is not None:
             env.ttl_ms = max(1, int(ttl * 1000))
-        self._set_payload(env, payload, content_type)
+        self.set_payload(env, payload, content_type)
         if delivery is Delivery.AT_MOST_ONCE:
             await self._publish_envelope(self.subjects.command(agent, command), env)
             return 0
         high = priority in (Priority.HIGH, Priority.CRITICAL)
         subject = self.subjects.durable_inbox(agent, high, command)
-        data = self._encode(subject, env)
+        data = self.encode_for(subject, env)
         limit = (self.max_message_bytes or self.nc.max_payload) - 4096
         if len(data) > limit:
             raise ChorusError(
                 StatusCode.DATA_FORMAT,
                 f"durable message of {len(data)} bytes exceeds the limit of max_payload - 4096 = {limit} bytes",
             )
-        nats_headers = self._headers(env) or {}
+        nats_headers = self.nats_headers(env) or {}
         if delivery is Delivery.EXACTLY_ONCE:
             nats_headers["Nats-Msg-Id"] = str(env.id)
         js = self.nc.jetstream(timeout=self.request_timeout)
@@ -665,7 +676,7 @@ class Agent:
         wait = self.request_timeout if timeout is None else timeout
         env.ttl_ms = int(wait * 1000)
         env.expect = Expect(Performative.INFORM, env.ttl_ms)
-        self._set_payload(env, query, CONTENT_TYPE_MSGPACK)
+        self.set_payload(env, query, CONTENT_TYPE_MSGPACK)
         found = _value(await self._roundtrip(self.subjects.discover, env, wait))
         return list(found or [])
 
@@ -687,7 +698,7 @@ class Agent:
         timeout_ms = int(timeout * 1000)
         env.expect = Expect(Performative.INFORM, timeout_ms)
         env.ttl_ms = timeout_ms + 5000
-        self._set_payload(env, payload, content_type)
+        self.set_payload(env, payload, content_type)
         report = _value(await self._roundtrip(subject, env, timeout + 5.0))
         return dict(report or {})
 
@@ -756,7 +767,7 @@ class Agent:
                 await self._overflow(msg, route)
                 return
             self._waiting += 1
-            self._spawn(self._run(msg, route, name), name="chorus-handler")
+            self.spawn(self._run(msg, route, name), name="chorus-handler")
 
         return on_message
 
@@ -891,13 +902,13 @@ class Agent:
             return
         env = self.reply_envelope(request, outcome)
         try:
-            data = self._encode(msg.reply, env, encoding)
+            data = self.encode_for(msg.reply, env, encoding)
         except ChorusError as e:
             # Too large for the server: a refusal instead.
             env = self.reply_envelope(request, e)
-            data = self._encode(msg.reply, env, encoding)
+            data = self.encode_for(msg.reply, env, encoding)
         try:
-            await self.nc.publish(msg.reply, data, headers=self._headers(env))
+            await self.nc.publish(msg.reply, data, headers=self.nats_headers(env))
         except Exception as e:  # noqa: BLE001 - the caller times out
             log.debug("reply not sent: %s", e)
 

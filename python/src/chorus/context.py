@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._host import Host
 from .codec import decode_payload, typed
 from .envelope import Envelope
 
-if TYPE_CHECKING:
-    from .agent import Agent
 
 
 @dataclass
@@ -26,7 +25,7 @@ class Context:
     ``publish``, ``send``) are forwards: they keep the conversation, count one more hop, and
     carry the parent's deadline and trace (docs/PROTOCOL.md section 7.3)."""
 
-    def __init__(self, agent: Agent, envelope: Envelope, subject: str, attempt: int = 1) -> None:
+    def __init__(self, agent: Host, envelope: Envelope, subject: str, attempt: int = 1) -> None:
         self.agent = agent
         self.envelope = envelope
         self.subject = subject

@@ -10,20 +10,19 @@ import logging
 import random
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 
+from ._host import Host
 from .codec import DecodeError, decode
 from .envelope import Kind, now_ms
 from .exactly_once import RetryAfter
 from .status import ChorusError, StatusCode
 
-if TYPE_CHECKING:
-    from .agent import Agent
 
 log = logging.getLogger("chorus")
 
@@ -170,7 +169,7 @@ def settle(policies: RetryPolicies, subject: str, delivered: int, kind: Kind, ou
 
 
 class DurableInbox:
-    def __init__(self, agent: Agent, options: InboxOptions) -> None:
+    def __init__(self, agent: Host, options: InboxOptions) -> None:
         self.agent = agent
         self.options = options
         self.policies = RetryPolicies()

@@ -251,6 +251,9 @@ def now_ms() -> int:
 _last_v7 = [0, 0]
 # Ids need to be unique, not secret: a generator seeded from the OS, fast to draw from.
 _random = random.Random(os.urandom(16))
+if hasattr(os, "register_at_fork"):
+    # A forked child draws its own ids, not its parent's.
+    os.register_at_fork(after_in_child=lambda: _random.seed(os.urandom(16)))
 
 
 def uuid7(ms: int | None = None) -> uuid.UUID:

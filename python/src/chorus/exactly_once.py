@@ -10,18 +10,17 @@ import base64
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
 from nats.js.api import KeyValueConfig, StorageType
 
+from ._host import Host
 from .context import Reply
 from .envelope import Envelope, now_ms
 from .status import ChorusError, StatusCode
 
-if TYPE_CHECKING:
-    from .agent import Agent
 
 log = logging.getLogger("chorus")
 
@@ -48,7 +47,7 @@ class _Local:
 
 
 class ExactlyOnce:
-    def __init__(self, agent: Agent, ttl: float = DEFAULT_IDEMPOTENCY_TTL) -> None:
+    def __init__(self, agent: Host, ttl: float = DEFAULT_IDEMPOTENCY_TTL) -> None:
         self.agent = agent
         self.ttl = ttl
         self._kv: Any = None

@@ -13,12 +13,13 @@ import random
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
 from nats.js.api import DeliverPolicy, StorageType, StreamConfig
 
+from ._host import Host
 from .codec import DecodeError, decode, decode_payload, typed
 from .context import Context, Reply
 from .envelope import (
@@ -35,8 +36,6 @@ from .envelope import (
 )
 from .status import ChorusError, StatusCode
 
-if TYPE_CHECKING:
-    from .agent import Agent
 
 log = logging.getLogger("chorus")
 
@@ -101,7 +100,7 @@ _SHAPES = {
 class TaskStore:
     """Reads and writes the tasks of one agent."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Host) -> None:
         self.agent = agent
         self.stream = agent.subjects.stream_name(TASK_STREAM)
         self._ready = False
@@ -152,7 +151,7 @@ class TaskStore:
         return env
 
     def _seal(self, subject: str, env: Envelope) -> bytes:
-        return self.agent._encode(subject, env)
+        return self.agent.encode_for(subject, env)
 
     async def append(self, task: uuid.UUID, kind: str, env: Envelope) -> int:
         """Stores a message of the task that is not a change of state; its sequence."""
@@ -206,7 +205,7 @@ class TaskContext(Context):
     """What a task handler gets: the submission (``data()``), and ways to report progress,
     stream chunks, ask the requester, and see a cancel."""
 
-    def __init__(self, agent: Agent, envelope: Envelope, subject: str, run: _Run) -> None:
+    def __init__(self, agent: Host, envelope: Envelope, subject: str, run: _Run) -> None:
         super().__init__(agent, envelope, subject)
         self._run = run
 
@@ -237,7 +236,7 @@ class TaskContext(Context):
         env.progress = Progress(TaskState.WORKING, None if fraction is None else min(max(fraction, 0.0), 1.0))
         env.reason = message
         if data is not None:
-            self.agent._set_payload(env, data, None)
+            self.agent.set_payload(env, data, None)
         return await store.append(self._run.id, "progress", env)
 
     async def chunk(self, data: Any, last: bool = False) -> int:
@@ -246,7 +245,7 @@ class TaskContext(Context):
         run.chunks += 1
         env = run.store.message(run.id, Kind.EVENT, Performative.DONE if last else Performative.INFORM)
         env.seq = Seq(run.epoch, run.chunks)
-        self.agent._set_payload(env, data, None)
+        self.agent.set_payload(env, data, None)
         return await run.store.append(run.id, "chunk", env)
 
     async def ask(self, question: str, prompt: Any = None) -> Any:
@@ -255,7 +254,7 @@ class TaskContext(Context):
         env = run.store.state_message(run.id, TaskState.INPUT_REQUIRED)
         env.reason = question
         if prompt is not None:
-            self.agent._set_payload(env, prompt, None)
+            self.agent.set_payload(env, prompt, None)
         await run.set_state(env)
         stop = asyncio.ensure_future(run.stop.wait())
         answer = asyncio.ensure_future(run.inputs.get())
@@ -301,7 +300,7 @@ TaskHandler = Callable[[TaskContext], Awaitable[Any]]
 class Tasks:
     """Serves task handlers for one agent."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Host) -> None:
         self.agent = agent
         self.store = TaskStore(agent)
 
@@ -317,7 +316,7 @@ class Tasks:
         if env.performative is not Performative.ASSIGN or env.correlation_id is None:
             raise ChorusError(StatusCode.INVALID_ARGUMENT, "this command runs as a task: submit it as one")
         agent = self.agent
-        if agent._stopping:
+        if agent.stopping:
             raise ChorusError(StatusCode.UNAVAILABLE, "the agent is shutting down")
         task = env.correlation_id
         store = self.store
@@ -340,7 +339,7 @@ class Tasks:
         )
         subs = await self._listen(run)
         context = TaskContext(agent, record, ctx.subject, run)
-        agent._spawn(self._drive(run, context, handler, subs), name="chorus-task")
+        agent.spawn(self._drive(run, context, handler, subs), name="chorus-task")
 
     async def _listen(self, run: _Run) -> list[Any]:
         nc = self.agent.nc
@@ -405,7 +404,7 @@ class Tasks:
                     pass
 
     async def _agent_stopping(self) -> None:
-        while not self.agent._stopping:
+        while not self.agent.stopping:
             await asyncio.sleep(0.1)
 
     def _end(self, run: _Run, work: asyncio.Future[Any]) -> Envelope:
@@ -431,7 +430,7 @@ class Tasks:
         result = work.result()
         # A typed result is written in the submission's content type, as a reply would be.
         typed = not isinstance(result, (bytes, bytearray, Reply))
-        self.agent._set_payload(env, result, run.content_type if typed else None)
+        self.agent.set_payload(env, result, run.content_type if typed else None)
         return env
 
 
@@ -496,7 +495,7 @@ class TaskHandle:
     """A submitted task: follow it, wait for its result, answer its questions, cancel it.
     ``agent.task(id)`` makes one for a task found again after a restart."""
 
-    def __init__(self, agent: Agent, store: TaskStore, task: uuid.UUID, deadline_ms: int | None = None) -> None:
+    def __init__(self, agent: Host, store: TaskStore, task: uuid.UUID, deadline_ms: int | None = None) -> None:
         self.agent = agent
         self.store = store
         self.id = task
@@ -601,12 +600,12 @@ class TaskHandle:
             raise ChorusError(StatusCode.TASK_STATE, f"task {self.id} is not waiting for input")
         env = self.store.message(self.id, Kind.RESPONSE, Performative.INFORM)
         env.in_reply_to = last[1].id
-        self.agent._set_payload(env, answer, None)
+        self.agent.set_payload(env, answer, None)
         await self.store.append(self.id, "input", env)
 
 
 async def submit(
-    agent: Agent,
+    agent: Host,
     store: TaskStore,
     payload: Any,
     *,
@@ -634,12 +633,12 @@ async def submit(
     if deadline is not None:
         env.deadline_ms = env.timestamp_ms + int(deadline * 1000)
     env.expect = Expect(Performative.CONFIRM if verify else Performative.AGREE, int(timeout * 1000))
-    agent._set_payload(env, payload, None)
+    agent.set_payload(env, payload, None)
     await store.transition(task, (0, TaskState.UNKNOWN), env)
     handle = TaskHandle(agent, store, task, env.deadline_ms)
     try:
-        data = agent._encode(subject, env)
-        msg = await agent.nc.request(subject, data, timeout=timeout, headers=agent._headers(env))
+        data = agent.encode_for(subject, env)
+        msg = await agent.nc.request(subject, data, timeout=timeout, headers=agent.nats_headers(env))
         reply, _ = decode(msg.data)
         status = reply.status if reply.status is not None else StatusCode.OK
         if status not in (5001, 5002, 5021):

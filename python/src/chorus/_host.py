@@ -1,0 +1,69 @@
+"""What the SDK's parts (the durable inbox, exactly-once records, tasks, a handler's context)
+need of the agent they serve, as a structural type: they depend on this, not on the ``Agent``
+class, so no module imports the agent back."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+
+from .envelope import Envelope
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+
+    from .codec import Encoding
+    from .subjects import Subjects
+
+
+class Host(Protocol):
+    """An agent, as its parts see it."""
+
+    id: str
+    instance: str
+    subjects: Subjects
+    request_timeout: float
+    max_message_bytes: int | None
+    stats: Any
+
+    @property
+    def nc(self) -> Client: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def encode_for(self, subject: str, env: Envelope, encoding: Encoding | None = None) -> bytes:
+        """``env`` signed (when the agent signs) and encoded for ``subject``."""
+        ...
+
+    def nats_headers(self, env: Envelope) -> dict[str, str] | None:
+        """The NATS headers that mirror ``env`` (its trace context)."""
+        ...
+
+    def set_payload(self, env: Envelope, payload: Any, content_type: str | None) -> None:
+        """Puts a payload value (bytes, a ``Reply``, or a value to encode) into ``env``."""
+        ...
+
+    def reply_payload(self, request: Envelope | None, value: Any) -> tuple[bytes, str]: ...
+
+    def spawn(self, coro: Awaitable[Any], name: str = ...) -> asyncio.Task[Any]:
+        """Runs ``coro`` as a task the agent waits for at shutdown."""
+        ...
+
+    async def handle(self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1) -> Any: ...
+
+    # Sends, with the keyword options of the agent's own methods.
+    @property
+    def request(self) -> Callable[..., Awaitable[Any]]: ...
+
+    @property
+    def request_capability(self) -> Callable[..., Awaitable[Any]]: ...
+
+    @property
+    def publish(self) -> Callable[..., Awaitable[None]]: ...
+
+    @property
+    def send(self) -> Callable[..., Awaitable[int]]: ...
+
+
+__all__ = ["Host"]
