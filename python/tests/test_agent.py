@@ -25,7 +25,7 @@ from chorus import (
     encode,
     encode_payload,
 )
-from chorus.envelope import now_ms
+from chorus.envelope import Trace, now_ms
 
 WAIT = 10.0
 
@@ -194,3 +194,35 @@ async def test_dataclass_payloads_in_and_out_and_a_wrong_shape_is_5006(server: A
                 with pytest.raises(ChorusError) as wrong:
                     await buyer.request("py-shop", "order", {"item": "tea"}, content_type=content_type)
                 assert wrong.value.status == StatusCode.DATA_FORMAT
+
+
+async def test_trace_context_is_carried_into_replies_and_forwards_and_mirrored_in_headers(server: Any) -> None:
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    seen: asyncio.Queue[Any] = asyncio.Queue()
+    async with Agent("py-traced", servers=server.url, heartbeat_interval=0) as traced, Agent(
+        "py-next", servers=server.url, heartbeat_interval=0
+    ) as nxt:
+
+        @nxt.command("inner")
+        async def inner(ctx: Context) -> str:
+            await seen.put(ctx.envelope)
+            return "inner done"
+
+        @traced.command("outer")
+        async def outer(ctx: Context) -> Any:
+            return await ctx.request("py-next", "inner", None)
+
+        await nxt.flush()
+        request = Envelope.new(Kind.REQUEST, Performative.REQUEST, "client")
+        request.trace = Trace(traceparent, "congo=t61rcWkgMzE")
+        nc = await nats.connect(server.url)
+        try:
+            msg = await nc.request(traced.subjects.command("py-traced", "outer"), encode(request), timeout=WAIT)
+        finally:
+            await nc.close()
+        reply, _ = decode(msg.data)
+        assert reply.status == 5002 and reply.trace == request.trace
+        assert msg.headers is not None and msg.headers.get("traceparent") == traceparent
+        forwarded = await asyncio.wait_for(seen.get(), WAIT)
+        assert forwarded.trace == request.trace
+        assert forwarded.correlation_id == request.id and forwarded.hops == 1

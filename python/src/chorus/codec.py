@@ -38,6 +38,7 @@ from .envelope import (
     Trace,
     Vocabulary,
     uuid7_ms,
+    uuid_from_bytes,
 )
 from .status import StatusCode
 from .subjects import Implied
@@ -712,7 +713,7 @@ def _uuid(name: str, v: Any, binary: bool) -> uuid.UUID:
     if binary:
         if not isinstance(v, bytes) or len(v) != 16:
             raise _malformed(f"{name} is not a 16-byte uuid")
-        return uuid.UUID(bytes=v)
+        return uuid_from_bytes(v)
     if not isinstance(v, str):
         raise _malformed(f"{name} is not a uuid string")
     try:
@@ -909,7 +910,7 @@ def _c_bin(v: Any) -> bytes:
 def _c_uuid(v: Any) -> uuid.UUID:
     if type(v) is not bytes or len(v) != 16:
         raise ValueError
-    return uuid.UUID(bytes=v)
+    return uuid_from_bytes(v)
 
 
 def _c_pair(v: Any) -> tuple[Any, Any]:

@@ -270,7 +270,26 @@ def uuid7(ms: int | None = None) -> uuid.UUID:
     _last_v7[0], _last_v7[1] = ms, counter
     rand_b = _random.getrandbits(62)
     value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand_b
-    return uuid.UUID(int=value)
+    return uuid_from_int(value)
+
+
+_new_object = object.__new__
+_set_slot = object.__setattr__
+_UNKNOWN_SAFETY = uuid.SafeUUID.unknown
+
+
+def uuid_from_int(value: int) -> uuid.UUID:
+    """A ``uuid.UUID`` of a 128-bit value the caller guarantees is in range, without
+    ``UUID.__init__``'s argument parsing (the hot paths make two or three per message)."""
+    u = _new_object(uuid.UUID)
+    _set_slot(u, "int", value)
+    _set_slot(u, "is_safe", _UNKNOWN_SAFETY)
+    return u
+
+
+def uuid_from_bytes(data: bytes) -> uuid.UUID:
+    """A ``uuid.UUID`` of exactly 16 big-endian bytes (checked by the caller)."""
+    return uuid_from_int(int.from_bytes(data, "big"))
 
 
 def uuid7_ms(u: uuid.UUID) -> int | None:
