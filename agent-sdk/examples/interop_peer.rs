@@ -2,7 +2,8 @@
 //! talk to it in every message kind, both ways. It serves:
 //!
 //! - `echo` (returns its argument), `fail` (always 5018), `ask` (`{"to", "command",
-//!   "payload"}`: asks that agent in turn and returns its answer, or fails with its code),
+//!   "payload"}`: asks that agent in turn and returns its answer, or fails with its code;
+//!   `ask_sealed` the same with the payload encrypted for that agent),
 //!   `emit` (`{"topic", "payload"}`: publishes that event), `send` (`{"to", "command",
 //!   "payload"}`: stores that durable command), and `record` (durable: publishes
 //!   `interop.recorded` with its argument and the attempt);
@@ -18,13 +19,16 @@
 //! Settings from the environment: `CHORUS_NATS_URL`, `PEER_ID` (default `rust-peer`),
 //! `PEER_ENCODING` (`msgpack`, `json` or `compact`; default: follow the bus), `PEER_SEED` (a
 //! file with an nkey seed: sign what it sends), `PEER_TRUST` (`agent=U...`: verify signatures
-//! and refuse unsigned messages). It prints `interop_peer: ready` once everything is
+//! and refuse unsigned messages), `PEER_ENCRYPTION_SECRET` (its X25519 key, base64: open
+//! payloads encrypted for it) and `PEER_TRUST_ENCRYPTION` (`agent=<base64 public key>`: whom
+//! `ask_sealed` encrypts for). It prints `interop_peer: ready` once everything is
 //! subscribed, and stops on Ctrl-C, SIGTERM or the end of its standard input.
 //!
 //! ```sh
 //! cargo run -p agent-sdk --example interop_peer
 //! ```
 
+use agent_sdk::encryption::EncryptionKey;
 use agent_sdk::security::{Identity, SignaturePolicy};
 use agent_sdk::{
     AgentOptions, Call, Context, DeliveryClass, Encoding, HandlerError, StatusCode, TaskContext,
@@ -88,6 +92,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let seed = std::fs::read_to_string(&path)?;
         options = options.identity(Identity::from_seed(seed.trim())?);
     }
+    if let Ok(secret) = std::env::var("PEER_ENCRYPTION_SECRET") {
+        options = options.encryption_key(EncryptionKey::from_secret(secret.trim())?);
+    }
+    if let Ok(trust) = std::env::var("PEER_TRUST_ENCRYPTION") {
+        let (agent, key) = trust
+            .split_once('=')
+            .ok_or("PEER_TRUST_ENCRYPTION is agent=<base64 key>")?;
+        options = options.trust_encryption(agent, key);
+    }
     if let Ok(trust) = std::env::var("PEER_TRUST") {
         let (agent, key) = trust.split_once('=').ok_or("PEER_TRUST is agent=U...")?;
         options = options
@@ -109,6 +122,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .await?;
     peer.on_command("ask", |ctx: Context, ask: Ask| async move {
         let answer: Value = ctx.request(&ask.to, &ask.command, &ask.payload).await?;
+        Ok::<_, HandlerError>(answer)
+    })
+    .await?;
+    peer.on_command("ask_sealed", |ctx: Context, ask: Ask| async move {
+        let call = Call::agent(&ask.to, &ask.command)
+            .payload(&ask.payload)?
+            .encrypt_for([ask.to.clone()]);
+        let answer: Value = ctx.call(call).await?.payload_as()?;
         Ok::<_, HandlerError>(answer)
     })
     .await?;

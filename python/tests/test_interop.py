@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from chorus import Agent, ChorusError, Context, Delivery, Encoding, Identity, StatusCode, Verifier
+import nats
+
+from chorus import Agent, ChorusError, Context, Delivery, Encoding, EncryptionKey, Identity, StatusCode, Verifier, decode
 
 from .conftest import rust_binary
 
@@ -311,3 +313,55 @@ async def test_the_coordinator_registers_discovers_and_broadcasts_to_python_agen
             assert await eventually("registry.left for py-member", left) == StatusCode.DISCONNECTED
     finally:
         coordinator.stop()
+
+
+async def test_encrypted_payloads_both_ways(server: Any, rust_peer: Any) -> None:
+    py_key, rust_key = EncryptionKey.generate(), EncryptionKey.generate()
+    peer = rust_peer(
+        "rust-sealed",
+        PEER_ENCRYPTION_SECRET=rust_key.secret,
+        PEER_TRUST_ENCRYPTION=f"py-sealed={py_key.public_key}",
+    )
+    whispered: list[Any] = []
+    async with py_agent(server, "py-sealed", encryption_key=py_key) as py:
+        py.trust_encryption(peer.id, rust_key.public_key)
+
+        @py.command("whisper")
+        async def whisper(ctx: Context) -> str:
+            whispered.append(ctx.data())
+            return "heard"
+
+        # What crosses the bus to the Python agent is ciphertext.
+        tap = await nats.connect(server.url)
+        seen: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def on_tap(msg: Any) -> None:
+            await seen.put(msg.data)
+
+        await tap.subscribe("chorus.agent.py-sealed.whisper", cb=on_tap)
+        await tap.flush()
+        await py.flush()
+        try:
+            # Python -> Rust: the Rust peer opens it and echoes the plaintext.
+            assert await py.request(peer.id, "echo", {"card": "4111"}, encrypt_for=[peer.id]) == {"card": "4111"}
+            # Rust -> Python: the peer encrypts for the Python agent, which opens it.
+            answer = await py.request(peer.id, "ask_sealed", {"to": py.id, "command": "whisper", "payload": "the launch code"})
+            assert answer == "heard" and whispered == ["the launch code"]
+            sealed = decode(await asyncio.wait_for(seen.get(), WAIT))[0]
+            assert sealed.content_type == "application/chorus-encrypted" and sealed.encryption is not None
+            assert b"launch" not in sealed.payload
+        finally:
+            await tap.close()
+
+        # An agent without a key refuses an encrypted payload (5007), unopened.
+        async with py_agent(server, "py-keyless") as keyless:
+
+            @keyless.command("whisper")
+            async def keyless_whisper(ctx: Context) -> str:
+                return "should not run"
+
+            await keyless.flush()
+            py.trust_encryption("py-keyless", EncryptionKey.generate().public_key)
+            with pytest.raises(ChorusError) as refused:
+                await py.request("py-keyless", "whisper", "x", encrypt_for=["py-keyless"])
+            assert refused.value.status == StatusCode.ACCESS

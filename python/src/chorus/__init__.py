@@ -20,6 +20,7 @@ from .envelope import (  # noqa: E402
     Priority,
     TaskState,
 )
+from .encryption import EncryptionKey  # noqa: E402
 from .signing import Identity, Verifier  # noqa: E402
 from .status import ChorusError, StatusCode  # noqa: E402
 from .subjects import SubjectError, Subjects  # noqa: E402
@@ -32,6 +33,7 @@ __all__ = [
     "DecodeError",
     "Delivery",
     "Encoding",
+    "EncryptionKey",
     "Envelope",
     "Identity",
     "InboxOptions",

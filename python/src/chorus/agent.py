@@ -36,6 +36,7 @@ from .envelope import (
     now_ms,
     uuid7,
 )
+from .encryption import EncryptionKey, encrypt
 from .signing import Identity, Verifier
 from .status import ChorusError, StatusCode, reply_performative
 from .subjects import Subjects, validate_dotted, validate_token
@@ -115,6 +116,7 @@ class Agent:
         encoding: Encoding | None = None,
         identity: Identity | None = None,
         verifier: Verifier | None = None,
+        encryption_key: EncryptionKey | None = None,
         heartbeat_interval: float = 5.0,
         request_timeout: float = 5.0,
         max_in_flight: int = 64,
@@ -136,6 +138,8 @@ class Agent:
         self._bus_major = 1
         self.identity = identity
         self.verifier = verifier
+        self.encryption_key = encryption_key
+        self._encryption_trust: dict[str, str] = {}
         self.heartbeat_interval = heartbeat_interval
         self.request_timeout = request_timeout
         self.max_in_flight = max_in_flight
@@ -363,6 +367,8 @@ class Agent:
         ]
         if self.identity is not None:
             fields.append(("public_key", self.identity.public_key))
+        if self.encryption_key is not None:
+            fields.append(("encryption_key", self.encryption_key.public_key))
         fields += [
             ("heartbeat_ms", int(self.heartbeat_interval * 1000)),
             ("started_ms", self.started_ms),
@@ -408,6 +414,32 @@ class Agent:
         if self._fixed_encoding is not None:
             return self._fixed_encoding
         return Encoding.COMPACT if self._bus_major == 2 else Encoding.MSGPACK
+
+    def trust_encryption(self, agent: str, public_key: str) -> Agent:
+        """Registers ``agent``'s public encryption key (base64) for ``encrypt_for``, besides
+        the one its manifest announces."""
+        self._encryption_trust[validate_token("agent id", agent)] = public_key
+        return self
+
+    async def _encrypt(self, env: Envelope, recipients: list[str]) -> None:
+        """Seals ``env``'s payload for ``recipients``; keys from :meth:`trust_encryption`, else
+        from the registry (discovery). 5007 when one has no known key."""
+        missing = [a for a in recipients if a not in self._encryption_trust]
+        if missing:
+            try:
+                for record in await self.discover():
+                    manifest = record.get("manifest", {})
+                    if manifest.get("agent") in missing and manifest.get("encryption_key"):
+                        self._encryption_trust[manifest["agent"]] = manifest["encryption_key"]
+            except ChorusError:
+                pass
+        keys = []
+        for agent in recipients:
+            key = self._encryption_trust.get(agent)
+            if key is None:
+                raise ChorusError(StatusCode.ACCESS, f"no encryption key is known for {agent}")
+            keys.append((agent, key))
+        encrypt(env, keys)
 
     # -----------------------------------------------------------------------------------------
     # Sending
@@ -515,6 +547,7 @@ class Agent:
         headers: dict[str, str] | None = None,
         encoding: Encoding | None = None,
         returns: type[Any] | None = None,
+        encrypt_for: list[str] | None = None,
     ) -> Any:
         """Asks ``agent`` to run ``command`` and returns the answer's value (as a ``returns``
         when given: a dataclass, a pydantic model or a plain type; the reply envelope itself
@@ -524,7 +557,7 @@ class Agent:
         env = self._envelope(Kind.REQUEST, Performative.REQUEST, parent)
         env.to = [agent]
         env.name = command
-        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns)
+        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns, encrypt_for)
 
     async def request_capability(
         self,
@@ -539,6 +572,7 @@ class Agent:
         headers: dict[str, str] | None = None,
         encoding: Encoding | None = None,
         returns: type[Any] | None = None,
+        encrypt_for: list[str] | None = None,
     ) -> Any:
         """Asks one agent serving ``capability`` (any of them, or the one named by ``at``);
         as :meth:`request` otherwise."""
@@ -550,7 +584,7 @@ class Agent:
         env.capability = capability
         if at is not None:
             env.to = [at]
-        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns)
+        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns, encrypt_for)
 
     async def _call(
         self,
@@ -563,6 +597,7 @@ class Agent:
         headers: dict[str, str] | None,
         encoding: Encoding | None,
         returns: type[Any] | None = None,
+        encrypt_for: list[str] | None = None,
     ) -> Any:
         wait = self.request_timeout if timeout is None else timeout
         wait_ms = max(1, int(wait * 1000))
@@ -572,6 +607,8 @@ class Agent:
         env.expect = Expect(Performative.INFORM, wait_ms)
         env.headers = dict(headers or {})
         self.set_payload(env, payload, content_type)
+        if encrypt_for:
+            await self._encrypt(env, encrypt_for)
         reply = await self._roundtrip(subject, env, wait_ms / 1000, encoding)
         if raw:
             return reply
@@ -612,6 +649,7 @@ class Agent:
         content_type: str | None = None,
         parent: Envelope | None = None,
         headers: dict[str, str] | None = None,
+        encrypt_for: list[str] | None = None,
     ) -> int:
         """Sends a command in a delivery class: ``AT_MOST_ONCE`` publishes it to the agent's
         command subject; ``AT_LEAST_ONCE`` and ``EXACTLY_ONCE`` store it in the agent's
@@ -626,6 +664,8 @@ class Agent:
         if ttl is not None:
             env.ttl_ms = max(1, int(ttl * 1000))
         self.set_payload(env, payload, content_type)
+        if encrypt_for:
+            await self._encrypt(env, encrypt_for)
         if delivery is Delivery.AT_MOST_ONCE:
             await self._publish_envelope(self.subjects.command(agent, command), env)
             return 0
@@ -862,6 +902,14 @@ class Agent:
         if self.verifier is not None:
             try:
                 self.verifier.verify(subject, env)
+            except ChorusError as e:
+                return e
+        if env.encryption is not None:
+            # After the signature check, which covers the ciphertext.
+            if self.encryption_key is None:
+                return ChorusError(StatusCode.ACCESS, "this agent has no decryption key")
+            try:
+                self.encryption_key.decrypt(self.id, env)
             except ChorusError as e:
                 return e
         return None
