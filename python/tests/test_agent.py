@@ -4,6 +4,7 @@ events, and what the inbound pipeline refuses."""
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,3 +227,41 @@ async def test_trace_context_is_carried_into_replies_and_forwards_and_mirrored_i
         forwarded = await asyncio.wait_for(seen.get(), WAIT)
         assert forwarded.trace == request.trace
         assert forwarded.correlation_id == request.id and forwarded.hops == 1
+
+
+async def test_nats_service_discovery_lists_a_python_agent(server: Any) -> None:
+    async with Agent("py-svc", servers=server.url, heartbeat_interval=0) as svc:
+
+        @svc.command("work")
+        async def work(ctx: Context) -> str:
+            if ctx.data() == "fail":
+                raise ChorusError(StatusCode.INVALID_ARGUMENT, "asked to")
+            return "done"
+
+        @svc.capability("py.svc")
+        async def cap(ctx: Context) -> str:
+            return "cap"
+
+        await svc.flush()
+        async with Agent("py-svc-client", servers=server.url, heartbeat_interval=0) as client:
+            assert await client.request("py-svc", "work", "ok") == "done"
+            with pytest.raises(ChorusError):
+                await client.request("py-svc", "work", "fail")
+        nc = await nats.connect(server.url)
+        try:
+            ping = json.loads((await nc.request("$SRV.PING.py-svc", b"", timeout=WAIT)).data)
+            info = json.loads((await nc.request(f"$SRV.INFO.py-svc.{svc.instance}", b"", timeout=WAIT)).data)
+            stats = json.loads((await nc.request("$SRV.STATS.py-svc", b"", timeout=WAIT)).data)
+        finally:
+            await nc.close()
+        assert ping["type"] == "io.nats.micro.v1.ping_response" and ping["name"] == "py-svc" and ping["id"] == svc.instance
+        assert ping["metadata"] == {"chorus.root": "chorus", "chorus.capabilities": "py.svc"}
+        assert info["type"] == "io.nats.micro.v1.info_response"
+        assert [(e["name"], e["subject"], e["queue_group"]) for e in info["endpoints"]] == [
+            ("work", "chorus.agent.py-svc.work", ""),
+            ("py.svc", "chorus.cap.py.svc", "chorus.cap.py.svc"),
+        ]
+        work_stats = stats["endpoints"][0]
+        assert (work_stats["num_requests"], work_stats["num_errors"]) == (2, 1)
+        assert work_stats["last_error"] == "5018 asked to" and work_stats["processing_time"] > 0
+        assert stats["started"].endswith("Z")

@@ -7,6 +7,7 @@ import asyncio
 import inspect
 import logging
 import random
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, TypeVar, Union
@@ -37,6 +38,8 @@ from .envelope import (
     uuid7,
 )
 from .encryption import EncryptionKey, encrypt
+from . import service
+from .service import EndpointStats
 from .signing import Identity, Verifier
 from .status import ChorusError, StatusCode, reply_performative
 from .subjects import Subjects, validate_dotted, validate_token
@@ -126,6 +129,7 @@ class Agent:
         capability_version: str = "",
         max_message_bytes: int | None = None,
         durable_inbox: bool = True,
+        service_discovery: bool = True,
         inbox: InboxOptions | None = None,
         default_delivery: Delivery = Delivery.AT_LEAST_ONCE,
         shutdown_timeout: float = 10.0,
@@ -149,6 +153,8 @@ class Agent:
         self.capability_version = capability_version
         self.max_message_bytes = max_message_bytes
         self.durable_inbox = durable_inbox
+        self.service_discovery = service_discovery
+        self._endpoint_stats: dict[str, EndpointStats] = {}
         self.inbox_options = inbox or InboxOptions()
         self.default_delivery = default_delivery
         self.shutdown_timeout = shutdown_timeout
@@ -291,6 +297,9 @@ class Agent:
         for pattern in list(self._events):
             await self._subscribe_event(pattern)
         self._subs.append(await nc.subscribe(self.subjects.wire, cb=self._on_wire))
+        if self.service_discovery:
+            for subject in service.subjects(self.id, self.instance):
+                self._subs.append(await nc.subscribe(subject, cb=self._on_service))
         await nc.flush()
         if self._commands and self.durable_inbox:
             await self._start_durable()
@@ -398,6 +407,34 @@ class Agent:
             await asyncio.sleep(self.heartbeat_interval)
             if not self._stopping:
                 await self._heartbeat()
+
+    async def _on_service(self, msg: Msg) -> None:
+        if not msg.reply:
+            return
+        endpoints = [
+            (name, self.subjects.command(self.id, name), "", self._endpoint_stats.setdefault(name, EndpointStats()))
+            for name in sorted(self._commands)
+        ] + [
+            (
+                name,
+                self.subjects.capability(name),
+                self.subjects.capability(name),
+                self._endpoint_stats.setdefault(name, EndpointStats()),
+            )
+            for name in sorted(self._capabilities)
+        ]
+        body = service.answer(
+            msg.subject.split(".")[1],
+            agent=self.id,
+            instance=self.instance,
+            version=__version__,
+            root=self.subjects.root,
+            capabilities=sorted(self._capabilities),
+            endpoints=endpoints,
+            started_ms=self.started_ms,
+        )
+        if body is not None:
+            await self.nc.publish(msg.reply, body)
 
     async def _on_wire(self, msg: Msg) -> None:
         try:
@@ -866,9 +903,18 @@ class Agent:
             self.stats.refused += 1
             return ChorusError(StatusCode.UNKNOWN_COMMAND, f"no handler for {subject}")
         ctx = Context(self, env, subject, attempt)
+        started = time.perf_counter_ns()
         if env.delivery is Delivery.EXACTLY_ONCE and route != "event":
-            return await self._exactly_once.run(env, lambda: self._invoke(handler, ctx))
-        return await self._invoke(handler, ctx)
+            outcome = await self._exactly_once.run(env, lambda: self._invoke(handler, ctx))
+        else:
+            outcome = await self._invoke(handler, ctx)
+        if route != "event":
+            endpoint = name if route == "capability" else (self.subjects.command_name(subject) or self.subjects.durable_command(subject) or "")
+            self._endpoint_stats.setdefault(endpoint, EndpointStats()).record(
+                time.perf_counter_ns() - started,
+                f"{outcome.status} {outcome.reason}" if isinstance(outcome, ChorusError) else None,
+            )
+        return outcome
 
     async def _invoke(self, handler: Callable[[Context], Awaitable[Any]], ctx: Context) -> Any:
         """Runs a handler: its value, or the :class:`ChorusError` to answer with (anything
