@@ -133,3 +133,37 @@ async def test_a_task_past_its_deadline_expires(server: Any) -> None:
         handle = await requester.submit(None, to="py-slowpoke", name="forever", deadline=0.5)
         result = await handle.result(timeout=WAIT)
         assert (result.state, result.status, result.worker) == (TaskState.EXPIRED, 5011, "py-slowpoke")
+
+
+async def test_a_python_requester_verifies_results_and_reassigns_a_failed_one(server: Any, rust_peer: Any) -> None:
+    first, second = rust_peer("rust-writer-1"), rust_peer("rust-writer-2")
+    async with py_agent(server, "py-checker") as py:
+        handle = await py.submit("tasks", to=first.id, name="draft", verify=True)
+
+        def not_from_the_first(report: Any) -> Any:
+            return report.envelope.from_ != first.id or f"{first.id}'s drafts are not accepted"
+
+        result = await asyncio.wait_for(py.verify(handle, not_from_the_first, candidates=[second.id]), WAIT)
+        assert (result.state, result.status, result.worker) == (TaskState.COMPLETED, 5002, second.id)
+        assert result.data() == "a short draft about tasks"
+        updates = await collect(py.task_handle(handle.id))
+        submitted = [u.envelope for u in updates if u.state is TaskState.SUBMITTED]
+        assert [s.to for s in submitted] == [[first.id], [second.id]]
+        assert submitted[1].reason == f"{first.id}'s drafts are not accepted; reassigned to {second.id}"
+        assert [u.envelope.from_ for u in updates if u.kind == "report"] == [first.id, second.id]
+
+    # A Python worker whose every result fails: retried once, reassigned, then 5025.
+    async with py_agent(server, "py-sloppy") as sloppy, py_agent(server, "py-checker-2") as py:
+
+        @sloppy.task("draft")
+        async def draft(task: TaskContext) -> str:
+            return "lorem ipsum"
+
+        await sloppy.flush()
+        handle = await py.submit("tasks", to="py-sloppy", name="draft", verify=True)
+        result = await asyncio.wait_for(
+            py.verify(handle, lambda report: "not a draft", retries=1, candidates=[first.id], max_attempts=4), WAIT
+        )
+        assert (result.state, result.status) == (TaskState.FAILED, StatusCode.UNVERIFIED)
+        reports = [u.envelope.from_ for u in await collect(py.task_handle(handle.id)) if u.kind == "report"]
+        assert reports == ["py-sloppy", "py-sloppy", first.id, first.id]

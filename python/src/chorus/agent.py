@@ -43,7 +43,8 @@ from .service import EndpointStats
 from .signing import Identity, Verifier
 from .status import ChorusError, StatusCode, reply_performative
 from .subjects import Subjects, validate_dotted, validate_token
-from .tasks import TaskHandle, TaskHandler, Tasks
+from .tasks import Check, TaskHandle, TaskHandler, TaskResult, Tasks
+from .tasks import verify as verify_task
 from .tasks import submit as submit_task
 
 log = logging.getLogger("chorus")
@@ -806,6 +807,28 @@ class Agent:
             deadline=deadline,
             timeout=self.request_timeout if timeout is None else timeout,
             verify=verify,
+        )
+
+    async def verify(
+        self,
+        handle: TaskHandle,
+        check: Check,
+        *,
+        max_attempts: int = 3,
+        retries: int = 0,
+        candidates: tuple[str, ...] | list[str] = (),
+        supervisor: str | None = None,
+    ) -> TaskResult:
+        """Judges each result of a task submitted with ``verify=True`` until one passes or the
+        attempts run out (then 5025); see :func:`chorus.tasks.verify`."""
+        return await verify_task(
+            self,
+            handle,
+            check,
+            max_attempts=max_attempts,
+            retries=retries,
+            candidates=candidates,
+            supervisor=supervisor,
         )
 
     def task_handle(self, task: uuid.UUID | str) -> TaskHandle:

@@ -8,6 +8,7 @@ A requester submits with ``await agent.submit(...)`` and gets a :class:`TaskHand
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import uuid
@@ -602,6 +603,147 @@ class TaskHandle:
         env.in_reply_to = last[1].id
         self.agent.set_payload(env, answer, None)
         await self.store.append(self.id, "input", env)
+
+
+Check = Callable[[TaskUpdate], Any]
+
+
+async def verify(
+    agent: Host,
+    handle: TaskHandle,
+    check: Check,
+    *,
+    max_attempts: int = 3,
+    retries: int = 0,
+    candidates: tuple[str, ...] | list[str] = (),
+    supervisor: str | None = None,
+) -> TaskResult:
+    """Sees a task submitted with ``verify=True`` through (section 7.4, verified results): each
+    attempt's report is judged by ``check`` (sync or async; ``True`` or ``None`` passes it,
+    ``False`` or a string fails it, the string saying why); a report that passes is written as
+    ``completed``; one that fails starts the next attempt, on the same agent while ``retries``
+    allow, then on the first of ``candidates`` that has not failed, then on ``supervisor``, up
+    to ``max_attempts`` in all, after which the task fails with 5025 ``unverified``. Returns
+    how the task ended. Run it again after a restart: reports already judged are not judged
+    twice."""
+    store = handle.store
+    task = handle.id
+    last = await store.last(task, "status")
+    judged_up_to = last[0] if last else 0
+    submission: Envelope | None = None
+    attempts = 0
+    tries: dict[str, int] = {}
+    failed: list[str] = []
+    chain: list[str] = []
+    passed_by: str | None = None
+
+    def choose(previous: str) -> str | None:
+        if attempts >= max_attempts:
+            return None
+        if tries.get(previous, 0) <= retries:
+            return previous
+        for candidate in candidates:
+            if candidate not in failed and candidate != supervisor:
+                return candidate
+        if supervisor is not None and supervisor not in failed:
+            return supervisor
+        return None
+
+    async def resubmit(to: str, why: str) -> None:
+        assert submission is not None
+        again = Envelope.new(submission.kind, submission.performative, agent.id)
+        for name in ("correlation_id", "name", "capability", "deadline_ms", "expect", "progress", "status", "content_type", "payload", "headers"):
+            setattr(again, name, getattr(submission, name))
+        again.to = [to]
+        again.reason = f"{why}; reassigned to {to}"
+        if submission.capability is not None:
+            subject = agent.subjects.capability_at(to, submission.capability)
+        elif submission.name is not None:
+            subject = agent.subjects.command(to, submission.name)
+        else:
+            raise ChorusError(StatusCode.INVALID_ARGUMENT, "the submission names no command or capability")
+        await store.transition(task, None, again)
+        wait = (again.expect.timeout_ms / 1000) if again.expect else agent.request_timeout
+        try:
+            msg = await agent.nc.request(subject, agent.encode_for(subject, again), timeout=wait, headers=agent.nats_headers(again))
+        except nats.errors.NoRespondersError:
+            raise ChorusError(StatusCode.NO_RESPONDERS, f"nobody serves {subject}") from None
+        except nats.errors.TimeoutError:
+            raise ChorusError(StatusCode.TIMEOUT, f"{to} did not take it within {wait} s") from None
+        reply, _ = decode(msg.data)
+        if reply.status is not None and reply.status not in (5001, 5002, 5021):
+            raise ChorusError(reply.status, reply.reason or "")
+
+    async def end(state: TaskState, status: int, reason: str | None, report: Envelope | None) -> None:
+        env = store.state_message(task, state)
+        env.status = int(status)
+        env.reason = reason
+        if report is not None:
+            env.in_reply_to = report.id
+            env.payload, env.content_type = report.payload, report.content_type
+        try:
+            await store.transition(task, None, env)
+        except ChorusError as e:
+            if e.status != StatusCode.TASK_STATE:
+                raise
+
+    async for update in handle.updates():
+        env = update.envelope
+        if update.kind == "status":
+            if submission is None:
+                submission = env
+            if update.state in FINAL:
+                result = handle._result(env)
+                if passed_by is not None and result.state is TaskState.COMPLETED:
+                    result.worker = passed_by
+                return result
+            continue
+        if update.kind != "report":
+            continue
+        attempts += 1
+        tries[env.from_] = tries.get(env.from_, 0) + 1
+        if update.seq < judged_up_to:
+            failed.append(env.from_)
+            chain.append(f"attempt {attempts} by {env.from_}: failed (judged earlier)")
+            continue
+        if env.performative is Performative.DONE:
+            verdict = check(update)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+            why = None if verdict is True or verdict is None else (verdict if isinstance(verdict, str) else "the check failed")
+        else:
+            why = f"failed with {env.status or StatusCode.HANDLER_FAILED}" + (f": {env.reason}" if env.reason else "")
+        if why is None:
+            passed_by = env.from_
+            await end(TaskState.COMPLETED, StatusCode.OK, None, env)
+            continue
+        failed.append(env.from_)
+        chain.append(f"attempt {attempts} by {env.from_}: {why}")
+        previous = env.from_
+        while True:
+            nxt = choose(previous)
+            if nxt is None:
+                await end(
+                    TaskState.FAILED,
+                    StatusCode.UNVERIFIED,
+                    f"no result passed verification in {attempts} attempts: " + "; ".join(chain),
+                    None,
+                )
+                break
+            try:
+                await resubmit(nxt, why)
+                break
+            except ChorusError as e:
+                if e.status == StatusCode.TASK_STATE:
+                    break
+                # It did not take it: that counts as its attempt.
+                attempts += 1
+                tries[nxt] = tries.get(nxt, 0) + 1
+                failed.append(nxt)
+                why = f"not taken ({e})"
+                chain.append(f"attempt {attempts} by {nxt}: {why}")
+                previous = nxt
+    raise ChorusError(StatusCode.TASK_STATE, f"task {task}: its messages ended before a final state")
 
 
 async def submit(
