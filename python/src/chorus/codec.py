@@ -968,6 +968,75 @@ def _c_encryption(v: Any) -> Encryption:
     return Encryption(_c_str(v[0]), _c_str(v[1]), recipients)
 
 
+def _s_set(name: str, read: Callable[[Any], Any]) -> Callable[[Envelope, Any, dict[int, Any]], None]:
+    def setter(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
+        setattr(env, name, read(v))
+
+    return setter
+
+
+def _s_timestamp(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
+    extra[5] = _c_uint(v)
+
+
+def _s_correlation(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
+    env.correlation_id = None if v is None else _c_uuid(v)
+
+
+def _s_seq(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
+    epoch, n = _c_pair(v)
+    env.seq = Seq(_c_uint(epoch, 32), _c_uint(n))
+
+
+def _s_expect(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
+    perf, timeout = _c_pair(v)
+    env.expect = Expect(Performative.from_code(_c_uint(perf)), _c_uint(timeout))
+
+
+def _s_signature(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
+    key, value = _c_pair(v)
+    env.signature = Signature(key=_c_str(key), value=_c_bin(value))
+
+
+def _s_check(read: Callable[[Any], Any]) -> Callable[[Envelope, Any, dict[int, Any]], None]:
+    def setter(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
+        read(v)
+
+    return setter
+
+
+# What each compact key (beyond 0-4) sets; 23-25 (trace context) are read together after.
+_SETTERS: dict[int, Callable[[Envelope, Any, dict[int, Any]], None]] = {
+    5: _s_timestamp,
+    6: _s_correlation,
+    7: _s_set("in_reply_to", _c_uuid),
+    8: _s_set("to", _c_strings),
+    9: _s_set("topic", _c_str),
+    10: _s_set("capability", _c_str),
+    11: _s_set("name", _c_str),
+    12: _s_set("ttl_ms", _c_uint),
+    13: _s_set("deadline_ms", _c_uint),
+    14: _s_set("hops", lambda v: _c_uint(v, 8)),
+    15: _s_set("hop_limit", lambda v: _c_uint(v, 8)),
+    16: _s_set("priority", lambda v: Priority.from_code(_c_uint(v))),
+    17: _s_set("delivery", lambda v: Delivery.from_code(_c_uint(v))),
+    18: _s_seq,
+    19: _s_expect,
+    20: _s_set("progress", _c_progress),
+    21: _s_set("status", lambda v: _c_uint(v, 16)),
+    22: _s_set("reason", _c_str),
+    26: _s_set("session_id", _c_str),
+    27: _s_set("customer_id", _c_str),
+    28: _s_set("headers", _c_headers),
+    29: _s_set("content_type", _c_content_type),
+    30: _s_set("payload", _c_bin),
+    31: _s_set("token", _c_str),
+    32: _s_signature,
+    33: _s_set("encryption", _c_encryption),
+    34: _s_check(lambda v: _c_uint(v, 16)),
+}
+
+
 def _decode_compact(data: bytes) -> Envelope:
     raw = _unpack_map(data, _PREFIX)
     major = raw.get(0)
@@ -978,12 +1047,8 @@ def _decode_compact(data: bytes) -> Envelope:
     for required, name in ((1, "id"), (2, "from"), (3, "kind"), (4, "performative")):
         if required not in raw:
             raise _malformed(f"{_PREFIX}no {name} (key {required})")
-    key = 0
+    key: Any = 1
     try:
-        for key in raw:
-            if type(key) is not int or key < 0:
-                raise _malformed(_PREFIX + "a key that is not a small unsigned integer")
-        key = 1
         env = Envelope(
             id=_c_uuid(raw[1]),
             from_="",
@@ -997,92 +1062,15 @@ def _decode_compact(data: bytes) -> Envelope:
         env.kind = Kind.from_code(_c_uint(raw[3]))
         key = 4
         env.performative = Performative.from_code(_c_uint(raw[4]))
-        get = raw.get
-        timestamp = None
-        key = 5
-        if (v := get(5, _ABSENT)) is not _ABSENT:
-            timestamp = _c_uint(v)
-        key = 7
-        if (v := get(7, _ABSENT)) is not _ABSENT:
-            env.in_reply_to = _c_uuid(v)
-        key = 6
-        if (v := get(6, _ABSENT)) is not _ABSENT:
-            env.correlation_id = None if v is None else _c_uuid(v)
-        key = 8
-        if (v := get(8, _ABSENT)) is not _ABSENT:
-            env.to = _c_strings(v)
-        key = 9
-        if (v := get(9, _ABSENT)) is not _ABSENT:
-            env.topic = _c_str(v)
-        key = 10
-        if (v := get(10, _ABSENT)) is not _ABSENT:
-            env.capability = _c_str(v)
-        key = 11
-        if (v := get(11, _ABSENT)) is not _ABSENT:
-            env.name = _c_str(v)
-        key = 12
-        if (v := get(12, _ABSENT)) is not _ABSENT:
-            env.ttl_ms = _c_uint(v)
-        key = 13
-        if (v := get(13, _ABSENT)) is not _ABSENT:
-            env.deadline_ms = _c_uint(v)
-        key = 14
-        if (v := get(14, _ABSENT)) is not _ABSENT:
-            env.hops = _c_uint(v, 8)
-        key = 15
-        if (v := get(15, _ABSENT)) is not _ABSENT:
-            env.hop_limit = _c_uint(v, 8)
-        key = 16
-        if (v := get(16, _ABSENT)) is not _ABSENT:
-            env.priority = Priority.from_code(_c_uint(v))
-        key = 17
-        if (v := get(17, _ABSENT)) is not _ABSENT:
-            env.delivery = Delivery.from_code(_c_uint(v))
-        key = 18
-        if (v := get(18, _ABSENT)) is not _ABSENT:
-            epoch, n = _c_pair(v)
-            env.seq = Seq(_c_uint(epoch, 32), _c_uint(n))
-        key = 19
-        if (v := get(19, _ABSENT)) is not _ABSENT:
-            perf, timeout = _c_pair(v)
-            env.expect = Expect(Performative.from_code(_c_uint(perf)), _c_uint(timeout))
-        key = 20
-        if (v := get(20, _ABSENT)) is not _ABSENT:
-            env.progress = _c_progress(v)
-        key = 21
-        if (v := get(21, _ABSENT)) is not _ABSENT:
-            env.status = _c_uint(v, 16)
-        key = 22
-        if (v := get(22, _ABSENT)) is not _ABSENT:
-            env.reason = _c_str(v)
-        key = 26
-        if (v := get(26, _ABSENT)) is not _ABSENT:
-            env.session_id = _c_str(v)
-        key = 27
-        if (v := get(27, _ABSENT)) is not _ABSENT:
-            env.customer_id = _c_str(v)
-        key = 28
-        if (v := get(28, _ABSENT)) is not _ABSENT:
-            env.headers = _c_headers(v)
-        key = 29
-        if (v := get(29, _ABSENT)) is not _ABSENT:
-            env.content_type = _c_content_type(v)
-        key = 30
-        if (v := get(30, _ABSENT)) is not _ABSENT:
-            env.payload = _c_bin(v)
-        key = 31
-        if (v := get(31, _ABSENT)) is not _ABSENT:
-            env.token = _c_str(v)
-        key = 32
-        if (v := get(32, _ABSENT)) is not _ABSENT:
-            sig_key, sig_value = _c_pair(v)
-            env.signature = Signature(key=_c_str(sig_key), value=_c_bin(sig_value))
-        key = 33
-        if (v := get(33, _ABSENT)) is not _ABSENT:
-            env.encryption = _c_encryption(v)
-        key = 34
-        if (v := get(34, _ABSENT)) is not _ABSENT:
-            _c_uint(v, 16)
+        extra: dict[int, Any] = {}
+        for key, v in raw.items():
+            if type(key) is not int or key < 0:
+                raise _malformed(_PREFIX + "a key that is not a small unsigned integer")
+            if key > 4:
+                setter = _SETTERS.get(key)
+                if setter is not None:
+                    setter(env, v, extra)
+        timestamp = extra.get(5)
         if 6 not in raw:
             env.correlation_id = env.in_reply_to
         traceparent = None
