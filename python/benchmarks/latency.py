@@ -3,10 +3,10 @@ Chorus Python -> Rust (the `interop_peer` example), sequential requests with a 1
 payload, p50 and p99 of each; and, to tell the envelope's share from the agent's, plain nats-py
 writing and reading the envelope itself (codec only, no agent). The Python responders run in a
 process of their own, as the Rust one does. What the envelope costs in Python is the
-"with the envelope" figure less the plain one; what the whole SDK costs, the Chorus
-Python -> Python figure less the plain one.
+"with the envelope" figure less the plain one, round by round (the median of the rounds'
+differences); what the whole SDK costs, the Chorus Python -> Python figure less the plain one.
 
-    .tools/python/bin/python python/benchmarks/latency.py [--requests 10000] [--rounds 10] [--encoding compact]
+    .tools/python/bin/python python/benchmarks/latency.py [--requests 10000] [--rounds 20] [--encoding compact]
 
 It starts its own nats-server (``NATS_SERVER`` or ``.tools/bin/nats-server``) on a free loopback
 port, and the Rust peer from ``CARGO_TARGET_DIR`` (or ``target``)/debug or /release; build it
@@ -64,9 +64,10 @@ def peer_binary() -> Path:
     raise SystemExit("build the Rust peer first: cargo build --release -p agent-sdk --example interop_peer")
 
 
-async def measure(rounds: int, n: int, calls: list[Any]) -> list[tuple[float, float]]:
+async def measure(rounds: int, n: int, calls: list[Any]) -> tuple[list[tuple[float, float]], list[list[float]]]:
     """p50 and p99 of each call, measured in interleaved rounds of ``n`` so that drift on a
-    busy machine touches every path alike: the p50 is the median of the rounds' medians."""
+    busy machine touches every path alike: the p50 is the median of the rounds' medians. Also
+    each round's median per call, for differences taken round by round."""
     for call in calls:
         for _ in range(200):  # warm up
             await call()
@@ -85,7 +86,14 @@ async def measure(rounds: int, n: int, calls: list[Any]) -> list[tuple[float, fl
     for i in range(len(calls)):
         ordered = sorted(samples[i])
         out.append((statistics.median(medians[i]), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]))
-    return out
+    return out, medians
+
+
+def cost(medians: list[list[float]], row: int) -> float:
+    """What ``row`` adds to plain nats-py (row 0): the median over rounds of the difference of
+    the two in the same round, which a machine slowing down or speeding up between rounds
+    does not move."""
+    return statistics.median(m - p for m, p in zip(medians[row], medians[0]))
 
 
 async def serve(url: str, encoding: Encoding) -> None:
@@ -145,7 +153,7 @@ async def run(url: str, n: int, rounds: int, encoding: Encoding) -> None:
         async def py_to_rust() -> None:
             await caller.request("rust-peer", "echo", PAYLOAD)
 
-        figures = await measure(rounds, n // rounds, [raw, envelope_only, py_to_py, py_to_rust])
+        figures, medians = await measure(rounds, n // rounds, [raw, envelope_only, py_to_py, py_to_rust])
     names = [
         "plain nats-py request-reply",
         f"nats-py with the envelope ({encoding.value})",
@@ -158,10 +166,9 @@ async def run(url: str, n: int, rounds: int, encoding: Encoding) -> None:
     print(f"  {'path':<42} {'p50':>8} {'p99':>8}")
     for name, (p50, p99) in rows:
         print(f"  {name:<42} {p50:8.0f} {p99:8.0f}")
-    envelope = rows[1][1][0] - rows[0][1][0]
-    agent = rows[2][1][0] - rows[0][1][0]
-    print(f"  the envelope's cost in Python, both ends (with the envelope less plain), p50: {envelope / 1000:.3f} ms")
-    print(f"  the SDK's cost in Python, both ends (Python -> Python less plain), p50: {agent / 1000:.3f} ms")
+    print("  costs, the median over rounds of each round's p50 less plain nats-py's in that round:")
+    print(f"  the envelope's cost in Python, both ends (with the envelope less plain): {cost(medians, 1) / 1000:.3f} ms")
+    print(f"  the SDK's cost in Python, both ends (Python -> Python less plain): {cost(medians, 2) / 1000:.3f} ms")
 
 
 def started(proc: subprocess.Popen[str], marker: str) -> None:
@@ -178,7 +185,7 @@ def started(proc: subprocess.Popen[str], marker: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=10000)
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--encoding", choices=[e.value for e in Encoding], default="compact")
     parser.add_argument("--serve", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
