@@ -5,7 +5,7 @@
 //!   "payload"}`: asks that agent in turn and returns its answer, or fails with its code;
 //!   `ask_sealed` the same with the payload encrypted for that agent),
 //!   `emit` (`{"topic", "payload"}`: publishes that event), `send` (`{"to", "command",
-//!   "payload"}`: stores that durable command), and `record` (durable: publishes
+//!   "payload", "delivery"}`: sends that command, stored unless `at_most_once`), and `record` (durable: publishes
 //!   `interop.recorded` with its argument and the attempt);
 //! - the capability `interop.upper` (a string, upper-cased);
 //! - events on `interop.ping.>`, answered with the event `interop.pong` (`{"from", "topic",
@@ -44,6 +44,9 @@ struct Ask {
     command: String,
     #[serde(default)]
     payload: Value,
+    /// For `send`: `at_most_once`, `at_least_once` (the default) or `exactly_once`.
+    #[serde(default)]
+    delivery: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -142,8 +145,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     peer.on_command("send", move |_ctx: Context, ask: Ask| {
         let sender = sender.clone();
         async move {
+            let class = match ask.delivery.as_deref() {
+                Some("at_most_once") => DeliveryClass::AtMostOnce,
+                Some("exactly_once") => DeliveryClass::ExactlyOnce,
+                _ => DeliveryClass::AtLeastOnce,
+            };
             let call = Call::agent(&ask.to, &ask.command)
-                .delivery(DeliveryClass::AtLeastOnce)
+                .command()
+                .delivery(class)
                 .payload(&ask.payload)?;
             let receipt = sender.send(call).await?;
             Ok::<_, HandlerError>(json!({ "stored": receipt.stream_seq }))

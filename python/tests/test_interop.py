@@ -365,3 +365,27 @@ async def test_encrypted_payloads_both_ways(server: Any, rust_peer: Any) -> None
             with pytest.raises(ChorusError) as refused:
                 await py.request("py-keyless", "whisper", "x", encrypt_for=["py-keyless"])
             assert refused.value.status == StatusCode.ACCESS
+
+
+async def test_core_commands_without_a_reply_both_ways(server: Any, rust_peer: Any) -> None:
+    peer = rust_peer("rust-core-commands")
+    recorded: asyncio.Queue[Any] = asyncio.Queue()
+    noted: asyncio.Queue[Any] = asyncio.Queue()
+    async with py_agent(server, "py-commander") as py:
+
+        @py.event("interop.recorded")
+        async def on_recorded(ctx: Context) -> None:
+            await recorded.put(ctx.data())
+
+        @py.command("note")
+        async def note(ctx: Context) -> None:
+            await noted.put((ctx.sender, ctx.envelope.kind.value, ctx.data()))
+
+        await py.flush()
+        # Python -> Rust: an at-most-once command, published to the command subject, no reply.
+        assert await py.send(peer.id, "record", {"core": True}, delivery=Delivery.AT_MOST_ONCE) == 0
+        assert await asyncio.wait_for(recorded.get(), WAIT) == {"payload": {"core": True}, "attempt": 1, "from": py.id}
+        # Rust -> Python: the same the other way.
+        sent = await py.request(peer.id, "send", {"to": py.id, "command": "note", "payload": 7, "delivery": "at_most_once"})
+        assert sent == {"stored": None}
+        assert await asyncio.wait_for(noted.get(), WAIT) == (peer.id, "command", 7)
