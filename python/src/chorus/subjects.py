@@ -44,12 +44,16 @@ class Implied:
     name: str | None = None
 
 
+_NOTHING = Implied()
+
+
 class Subjects:
     """The subjects of one bus (one root)."""
 
     def __init__(self, root: str = "chorus") -> None:
         self.root = validate_dotted("subject root", root)
         self._implied: dict[str, Implied] = {}
+        self._prefix = self.root + "."
 
     def command(self, agent: str, command: str) -> str:
         validate_token("agent id", agent)
@@ -128,6 +132,9 @@ class Subjects:
 
     def implied(self, subject: str) -> Implied:
         """What ``subject`` carries (nothing for a reply inbox or another root's subject)."""
+        if not subject.startswith(self._prefix):
+            # A reply inbox (a new subject per request) carries nothing: not worth a cache slot.
+            return _NOTHING
         found = self._implied.get(subject)
         if found is None:
             found = self._implied_of(subject)
