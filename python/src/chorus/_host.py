@@ -32,6 +32,10 @@ class Host(Protocol):
     @property
     def stopping(self) -> bool: ...
 
+    async def until_stopping(self) -> None:
+        """Returns once the agent starts shutting down."""
+        ...
+
     def encode_for(self, subject: str, env: Envelope, encoding: Encoding | None = None) -> bytes:
         """``env`` signed (when the agent signs) and encoded for ``subject``."""
         ...
@@ -48,6 +52,10 @@ class Host(Protocol):
 
     def spawn(self, coro: Awaitable[Any], name: str = ...) -> asyncio.Task[Any]:
         """Runs ``coro`` as a task the agent waits for at shutdown."""
+        ...
+
+    async def exchange(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None = None) -> Envelope:
+        """Sends a request envelope and returns its reply; raises on a failure code."""
         ...
 
     async def handle(self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1) -> Any: ...

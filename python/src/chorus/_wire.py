@@ -6,71 +6,76 @@ from __future__ import annotations
 import struct
 
 
+def _header(b: bytearray, n: int, small: int | None, small_limit: int, formats: bytes) -> None:
+    """A length header: the fix form below ``small_limit`` (when the family has one), else the
+    8-, 16- or 32-bit form whose first bytes ``formats`` lists (a zero where there is none)."""
+    if small is not None and n < small_limit:
+        b.append(small | n)
+    elif formats[0] and n < 0x100:
+        b += bytes((formats[0], n))
+    elif n < 0x10000:
+        b += bytes((formats[1],)) + n.to_bytes(2, "big")
+    else:
+        b += bytes((formats[2],)) + n.to_bytes(4, "big")
+
+
+def put_uint(b: bytearray, n: int) -> None:
+    """An unsigned integer in its smallest format."""
+    if 0 <= n < 0x80:
+        b.append(n)
+    elif 0 <= n < 0x100:
+        b += b"\xcc" + n.to_bytes(1, "big")
+    elif 0 <= n < 0x10000:
+        b += b"\xcd" + n.to_bytes(2, "big")
+    elif 0 <= n < 0x100000000:
+        b += b"\xce" + n.to_bytes(4, "big")
+    elif 0 <= n < 1 << 64:
+        b += b"\xcf" + n.to_bytes(8, "big")
+    else:
+        raise ValueError(f"{n} is not an unsigned 64-bit integer")
+
+
+def put_str(b: bytearray, s: str) -> None:
+    data = s.encode("utf-8")
+    _header(b, len(data), 0xA0, 32, b"\xd9\xda\xdb")
+    b += data
+
+
+def put_bin(b: bytearray, data: bytes) -> None:
+    _header(b, len(data), None, 0, b"\xc4\xc5\xc6")
+    b += data
+
+
+def put_array(b: bytearray, n: int) -> None:
+    _header(b, n, 0x90, 16, b"\x00\xdc\xdd")
+
+
+def put_map(b: bytearray, n: int) -> None:
+    _header(b, n, 0x80, 16, b"\x00\xde\xdf")
+
+
 class Writer:
+    """A buffer with the writers above as methods."""
+
     __slots__ = ("buf",)
 
     def __init__(self) -> None:
         self.buf = bytearray()
 
     def uint(self, n: int) -> None:
-        b = self.buf
-        if n < 0:
-            raise ValueError(f"{n} is not an unsigned integer")
-        if n < 0x80:
-            b.append(n)
-        elif n < 0x100:
-            b += b"\xcc" + n.to_bytes(1, "big")
-        elif n < 0x10000:
-            b += b"\xcd" + n.to_bytes(2, "big")
-        elif n < 0x100000000:
-            b += b"\xce" + n.to_bytes(4, "big")
-        elif n < 1 << 64:
-            b += b"\xcf" + n.to_bytes(8, "big")
-        else:
-            raise ValueError(f"{n} does not fit 64 bits")
+        put_uint(self.buf, n)
 
     def str(self, s: str) -> None:
-        data = s.encode("utf-8")
-        n = len(data)
-        b = self.buf
-        if n < 32:
-            b.append(0xA0 | n)
-        elif n < 0x100:
-            b += b"\xd9" + n.to_bytes(1, "big")
-        elif n < 0x10000:
-            b += b"\xda" + n.to_bytes(2, "big")
-        else:
-            b += b"\xdb" + n.to_bytes(4, "big")
-        b += data
+        put_str(self.buf, s)
 
     def bin(self, data: bytes) -> None:
-        n = len(data)
-        b = self.buf
-        if n < 0x100:
-            b += b"\xc4" + n.to_bytes(1, "big")
-        elif n < 0x10000:
-            b += b"\xc5" + n.to_bytes(2, "big")
-        else:
-            b += b"\xc6" + n.to_bytes(4, "big")
-        b += data
+        put_bin(self.buf, data)
 
     def array(self, n: int) -> None:
-        b = self.buf
-        if n < 16:
-            b.append(0x90 | n)
-        elif n < 0x10000:
-            b += b"\xdc" + n.to_bytes(2, "big")
-        else:
-            b += b"\xdd" + n.to_bytes(4, "big")
+        put_array(self.buf, n)
 
     def map(self, n: int) -> None:
-        b = self.buf
-        if n < 16:
-            b.append(0x80 | n)
-        elif n < 0x10000:
-            b += b"\xde" + n.to_bytes(2, "big")
-        else:
-            b += b"\xdf" + n.to_bytes(4, "big")
+        put_map(self.buf, n)
 
     def f32(self, x: float) -> None:
         self.buf += b"\xca" + struct.pack(">f", x)

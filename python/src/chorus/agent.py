@@ -18,8 +18,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from . import __version__
-from ._wire import Writer
-from .codec import DecodeError, Encoding, decode, decode_payload, encode, encode_payload, sniff, typed
+from .codec import F32, DecodeError, Encoding, Struct, decode, decode_payload, encode, encode_payload, encode_struct, sniff, typed
 from .context import Context, Reply
 from .durable import DurableInbox, InboxOptions
 from .exactly_once import ExactlyOnce
@@ -41,7 +40,7 @@ from .encryption import EncryptionKey, encrypt
 from . import service
 from .service import EndpointStats
 from .signing import Identity, Verifier
-from .status import ChorusError, StatusCode, reply_performative
+from .status import ChorusError, StatusCode, is_success, reply_performative
 from .subjects import Subjects, validate_dotted, validate_token
 from .tasks import Check, TaskHandle, TaskHandler, TaskResult, Tasks
 from .tasks import verify as verify_task
@@ -175,6 +174,7 @@ class Agent:
         self._busy = 0
         self._seq: dict[str, list[int]] = {}
         self._stopping = False
+        self._stopped = asyncio.Event()
         self._durable: DurableInbox | None = None
         self._task_worker = Tasks(self)
         self._exactly_once = ExactlyOnce(self)
@@ -278,6 +278,10 @@ class Agent:
         """Whether the agent is shutting down."""
         return self._stopping
 
+    async def until_stopping(self) -> None:
+        """Returns once the agent starts shutting down."""
+        await self._stopped.wait()
+
     @property
     def nc(self) -> NATS:
         if self._nc is None:
@@ -323,6 +327,7 @@ class Agent:
         if self._nc is None or self._stopping:
             return
         self._stopping = True
+        self._stopped.set()
         nc = self._nc
         try:
             if nc.is_connected and self.heartbeat_interval > 0:
@@ -368,11 +373,11 @@ class Agent:
         fields: list[tuple[str, Any]] = [
             ("agent", self.id),
             ("instance", self.instance),
-            ("capabilities", [[("name", c), ("version", self.capability_version)] for c in sorted(self._capabilities)]),
+            ("capabilities", [Struct([("name", c), ("version", self.capability_version)]) for c in sorted(self._capabilities)]),
             ("commands", sorted(self._commands)),
             ("groups", sorted(self.groups)),
             ("content_types", [CONTENT_TYPE_MSGPACK, CONTENT_TYPE_JSON]),
-            ("load", ("f32", min(load, 1.0))),
+            ("load", F32(min(load, 1.0))),
             ("availability", "away" if self._stopping else ("busy" if load >= 1.0 else "available")),
         ]
         if self.identity is not None:
@@ -385,9 +390,7 @@ class Agent:
             ("sdk_version", __version__),
             ("wire_versions", [1, 2]),
         ]
-        w = Writer()
-        _write_plain(w, fields)
-        return bytes(w.buf)
+        return encode_struct(fields)
 
     async def _send_presence(self, goodbye: bool = False) -> None:
         env = Envelope.new(Kind.HEARTBEAT, Performative.DONE if goodbye else Performative.HEALTH, self.id)
@@ -647,7 +650,7 @@ class Agent:
         self.set_payload(env, payload, content_type)
         if encrypt_for:
             await self._encrypt(env, encrypt_for)
-        reply = await self._roundtrip(subject, env, wait_ms / 1000, encoding)
+        reply = await self.exchange(subject, env, wait_ms / 1000, encoding)
         if raw:
             return reply
         try:
@@ -655,8 +658,10 @@ class Agent:
         except DecodeError as e:
             raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from None
 
-    async def _roundtrip(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None = None) -> Envelope:
-        """Sends a request envelope and returns the reply envelope; raises on a failure code."""
+    async def exchange(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None = None) -> Envelope:
+        """Sends ``env`` as a request on ``subject`` and returns the reply envelope within
+        ``wait`` seconds; raises :class:`ChorusError` with the reply's failure code, 5012 when
+        nobody serves the subject, 5005 on timeout, 5006 for a reply that does not decode."""
         data = self.encode_for(subject, env, encoding)
         try:
             msg = await self.nc.request(subject, data, timeout=wait, headers=self.nats_headers(env))
@@ -670,9 +675,8 @@ class Agent:
             raise ChorusError(StatusCode.DATA_FORMAT, f"the reply did not decode: {e.reason}") from None
         if self.verifier is not None:
             self.verifier.verify(msg.subject, reply)
-        status = reply.status if reply.status is not None else StatusCode.OK
-        if status not in (5001, 5002, 5021):
-            raise ChorusError(status, reply.reason or "")
+        if reply.status is not None and not is_success(reply.status):
+            raise ChorusError(reply.status, reply.reason or "")
         return reply
 
     async def send(
@@ -755,7 +759,7 @@ class Agent:
         env.ttl_ms = int(wait * 1000)
         env.expect = Expect(Performative.INFORM, env.ttl_ms)
         self.set_payload(env, query, CONTENT_TYPE_MSGPACK)
-        found = _value(await self._roundtrip(self.subjects.discover, env, wait))
+        found = _value(await self.exchange(self.subjects.discover, env, wait))
         return list(found or [])
 
     async def broadcast(
@@ -777,7 +781,7 @@ class Agent:
         env.expect = Expect(Performative.INFORM, timeout_ms)
         env.ttl_ms = timeout_ms + 5000
         self.set_payload(env, payload, content_type)
-        report = _value(await self._roundtrip(subject, env, timeout + 5.0))
+        report = _value(await self.exchange(subject, env, timeout + 5.0))
         return dict(report or {})
 
     async def submit(
@@ -856,20 +860,24 @@ class Agent:
         async def on_message(msg: Msg) -> None:
             if self._stopping:
                 return
-            if gaps is not None:
-                # Events are checked for gaps as they arrive, before anything is queued.
-                try:
-                    env, _ = decode(msg.data, self.subjects.implied(msg.subject), self.max_message_bytes)
-                    self.stats.lost += gaps.observe(env.from_, msg.subject, env.seq)
-                except DecodeError:
-                    pass
+            # Decoded once, here: an event's numbering is checked as it arrives, before anything
+            # is queued, and the handler gets the same envelope.
+            decoded = self._decode(msg)
+            if gaps is not None and not isinstance(decoded, DecodeError):
+                self.stats.lost += gaps.observe(decoded[0].from_, msg.subject, decoded[0].seq)
             if self._waiting >= self.queue_capacity:
                 await self._overflow(msg, route)
                 return
             self._waiting += 1
-            self.spawn(self._run(msg, route, name), name="chorus-handler")
+            self.spawn(self._run(msg, route, name, decoded), name="chorus-handler")
 
         return on_message
+
+    def _decode(self, msg: Msg) -> tuple[Envelope, Encoding] | DecodeError:
+        try:
+            return decode(msg.data, self.subjects.implied(msg.subject), self.max_message_bytes)
+        except DecodeError as e:
+            return e
 
     async def _overflow(self, msg: Msg, route: str) -> None:
         if route == "event" or not msg.reply:
@@ -879,13 +887,13 @@ class Agent:
         self.stats.shed += 1
         await self._answer(msg, None, _encoding_of(msg.data, self.encoding), ChorusError(StatusCode.UNAVAILABLE, "overloaded: the agent's queue is full"))
 
-    async def _run(self, msg: Msg, route: str, name: str) -> None:
+    async def _run(self, msg: Msg, route: str, name: str, decoded: tuple[Envelope, Encoding] | DecodeError) -> None:
         try:
             async with self._slots:
                 self._waiting -= 1
                 self._busy += 1
                 try:
-                    await self._process(msg, route, name)
+                    await self._process(msg, route, name, decoded)
                 finally:
                     self._busy -= 1
         except asyncio.CancelledError:
@@ -893,14 +901,13 @@ class Agent:
         except Exception:  # noqa: BLE001 - a handler's crash must not end the agent
             log.exception("agent %s: message on %s not handled", self.id, msg.subject)
 
-    async def _process(self, msg: Msg, route: str, name: str) -> None:
-        encoding = _encoding_of(msg.data, self.encoding)
-        try:
-            env, encoding = decode(msg.data, self.subjects.implied(msg.subject), self.max_message_bytes)
-        except DecodeError as e:
+    async def _process(self, msg: Msg, route: str, name: str, decoded: tuple[Envelope, Encoding] | DecodeError) -> None:
+        if isinstance(decoded, DecodeError):
             self.stats.refused += 1
-            await self._answer(msg, None, encoding, ChorusError(StatusCode.DATA_FORMAT, e.reason))
+            encoding = _encoding_of(msg.data, self.encoding)
+            await self._answer(msg, None, encoding, ChorusError(StatusCode.DATA_FORMAT, decoded.reason))
             return
+        env, encoding = decoded
         outcome = await self.handle(env, msg.subject, route, name)
         if route == "event":
             if isinstance(outcome, ChorusError):
@@ -1069,36 +1076,6 @@ def _value(reply: Envelope) -> Any:
         except DecodeError as e:
             raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from None
     return reply.payload
-
-
-def _write_plain(w: Writer, fields: list[tuple[str, Any]]) -> None:
-    w.map(len(fields))
-    for key, value in fields:
-        w.str(key)
-        _write_any(w, value)
-
-
-def _write_any(w: Writer, value: Any) -> None:
-    if isinstance(value, tuple) and len(value) == 2 and value[0] == "f32":
-        w.f32(value[1])
-    elif isinstance(value, bool):
-        w.bool(value)
-    elif isinstance(value, int):
-        w.uint(value)
-    elif isinstance(value, float):
-        w.f64(value)
-    elif isinstance(value, str):
-        w.str(value)
-    elif isinstance(value, list) and value and isinstance(value[0], list) and value[0] and isinstance(value[0][0], tuple):
-        w.array(len(value))
-        for item in value:
-            _write_plain(w, item)
-    elif isinstance(value, list):
-        w.array(len(value))
-        for item in value:
-            _write_any(w, item)
-    else:
-        raise TypeError(f"cannot write {value!r}")
 
 
 __all__ = ["Agent", "Stats", "Context", "Reply"]

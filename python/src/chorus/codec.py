@@ -17,7 +17,7 @@ from typing import Any, Callable, TypeVar
 
 import msgpack
 
-from ._wire import Writer, f32_text, to_f32
+from ._wire import Writer, f32_text, put_bin, put_str, put_uint, to_f32
 from .envelope import (
     CONTENT_TYPE_ENCRYPTED,
     CONTENT_TYPE_JSON,
@@ -43,7 +43,7 @@ from .envelope import (
 from .status import StatusCode
 from .subjects import Implied
 
-__all__ = ["Encoding", "DecodeError", "encode", "decode", "sniff", "encode_payload", "decode_payload"]
+__all__ = ["encode_struct", "F32", "Struct", "Encoding", "DecodeError", "encode", "decode", "sniff", "encode_payload", "decode_payload"]
 
 
 class Encoding(Enum):
@@ -179,6 +179,15 @@ def _nested(value: Any) -> list[tuple[str, Any]]:
     raise TypeError(f"not a nested structure: {value!r}")
 
 
+def encode_struct(members: list[tuple[str, Any]]) -> bytes:
+    """A MessagePack map of ``members`` in their order, written as the envelope's own
+    structures are (the manifest uses it): nested ``Struct``s, ``F32`` floats, lists, plain
+    values."""
+    w = Writer()
+    _write_members(w, members)
+    return bytes(w.buf)
+
+
 class _F32(float):
     """A float written as a 32-bit float."""
 
@@ -249,7 +258,7 @@ def _encode_named(env: Envelope) -> bytes:
     """The named MessagePack form, fields in the order of section 4 (as `_named_fields`)."""
     k = _K
     b = bytearray(k["version"])
-    _put_str(b, f"{env.version[0]}.{env.version[1]}")
+    put_str(b, f"{env.version[0]}.{env.version[1]}")
     b += k["id"] + _UUID_BIN + env.id.bytes
     count = 2
     if env.correlation_id is not None:
@@ -259,87 +268,87 @@ def _encode_named(env: Envelope) -> bytes:
         b += k["in_reply_to"] + _UUID_BIN + env.in_reply_to.bytes
         count += 1
     b += k["from"]
-    _put_str(b, env.from_)
+    put_str(b, env.from_)
     count += 1
     if env.to:
         b += k["to"]
         n = len(env.to)
         b += bytes((0x90 | n,)) if n < 16 else b"\xdc" + n.to_bytes(2, "big")
         for t in env.to:
-            _put_str(b, t)
+            put_str(b, t)
         count += 1
     for name, value in (("topic", env.topic), ("capability", env.capability), ("name", env.name)):
         if value is not None:
             b += k[name]
-            _put_str(b, value)
+            put_str(b, value)
             count += 1
     b += k["kind"]
-    _put_str(b, env.kind.value)
+    put_str(b, env.kind.value)
     b += k["performative"]
-    _put_str(b, env.performative.value)
+    put_str(b, env.performative.value)
     b += k["timestamp_ms"]
-    _put_uint(b, env.timestamp_ms)
+    put_uint(b, env.timestamp_ms)
     count += 3
     for name, number in (("ttl_ms", env.ttl_ms), ("deadline_ms", env.deadline_ms)):
         if number is not None:
             b += k[name]
-            _put_uint(b, number)
+            put_uint(b, number)
             count += 1
     if env.hops != 0:
         b += k["hops"]
-        _put_uint(b, env.hops)
+        put_uint(b, env.hops)
         count += 1
     if env.hop_limit != DEFAULT_HOP_LIMIT:
         b += k["hop_limit"]
-        _put_uint(b, env.hop_limit)
+        put_uint(b, env.hop_limit)
         count += 1
     if env.priority is not Priority.NORMAL:
         b += k["priority"]
-        _put_str(b, env.priority.value)
+        put_str(b, env.priority.value)
         count += 1
     if env.delivery is not Delivery.AT_MOST_ONCE:
         b += k["delivery"]
-        _put_str(b, env.delivery.value)
+        put_str(b, env.delivery.value)
         count += 1
     if env.seq is not None:
         b += k["seq"] + b"\x82" + k["epoch"]
-        _put_uint(b, env.seq.epoch)
+        put_uint(b, env.seq.epoch)
         b += k["n"]
-        _put_uint(b, env.seq.n)
+        put_uint(b, env.seq.n)
         count += 1
     if env.expect is not None:
         b += k["expect"] + b"\x82" + k["performative"]
-        _put_str(b, env.expect.performative.value)
+        put_str(b, env.expect.performative.value)
         b += k["timeout_ms"]
-        _put_uint(b, env.expect.timeout_ms)
+        put_uint(b, env.expect.timeout_ms)
         count += 1
     if env.progress is not None:
         fraction = env.progress.fraction
         b += k["progress"] + (b"\x81" if fraction is None else b"\x82") + k["state"]
-        _put_str(b, env.progress.state.value)
+        put_str(b, env.progress.state.value)
         if fraction is not None:
             b += k["fraction"] + b"\xca" + struct.pack(">f", fraction)
         count += 1
     if env.status is not None:
         b += k["status"]
-        _put_uint(b, int(env.status))
+        put_uint(b, int(env.status))
         count += 1
     if env.reason is not None:
         b += k["reason"]
-        _put_str(b, env.reason)
+        put_str(b, env.reason)
         count += 1
     if env.trace is not None:
         state = env.trace.tracestate
         b += k["trace"] + (b"\x81" if state is None else b"\x82") + k["traceparent"]
-        _put_str(b, env.trace.traceparent)
+        put_str(b, env.trace.traceparent)
         if state is not None:
             b += k["tracestate"]
-            _put_str(b, state)
+            put_str(b, state)
         count += 1
     for name, value in (("session_id", env.session_id), ("customer_id", env.customer_id)):
         if value is not None:
             b += k[name]
-            _put_str(b, value)
+            put_str(b, value)
             count += 1
     rest = Writer()
     if env.headers:
@@ -348,11 +357,11 @@ def _encode_named(env: Envelope) -> bytes:
         count += 1
     b += rest.buf
     b += k["content_type"]
-    _put_str(b, env.content_type)
+    put_str(b, env.content_type)
     count += 1
     if env.payload:
         b += k["payload"]
-        _put_bin(b, bytes(env.payload))
+        put_bin(b, bytes(env.payload))
         count += 1
     tail = [(name, getattr(env, name)) for name in ("token", "signature", "encryption") if getattr(env, name) is not None]
     if tail:
@@ -406,61 +415,21 @@ def _encode_json(env: Envelope) -> bytes:
 _CANONICAL_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
-def _put_uint(b: bytearray, n: int) -> None:
-    if 0 <= n < 0x80:
-        b.append(n)
-    elif 0 <= n < 0x100:
-        b += b"\xcc" + n.to_bytes(1, "big")
-    elif 0 <= n < 0x10000:
-        b += b"\xcd" + n.to_bytes(2, "big")
-    elif 0 <= n < 0x100000000:
-        b += b"\xce" + n.to_bytes(4, "big")
-    elif 0 <= n < 1 << 64:
-        b += b"\xcf" + n.to_bytes(8, "big")
-    else:
-        raise ValueError(f"{n} is not an unsigned 64-bit integer")
-
-
-def _put_str(b: bytearray, s: str) -> None:
-    data = s.encode("utf-8")
-    n = len(data)
-    if n < 32:
-        b.append(0xA0 | n)
-    elif n < 0x100:
-        b += b"\xd9" + n.to_bytes(1, "big")
-    elif n < 0x10000:
-        b += b"\xda" + n.to_bytes(2, "big")
-    else:
-        b += b"\xdb" + n.to_bytes(4, "big")
-    b += data
-
-
-def _put_bin(b: bytearray, data: bytes) -> None:
-    n = len(data)
-    if n < 0x100:
-        b += b"\xc4" + n.to_bytes(1, "big")
-    elif n < 0x10000:
-        b += b"\xc5" + n.to_bytes(2, "big")
-    else:
-        b += b"\xc6" + n.to_bytes(4, "big")
-    b += data
-
-
 def _encode_compact(env: Envelope, implied: Implied) -> bytes:
     # The body after key 0; the map's header is put in front once the count is known. Every
     # key is below 128: one byte.
     b = bytearray(b"\x01\xc4\x10")
     b += env.id.bytes
     b.append(2)
-    _put_str(b, env.from_)
+    put_str(b, env.from_)
     b.append(3)
-    _put_uint(b, env.kind.code)
+    put_uint(b, env.kind.code)
     b.append(4)
-    _put_uint(b, env.performative.code)
+    put_uint(b, env.performative.code)
     count = 4
     if uuid7_ms(env.id) != env.timestamp_ms:
         b.append(5)
-        _put_uint(b, env.timestamp_ms)
+        put_uint(b, env.timestamp_ms)
         count += 1
     cid, irt = env.correlation_id, env.in_reply_to
     if cid is not None and cid != irt:
@@ -483,68 +452,68 @@ def _encode_compact(env: Envelope, implied: Implied) -> bytes:
         else:
             b += b"\xdc" + n.to_bytes(2, "big")
         for t in to:
-            _put_str(b, t)
+            put_str(b, t)
         count += 1
     if env.topic is not None and env.topic != implied.topic:
         b.append(9)
-        _put_str(b, env.topic)
+        put_str(b, env.topic)
         count += 1
     if env.capability is not None and env.capability != implied.capability:
         b.append(10)
-        _put_str(b, env.capability)
+        put_str(b, env.capability)
         count += 1
     if env.name is not None and env.name != implied.name:
         b.append(11)
-        _put_str(b, env.name)
+        put_str(b, env.name)
         count += 1
     if env.ttl_ms is not None:
         b.append(12)
-        _put_uint(b, env.ttl_ms)
+        put_uint(b, env.ttl_ms)
         count += 1
     if env.deadline_ms is not None:
         b.append(13)
-        _put_uint(b, env.deadline_ms)
+        put_uint(b, env.deadline_ms)
         count += 1
     if env.hops != 0:
         b.append(14)
-        _put_uint(b, env.hops)
+        put_uint(b, env.hops)
         count += 1
     if env.hop_limit != DEFAULT_HOP_LIMIT:
         b.append(15)
-        _put_uint(b, env.hop_limit)
+        put_uint(b, env.hop_limit)
         count += 1
     if env.priority is not Priority.NORMAL:
         b.append(16)
-        _put_uint(b, env.priority.code)
+        put_uint(b, env.priority.code)
         count += 1
     if env.delivery is not Delivery.AT_MOST_ONCE:
         b.append(17)
-        _put_uint(b, env.delivery.code)
+        put_uint(b, env.delivery.code)
         count += 1
     if env.seq is not None:
         b += b"\x12\x92"
-        _put_uint(b, env.seq.epoch)
-        _put_uint(b, env.seq.n)
+        put_uint(b, env.seq.epoch)
+        put_uint(b, env.seq.n)
         count += 1
     if env.expect is not None:
         b += b"\x13\x92"
-        _put_uint(b, env.expect.performative.code)
-        _put_uint(b, env.expect.timeout_ms)
+        put_uint(b, env.expect.performative.code)
+        put_uint(b, env.expect.timeout_ms)
         count += 1
     if env.progress is not None:
         fraction = env.progress.fraction
         b += b"\x14\x91" if fraction is None else b"\x14\x92"
-        _put_uint(b, env.progress.state.code)
+        put_uint(b, env.progress.state.code)
         if fraction is not None:
             b += b"\xca" + struct.pack(">f", fraction)
         count += 1
     if env.status is not None:
         b.append(21)
-        _put_uint(b, int(env.status))
+        put_uint(b, int(env.status))
         count += 1
     if env.reason is not None:
         b.append(22)
-        _put_str(b, env.reason)
+        put_str(b, env.reason)
         count += 1
     if env.trace is not None:
         tp = env.trace.traceparent
@@ -555,19 +524,19 @@ def _encode_compact(env: Envelope, implied: Implied) -> bytes:
             count += 1
         if env.trace.tracestate is not None:
             b.append(24)
-            _put_str(b, env.trace.tracestate)
+            put_str(b, env.trace.tracestate)
             count += 1
         if not canonical:
             b.append(25)
-            _put_str(b, tp)
+            put_str(b, tp)
             count += 1
     if env.session_id is not None:
         b.append(26)
-        _put_str(b, env.session_id)
+        put_str(b, env.session_id)
         count += 1
     if env.customer_id is not None:
         b.append(27)
-        _put_str(b, env.customer_id)
+        put_str(b, env.customer_id)
         count += 1
     if env.headers:
         w = Writer()
@@ -583,20 +552,20 @@ def _encode_compact(env: Envelope, implied: Implied) -> bytes:
             b += b"\x1d\x02"
         else:
             b.append(29)
-            _put_str(b, ct)
+            put_str(b, ct)
         count += 1
     if env.payload:
         b.append(30)
-        _put_bin(b, env.payload)
+        put_bin(b, env.payload)
         count += 1
     if env.token is not None:
         b.append(31)
-        _put_str(b, env.token)
+        put_str(b, env.token)
         count += 1
     if env.signature is not None:
         b += b"\x20\x92"
-        _put_str(b, env.signature.key)
-        _put_bin(b, bytes(env.signature.value))
+        put_str(b, env.signature.key)
+        put_bin(b, bytes(env.signature.value))
         count += 1
     if env.encryption is not None:
         enc = env.encryption
@@ -1161,3 +1130,8 @@ def decode_payload(data: bytes, content_type: str = CONTENT_TYPE_MSGPACK) -> Any
     except (ValueError, msgpack.UnpackException, msgpack.ExtraData) as e:
         raise DecodeError(f"payload: {e}") from None
     raise DecodeError(f"unsupported payload content type {content_type!r}")
+
+
+# The names `encode_struct`'s callers build with.
+F32 = _F32
+Struct = _Struct

@@ -19,7 +19,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
 
 from ._host import Host
 from .codec import DecodeError, decode
-from .envelope import Kind, now_ms
+from .envelope import Envelope, Kind, now_ms
 from .exactly_once import RetryAfter
 from .status import ChorusError, StatusCode
 
@@ -228,7 +228,7 @@ class DurableInbox:
             await js.add_consumer(inbox, config)
             sub = await js.pull_subscribe_bind(durable=durable, stream=inbox)
             lanes = max(self.options.lanes // HIGH_PRIORITY_LANE_SHARE, 1) if high else self.options.lanes
-            queues: list[asyncio.Queue[Msg]] = [asyncio.Queue() for _ in range(lanes)]
+            queues: list[asyncio.Queue[tuple[Msg, Envelope | DecodeError]]] = [asyncio.Queue() for _ in range(lanes)]
             for q in queues:
                 self._tasks.append(asyncio.ensure_future(self._lane(q)))
             self._tasks.append(asyncio.ensure_future(self._pull(sub, queues)))
@@ -263,7 +263,7 @@ class DurableInbox:
         except (ValueError, KeyError, TypeError) as e:
             log.warning("agent %s: published retry policies unusable (%s); using defaults", self.agent.id, e)
 
-    async def _pull(self, sub: Any, queues: list[asyncio.Queue[Msg]]) -> None:
+    async def _pull(self, sub: Any, queues: list[asyncio.Queue[tuple[Msg, Envelope | DecodeError]]]) -> None:
         batch = min(self.options.max_in_flight, MAX_PULL_BATCH)
         while not self._stop.is_set():
             try:
@@ -277,19 +277,23 @@ class DurableInbox:
                 await asyncio.sleep(1.0)
                 continue
             for msg in msgs:
+                # Decoded once, here, to choose the lane by sender; the lane gets the envelope.
                 try:
-                    sender = decode(msg.data)[0].from_
-                except DecodeError:
-                    sender = ""
+                    decoded: Envelope | DecodeError = decode(
+                        msg.data, self.agent.subjects.implied(msg.subject), self.agent.max_message_bytes
+                    )[0]
+                except DecodeError as e:
+                    decoded = e
+                sender = decoded.from_ if isinstance(decoded, Envelope) else ""
                 lane = zlib.crc32(sender.encode()) % len(queues) if sender else 0
                 self._held[msg.metadata.sequence.stream] = msg
-                queues[lane].put_nowait(msg)
+                queues[lane].put_nowait((msg, decoded))
 
-    async def _lane(self, queue: asyncio.Queue[Msg]) -> None:
+    async def _lane(self, queue: asyncio.Queue[tuple[Msg, Envelope | DecodeError]]) -> None:
         while True:
-            msg = await queue.get()
+            msg, decoded = await queue.get()
             try:
-                await self._process(msg)
+                await self._process(msg, decoded)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - never lose the lane
@@ -306,7 +310,7 @@ class DurableInbox:
                 except Exception as e:  # noqa: BLE001
                     log.debug("in-progress ack not sent: %s", e)
 
-    async def _process(self, msg: Msg) -> None:
+    async def _process(self, msg: Msg, decoded: Envelope | DecodeError) -> None:
         agent = self.agent
         meta = msg.metadata
         seq, delivered = meta.sequence.stream, meta.num_delivered
@@ -317,12 +321,11 @@ class DurableInbox:
             self._recent.pop(next(iter(self._recent)))
         kind = Kind.UNKNOWN
         message_id = None
-        try:
-            env, _ = decode(msg.data, agent.subjects.implied(msg.subject), agent.max_message_bytes)
-            kind, message_id = env.kind, env.id
-            outcome = await agent.handle(env, msg.subject, "command", "", attempt=delivered)
-        except DecodeError as e:
-            outcome = ChorusError(StatusCode.DATA_FORMAT, e.reason)
+        if isinstance(decoded, DecodeError):
+            outcome: Any = ChorusError(StatusCode.DATA_FORMAT, decoded.reason)
+        else:
+            kind, message_id = decoded.kind, decoded.id
+            outcome = await agent.handle(decoded, msg.subject, "command", "", attempt=delivered)
         decision = settle(self.policies, msg.subject, delivered, kind, outcome)
         try:
             if decision.action == "ack":

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
-from nats.js.api import DeliverPolicy, StorageType, StreamConfig
+from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
 from ._host import Host
 from .codec import DecodeError, decode, decode_payload, typed
@@ -374,7 +374,7 @@ class Tasks:
                 return
             work = asyncio.ensure_future(handler(ctx))
             stop = asyncio.ensure_future(run.stop.wait())
-            agent_stop = asyncio.ensure_future(self._agent_stopping())
+            agent_stop = asyncio.ensure_future(self.agent.until_stopping())
             timeout = None if run.deadline_ms is None else max(run.deadline_ms - now_ms(), 0) / 1000
             done, _ = await asyncio.wait({work, stop, agent_stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             stop.cancel()
@@ -403,10 +403,6 @@ class Tasks:
                     await sub.unsubscribe()
                 except Exception:  # noqa: BLE001
                     pass
-
-    async def _agent_stopping(self) -> None:
-        while not self.agent.stopping:
-            await asyncio.sleep(0.1)
 
     def _end(self, run: _Run, work: asyncio.Future[Any]) -> Envelope:
         store = self.store
@@ -515,8 +511,6 @@ class TaskHandle:
         gap, no duplicate)."""
         js = self.store.js
         subject = self.store.subject(self.id, kinds) if kinds != ">" else f"{self.agent.subjects.root}.task.{self.id}.>"
-        from nats.js.api import ConsumerConfig
-
         if after > 0:
             config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1)
             sub = await js.subscribe(subject, stream=self.store.stream, ordered_consumer=True, config=config)
@@ -664,15 +658,7 @@ async def verify(
             raise ChorusError(StatusCode.INVALID_ARGUMENT, "the submission names no command or capability")
         await store.transition(task, None, again)
         wait = (again.expect.timeout_ms / 1000) if again.expect else agent.request_timeout
-        try:
-            msg = await agent.nc.request(subject, agent.encode_for(subject, again), timeout=wait, headers=agent.nats_headers(again))
-        except nats.errors.NoRespondersError:
-            raise ChorusError(StatusCode.NO_RESPONDERS, f"nobody serves {subject}") from None
-        except nats.errors.TimeoutError:
-            raise ChorusError(StatusCode.TIMEOUT, f"{to} did not take it within {wait} s") from None
-        reply, _ = decode(msg.data)
-        if reply.status is not None and reply.status not in (5001, 5002, 5021):
-            raise ChorusError(reply.status, reply.reason or "")
+        await agent.exchange(subject, again, wait)
 
     async def end(state: TaskState, status: int, reason: str | None, report: Envelope | None) -> None:
         env = store.state_message(task, state)
@@ -779,23 +765,11 @@ async def submit(
     await store.transition(task, (0, TaskState.UNKNOWN), env)
     handle = TaskHandle(agent, store, task, env.deadline_ms)
     try:
-        data = agent.encode_for(subject, env)
-        msg = await agent.nc.request(subject, data, timeout=timeout, headers=agent.nats_headers(env))
-        reply, _ = decode(msg.data)
-        status = reply.status if reply.status is not None else StatusCode.OK
-        if status not in (5001, 5002, 5021):
-            raise ChorusError(status, reply.reason or "")
-    except nats.errors.NoRespondersError:
-        await _reject(store, task, StatusCode.NO_RESPONDERS, f"nobody serves {subject}")
-        raise ChorusError(StatusCode.NO_RESPONDERS, f"nobody serves {subject}") from None
-    except nats.errors.TimeoutError:
-        await _reject(store, task, StatusCode.TIMEOUT, f"nobody took the task within {timeout} s")
-        raise ChorusError(StatusCode.TIMEOUT, f"nobody took the task within {timeout} s") from None
+        await agent.exchange(subject, env, timeout)
     except ChorusError as e:
+        # Nobody took it (no responders, a refusal, a timeout): recorded, unless it moved on.
         await _reject(store, task, e.status, e.reason)
         raise
-    except DecodeError as e:
-        raise ChorusError(StatusCode.DATA_FORMAT, f"the answer did not decode: {e.reason}") from None
     return handle
 
 
