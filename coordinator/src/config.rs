@@ -68,6 +68,8 @@ pub struct CoordinatorConfig {
     /// Public keys of broadcast senders that never register (a `chorus --id` CLI user), by
     /// agent id; they take precedence over the registry's.
     pub trusted_keys: std::collections::BTreeMap<String, String>,
+    /// The edge gateway (HTTP): off unless `gateway.listen` is set. See `docs/INTEROP.md`.
+    pub gateway: crate::gateway::GatewayConfig,
 }
 
 /// Credentials and TLS for the coordinator's (and the CLI's) NATS connection.
@@ -158,6 +160,7 @@ impl Default for CoordinatorConfig {
             signing_seed_file: None,
             require_signed_broadcasts: false,
             trusted_keys: std::collections::BTreeMap::new(),
+            gateway: crate::gateway::GatewayConfig::default(),
         }
     }
 }
@@ -228,7 +231,7 @@ impl CoordinatorConfig {
         ensure(self.inbox.max_age_secs > 0, || {
             "inbox.max_age_secs must be positive".into()
         })?;
-        Ok(())
+        self.gateway.validate()
     }
 
     /// The reaper's period.

@@ -15,6 +15,7 @@ pub mod creds;
 pub mod demo;
 pub mod duration;
 pub mod error;
+pub mod gateway;
 pub mod local;
 pub mod otel;
 pub mod service;

@@ -47,6 +47,32 @@ impl Agent {
             tracing::warn!(agent = %inner.out.id, command = name, "command handler replaced");
         }
         inner.presence.changed.notify_one();
+        self.receive_commands().await
+    }
+
+    /// Registers a [`Handler`] for every command of this agent that has no handler of its
+    /// own, core or durable, through the same inbound pipeline: what a gateway needs to hold
+    /// the commands sent to an identity it answers for. It is not listed among the agent's
+    /// commands. Returns once the server routes the agent's commands here.
+    pub async fn handle_other_commands(&self, handler: impl Handler) -> Result<(), SdkError> {
+        let inner = &self.inner;
+        let subject = inner.out.subjects.agent_inbound(&inner.out.id)?;
+        let endpoint = Arc::new(Endpoint::new(
+            "*".to_owned(),
+            subject,
+            None,
+            EndpointKind::Command,
+            Arc::new(handler),
+        ));
+        if inner.endpoints.set_other_commands(endpoint) {
+            tracing::warn!(agent = %inner.out.id, "handler of other commands replaced");
+        }
+        self.receive_commands().await
+    }
+
+    /// Starts the durable inbox and the subscription to the agent's commands, once.
+    async fn receive_commands(&self) -> Result<(), SdkError> {
+        let inner = &self.inner;
         if let Some(durable) = &inner.durable {
             durable.start().await?;
         }

@@ -95,6 +95,8 @@ impl Endpoint {
 #[derive(Default)]
 pub(crate) struct Endpoints {
     commands: RwLock<HashMap<String, Arc<Endpoint>>>,
+    /// Serves every command that has no endpoint of its own (a gateway's edge identity).
+    other_commands: RwLock<Option<Arc<Endpoint>>>,
     all: Mutex<Vec<Arc<Endpoint>>>,
 }
 
@@ -114,9 +116,18 @@ impl Endpoints {
         lock(&self.all).push(endpoint);
     }
 
-    /// The command endpoint called `name`.
+    /// Sets the endpoint of every command without one of its own; it is not listed in the
+    /// manifest or `$SRV` (it is no command of its own). Returns whether one was replaced.
+    pub(crate) fn set_other_commands(&self, endpoint: Arc<Endpoint>) -> bool {
+        write(&self.other_commands).replace(endpoint).is_some()
+    }
+
+    /// The command endpoint called `name`, else the one serving all other commands.
     pub(crate) fn command(&self, name: &str) -> Option<Arc<Endpoint>> {
-        read(&self.commands).get(name).cloned()
+        read(&self.commands)
+            .get(name)
+            .cloned()
+            .or_else(|| read(&self.other_commands).clone())
     }
 
     /// The first endpoint (command or capability) called `name`.

@@ -85,6 +85,7 @@ impl CoordinatorConfig {
 pub struct Coordinator {
     shared: Arc<Shared>,
     metrics_server: Option<MetricsServer>,
+    gateway: Option<crate::gateway::Gateway>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -167,6 +168,7 @@ impl Coordinator {
         let mut coordinator = Coordinator {
             shared: Arc::clone(&shared),
             metrics_server: None,
+            gateway: None,
         };
         tasks::spawn_registry_watch(&shared, &buckets.registry).await?;
         endpoints::serve(&shared.agent, &shared)
@@ -180,6 +182,9 @@ impl Coordinator {
         if serve_metrics {
             coordinator.metrics_server = Some(start_metrics(&shared).await?);
         }
+        if shared.config.gateway.listen.is_some() {
+            coordinator.gateway = Some(crate::gateway::Gateway::start(&shared.config).await?);
+        }
         let _ = metrics::metrics();
         tracing::info!(root = shared.subjects.root(), "coordinator started");
         Ok(coordinator)
@@ -188,6 +193,13 @@ impl Coordinator {
     /// Where `/metrics` listens, if it does.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_server.as_ref().map(MetricsServer::local_addr)
+    }
+
+    /// Where the edge gateway listens, if it runs.
+    pub fn gateway_addr(&self) -> Option<SocketAddr> {
+        self.gateway
+            .as_ref()
+            .map(crate::gateway::Gateway::local_addr)
     }
 
     /// Agents the registry considers live and matching `query`, least loaded first.
@@ -200,6 +212,10 @@ impl Coordinator {
     pub async fn shutdown(mut self) -> bool {
         let shared = Arc::clone(&self.shared);
         shared.ready.store(false, Ordering::Relaxed);
+        // The edge stops first: what it holds is answered while the bus is still there.
+        if let Some(gateway) = self.gateway.take() {
+            gateway.stop().await;
+        }
         shared.stop.cancel();
         shared.tracker.close();
         // The endpoints' in-flight requests finish and are answered while the coordinator's

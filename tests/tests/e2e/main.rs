@@ -10,6 +10,7 @@ mod demo;
 mod deploy;
 mod docs;
 mod examples;
+mod gateway;
 mod messaging;
 mod negotiation;
 mod protocol;

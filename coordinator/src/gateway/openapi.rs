@@ -1,0 +1,259 @@
+//! The gateway's OpenAPI 3.1 document, served at `/openapi.json`: what `api` accepts and
+//! answers, checked against the running gateway by a schema-driven fuzzer in the tests.
+
+use std::sync::OnceLock;
+
+use serde_json::{Value, json};
+
+fn error_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    })
+}
+
+/// Every refusal a route can answer, beside its success.
+fn refusals() -> Value {
+    json!({
+        "400": error_response("Malformed body or query (5006, 5018)"),
+        "401": error_response("Missing, unknown, invalid or expired credentials (5014, 5004)"),
+        "403": error_response("Not allowed (5007, 5004)"),
+        "404": error_response("No such agent, command or route (5012, 5016, 5018)"),
+        "409": error_response("Conflict (5015, 5020, 5023, 5024)"),
+        "413": {"description": "Body larger than the gateway's max_body_bytes"},
+        "429": error_response("Rate or connection limit (5013, 5008)"),
+        "500": error_response("Internal error (5022)"),
+        "502": error_response("The handler failed (5017, 5025), or its reply is not JSON"),
+        "503": error_response("Unavailable (5019, 5009, 5003)"),
+        "504": error_response("Timed out or expired (5005, 5011)"),
+        "508": error_response("Loop detected (5010)")
+    })
+}
+
+fn with_refusals(ok_status: &str, ok: Value) -> Value {
+    let mut responses = refusals();
+    responses[ok_status] = ok;
+    responses
+}
+
+fn json_body(schema: &str) -> Value {
+    json!({
+        "required": true,
+        "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}
+    })
+}
+
+fn ok(description: &str, schema: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}
+    })
+}
+
+fn build() -> Value {
+    let name = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]+$", "maxLength": 128});
+    let dotted = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)*$", "maxLength": 255});
+    let security = json!([{"bearer": []}, {"apiKey": []}]);
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Chorus gateway",
+            "version": "1.0.0",
+            "description": "HTTP access to a Chorus bus. Every call acts as the edge identity its credentials name."
+        },
+        "security": security,
+        "paths": {
+            "/v1/agents": {"get": {
+                "operationId": "discover",
+                "summary": "Live agents, optionally those offering a capability",
+                "parameters": [
+                    {"name": "capability", "in": "query", "schema": dotted},
+                    {"name": "group", "in": "query", "schema": name},
+                    {"name": "available_only", "in": "query", "schema": {"type": "boolean"}}
+                ],
+                "responses": with_refusals("200", ok("The agents", "Agents"))
+            }},
+            "/v1/messages": {
+                "post": {
+                    "operationId": "send",
+                    "summary": "Publish an event, or send a command in a delivery class",
+                    "requestBody": json_body("Send"),
+                    "responses": with_refusals("202", ok("Sent (durable: stored)", "Sent"))
+                },
+                "get": {
+                    "operationId": "poll",
+                    "summary": "Take messages sent to the caller's identity, waiting up to wait_ms for one",
+                    "parameters": [
+                        {"name": "recipient", "in": "query", "schema": name},
+                        {"name": "wait_ms", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": 30000}},
+                        {"name": "max", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}}
+                    ],
+                    "responses": with_refusals("200", ok("The messages taken (none when the wait ended)", "Polled"))
+                }
+            },
+            "/v1/replies": {"post": {
+                "operationId": "reply",
+                "summary": "Answer a request taken by a poll",
+                "requestBody": json_body("Reply"),
+                "responses": with_refusals("202", ok("Delivered to the waiting caller", "Replied"))
+            }},
+            "/v1/requests": {"post": {
+                "operationId": "request",
+                "summary": "Ask an agent or a capability and wait for the reply",
+                "requestBody": json_body("Request"),
+                "responses": with_refusals("200", ok("The reply", "ReplyView"))
+            }},
+            "/agent/message": {"post": {
+                "operationId": "agentifyMessage",
+                "summary": "Agentify's request-reply",
+                "requestBody": json_body("AgentifyMessage"),
+                "responses": with_refusals("200", ok("The reply", "AgentifyReply"))
+            }}
+        },
+        "components": {
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "A JWT (HS256 or EdDSA) or an API key"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}
+            },
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "required": ["status", "label", "reason"],
+                    "properties": {
+                        "status": {"type": "integer", "minimum": 5001, "maximum": 5099},
+                        "label": {"type": "string"},
+                        "reason": {"type": "string"}
+                    }
+                },
+                "Agents": {
+                    "type": "object",
+                    "required": ["agents"],
+                    "properties": {"agents": {"type": "array", "items": {
+                        "type": "object",
+                        "required": ["id", "instance", "capabilities", "commands", "groups", "load", "availability", "last_seen_ms"],
+                        "properties": {
+                            "id": {"type": "string"},
+                            "instance": {"type": "string"},
+                            "capabilities": {"type": "array", "items": {"type": "string"}},
+                            "commands": {"type": "array", "items": {"type": "string"}},
+                            "groups": {"type": "array", "items": {"type": "string"}},
+                            "load": {"type": "number"},
+                            "availability": {"type": "string"},
+                            "last_seen_ms": {"type": "integer"}
+                        }
+                    }}}
+                },
+                "Send": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "properties": {
+                        "to": name,
+                        "command": name,
+                        "topic": dotted,
+                        "payload": {},
+                        "delivery": {"enum": ["at_most_once", "at_least_once", "exactly_once"]},
+                        "priority": {"enum": ["low", "normal", "high", "critical"]},
+                        "ttl_ms": {"type": "integer", "minimum": 1}
+                    }
+                },
+                "Sent": {
+                    "type": "object",
+                    "required": ["id", "kind", "delivery", "duplicate"],
+                    "properties": {
+                        "id": {"type": ["string", "null"], "format": "uuid"},
+                        "kind": {"enum": ["event", "command"]},
+                        "delivery": {"enum": ["at_most_once", "at_least_once", "exactly_once"]},
+                        "stream_seq": {"type": "integer"},
+                        "duplicate": {"type": "boolean"}
+                    }
+                },
+                "Polled": {
+                    "type": "object",
+                    "required": ["messages"],
+                    "properties": {"messages": {"type": "array", "items": {
+                        "type": "object",
+                        "required": ["id", "from", "command", "kind", "delivery", "reply_expected", "conversation", "timestamp_ms", "attempt", "payload"],
+                        "properties": {
+                            "id": {"type": "string", "format": "uuid"},
+                            "from": {"type": "string"},
+                            "command": {"type": "string"},
+                            "kind": {"type": "string"},
+                            "delivery": {"type": "string"},
+                            "reply_expected": {"type": "boolean"},
+                            "conversation": {"type": "string", "format": "uuid"},
+                            "timestamp_ms": {"type": "integer"},
+                            "attempt": {"type": "integer"},
+                            "payload": {}
+                        }
+                    }}}
+                },
+                "Reply": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["in_reply_to"],
+                    "properties": {
+                        "in_reply_to": {"type": "string", "format": "uuid"},
+                        "payload": {},
+                        "status": {"type": "integer", "minimum": 5001, "maximum": 5099},
+                        "reason": {"type": "string"}
+                    }
+                },
+                "Replied": {
+                    "type": "object",
+                    "required": ["delivered"],
+                    "properties": {"delivered": {"type": "boolean"}}
+                },
+                "Request": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "properties": {
+                        "to": name,
+                        "command": name,
+                        "capability": dotted,
+                        "payload": {},
+                        "timeout_ms": {"type": "integer", "minimum": 1, "maximum": 60000}
+                    }
+                },
+                "ReplyView": {
+                    "type": "object",
+                    "required": ["status", "label", "from", "payload"],
+                    "properties": {
+                        "status": {"type": "integer"},
+                        "label": {"type": "string"},
+                        "from": {"type": "string"},
+                        "payload": {}
+                    }
+                },
+                "AgentifyMessage": {
+                    "type": "object",
+                    "required": ["type", "to", "intent"],
+                    "properties": {
+                        "type": {"type": "string"},
+                        "sender": {"type": "string"},
+                        "to": {"type": "array", "items": {"type": "string"}},
+                        "intent": {"type": "string"},
+                        "payload": {}
+                    }
+                },
+                "AgentifyReply": {
+                    "type": "object",
+                    "required": ["type", "sender", "to", "intent", "status", "payload"],
+                    "properties": {
+                        "type": {"const": "inform"},
+                        "sender": {"type": "string"},
+                        "to": {"type": "array", "items": {"type": "string"}},
+                        "intent": {"const": "result"},
+                        "status": {"type": "integer"},
+                        "payload": {}
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// The document, as served.
+pub(crate) fn document() -> String {
+    static DOC: OnceLock<String> = OnceLock::new();
+    DOC.get_or_init(|| build().to_string()).clone()
+}

@@ -1,0 +1,551 @@
+//! The edge gateway, driven with `curl` as an edge caller would: discover, send, poll with a
+//! long wait, reply, request-reply and Agentify's `/agent/message`, each with a valid API key
+//! or JWT (HS256 and EdDSA); missing, unknown, invalid and expired credentials refused before
+//! anything reaches an agent.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use agent_sdk::{Call, DeliveryClass, HandlerError};
+use chorus::gateway::GatewayConfig;
+use chorus::gateway::config::{ApiKey, EdgeIdentity, JwtConfig};
+use chorus_tests::{WAIT, agent, eventually, server, within};
+use futures::StreamExt;
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::{Value, json};
+use sha2::Digest;
+
+const API_KEY: &str = "k-web-ui-3f9a1c7e5b2d4a6f8e0c1b3d5f7a9c2e";
+const SECRET: &str = "a-shared-hs256-secret-of-at-least-32-bytes";
+const ISSUER: &str = "https://auth.example.test";
+const AUDIENCE: &str = "chorus-gateway";
+
+/// What a `curl` call returned: the HTTP status, the body as JSON (null if it is not) and
+/// the response headers.
+struct Answer {
+    status: u16,
+    body: Value,
+    headers: String,
+}
+
+/// Runs `curl` against the gateway: `method` on `path`, with `auth` as extra header
+/// arguments and `body` as a JSON body.
+async fn curl(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    auth: &[&str],
+    body: Option<&Value>,
+) -> Answer {
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-s", "-D", "-", "-X", method, "--max-time", "25"]);
+    for header in auth {
+        cmd.args(["-H", header]);
+    }
+    if let Some(body) = body {
+        cmd.args([
+            "-H",
+            "content-type: application/json",
+            "--data-binary",
+            &body.to_string(),
+        ]);
+    }
+    cmd.arg(format!("http://{addr}{path}"));
+    let out = within(
+        Duration::from_secs(30),
+        "curl",
+        tokio::task::spawn_blocking(move || cmd.output()),
+    )
+    .await
+    .expect("curl task")
+    .expect("curl runs (is it installed?)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = headers
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("curl {method} {path}: no status in {text:?}"));
+    Answer {
+        status,
+        body: serde_json::from_str(body).unwrap_or(Value::Null),
+        headers: headers.to_ascii_lowercase(),
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
+fn hs256(sub: &str, exp: u64, secret: &str, audience: &str) -> String {
+    let claims = json!({"sub": sub, "iss": ISSUER, "aud": audience, "exp": exp, "iat": now()});
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .expect("sign HS256")
+}
+
+fn eddsa(sub: &str, exp: u64, private_pem: &str) -> String {
+    let claims = json!({"sub": sub, "iss": ISSUER, "aud": AUDIENCE, "exp": exp});
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::EdDSA),
+        &claims,
+        &EncodingKey::from_ed_pem(private_pem.as_bytes()).expect("Ed25519 PEM"),
+    )
+    .expect("sign EdDSA")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_only() {
+    let server = server();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let secret_file = dir.path().join("hs256.secret");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).expect("write secret");
+    let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("Ed25519 key");
+    let public_file = dir.path().join("eddsa.pub.pem");
+    std::fs::write(&public_file, ed.public_key_pem()).expect("write public key");
+    let private_pem = ed.serialize_pem();
+
+    let config = chorus::CoordinatorConfig {
+        servers: server.url().to_owned(),
+        metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        reap_interval_ms: 50,
+        gateway: GatewayConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            identities: vec![
+                EdgeIdentity {
+                    id: "web-ui".into(),
+                    nkey_seed_file: None,
+                },
+                EdgeIdentity {
+                    id: "ops".into(),
+                    nkey_seed_file: None,
+                },
+            ],
+            api_keys: vec![ApiKey {
+                identity: "web-ui".into(),
+                sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
+            }],
+            jwt: Some(JwtConfig {
+                issuer: ISSUER.into(),
+                audience: AUDIENCE.into(),
+                hs256_secret_file: Some(secret_file),
+                eddsa_public_key_file: Some(public_file),
+                leeway_secs: 5,
+            }),
+            ..GatewayConfig::default()
+        },
+        ..chorus::CoordinatorConfig::default()
+    };
+    let coordinator = within(
+        WAIT,
+        "coordinator start",
+        chorus::Coordinator::start(config, false),
+    )
+    .await
+    .expect("coordinator with a gateway");
+    let gw = coordinator.gateway_addr().expect("the gateway listens");
+
+    // A Rust agent on the bus: a calculator that counts what reaches it.
+    let handled = Arc::new(AtomicU64::new(0));
+    let calculator = within(
+        WAIT,
+        "calculator",
+        chorus_tests::agent_options(&server, "calculator")
+            .heartbeat_interval(Duration::from_millis(200))
+            .capability("math.add")
+            .durable_inbox(true)
+            .connect(),
+    )
+    .await
+    .expect("calculator connects");
+    let h = Arc::clone(&handled);
+    calculator
+        .on_command("add", move |ctx: agent_sdk::Context, v: Value| {
+            let h = Arc::clone(&h);
+            async move {
+                h.fetch_add(1, Ordering::SeqCst);
+                let (a, b) = (v["a"].as_i64(), v["b"].as_i64());
+                match (a, b) {
+                    (Some(a), Some(b)) => Ok(json!({"sum": a + b, "asked_by": ctx.from()})),
+                    _ => Err(HandlerError::invalid_argument("a and b are integers")),
+                }
+            }
+        })
+        .await
+        .expect("add");
+
+    let key = format!("X-API-Key: {API_KEY}");
+    let jwt = format!(
+        "Authorization: Bearer {}",
+        hs256("web-ui", now() + 300, SECRET, AUDIENCE)
+    );
+    let ed_jwt = format!(
+        "Authorization: Bearer {}",
+        eddsa("ops", now() + 300, &private_pem)
+    );
+
+    // Discover, with the API key: the calculator once it has registered.
+    let found = eventually(
+        WAIT,
+        "calculator discovered through the gateway",
+        || async {
+            let a = curl(gw, "GET", "/v1/agents?capability=math.add", &[&key], None).await;
+            assert_eq!(a.status, 200, "{}", a.body);
+            let ids: Vec<String> = a.body["agents"]
+                .as_array()
+                .map(|v| {
+                    v.iter()
+                        .filter_map(|x| x["id"].as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            ids.contains(&"calculator".to_owned()).then_some(a.body)
+        },
+    )
+    .await;
+    assert_eq!(found["agents"][0]["commands"], json!(["add"]), "{found}");
+
+    // Request-reply with an HS256 JWT: the reply comes from the calculator, asked by web-ui.
+    let a = curl(
+        gw,
+        "POST",
+        "/v1/requests",
+        &[&jwt],
+        Some(&json!({"to": "calculator", "command": "add", "payload": {"a": 2, "b": 3}})),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(
+        a.body["payload"],
+        json!({"sum": 5, "asked_by": "web-ui"}),
+        "{}",
+        a.body
+    );
+    assert_eq!(
+        (a.body["status"].as_u64(), a.body["from"].as_str()),
+        (Some(5002), Some("calculator"))
+    );
+    // A handler's refusal keeps its code, with the HTTP status that says the same.
+    let a = curl(
+        gw,
+        "POST",
+        "/v1/requests",
+        &[&jwt],
+        Some(&json!({"to": "calculator", "command": "add", "payload": {"a": "x"}})),
+    )
+    .await;
+    assert_eq!(
+        (a.status, a.body["status"].as_u64()),
+        (400, Some(5018)),
+        "{}",
+        a.body
+    );
+    let a = curl(
+        gw,
+        "POST",
+        "/v1/requests",
+        &[&jwt],
+        Some(&json!({"to": "nobody", "command": "add"})),
+    )
+    .await;
+    assert_eq!(
+        (a.status, a.body["status"].as_u64()),
+        (404, Some(5012)),
+        "{}",
+        a.body
+    );
+
+    // Agentify's endpoint, with an EdDSA JWT for ops.
+    let a = curl(
+        gw,
+        "POST",
+        "/agent/message",
+        &[&ed_jwt],
+        Some(&json!({"type": "request", "sender": "agent.ops", "to": ["agent.calculator.add"], "intent": "calculate", "payload": {"a": 5, "b": 3}})),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body["payload"]["sum"], json!(8), "{}", a.body);
+    assert_eq!(
+        (a.body["type"].as_str(), a.body["sender"].as_str()),
+        (Some("inform"), Some("agent.calculator"))
+    );
+
+    // An event from the edge reaches a subscriber on the bus, from web-ui.
+    let listener = agent(&server, "listener").await;
+    let mut events = listener.subscribe("orders.>").await.expect("subscribe");
+    let a = curl(
+        gw,
+        "POST",
+        "/v1/messages",
+        &[&key],
+        Some(&json!({"topic": "orders.created", "payload": {"order": 42}})),
+    )
+    .await;
+    assert_eq!(
+        (a.status, a.body["kind"].as_str()),
+        (202, Some("event")),
+        "{}",
+        a.body
+    );
+    let event = within(WAIT, "the edge's event", events.next())
+        .await
+        .expect("an event");
+    assert_eq!(event.envelope.from, "web-ui");
+    assert_eq!(
+        event.payload_as::<Value>().expect("payload"),
+        json!({"order": 42})
+    );
+
+    // A durable command from the edge is stored, then handled by the calculator.
+    let before = handled.load(Ordering::SeqCst);
+    let a = curl(gw, "POST", "/v1/messages", &[&key], Some(&json!({"to": "calculator", "command": "add", "payload": {"a": 1, "b": 1}, "delivery": "at_least_once"}))).await;
+    assert_eq!(a.status, 202, "{}", a.body);
+    assert_eq!(a.body["delivery"], json!("at_least_once"));
+    assert!(a.body["stream_seq"].as_u64().is_some(), "{}", a.body);
+    eventually(WAIT, "the durable command handled", || async {
+        (handled.load(Ordering::SeqCst) > before).then_some(())
+    })
+    .await;
+
+    // Poll: an empty inbox waits out wait_ms and returns nothing...
+    let started = Instant::now();
+    let a = curl(gw, "GET", "/v1/messages?wait_ms=300", &[&key], None).await;
+    assert_eq!(
+        (a.status, a.body["messages"].as_array().map(Vec::len)),
+        (200, Some(0)),
+        "{}",
+        a.body
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    // ...a long poll returns as soon as a command to web-ui arrives...
+    let long_poll = tokio::spawn(async move {
+        let started = Instant::now();
+        let a = curl(
+            gw,
+            "GET",
+            "/v1/messages?recipient=web-ui&wait_ms=20000",
+            &[&format!("X-API-Key: {API_KEY}")],
+            None,
+        )
+        .await;
+        (a.status, a.body, started.elapsed())
+    });
+    let sender = agent(&server, "planner").await;
+    sender
+        .send(
+            Call::agent("web-ui", "notify")
+                .json_payload(&json!({"text": "hello"}))
+                .expect("payload")
+                .delivery(DeliveryClass::AtLeastOnce),
+        )
+        .await
+        .expect("durable command to the edge identity");
+    let (status, body, took) = within(WAIT, "long poll", long_poll)
+        .await
+        .expect("poll task");
+    assert_eq!(status, 200, "{body}");
+    let message = &body["messages"][0];
+    assert_eq!(
+        (message["from"].as_str(), message["command"].as_str()),
+        (Some("planner"), Some("notify")),
+        "{body}"
+    );
+    assert_eq!(
+        (
+            message["delivery"].as_str(),
+            message["reply_expected"].as_bool()
+        ),
+        (Some("at_least_once"), Some(false))
+    );
+    assert_eq!(message["payload"], json!({"text": "hello"}));
+    assert!(
+        took < Duration::from_secs(15),
+        "the long poll returned after {took:?}"
+    );
+    // ...and a request to web-ui is polled, answered over HTTP, and the answer reaches the caller.
+    let ask = {
+        let sender = sender.clone();
+        tokio::spawn(async move {
+            sender
+                .call(
+                    Call::agent("web-ui", "approve")
+                        .json_payload(&json!({"amount": 10}))
+                        .expect("payload")
+                        .timeout(Duration::from_secs(15)),
+                )
+                .await
+        })
+    };
+    let polled = eventually(WAIT, "the request polled", || async {
+        let a = curl(gw, "GET", "/v1/messages?wait_ms=1000", &[&key], None).await;
+        a.body["messages"]
+            .as_array()
+            .and_then(|m| m.first().cloned())
+    })
+    .await;
+    assert_eq!(
+        (
+            polled["command"].as_str(),
+            polled["reply_expected"].as_bool()
+        ),
+        (Some("approve"), Some(true)),
+        "{polled}"
+    );
+    let a = curl(
+        gw,
+        "POST",
+        "/v1/replies",
+        &[&key],
+        Some(&json!({"in_reply_to": polled["id"], "payload": {"approved": true}})),
+    )
+    .await;
+    assert_eq!(a.status, 202, "{}", a.body);
+    let reply = within(WAIT, "the edge's reply", ask)
+        .await
+        .expect("ask task")
+        .expect("the reply");
+    assert_eq!(
+        reply.payload_as::<Value>().expect("payload"),
+        json!({"approved": true})
+    );
+    assert_eq!(reply.envelope.from, "web-ui");
+    // ops may not poll web-ui's inbox.
+    let a = curl(gw, "GET", "/v1/messages?recipient=web-ui", &[&ed_jwt], None).await;
+    assert_eq!(
+        (a.status, a.body["status"].as_u64()),
+        (403, Some(5007)),
+        "{}",
+        a.body
+    );
+
+    // Refused: no credentials, an unknown key, an expired token, a token signed with another
+    // secret, for another audience, for an identity the gateway does not serve. None of them
+    // reaches the calculator.
+    let before = handled.load(Ordering::SeqCst);
+    let add = json!({"to": "calculator", "command": "add", "payload": {"a": 1, "b": 2}});
+    let refused = [
+        (String::new(), 5014u64, "no credentials"),
+        ("X-API-Key: not-a-key".to_owned(), 5014, "API key"),
+        (
+            "Authorization: Bearer not-a-key".to_owned(),
+            5014,
+            "API key",
+        ),
+        (
+            format!(
+                "Authorization: Bearer {}",
+                hs256("web-ui", now() - 600, SECRET, AUDIENCE)
+            ),
+            5014,
+            "expired",
+        ),
+        (
+            format!(
+                "Authorization: Bearer {}",
+                hs256(
+                    "web-ui",
+                    now() + 300,
+                    "another-secret-that-is-long-enough-too",
+                    AUDIENCE
+                )
+            ),
+            5014,
+            "not valid",
+        ),
+        (
+            format!(
+                "Authorization: Bearer {}",
+                hs256("web-ui", now() + 300, SECRET, "someone-else")
+            ),
+            5014,
+            "not valid",
+        ),
+        (
+            format!(
+                "Authorization: Bearer {}",
+                hs256("mallory", now() + 300, SECRET, AUDIENCE)
+            ),
+            5004,
+            "not an identity",
+        ),
+    ];
+    for (header, code, why) in &refused {
+        let auth: Vec<&str> = if header.is_empty() {
+            vec![]
+        } else {
+            vec![header.as_str()]
+        };
+        let a = curl(gw, "POST", "/v1/requests", &auth, Some(&add)).await;
+        assert_eq!(
+            (a.status, a.body["status"].as_u64()),
+            (401, Some(*code)),
+            "{header}: {}",
+            a.body
+        );
+        assert!(
+            a.body["reason"].as_str().is_some_and(|r| r.contains(why)),
+            "{header}: {}",
+            a.body
+        );
+        assert!(
+            a.headers.contains("www-authenticate: bearer"),
+            "{}",
+            a.headers
+        );
+    }
+    assert_eq!(
+        handled.load(Ordering::SeqCst),
+        before,
+        "a refused call reached the agent"
+    );
+
+    // Malformed input is answered in the same shape.
+    let a = curl(
+        gw,
+        "POST",
+        "/v1/requests",
+        &[&key],
+        Some(&json!({"to": "calculator"})),
+    )
+    .await;
+    assert_eq!(
+        (a.status, a.body["status"].as_u64()),
+        (400, Some(5018)),
+        "{}",
+        a.body
+    );
+    let a = curl(
+        gw,
+        "POST",
+        "/v1/messages",
+        &[&key],
+        Some(&json!({"to": "calculator", "command": "add", "delivery": "twice"})),
+    )
+    .await;
+    assert_eq!(
+        (a.status, a.body["status"].as_u64()),
+        (400, Some(5018)),
+        "{}",
+        a.body
+    );
+    let a = curl(gw, "GET", "/openapi.json", &[], None).await;
+    assert_eq!((a.status, a.body["openapi"].as_str()), (200, Some("3.1.0")));
+
+    calculator.shutdown().await;
+    listener.shutdown().await;
+    sender.shutdown().await;
+    assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
+}
