@@ -40,6 +40,11 @@ pub(crate) struct Args {
     /// prints one): a Python agent joins the demo and talks with the Rust agents each round.
     #[arg(long, env = "CHORUS_PYTHON")]
     python: Option<PathBuf>,
+    /// A coordinator config file (as `chorus serve --config` reads; see docs/COORDINATOR.md)
+    /// for the coordinator `chorus up` starts, for example `deploy/gateway.toml` to open the
+    /// HTTP gateway beside the demo. The NATS server and --metrics-addr still come from here.
+    #[arg(long, conflicts_with = "join")]
+    coordinator_config: Option<PathBuf>,
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
@@ -51,6 +56,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         join,
         metrics_url,
         python,
+        coordinator_config,
     } = args;
     let _otel = chorus::otel::from_env()?;
     // Caught from here on: a signal during a round or the shutdown is not lost.
@@ -76,7 +82,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     let coordinator_config = CoordinatorConfig {
         servers: nats.url().to_owned(),
         metrics_addr,
-        ..CoordinatorConfig::default()
+        ..CoordinatorConfig::load(coordinator_config.as_deref())?
     };
     if let LocalNats::Existing(url) = &nats
         && bus_answers(conn).await
@@ -97,6 +103,9 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
             .map(|a| a.to_string())
             .unwrap_or_default()
     );
+    if let Some(addr) = coordinator.gateway_addr() {
+        outln!("chorus up: HTTP gateway at http://{addr} (docs/INTEROP.md)");
+    }
     let say: fn(&str) = |line| outln!("{line}");
     let demo = Demo::start(nats.url(), say).await?;
     outln!("chorus up: agents online: {}", demo.agent_ids().join(", "));

@@ -549,3 +549,107 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
     sender.shutdown().await;
     assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
 }
+
+/// The commands of docs/INTEROP.md's "Try it", as a user runs them: `deploy/gateway.toml`
+/// opened beside the demo's agents, then each line of the second block in a shell (its
+/// address and `chorus` pointed at this test's gateway, binary and server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_interop_try_it_runs_as_written() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let server = server();
+    let mut config = chorus::CoordinatorConfig::load(Some(&repo.join("deploy/gateway.toml")))
+        .expect("deploy/gateway.toml loads");
+    config.servers = server.url().to_owned();
+    config.metrics_addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.reap_interval_ms = 50;
+    config.gateway.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    let coordinator = within(
+        WAIT,
+        "coordinator start",
+        chorus::Coordinator::start(config, false),
+    )
+    .await
+    .expect("coordinator with the documented gateway");
+    let gw = coordinator.gateway_addr().expect("the gateway listens");
+    let quiet: fn(&str) = |_| {};
+    let demo = within(
+        WAIT,
+        "demo start",
+        chorus::demo::Demo::start(server.url(), quiet),
+    )
+    .await
+    .expect("demo agents");
+    eventually(WAIT, "the demo's ocr agent registered", || async {
+        (!coordinator
+            .discover(&agent_sdk::DiscoverQuery::capability("ocr"))
+            .is_empty())
+        .then_some(())
+    })
+    .await;
+
+    let doc = std::fs::read_to_string(repo.join("docs/INTEROP.md")).expect("docs/INTEROP.md");
+    let try_it = doc.split("## Try it").nth(1).expect("a Try it section");
+    let block = try_it
+        .split("```sh\n")
+        .nth(2)
+        .and_then(|b| b.split("```").next())
+        .expect("the second sh block of Try it");
+    let chorus = chorus_tests::chorus_binary();
+    let mut outputs = Vec::new();
+    for line in block
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let line = line.replace("127.0.0.1:8480", &gw.to_string());
+        let line = match line.strip_prefix("chorus ") {
+            Some(rest) => format!("{} {rest}", chorus.display()),
+            None => line,
+        };
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", &line]).env("CHORUS_NATS_URL", server.url());
+        let out = within(
+            Duration::from_secs(30),
+            "a documented command",
+            tokio::task::spawn_blocking(move || cmd.output()),
+        )
+        .await
+        .expect("command task")
+        .expect("sh runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{line}: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        outputs.push(stdout);
+    }
+    assert_eq!(outputs.len(), 6, "the block has six commands");
+    let json = |i: usize| -> Value {
+        serde_json::from_str(&outputs[i]).unwrap_or_else(|e| panic!("{}: {e}", outputs[i]))
+    };
+    assert_eq!(
+        json(0)["agents"][0]["id"],
+        json!("ocr-agent"),
+        "{}",
+        outputs[0]
+    );
+    assert_eq!(
+        (json(1)["payload"].as_f64(), json(1)["from"].as_str()),
+        (Some(5.0), Some("calculator")),
+        "{}",
+        outputs[1]
+    );
+    assert_eq!(json(2)["kind"], json!("event"));
+    assert!(json(3)["stream_seq"].as_u64().is_some(), "{}", outputs[3]);
+    let polled = json(5);
+    assert_eq!(
+        polled["messages"][0]["payload"],
+        json!({"text": "hello from the bus"}),
+        "{polled}"
+    );
+    assert_eq!(polled["messages"][0]["command"], json!("notify"));
+
+    demo.shutdown().await;
+    assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
+}
