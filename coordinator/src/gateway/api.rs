@@ -36,7 +36,7 @@ struct ErrorBody<'a> {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, reason: impl Into<String>) -> Self {
         ApiError {
             http: http_status(status),
             status,
@@ -46,6 +46,15 @@ impl ApiError {
 
     fn bad_request(reason: impl Into<String>) -> Self {
         ApiError::new(StatusCode::INVALID_ARGUMENT, reason)
+    }
+
+    /// The refusal as JSON: `{"status", "label", "reason"}`.
+    pub(crate) fn body(&self) -> serde_json::Value {
+        serde_json::json!(ErrorBody {
+            status: self.status.0,
+            label: self.status.label(),
+            reason: &self.reason,
+        })
     }
 }
 
@@ -112,7 +121,7 @@ pub(crate) fn http_status(code: StatusCode) -> Http {
 type ApiResult<T> = Result<T, ApiError>;
 
 /// The caller's edge identity, from its credentials.
-fn edge<'a>(state: &'a GatewayState, headers: &HeaderMap) -> ApiResult<&'a Edge> {
+pub(crate) fn edge<'a>(state: &'a GatewayState, headers: &HeaderMap) -> ApiResult<&'a Edge> {
     let caller = state.auth.authenticate(headers)?;
     state
         .edges
@@ -226,7 +235,7 @@ pub(crate) async fn agents(
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SendBody {
+pub(crate) struct SendBody {
     to: Option<String>,
     command: Option<String>,
     topic: Option<String>,
@@ -278,6 +287,11 @@ pub(crate) async fn send(
 ) -> ApiResult<(Http, Json<SentBody>)> {
     let edge = edge(&state, &headers)?;
     let b: SendBody = body(&bytes)?;
+    Ok((Http::ACCEPTED, Json(send_as(edge, b).await?)))
+}
+
+/// Sends what `b` describes as `edge`: an event, or a command in a delivery class.
+pub(crate) async fn send_as(edge: &Edge, b: SendBody) -> ApiResult<SentBody> {
     match (b.topic.as_deref(), b.to.as_deref(), b.command.as_deref()) {
         (Some(topic), None, None) => {
             if b.delivery.is_some() || b.ttl_ms.is_some() {
@@ -287,16 +301,13 @@ pub(crate) async fn send(
             }
             let topic = dotted("topic", topic)?;
             edge.agent.publish(topic, &b.payload).await?;
-            Ok((
-                Http::ACCEPTED,
-                Json(SentBody {
-                    id: None,
-                    kind: "event",
-                    delivery: DeliveryClass::AtMostOnce.as_str(),
-                    stream_seq: None,
-                    duplicate: false,
-                }),
-            ))
+            Ok(SentBody {
+                id: None,
+                kind: "event",
+                delivery: DeliveryClass::AtMostOnce.as_str(),
+                stream_seq: None,
+                duplicate: false,
+            })
         }
         (None, Some(to), Some(command)) => {
             let mut call = Call::agent(token("to", to)?, token("command", command)?)
@@ -310,16 +321,13 @@ pub(crate) async fn send(
                 call = call.ttl(Duration::from_millis(ttl));
             }
             let receipt = edge.agent.send(call).await?;
-            Ok((
-                Http::ACCEPTED,
-                Json(SentBody {
-                    id: Some(receipt.id),
-                    kind: "command",
-                    delivery: receipt.delivery.as_str(),
-                    stream_seq: receipt.stream_seq,
-                    duplicate: receipt.duplicate,
-                }),
-            ))
+            Ok(SentBody {
+                id: Some(receipt.id),
+                kind: "command",
+                delivery: receipt.delivery.as_str(),
+                stream_seq: receipt.stream_seq,
+                duplicate: receipt.duplicate,
+            })
         }
         _ => Err(ApiError::bad_request(
             "give either topic (an event) or to with command (a command)",
@@ -383,7 +391,7 @@ pub(crate) async fn poll(
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ReplyBody {
+pub(crate) struct ReplyBody {
     in_reply_to: Uuid,
     #[serde(default)]
     payload: serde_json::Value,
@@ -403,6 +411,12 @@ pub(crate) async fn reply(
 ) -> ApiResult<(Http, Json<RepliedBody>)> {
     let edge = edge(&state, &headers)?;
     let b: ReplyBody = body(&bytes)?;
+    reply_as(edge, b)?;
+    Ok((Http::ACCEPTED, Json(RepliedBody { delivered: true })))
+}
+
+/// Hands `b` to the sender waiting for it.
+pub(crate) fn reply_as(edge: &Edge, b: ReplyBody) -> ApiResult<()> {
     let status = StatusCode(b.status.unwrap_or(StatusCode::OK.0));
     if !(5001..=5099).contains(&status.0) {
         return Err(ApiError::bad_request("status is a Chorus code, 5001-5099"));
@@ -422,7 +436,7 @@ pub(crate) async fn reply(
         )
         .with_http(Http::NOT_FOUND));
     }
-    Ok((Http::ACCEPTED, Json(RepliedBody { delivered })))
+    Ok(())
 }
 
 impl ApiError {
@@ -437,7 +451,7 @@ impl ApiError {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RequestBody {
+pub(crate) struct RequestBody {
     to: Option<String>,
     command: Option<String>,
     capability: Option<String>,
@@ -493,6 +507,15 @@ pub(crate) async fn request(
 ) -> ApiResult<Json<ReplyView>> {
     let edge = edge(&state, &headers)?;
     let b: RequestBody = body(&bytes)?;
+    Ok(Json(request_as(&state, edge, b).await?))
+}
+
+/// Asks what `b` names as `edge` and waits for the reply.
+pub(crate) async fn request_as(
+    state: &GatewayState,
+    edge: &Edge,
+    b: RequestBody,
+) -> ApiResult<ReplyView> {
     let call = match (
         b.to.as_deref(),
         b.command.as_deref(),
@@ -511,8 +534,8 @@ pub(crate) async fn request(
             ));
         }
     };
-    let call = call.timeout(timeout(&state, b.timeout_ms)?);
-    Ok(Json(ask(edge, call, &b.payload).await?))
+    let call = call.timeout(timeout(state, b.timeout_ms)?);
+    ask(edge, call, &b.payload).await
 }
 
 // ---------------------------------------------------------------------------------------

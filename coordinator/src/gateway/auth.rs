@@ -157,6 +157,12 @@ impl Authenticator {
             .or_else(|| value.strip_prefix("bearer "))
             .map(str::trim)
             .ok_or(AuthError::Missing)?;
+        self.bearer(token)
+    }
+
+    /// The caller a bearer credential (a JWT or an API key) names: what a browser's
+    /// WebSocket, which cannot set headers, passes as `?access_token=`.
+    pub(crate) fn bearer(&self, token: &str) -> std::result::Result<Caller, AuthError> {
         // A JWT has three dot-separated parts; an API key has none.
         if token.split('.').count() == 3 {
             self.jwt(token)

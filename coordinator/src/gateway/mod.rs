@@ -12,6 +12,7 @@ mod auth;
 pub mod config;
 mod inbox;
 mod openapi;
+mod ws;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -39,6 +40,8 @@ pub(crate) struct GatewayState {
     config: GatewayConfig,
     auth: auth::Authenticator,
     edges: HashMap<String, Edge>,
+    /// Cancelled when the gateway stops: open WebSockets close.
+    stop: CancellationToken,
 }
 
 /// A running gateway. [`Gateway::stop`] stops it and waits; dropping it stops the listener
@@ -142,12 +145,14 @@ impl Gateway {
             config: gateway.clone(),
             auth,
             edges,
+            stop: stop.clone(),
         });
         let app = axum::Router::new()
             .route("/v1/agents", get(api::agents))
             .route("/v1/messages", post(api::send).get(api::poll))
             .route("/v1/replies", post(api::reply))
             .route("/v1/requests", post(api::request))
+            .route("/v1/ws", get(ws::upgrade))
             .route("/agent/message", post(api::agentify))
             .route("/openapi.json", get(api::openapi))
             .fallback(api::not_found)
