@@ -170,6 +170,7 @@ impl Agent {
             endpoints: Arc::clone(&endpoints),
             verifier: verifier.clone(),
             decryption: options.decryption.clone(),
+            token: options.token.clone(),
             access: Arc::clone(&access),
             exactly_once: ExactlyOnce::new(
                 Arc::clone(&out),

@@ -68,6 +68,7 @@ pub struct AgentOptions {
     pub(crate) queue_capacity: usize,
     pub(crate) identity: Option<Arc<Identity>>,
     pub(crate) signature_policy: Option<SignaturePolicy>,
+    pub(crate) token: Option<crate::inbound::layers::TokenCheck>,
     pub(crate) trusted: Vec<(String, String)>,
     pub(crate) grants: Vec<(String, Vec<String>)>,
     pub(crate) trust_unverified_senders: bool,
@@ -115,11 +116,24 @@ impl AgentOptions {
             persist_seen_ids: false,
             rate_limit: None,
             decryption: None,
+            token: None,
             encryption_trust: Vec::new(),
             metrics_url: None,
             #[cfg(feature = "fault-injection")]
             skip_acks: 0,
         }
+    }
+
+    /// Requires a token of every command and request (the envelope's `token`, which a gateway
+    /// fills with the edge caller's bearer JWT): `check` gets the token and the message and
+    /// says whether it is good; a message without one, or with one it refuses, is answered
+    /// 5014 before the handler runs. Events are not checked.
+    pub fn require_token(
+        mut self,
+        check: impl Fn(&str, &crate::Envelope) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        self.token = Some(crate::inbound::layers::TokenCheck::new(check));
+        self
     }
 
     /// The agent's decryption key: payloads encrypted for it are opened before its handlers

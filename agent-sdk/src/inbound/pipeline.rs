@@ -13,7 +13,9 @@ use opentelemetry::trace::SpanKind;
 
 use super::admit::{self, Limits, Refused};
 use super::exactly_once::{Before, ExactlyOnce};
-use super::layers::{Authorize, Batches, Decrypt, Inbound, Layer, Verify};
+use super::layers::{
+    Authorize, Batches, Decrypt, Inbound, Layer, RequireToken, TokenCheck, Verify,
+};
 use super::outcome::{Failure, Outcome, Retry};
 use crate::error::HandlerError;
 use crate::handler::endpoint::{Endpoint, Endpoints};
@@ -54,6 +56,8 @@ pub(crate) struct PipelineParts {
     pub(crate) endpoints: Arc<Endpoints>,
     pub(crate) verifier: Option<Arc<Verifier>>,
     pub(crate) decryption: Option<Arc<EncryptionKey>>,
+    /// The check of a message's token, when the agent requires one.
+    pub(crate) token: Option<TokenCheck>,
     pub(crate) access: Arc<Access>,
     pub(crate) exactly_once: ExactlyOnce,
     /// Seen ids kept where a restart finds them ([`crate::AgentOptions::persist_seen_ids`]).
@@ -83,6 +87,7 @@ impl Pipeline {
             endpoints,
             verifier,
             decryption,
+            token,
             access,
             exactly_once,
             seen,
@@ -107,6 +112,9 @@ impl Pipeline {
             agent: out.id.clone(),
             key: decryption,
         }));
+        if let Some(check) = token {
+            layers.push(Box::new(RequireToken { check }));
+        }
         layers.push(Box::new(Authorize { access, counters }));
         Pipeline {
             out,

@@ -56,6 +56,7 @@ pub struct Call {
     pub(crate) ttl: Option<Duration>,
     pub(crate) deadline: Option<Duration>,
     pub(crate) encrypt_for: Vec<String>,
+    pub(crate) token: Option<String>,
 }
 
 impl Call {
@@ -96,6 +97,7 @@ impl Call {
             ttl: None,
             deadline: None,
             encrypt_for: Vec::new(),
+            token: None,
         }
     }
 
@@ -145,6 +147,13 @@ impl Call {
     /// result back; the kind tells the receiver and the logs what was meant.
     pub fn command(mut self) -> Self {
         self.kind = Kind::Command;
+        self
+    }
+
+    /// A token for the receiver to check (the envelope's `token`), for agents that require
+    /// one ([`AgentOptions::require_token`](crate::AgentOptions::require_token)).
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
         self
     }
 

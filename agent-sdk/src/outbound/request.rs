@@ -60,6 +60,7 @@ impl Outbound {
         env.content_type = call.content_type;
         env.payload = call.payload;
         env.delivery = call.delivery.unwrap_or_default();
+        env.token = call.token;
         if let Some(id) = call.id {
             env.id = id;
         }

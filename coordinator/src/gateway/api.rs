@@ -120,13 +120,24 @@ pub(crate) fn http_status(code: StatusCode) -> Http {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-/// The caller's edge identity, from its credentials.
-pub(crate) fn edge<'a>(state: &'a GatewayState, headers: &HeaderMap) -> ApiResult<&'a Edge> {
+/// The caller's edge identity, from its credentials, and the token to relay.
+pub(crate) fn edge<'a>(
+    state: &'a GatewayState,
+    headers: &HeaderMap,
+) -> ApiResult<(&'a Edge, Option<String>)> {
     let caller = state.auth.authenticate(headers)?;
-    state
-        .edges
-        .get(&caller.identity)
-        .ok_or_else(|| ApiError::from(AuthError::UnknownIdentity(caller.identity)))
+    match state.edges.get(&caller.identity) {
+        Some(edge) => Ok((edge, caller.token)),
+        None => Err(ApiError::from(AuthError::UnknownIdentity(caller.identity))),
+    }
+}
+
+/// `call` with the caller's token, if it came with one.
+fn with_token(call: Call, token: Option<&str>) -> Call {
+    match token {
+        Some(t) => call.token(t),
+        None => call,
+    }
 }
 
 fn body<T: DeserializeOwned>(bytes: &Bytes) -> ApiResult<T> {
@@ -142,7 +153,7 @@ fn query<T: DeserializeOwned + Default>(raw: Option<String>) -> ApiResult<T> {
     }
 }
 
-fn token<'a>(what: &str, value: &'a str) -> ApiResult<&'a str> {
+fn name<'a>(what: &str, value: &'a str) -> ApiResult<&'a str> {
     agent_sdk::subject::validate_token("name", value)
         .map_err(|e| ApiError::bad_request(format!("{what}: {e}")))?;
     Ok(value)
@@ -188,13 +199,13 @@ pub(crate) async fn agents(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<AgentsBody>> {
-    let edge = edge(&state, &headers)?;
+    let (edge, _) = edge(&state, &headers)?;
     let q: AgentsQuery = query(raw)?;
     if let Some(c) = &q.capability {
         dotted("capability", c)?;
     }
     if let Some(g) = &q.group {
-        token("group", g)?;
+        name("group", g)?;
     }
     let records = edge
         .agent
@@ -285,13 +296,17 @@ pub(crate) async fn send(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> ApiResult<(Http, Json<SentBody>)> {
-    let edge = edge(&state, &headers)?;
+    let (edge, token) = edge(&state, &headers)?;
     let b: SendBody = body(&bytes)?;
-    Ok((Http::ACCEPTED, Json(send_as(edge, b).await?)))
+    Ok((
+        Http::ACCEPTED,
+        Json(send_as(edge, token.as_deref(), b).await?),
+    ))
 }
 
-/// Sends what `b` describes as `edge`: an event, or a command in a delivery class.
-pub(crate) async fn send_as(edge: &Edge, b: SendBody) -> ApiResult<SentBody> {
+/// Sends what `b` describes as `edge`: an event, or a command in a delivery class (with
+/// `token`, if the caller came with one).
+pub(crate) async fn send_as(edge: &Edge, token: Option<&str>, b: SendBody) -> ApiResult<SentBody> {
     match (b.topic.as_deref(), b.to.as_deref(), b.command.as_deref()) {
         (Some(topic), None, None) => {
             if b.delivery.is_some() || b.ttl_ms.is_some() {
@@ -310,7 +325,8 @@ pub(crate) async fn send_as(edge: &Edge, b: SendBody) -> ApiResult<SentBody> {
             })
         }
         (None, Some(to), Some(command)) => {
-            let mut call = Call::agent(token("to", to)?, token("command", command)?)
+            let call = Call::agent(name("to", to)?, name("command", command)?);
+            let mut call = with_token(call, token)
                 .json_payload(&b.payload)?
                 .delivery(delivery(b.delivery.as_deref())?)
                 .priority(priority(b.priority.as_deref())?);
@@ -359,7 +375,7 @@ pub(crate) async fn poll(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<PolledBody>> {
-    let edge = edge(&state, &headers)?;
+    let (edge, _) = edge(&state, &headers)?;
     let q: PollQuery = query(raw)?;
     if let Some(recipient) = &q.recipient
         && recipient != edge.agent.id()
@@ -409,7 +425,7 @@ pub(crate) async fn reply(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> ApiResult<(Http, Json<RepliedBody>)> {
-    let edge = edge(&state, &headers)?;
+    let (edge, _) = edge(&state, &headers)?;
     let b: ReplyBody = body(&bytes)?;
     reply_as(edge, b)?;
     Ok((Http::ACCEPTED, Json(RepliedBody { delivered: true })))
@@ -505,15 +521,16 @@ pub(crate) async fn request(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> ApiResult<Json<ReplyView>> {
-    let edge = edge(&state, &headers)?;
+    let (edge, token) = edge(&state, &headers)?;
     let b: RequestBody = body(&bytes)?;
-    Ok(Json(request_as(&state, edge, b).await?))
+    Ok(Json(request_as(&state, edge, token.as_deref(), b).await?))
 }
 
 /// Asks what `b` names as `edge` and waits for the reply.
 pub(crate) async fn request_as(
     state: &GatewayState,
     edge: &Edge,
+    token: Option<&str>,
     b: RequestBody,
 ) -> ApiResult<ReplyView> {
     let call = match (
@@ -521,12 +538,10 @@ pub(crate) async fn request_as(
         b.command.as_deref(),
         b.capability.as_deref(),
     ) {
-        (Some(to), Some(command), None) => {
-            Call::agent(token("to", to)?, token("command", command)?)
-        }
+        (Some(to), Some(command), None) => Call::agent(name("to", to)?, name("command", command)?),
         (None, None, Some(capability)) => Call::capability(dotted("capability", capability)?),
         (Some(to), None, Some(capability)) => {
-            Call::capability_at(token("to", to)?, dotted("capability", capability)?)
+            Call::capability_at(name("to", to)?, dotted("capability", capability)?)
         }
         _ => {
             return Err(ApiError::bad_request(
@@ -534,7 +549,7 @@ pub(crate) async fn request_as(
             ));
         }
     };
-    let call = call.timeout(timeout(state, b.timeout_ms)?);
+    let call = with_token(call, token).timeout(timeout(state, b.timeout_ms)?);
     ask(edge, call, &b.payload).await
 }
 
@@ -568,7 +583,7 @@ pub(crate) struct AgentifyReply {
 fn agentify_target<'a>(to: &'a str, intent: &'a str) -> ApiResult<(&'a str, &'a str)> {
     let rest = to.strip_prefix("agent.").unwrap_or(to);
     let (agent, command) = rest.split_once('.').unwrap_or((rest, intent));
-    Ok((token("to", agent)?, token("command", command)?))
+    Ok((name("to", agent)?, name("command", command)?))
 }
 
 pub(crate) async fn agentify(
@@ -576,7 +591,7 @@ pub(crate) async fn agentify(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> ApiResult<Json<AgentifyReply>> {
-    let edge = edge(&state, &headers)?;
+    let (edge, token) = edge(&state, &headers)?;
     let m: AgentifyMessage = body(&bytes)?;
     let me = edge.agent.id();
     if let Some(sender) = &m.sender {
@@ -598,7 +613,8 @@ pub(crate) async fn agentify(
         return Err(ApiError::bad_request("to: exactly one recipient"));
     };
     let (agent, command) = agentify_target(to, &m.intent)?;
-    let call = Call::agent(agent, command).timeout(timeout(&state, None)?);
+    let call =
+        with_token(Call::agent(agent, command), token.as_deref()).timeout(timeout(&state, None)?);
     let reply = ask(edge, call, &m.payload).await?;
     Ok(Json(AgentifyReply {
         kind: "inform",

@@ -12,10 +12,12 @@ use sha2::{Digest, Sha256};
 use super::config::GatewayConfig;
 use crate::error::{Error, ErrorKind, Result};
 
-/// The identity a request acts as.
+/// The identity a request acts as, and the JWT it came with (relayed in the envelope's
+/// `token` for agents that require one; an API key is never relayed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Caller {
     pub(crate) identity: String,
+    pub(crate) token: Option<String>,
 }
 
 /// Why a request was refused before it reached the bus (401 with 5014, or 5004 for an
@@ -188,6 +190,7 @@ impl Authenticator {
         found
             .map(|identity| Caller {
                 identity: identity.clone(),
+                token: None,
             })
             .ok_or(AuthError::UnknownKey)
     }
@@ -213,6 +216,9 @@ impl Authenticator {
         if !self.identities.contains(&identity) {
             return Err(AuthError::UnknownIdentity(identity));
         }
-        Ok(Caller { identity })
+        Ok(Caller {
+            identity,
+            token: Some(token.to_owned()),
+        })
     }
 }

@@ -54,17 +54,18 @@ pub(crate) async fn upgrade(
         Some(q) => serde_urlencoded::from_str(&q).unwrap_or_default(),
         None => WsQuery::default(),
     };
-    let identity = match q.access_token {
-        Some(token) => state.auth.bearer(&token)?.identity,
-        None => api::edge(&state, &headers)?.agent.id().to_owned(),
+    let caller = match q.access_token {
+        Some(token) => state.auth.bearer(&token)?,
+        None => state.auth.authenticate(&headers)?,
     };
+    let (identity, token) = (caller.identity, caller.token);
     if !state.edges.contains_key(&identity) {
         return Err(super::auth::AuthError::UnknownIdentity(identity).into());
     }
     let stop = state.stop.child_token();
     Ok(ws
         .max_message_size(state.config.max_body_bytes)
-        .on_upgrade(move |socket| serve(socket, state, identity, stop)))
+        .on_upgrade(move |socket| serve(socket, state, identity, token, stop)))
 }
 
 fn error_frame(reference: &Value, e: &ApiError) -> String {
@@ -83,6 +84,7 @@ async fn serve(
     socket: WebSocket,
     state: Arc<GatewayState>,
     identity: String,
+    token: Option<String>,
     stop: CancellationToken,
 ) {
     let Some(edge) = state.edges.get(&identity) else {
@@ -102,11 +104,11 @@ async fn serve(
         tokio::select! {
             frame = stream.next() => match frame {
                 Some(Ok(Message::Text(text))) => {
-                    handle(&state, &identity, text.as_str(), &out, &mut tasks, &mut subscriptions, &stop).await;
+                    let conn = Connection { state: &state, identity: &identity, token: token.as_deref(), out: &out, stop: &stop };
+                    handle(&conn, text.as_str(), &mut tasks, &mut subscriptions).await;
                 }
                 Some(Ok(Message::Binary(_))) => {
-                    let e = ApiError::new(agent_sdk::StatusCode::DATA_FORMAT, "frames are JSON text");
-                    let _ = out.send(error_frame(&Value::Null, &e)).await;
+                    let _ = out.send(error_frame(&Value::Null, &malformed("frames are JSON text"))).await;
                 }
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
                 Some(Ok(Message::Close(_)) | Err(_)) | None => break,
@@ -141,24 +143,37 @@ async fn pump(inbox: Arc<EdgeInbox>, out: mpsc::Sender<String>, stop: Cancellati
     }
 }
 
+/// What the frames of one connection share.
+struct Connection<'a> {
+    state: &'a Arc<GatewayState>,
+    identity: &'a str,
+    /// The JWT the connection was opened with, relayed on what it sends.
+    token: Option<&'a str>,
+    out: &'a mpsc::Sender<String>,
+    stop: &'a CancellationToken,
+}
+
+fn malformed(what: impl Into<String>) -> ApiError {
+    ApiError::new(agent_sdk::StatusCode::DATA_FORMAT, what)
+}
+
 /// One frame from the client.
 async fn handle(
-    state: &Arc<GatewayState>,
-    identity: &str,
+    conn: &Connection<'_>,
     text: &str,
-    out: &mpsc::Sender<String>,
     tasks: &mut JoinSet<()>,
     subscriptions: &mut usize,
-    stop: &CancellationToken,
 ) {
     let mut frame: Value = match serde_json::from_str(text) {
         Ok(v @ Value::Object(_)) => v,
         _ => {
-            let e = ApiError::new(
-                agent_sdk::StatusCode::DATA_FORMAT,
-                "a frame is a JSON object",
-            );
-            let _ = out.send(error_frame(&Value::Null, &e)).await;
+            let _ = conn
+                .out
+                .send(error_frame(
+                    &Value::Null,
+                    &malformed("a frame is a JSON object"),
+                ))
+                .await;
             return;
         }
     };
@@ -171,47 +186,30 @@ async fn handle(
         .and_then(|m| m.remove("type"))
         .and_then(|t| t.as_str().map(str::to_owned))
         .unwrap_or_default();
-    let parse = |frame: Value| {
-        serde_json::from_value(frame).map_err(|e| {
-            ApiError::new(
-                agent_sdk::StatusCode::DATA_FORMAT,
-                format!("the {kind} frame: {e}"),
-            )
-        })
-    };
     let answer = match kind.as_str() {
-        "reply" => match parse(frame) {
-            Ok(body) => {
-                api::reply_as(&state.edges[identity], body).map(|()| json!({"delivered": true}))
-            }
-            Err(e) => Err(e),
-        },
+        "reply" => serde_json::from_value(frame)
+            .map_err(|e| malformed(format!("the reply frame: {e}")))
+            .and_then(|body| api::reply_as(&conn.state.edges[conn.identity], body))
+            .map(|()| json!({"delivered": true})),
         "send" | "request" => {
             // Run beside the connection: a slow reply must not hold up the other frames.
-            let (state, identity, out, kind) = (
-                Arc::clone(state),
-                identity.to_owned(),
-                out.clone(),
-                kind.clone(),
-            );
-            let body = frame;
+            let state = Arc::clone(conn.state);
+            let (identity, token) = (conn.identity.to_owned(), conn.token.map(str::to_owned));
+            let out = conn.out.clone();
             tasks.spawn(async move {
                 let edge = &state.edges[&identity];
+                let token = token.as_deref();
                 let result = if kind == "send" {
-                    match serde_json::from_value(body) {
-                        Ok(b) => api::send_as(edge, b).await.map(|r| json!(r)),
-                        Err(e) => Err(ApiError::new(
-                            agent_sdk::StatusCode::DATA_FORMAT,
-                            format!("the send frame: {e}"),
-                        )),
+                    match serde_json::from_value(frame) {
+                        Ok(b) => api::send_as(edge, token, b).await.map(|r| json!(r)),
+                        Err(e) => Err(malformed(format!("the send frame: {e}"))),
                     }
                 } else {
-                    match serde_json::from_value(body) {
-                        Ok(b) => api::request_as(&state, edge, b).await.map(|r| json!(r)),
-                        Err(e) => Err(ApiError::new(
-                            agent_sdk::StatusCode::DATA_FORMAT,
-                            format!("the request frame: {e}"),
-                        )),
+                    match serde_json::from_value(frame) {
+                        Ok(b) => api::request_as(&state, edge, token, b)
+                            .await
+                            .map(|r| json!(r)),
+                        Err(e) => Err(malformed(format!("the request frame: {e}"))),
                     }
                 };
                 let frame = match result {
@@ -222,7 +220,7 @@ async fn handle(
             });
             return;
         }
-        "subscribe" => subscribe(state, identity, frame, out, tasks, subscriptions, stop).await,
+        "subscribe" => subscribe(conn, frame, tasks, subscriptions).await,
         other => Err(ApiError::new(
             agent_sdk::StatusCode::INVALID_ARGUMENT,
             format!("unknown frame type {other:?}: send, request, reply or subscribe"),
@@ -232,7 +230,7 @@ async fn handle(
         Ok(result) => ok_frame(&reference, result),
         Err(e) => error_frame(&reference, &e),
     };
-    let _ = out.send(frame).await;
+    let _ = conn.out.send(frame).await;
 }
 
 #[derive(Deserialize)]
@@ -242,29 +240,25 @@ struct Subscribe {
 }
 
 async fn subscribe(
-    state: &Arc<GatewayState>,
-    identity: &str,
+    conn: &Connection<'_>,
     frame: Value,
-    out: &mpsc::Sender<String>,
     tasks: &mut JoinSet<()>,
     subscriptions: &mut usize,
-    stop: &CancellationToken,
 ) -> Result<Value, ApiError> {
-    let s: Subscribe = serde_json::from_value(frame).map_err(|e| {
-        ApiError::new(
-            agent_sdk::StatusCode::DATA_FORMAT,
-            format!("the subscribe frame: {e}"),
-        )
-    })?;
+    let s: Subscribe = serde_json::from_value(frame)
+        .map_err(|e| malformed(format!("the subscribe frame: {e}")))?;
     if *subscriptions >= MAX_SUBSCRIPTIONS {
         return Err(ApiError::new(
             agent_sdk::StatusCode::INVALID_ARGUMENT,
             format!("at most {MAX_SUBSCRIPTIONS} subscriptions per connection"),
         ));
     }
-    let mut events = state.edges[identity].agent.subscribe(&s.topic).await?;
+    let mut events = conn.state.edges[conn.identity]
+        .agent
+        .subscribe(&s.topic)
+        .await?;
     *subscriptions += 1;
-    let (out, stop) = (out.clone(), stop.clone());
+    let (out, stop) = (conn.out.clone(), conn.stop.clone());
     tasks.spawn(async move {
         loop {
             let event = tokio::select! {

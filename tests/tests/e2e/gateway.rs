@@ -279,6 +279,61 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
         (Some("inform"), Some("agent.calculator"))
     );
 
+    // An agent that requires a token gets the caller's JWT in the envelope and checks it
+    // itself (here: signed by the identity provider, for the identity the message is from);
+    // a caller with an API key has no token to relay, and is refused by the agent with 5014.
+    let vault = within(
+        WAIT,
+        "vault",
+        chorus_tests::agent_options(&server, "vault")
+            .require_token(|token, env| {
+                let mut v = jsonwebtoken::Validation::new(Algorithm::HS256);
+                v.set_issuer(&[ISSUER]);
+                v.set_audience(&[AUDIENCE]);
+                let claims = jsonwebtoken::decode::<Value>(
+                    token,
+                    &jsonwebtoken::DecodingKey::from_secret(SECRET.as_bytes()),
+                    &v,
+                )
+                .map_err(|e| e.to_string())?
+                .claims;
+                (claims["sub"] == json!(env.from))
+                    .then_some(())
+                    .ok_or_else(|| "the token is for someone else".to_owned())
+            })
+            .connect(),
+    )
+    .await
+    .expect("vault connects");
+    vault
+        .on_command("open", |ctx: agent_sdk::Context, (): ()| async move {
+            Ok::<_, HandlerError>(format!("opened for {}", ctx.from()))
+        })
+        .await
+        .expect("open");
+    let open = json!({"to": "vault", "command": "open"});
+    let a = curl(gw, "POST", "/v1/requests", &[&jwt], Some(&open)).await;
+    assert_eq!(
+        (a.status, &a.body["payload"]),
+        (200, &json!("opened for web-ui")),
+        "{}",
+        a.body
+    );
+    let a = curl(gw, "POST", "/v1/requests", &[&key], Some(&open)).await;
+    assert_eq!(
+        (a.status, a.body["status"].as_u64()),
+        (401, Some(5014)),
+        "{}",
+        a.body
+    );
+    assert!(
+        a.body["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("requires a token")),
+        "{}",
+        a.body
+    );
+
     // An event from the edge reaches a subscriber on the bus, from web-ui.
     let listener = agent(&server, "listener").await;
     let mut events = listener.subscribe("orders.>").await.expect("subscribe");
@@ -545,6 +600,7 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
     assert_eq!((a.status, a.body["openapi"].as_str()), (200, Some("3.1.0")));
 
     calculator.shutdown().await;
+    vault.shutdown().await;
     listener.shutdown().await;
     sender.shutdown().await;
     assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
