@@ -11,6 +11,7 @@
 //! scenarios.
 
 mod baseline;
+mod http;
 mod measure;
 mod memory;
 mod report;
@@ -42,6 +43,13 @@ pub trait CoordinatorLauncher: Send + Sync + std::fmt::Debug {
         &'a self,
         url: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Box<dyn RunningCoordinator>>>;
+
+    /// The same with its HTTP gateway on a free loopback port, one edge identity: the
+    /// coordinator, the gateway's address and the identity's API key.
+    fn start_with_gateway<'a>(
+        &'a self,
+        url: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<(Box<dyn RunningCoordinator>, std::net::SocketAddr, String)>>;
 }
 
 /// A coordinator a [`CoordinatorLauncher`] started.
@@ -369,6 +377,41 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             )
             .counts(sealed.sent, sealed.received),
         );
+    }
+
+    if want("gateway") {
+        let n = if q { 200 } else { 2_000 };
+        progress(&format!("request-reply through the HTTP gateway x {n}"));
+        let (coordinator, addr, key) = opts.coordinator.start_with_gateway(&url).await?;
+        let (mut nats_l, mut http_l) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let (nats, http) = scenarios::gateway_latency(&bus, addr, &key, n, 128).await?;
+            nats_l.extend(nats);
+            http_l.extend(http);
+        }
+        coordinator.shutdown().await;
+        nats_l.sort();
+        http_l.sort();
+        for (label, p) in [("p50", 0.50), ("p99", 0.99)] {
+            let raw = percentile(&nats_l, p);
+            let chorus = percentile(&http_l, p);
+            rows.push(Row {
+                scenario: format!(
+                    "request-reply {label} through the HTTP gateway (raw: the same over NATS)"
+                ),
+                unit: "us".into(),
+                raw: Some(raw),
+                chorus: Some(chorus),
+                ratio: Some(chorus / raw.max(1e-9)),
+                goal: "(reported)".into(),
+                met: None,
+                sent: http_l.len() as u64,
+                received: http_l.len() as u64,
+                lost: 0,
+                raw_cpu_us: None,
+                chorus_cpu_us: None,
+            });
+        }
     }
 
     if want("discovery") {

@@ -171,6 +171,52 @@ pub(crate) async fn chorus_latency(
     Ok(out)
 }
 
+/// Sequential JSON requests to an echo agent two ways, alternating request by request: with
+/// the SDK over NATS (the first list) and through the HTTP gateway at `gateway` as the edge
+/// identity `api_key` names (the second), the same 128-byte-ish string payload both ways.
+pub(crate) async fn gateway_latency(
+    bus: &Bus<'_>,
+    gateway: std::net::SocketAddr,
+    api_key: &str,
+    n: usize,
+    size: usize,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let echo = echo_agent(bus, "bench-gw-echo").await?;
+    let client = agent(bus, "bench-gw-client").await?;
+    let text = "x".repeat(size.saturating_sub(2));
+    let body = serde_json::to_vec(
+        &serde_json::json!({"to": "bench-gw-echo", "command": "echo", "payload": text}),
+    )?;
+    let header = format!("x-api-key: {api_key}");
+    let mut http = crate::http::HttpClient::connect(gateway).await?;
+    let (mut nats, mut web) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n + WARM_UP {
+        let call = Call::agent("bench-gw-echo", "echo").json_payload(&text)?;
+        let t = Instant::now();
+        client.call(call).await?;
+        let over_nats = t.elapsed();
+        let t = Instant::now();
+        let (status, answer) = http.post_json("/v1/requests", &header, &body).await?;
+        let over_http = t.elapsed();
+        if status != 200 {
+            anyhow::bail!(
+                "the gateway answered {status}: {}",
+                String::from_utf8_lossy(&answer)
+            );
+        }
+        if i >= WARM_UP {
+            nats.push(over_nats);
+            web.push(over_http);
+        }
+    }
+    client.shutdown().await;
+    echo.shutdown().await;
+    Ok((nats, web))
+}
+
+/// Requests sent before the gateway scenario starts timing (connections and caches warm).
+const WARM_UP: usize = 20;
+
 /// Chorus tasks, sequential: `n` tasks submitted to an agent that answers at once (from
 /// submission to the completed report), and `n` tasks streaming `chunks` chunks (from
 /// submission to the first chunk read by the requester). Every state, chunk and report is

@@ -3,6 +3,10 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use std::net::SocketAddr;
+
+use chorus::gateway::GatewayConfig;
+use chorus::gateway::config::{ApiKey, EdgeIdentity};
 use chorus::{Coordinator, CoordinatorConfig};
 use chorus_bench::{BenchOptions, CoordinatorLauncher, RunningCoordinator};
 use futures::future::BoxFuture;
@@ -21,7 +25,7 @@ pub(crate) struct Args {
     #[arg(long)]
     json: bool,
     /// Only scenarios whose name contains this (events, latency, tasks, throughput, durable,
-    /// fan-out, secure, discovery, memory).
+    /// fan-out, secure, gateway, discovery, memory).
     #[arg(long)]
     only: Option<String>,
     /// The envelope form Chorus's agents write: `compact` (protocol 2, what agents write on a
@@ -104,6 +108,47 @@ impl CoordinatorLauncher for InProcess {
             };
             let coordinator = Coordinator::start(config, false).await?;
             Ok(Box::new(Started(coordinator)) as Box<dyn RunningCoordinator>)
+        })
+    }
+
+    fn start_with_gateway<'a>(
+        &'a self,
+        url: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<(Box<dyn RunningCoordinator>, SocketAddr, String)>> {
+        Box::pin(async move {
+            use sha2::Digest;
+            // A key of this run only: the gateway listens on loopback while the scenario runs.
+            let key = format!(
+                "bench-{}{}",
+                uuid::Uuid::now_v7().simple(),
+                uuid::Uuid::now_v7().simple()
+            );
+            let config = CoordinatorConfig {
+                servers: url.to_owned(),
+                metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+                gateway: GatewayConfig {
+                    listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+                    identities: vec![EdgeIdentity {
+                        id: "bench-edge".into(),
+                        nkey_seed_file: None,
+                    }],
+                    api_keys: vec![ApiKey {
+                        identity: "bench-edge".into(),
+                        sha256: hex::encode(sha2::Sha256::digest(key.as_bytes())),
+                    }],
+                    ..GatewayConfig::default()
+                },
+                ..CoordinatorConfig::default()
+            };
+            let coordinator = Coordinator::start(config, false).await?;
+            let addr = coordinator
+                .gateway_addr()
+                .ok_or_else(|| anyhow::anyhow!("the gateway did not start"))?;
+            Ok((
+                Box::new(Started(coordinator)) as Box<dyn RunningCoordinator>,
+                addr,
+                key,
+            ))
         })
     }
 }
