@@ -44,12 +44,19 @@ pub trait CoordinatorLauncher: Send + Sync + std::fmt::Debug {
         url: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Box<dyn RunningCoordinator>>>;
 
-    /// The same with its HTTP gateway on a free loopback port, one edge identity: the
-    /// coordinator, the gateway's address and the identity's API key.
-    fn start_with_gateway<'a>(
-        &'a self,
-        url: &'a str,
-    ) -> BoxFuture<'a, anyhow::Result<(Box<dyn RunningCoordinator>, std::net::SocketAddr, String)>>;
+    /// The same with its HTTP gateway on a free loopback port and one edge identity.
+    fn start_with_gateway<'a>(&'a self, url: &'a str)
+    -> BoxFuture<'a, anyhow::Result<WithGateway>>;
+}
+
+/// A coordinator with its HTTP gateway, for the gateway scenario.
+pub struct WithGateway {
+    /// The coordinator.
+    pub coordinator: Box<dyn RunningCoordinator>,
+    /// Where its gateway listens.
+    pub addr: std::net::SocketAddr,
+    /// The API key of its one edge identity.
+    pub api_key: String,
 }
 
 /// A coordinator a [`CoordinatorLauncher`] started.
@@ -382,7 +389,11 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
     if want("gateway") {
         let n = if q { 200 } else { 2_000 };
         progress(&format!("request-reply through the HTTP gateway x {n}"));
-        let (coordinator, addr, key) = opts.coordinator.start_with_gateway(&url).await?;
+        let WithGateway {
+            coordinator,
+            addr,
+            api_key: key,
+        } = opts.coordinator.start_with_gateway(&url).await?;
         let (mut nats_l, mut http_l) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             let (nats, http) = scenarios::gateway_latency(&bus, addr, &key, n, 128).await?;

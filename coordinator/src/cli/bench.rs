@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use chorus::gateway::GatewayConfig;
 use chorus::gateway::config::{ApiKey, EdgeIdentity};
 use chorus::{Coordinator, CoordinatorConfig};
-use chorus_bench::{BenchOptions, CoordinatorLauncher, RunningCoordinator};
+use chorus_bench::{BenchOptions, CoordinatorLauncher, RunningCoordinator, WithGateway};
 use futures::future::BoxFuture;
 
 use super::ConnectionArgs;
@@ -114,7 +114,7 @@ impl CoordinatorLauncher for InProcess {
     fn start_with_gateway<'a>(
         &'a self,
         url: &'a str,
-    ) -> BoxFuture<'a, anyhow::Result<(Box<dyn RunningCoordinator>, SocketAddr, String)>> {
+    ) -> BoxFuture<'a, anyhow::Result<WithGateway>> {
         Box::pin(async move {
             use sha2::Digest;
             // A key of this run only: the gateway listens on loopback while the scenario runs.
@@ -144,11 +144,11 @@ impl CoordinatorLauncher for InProcess {
             let addr = coordinator
                 .gateway_addr()
                 .ok_or_else(|| anyhow::anyhow!("the gateway did not start"))?;
-            Ok((
-                Box::new(Started(coordinator)) as Box<dyn RunningCoordinator>,
+            Ok(WithGateway {
+                coordinator: Box::new(Started(coordinator)),
                 addr,
-                key,
-            ))
+                api_key: key,
+            })
         })
     }
 }
