@@ -59,6 +59,15 @@ pub struct WithGateway {
     pub api_key: String,
 }
 
+impl std::fmt::Debug for WithGateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key stays out of logs.
+        f.debug_struct("WithGateway")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A coordinator a [`CoordinatorLauncher`] started.
 pub trait RunningCoordinator: Send {
     /// How many live agents its registry holds.
