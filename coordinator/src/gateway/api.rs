@@ -133,19 +133,19 @@ pub(crate) fn edge<'a>(
 }
 
 /// `call` with the caller's token, if it came with one.
-fn with_token(call: Call, token: Option<&str>) -> Call {
+pub(crate) fn with_token(call: Call, token: Option<&str>) -> Call {
     match token {
         Some(t) => call.token(t),
         None => call,
     }
 }
 
-fn body<T: DeserializeOwned>(bytes: &Bytes) -> ApiResult<T> {
+pub(crate) fn body<T: DeserializeOwned>(bytes: &Bytes) -> ApiResult<T> {
     serde_json::from_slice(bytes)
         .map_err(|e| ApiError::new(StatusCode::DATA_FORMAT, format!("the body: {e}")))
 }
 
-fn query<T: DeserializeOwned + Default>(raw: Option<String>) -> ApiResult<T> {
+pub(crate) fn query<T: DeserializeOwned + Default>(raw: Option<String>) -> ApiResult<T> {
     match raw {
         None => Ok(T::default()),
         Some(q) => serde_urlencoded::from_str(&q)
@@ -456,7 +456,7 @@ pub(crate) fn reply_as(edge: &Edge, b: ReplyBody) -> ApiResult<()> {
 }
 
 impl ApiError {
-    fn with_http(mut self, http: Http) -> Self {
+    pub(crate) fn with_http(mut self, http: Http) -> Self {
         self.http = http;
         self
     }
@@ -526,6 +526,27 @@ pub(crate) async fn request(
     Ok(Json(request_as(&state, edge, token.as_deref(), b).await?))
 }
 
+/// The call `to` with `command`, or `capability` (at `to` if given), names.
+pub(crate) fn call_to(
+    to: Option<&str>,
+    command: Option<&str>,
+    capability: Option<&str>,
+) -> ApiResult<Call> {
+    match (to, command, capability) {
+        (Some(to), Some(command), None) => {
+            Ok(Call::agent(name("to", to)?, name("command", command)?))
+        }
+        (None, None, Some(capability)) => Ok(Call::capability(dotted("capability", capability)?)),
+        (Some(to), None, Some(capability)) => Ok(Call::capability_at(
+            name("to", to)?,
+            dotted("capability", capability)?,
+        )),
+        _ => Err(ApiError::bad_request(
+            "give to with command, or capability (and to for one holder of it)",
+        )),
+    }
+}
+
 /// Asks what `b` names as `edge` and waits for the reply.
 pub(crate) async fn request_as(
     state: &GatewayState,
@@ -533,22 +554,11 @@ pub(crate) async fn request_as(
     token: Option<&str>,
     b: RequestBody,
 ) -> ApiResult<ReplyView> {
-    let call = match (
+    let call = call_to(
         b.to.as_deref(),
         b.command.as_deref(),
         b.capability.as_deref(),
-    ) {
-        (Some(to), Some(command), None) => Call::agent(name("to", to)?, name("command", command)?),
-        (None, None, Some(capability)) => Call::capability(dotted("capability", capability)?),
-        (Some(to), None, Some(capability)) => {
-            Call::capability_at(name("to", to)?, dotted("capability", capability)?)
-        }
-        _ => {
-            return Err(ApiError::bad_request(
-                "give to with command, or capability (and to for one holder of it)",
-            ));
-        }
-    };
+    )?;
     let call = with_token(call, token).timeout(timeout(state, b.timeout_ms)?);
     ask(edge, call, &b.payload).await
 }

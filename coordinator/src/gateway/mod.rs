@@ -12,6 +12,7 @@ mod auth;
 pub mod config;
 mod inbox;
 mod openapi;
+mod tasks;
 mod ws;
 
 use std::collections::HashMap;
@@ -152,6 +153,11 @@ impl Gateway {
             .route("/v1/messages", post(api::send).get(api::poll))
             .route("/v1/replies", post(api::reply))
             .route("/v1/requests", post(api::request))
+            .route("/v1/tasks", post(tasks::submit))
+            .route("/v1/tasks/{id}", get(tasks::get))
+            .route("/v1/tasks/{id}/cancel", post(tasks::cancel))
+            .route("/v1/tasks/{id}/input", post(tasks::input))
+            .route("/v1/tasks/{id}/events", get(tasks::events))
             .route("/v1/ws", get(ws::upgrade))
             .route("/agent/message", post(api::agentify))
             .route("/openapi.json", get(api::openapi))

@@ -54,6 +54,8 @@ fn build() -> Value {
     let name = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]+$", "maxLength": 128});
     let dotted = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)*$", "maxLength": 255});
     let security = json!([{"bearer": []}, {"apiKey": []}]);
+    let task_id =
+        json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}});
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -102,6 +104,40 @@ fn build() -> Value {
                 "summary": "Ask an agent or a capability and wait for the reply",
                 "requestBody": json_body("Request"),
                 "responses": with_refusals("200", ok("The reply", "ReplyView"))
+            }},
+            "/v1/tasks": {"post": {
+                "operationId": "submitTask",
+                "summary": "Submit a task to an agent's command or a capability",
+                "requestBody": json_body("SubmitTask"),
+                "responses": with_refusals("202", ok("Taken (or already finished)", "Task"))
+            }},
+            "/v1/tasks/{id}": {"get": {
+                "operationId": "getTask",
+                "summary": "Where a task this identity submitted stands",
+                "parameters": [task_id.clone()],
+                "responses": with_refusals("200", ok("The task", "Task"))
+            }},
+            "/v1/tasks/{id}/cancel": {"post": {
+                "operationId": "cancelTask",
+                "summary": "Cancel a task; answered once the cancel is recorded",
+                "parameters": [task_id.clone()],
+                "responses": with_refusals("200", ok("The task, cancelled or already finished", "Task"))
+            }},
+            "/v1/tasks/{id}/input": {"post": {
+                "operationId": "answerTask",
+                "summary": "Answer a task's question (input required)",
+                "parameters": [task_id.clone()],
+                "requestBody": json_body("TaskInput"),
+                "responses": with_refusals("202", ok("Delivered", "Replied"))
+            }},
+            "/v1/tasks/{id}/events": {"get": {
+                "operationId": "taskEvents",
+                "summary": "A task's updates as server-sent events, ending after its terminal state",
+                "parameters": [task_id, {"name": "after", "in": "query", "schema": {"type": "integer", "minimum": 0}}],
+                "responses": with_refusals("200", json!({
+                    "description": "One event per update: event is its kind, id its sequence, data the update as JSON",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}}
+                }))
             }},
             "/agent/message": {"post": {
                 "operationId": "agentifyMessage",
@@ -222,6 +258,38 @@ fn build() -> Value {
                         "label": {"type": "string"},
                         "from": {"type": "string"},
                         "payload": {}
+                    }
+                },
+                "SubmitTask": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "properties": {
+                        "to": name,
+                        "command": name,
+                        "capability": dotted,
+                        "payload": {},
+                        "deadline_ms": {"type": "integer", "minimum": 1}
+                    }
+                },
+                "TaskInput": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "properties": {"payload": {}}
+                },
+                "Task": {
+                    "type": "object",
+                    "required": ["id", "state", "status", "label", "target", "output", "agents", "submitted_ms"],
+                    "properties": {
+                        "id": {"type": "string", "format": "uuid"},
+                        "state": {"enum": ["submitted", "accepted", "working", "input_required", "completed", "failed", "cancelled", "rejected", "expired", "queued", "running", "unknown"]},
+                        "status": {"type": "integer"},
+                        "label": {"type": "string"},
+                        "reason": {"type": "string"},
+                        "target": {"type": "string"},
+                        "output": {},
+                        "agents": {"type": "array", "items": {"type": "string"}},
+                        "submitted_ms": {"type": "integer"},
+                        "finished_ms": {"type": "integer"}
                     }
                 },
                 "AgentifyMessage": {

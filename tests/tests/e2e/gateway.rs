@@ -709,3 +709,188 @@ async fn the_interop_try_it_runs_as_written() {
     demo.shutdown().await;
     assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
 }
+
+/// Tasks at the edge with `curl`: submit one that reports progress and streams chunks and
+/// read its server-sent events to the end; cancel another; a task of another identity is
+/// not there for this one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edge_callers_submit_follow_and_cancel_tasks() {
+    let server = server();
+    let config = chorus::CoordinatorConfig {
+        servers: server.url().to_owned(),
+        metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        gateway: GatewayConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            identities: vec![
+                EdgeIdentity {
+                    id: "web-ui".into(),
+                    nkey_seed_file: None,
+                },
+                EdgeIdentity {
+                    id: "ops".into(),
+                    nkey_seed_file: None,
+                },
+            ],
+            api_keys: vec![
+                ApiKey {
+                    identity: "web-ui".into(),
+                    sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
+                },
+                ApiKey {
+                    identity: "ops".into(),
+                    sha256: hex::encode(sha2::Sha256::digest(b"ops-key-1f2e3d4c5b6a7980")),
+                },
+            ],
+            ..GatewayConfig::default()
+        },
+        ..chorus::CoordinatorConfig::default()
+    };
+    let coordinator = within(
+        WAIT,
+        "coordinator start",
+        chorus::Coordinator::start(config, false),
+    )
+    .await
+    .expect("coordinator with a gateway");
+    let gw = coordinator.gateway_addr().expect("the gateway listens");
+    let writer = agent(&server, "writer").await;
+    writer
+        .on_task(
+            "draft",
+            |task: agent_sdk::TaskContext, topic: String| async move {
+                task.progress(Some(0.5), "outlined").await?;
+                task.chunk(&format!("{topic}: part 1")).await?;
+                task.last_chunk(&format!("{topic}: part 2")).await?;
+                Ok::<_, HandlerError>(json!({"words": 4}))
+            },
+        )
+        .await
+        .expect("draft");
+    writer
+        .on_task("wait", |task: agent_sdk::TaskContext, (): ()| async move {
+            task.cancelled().await;
+            Err::<(), _>(HandlerError::new(
+                agent_sdk::StatusCode::CANCELLED,
+                "stopped",
+            ))
+        })
+        .await
+        .expect("wait");
+    let key = format!("X-API-Key: {API_KEY}");
+
+    let a = curl(
+        gw,
+        "POST",
+        "/v1/tasks",
+        &[&key],
+        Some(&json!({"to": "writer", "command": "draft", "payload": "gateways"})),
+    )
+    .await;
+    assert_eq!(a.status, 202, "{}", a.body);
+    let id = a.body["id"].as_str().expect("a task id").to_owned();
+    // The events, from the submission to the end: curl returns when the stream ends.
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args([
+        "-s",
+        "-N",
+        "--max-time",
+        "20",
+        "-H",
+        &key,
+        &format!("http://{gw}/v1/tasks/{id}/events"),
+    ]);
+    let out = within(
+        Duration::from_secs(25),
+        "the event stream",
+        tokio::task::spawn_blocking(move || cmd.output()),
+    )
+    .await
+    .expect("curl task")
+    .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let events: Vec<(String, Value)> = text
+        .split("\n\n")
+        .filter_map(|block| {
+            let kind = block.lines().find_map(|l| l.strip_prefix("event: "))?;
+            let data = block.lines().find_map(|l| l.strip_prefix("data: "))?;
+            Some((kind.to_owned(), serde_json::from_str(data).ok()?))
+        })
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+    assert!(
+        kinds.contains(&"progress") && kinds.contains(&"chunk"),
+        "{text}"
+    );
+    let progress = events
+        .iter()
+        .find(|(k, _)| k == "progress")
+        .map(|(_, v)| v)
+        .expect("progress");
+    assert_eq!(
+        (progress["fraction"].as_f64(), progress["text"].as_str()),
+        (Some(0.5), Some("outlined")),
+        "{progress}"
+    );
+    let chunks: Vec<&Value> = events
+        .iter()
+        .filter(|(k, _)| k == "chunk")
+        .map(|(_, v)| &v["payload"])
+        .collect();
+    assert_eq!(
+        chunks,
+        [&json!("gateways: part 1"), &json!("gateways: part 2")],
+        "{text}"
+    );
+    let last = &events.last().expect("events").1;
+    assert_eq!(
+        last["state"],
+        json!("completed"),
+        "the stream ends with the terminal state: {text}"
+    );
+    let a = curl(gw, "GET", &format!("/v1/tasks/{id}"), &[&key], None).await;
+    assert_eq!(
+        (a.status, &a.body["state"], &a.body["output"]),
+        (200, &json!("completed"), &json!({"words": 4})),
+        "{}",
+        a.body
+    );
+    // Another identity does not see it.
+    let a = curl(
+        gw,
+        "GET",
+        &format!("/v1/tasks/{id}"),
+        &["X-API-Key: ops-key-1f2e3d4c5b6a7980"],
+        None,
+    )
+    .await;
+    assert_eq!(a.status, 404, "{}", a.body);
+    let a = curl(gw, "GET", "/v1/tasks/not-a-uuid", &[&key], None).await;
+    assert_eq!(a.status, 404, "{}", a.body);
+
+    // Cancel a task that runs until cancelled.
+    let a = curl(
+        gw,
+        "POST",
+        "/v1/tasks",
+        &[&key],
+        Some(&json!({"to": "writer", "command": "wait"})),
+    )
+    .await;
+    assert_eq!(a.status, 202, "{}", a.body);
+    let id = a.body["id"].as_str().expect("a task id").to_owned();
+    eventually(WAIT, "the task working", || async {
+        let a = curl(gw, "GET", &format!("/v1/tasks/{id}"), &[&key], None).await;
+        (a.body["state"] == json!("working")).then_some(())
+    })
+    .await;
+    let a = curl(gw, "POST", &format!("/v1/tasks/{id}/cancel"), &[&key], None).await;
+    assert_eq!(
+        (a.status, &a.body["state"]),
+        (200, &json!("cancelled")),
+        "{}",
+        a.body
+    );
+
+    writer.shutdown().await;
+    assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
+}
