@@ -7,6 +7,7 @@
 //! what it sends goes through the SDK's outbound path, and every command sent to it, core or
 //! durable, passes its inbound pipeline and waits in its [`inbox::EdgeInbox`] for a poll.
 
+mod a2a;
 mod api;
 mod auth;
 pub mod config;
@@ -159,6 +160,18 @@ impl Gateway {
             .route("/v1/tasks/{id}/input", post(tasks::input))
             .route("/v1/tasks/{id}/events", get(tasks::events))
             .route("/v1/ws", get(ws::upgrade))
+            .route(
+                "/a2a/agents/{agent}/{command}/.well-known/agent-card.json",
+                get(a2a::agent_card),
+            )
+            .route("/a2a/agents/{agent}/{command}/", post(a2a::agent_rpc))
+            .route("/a2a/agents/{agent}/{command}", post(a2a::agent_rpc))
+            .route(
+                "/a2a/capabilities/{capability}/.well-known/agent-card.json",
+                get(a2a::capability_card),
+            )
+            .route("/a2a/capabilities/{capability}/", post(a2a::capability_rpc))
+            .route("/a2a/capabilities/{capability}", post(a2a::capability_rpc))
             .route("/agent/message", post(api::agentify))
             .route("/openapi.json", get(api::openapi))
             .fallback(api::not_found)

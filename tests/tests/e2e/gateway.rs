@@ -706,6 +706,41 @@ async fn the_interop_try_it_runs_as_written() {
     );
     assert_eq!(polled["messages"][0]["command"], json!("notify"));
 
+    // The A2A example (Python, the official client), with the interpreter scripts/test set up.
+    match std::env::var_os("CHORUS_TEST_PYTHON") {
+        Some(python) => {
+            let example = doc
+                .split("```python\n")
+                .nth(1)
+                .and_then(|b| b.split("```").next())
+                .expect("the A2A example")
+                .replace("127.0.0.1:8480", &gw.to_string());
+            let mut cmd = std::process::Command::new(python);
+            cmd.args(["-c", &example]);
+            let out = within(
+                Duration::from_secs(60),
+                "the A2A example",
+                tokio::task::spawn_blocking(move || cmd.output()),
+            )
+            .await
+            .expect("python task")
+            .expect("python runs");
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(
+                out.status.success(),
+                "{stdout} {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                stdout.starts_with("TASK_STATE_COMPLETED") && stdout.contains("'summary'"),
+                "{stdout}"
+            );
+        }
+        None => eprintln!(
+            "CHORUS_TEST_PYTHON is not set (scripts/test sets it): the A2A example was not run"
+        ),
+    }
+
     demo.shutdown().await;
     assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
 }

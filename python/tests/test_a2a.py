@@ -1,0 +1,99 @@
+"""The gateway's A2A 1.0 binding, driven by the official Python client (a2a-sdk) against a
+Rust agent on the bus: a blocking task completed, a streamed one followed through progress
+and chunks to its result, a question answered, a running task cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .test_gateway import API_KEY, WAIT, gateway
+
+a2a = pytest.importorskip("a2a", reason="a2a-sdk is installed by scripts/install-python-sdk")
+
+
+async def _client(base: str, streaming: bool) -> Any:
+    from a2a.client import ClientConfig, create_client
+
+    http = httpx.AsyncClient(headers={"X-API-Key": API_KEY}, timeout=WAIT)
+    return await create_client(base, client_config=ClientConfig(streaming=streaming, httpx_client=http))
+
+
+def _request(text: str, task_id: str | None = None, **configuration: Any) -> Any:
+    from a2a.helpers import new_text_message
+    from a2a.types import Role, SendMessageConfiguration, SendMessageRequest
+
+    message = new_text_message(text, role=Role.ROLE_USER)
+    if task_id is not None:
+        message.task_id = task_id
+    return SendMessageRequest(message=message, configuration=SendMessageConfiguration(**configuration))
+
+
+async def _until_card(base: str) -> None:
+    """The card answers once the Rust agent has registered."""
+    async with httpx.AsyncClient(headers={"X-API-Key": API_KEY}) as http:
+        async with asyncio.timeout(WAIT):
+            while (await http.get(f"{base}/.well-known/agent-card.json")).status_code != 200:
+                await asyncio.sleep(0.1)
+
+
+async def test_the_a2a_sdk_client_runs_streams_answers_and_cancels_tasks_of_a_rust_agent(
+    server: Any, rust_peer: Any, tmp_path: Path
+) -> None:
+    from a2a.helpers import get_artifact_text
+    from a2a.types import CancelTaskRequest, GetTaskRequest, TaskNotFoundError, TaskState
+
+    rust_peer()
+    with gateway(server, tmp_path, "a2a-user") as port:
+        agents = f"http://127.0.0.1:{port}/a2a/agents/rust-peer"
+        await _until_card(f"{agents}/draft")
+        async with asyncio.timeout(60):
+            # Blocking: the answer is the completed task with its result.
+            async with await _client(f"{agents}/draft", streaming=False) as client:
+                [answer] = [r async for r in client.send_message(_request("gateways"))]
+                task = answer.task
+                assert task.status.state == TaskState.TASK_STATE_COMPLETED, task
+                assert get_artifact_text(task.artifacts[0]) == "a short draft about gateways"
+                fetched = await client.get_task(GetTaskRequest(id=task.id))
+                assert fetched.status.state == TaskState.TASK_STATE_COMPLETED
+                with pytest.raises(TaskNotFoundError):
+                    await client.get_task(GetTaskRequest(id="01234567-89ab-7def-8123-456789abcdef"))
+
+            # Streaming: progress, the chunks appended to one artifact, the result, completed.
+            async with await _client(f"{agents}/draft", streaming=True) as client:
+                kinds, states, chunks, result = [], [], [], None
+                async for event in client.send_message(_request("streams")):
+                    kind = event.WhichOneof("payload")
+                    kinds.append(kind)
+                    if kind == "status_update":
+                        states.append(TaskState.Name(event.status_update.status.state))
+                    elif kind == "artifact_update":
+                        artifact = event.artifact_update.artifact
+                        if artifact.name == "stream":
+                            chunks.append(get_artifact_text(artifact))
+                        else:
+                            result = get_artifact_text(artifact)
+                assert kinds[0] == "task", kinds
+                assert "TASK_STATE_WORKING" in states and states[-1] == "TASK_STATE_COMPLETED", states
+                assert " ".join(chunks) == "a short draft about streams", chunks
+                assert result == "a short draft about streams"
+
+            # A question: the task stops at input-required; the answer continues it.
+            async with await _client(f"{agents}/question", streaming=False) as client:
+                [asked] = [r async for r in client.send_message(_request("paint"))]
+                assert asked.task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED, asked.task
+                assert "which colour?" in asked.task.status.message.parts[0].text
+                [answered] = [r async for r in client.send_message(_request("blue", task_id=asked.task.id))]
+                assert answered.task.status.state == TaskState.TASK_STATE_COMPLETED, answered.task
+                assert get_artifact_text(answered.task.artifacts[0]) == "painted blue"
+
+            # Cancel a task that runs until cancelled.
+            async with await _client(f"{agents}/slow", streaming=False) as client:
+                [started] = [r async for r in client.send_message(_request("wait", return_immediately=True))]
+                assert started.task.status.state in (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
+                cancelled = await client.cancel_task(CancelTaskRequest(id=started.task.id))
+                assert cancelled.status.state == TaskState.TASK_STATE_CANCELED, cancelled
