@@ -14,6 +14,7 @@ mod baseline;
 mod http;
 mod measure;
 mod memory;
+mod reference;
 mod report;
 mod scenarios;
 
@@ -94,6 +95,9 @@ pub struct BenchOptions {
     pub wire: agent_sdk::Encoding,
     /// Starts the coordinator the discovery scenario queries.
     pub coordinator: Arc<dyn CoordinatorLauncher>,
+    /// A Python with a2a-sdk's server (`scripts/install-python-sdk`): the gateway scenario
+    /// then also times A2A calls to the official a2a-sdk server beside the gateway's binding.
+    pub python: Option<PathBuf>,
 }
 
 /// Runs every scenario and returns the report.
@@ -409,6 +413,23 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             nats_l.extend(nats);
             http_l.extend(http);
         }
+        let a2a = match &opts.python {
+            Some(python) => {
+                progress(&format!(
+                    "A2A SendMessage: the a2a-sdk server and the gateway x {n}"
+                ));
+                let reference = reference::A2aServer::start(python).await?;
+                let (mut ref_l, mut gw_l) = (Vec::new(), Vec::new());
+                for _ in 0..rounds {
+                    let (r, g) =
+                        scenarios::gateway_a2a(&bus, addr, &key, reference.addr(), n / 2).await?;
+                    ref_l.extend(r);
+                    gw_l.extend(g);
+                }
+                Some((ref_l, gw_l))
+            }
+            None => None,
+        };
         coordinator.shutdown().await;
         nats_l.sort();
         http_l.sort();
@@ -431,6 +452,30 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
                 raw_cpu_us: None,
                 chorus_cpu_us: None,
             });
+        }
+        if let Some((mut ref_l, mut gw_l)) = a2a {
+            ref_l.sort();
+            gw_l.sort();
+            for (label, p) in [("p50", 0.50), ("p99", 0.99)] {
+                let raw = percentile(&ref_l, p);
+                let chorus = percentile(&gw_l, p);
+                rows.push(Row {
+                    scenario: format!(
+                        "A2A SendMessage {label}, gateway (raw: the official a2a-sdk server)"
+                    ),
+                    unit: "us".into(),
+                    raw: Some(raw),
+                    chorus: Some(chorus),
+                    ratio: Some(chorus / raw.max(1e-9)),
+                    goal: "(reported)".into(),
+                    met: None,
+                    sent: gw_l.len() as u64,
+                    received: gw_l.len() as u64,
+                    lost: 0,
+                    raw_cpu_us: None,
+                    chorus_cpu_us: None,
+                });
+            }
         }
     }
 

@@ -214,6 +214,65 @@ pub(crate) async fn gateway_latency(
     Ok((nats, web))
 }
 
+/// A2A `SendMessage` (blocking) two ways, alternating call by call on one kept-alive
+/// connection each: to the official a2a-sdk server at `reference` (the first list) and to the
+/// gateway's binding of a Rust agent's echo task (the second). Both answer with the completed
+/// task and its artifact.
+pub(crate) async fn gateway_a2a(
+    bus: &Bus<'_>,
+    gateway: std::net::SocketAddr,
+    api_key: &str,
+    reference: std::net::SocketAddr,
+    n: usize,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let worker = agent(bus, "bench-a2a").await?;
+    worker
+        .on_task("echo", |_task: agent_sdk::TaskContext, text: String| async move {
+            Ok::<_, HandlerError>(text)
+        })
+        .await?;
+    let mut to_reference = crate::http::HttpClient::connect(reference).await?;
+    let mut to_gateway = crate::http::HttpClient::connect(gateway).await?;
+    let gateway_header = format!("x-api-key: {api_key}\r\na2a-version: 1.0");
+    let text = "x".repeat(100);
+    let (mut reference_l, mut gateway_l) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n + WARM_UP {
+        let body = |id: usize| {
+            serde_json::to_vec(&serde_json::json!({
+                "jsonrpc": "2.0", "id": id, "method": "SendMessage",
+                "params": {"message": {"messageId": uuid::Uuid::now_v7().to_string(), "role": "ROLE_USER",
+                                       "parts": [{"text": text}]}, "configuration": {}},
+            }))
+        };
+        let t = Instant::now();
+        let (status, answer) = to_reference
+            .post_json("/", "a2a-version: 1.0", &body(i)?)
+            .await?;
+        let took_reference = t.elapsed();
+        check_completed("the a2a-sdk server", status, &answer)?;
+        let t = Instant::now();
+        let (status, answer) = to_gateway
+            .post_json("/a2a/agents/bench-a2a/echo/", &gateway_header, &body(i)?)
+            .await?;
+        let took_gateway = t.elapsed();
+        check_completed("the gateway", status, &answer)?;
+        if i >= WARM_UP {
+            reference_l.push(took_reference);
+            gateway_l.push(took_gateway);
+        }
+    }
+    worker.shutdown().await;
+    Ok((reference_l, gateway_l))
+}
+
+fn check_completed(who: &str, status: u16, answer: &[u8]) -> anyhow::Result<()> {
+    let text = String::from_utf8_lossy(answer);
+    if status != 200 || !text.contains("TASK_STATE_COMPLETED") {
+        anyhow::bail!("{who} answered {status}: {text}");
+    }
+    Ok(())
+}
+
 /// Requests sent before the gateway scenario starts timing (connections and caches warm).
 const WARM_UP: usize = 20;
 

@@ -32,6 +32,11 @@ pub(crate) struct Args {
     /// bus whose agents all read it) or `named` (protocol 1).
     #[arg(long, value_enum, default_value_t = Wire::Compact)]
     wire: Wire,
+    /// A Python with a2a-sdk's server installed (`scripts/install-python-sdk` prints one): the
+    /// gateway scenario also times A2A calls to the official a2a-sdk server beside the
+    /// gateway's A2A binding.
+    #[arg(long, env = "CHORUS_PYTHON")]
+    python: Option<std::path::PathBuf>,
 }
 
 /// `--wire`.
@@ -48,6 +53,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         json,
         only,
         wire,
+        python,
     } = args;
     if cfg!(debug_assertions) {
         eprintln!(
@@ -66,6 +72,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         },
         program: std::env::current_exe()?,
         coordinator: Arc::new(InProcess),
+        python,
     };
     let progress: fn(&str) = |s| eprintln!("bench: {s}");
     let (rows, version) = chorus_bench::run(&opts, progress).await?;
