@@ -379,6 +379,17 @@ impl std::fmt::Debug for TaskUpdates {
     }
 }
 
+impl TaskUpdates {
+    /// Stops reading and removes its consumer from the server at once. A stream read to its
+    /// end removes it by itself; one left early without this keeps it on the server until it
+    /// has been idle for 30 s (a reader that leaves many streams early should close them).
+    pub async fn close(mut self) {
+        if let Some(follow) = self.follow.take() {
+            follow.close().await;
+        }
+    }
+}
+
 impl futures::Stream for TaskUpdates {
     type Item = Result<TaskUpdate, SdkError>;
 

@@ -143,6 +143,9 @@ impl CoordinatorLauncher for InProcess {
                         identity: "bench-edge".into(),
                         sha256: hex::encode(sha2::Sha256::digest(key.as_bytes())),
                     }],
+                    // The scenario measures latency, not the gateway's rate limit.
+                    rate_per_second: 1e9,
+                    rate_burst: 1e9,
                     ..GatewayConfig::default()
                 },
                 ..CoordinatorConfig::default()

@@ -597,6 +597,8 @@ async fn send_message(
             }
         })
         .await;
+        // Left before its end (at a question, or on time): its consumer goes now.
+        updates.close().await;
         report = handle.report().await?;
     }
     Ok(json!({"task": task_json(&report)}))

@@ -127,7 +127,10 @@ pub(crate) fn edge<'a>(
 ) -> ApiResult<(&'a Edge, Option<String>)> {
     let caller = state.auth.authenticate(headers)?;
     match state.edges.get(&caller.identity) {
-        Some(edge) => Ok((edge, caller.token)),
+        Some(edge) => {
+            state.limits.admit(&caller.identity)?;
+            Ok((edge, caller.token))
+        }
         None => Err(ApiError::from(AuthError::UnknownIdentity(caller.identity))),
     }
 }

@@ -22,11 +22,19 @@ pub const DEFAULT_MAX_REQUEST_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_HOLD_MS: u64 = 30_000;
 /// Messages held for one edge identity at once.
 pub const DEFAULT_INBOX_CAPACITY: usize = 1_000;
+/// Requests a second each edge identity may make, sustained.
+pub const DEFAULT_RATE_PER_SECOND: f64 = 100.0;
+/// Requests an edge identity may make at once, beyond its sustained rate.
+pub const DEFAULT_RATE_BURST: f64 = 200.0;
+/// Requests the gateway handles at once.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 1_024;
+/// WebSockets open at once.
+pub const DEFAULT_MAX_WEBSOCKETS: usize = 256;
 /// Clock skew allowed on a JWT's `exp` and `nbf`.
 pub const DEFAULT_JWT_LEEWAY_SECS: u64 = 30;
 
 /// The gateway's settings. Without `listen`, there is no gateway.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
     /// Where the HTTP gateway listens (for example `127.0.0.1:8480`); unset: no gateway.
@@ -43,6 +51,14 @@ pub struct GatewayConfig {
     pub hold_ms: u64,
     /// Messages held for one edge identity at once; beyond it senders get 5019.
     pub inbox_capacity: usize,
+    /// Requests a second each identity may make, sustained (429 and 5013 beyond it).
+    pub rate_per_second: f64,
+    /// Requests an identity may make at once beyond its rate.
+    pub rate_burst: f64,
+    /// Requests handled at once (503 and 5019 beyond it).
+    pub max_concurrent_requests: usize,
+    /// WebSockets open at once (503 and 5008 beyond it).
+    pub max_websockets: usize,
     /// The agent identities edge callers act as.
     pub identities: Vec<EdgeIdentity>,
     /// API keys, each for one identity.
@@ -110,6 +126,10 @@ impl Default for GatewayConfig {
             max_request_timeout_ms: DEFAULT_MAX_REQUEST_TIMEOUT_MS,
             hold_ms: DEFAULT_HOLD_MS,
             inbox_capacity: DEFAULT_INBOX_CAPACITY,
+            rate_per_second: DEFAULT_RATE_PER_SECOND,
+            rate_burst: DEFAULT_RATE_BURST,
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+            max_websockets: DEFAULT_MAX_WEBSOCKETS,
             identities: Vec::new(),
             api_keys: Vec::new(),
             jwt: None,

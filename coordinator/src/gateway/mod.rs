@@ -12,6 +12,7 @@ mod api;
 mod auth;
 pub mod config;
 mod inbox;
+mod limits;
 mod openapi;
 mod tasks;
 mod ws;
@@ -44,6 +45,7 @@ pub(crate) struct GatewayState {
     edges: HashMap<String, Edge>,
     /// Cancelled when the gateway stops: open WebSockets close.
     stop: CancellationToken,
+    limits: limits::Limits,
 }
 
 /// A running gateway. [`Gateway::stop`] stops it and waits; dropping it stops the listener
@@ -148,6 +150,7 @@ impl Gateway {
             auth,
             edges,
             stop: stop.clone(),
+            limits: limits::Limits::new(gateway),
         });
         let app = axum::Router::new()
             .route("/v1/agents", get(api::agents))
@@ -175,6 +178,10 @@ impl Gateway {
             .route("/agent/message", post(api::agentify))
             .route("/openapi.json", get(api::openapi))
             .fallback(api::not_found)
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&state),
+                limits::concurrency,
+            ))
             .layer(axum::extract::DefaultBodyLimit::max(gateway.max_body_bytes))
             .with_state(Arc::clone(&state));
         let listener = tokio::net::TcpListener::bind(listen)

@@ -62,10 +62,16 @@ pub(crate) async fn upgrade(
     if !state.edges.contains_key(&identity) {
         return Err(super::auth::AuthError::UnknownIdentity(identity).into());
     }
+    state.limits.admit(&identity)?;
+    let place = state.limits.websocket()?;
     let stop = state.stop.child_token();
     Ok(ws
         .max_message_size(state.config.max_body_bytes)
-        .on_upgrade(move |socket| serve(socket, state, identity, token, stop)))
+        .on_upgrade(move |socket| async move {
+            // Its place is held while it is open.
+            let _place = place;
+            serve(socket, state, identity, token, stop).await;
+        }))
 }
 
 fn error_frame(reference: &Value, e: &ApiError) -> String {
@@ -186,6 +192,10 @@ async fn handle(
         .and_then(|m| m.remove("type"))
         .and_then(|t| t.as_str().map(str::to_owned))
         .unwrap_or_default();
+    if let Err(e) = conn.state.limits.admit(conn.identity) {
+        let _ = conn.out.send(error_frame(&reference, &e)).await;
+        return;
+    }
     let answer = match kind.as_str() {
         "reply" => serde_json::from_value(frame)
             .map_err(|e| malformed(format!("the reply frame: {e}")))

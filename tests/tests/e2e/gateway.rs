@@ -929,3 +929,141 @@ async fn edge_callers_submit_follow_and_cancel_tasks() {
     writer.shutdown().await;
     assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
 }
+
+/// What a receiving agent grants applies to edge callers as to any sender: an identity that
+/// signs with its own key (`nkey_seed_file`) and is granted the permission is served; another
+/// one is refused with 5007 (403). And the gateway's own rate per identity holds (429, 5013).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_and_the_gateways_rate_apply_to_edge_callers() {
+    use agent_sdk::security::{Identity, SignaturePolicy};
+    let server = server();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let signer = Identity::generate();
+    let seed_file = dir.path().join("teller.nk");
+    std::fs::write(&seed_file, signer.seed().expect("seed")).expect("write seed");
+    let key = |k: &str| ApiKey {
+        identity: k.into(),
+        sha256: hex::encode(sha2::Sha256::digest(
+            format!("{k}-key-0123456789").as_bytes(),
+        )),
+    };
+    let config = chorus::CoordinatorConfig {
+        servers: server.url().to_owned(),
+        metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        gateway: GatewayConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            identities: vec![
+                EdgeIdentity {
+                    id: "teller".into(),
+                    nkey_seed_file: Some(seed_file),
+                },
+                EdgeIdentity {
+                    id: "visitor".into(),
+                    nkey_seed_file: None,
+                },
+            ],
+            api_keys: vec![key("teller"), key("visitor")],
+            // Slow enough to refill that a busy machine does not blur the burst.
+            rate_per_second: 0.1,
+            rate_burst: 4.0,
+            ..GatewayConfig::default()
+        },
+        ..chorus::CoordinatorConfig::default()
+    };
+    let coordinator = within(
+        WAIT,
+        "coordinator start",
+        chorus::Coordinator::start(config, false),
+    )
+    .await
+    .expect("coordinator with a gateway");
+    let gw = coordinator.gateway_addr().expect("the gateway listens");
+    let vault = within(
+        WAIT,
+        "vault",
+        chorus_tests::agent_options(&server, "vault")
+            .verify_signatures(SignaturePolicy::default())
+            .trust("teller", signer.public_key())
+            .connect(),
+    )
+    .await
+    .expect("vault connects");
+    vault
+        .on_command("open", |ctx: agent_sdk::Context, (): ()| async move {
+            Ok::<_, HandlerError>(format!("opened for {}", ctx.from()))
+        })
+        .await
+        .expect("open");
+    vault.require("open", &["vault.open"]).expect("require");
+    vault.grant("teller", &["vault.open"]);
+    vault.grant("visitor", &["vault.open"]);
+
+    let open = json!({"to": "vault", "command": "open"});
+    let a = curl(
+        gw,
+        "POST",
+        "/v1/requests",
+        &["X-API-Key: teller-key-0123456789"],
+        Some(&open),
+    )
+    .await;
+    assert_eq!(
+        (a.status, &a.body["payload"]),
+        (200, &json!("opened for teller")),
+        "{}",
+        a.body
+    );
+    // Granted too, but unsigned: its `from` is not proven, so the grant does not apply.
+    let a = curl(
+        gw,
+        "POST",
+        "/v1/requests",
+        &["X-API-Key: visitor-key-0123456789"],
+        Some(&open),
+    )
+    .await;
+    assert_eq!(
+        (a.status, a.body["status"].as_u64()),
+        (403, Some(5007)),
+        "{}",
+        a.body
+    );
+    // The rate: visitor has used 1 of its burst of 4; the 4th after it is refused.
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(
+            curl(
+                gw,
+                "GET",
+                "/v1/agents",
+                &["X-API-Key: visitor-key-0123456789"],
+                None,
+            )
+            .await
+            .status,
+        );
+    }
+    assert_eq!(statuses, [200, 200, 200, 429], "a burst of 4 at 0.1 a second");
+    let a = curl(
+        gw,
+        "GET",
+        "/v1/agents",
+        &["X-API-Key: visitor-key-0123456789"],
+        None,
+    )
+    .await;
+    assert_eq!(a.body["status"].as_u64(), Some(5013), "{}", a.body);
+    // Each identity has its own rate.
+    let a = curl(
+        gw,
+        "GET",
+        "/v1/agents",
+        &["X-API-Key: teller-key-0123456789"],
+        None,
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+
+    vault.shutdown().await;
+    assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
+}
