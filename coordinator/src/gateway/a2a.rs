@@ -479,7 +479,9 @@ async fn rpc(
             .await
             .map(|r| rpc_ok(&id, r)),
         "SendStreamingMessage" => match start(edge, token, &target, &params).await {
-            Ok((handle, _)) => return stream(&state, &id, handle, None).await,
+            Ok(started) => {
+                return stream(&state, &id, started.handle, None, started.answered).await;
+            }
             Err(e) => Err(e),
         },
         "SubscribeToTask" => match owned(edge, &params).await {
@@ -491,7 +493,7 @@ async fn rpc(
                     report.state.as_str()
                 ),
             )),
-            Ok((handle, report)) => return stream(&state, &id, handle, Some(report)).await,
+            Ok((handle, report)) => return stream(&state, &id, handle, Some(report), None).await,
             Err(e) => Err(e),
         },
         "GetTask" => owned(edge, &params)
@@ -530,14 +532,29 @@ async fn owned(edge: &Edge, params: &Value) -> Result<(TaskHandle, TaskReport), 
         .map_err(|_| RpcError::new(code::TASK_NOT_FOUND, format!("no task {id}")))
 }
 
-/// Submits the message's task, or answers the question of the task it names. Returns the
-/// handle and whether the caller asked to be answered at once.
+/// How a message started: the task's handle, whether the caller asked to be answered at
+/// once, and, when the message answered a question, the sequence of the state that asked it
+/// (the task reads input-required until its worker moves on: that state is not where to
+/// stop, a later one is).
+struct Started {
+    handle: TaskHandle,
+    at_once: bool,
+    answered: Option<u64>,
+}
+
+/// Whether `report` is where a send or a stream stops: a final state or a question, other
+/// than the question just answered.
+fn settled(report: &TaskReport, answered: Option<u64>) -> bool {
+    stops(report.state) && answered.is_none_or(|asked| report.last_seq > asked)
+}
+
+/// Submits the message's task, or answers the question of the task it names.
 async fn start(
     edge: &Edge,
     token: Option<&str>,
     target: &Target,
     params: &Value,
-) -> Result<(TaskHandle, bool), RpcError> {
+) -> Result<Started, RpcError> {
     let message = params
         .get("message")
         .filter(|m| m.is_object())
@@ -559,7 +576,11 @@ async fn start(
             ));
         }
         handle.respond(&input).await?;
-        return Ok((handle, at_once));
+        return Ok(Started {
+            handle,
+            at_once,
+            answered: Some(report.last_seq),
+        });
     }
     // The id is chosen here, so a task its target refused is still there to report.
     let id = Uuid::now_v7();
@@ -567,13 +588,19 @@ async fn start(
         .id(id)
         .json_payload(&input)
         .map_err(RpcError::from)?;
-    match edge.agent.submit(call).await {
-        Ok(handle) => Ok((handle, at_once)),
-        Err(refused) => match edge.agent.task(id).await {
-            Ok(handle) => Ok((handle, at_once)),
-            Err(_) => Err(refused.into()),
-        },
-    }
+    let handle = match edge.agent.submit(call).await {
+        Ok(handle) => handle,
+        Err(refused) => edge
+            .agent
+            .task(id)
+            .await
+            .map_err(|_| RpcError::from(refused))?,
+    };
+    Ok(Started {
+        handle,
+        at_once,
+        answered: None,
+    })
 }
 
 async fn send_message(
@@ -583,9 +610,13 @@ async fn send_message(
     target: &Target,
     params: &Value,
 ) -> Result<Value, RpcError> {
-    let (handle, at_once) = start(edge, token, target, params).await?;
+    let Started {
+        handle,
+        at_once,
+        answered,
+    } = start(edge, token, target, params).await?;
     let mut report = handle.report().await?;
-    if !at_once && !stops(report.state) {
+    if !at_once && !settled(&report, answered) {
         // Blocking: until it finishes or asks, within the longest request timeout.
         let wait = Duration::from_millis(state.config.max_request_timeout_ms);
         let mut updates = handle.updates_after(report.last_seq).await?;
@@ -626,12 +657,13 @@ async fn list(edge: &Edge, params: &Value) -> Result<Value, RpcError> {
 }
 
 /// The task's events as SSE: its snapshot first, then each update mapped, closed after a
-/// final state or a question.
+/// final state or a question (not the one just `answered`).
 async fn stream(
     state: &GatewayState,
     id: &Value,
     handle: TaskHandle,
     report: Option<TaskReport>,
+    answered: Option<u64>,
 ) -> Response {
     let report = match report {
         Some(r) => r,
@@ -642,7 +674,7 @@ async fn stream(
     };
     let task = report.id;
     let first = json!({"task": task_json(&report)});
-    let finished = stops(report.state);
+    let finished = settled(&report, answered);
     let updates = match handle.updates_after(report.last_seq).await {
         Ok(u) => u,
         Err(e) => return rpc_err(id, &e.into()),

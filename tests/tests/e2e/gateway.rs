@@ -1043,7 +1043,11 @@ async fn grants_and_the_gateways_rate_apply_to_edge_callers() {
             .status,
         );
     }
-    assert_eq!(statuses, [200, 200, 200, 429], "a burst of 4 at 0.1 a second");
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429],
+        "a burst of 4 at 0.1 a second"
+    );
     let a = curl(
         gw,
         "GET",
