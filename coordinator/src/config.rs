@@ -69,7 +69,7 @@ pub struct CoordinatorConfig {
     /// agent id; they take precedence over the registry's.
     pub trusted_keys: std::collections::BTreeMap<String, String>,
     /// The edge gateway (HTTP): off unless `gateway.listen` is set. See `docs/INTEROP.md`.
-    pub gateway: crate::gateway::GatewayConfig,
+    pub gateway: crate::gateway::config::GatewayConfig,
 }
 
 /// Credentials and TLS for the coordinator's (and the CLI's) NATS connection.
@@ -160,7 +160,7 @@ impl Default for CoordinatorConfig {
             signing_seed_file: None,
             require_signed_broadcasts: false,
             trusted_keys: std::collections::BTreeMap::new(),
-            gateway: crate::gateway::GatewayConfig::default(),
+            gateway: crate::gateway::config::GatewayConfig::default(),
         }
     }
 }
