@@ -431,51 +431,17 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             None => None,
         };
         coordinator.shutdown().await;
-        nats_l.sort();
-        http_l.sort();
-        for (label, p) in [("p50", 0.50), ("p99", 0.99)] {
-            let raw = percentile(&nats_l, p);
-            let chorus = percentile(&http_l, p);
-            rows.push(Row {
-                scenario: format!(
-                    "request-reply {label} through the HTTP gateway (raw: the same over NATS)"
-                ),
-                unit: "us".into(),
-                raw: Some(raw),
-                chorus: Some(chorus),
-                ratio: Some(chorus / raw.max(1e-9)),
-                goal: "(reported)".into(),
-                met: None,
-                sent: http_l.len() as u64,
-                received: http_l.len() as u64,
-                lost: 0,
-                raw_cpu_us: None,
-                chorus_cpu_us: None,
-            });
-        }
-        if let Some((mut ref_l, mut gw_l)) = a2a {
-            ref_l.sort();
-            gw_l.sort();
-            for (label, p) in [("p50", 0.50), ("p99", 0.99)] {
-                let raw = percentile(&ref_l, p);
-                let chorus = percentile(&gw_l, p);
-                rows.push(Row {
-                    scenario: format!(
-                        "A2A SendMessage {label}, gateway (raw: the official a2a-sdk server)"
-                    ),
-                    unit: "us".into(),
-                    raw: Some(raw),
-                    chorus: Some(chorus),
-                    ratio: Some(chorus / raw.max(1e-9)),
-                    goal: "(reported)".into(),
-                    met: None,
-                    sent: gw_l.len() as u64,
-                    received: gw_l.len() as u64,
-                    lost: 0,
-                    raw_cpu_us: None,
-                    chorus_cpu_us: None,
-                });
-            }
+        rows.extend(reported_latencies(
+            "request-reply {} through the HTTP gateway (raw: the same over NATS)",
+            nats_l,
+            http_l,
+        ));
+        if let Some((ref_l, gw_l)) = a2a {
+            rows.extend(reported_latencies(
+                "A2A SendMessage {}, gateway (raw: the official a2a-sdk server)",
+                ref_l,
+                gw_l,
+            ));
         }
     }
 
@@ -533,4 +499,36 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
     }
 
     Ok((rows, version))
+}
+
+/// p50 and p99 rows of two latency samples side by side, reported without a goal; `{}` in
+/// `scenario` becomes the percentile's label.
+fn reported_latencies(
+    scenario: &str,
+    mut raw_l: Vec<Duration>,
+    mut chorus_l: Vec<Duration>,
+) -> Vec<Row> {
+    raw_l.sort();
+    chorus_l.sort();
+    [("p50", 0.50), ("p99", 0.99)]
+        .into_iter()
+        .map(|(label, p)| {
+            let raw = percentile(&raw_l, p);
+            let chorus = percentile(&chorus_l, p);
+            Row {
+                scenario: scenario.replace("{}", label),
+                unit: "us".into(),
+                raw: Some(raw),
+                chorus: Some(chorus),
+                ratio: Some(chorus / raw.max(1e-9)),
+                goal: "(reported)".into(),
+                met: None,
+                sent: chorus_l.len() as u64,
+                received: chorus_l.len() as u64,
+                lost: 0,
+                raw_cpu_us: None,
+                chorus_cpu_us: None,
+            }
+        })
+        .collect()
 }

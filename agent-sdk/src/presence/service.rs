@@ -13,17 +13,6 @@ use super::Presence;
 use crate::subject::SubjectError;
 use crate::sync::lock;
 
-fn rfc3339(ms: u64) -> String {
-    let nanos = i128::from(ms) * 1_000_000;
-    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
-}
-
 impl Presence {
     /// Answers `$SRV` requests from `sub` until the agent stops.
     pub(crate) fn serve_discovery(self: &Arc<Self>, tracker: &TaskTracker, mut sub: Subscription) {
@@ -75,7 +64,7 @@ impl Presence {
             }
             "STATS" => {
                 body["type"] = json!("io.nats.micro.v1.stats_response");
-                body["started"] = json!(rfc3339(self.started_ms));
+                body["started"] = json!(crate::protocol::envelope::rfc3339(self.started_ms));
                 body["endpoints"] = endpoints
                     .iter()
                     .map(|e| {

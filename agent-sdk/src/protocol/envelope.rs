@@ -766,6 +766,19 @@ pub struct Envelope {
     pub encryption: Option<Encryption>,
 }
 
+/// A time in ms since the epoch as RFC 3339 (UTC), as the service and A2A wires write it;
+/// empty if out of range.
+pub fn rfc3339(ms: u64) -> String {
+    let nanos = i128::from(ms) * 1_000_000;
+    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> u64 {
     SystemTime::now()

@@ -122,18 +122,6 @@ fn rpc_err(id: &Value, e: &RpcError) -> Response {
         .into_response()
 }
 
-/// RFC 3339 of a time in ms since the epoch.
-fn timestamp(ms: u64) -> String {
-    let nanos = i128::from(ms) * 1_000_000;
-    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
-}
-
 fn now_ms() -> u64 {
     agent_sdk::envelope::now_ms()
 }
@@ -186,7 +174,8 @@ fn agent_message(task: Uuid, parts: Vec<Value>) -> Value {
 
 /// The status of a task in `state`, with `text` and `data` as its message when there are any.
 fn status(task: Uuid, state: TaskState, at_ms: u64, text: Option<&str>, data: &Value) -> Value {
-    let mut s = json!({"state": a2a_state(state), "timestamp": timestamp(at_ms)});
+    let mut s =
+        json!({"state": a2a_state(state), "timestamp": agent_sdk::envelope::rfc3339(at_ms)});
     let mut parts = Vec::new();
     if let Some(t) = text.filter(|t| !t.is_empty()) {
         parts.push(json!({"text": t}));
