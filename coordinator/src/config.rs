@@ -68,7 +68,8 @@ pub struct CoordinatorConfig {
     /// Public keys of broadcast senders that never register (a `chorus --id` CLI user), by
     /// agent id; they take precedence over the registry's.
     pub trusted_keys: std::collections::BTreeMap<String, String>,
-    /// The edge gateway (HTTP): off unless `gateway.listen` is set. See `docs/INTEROP.md`.
+    /// The edge gateway: HTTP when `gateway.listen` is set, SAP agents when `gateway.sap` names
+    /// any; off otherwise. See `docs/INTEROP.md`.
     pub gateway: crate::gateway::config::GatewayConfig,
 }
 

@@ -32,8 +32,16 @@ pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 1_024;
 pub const DEFAULT_MAX_WEBSOCKETS: usize = 256;
 /// Clock skew allowed on a JWT's `exp` and `nbf`.
 pub const DEFAULT_JWT_LEEWAY_SECS: u64 = 30;
+/// The session an SAP binding serves unless it names one.
+pub const DEFAULT_SAP_SESSION: &str = "default";
+/// Seconds between an SAP binding's heartbeats.
+pub const DEFAULT_SAP_HEARTBEAT_SECS: u64 = 10;
+/// The longest an SAP prompt's task may run before the gateway cancels it (10 minutes, the
+/// SAP client's own default ceiling).
+pub const DEFAULT_SAP_MAX_PROMPT_MS: u64 = 600_000;
 
-/// The gateway's settings. Without `listen`, there is no gateway.
+/// The gateway's settings. Without `listen` there is no HTTP gateway; without `listen` and
+/// `sap`, no gateway at all.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
@@ -65,6 +73,109 @@ pub struct GatewayConfig {
     pub api_keys: Vec<ApiKey>,
     /// Bearer JWTs accepted, if any.
     pub jwt: Option<JwtConfig>,
+    /// Chorus agents (or capabilities) offered as Synadia Agent Protocol 0.3 agents.
+    pub sap: Vec<SapBinding>,
+}
+
+/// One Synadia Agent Protocol 0.3 agent the gateway registers (an `agents` micro service
+/// with `prompt` and `status` endpoints and `agents.hb` heartbeats): each prompt becomes a
+/// task of the Chorus command `to`/`command` (or of `capability`), submitted as `identity`,
+/// and its chunks and result stream back as the SAP response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SapBinding {
+    /// The SAP agent name: lowercase letters, digits and hyphens.
+    pub agent: String,
+    /// Who runs it: lowercase letters, digits, `_` and `-`.
+    pub owner: String,
+    /// The session it serves (the fifth token of its subjects).
+    #[serde(default = "default_sap_session")]
+    pub session: String,
+    /// The edge identity the tasks are submitted as (one of `identities`).
+    pub identity: String,
+    /// The Chorus agent whose `command` runs each prompt.
+    #[serde(default)]
+    pub to: Option<String>,
+    /// The command of `to`.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Or: the capability any of whose holders runs each prompt.
+    #[serde(default)]
+    pub capability: Option<String>,
+    /// What the SAP client shows as the agent's description.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Seconds between heartbeats on `agents.hb.<agent>.<owner>.<session>`.
+    #[serde(default = "default_sap_heartbeat")]
+    pub heartbeat_interval_s: u64,
+    /// The longest a prompt's task may run, in milliseconds: then it is cancelled and the
+    /// prompt answered 504.
+    #[serde(default = "default_sap_max_prompt")]
+    pub max_prompt_ms: u64,
+}
+
+fn default_sap_session() -> String {
+    DEFAULT_SAP_SESSION.to_owned()
+}
+
+fn default_sap_heartbeat() -> u64 {
+    DEFAULT_SAP_HEARTBEAT_SECS
+}
+
+fn default_sap_max_prompt() -> u64 {
+    DEFAULT_SAP_MAX_PROMPT_MS
+}
+
+/// Whether `token` is made only of lowercase ASCII letters, digits and the `extra` characters.
+fn sap_token(token: &str, extra: &str) -> bool {
+    !token.is_empty()
+        && token
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || extra.contains(c))
+}
+
+impl SapBinding {
+    fn validate(&self, identities: &std::collections::HashSet<&str>) -> Result<()> {
+        let name = format!("sap {}.{}.{}", self.agent, self.owner, self.session);
+        if !sap_token(&self.agent, "-") {
+            return Err(invalid(format!(
+                "{name}: agent takes lowercase letters, digits and hyphens"
+            )));
+        }
+        if !sap_token(&self.owner, "-_") || !sap_token(&self.session, "-_") {
+            return Err(invalid(format!(
+                "{name}: owner and session take lowercase letters, digits, '_' and '-'"
+            )));
+        }
+        if !identities.contains(self.identity.as_str()) {
+            return Err(invalid(format!(
+                "{name}: identity {} is not in identities",
+                self.identity
+            )));
+        }
+        match (&self.to, &self.command, &self.capability) {
+            (Some(to), Some(command), None) => {
+                agent_sdk::subject::validate_token("to", to)
+                    .and_then(|()| agent_sdk::subject::validate_token("command", command))
+                    .map_err(|e| invalid(format!("{name}: {e}")))?;
+            }
+            (None, None, Some(capability)) => {
+                agent_sdk::subject::validate_dotted("capability", capability)
+                    .map_err(|e| invalid(format!("{name}: {e}")))?;
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "{name}: give to with command, or capability"
+                )));
+            }
+        }
+        if self.heartbeat_interval_s == 0 || self.max_prompt_ms == 0 {
+            return Err(invalid(format!(
+                "{name}: heartbeat_interval_s and max_prompt_ms must be positive"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// An agent identity an edge caller acts as: messages it sends are from this id, and
@@ -133,6 +244,7 @@ impl Default for GatewayConfig {
             identities: Vec::new(),
             api_keys: Vec::new(),
             jwt: None,
+            sap: Vec::new(),
         }
     }
 }
@@ -144,7 +256,7 @@ fn invalid(what: String) -> Error {
 impl GatewayConfig {
     /// Checks values that parse but cannot work, naming the key.
     pub fn validate(&self) -> Result<()> {
-        if self.listen.is_none() {
+        if !self.enabled() {
             return Ok(());
         }
         if self.max_body_bytes < 1024 {
@@ -195,12 +307,27 @@ impl GatewayConfig {
                 "jwt: set hs256_secret_file or eddsa_public_key_file".into(),
             ));
         }
-        if self.api_keys.is_empty() && self.jwt.is_none() {
+        let mut sap = std::collections::HashSet::new();
+        for binding in &self.sap {
+            binding.validate(&seen)?;
+            if !sap.insert((&binding.agent, &binding.owner, &binding.session)) {
+                return Err(invalid(format!(
+                    "sap {}.{}.{} twice",
+                    binding.agent, binding.owner, binding.session
+                )));
+            }
+        }
+        if self.listen.is_some() && self.api_keys.is_empty() && self.jwt.is_none() {
             return Err(invalid(
                 "no way to authenticate: add [[gateway.api_keys]] or [gateway.jwt]".into(),
             ));
         }
         Ok(())
+    }
+
+    /// Whether the gateway runs: it listens for HTTP, or offers SAP agents, or both.
+    pub fn enabled(&self) -> bool {
+        self.listen.is_some() || !self.sap.is_empty()
     }
 
     /// The longest poll wait.
@@ -211,5 +338,99 @@ impl GatewayConfig {
     /// How long a message waits for a poll.
     pub fn hold(&self) -> Duration {
         Duration::from_millis(self.hold_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(toml: &str) -> GatewayConfig {
+        #[derive(Deserialize)]
+        struct File {
+            gateway: GatewayConfig,
+        }
+        let file: File = config::Config::builder()
+            .add_source(config::File::from_str(toml, config::FileFormat::Toml))
+            .build()
+            .and_then(config::Config::try_deserialize)
+            .expect("parses");
+        file.gateway
+    }
+
+    const SAP_ONLY: &str = r#"
+        [gateway]
+        [[gateway.identities]]
+        id = "sap-user"
+        [[gateway.sap]]
+        agent = "drafter"
+        owner = "chorus"
+        identity = "sap-user"
+        to = "writer"
+        command = "draft"
+    "#;
+
+    #[test]
+    fn sap_agents_alone_run_a_gateway_without_http_or_keys() {
+        let gateway = parse(SAP_ONLY);
+        assert!(gateway.enabled() && gateway.listen.is_none());
+        gateway
+            .validate()
+            .expect("valid without listen and api keys");
+        let sap = &gateway.sap[0];
+        assert_eq!(sap.session, DEFAULT_SAP_SESSION);
+        assert_eq!(sap.heartbeat_interval_s, DEFAULT_SAP_HEARTBEAT_SECS);
+        assert_eq!(sap.max_prompt_ms, DEFAULT_SAP_MAX_PROMPT_MS);
+        assert!(!GatewayConfig::default().enabled());
+    }
+
+    #[test]
+    fn a_bad_sap_binding_is_refused_naming_what_is_wrong() {
+        for (change, expect) in [
+            (
+                ("agent = \"drafter\"", "agent = \"Drafter\""),
+                "lowercase letters, digits and hyphens",
+            ),
+            (
+                ("owner = \"chorus\"", "owner = \"the team\""),
+                "owner and session",
+            ),
+            (
+                (
+                    "identity = \"sap-user\"\n        to",
+                    "identity = \"other\"\n        to",
+                ),
+                "identity other is not in identities",
+            ),
+            (
+                ("command = \"draft\"", "capability = \"drafting\""),
+                "give to with command, or capability",
+            ),
+            (("to = \"writer\"", "to = \"a.b\""), "to"),
+            (
+                (
+                    "command = \"draft\"",
+                    "command = \"draft\"\n        heartbeat_interval_s = 0",
+                ),
+                "must be positive",
+            ),
+        ] {
+            let toml = SAP_ONLY.replacen(change.0, change.1, 1);
+            assert_ne!(toml, SAP_ONLY, "{change:?} changed nothing");
+            let err = parse(&toml).validate().expect_err(&toml).to_string();
+            assert!(err.contains(expect), "{err} does not say {expect}");
+        }
+        let twice = format!(
+            "{SAP_ONLY}\n[[gateway.sap]]\nagent = \"drafter\"\nowner = \"chorus\"\nidentity = \"sap-user\"\ncapability = \"drafting\"\n"
+        );
+        let err = parse(&twice).validate().expect_err("twice").to_string();
+        assert!(err.contains("drafter.chorus.default twice"), "{err}");
+    }
+
+    #[test]
+    fn http_still_needs_a_way_to_authenticate() {
+        let toml = SAP_ONLY.replacen("[gateway]", "[gateway]\nlisten = \"127.0.0.1:0\"", 1);
+        let err = parse(&toml).validate().expect_err("no keys").to_string();
+        assert!(err.contains("no way to authenticate"), "{err}");
     }
 }

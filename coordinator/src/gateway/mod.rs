@@ -14,6 +14,7 @@ pub mod config;
 mod inbox;
 mod limits;
 mod openapi;
+mod sap;
 mod tasks;
 mod ws;
 
@@ -26,6 +27,7 @@ use agent_sdk::{Agent, AgentOptions, Subjects};
 use axum::routing::{get, post};
 use broker_adapter::BrokerOptions;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::{ConnectionSecurity, CoordinatorConfig};
 use crate::error::{Error, ErrorKind, Result};
@@ -51,9 +53,11 @@ pub(crate) struct GatewayState {
 /// A running gateway. [`Gateway::stop`] stops it and waits; dropping it stops the listener
 /// without waiting.
 pub struct Gateway {
-    addr: SocketAddr,
+    /// Where the HTTP gateway listens, if it does.
+    addr: Option<SocketAddr>,
     stop: CancellationToken,
-    task: Option<tokio::task::JoinHandle<()>>,
+    /// The HTTP listener and the SAP agents' tasks.
+    tracker: TaskTracker,
     state: Arc<GatewayState>,
 }
 
@@ -128,14 +132,18 @@ async fn connect_edge(
 }
 
 impl Gateway {
-    /// Connects every edge identity and listens on `config.gateway.listen` (port 0 picks a
-    /// free one). Fails with a configuration error when no address is set.
+    /// Connects every edge identity, registers the SAP agents of `config.gateway.sap` and
+    /// listens on `config.gateway.listen` if set (port 0 picks a free one). Fails with a
+    /// configuration error when the gateway has nothing to do.
     pub async fn start(config: &CoordinatorConfig) -> Result<Gateway> {
         let gateway = &config.gateway;
         gateway.validate()?;
-        let Some(listen) = gateway.listen else {
-            return Err(Error::new(ErrorKind::Config, "gateway: no listen address"));
-        };
+        if !gateway.enabled() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "gateway: no listen address and no SAP agents",
+            ));
+        }
         let auth = auth::Authenticator::new(gateway)?;
         let subjects =
             Subjects::new(&config.root).map_err(Error::wrap(ErrorKind::Config, "invalid root"))?;
@@ -152,6 +160,28 @@ impl Gateway {
             stop: stop.clone(),
             limits: limits::Limits::new(gateway),
         });
+        let tracker = TaskTracker::new();
+        let mut started = Gateway {
+            addr: None,
+            stop: stop.clone(),
+            tracker: tracker.clone(),
+            state: Arc::clone(&state),
+        };
+        for binding in &gateway.sap {
+            let edge = &state.edges[&binding.identity];
+            sap::start(
+                binding,
+                edge.agent.clone(),
+                gateway.max_concurrent_requests,
+                stop.child_token(),
+                tracker.clone(),
+            )
+            .await?;
+        }
+        let Some(listen) = gateway.listen else {
+            tracing::info!(sap = gateway.sap.len(), "gateway started without HTTP");
+            return Ok(started);
+        };
         let app = axum::Router::new()
             .route("/v1/agents", get(api::agents))
             .route("/v1/messages", post(api::send).get(api::poll))
@@ -195,7 +225,7 @@ impl Gateway {
             .map_err(Error::wrap(ErrorKind::Listen, "gateway: no local address"))?;
         let shutdown = stop.clone();
         // Owned by the `Gateway`: `stop` waits for it.
-        let task = tokio::spawn(async move {
+        tracker.spawn(async move {
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
                 .await;
@@ -204,26 +234,21 @@ impl Gateway {
             }
         });
         tracing::info!(%addr, identities = state.edges.len(), "gateway listening");
-        Ok(Gateway {
-            addr,
-            stop,
-            task: Some(task),
-            state,
-        })
+        started.addr = Some(addr);
+        Ok(started)
     }
 
-    /// Where it listens.
-    pub fn local_addr(&self) -> SocketAddr {
+    /// Where the HTTP gateway listens, if it does.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
         self.addr
     }
 
-    /// Stops listening, answers held messages 5019 (durable ones stay stored) and shuts the
-    /// edge identities' agents down.
-    pub async fn stop(mut self) {
+    /// Stops listening, answers held messages 5019 (durable ones stay stored) and SAP prompts
+    /// in progress 503, and shuts the edge identities' agents down.
+    pub async fn stop(self) {
         self.stop.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
+        self.tracker.close();
+        self.tracker.wait().await;
         for edge in self.state.edges.values() {
             edge.agent.shutdown().await;
         }

@@ -182,7 +182,7 @@ impl Coordinator {
         if serve_metrics {
             coordinator.metrics_server = Some(start_metrics(&shared).await?);
         }
-        if shared.config.gateway.listen.is_some() {
+        if shared.config.gateway.enabled() {
             coordinator.gateway = Some(crate::gateway::Gateway::start(&shared.config).await?);
         }
         let _ = metrics::metrics();
@@ -199,7 +199,7 @@ impl Coordinator {
     pub fn gateway_addr(&self) -> Option<SocketAddr> {
         self.gateway
             .as_ref()
-            .map(crate::gateway::Gateway::local_addr)
+            .and_then(crate::gateway::Gateway::local_addr)
     }
 
     /// Agents the registry considers live and matching `query`, least loaded first.
