@@ -715,7 +715,7 @@ async fn the_interop_try_it_runs_as_written() {
                 .and_then(|b| b.split("```").next())
                 .expect("the A2A example")
                 .replace("127.0.0.1:8480", &gw.to_string());
-            let mut cmd = std::process::Command::new(python);
+            let mut cmd = std::process::Command::new(&python);
             cmd.args(["-c", &example]);
             let out = within(
                 Duration::from_secs(60),
@@ -734,6 +734,33 @@ async fn the_interop_try_it_runs_as_written() {
             assert!(
                 stdout.starts_with("TASK_STATE_COMPLETED") && stdout.contains("'summary'"),
                 "{stdout}"
+            );
+            // The SAP example (synadia-ai-agents, Python 3.11 or newer), on NATS itself.
+            let sap = doc
+                .split("```python\n")
+                .nth(2)
+                .and_then(|b| b.split("```").next())
+                .expect("the SAP example")
+                .replace("nats://127.0.0.1:4222", server.url());
+            let mut cmd = std::process::Command::new(&python);
+            cmd.args(["-c", &sap]);
+            let out = within(
+                Duration::from_secs(60),
+                "the SAP example",
+                tokio::task::spawn_blocking(move || cmd.output()),
+            )
+            .await
+            .expect("python task")
+            .expect("python runs");
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(
+                out.status.success(),
+                "{stdout} {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(
+                stdout.trim(),
+                "messages on the wire / each token finds its listener / the stream never gaps"
             );
         }
         None => eprintln!(
