@@ -39,6 +39,7 @@ from .envelope import (
     Vocabulary,
     uuid7_ms,
     uuid_from_bytes,
+    uuid_from_int,
 )
 from .status import StatusCode
 from .subjects import Implied
@@ -937,76 +938,76 @@ def _c_encryption(v: Any) -> Encryption:
     return Encryption(_c_str(v[0]), _c_str(v[1]), recipients)
 
 
-def _s_set(name: str, read: Callable[[Any], Any]) -> Callable[[Envelope, Any, dict[int, Any]], None]:
-    def setter(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
-        setattr(env, name, read(v))
-
-    return setter
-
-
-def _s_timestamp(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
-    extra[5] = _c_uint(v)
-
-
-def _s_correlation(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
-    env.correlation_id = None if v is None else _c_uuid(v)
-
-
-def _s_seq(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
+def _s_seq(env: Envelope, v: Any) -> None:
     epoch, n = _c_pair(v)
     env.seq = Seq(_c_uint(epoch, 32), _c_uint(n))
 
 
-def _s_expect(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
+def _s_expect(env: Envelope, v: Any) -> None:
     perf, timeout = _c_pair(v)
     env.expect = Expect(Performative.from_code(_c_uint(perf)), _c_uint(timeout))
 
 
-def _s_signature(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
+def _s_signature(env: Envelope, v: Any) -> None:
     key, value = _c_pair(v)
     env.signature = Signature(key=_c_str(key), value=_c_bin(value))
 
 
-def _s_check(read: Callable[[Any], Any]) -> Callable[[Envelope, Any, dict[int, Any]], None]:
-    def setter(env: Envelope, v: Any, extra: dict[int, Any]) -> None:
+def _s_check(read: Callable[[Any], Any]) -> Callable[[Envelope, Any], None]:
+    def setter(env: Envelope, v: Any) -> None:
         read(v)
 
     return setter
 
 
-# What each compact key (beyond 0-4) sets; 23-25 (trace context) are read together after.
-_SETTERS: dict[int, Callable[[Envelope, Any, dict[int, Any]], None]] = {
-    5: _s_timestamp,
-    6: _s_correlation,
-    7: _s_set("in_reply_to", _c_uuid),
-    8: _s_set("to", _c_strings),
-    9: _s_set("topic", _c_str),
-    10: _s_set("capability", _c_str),
-    11: _s_set("name", _c_str),
-    12: _s_set("ttl_ms", _c_uint),
-    13: _s_set("deadline_ms", _c_uint),
-    14: _s_set("hops", lambda v: _c_uint(v, 8)),
-    15: _s_set("hop_limit", lambda v: _c_uint(v, 8)),
-    16: _s_set("priority", lambda v: Priority.from_code(_c_uint(v))),
-    17: _s_set("delivery", lambda v: Delivery.from_code(_c_uint(v))),
+# The compact keys (beyond 0-4) that set one attribute, read by their reader.
+_ATTRIBUTES: dict[int, tuple[str, Callable[[Any], Any]]] = {
+    7: ("in_reply_to", _c_uuid),
+    8: ("to", _c_strings),
+    9: ("topic", _c_str),
+    10: ("capability", _c_str),
+    11: ("name", _c_str),
+    12: ("ttl_ms", _c_uint),
+    13: ("deadline_ms", _c_uint),
+    14: ("hops", lambda v: _c_uint(v, 8)),
+    15: ("hop_limit", lambda v: _c_uint(v, 8)),
+    16: ("priority", lambda v: Priority.from_code(_c_uint(v))),
+    17: ("delivery", lambda v: Delivery.from_code(_c_uint(v))),
+    20: ("progress", _c_progress),
+    21: ("status", lambda v: _c_uint(v, 16)),
+    22: ("reason", _c_str),
+    26: ("session_id", _c_str),
+    27: ("customer_id", _c_str),
+    28: ("headers", _c_headers),
+    29: ("content_type", _c_content_type),
+    30: ("payload", _c_bin),
+    31: ("token", _c_str),
+}
+# The others that set more than one, or only check; 5, 6 and 23-25 (the timestamp, the
+# correlation and the trace context) are read in the loop itself.
+_SETTERS: dict[int, Callable[[Envelope, Any], None]] = {
     18: _s_seq,
     19: _s_expect,
-    20: _s_set("progress", _c_progress),
-    21: _s_set("status", lambda v: _c_uint(v, 16)),
-    22: _s_set("reason", _c_str),
-    26: _s_set("session_id", _c_str),
-    27: _s_set("customer_id", _c_str),
-    28: _s_set("headers", _c_headers),
-    29: _s_set("content_type", _c_content_type),
-    30: _s_set("payload", _c_bin),
-    31: _s_set("token", _c_str),
     32: _s_signature,
-    33: _s_set("encryption", _c_encryption),
+    33: lambda env, v: setattr(env, "encryption", _c_encryption(v)),
     34: _s_check(lambda v: _c_uint(v, 16)),
 }
+_KINDS = tuple(Kind.from_code(i) for i in range(1, 64) if Kind.from_code(i) is not Kind.UNKNOWN)
+_PERFORMATIVES = tuple(
+    Performative.from_code(i) for i in range(1, 256) if Performative.from_code(i) is not Performative.UNKNOWN
+)
+_U64 = 1 << 64
+
+
+def _c_vocab(v: Any, members: tuple[Any, ...], unknown: Any) -> Any:
+    if type(v) is not int or v < 0 or v >= _U64:
+        raise ValueError
+    return members[v - 1] if 1 <= v <= len(members) else unknown
 
 
 def _decode_compact(data: bytes) -> Envelope:
+    # The hot path of every message received: one pass over the map, the common keys read
+    # inline, the rest by table.
     raw = _unpack_map(data, _PREFIX)
     major = raw.get(0)
     if type(major) is not int or major < 0:
@@ -1018,49 +1019,65 @@ def _decode_compact(data: bytes) -> Envelope:
             raise _malformed(f"{_PREFIX}no {name} (key {required})")
     key: Any = 1
     try:
-        env = Envelope(
-            id=_c_uuid(raw[1]),
-            from_="",
-            kind=Kind.UNKNOWN,
-            performative=Performative.UNKNOWN,
-            timestamp_ms=0,
-        )
+        v = raw[1]
+        if type(v) is not bytes or len(v) != 16:
+            raise ValueError
+        id_int = int.from_bytes(v, "big")
         key = 2
-        env.from_ = _c_str(raw[2])
+        sender = raw[2]
+        if type(sender) is not str:
+            raise ValueError
         key = 3
-        env.kind = Kind.from_code(_c_uint(raw[3]))
+        kind = _c_vocab(raw[3], _KINDS, Kind.UNKNOWN)
         key = 4
-        env.performative = Performative.from_code(_c_uint(raw[4]))
-        extra: dict[int, Any] = {}
+        performative = _c_vocab(raw[4], _PERFORMATIVES, Performative.UNKNOWN)
+        env = Envelope(uuid_from_int(id_int), sender, kind, performative, 0)
+        timestamp = None
+        correlated = False
+        trace_raw: list[Any] = []
         for key, v in raw.items():
             if type(key) is not int or key < 0:
                 raise _malformed(_PREFIX + "a key that is not a small unsigned integer")
-            if key > 4:
+            if key <= 4:
+                continue
+            attribute = _ATTRIBUTES.get(key)
+            if attribute is not None:
+                setattr(env, attribute[0], attribute[1](v))
+            elif key == 5:
+                timestamp = _c_uint(v)
+            elif key == 6:
+                correlated = True
+                env.correlation_id = None if v is None else _c_uuid(v)
+            elif 23 <= key <= 25:
+                trace_raw.append(key)
+            else:
                 setter = _SETTERS.get(key)
                 if setter is not None:
-                    setter(env, v, extra)
-        timestamp = extra.get(5)
-        if 6 not in raw:
+                    setter(env, v)
+        if not correlated:
             env.correlation_id = env.in_reply_to
-        traceparent = None
-        key = 23
-        if 23 in raw:
-            traceparent = _c_traceparent(raw[23])
-        key = 25
-        if 25 in raw:
-            traceparent = _c_str(raw[25])
-        key = 24
-        tracestate = _c_str(raw[24]) if 24 in raw else None
+        traceparent = tracestate = None
+        if trace_raw:
+            key = 23
+            if 23 in raw:
+                traceparent = _c_traceparent(raw[23])
+            key = 25
+            if 25 in raw:
+                traceparent = _c_str(raw[25])
+            key = 24
+            tracestate = _c_str(raw[24]) if 24 in raw else None
     except ValueError:
         raise _malformed(f"{_PREFIX}key {key} does not read") from None
     if traceparent is not None:
         env.trace = Trace(traceparent, tracestate)
     elif tracestate is not None:
         raise _malformed(_PREFIX + "tracestate (key 24) without a traceparent (key 23 or 25)")
-    t = timestamp if timestamp is not None else uuid7_ms(env.id)
-    if t is None:
-        raise _malformed(_PREFIX + "no timestamp_ms (key 5), and the id is not a UUIDv7")
-    env.timestamp_ms = t
+    if timestamp is None:
+        # The id's time, if it is a UUIDv7.
+        if (id_int >> 76) & 0xF != 7:
+            raise _malformed(_PREFIX + "no timestamp_ms (key 5), and the id is not a UUIDv7")
+        timestamp = id_int >> 80
+    env.timestamp_ms = timestamp
     return env
 
 
