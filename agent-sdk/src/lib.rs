@@ -71,7 +71,7 @@ pub use envelope::{ContentType, DeliveryClass, Envelope, Kind, Performative, Pri
 pub use error::{HandlerError, SdkError};
 pub use handler::{BoxFuture, Context, EventHandler, Handler, Output, Typed};
 pub use inbound::{Event, EventStream};
-pub use outbound::{Call, Reply, Target};
+pub use outbound::{Call, DEFAULT_ROUTING_REFRESH, Reply, Routing, Target};
 pub use registry::{
     AgentRecord, Availability, BroadcastReport, BroadcastTarget, DiscoverQuery, Manifest, Outcome,
 };

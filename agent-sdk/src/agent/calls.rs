@@ -89,25 +89,8 @@ impl Agent {
 
     /// Asks the coordinator which agents match `query`: live agents only, least loaded first.
     pub async fn discover(&self, query: &DiscoverQuery) -> Result<Vec<AgentRecord>, SdkError> {
-        let mut env = Envelope::new(
-            Kind::Request,
-            Performative::Discover,
-            self.inner.out.id.as_str(),
-        );
-        env.content_type = CONTENT_TYPE_MSGPACK.into();
-        env.payload = encode_payload(query, CONTENT_TYPE_MSGPACK)?;
-        let subject = self.inner.out.subjects.discover();
-        let reply = self
-            .inner
-            .out
-            .exchange(
-                &subject,
-                env,
-                self.inner.out.request_timeout,
-                &opentelemetry::Context::current(),
-            )
-            .await?;
-        reply.payload_as()
+        let out = &self.inner.out;
+        out.discover(query, out.request_timeout).await
     }
 
     /// Agents offering `capability`, least loaded first.

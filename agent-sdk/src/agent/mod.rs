@@ -151,6 +151,8 @@ impl Agent {
             counters,
             encode_chunk: std::sync::Mutex::new(bytes::BytesMut::new()),
             sequencer: Default::default(),
+            routing: options.routing,
+            router: crate::outbound::Router::new(options.routing_refresh),
         });
         let verifier = options.signature_policy.clone().map(|policy| {
             let verifier = Verifier::new(policy);
@@ -209,6 +211,7 @@ impl Agent {
             started_ms: now_ms(),
             groups: options.groups.clone(),
             capability_version: options.capability_version.clone(),
+            capability_details: options.capability_details.clone(),
             heartbeat_interval: options.heartbeat_interval,
             encryption_key: options.decryption.as_ref().map(|k| k.public_key()),
             metrics_url: options.metrics_url.clone(),

@@ -56,6 +56,10 @@ pub struct AgentOptions {
     pub(crate) shutdown_timeout: Duration,
     pub(crate) groups: Vec<String>,
     pub(crate) capability_version: String,
+    /// Per capability: the models behind it and its throughput (IACP), announced.
+    pub(crate) capability_details: Vec<(String, Vec<String>, Option<f64>)>,
+    pub(crate) routing: crate::outbound::Routing,
+    pub(crate) routing_refresh: Duration,
     pub(crate) heartbeat_interval: Duration,
     pub(crate) service_discovery: bool,
     pub(crate) durable_inbox: bool,
@@ -98,6 +102,9 @@ impl AgentOptions {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             groups: Vec::new(),
             capability_version: DEFAULT_CAPABILITY_VERSION.to_owned(),
+            capability_details: Vec::new(),
+            routing: crate::outbound::Routing::QueueGroup,
+            routing_refresh: crate::outbound::DEFAULT_ROUTING_REFRESH,
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             service_discovery: true,
             durable_inbox: false,
@@ -274,6 +281,44 @@ impl AgentOptions {
     /// The version announced for this agent's capabilities (default `1.0`).
     pub fn capability_version(mut self, version: impl Into<String>) -> Self {
         self.capability_version = version.into();
+        self
+    }
+
+    /// Announces the models behind `capability` and its throughput (IACP's capability
+    /// manifest: tokens a second for a model, or whatever unit the capability names), so
+    /// callers choosing among its holders can tell them apart.
+    pub fn capability_details<I, S>(
+        mut self,
+        capability: impl Into<String>,
+        models: I,
+        throughput: Option<f64>,
+    ) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let capability = capability.into();
+        self.capability_details.retain(|(c, _, _)| *c != capability);
+        self.capability_details.push((
+            capability,
+            models.into_iter().map(Into::into).collect(),
+            throughput.filter(|t| t.is_finite() && *t >= 0.0),
+        ));
+        self
+    }
+
+    /// How this agent's capability calls pick their agent unless a call says
+    /// ([`Call::least_loaded`](crate::Call::least_loaded)): the queue group (default), or the
+    /// least-loaded holder by the registry ([`Routing::LeastLoaded`](crate::Routing)).
+    pub fn capability_routing(mut self, routing: crate::outbound::Routing) -> Self {
+        self.routing = routing;
+        self
+    }
+
+    /// How long a capability's holders, as discovery returned them, are used for routing by
+    /// load before it is asked again (default 1 s).
+    pub fn routing_refresh(mut self, refresh: Duration) -> Self {
+        self.routing_refresh = refresh;
         self
     }
 

@@ -57,6 +57,7 @@ pub struct Call {
     pub(crate) deadline: Option<Duration>,
     pub(crate) encrypt_for: Vec<String>,
     pub(crate) token: Option<String>,
+    pub(crate) routing: Option<super::Routing>,
 }
 
 impl Call {
@@ -98,6 +99,7 @@ impl Call {
             deadline: None,
             encrypt_for: Vec::new(),
             token: None,
+            routing: None,
         }
     }
 
@@ -110,6 +112,21 @@ impl Call {
         S: Into<String>,
     {
         self.encrypt_for = recipients.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sends a capability call to the least-loaded live holder of the capability, by the
+    /// registry's view and this agent's own calls in flight, rather than to whichever holder
+    /// the queue group picks; to the queue group when the registry knows none. No effect on
+    /// other targets. See [`Routing`](super::Routing).
+    pub fn least_loaded(mut self) -> Self {
+        self.routing = Some(super::Routing::LeastLoaded);
+        self
+    }
+
+    /// How this call picks its agent, whatever the agent's default.
+    pub fn routing(mut self, routing: super::Routing) -> Self {
+        self.routing = Some(routing);
         self
     }
 

@@ -6,6 +6,7 @@
 pub(crate) mod call;
 mod publish;
 mod request;
+mod route;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -14,6 +15,8 @@ use std::time::Duration;
 use broker_adapter::{Broker, JetStream};
 
 pub use call::{Call, Reply, Target};
+pub(crate) use route::Router;
+pub use route::{DEFAULT_ROUTING_REFRESH, Routing};
 
 use crate::error::SdkError;
 use crate::protocol::codec::Encoding;
@@ -93,6 +96,10 @@ pub(crate) struct Outbound {
     pub(crate) encode_chunk: std::sync::Mutex<bytes::BytesMut>,
     /// Each published subject's count, stamped in its events.
     pub(crate) sequencer: crate::inbound::sequence::Sequencer,
+    /// How capability calls pick their agent unless the call says.
+    pub(crate) routing: Routing,
+    /// The holders of capabilities and this agent's calls in flight to them, for routing by load.
+    pub(crate) router: Router,
 }
 
 impl Outbound {

@@ -4,11 +4,15 @@ use std::time::Duration;
 
 use broker_adapter::ErrorKind;
 
-use super::{Call, Outbound, Parent, Reply, Target};
+use super::{Call, Outbound, Parent, Reply, Router, Routing, Target};
 use crate::error::SdkError;
 use crate::metrics::sdk_metrics;
 use crate::protocol::codec;
-use crate::protocol::envelope::{Envelope, ExpectedReply, Performative, now_ms};
+use crate::protocol::envelope::{
+    CONTENT_TYPE_MSGPACK, Envelope, ExpectedReply, Kind, Performative, now_ms,
+};
+use crate::protocol::registry::{AgentRecord, DiscoverQuery};
+use crate::protocol::status::StatusCode;
 use crate::stats::AgentCounters;
 
 impl Outbound {
@@ -76,9 +80,65 @@ impl Outbound {
         call: Call,
         parent: Option<Parent<'_>>,
     ) -> Result<Reply, SdkError> {
-        let (subject, env, timeout) = self.prepare(call, parent.map(|p| p.env))?;
         let otel = parent.map_or_else(opentelemetry::Context::current, |p| p.otel.clone());
+        if call.routing.unwrap_or(self.routing) == Routing::LeastLoaded
+            && let Target::Capability(capability) = &call.target
+            && let Some(chosen) = self.route(capability, call.timeout).await
+        {
+            let mut direct = call.clone();
+            direct.target = Target::CapabilityAt {
+                agent: chosen.agent().to_owned(),
+                capability: capability.clone(),
+            };
+            let (subject, env, timeout) = self.prepare(direct, parent.map(|p| p.env))?;
+            let result = self.exchange(&subject, env, timeout, &otel).await;
+            drop(chosen);
+            match result {
+                // The holder has gone since discovery said otherwise: the queue group serves.
+                Err(e) if e.status() == StatusCode::NO_RESPONDERS => self.router.forget(capability),
+                done => return done,
+            }
+        }
+        let (subject, env, timeout) = self.prepare(call, parent.map(|p| p.env))?;
         self.exchange(&subject, env, timeout, &otel).await
+    }
+
+    /// The holder of `capability` to call, by load, counted in flight; `None`: the queue group.
+    async fn route(
+        &self,
+        capability: &str,
+        timeout: Option<Duration>,
+    ) -> Option<super::route::InFlight> {
+        if self.router.cached(capability).is_none() {
+            let wait = Router::lookup_timeout(timeout.unwrap_or(self.request_timeout));
+            match self
+                .discover(&DiscoverQuery::capability(capability), wait)
+                .await
+            {
+                Ok(records) => self.router.learn(capability, &records),
+                Err(err) => {
+                    tracing::debug!(agent = %self.id, %capability, error = %err, "no registry to route by: the queue group serves");
+                    self.router.learn(capability, &[]);
+                }
+            }
+        }
+        self.router.choose(capability)
+    }
+
+    /// The live agents matching `query`, least loaded first, from the registry.
+    pub(crate) async fn discover(
+        &self,
+        query: &DiscoverQuery,
+        timeout: Duration,
+    ) -> Result<Vec<AgentRecord>, SdkError> {
+        let mut env = Envelope::new(Kind::Request, Performative::Discover, self.id.as_str());
+        env.content_type = CONTENT_TYPE_MSGPACK.into();
+        env.payload = codec::encode_payload(query, CONTENT_TYPE_MSGPACK)?;
+        let subject = self.subjects.discover();
+        let reply = self
+            .exchange(&subject, env, timeout, &opentelemetry::Context::current())
+            .await?;
+        reply.payload_as()
     }
 
     /// Sends `env` as a request on `subject` and waits up to `timeout` for the reply.

@@ -40,6 +40,7 @@ pub(crate) struct Presence {
     pub(crate) started_ms: u64,
     pub(crate) groups: Vec<String>,
     pub(crate) capability_version: String,
+    pub(crate) capability_details: Vec<(String, Vec<String>, Option<f64>)>,
     pub(crate) heartbeat_interval: Duration,
     pub(crate) encryption_key: Option<String>,
     pub(crate) metrics_url: Option<String>,
@@ -80,9 +81,14 @@ impl Presence {
         let endpoints = self.endpoints.all();
         let mut capabilities: Vec<CapabilityInfo> = lock(&self.capabilities)
             .iter()
-            .map(|name| CapabilityInfo {
-                name: name.clone(),
-                version: self.capability_version.clone(),
+            .map(|name| {
+                let details = self.capability_details.iter().find(|(c, _, _)| c == name);
+                CapabilityInfo {
+                    name: name.clone(),
+                    version: self.capability_version.clone(),
+                    models: details.map(|(_, m, _)| m.clone()).unwrap_or_default(),
+                    throughput: details.and_then(|(_, _, t)| *t),
+                }
             })
             .collect();
         capabilities.sort_by(|a, b| a.name.cmp(&b.name));
@@ -104,6 +110,7 @@ impl Presence {
                 CONTENT_TYPE_JSON.to_owned(),
             ],
             load,
+            slots: u32::try_from(self.dispatcher.max_in_flight).ok(),
             availability,
             eta_ms: None,
             public_key: self.out.identity.as_ref().map(|i| i.public_key()),

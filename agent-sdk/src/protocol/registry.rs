@@ -20,13 +20,20 @@ pub enum Availability {
 }
 
 /// A capability an agent offers, with its version.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CapabilityInfo {
     /// Capability name (dotted).
     pub name: String,
     /// Its version (free text, semver recommended).
     #[serde(default)]
     pub version: String,
+    /// The models behind it (IACP), if the agent says.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
+    /// How much it does per second, in the unit the capability names (IACP: tokens a second
+    /// for a model), if the agent says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throughput: Option<f64>,
 }
 
 /// An agent's capability manifest (IACP), sent in every heartbeat.
@@ -51,6 +58,10 @@ pub struct Manifest {
     /// Load from 0 (idle) to 1 (full).
     #[serde(default)]
     pub load: f32,
+    /// How many messages it handles at once (its handler slots), if it says: a caller that
+    /// routes by load counts each of its own calls in flight as `1 / slots` more load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u32>,
     /// Availability.
     #[serde(default)]
     pub availability: Availability,

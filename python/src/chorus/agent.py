@@ -378,6 +378,7 @@ class Agent:
             ("groups", sorted(self.groups)),
             ("content_types", [CONTENT_TYPE_MSGPACK, CONTENT_TYPE_JSON]),
             ("load", F32(min(load, 1.0))),
+            ("slots", self.max_in_flight),
             ("availability", "away" if self._stopping else ("busy" if load >= 1.0 else "available")),
         ]
         if self.identity is not None:

@@ -238,3 +238,154 @@ async fn the_cli_runs_a_round_and_waits_for_the_winners_result() {
         .collect();
     assert_eq!(answers, ["proposed", "proposed", "silent"]);
 }
+
+/// Routing by load: three holders of a capability whose loads differ; a least-loaded call goes
+/// to the least loaded, moves when the loads change, and falls back to the queue group while
+/// there is no registry to route by. The details the holders announce reach discovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_loaded_calls_go_to_the_least_loaded_holder_and_fall_back_without_a_registry() {
+    use agent_sdk::registry::Availability;
+    use agent_sdk::{Call, Routing};
+
+    let server = server();
+    let mut holders = Vec::new();
+    for id in ["ocr-busy", "ocr-idle", "ocr-half"] {
+        let holder = within(
+            WAIT,
+            "holder connect",
+            chorus_tests::agent_options(&server, id)
+                .heartbeat_interval(Duration::from_millis(200))
+                .max_in_flight(8)
+                .capability_details("ocr", ["tesseract-5"], Some(12.5))
+                .connect(),
+        )
+        .await
+        .expect("holder");
+        holder
+            .on_capability("ocr", |ctx: Context, _page: String| async move {
+                Ok::<_, HandlerError>(ctx.agent_id().to_owned())
+            })
+            .await
+            .expect("serve ocr");
+        holders.push(holder);
+    }
+    let caller = within(
+        WAIT,
+        "caller connect",
+        chorus_tests::agent_options(&server, "reader")
+            .capability_routing(Routing::LeastLoaded)
+            .routing_refresh(Duration::from_millis(100))
+            .connect(),
+    )
+    .await
+    .expect("caller");
+    let ask = |call: Call| {
+        let caller = caller.clone();
+        async move {
+            let reply = within(
+                WAIT,
+                "an ocr call",
+                caller.call(call.payload("page").expect("payload")),
+            )
+            .await?;
+            reply.payload_as::<String>()
+        }
+    };
+
+    // No coordinator, no registry: the queue group answers, routing or not.
+    let answered = ask(Call::capability("ocr"))
+        .await
+        .expect("the queue group answers");
+    assert!(answered.starts_with("ocr-"), "{answered}");
+
+    let _coordinator = coordinator(&server, false).await;
+    for (holder, load) in holders.iter().zip([0.9, 0.1, 0.5]) {
+        holder.set_load(load, Availability::Available);
+    }
+    let listed = eventually(WAIT, "the registry has the three loads", || async {
+        let found = caller.discover_capability("ocr").await.ok()?;
+        (found.len() == 3 && (found[0].manifest.load - 0.1).abs() < 1e-6).then_some(found)
+    })
+    .await;
+    let idle = &listed[0].manifest;
+    assert_eq!(idle.agent, "ocr-idle");
+    assert_eq!(idle.slots, Some(8));
+    let ocr = idle
+        .capabilities
+        .iter()
+        .find(|c| c.name == "ocr")
+        .expect("ocr");
+    assert_eq!(
+        (ocr.models.as_slice(), ocr.throughput),
+        (&["tesseract-5".to_owned()][..], Some(12.5))
+    );
+
+    // Every call goes to the least loaded once the caller's view is fresh.
+    eventually(WAIT, "calls routed to ocr-idle", || async {
+        (ask(Call::capability("ocr")).await.ok()? == "ocr-idle").then_some(())
+    })
+    .await;
+    for _ in 0..20 {
+        assert_eq!(
+            ask(Call::capability("ocr")).await.expect("routed"),
+            "ocr-idle"
+        );
+    }
+    // The agent's default is the queue group unless it says: then all three answer in time.
+    let plain = within(
+        WAIT,
+        "plain caller",
+        chorus_tests::agent(&server, "plain-reader"),
+    )
+    .await;
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        let reply = within(
+            WAIT,
+            "a plain call",
+            plain.call(Call::capability("ocr").payload("page").expect("payload")),
+        )
+        .await
+        .expect("answered");
+        seen.insert(reply.payload_as::<String>().expect("id"));
+        if seen.len() == 3 {
+            break;
+        }
+    }
+    assert_eq!(
+        seen.len(),
+        3,
+        "the queue group spreads plain calls: {seen:?}"
+    );
+    // A per-call choice: least loaded on an agent whose default is the queue group.
+    assert_eq!(
+        within(
+            WAIT,
+            "a routed call",
+            plain.call(
+                Call::capability("ocr")
+                    .least_loaded()
+                    .payload("page")
+                    .expect("payload")
+            )
+        )
+        .await
+        .expect("answered")
+        .payload_as::<String>()
+        .expect("id"),
+        "ocr-idle"
+    );
+
+    // Loads change: the calls follow.
+    holders[1].set_load(0.95, Availability::Available);
+    eventually(WAIT, "calls routed to ocr-half", || async {
+        (ask(Call::capability("ocr")).await.ok()? == "ocr-half").then_some(())
+    })
+    .await;
+
+    // A capability nobody holds: the registry knows none, the queue group answers no responders.
+    let err = ask(Call::capability("nobody.has"))
+        .await
+        .expect_err("no holder");
+    assert_eq!(err.status(), StatusCode::NO_RESPONDERS, "{err}");
+}
