@@ -67,6 +67,15 @@ pub enum SdkError {
     /// No task with this id is recorded (never submitted, or past the task stream's age limit).
     #[error("no task {0} is recorded")]
     TaskNotFound(uuid::Uuid),
+    /// The destination's circuit breaker is open: it failed too often lately, and nothing was
+    /// sent ([`BreakerPolicy`](crate::BreakerPolicy)).
+    #[error("circuit open for {destination}: calls to it are refused for another {retry_in:?}")]
+    CircuitOpen {
+        /// `agent:<id>` or `cap:<capability>`.
+        destination: String,
+        /// How long until one call may try it again.
+        retry_in: Duration,
+    },
 }
 
 impl SdkError {
@@ -81,7 +90,7 @@ impl SdkError {
             SdkError::Expired => StatusCode::EXPIRED,
             SdkError::Codec(_) => StatusCode::DATA_FORMAT,
             SdkError::Subject(_) => StatusCode::INVALID_ARGUMENT,
-            SdkError::ShuttingDown => StatusCode::UNAVAILABLE,
+            SdkError::ShuttingDown | SdkError::CircuitOpen { .. } => StatusCode::UNAVAILABLE,
             SdkError::TaskState { .. } => StatusCode::TASK_STATE,
             SdkError::TaskNotFound(_) => StatusCode::INVALID_ARGUMENT,
             SdkError::Encryption(_) | SdkError::InvalidCall(_) => StatusCode::INVALID_ARGUMENT,

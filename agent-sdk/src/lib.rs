@@ -71,7 +71,10 @@ pub use envelope::{ContentType, DeliveryClass, Envelope, Kind, Performative, Pri
 pub use error::{HandlerError, SdkError};
 pub use handler::{BoxFuture, Context, EventHandler, Handler, Output, Typed};
 pub use inbound::{Event, EventStream};
-pub use outbound::{Call, DEFAULT_ROUTING_REFRESH, Reply, Routing, Target};
+pub use outbound::{
+    BreakerPolicy, Call, CircuitState, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_OPEN_FOR,
+    DEFAULT_ROUTING_REFRESH, Reply, Routing, Target,
+};
 pub use registry::{
     AgentRecord, Availability, BroadcastReport, BroadcastTarget, DiscoverQuery, Manifest, Outcome,
 };

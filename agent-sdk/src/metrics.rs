@@ -42,6 +42,10 @@ pub(crate) struct SdkMetrics {
     pub(crate) handled: IntCounterVec,
     /// Requests this agent made, by outcome status, timed from send to reply.
     pub(crate) request_seconds: HistogramVec,
+    /// Each destination's circuit breaker: 0 closed, 1 half-open, 2 open.
+    pub(crate) circuit_state: IntGaugeVec,
+    /// Times a destination's breaker opened.
+    pub(crate) circuits_opened: IntCounterVec,
 }
 
 pub(crate) fn sdk_metrics() -> &'static SdkMetrics {
@@ -67,10 +71,28 @@ pub(crate) fn sdk_metrics() -> &'static SdkMetrics {
             &["agent", "status"],
         )
         .expect("static metric definition");
+        let circuit_state = IntGaugeVec::new(
+            Opts::new(
+                "chorus_agent_circuit_state",
+                "Each destination's circuit breaker in this agent: 0 closed, 1 half-open, 2 open.",
+            ),
+            &["agent", "destination"],
+        )
+        .expect("static metric definition");
+        let circuits_opened = IntCounterVec::new(
+            Opts::new(
+                "chorus_agent_circuits_opened_total",
+                "Times a destination's circuit breaker opened in this agent.",
+            ),
+            &["agent", "destination"],
+        )
+        .expect("static metric definition");
         let reg = registry();
         for c in [
             Box::new(handled.clone()) as Box<dyn Collector>,
             Box::new(request_seconds.clone()),
+            Box::new(circuit_state.clone()),
+            Box::new(circuits_opened.clone()),
             Box::new(AgentsCollector::new()),
         ] {
             if let Err(err) = reg.register(c) {
@@ -80,6 +102,8 @@ pub(crate) fn sdk_metrics() -> &'static SdkMetrics {
         SdkMetrics {
             handled,
             request_seconds,
+            circuit_state,
+            circuits_opened,
         }
     })
 }

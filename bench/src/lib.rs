@@ -445,6 +445,68 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         }
     }
 
+    if want("routing") {
+        let n = if q { 300 } else { 3_000 };
+        progress(&format!(
+            "capability requests x {n}, 8 at a time, to 3 holders (one 10x slower): queue group, then least loaded"
+        ));
+        let (mut group_l, mut least_l) = (Vec::new(), Vec::new());
+        let (mut group_slow, mut least_slow) = (0, 0);
+        for _ in 0..rounds {
+            let (group, least) =
+                scenarios::chorus_routing(&url, opts.coordinator.as_ref(), bus.wire, n, 8).await?;
+            group_l.extend(group.latencies);
+            least_l.extend(least.latencies);
+            group_slow += group.to_slow;
+            least_slow += least.to_slow;
+        }
+        group_l.sort();
+        least_l.sort();
+        let total = group_l.len() as u64;
+        for (label, q) in [
+            (
+                "capability request p50 under uneven load, least loaded (raw: queue group)",
+                0.5,
+            ),
+            (
+                "capability request p99 under uneven load, least loaded (raw: queue group)",
+                0.99,
+            ),
+        ] {
+            let (raw, chorus) = (percentile(&group_l, q), percentile(&least_l, q));
+            rows.push(Row {
+                scenario: label.into(),
+                unit: "us".into(),
+                raw: Some(raw),
+                chorus: Some(chorus),
+                ratio: Some(chorus / raw.max(1e-9)),
+                goal: "(reported)".into(),
+                met: None,
+                sent: total,
+                received: least_l.len() as u64,
+                lost: total.saturating_sub(least_l.len() as u64),
+                raw_cpu_us: None,
+                chorus_cpu_us: None,
+            });
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let share = |slow: usize| 100.0 * slow as f64 / total.max(1) as f64;
+        rows.push(Row {
+            scenario: "share of those requests the slow holder answered (raw: queue group)".into(),
+            unit: "%".into(),
+            raw: Some(share(group_slow)),
+            chorus: Some(share(least_slow)),
+            ratio: Some(share(least_slow) / share(group_slow).max(1e-9)),
+            goal: "(reported)".into(),
+            met: None,
+            sent: total,
+            received: total,
+            lost: 0,
+            raw_cpu_us: None,
+            chorus_cpu_us: None,
+        });
+    }
+
     if want("discovery") {
         progress("discovery with 1,000 agents");
         let (mut lat, registered) = scenarios::discovery(

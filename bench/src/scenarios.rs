@@ -395,6 +395,97 @@ pub(crate) async fn chorus_negotiation(
     Ok(out)
 }
 
+/// What the routing scenario measured in one mode: each request's latency, and how many of
+/// them the slow holder answered.
+pub(crate) struct Routed {
+    pub(crate) latencies: Vec<Duration>,
+    pub(crate) to_slow: usize,
+}
+
+/// Work one request takes at the routing scenario's fast holders and at its slow one.
+pub(crate) const ROUTE_FAST: Duration = Duration::from_micros(500);
+pub(crate) const ROUTE_SLOW: Duration = Duration::from_millis(5);
+
+/// Chorus: three holders of a capability, one ten times slower than the others, with a
+/// coordinator; `n` requests, `concurrency` at a time, first through the queue group, then
+/// routed to the least-loaded holder. Returns (queue group, least loaded).
+pub(crate) async fn chorus_routing(
+    url: &str,
+    launcher: &dyn CoordinatorLauncher,
+    wire: agent_sdk::Encoding,
+    n: usize,
+    concurrency: usize,
+) -> anyhow::Result<(Routed, Routed)> {
+    let coordinator = launcher.start(url).await?;
+    let bus = Bus { url, wire };
+    let mut holders = Vec::new();
+    for (id, work) in [
+        ("bench-holder-slow", ROUTE_SLOW),
+        ("bench-holder-fast-1", ROUTE_FAST),
+        ("bench-holder-fast-2", ROUTE_FAST),
+    ] {
+        let holder = bus
+            .options(id)
+            .heartbeat_interval(Duration::from_millis(500))
+            .service_discovery(false)
+            .max_in_flight(16)
+            .connect()
+            .await?;
+        holder
+            .on_capability("bench.route", move |ctx: Context, (): ()| async move {
+                tokio::time::sleep(work).await;
+                Ok::<_, HandlerError>(ctx.agent_id().to_owned())
+            })
+            .await?;
+        holders.push(holder);
+    }
+    let deadline = Instant::now() + REGISTRATION_DEADLINE;
+    while coordinator.registered() < holders.len() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the coordinator did not register the holders"
+        );
+        tokio::time::sleep(REGISTRATION_POLL).await;
+    }
+    let client = agent(&bus, "bench-router").await?;
+    let run = |least_loaded: bool| {
+        let client = client.clone();
+        async move {
+            let calls = futures::stream::iter(0..n).map(|_| {
+                let client = client.clone();
+                async move {
+                    let mut call = Call::capability("bench.route").payload(&())?;
+                    if least_loaded {
+                        call = call.least_loaded();
+                    }
+                    let t = Instant::now();
+                    let who: String = client.call(call).await?.payload_as()?;
+                    Ok::<_, anyhow::Error>((t.elapsed(), who == "bench-holder-slow"))
+                }
+            });
+            let mut out = Routed {
+                latencies: Vec::with_capacity(n),
+                to_slow: 0,
+            };
+            let mut done = calls.buffer_unordered(concurrency);
+            while let Some(one) = done.next().await {
+                let (latency, slow) = one?;
+                out.latencies.push(latency);
+                out.to_slow += usize::from(slow);
+            }
+            Ok::<_, anyhow::Error>(out)
+        }
+    };
+    let queue_group = run(false).await?;
+    let least_loaded = run(true).await?;
+    client.shutdown().await;
+    for h in holders {
+        h.shutdown().await;
+    }
+    coordinator.shutdown().await;
+    Ok((queue_group, least_loaded))
+}
+
 /// Chorus: `concurrency` requesters calling an echo agent for `duration`. With `signed`, the
 /// client signs every request and the echo agent verifies each (in batches).
 pub(crate) async fn chorus_request_throughput(
@@ -583,6 +674,7 @@ pub(crate) async fn publish_fake_heartbeats(
             sdk_version: String::new(),
             metrics_url: None,
             wire_versions: vec![1, 2],
+            open_circuits: Vec::new(),
         };
         let mut env = Envelope::new(Kind::Heartbeat, Performative::Health, id.as_str());
         env.payload = codec::encode_payload(&manifest, CONTENT_TYPE_MSGPACK)?;

@@ -71,6 +71,37 @@ pub struct CoordinatorConfig {
     /// The edge gateway: HTTP when `gateway.listen` is set, SAP agents when `gateway.sap` names
     /// any; off otherwise. See `docs/INTEROP.md`.
     pub gateway: crate::gateway::config::GatewayConfig,
+    /// Circuit breakers on the requests the gateway's edge identities make for their callers:
+    /// unset, none.
+    pub circuit_breaker: Option<CircuitBreakerConfig>,
+}
+
+/// `[circuit_breaker]`: after `failures` failures in a row to one destination, calls to it are
+/// refused at once (5019, HTTP 503 at the gateway) for `open_ms`, then one may try again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CircuitBreakerConfig {
+    /// Failures in a row that open a destination's breaker.
+    #[serde(default = "default_breaker_failures")]
+    pub failures: u32,
+    /// How long it stays open, in milliseconds.
+    #[serde(default = "default_breaker_open_ms")]
+    pub open_ms: u64,
+}
+
+fn default_breaker_failures() -> u32 {
+    agent_sdk::DEFAULT_BREAKER_FAILURES
+}
+
+fn default_breaker_open_ms() -> u64 {
+    u64::try_from(agent_sdk::DEFAULT_BREAKER_OPEN_FOR.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl CircuitBreakerConfig {
+    /// The SDK's policy.
+    pub fn policy(&self) -> agent_sdk::BreakerPolicy {
+        agent_sdk::BreakerPolicy::new(self.failures, Duration::from_millis(self.open_ms))
+    }
 }
 
 /// Credentials and TLS for the coordinator's (and the CLI's) NATS connection.
@@ -162,6 +193,7 @@ impl Default for CoordinatorConfig {
             require_signed_broadcasts: false,
             trusted_keys: std::collections::BTreeMap::new(),
             gateway: crate::gateway::config::GatewayConfig::default(),
+            circuit_breaker: None,
         }
     }
 }
@@ -232,6 +264,11 @@ impl CoordinatorConfig {
         ensure(self.inbox.max_age_secs > 0, || {
             "inbox.max_age_secs must be positive".into()
         })?;
+        if let Some(breaker) = &self.circuit_breaker {
+            ensure(breaker.failures >= 1 && breaker.open_ms >= 1, || {
+                "circuit_breaker: failures and open_ms must be positive".into()
+            })?;
+        }
         self.gateway.validate()
     }
 
@@ -290,6 +327,24 @@ mod tests {
         assert!(err.to_string().contains("no_such_key"), "{err}");
         let missing = dir.join("missing.toml");
         assert!(CoordinatorConfig::load(Some(&missing)).is_err());
+    }
+
+    #[test]
+    fn circuit_breakers_are_off_unless_configured_and_take_defaults() {
+        assert_eq!(CoordinatorConfig::default().circuit_breaker, None);
+        let dir = tempfile_dir();
+        let file = dir.join("breaker.toml");
+        std::fs::write(&file, "[circuit_breaker]\nfailures = 2\n").expect("write");
+        let cfg = CoordinatorConfig::load(Some(&file)).expect("loads");
+        let breaker = cfg.circuit_breaker.expect("configured");
+        assert_eq!((breaker.failures, breaker.open_ms), (2, 30_000));
+        assert_eq!(
+            breaker.policy(),
+            agent_sdk::BreakerPolicy::new(2, Duration::from_secs(30))
+        );
+        std::fs::write(&file, "[circuit_breaker]\nfailures = 0\n").expect("write");
+        let err = CoordinatorConfig::load(Some(&file)).expect_err("invalid");
+        assert!(err.to_string().contains("circuit_breaker"), "{err}");
     }
 
     fn tempfile_dir() -> std::path::PathBuf {

@@ -178,6 +178,12 @@ impl Agent {
         presence.changed.notify_one();
     }
 
+    /// How this agent's circuit breaker for `destination` (`agent:<id>` or `cap:<capability>`)
+    /// stands: always closed without [`AgentOptions::circuit_breaker`](crate::AgentOptions::circuit_breaker).
+    pub fn circuit(&self, destination: &str) -> crate::outbound::CircuitState {
+        self.inner.out.breakers.state(destination)
+    }
+
     /// The agent's current capability manifest.
     pub fn manifest(&self) -> Manifest {
         self.inner.presence.manifest()

@@ -134,6 +134,9 @@ impl Agent {
         let stop = CancellationToken::new();
         let tracker = TaskTracker::new();
         let counters = Arc::new(AgentCounters::default());
+        // Wakes the heartbeat loop when the manifest changes (a capability, the load, a
+        // circuit breaker).
+        let changed = Arc::new(tokio::sync::Notify::new());
         let out = Arc::new(Outbound {
             id: options.id.clone(),
             subjects,
@@ -153,6 +156,11 @@ impl Agent {
             sequencer: Default::default(),
             routing: options.routing,
             router: crate::outbound::Router::new(options.routing_refresh),
+            breakers: crate::outbound::Breakers::new(
+                options.breaker,
+                &options.id,
+                Arc::clone(&changed),
+            ),
         });
         let verifier = options.signature_policy.clone().map(|policy| {
             let verifier = Verifier::new(policy);
@@ -215,7 +223,7 @@ impl Agent {
             heartbeat_interval: options.heartbeat_interval,
             encryption_key: options.decryption.as_ref().map(|k| k.public_key()),
             metrics_url: options.metrics_url.clone(),
-            changed: tokio::sync::Notify::new(),
+            changed,
             load_override: std::sync::Mutex::new(None),
             stop: stop.clone(),
         });

@@ -60,6 +60,7 @@ pub struct AgentOptions {
     pub(crate) capability_details: Vec<(String, Vec<String>, Option<f64>)>,
     pub(crate) routing: crate::outbound::Routing,
     pub(crate) routing_refresh: Duration,
+    pub(crate) breaker: Option<crate::outbound::BreakerPolicy>,
     pub(crate) heartbeat_interval: Duration,
     pub(crate) service_discovery: bool,
     pub(crate) durable_inbox: bool,
@@ -105,6 +106,7 @@ impl AgentOptions {
             capability_details: Vec::new(),
             routing: crate::outbound::Routing::QueueGroup,
             routing_refresh: crate::outbound::DEFAULT_ROUTING_REFRESH,
+            breaker: None,
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             service_discovery: true,
             durable_inbox: false,
@@ -319,6 +321,16 @@ impl AgentOptions {
     /// load before it is asked again (default 1 s).
     pub fn routing_refresh(mut self, refresh: Duration) -> Self {
         self.routing_refresh = refresh;
+        self
+    }
+
+    /// Circuit breakers on this agent's requests and commands, per destination (an agent, or
+    /// a capability's queue group): after `policy.failures` failures in a row (no reply in
+    /// time, no responders, 5019, 5017, a disconnect, 5022) calls to it are refused at once
+    /// with 5019 for `policy.open_for`, then one call tries it again. Off by default. See
+    /// [`BreakerPolicy`](crate::BreakerPolicy).
+    pub fn circuit_breaker(mut self, policy: crate::outbound::BreakerPolicy) -> Self {
+        self.breaker = Some(policy);
         self
     }
 

@@ -3,6 +3,7 @@
 //! request that waits for its reply (`request`), an event (`publish`), and a call builder
 //! ([`Call`]). Durable sends build on this in `durable::send`.
 
+mod breaker;
 pub(crate) mod call;
 mod publish;
 mod request;
@@ -14,6 +15,10 @@ use std::time::Duration;
 
 use broker_adapter::{Broker, JetStream};
 
+pub(crate) use breaker::Breakers;
+pub use breaker::{
+    BreakerPolicy, CircuitState, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_OPEN_FOR,
+};
 pub use call::{Call, Reply, Target};
 pub(crate) use route::Router;
 pub use route::{DEFAULT_ROUTING_REFRESH, Routing};
@@ -100,6 +105,8 @@ pub(crate) struct Outbound {
     pub(crate) routing: Routing,
     /// The holders of capabilities and this agent's calls in flight to them, for routing by load.
     pub(crate) router: Router,
+    /// Its circuit breakers, per destination.
+    pub(crate) breakers: Breakers,
 }
 
 impl Outbound {

@@ -80,6 +80,21 @@ impl Outbound {
         call: Call,
         parent: Option<Parent<'_>>,
     ) -> Result<Reply, SdkError> {
+        let destination = match &call.target {
+            Target::Agent(agent) | Target::CapabilityAt { agent, .. } => format!("agent:{agent}"),
+            Target::Capability(capability) => format!("cap:{capability}"),
+        };
+        let ticket = self.breakers.admit(&destination)?;
+        let result = self.send_call(call, parent).await;
+        ticket.finish(match &result {
+            Ok(reply) => reply.status(),
+            Err(e) => e.status(),
+        });
+        result
+    }
+
+    /// A call's exchange: routed by load if asked, else to its target.
+    async fn send_call(&self, call: Call, parent: Option<Parent<'_>>) -> Result<Reply, SdkError> {
         let otel = parent.map_or_else(opentelemetry::Context::current, |p| p.otel.clone());
         if call.routing.unwrap_or(self.routing) == Routing::LeastLoaded
             && let Target::Capability(capability) = &call.target
@@ -95,7 +110,10 @@ impl Outbound {
             drop(chosen);
             match result {
                 // The holder has gone since discovery said otherwise: the queue group serves.
-                Err(e) if e.status() == StatusCode::NO_RESPONDERS => self.router.forget(capability),
+                Err(e) if e.status() == StatusCode::NO_RESPONDERS => {
+                    tracing::debug!(agent = %self.id, %capability, holder = %subject, "the chosen holder has gone: the queue group serves");
+                    self.router.forget(capability);
+                }
                 done => return done,
             }
         }

@@ -139,6 +139,7 @@ impl Router {
         let best = holders.iter().map(score).min_by(f64::total_cmp)?;
         let tied: Vec<&Holder> = holders.iter().filter(|h| score(h) <= best + 1e-6).collect();
         let chosen = tied[self.turn.fetch_add(1, Ordering::Relaxed) % tied.len()];
+        tracing::trace!(%capability, chosen = %chosen.agent, score = best, "routed by load");
         *counts.entry(chosen.agent.clone()).or_insert(0) += 1;
         Some(InFlight {
             agent: chosen.agent.clone(),

@@ -45,7 +45,7 @@ pub(crate) struct Presence {
     pub(crate) encryption_key: Option<String>,
     pub(crate) metrics_url: Option<String>,
     /// Wakes the heartbeat loop when the manifest changes.
-    pub(crate) changed: tokio::sync::Notify,
+    pub(crate) changed: Arc<tokio::sync::Notify>,
     pub(crate) load_override: Mutex<Option<(f32, Availability)>>,
     pub(crate) stop: CancellationToken,
 }
@@ -120,6 +120,7 @@ impl Presence {
             sdk_version: env!("CARGO_PKG_VERSION").to_owned(),
             metrics_url: self.metrics_url.clone(),
             wire_versions: vec![1, 2],
+            open_circuits: self.out.breakers.open(),
         }
     }
 

@@ -88,6 +88,10 @@ pub struct Manifest {
     /// The protocol majors the agent reads (`[1, 2]` for this SDK); absent means `[1]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub wire_versions: Vec<u16>,
+    /// The destinations (`agent:<id>`, `cap:<capability>`) whose circuit breakers in this
+    /// agent are open or half-open: it refuses its own calls to them for now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub open_circuits: Vec<String>,
 }
 
 impl Manifest {

@@ -43,6 +43,9 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
             format!("{:?}", m.availability).to_lowercase(),
             caps.join(", ")
         );
+        if !m.open_circuits.is_empty() {
+            outln!("{:<24} circuits open: {}", "", m.open_circuits.join(", "));
+        }
     }
     eprintln!("{} live agent(s)", found.len());
     Ok(ExitCode::SUCCESS)

@@ -25,7 +25,7 @@ pub(crate) struct Args {
     #[arg(long)]
     json: bool,
     /// Only scenarios whose name contains this (events, latency, tasks, throughput, durable,
-    /// fan-out, secure, gateway, discovery, memory).
+    /// fan-out, secure, gateway, routing, discovery, memory).
     #[arg(long)]
     only: Option<String>,
     /// The envelope form Chorus's agents write: `compact` (protocol 2, what agents write on a

@@ -104,6 +104,9 @@ async fn connect_edge(
         // Durable commands to the identity wait in its inbox stream for a poll.
         .durable_inbox(true)
         .shutdown_timeout(config.shutdown_timeout());
+    if let Some(breaker) = &config.circuit_breaker {
+        options = options.circuit_breaker(breaker.policy());
+    }
     // Signed only with the identity's own key: the coordinator's would not verify as it.
     if identity.nkey_seed_file.is_some()
         && let Some(signing) = security.identity()?

@@ -320,11 +320,20 @@ async fn least_loaded_calls_go_to_the_least_loaded_holder_and_fall_back_without_
         (&["tesseract-5".to_owned()][..], Some(12.5))
     );
 
-    // Every call goes to the least loaded once the caller's view is fresh.
-    eventually(WAIT, "calls routed to ocr-idle", || async {
-        (ask(Call::capability("ocr")).await.ok()? == "ocr-idle").then_some(())
-    })
-    .await;
+    // Every call goes to the least loaded once the caller's view is refreshed (the empty one
+    // it learned without a coordinator is kept for routing_refresh): ten in a row by chance
+    // from the queue group would be one in 59,049.
+    let streak = |want: &'static str| {
+        move || async move {
+            for _ in 0..10 {
+                if ask(Call::capability("ocr")).await.ok()? != want {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    };
+    eventually(WAIT, "calls routed to ocr-idle", streak("ocr-idle")).await;
     for _ in 0..20 {
         assert_eq!(
             ask(Call::capability("ocr")).await.expect("routed"),
@@ -378,14 +387,158 @@ async fn least_loaded_calls_go_to_the_least_loaded_holder_and_fall_back_without_
 
     // Loads change: the calls follow.
     holders[1].set_load(0.95, Availability::Available);
-    eventually(WAIT, "calls routed to ocr-half", || async {
-        (ask(Call::capability("ocr")).await.ok()? == "ocr-half").then_some(())
-    })
-    .await;
+    eventually(WAIT, "calls routed to ocr-half", streak("ocr-half")).await;
 
     // A capability nobody holds: the registry knows none, the queue group answers no responders.
     let err = ask(Call::capability("nobody.has"))
         .await
         .expect_err("no holder");
     assert_eq!(err.status(), StatusCode::NO_RESPONDERS, "{err}");
+}
+
+/// Circuit breaker: calls to an agent that keeps failing open the caller's breaker for it; while
+/// open, calls are answered at once without reaching the agent; after the interval one call
+/// tries (half-open) and its success closes it. The metric, the manifest and `chorus agents`
+/// show the open breaker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_opens_after_the_failures_answers_at_once_then_half_opens_and_closes() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use agent_sdk::{BreakerPolicy, Call, CircuitState, SdkError};
+
+    let server = server();
+    let _coordinator = coordinator(&server, false).await;
+    let healthy = Arc::new(AtomicBool::new(false));
+    let reached = Arc::new(AtomicUsize::new(0));
+    let flaky = agent(&server, "flaky").await;
+    let (h, r) = (Arc::clone(&healthy), Arc::clone(&reached));
+    flaky
+        .on_command("work", move |_ctx: Context, (): ()| {
+            let (healthy, reached) = (Arc::clone(&h), Arc::clone(&r));
+            async move {
+                reached.fetch_add(1, Ordering::SeqCst);
+                if healthy.load(Ordering::SeqCst) {
+                    Ok("done".to_owned())
+                } else {
+                    Err(HandlerError::new(StatusCode::UNAVAILABLE, "overloaded"))
+                }
+            }
+        })
+        .await
+        .expect("serve work");
+    let open_for = Duration::from_millis(500);
+    let caller = within(
+        WAIT,
+        "caller connect",
+        chorus_tests::agent_options(&server, "careful")
+            .heartbeat_interval(Duration::from_millis(200))
+            .circuit_breaker(BreakerPolicy::new(3, open_for))
+            .connect(),
+    )
+    .await
+    .expect("caller");
+    let work = || {
+        let caller = caller.clone();
+        async move {
+            within(
+                WAIT,
+                "a call to flaky",
+                caller.call(Call::agent("flaky", "work").payload(&()).expect("payload")),
+            )
+            .await
+        }
+    };
+    let gauge = || {
+        agent_sdk::metrics::render(agent_sdk::metrics::registry())
+            .lines()
+            .find(|l| {
+                l.starts_with("chorus_agent_circuit_state{")
+                    && l.contains("agent=\"careful\"")
+                    && l.contains("destination=\"agent:flaky\"")
+            })
+            .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
+    };
+
+    for _ in 0..3 {
+        let err = work().await.expect_err("flaky fails");
+        assert_eq!(err.status(), StatusCode::UNAVAILABLE, "{err}");
+    }
+    assert_eq!(caller.circuit("agent:flaky"), CircuitState::Open);
+    assert_eq!(gauge().as_deref(), Some("2"));
+    // Open: answered at once, and the call never reaches flaky.
+    let before = reached.load(Ordering::SeqCst);
+    let err = work().await.expect_err("open");
+    assert!(
+        matches!(err, SdkError::CircuitOpen { ref destination, .. } if destination == "agent:flaky"),
+        "{err}"
+    );
+    assert_eq!(err.status(), StatusCode::UNAVAILABLE);
+    assert_eq!(
+        reached.load(Ordering::SeqCst),
+        before,
+        "an open breaker sent the call"
+    );
+    // Other destinations are not cut off.
+    let other = caller
+        .call(
+            Call::capability("nothing.here")
+                .payload(&())
+                .expect("payload"),
+        )
+        .await;
+    assert_eq!(
+        other.expect_err("nobody holds it").status(),
+        StatusCode::NO_RESPONDERS
+    );
+
+    // The registry, and `chorus agents`, show it.
+    eventually(WAIT, "the manifest lists the open breaker", || async {
+        let found = caller
+            .discover(&agent_sdk::DiscoverQuery::default())
+            .await
+            .ok()?;
+        found
+            .iter()
+            .any(|r| r.manifest.agent == "careful" && r.manifest.open_circuits == ["agent:flaky"])
+            .then_some(())
+    })
+    .await;
+    let mut cli = std::process::Command::new(chorus_tests::chorus_binary());
+    cli.args(["--server", server.url(), "agents"])
+        .stdin(std::process::Stdio::null());
+    let listed = within(
+        WAIT,
+        "chorus agents",
+        tokio::task::spawn_blocking(move || cli.output()),
+    )
+    .await
+    .expect("the CLI's task")
+    .expect("chorus agents runs");
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(text.contains("circuits open: agent:flaky"), "{text}");
+
+    // Healthy again: after the interval one call tries, succeeds, and closes the breaker.
+    healthy.store(true, Ordering::SeqCst);
+    eventually(WAIT, "a probe through the half-open breaker", || async {
+        match work().await {
+            Ok(reply) => Some(reply),
+            Err(SdkError::CircuitOpen { .. }) => None,
+            Err(e) => panic!("the probe failed: {e}"),
+        }
+    })
+    .await;
+    assert_eq!(caller.circuit("agent:flaky"), CircuitState::Closed);
+    assert_eq!(gauge().as_deref(), Some("0"));
+    eventually(WAIT, "the manifest drops the breaker", || async {
+        let found = caller
+            .discover(&agent_sdk::DiscoverQuery::default())
+            .await
+            .ok()?;
+        found
+            .iter()
+            .any(|r| r.manifest.agent == "careful" && r.manifest.open_circuits.is_empty())
+            .then_some(())
+    })
+    .await;
 }
