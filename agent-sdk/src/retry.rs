@@ -103,6 +103,12 @@ impl RetryPolicy {
     }
 }
 
+/// A number in `0..1` for jitter: the random bits of a fresh UUIDv7.
+pub(crate) fn random_fraction() -> f64 {
+    let bits = uuid::Uuid::now_v7().as_u128() as u64 & 0xFFFF_FFFF;
+    bits as f64 / f64::from(u32::MAX)
+}
+
 /// A retry policy that cannot be used: which value is wrong and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid retry policy: {0}")]

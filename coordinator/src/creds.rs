@@ -46,6 +46,33 @@ pub struct Role {
     /// `agent` (`chorus --id <agent>`), but never registers, so it has no heartbeat, goodbye,
     /// command subject, capability access points or service-discovery rights.
     pub cli: bool,
+    /// Synadia Agent Protocol agents it registers (a gateway edge identity with
+    /// `[[gateway.sap]]` bindings), each `<agent>.<owner>.<session>`: their `prompt` and
+    /// `status` subjects, their heartbeat subject, and answers of many messages per prompt.
+    pub sap: Vec<String>,
+}
+
+/// Replies one request may get from an agent that streams SAP answers (`allow_responses`).
+pub const SAP_MAX_RESPONSES: u64 = 100_000;
+
+/// `<agent>.<owner>.<session>` of an SAP agent, checked: three tokens of lowercase letters,
+/// digits, `-` (and `_` in the owner and session).
+fn sap_name(name: &str) -> std::result::Result<&str, String> {
+    let token = |t: &str, extra: &str| {
+        !t.is_empty()
+            && t.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || extra.contains(c))
+    };
+    match name.split('.').collect::<Vec<_>>().as_slice() {
+        [agent, owner, session]
+            if token(agent, "-") && token(owner, "-_") && token(session, "-_") =>
+        {
+            Ok(name)
+        }
+        _ => Err(format!(
+            "--sap takes <agent>.<owner>.<session> (lowercase letters, digits, '-', and '_' after the agent), not {name:?}"
+        )),
+    }
 }
 
 fn quote(list: &[String]) -> String {
@@ -157,14 +184,27 @@ fn permissions_of(
         subscribe.push(subjects.tasks_of_kind(TaskMessage::Cancel));
         subscribe.push(subjects.tasks_of_kind(TaskMessage::Input));
     }
+    for name in &role.sap {
+        let name = sap_name(name)?;
+        subscribe.push(format!("agents.prompt.{name}"));
+        subscribe.push(format!("agents.status.{name}"));
+        publish.push(format!("agents.hb.{name}"));
+        if role.cli {
+            return Err("--sap is for an agent (a gateway identity), not a CLI user".into());
+        }
+    }
     Ok((publish, subscribe))
 }
 
 /// The `nats.conf` user entry for `role` with nkey `public_key`.
 pub fn authorization_entry(subjects: &Subjects, role: &Role, public_key: &str) -> Result<String> {
     let (publish, subscribe) = permissions(subjects, role)?;
+    let sap_responses = format!(", allow_responses: {{ max: {SAP_MAX_RESPONSES} }}");
     let (what, responses) = if role.cli {
         ("CLI user", "")
+    } else if !role.sap.is_empty() {
+        // An SAP answer is a stream: an ack, chunks and a terminator to one reply subject.
+        ("agent", sap_responses.as_str())
     } else {
         ("agent", ", allow_responses: true")
     };
@@ -190,4 +230,62 @@ pub fn coordinator_entry(subjects: &Subjects, public_key: &str) -> String {
         quote(&all),
         quote(&all)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn role(sap: &[&str]) -> Role {
+        Role {
+            agent: "web-ui".into(),
+            sap: sap.iter().map(|s| (*s).to_owned()).collect(),
+            ..Role::default()
+        }
+    }
+
+    #[test]
+    fn an_sap_identity_may_serve_its_prompts_heartbeat_and_stream_answers() {
+        let subjects = Subjects::default();
+        let (publish, subscribe) =
+            permissions(&subjects, &role(&["drafter.chorus.default"])).expect("permissions");
+        assert!(publish.contains(&"agents.hb.drafter.chorus.default".to_owned()));
+        for s in [
+            "agents.prompt.drafter.chorus.default",
+            "agents.status.drafter.chorus.default",
+        ] {
+            assert!(subscribe.contains(&s.to_owned()), "{s}");
+        }
+        let entry = authorization_entry(&subjects, &role(&["drafter.chorus.default"]), "UKEY")
+            .expect("entry");
+        assert!(
+            entry.contains("allow_responses: { max: 100000 }"),
+            "{entry}"
+        );
+        let plain = authorization_entry(&subjects, &role(&[]), "UKEY").expect("entry");
+        assert!(
+            plain.contains("allow_responses: true") && !plain.contains("agents."),
+            "{plain}"
+        );
+    }
+
+    #[test]
+    fn a_bad_sap_name_is_refused_saying_what_it_takes() {
+        for bad in [
+            "drafter",
+            "drafter.chorus",
+            "Drafter.chorus.default",
+            "a.b.c.d",
+            "a..c",
+            "a_b.c.d",
+        ] {
+            let err = permissions(&Subjects::default(), &role(&[bad])).expect_err(bad);
+            assert!(err.to_string().contains("no permissions"), "{err}");
+        }
+        let cli = Role {
+            cli: true,
+            ..role(&["drafter.chorus.default"])
+        };
+        assert!(permissions(&Subjects::default(), &cli).is_err());
+    }
 }

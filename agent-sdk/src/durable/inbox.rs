@@ -426,10 +426,10 @@ fn settle(
     let reason = match failure.retry {
         Retry::After(delay) => return Settle::Nak(delay),
         Retry::Attempts if !last_attempt => {
-            return Settle::Nak(policy.delay(delivered, random_fraction()));
+            return Settle::Nak(policy.delay(delivered, crate::retry::random_fraction()));
         }
         Retry::Policy if policy.should_retry(failure.status, delivered) => {
-            return Settle::Nak(policy.delay(delivered, random_fraction()));
+            return Settle::Nak(policy.delay(delivered, crate::retry::random_fraction()));
         }
         Retry::Policy if policy.retry_on.contains(&failure.status) => DeadLetterReason::MaxAttempts,
         _ if failure.status == StatusCode::EXPIRED => DeadLetterReason::Expired,
@@ -441,12 +441,6 @@ fn settle(
         reason,
         detail: failure.reason,
     })
-}
-
-/// A number in `0..1` for jitter: the random bits of a fresh UUIDv7.
-fn random_fraction() -> f64 {
-    let bits = uuid::Uuid::now_v7().as_u128() as u64 & 0xFFFF_FFFF;
-    bits as f64 / f64::from(u32::MAX)
 }
 
 fn lane_of(sender: &str, lanes: usize) -> usize {

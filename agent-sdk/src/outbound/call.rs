@@ -58,6 +58,8 @@ pub struct Call {
     pub(crate) encrypt_for: Vec<String>,
     pub(crate) token: Option<String>,
     pub(crate) routing: Option<super::Routing>,
+    pub(crate) retry: Option<crate::retry::RetryPolicy>,
+    pub(crate) dead_letter: bool,
 }
 
 impl Call {
@@ -100,6 +102,8 @@ impl Call {
             encrypt_for: Vec::new(),
             token: None,
             routing: None,
+            retry: None,
+            dead_letter: false,
         }
     }
 
@@ -121,6 +125,26 @@ impl Call {
     /// other targets. See [`Routing`](super::Routing).
     pub fn least_loaded(mut self) -> Self {
         self.routing = Some(super::Routing::LeastLoaded);
+        self
+    }
+
+    /// Retries a request or command that fails with one of `policy.retry_on` (a timeout, no
+    /// responders, 5019, 5017 by default), up to `policy.max_attempts` in all, after the
+    /// policy's backoff, each time with the **same message id**: a handler the call reaches
+    /// exactly once ([`DeliveryClass::ExactlyOnce`]) runs once however many copies arrive,
+    /// and a late copy is answered with the recorded result. Another failure, or an open
+    /// circuit breaker, ends it at once. (An agent that verifies signatures refuses a repeated
+    /// id as a replay, 5015: retry durable commands there instead.)
+    pub fn retry(mut self, policy: crate::retry::RetryPolicy) -> Self {
+        self.retry = Some(policy);
+        self
+    }
+
+    /// Writes the request to the dead-letter queue when it fails for good (its retries
+    /// exhausted, `max_attempts`; or a failure not worth retrying, `refused`), as a durable
+    /// command's would be: `chorus dlq` shows it and can send it again.
+    pub fn dead_letter_on_failure(mut self) -> Self {
+        self.dead_letter = true;
         self
     }
 

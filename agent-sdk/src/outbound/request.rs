@@ -14,6 +14,7 @@ use crate::protocol::envelope::{
 use crate::protocol::registry::{AgentRecord, DiscoverQuery};
 use crate::protocol::status::StatusCode;
 use crate::stats::AgentCounters;
+use uuid::Uuid;
 
 impl Outbound {
     /// Builds the envelope of a call and the subject it goes to, with the time to wait for
@@ -77,9 +78,104 @@ impl Outbound {
     /// Sends a call (as a forward of `parent`, if given) and waits for its reply.
     pub(crate) async fn call(
         &self,
-        call: Call,
+        mut call: Call,
         parent: Option<Parent<'_>>,
     ) -> Result<Reply, SdkError> {
+        if call.retry.is_none() && !call.dead_letter {
+            return self.attempt(call, parent).await;
+        }
+        // Every attempt carries the same id: the receiver's exactly-once record answers a
+        // copy of one it already handled.
+        let id = *call.id.get_or_insert_with(Uuid::now_v7);
+        let first_ms = now_ms();
+        let policy = call.retry.clone();
+        let mut attempt: u64 = 1;
+        loop {
+            let result = self.attempt(call.clone(), parent).await;
+            let err = match result {
+                Ok(reply) => return Ok(reply),
+                Err(err) => err,
+            };
+            let status = err.status();
+            let again = !matches!(err, SdkError::CircuitOpen { .. })
+                && policy
+                    .as_ref()
+                    .is_some_and(|p| p.should_retry(status, attempt));
+            if again {
+                let pause = policy.as_ref().map_or(Duration::ZERO, |p| {
+                    p.delay(attempt, crate::retry::random_fraction())
+                });
+                AgentCounters::bump(&self.counters.retries);
+                tracing::debug!(agent = %self.id, %id, attempt, %status, ?pause, "request failed: retrying with the same id");
+                tokio::time::sleep(pause).await;
+                attempt += 1;
+                continue;
+            }
+            if call.dead_letter {
+                let exhausted = policy
+                    .as_ref()
+                    .is_some_and(|p| p.retry_on.contains(&status));
+                self.dead_letter_request(call, parent, id, attempt, first_ms, exhausted, &err)
+                    .await;
+            }
+            return Err(err);
+        }
+    }
+
+    /// Writes a request that failed for good to the dead-letter queue.
+    #[allow(clippy::too_many_arguments)]
+    async fn dead_letter_request(
+        &self,
+        call: Call,
+        parent: Option<Parent<'_>>,
+        id: Uuid,
+        attempts: u64,
+        first_ms: u64,
+        exhausted: bool,
+        err: &SdkError,
+    ) {
+        use crate::durable::{DeadLetter, DeadLetterReason, write_dead_letter};
+        let agent = match &call.target {
+            Target::Agent(agent) | Target::CapabilityAt { agent, .. } => agent.clone(),
+            Target::Capability(capability) => capability.replace('.', "-"),
+        };
+        let written = async {
+            let (subject, mut env, _) = self.prepare(call, parent.map(|p| p.env))?;
+            self.seal(&subject, &mut env);
+            let envelope = self.encode(&subject, &env)?;
+            let letter = DeadLetter {
+                reason: if exhausted {
+                    DeadLetterReason::MaxAttempts
+                } else {
+                    DeadLetterReason::Refused
+                },
+                status: err.status(),
+                detail: err.to_string(),
+                agent,
+                subject,
+                envelope,
+                headers: Vec::new(),
+                message_id: Some(id),
+                attempts,
+                stored_ms: first_ms,
+                dead_lettered_ms: now_ms(),
+                source: None,
+                omitted: None,
+            };
+            write_dead_letter(&self.js, &self.subjects, &letter, self.broker.max_payload()).await?;
+            Ok::<_, SdkError>(())
+        };
+        match written.await {
+            Ok(()) => AgentCounters::bump(&self.counters.dead_lettered),
+            Err(e) => {
+                tracing::warn!(agent = %self.id, %id, error = %e, "a failed request could not be dead-lettered");
+            }
+        }
+    }
+
+    /// One attempt at a call: through its destination's circuit breaker, routed by load if
+    /// asked.
+    async fn attempt(&self, call: Call, parent: Option<Parent<'_>>) -> Result<Reply, SdkError> {
         let destination = match &call.target {
             Target::Agent(agent) | Target::CapabilityAt { agent, .. } => format!("agent:{agent}"),
             Target::Capability(capability) => format!("cap:{capability}"),

@@ -36,6 +36,10 @@ pub(crate) struct Args {
     /// It submits, works on or watches tasks.
     #[arg(long)]
     tasks: bool,
+    /// It registers this Synadia Agent Protocol agent, `<agent>.<owner>.<session>` (a gateway
+    /// identity with an `[[gateway.sap]]` binding; repeat for several).
+    #[arg(long, value_name = "AGENT.OWNER.SESSION")]
+    sap: Vec<String>,
     /// Directory for the seed file `<agent>.nk` (written with mode 0600).
     #[arg(long, default_value = ".")]
     out: PathBuf,
@@ -66,6 +70,7 @@ pub(crate) fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode>
             durable: args.durable,
             tasks: args.tasks,
             cli: args.cli,
+            sap: args.sap,
         };
         chorus::creds::authorization_entry(&subjects, &role, &identity.public_key())?
     };

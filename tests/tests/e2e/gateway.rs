@@ -1098,3 +1098,199 @@ async fn grants_and_the_gateways_rate_apply_to_edge_callers() {
     vault.shutdown().await;
     assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
 }
+
+/// The SAP binding on a secured bus, every user confined by `chorus creds` entries: the edge
+/// identity's entry with `--sap` lets it register the `agents` service, heartbeat and stream a
+/// prompt's answer (many replies to one request); an SAP client (a plain NATS user allowed only
+/// the `agents` and `$SRV` subjects and its inbox) discovers it and gets the streamed reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sap_binding_works_under_generated_credentials() {
+    use agent_sdk::TaskContext;
+    use agent_sdk::security::Identity;
+    use broker_adapter::{BrokerOptions, Credentials};
+    use chorus::creds::{Role, authorization_entry, coordinator_entry};
+    use chorus::gateway::config::SapBinding;
+
+    let subjects = agent_sdk::Subjects::default();
+    let (coordinator_key, edge_key, writer_key, client_key) = (
+        Identity::generate(),
+        Identity::generate(),
+        Identity::generate(),
+        Identity::generate(),
+    );
+    let entry = |role: Role, key: &Identity| {
+        authorization_entry(&subjects, &role, &key.public_key()).expect("entry")
+    };
+    let users = [
+        coordinator_entry(&subjects, &coordinator_key.public_key()),
+        entry(
+            Role {
+                agent: "web-ui".into(),
+                durable: true,
+                tasks: true,
+                sap: vec!["drafter.chorus.default".into()],
+                ..Role::default()
+            },
+            &edge_key,
+        ),
+        entry(
+            Role {
+                agent: "writer".into(),
+                tasks: true,
+                ..Role::default()
+            },
+            &writer_key,
+        ),
+        // An SAP client: no Chorus role, only what the protocol's client does.
+        format!(
+            "{{ nkey: \"{}\", permissions: {{ publish: {{ allow: [\"agents.prompt.>\", \"agents.status.>\", \"$SRV.>\"] }}, subscribe: {{ allow: [\"_INBOX.>\", \"agents.hb.>\"] }} }} }}",
+            client_key.public_key()
+        ),
+    ]
+    .join("\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("auth.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: \"127.0.0.1:-1\"\njetstream {{ store_dir: \"{}\" }}\nauthorization {{\n  users = [\n{users}\n  ]\n}}\n",
+            dir.path().join("js").display()
+        ),
+    )
+    .expect("write");
+    let server = chorus_tests::ServerBuilder::default()
+        .config(&conf)
+        .start()
+        .expect("server");
+    let seed_file = |name: &str, key: &Identity| {
+        let path = dir.path().join(format!("{name}.nk"));
+        std::fs::write(&path, key.seed().expect("seed")).expect("seed file");
+        path
+    };
+    let mut config = chorus::CoordinatorConfig {
+        servers: server.url().to_owned(),
+        metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        gateway: GatewayConfig {
+            identities: vec![EdgeIdentity {
+                id: "web-ui".into(),
+                nkey_seed_file: Some(seed_file("web-ui", &edge_key)),
+            }],
+            sap: vec![SapBinding {
+                agent: "drafter".into(),
+                owner: "chorus".into(),
+                session: "default".into(),
+                identity: "web-ui".into(),
+                to: Some("writer".into()),
+                command: Some("draft".into()),
+                capability: None,
+                description: None,
+                heartbeat_interval_s: 1,
+                max_prompt_ms: 60_000,
+            }],
+            ..GatewayConfig::default()
+        },
+        ..chorus::CoordinatorConfig::default()
+    };
+    config.security.nkey_seed_file = Some(seed_file("coordinator", &coordinator_key));
+    let coordinator = within(
+        WAIT,
+        "coordinator start",
+        chorus::Coordinator::start(config, false),
+    )
+    .await
+    .expect("the coordinator and its SAP agent start under their credentials");
+    assert_eq!(coordinator.gateway_addr(), None, "SAP only: no HTTP");
+    let writer = within(
+        WAIT,
+        "writer connect",
+        chorus_tests::agent_options(&server, "writer")
+            .broker(
+                BrokerOptions::new([server.url()])
+                    .credentials(Credentials::NKeySeed(writer_key.seed().expect("seed"))),
+            )
+            .connect(),
+    )
+    .await
+    .expect("writer connects");
+    writer
+        .on_task("draft", |task: TaskContext, topic: String| async move {
+            task.chunk(&format!("about {topic}")).await?;
+            task.last_chunk(&"done").await?;
+            Ok::<_, HandlerError>(())
+        })
+        .await
+        .expect("serve draft");
+
+    let client = within(
+        WAIT,
+        "SAP client connect",
+        BrokerOptions::new([server.url()])
+            .name("sap-client")
+            .credentials(Credentials::NKeySeed(client_key.seed().expect("seed")))
+            .connect(),
+    )
+    .await
+    .expect("client connects");
+    // Discovery: `$SRV.INFO.agents`, as the SAP client asks it.
+    let info = within(
+        WAIT,
+        "$SRV.INFO.agents",
+        client.request("$SRV.INFO.agents", None, bytes::Bytes::new(), WAIT),
+    )
+    .await
+    .expect("the agents service answers");
+    let info: Value = serde_json::from_slice(info.payload()).expect("JSON");
+    assert_eq!(info["name"], json!("agents"));
+    assert_eq!(info["metadata"]["agent"], json!("drafter"));
+    assert_eq!(
+        info["endpoints"][0]["subject"],
+        json!("agents.prompt.drafter.chorus.default")
+    );
+    // A heartbeat arrives on its subject.
+    let mut beats = client.subscribe("agents.hb.>").await.expect("subscribe hb");
+    let beat = within(WAIT, "a heartbeat", beats.next())
+        .await
+        .expect("a heartbeat");
+    let beat: Value = serde_json::from_slice(beat.payload()).expect("JSON");
+    assert_eq!(beat["instance_id"], info["id"]);
+
+    // A prompt: the ack, the task's chunks, then the terminator, all allowed to stream back.
+    let inbox = client.new_inbox();
+    // The subscription reaches the server before the prompt on the same connection, so the
+    // stream cannot start before it (this user may not publish to its inbox, so no sync).
+    let mut replies = client.subscribe(&inbox).await.expect("subscribe inbox");
+    client
+        .publish_with(
+            "agents.prompt.drafter.chorus.default",
+            Some(&inbox),
+            None,
+            bytes::Bytes::from_static(br#"{"prompt": "permissions"}"#),
+        )
+        .await
+        .expect("prompt");
+    let mut stream = Vec::new();
+    loop {
+        let msg = within(WAIT, "the prompt's stream", replies.next())
+            .await
+            .expect("a reply");
+        assert!(
+            msg.header("Nats-Service-Error-Code").is_none(),
+            "an error: {:?}",
+            msg.header("Nats-Service-Error")
+        );
+        if msg.payload().is_empty() {
+            break;
+        }
+        stream.push(serde_json::from_slice::<Value>(msg.payload()).expect("a chunk"));
+    }
+    assert_eq!(
+        stream,
+        [
+            json!({"type": "status", "data": "ack"}),
+            json!({"type": "response", "data": "about permissions"}),
+            json!({"type": "response", "data": "done"}),
+        ]
+    );
+    writer.shutdown().await;
+    assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
+}

@@ -542,3 +542,123 @@ async fn a_breaker_opens_after_the_failures_answers_at_once_then_half_opens_and_
     })
     .await;
 }
+
+/// Request retries: a request whose reply comes too late is sent again with the same id, and
+/// the exactly-once handler it reaches runs once (the copy is answered with the recorded
+/// result); a request that keeps failing is retried to its limit and dead-lettered, so the DLQ
+/// holds failed requests as well as commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_request_runs_an_exactly_once_handler_once_and_a_failing_one_is_dead_lettered() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use agent_sdk::durable::DeadLetterReason;
+    use agent_sdk::retry::RetryPolicy;
+    use agent_sdk::{Call, DeliveryClass};
+    use chorus::service::dlq::DeadLetterQueue;
+
+    let server = server();
+    let _coordinator = coordinator(&server, false).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let ledger = agent(&server, "ledger").await;
+    let counted = Arc::clone(&runs);
+    ledger
+        .on_command("charge", move |_ctx: Context, amount: u32| {
+            let runs = Arc::clone(&counted);
+            async move {
+                // The first run answers after the caller has given up on it.
+                if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                }
+                Ok::<_, HandlerError>(format!("charged {amount}"))
+            }
+        })
+        .await
+        .expect("serve charge");
+    ledger
+        .on_command("refund", |_ctx: Context, _amount: u32| async move {
+            Err::<String, _>(HandlerError::new(
+                StatusCode::HANDLER_FAILED,
+                "the bank is down",
+            ))
+        })
+        .await
+        .expect("serve refund");
+    let caller = agent(&server, "shop").await;
+    let policy = RetryPolicy {
+        max_attempts: 3,
+        initial_backoff_ms: 600,
+        max_backoff_ms: 600,
+        jitter: 0.0,
+        ..RetryPolicy::default()
+    };
+
+    let id = uuid::Uuid::now_v7();
+    let reply = within(
+        WAIT,
+        "the retried charge",
+        caller.call(
+            Call::agent("ledger", "charge")
+                .id(id)
+                .delivery(DeliveryClass::ExactlyOnce)
+                .timeout(Duration::from_millis(150))
+                // A copy that arrives while the first still runs is answered 5019 and retried
+                // too: room for a slow machine.
+                .retry(RetryPolicy {
+                    max_attempts: 5,
+                    ..policy.clone()
+                })
+                .payload(&42u32)
+                .expect("payload"),
+        ),
+    )
+    .await
+    .expect("the retry is answered");
+    assert_eq!(reply.payload_as::<String>().expect("text"), "charged 42");
+    assert_eq!(
+        reply.envelope.in_reply_to,
+        Some(id),
+        "the same id went again"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+
+    // Failing for good: three attempts, then the dead-letter queue.
+    let refund = uuid::Uuid::now_v7();
+    let err = within(
+        WAIT,
+        "the failing refund",
+        caller.call(
+            Call::agent("ledger", "refund")
+                .id(refund)
+                .retry(RetryPolicy {
+                    initial_backoff_ms: 50,
+                    max_backoff_ms: 50,
+                    ..policy
+                })
+                .dead_letter_on_failure()
+                .payload(&42u32)
+                .expect("payload"),
+        ),
+    )
+    .await
+    .expect_err("it keeps failing");
+    assert_eq!(err.status(), StatusCode::HANDLER_FAILED, "{err}");
+    let dlq = DeadLetterQueue::new(caller.broker().clone(), caller.subjects().clone());
+    let entry = eventually(WAIT, "the request's dead letter", || async {
+        dlq.list(10)
+            .await
+            .ok()?
+            .into_iter()
+            .find(|e| e.letter.message_id == Some(refund))
+    })
+    .await;
+    assert_eq!(entry.letter.reason, DeadLetterReason::MaxAttempts);
+    assert_eq!(entry.letter.attempts, 3);
+    assert_eq!(entry.letter.agent, "ledger");
+    assert_eq!(entry.letter.status, StatusCode::HANDLER_FAILED);
+    assert!(
+        entry.letter.detail.contains("the bank is down"),
+        "{}",
+        entry.letter.detail
+    );
+}
