@@ -145,6 +145,19 @@ impl Policy {
     }
 }
 
+/// What a requester puts to a proposer instead of accepting its proposal as it is: its own
+/// offer, beside the proposal it answers. The payload of a counter (section 7.10).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CounterOffer {
+    /// What the requester offers.
+    pub offer: Proposal,
+    /// The proposal it answers.
+    pub previous: Proposal,
+}
+
+/// How a requester counters: for each proposal, its own offer, or `None` to take it as it is.
+pub type CounterFn = dyn Fn(&Bid) -> Option<Proposal> + Send + Sync;
+
 /// A call for proposals.
 #[derive(Debug, Clone)]
 pub struct Negotiation {
@@ -155,6 +168,22 @@ pub struct Negotiation {
     pub(crate) policy: Policy,
     pub(crate) bidders: Vec<String>,
     pub(crate) task_deadline: Option<Duration>,
+    pub(crate) counter: Option<Counter>,
+}
+
+/// A requester's counter function and how many times it may counter.
+#[derive(Clone)]
+pub(crate) struct Counter {
+    pub(crate) offer: Arc<CounterFn>,
+    pub(crate) rounds: u32,
+}
+
+impl std::fmt::Debug for Counter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counter")
+            .field("rounds", &self.rounds)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Negotiation {
@@ -168,7 +197,25 @@ impl Negotiation {
             policy: Policy::Cheapest,
             bidders: Vec::new(),
             task_deadline: None,
+            counter: None,
         }
+    }
+
+    /// Counters proposals before the award: for each proposal `offer` returns the requester's
+    /// own offer (or `None` to take it as it is), put to the proposer, who answers with a new
+    /// proposal (accepting the offer or meeting it part way) or refuses it, in which case its
+    /// proposal stands. Up to `rounds` times (at least 1), each within the round's deadline;
+    /// the policy then ranks what stands.
+    pub fn counter(
+        mut self,
+        rounds: u32,
+        offer: impl Fn(&Bid) -> Option<Proposal> + Send + Sync + 'static,
+    ) -> Self {
+        self.counter = Some(Counter {
+            offer: Arc::new(offer),
+            rounds: rounds.max(1),
+        });
+        self
     }
 
     /// The work, as the bidders see it and as the winner's task gets it.
@@ -245,6 +292,9 @@ pub struct Settlement {
     pub proposals: usize,
     /// Refusals received.
     pub refusals: usize,
+    /// Counter-offers put to proposers.
+    #[serde(default)]
+    pub countered: usize,
 }
 
 /// What a bidder learns of a round it proposed in.

@@ -94,6 +94,8 @@ pub(crate) struct Inner {
     pub(crate) tasks: Arc<crate::task::Tasks>,
     /// What this agent learns of the contract-net rounds it proposed in.
     pub(crate) rounds: tokio::sync::broadcast::Sender<crate::negotiate::RoundResult>,
+    /// How this agent answers counter-offers, per capability it bids for.
+    pub(crate) counters: negotiate::Counters,
     pub(crate) tracker: TaskTracker,
     pub(crate) stop: CancellationToken,
     shutdown_timeout: Duration,
@@ -256,6 +258,7 @@ impl Agent {
             sender: Sender::new(Arc::clone(&out)),
             tasks,
             rounds: tokio::sync::broadcast::channel(ROUND_RESULTS).0,
+            counters: negotiate::Counters::default(),
             out,
             pipeline,
             dispatcher,

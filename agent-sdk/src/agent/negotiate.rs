@@ -11,7 +11,8 @@ use crate::handler::endpoint::{Endpoint, EndpointKind};
 use crate::handler::{BoxFuture, Context, Handler, Output};
 use crate::inbound::reader::Route;
 use crate::negotiate::{
-    Answer, Award, Bid, Negotiation, Proposal, ROUND_HEADER, RoundResult, SETTLED_TOPIC, Settlement,
+    Answer, Award, Bid, CounterOffer, Negotiation, Proposal, ROUND_HEADER, RoundResult,
+    SETTLED_TOPIC, Settlement,
 };
 use crate::outbound::Call;
 use crate::protocol::codec::{decode_payload, encode_payload};
@@ -21,11 +22,29 @@ use crate::protocol::status::StatusCode;
 /// How a bid handler is called: the call for proposals decoded as `T`.
 type BidFn<T> = dyn Fn(Context, T) -> BoxFuture<Result<Proposal, HandlerError>> + Send + Sync;
 
-/// Serves one capability's calls for proposals, and hears the rounds' outcomes.
+/// How a counter handler is called.
+type CounterHandler =
+    dyn Fn(Context, CounterOffer) -> BoxFuture<Result<Proposal, HandlerError>> + Send + Sync;
+
+/// An agent's counter handlers, by capability.
+#[derive(Clone, Default)]
+pub(crate) struct Counters(
+    Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<CounterHandler>>>>,
+);
+
+impl Counters {
+    fn get(&self, capability: &str) -> Option<Arc<CounterHandler>> {
+        crate::sync::lock(&self.0).get(capability).cloned()
+    }
+}
+
+/// Serves one capability's calls for proposals and counter-offers, and hears the rounds'
+/// outcomes.
 struct BidEndpoint<T> {
     capability: String,
     bid: Arc<BidFn<T>>,
     rounds: tokio::sync::broadcast::Sender<RoundResult>,
+    counters: Counters,
 }
 
 impl<T: DeserializeOwned + Send + 'static> Handler for BidEndpoint<T> {
@@ -37,6 +56,27 @@ impl<T: DeserializeOwned + Send + 'static> Handler for BidEndpoint<T> {
                 let bid = Arc::clone(&self.bid);
                 Box::pin(async move {
                     let proposal = bid(ctx, args?).await?;
+                    Ok(Output {
+                        payload: encode_payload(&proposal, CONTENT_TYPE_MSGPACK)?,
+                        content_type: CONTENT_TYPE_MSGPACK.into(),
+                    })
+                })
+            }
+            // A counter-offer to its proposal.
+            Performative::Propose => {
+                let counter = self.counters.get(&self.capability);
+                let capability = self.capability.clone();
+                let offer = decode_payload::<CounterOffer>(&message.payload, &message.content_type);
+                Box::pin(async move {
+                    let Some(counter) = counter else {
+                        return Err(HandlerError::new(
+                            StatusCode::UNKNOWN_COMMAND,
+                            format!(
+                                "no counter-offers taken for {capability}: the proposal stands"
+                            ),
+                        ));
+                    };
+                    let proposal = counter(ctx, offer?).await?;
                     Ok(Output {
                         payload: encode_payload(&proposal, CONTENT_TYPE_MSGPACK)?,
                         content_type: CONTENT_TYPE_MSGPACK.into(),
@@ -87,11 +127,25 @@ impl Agent {
                 capability: capability.to_owned(),
                 bid,
                 rounds: inner.rounds.clone(),
+                counters: inner.counters.clone(),
             }),
         ));
         inner.endpoints.add(Arc::clone(&endpoint));
         inner.dispatcher.spawn(sub, Route::Capability(endpoint));
         Ok(())
+    }
+
+    /// Answers counter-offers to this agent's proposals for `capability` (contract-net): `f`
+    /// gets the requester's offer beside the proposal it answers and returns a new proposal
+    /// (the offer itself to accept it, or something between), or an error to refuse it, in which
+    /// case the earlier proposal stands. Without it, counter-offers are refused with 5016.
+    pub fn on_counter<F, Fut>(&self, capability: &str, f: F)
+    where
+        F: Fn(Context, CounterOffer) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Proposal, HandlerError>> + Send + 'static,
+    {
+        let handler: Arc<CounterHandler> = Arc::new(move |ctx, offer| Box::pin(f(ctx, offer)));
+        crate::sync::lock(&self.inner.counters.0).insert(capability.to_owned(), handler);
     }
 
     /// The outcomes of the rounds this agent proposes in, from now on: lost (told by the
@@ -125,11 +179,55 @@ impl Agent {
         let id = uuid::Uuid::now_v7();
         let asks = bidders.iter().map(|bidder| self.ask(id, &round, bidder));
         let answers = futures::future::join_all(asks).await;
-        let bids: Vec<Bid> = bidders
+        let mut bids: Vec<Bid> = bidders
             .into_iter()
             .zip(answers)
             .map(|(agent, answer)| Bid { agent, answer })
             .collect();
+        let mut countered = 0;
+        if let Some(counter) = &round.counter {
+            for _ in 0..counter.rounds {
+                let offers: Vec<(usize, CounterOffer)> = bids
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, bid)| {
+                        let previous = bid.proposal()?.clone();
+                        let offer = (counter.offer)(bid)?;
+                        Some((i, CounterOffer { offer, previous }))
+                    })
+                    .collect();
+                if offers.is_empty() {
+                    break;
+                }
+                let round = &round;
+                let asks = offers.iter().map(|(i, offer)| {
+                    let payload = encode_payload(offer, CONTENT_TYPE_MSGPACK);
+                    let agent = bids[*i].agent.clone();
+                    async move {
+                        match payload {
+                            Ok(p) => {
+                                self.ask_with(id, round, &agent, Performative::Propose, p)
+                                    .await
+                            }
+                            Err(err) => Answer::Refused {
+                                status: StatusCode::DATA_FORMAT,
+                                reason: err.to_string(),
+                            },
+                        }
+                    }
+                });
+                let answers = futures::future::join_all(asks).await;
+                for ((i, _), answer) in offers.into_iter().zip(answers) {
+                    countered += 1;
+                    match answer {
+                        Answer::Proposed(p) => bids[i].answer = Answer::Proposed(p),
+                        other => {
+                            tracing::debug!(round = %id, agent = %bids[i].agent, answer = ?other, "counter-offer not taken: the proposal stands");
+                        }
+                    }
+                }
+            }
+        }
         let proposals: Vec<Bid> = bids
             .iter()
             .filter(|b| b.proposal().is_some())
@@ -194,6 +292,7 @@ impl Agent {
                 .iter()
                 .filter(|b| matches!(b.answer, Answer::Refused { .. }))
                 .count(),
+            countered,
         };
         if let Err(err) = self.publish(SETTLED_TOPIC, &settlement).await {
             tracing::warn!(round = %id, error = %err, "settlement not published");
@@ -210,6 +309,26 @@ impl Agent {
 
     /// One bidder's answer to the call for proposals, within the round's deadline.
     async fn ask(&self, round: uuid::Uuid, negotiation: &Negotiation, bidder: &str) -> Answer {
+        self.ask_with(
+            round,
+            negotiation,
+            bidder,
+            Performative::Negotiate,
+            negotiation.payload.clone(),
+        )
+        .await
+    }
+
+    /// A request on the bidder's bid subject (a call for proposals, or a counter-offer whose
+    /// payload is a [`CounterOffer`]) and the proposal it answers with.
+    async fn ask_with(
+        &self,
+        round: uuid::Uuid,
+        negotiation: &Negotiation,
+        bidder: &str,
+        performative: Performative,
+        payload: bytes::Bytes,
+    ) -> Answer {
         let out = &self.inner.out;
         let subject = match out.subjects.bid(bidder, &negotiation.capability) {
             Ok(subject) => subject,
@@ -220,11 +339,13 @@ impl Agent {
                 };
             }
         };
+        let content_type = if performative == Performative::Negotiate {
+            negotiation.content_type.clone()
+        } else {
+            CONTENT_TYPE_MSGPACK.into()
+        };
         let call = Call::capability_at(bidder, negotiation.capability.as_str())
-            .raw_payload(
-                negotiation.payload.clone(),
-                negotiation.content_type.clone(),
-            )
+            .raw_payload(payload, content_type)
             .timeout(negotiation.deadline);
         let (_, mut env, timeout) = match out.prepare(call, None) {
             Ok(prepared) => prepared,
@@ -235,7 +356,7 @@ impl Agent {
                 };
             }
         };
-        env.performative = Performative::Negotiate;
+        env.performative = performative;
         env.correlation_id = Some(round);
         let otel = opentelemetry::Context::current();
         match out.exchange(&subject, env, timeout, &otel).await {

@@ -662,3 +662,91 @@ async fn a_retried_request_runs_an_exactly_once_handler_once_and_a_failing_one_i
         entry.letter.detail
     );
 }
+
+/// Counter-proposals: the requester counters every proposal at 1 below its price; one bidder
+/// takes no counters (its proposal stands), one accepts the offer, one meets it part way. The
+/// award follows the policy over what stands, the settlement records the counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn countered_proposals_are_accepted_refused_or_met_part_way_and_the_award_follows() {
+    use agent_sdk::negotiate::CounterOffer;
+
+    let server = server();
+    let _coordinator = coordinator(&server, false).await;
+    let mut bidders = Vec::new();
+    for (id, price) in [("stubborn", 5.0), ("flexible", 5.5), ("haggler", 9.0)] {
+        let a = agent(&server, id).await;
+        a.on_bid(
+            "translate",
+            move |_ctx: Context, _text: String| async move { Ok(Proposal::at(price)) },
+        )
+        .await
+        .expect("bid");
+        match id {
+            "flexible" => a.on_counter("translate", |_ctx: Context, c: CounterOffer| async move {
+                Ok(c.offer)
+            }),
+            "haggler" => a.on_counter("translate", |_ctx: Context, c: CounterOffer| async move {
+                let asked = c.previous.price.unwrap_or_default();
+                let offered = c.offer.price.unwrap_or_default();
+                Ok(Proposal::at(f64::midpoint(asked, offered)))
+            }),
+            _ => {}
+        }
+        a.on_task_capability("translate", |task: TaskContext, text: String| async move {
+            Ok::<_, HandlerError>(format!("{} translated {text:?}", task.agent_id()))
+        })
+        .await
+        .expect("serve the work");
+        bidders.push(a);
+    }
+    let requester = agent(&server, "requester").await;
+    let mut settled = requester
+        .subscribe("negotiation.settled")
+        .await
+        .expect("subscribe");
+    let award = within(
+        WAIT,
+        "the round",
+        requester.negotiate(
+            Negotiation::capability("translate")
+                .payload(&"hello")
+                .expect("payload")
+                .bidders(["stubborn", "flexible", "haggler"])
+                .counter(1, |bid| {
+                    bid.proposal()
+                        .and_then(|p| p.price)
+                        .map(|price| Proposal::at(price - 1.0))
+                }),
+        ),
+    )
+    .await
+    .expect("an award");
+    let prices: Vec<(String, Option<f64>)> = award
+        .bids
+        .iter()
+        .map(|b| (b.agent.clone(), b.proposal().and_then(|p| p.price)))
+        .collect();
+    assert_eq!(
+        prices,
+        [
+            ("stubborn".to_owned(), Some(5.0)),
+            ("flexible".to_owned(), Some(4.5)),
+            ("haggler".to_owned(), Some(8.5)),
+        ]
+    );
+    assert_eq!(award.winner, "flexible");
+    assert_eq!(award.proposal.price, Some(4.5));
+    let report = within(WAIT, "the winner's task", award.task.result())
+        .await
+        .expect("result");
+    assert_eq!(report.state, TaskState::Completed);
+    let event = within(WAIT, "the settlement", settled.next())
+        .await
+        .expect("an event");
+    let settlement: Settlement = event.payload_as().expect("a settlement");
+    assert_eq!(
+        (settlement.winner.as_str(), settlement.proposal.price),
+        ("flexible", Some(4.5))
+    );
+    assert_eq!(settlement.countered, 3);
+}
