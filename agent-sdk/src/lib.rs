@@ -45,6 +45,7 @@ mod inbound;
 pub mod metrics;
 pub mod negotiate;
 mod outbound;
+pub mod payload;
 mod presence;
 mod protocol;
 pub mod retry;

@@ -78,7 +78,13 @@ duplicates_suppressed,
     /// Batches of signatures the handler routes checked together (an agent that verifies).
     verify_batches,
     /// Signed messages checked in those batches: divided by `verify_batches`, the mean batch.
-    verified_in_batches,}
+    verified_in_batches,
+    /// Payloads this agent sent by reference through the object store.
+    payloads_stored,
+    /// Payloads it received by reference and fetched, their digest checked.
+    payloads_fetched,
+    /// Payloads it received compressed and decompressed.
+    payloads_decompressed,}
 
 impl AgentCounters {
     pub(crate) fn bump(counter: &AtomicU64) {

@@ -446,6 +446,56 @@ classify! {
             K::Consumer | K::Other => Verdict::Source,
         }
     };
+
+    // Object store buckets (a bucket's creation is a key-value creation error).
+    jetstream::context::ObjectStoreError => |e| {
+        use jetstream::context::ObjectStoreErrorKind as K;
+        match e.kind() {
+            K::InvalidBucketName => Verdict::Kind(ErrorKind::InvalidInput),
+            K::GetStore => Verdict::Source,
+        }
+    };
+    jetstream::object_store::GetError => |e| {
+        use jetstream::object_store::GetErrorKind as K;
+        match e.kind() {
+            K::InvalidName => Verdict::Kind(ErrorKind::InvalidInput),
+            K::NotFound => Verdict::Kind(ErrorKind::NotFound),
+            K::TimedOut => Verdict::Kind(ErrorKind::TimedOut),
+            K::ConsumerCreate | K::BucketLink | K::Other => Verdict::Source,
+        }
+    };
+    jetstream::object_store::PutError => |e| {
+        use jetstream::object_store::PutErrorKind as K;
+        match e.kind() {
+            K::InvalidName => Verdict::Kind(ErrorKind::InvalidInput),
+            K::TimedOut => Verdict::Kind(ErrorKind::TimedOut),
+            K::ReadChunks | K::PublishChunks | K::PublishMetadata | K::PurgeOldChunks | K::Other => {
+                Verdict::Source
+            }
+        }
+    };
+    jetstream::object_store::DeleteError => |e| {
+        use jetstream::object_store::DeleteErrorKind as K;
+        match e.kind() {
+            K::InvalidName => Verdict::Kind(ErrorKind::InvalidInput),
+            K::NotFound => Verdict::Kind(ErrorKind::NotFound),
+            K::TimedOut => Verdict::Kind(ErrorKind::TimedOut),
+            K::Metadata | K::Chunks | K::Other => Verdict::Source,
+        }
+    };
+    jetstream::object_store::WatchError => |e| {
+        use jetstream::object_store::WatchErrorKind as K;
+        match e.kind() {
+            K::TimedOut => Verdict::Kind(ErrorKind::TimedOut),
+            K::ConsumerCreate | K::Other => Verdict::Source,
+        }
+    };
+    jetstream::object_store::WatcherError => |e| {
+        use jetstream::object_store::WatcherErrorKind as K;
+        match e.kind() {
+            K::ConsumerError | K::Other => Verdict::Source,
+        }
+    };
 }
 
 /// The mapping, on async-nats error values built here. What a real nats-server answers, and the

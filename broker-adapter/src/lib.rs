@@ -22,7 +22,8 @@ pub use error::{Error, ErrorKind, PermissionViolation, Result};
 pub use events::{ConnectionEvent, ConnectionStats, StatsSnapshot};
 pub use jetstream::{
     BatchMessage, Consumer, ConsumerSpec, ConsumerState, Deliveries, Delivery, Follow, JetStream,
-    Kv, KvEntry, KvOp, KvSpec, KvWatch, PubAck, StoredMessage, StreamSpec, StreamState,
+    Kv, KvEntry, KvOp, KvSpec, KvWatch, ObjectEntry, ObjectSpec, Objects, PubAck, StoredMessage,
+    StreamSpec, StreamState,
 };
 pub use message::{Headers, Message};
 pub use options::{

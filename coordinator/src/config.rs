@@ -44,6 +44,9 @@ pub struct CoordinatorConfig {
     pub missed_heartbeats: u32,
     /// How often the registry looks for silent agents, in milliseconds.
     pub reap_interval_ms: u64,
+    /// How often payloads carried by reference whose messages have expired are removed from
+    /// the object store, in milliseconds.
+    pub payload_sweep_ms: u64,
     /// How long broadcast recipients have to answer when the sender does not say, in ms.
     pub broadcast_timeout_ms: u64,
     /// Recipients contacted at once by one broadcast.
@@ -182,6 +185,7 @@ impl Default for CoordinatorConfig {
             metrics_addr: DEFAULT_METRICS_ADDR,
             missed_heartbeats: 3,
             reap_interval_ms: 1_000,
+            payload_sweep_ms: 30_000,
             broadcast_timeout_ms: 5_000,
             broadcast_concurrency: 256,
             replicas: 1,
@@ -248,6 +252,9 @@ impl CoordinatorConfig {
         })?;
         ensure(self.reap_interval_ms >= 10, || {
             "reap_interval_ms must be at least 10".into()
+        })?;
+        ensure(self.payload_sweep_ms >= 100, || {
+            "payload_sweep_ms must be at least 100".into()
         })?;
         ensure(self.broadcast_timeout_ms >= 1, || {
             "broadcast_timeout_ms must be positive".into()

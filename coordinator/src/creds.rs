@@ -12,7 +12,7 @@ use agent_sdk::security::SEEN_BUCKET;
 use agent_sdk::task::TaskMessage;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::service::COORDINATOR_ID;
+use crate::service::{COORDINATOR_ID, REGISTRY_BUCKET};
 
 /// The JetStream API: what an agent with a durable inbox calls to set up its consumer.
 pub const JETSTREAM_API: &str = "$JS.API.>";
@@ -22,6 +22,8 @@ pub const JETSTREAM_EVENTS: &str = "$JS.EVENT.>";
 pub const JETSTREAM_ALL: &str = "$JS.>";
 /// Every key-value bucket, for the coordinator.
 pub const KV_ALL: &str = "$KV.>";
+/// Every object store bucket's chunks and metadata (the payload sweep removes objects).
+pub const OBJECTS_ALL: &str = "$O.>";
 /// The service API (`$SRV.PING`, `$SRV.INFO`, ...) every agent answers.
 pub const SERVICE_API: &str = "$SRV.>";
 
@@ -108,6 +110,13 @@ fn permissions_of(
         // Its own inbox: the SDK confirms subscriptions by messaging itself.
         subjects.inbox_all(id)?,
     ]);
+    // Payloads carried by reference (the object store bucket), and the registry entries
+    // that say which readers take compressed payloads.
+    publish.extend(agent_sdk::payload::payload_permissions(subjects));
+    let registry = format!("KV_{}", subjects.bucket_name(REGISTRY_BUCKET));
+    publish.push(format!("$JS.API.STREAM.INFO.{registry}"));
+    publish.push(format!("$JS.API.DIRECT.GET.{registry}.>"));
+    publish.push(format!("$JS.API.STREAM.MSG.GET.{registry}"));
     if role.calls.is_empty() {
         publish.push(subjects.commands_all());
         publish.push(subjects.capabilities_all());
@@ -222,6 +231,7 @@ pub fn coordinator_entry(subjects: &Subjects, public_key: &str) -> String {
         subjects.everything(),
         JETSTREAM_ALL.to_owned(),
         KV_ALL.to_owned(),
+        OBJECTS_ALL.to_owned(),
     ];
     // The coordinator's id is a valid token, so its inbox always builds.
     all.extend(subjects.inbox_all(COORDINATOR_ID).ok());

@@ -164,6 +164,7 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
         ("x-review-round".to_owned(), "2".to_owned()),
     ]);
     every.content_type = CONTENT_TYPE_ENCRYPTED.into();
+    every.content_encoding = Some("zstd".into());
     every.payload = Bytes::from_static(&[5, 6, 7, 8]);
     every.token = Some("bearer-token".into());
     every.signature = Some(Signature {
@@ -266,6 +267,65 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
     lost.capability = Some("summarize".into());
     lost.reason = Some("another proposal was awarded".into());
 
+    // 15. The requester's counter to that proposal, on the same bid subject: its offer
+    //     beside the proposal it answers.
+    let mut counter = base(Kind::Request, Performative::Propose, "orchestrator", 15);
+    counter.correlation_id = Some(round);
+    counter.to = vec!["summarizer-careful".into()];
+    counter.capability = Some("summarize".into());
+    counter.ttl_ms = Some(2_000);
+    counter.expect = Some(ExpectedReply {
+        performative: Performative::Inform,
+        timeout_ms: 2_000,
+    });
+    counter.payload = encode_payload(
+        &agent_sdk::negotiate::CounterOffer {
+            offer: agent_sdk::negotiate::Proposal::at(4.5),
+            previous: agent_sdk::negotiate::Proposal::at(5.0)
+                .eta_ms(120)
+                .confidence(0.95),
+        },
+        CONTENT_TYPE_MSGPACK,
+    )
+    .expect("the counter encodes");
+
+    // 16. A 50 MiB payload carried by reference (section 7.11): the archivist's `store`
+    //     command, its payload a reference to the object the sender stored.
+    let mut by_reference = base(Kind::Request, Performative::Request, "scanner", 16);
+    by_reference.to = vec!["archivist".into()];
+    by_reference.name = Some("store".into());
+    by_reference.ttl_ms = Some(5_000);
+    by_reference.expect = Some(ExpectedReply {
+        performative: Performative::Inform,
+        timeout_ms: 5_000,
+    });
+    by_reference.content_type = agent_sdk::payload::CONTENT_TYPE_OBJECT.into();
+    by_reference.payload = encode_payload(
+        &agent_sdk::payload::ObjectRef {
+            bucket: "chorus_payloads".into(),
+            name: id(16).hyphenated().to_string(),
+            size: 50 * 1024 * 1024,
+            sha256: "9c1185a5c5e9fc54612808977ee8f548b2258d31a0b6e0e2a5f1c6f3b6b1e6d2".into(),
+            content_type: "application/octet-stream".into(),
+            // The request's expiry and a minute's grace.
+            expires_ms: T0 + 16 + 5_000 + 60_000,
+        },
+        CONTENT_TYPE_MSGPACK,
+    )
+    .expect("the reference encodes");
+
+    // 17. A reply compressed for a requester that reads zstd: 841 bytes of JSON (an array of
+    //     24 `{"status":"ok","note":"all quiet"}`) in a 56-byte zstd frame.
+    let mut compressed = base(Kind::Response, Performative::Inform, "archivist", 17);
+    compressed.correlation_id = Some(id(16));
+    compressed.in_reply_to = Some(id(16));
+    compressed.to = vec!["scanner".into()];
+    compressed.name = Some("list".into());
+    compressed.status = Some(StatusCode::OK);
+    compressed.content_type = CONTENT_TYPE_JSON.into();
+    compressed.content_encoding = Some("zstd".into());
+    compressed.payload = Bytes::from(hex::decode(COMPRESSED_LIST).expect("the frame is hex"));
+
     vec![
         ("01-request", request),
         ("02-response", response),
@@ -281,8 +341,14 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
         ("12-negotiate-call", cfp),
         ("13-negotiate-proposal", proposal),
         ("14-negotiate-lost", lost),
+        ("15-negotiate-counter", counter),
+        ("16-payload-reference", by_reference),
+        ("17-payload-compressed", compressed),
     ]
 }
+
+/// The zstd frame of vector 17, fixed here (another zstd build may compress differently).
+const COMPRESSED_LIST: &str = "28b52ffd60490275010054025b7b22737461747573223a226f6b222c226e6f7465223a22616c6c207175696574227d2c5d01000c692af504";
 
 /// The task the task vectors (07 to 11) belong to.
 pub fn task_id() -> Uuid {
@@ -304,7 +370,10 @@ pub fn subject(name: &str) -> String {
         "08-task-progress" => task("progress"),
         "09-task-chunk" => task("chunk"),
         "11-task-cancel" => task("cancel"),
-        "12-negotiate-call" => "chorus.agent.summarizer-careful.bid.summarize".into(),
+        "12-negotiate-call" | "15-negotiate-counter" => {
+            "chorus.agent.summarizer-careful.bid.summarize".into()
+        }
+        "16-payload-reference" => "chorus.agent.archivist.store".into(),
         "14-negotiate-lost" => "chorus.agent.summarizer-fast.bid.summarize".into(),
         _ => "_INBOX.planner.a1b2c3".into(),
     }

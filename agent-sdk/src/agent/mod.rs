@@ -163,6 +163,8 @@ impl Agent {
                 &options.id,
                 Arc::clone(&changed),
             ),
+            payload_limits: options.payload_limits,
+            readers: crate::outbound::Readers::default(),
         });
         let verifier = options.signature_policy.clone().map(|policy| {
             let verifier = Verifier::new(policy);

@@ -61,6 +61,7 @@ pub struct AgentOptions {
     pub(crate) routing: crate::outbound::Routing,
     pub(crate) routing_refresh: Duration,
     pub(crate) breaker: Option<crate::outbound::BreakerPolicy>,
+    pub(crate) payload_limits: crate::payload::PayloadLimits,
     pub(crate) heartbeat_interval: Duration,
     pub(crate) service_discovery: bool,
     pub(crate) durable_inbox: bool,
@@ -107,6 +108,7 @@ impl AgentOptions {
             routing: crate::outbound::Routing::QueueGroup,
             routing_refresh: crate::outbound::DEFAULT_ROUTING_REFRESH,
             breaker: None,
+            payload_limits: crate::payload::PayloadLimits::default(),
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             service_discovery: true,
             durable_inbox: false,
@@ -331,6 +333,16 @@ impl AgentOptions {
     /// [`BreakerPolicy`](crate::BreakerPolicy).
     pub fn circuit_breaker(mut self, policy: crate::outbound::BreakerPolicy) -> Self {
         self.breaker = Some(policy);
+        self
+    }
+
+    /// When payloads are compressed and when they go by reference through the object store
+    /// (see [`PayloadLimits`](crate::payload::PayloadLimits) and `docs/PROTOCOL.md` section
+    /// 7.11): by default payloads of 64 KiB and more are compressed with zstd for readers that
+    /// read it, payloads over the server's `max_payload` (less 64 KiB) go by reference, and
+    /// nothing over 64 MiB is sent or taken.
+    pub fn payload_limits(mut self, limits: crate::payload::PayloadLimits) -> Self {
+        self.payload_limits = limits;
         self
     }
 

@@ -116,6 +116,7 @@ impl Sender {
     pub(crate) async fn send(&self, call: Call) -> Result<Receipt, SdkError> {
         let class = call.delivery.unwrap_or(self.out.default_delivery);
         let (subject, mut env) = self.prepare_send(call, class)?;
+        self.out.fit(&mut env).await?;
         self.out.seal(&subject, &mut env);
         let bytes = self.out.encode(&subject, &env)?;
         AgentCounters::bump(&self.out.counters.requests_sent);
@@ -166,13 +167,19 @@ impl Sender {
         let mut core_sent = false;
         for call in calls {
             let class = call.delivery.unwrap_or(self.out.default_delivery);
-            let prepared = self
-                .prepare_send(call, class)
-                .and_then(|(subject, mut env)| {
-                    self.out.seal(&subject, &mut env);
-                    let bytes = self.out.encode(&subject, &env)?;
-                    Ok((subject, bytes, env.id))
-                });
+            let prepared = match self.prepare_send(call, class) {
+                Ok((subject, mut env)) => match self.out.fit(&mut env).await {
+                    Ok(()) => {
+                        self.out.seal(&subject, &mut env);
+                        self.out
+                            .encode(&subject, &env)
+                            .map(|bytes| (subject, bytes, env.id))
+                            .map_err(SdkError::from)
+                    }
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
             let (subject, bytes, id) = match prepared {
                 Ok(p) => p,
                 Err(e) => {

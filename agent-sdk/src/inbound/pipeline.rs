@@ -1,8 +1,9 @@
 //! The one inbound pipeline. Every message an agent takes, core or durable, request, command
 //! or event, goes through the same steps in the same order:
 //!
-//! decode → admit (size, version, kind, expiry, hops) → layers (verify, decrypt, authorize and
-//! rate-limit) → exactly-once → handle → [`Outcome`].
+//! decode → admit (size, version, kind, expiry, hops) → layers (verify, token, authorize and
+//! rate-limit) → the payload opened (fetched when it came by reference, decrypted,
+//! decompressed) → exactly-once → handle → [`Outcome`].
 //!
 //! The caller turns the outcome into a reply (`inbound::reply`) or an ack, nak or dead letter
 //! (`durable::inbox`), each in one place.
@@ -14,7 +15,7 @@ use opentelemetry::trace::SpanKind;
 use super::admit::{self, Limits, Refused};
 use super::exactly_once::{Before, ExactlyOnce};
 use super::layers::{
-    Authorize, Batches, Decrypt, Inbound, Layer, RequireToken, TokenCheck, Verify,
+    Authorize, Batches, Decompress, Decrypt, Inbound, Layer, RequireToken, TokenCheck, Verify,
 };
 use super::outcome::{Failure, Outcome, Retry};
 use crate::error::HandlerError;
@@ -72,6 +73,9 @@ pub(crate) struct Pipeline {
     pub(crate) out: Arc<Outbound>,
     pub(crate) endpoints: Arc<Endpoints>,
     layers: Vec<Box<dyn Layer>>,
+    /// The layers that open the payload (decrypt, decompress), after it is fetched when it
+    /// came by reference.
+    opening: Vec<Box<dyn Layer>>,
     /// Whether the signature check runs (the event stream batches it when it does).
     verifies: bool,
     /// Signature checks in batches for the handler routes, when the agent verifies.
@@ -101,25 +105,36 @@ impl Pipeline {
             Batches::start(Arc::clone(verifier), Arc::clone(&counters), &tracker, stop)
         });
         if let Some(verifier) = verifier {
-            // The signature covers the payload as sent (ciphertext): check it, then decrypt.
+            // The signature covers the payload as sent (ciphertext, a reference): check it,
+            // then open the payload.
             layers.push(Box::new(Verify {
                 agent: out.id.clone(),
                 verifier,
                 counters: Arc::clone(&counters),
             }));
         }
-        layers.push(Box::new(Decrypt {
-            agent: out.id.clone(),
-            key: decryption,
-        }));
         if let Some(check) = token {
             layers.push(Box::new(RequireToken { check }));
         }
-        layers.push(Box::new(Authorize { access, counters }));
+        layers.push(Box::new(Authorize {
+            access,
+            counters: Arc::clone(&counters),
+        }));
+        let opening: Vec<Box<dyn Layer>> = vec![
+            Box::new(Decrypt {
+                agent: out.id.clone(),
+                key: decryption,
+            }),
+            Box::new(Decompress {
+                limit: out.payload_limits.max_bytes,
+                counters,
+            }),
+        ];
         Pipeline {
             out,
             endpoints,
             layers,
+            opening,
             verifies,
             batches,
             exactly_once,
@@ -174,7 +189,7 @@ impl Pipeline {
     /// one refused it.
     pub(crate) fn check(&self, subject: &str, env: Envelope) -> Option<Envelope> {
         let mut msg = Inbound::new(subject, env, None);
-        for layer in &self.layers {
+        for layer in self.layers.iter().chain(&self.opening) {
             layer.check(&mut msg).ok()?;
         }
         Some(msg.env)
@@ -186,7 +201,7 @@ impl Pipeline {
             .into_iter()
             .map(|(subject, env)| Inbound::new(subject, env, None))
             .collect();
-        for layer in &self.layers {
+        for layer in self.layers.iter().chain(&self.opening) {
             let results = layer.check_batch(&mut live);
             live = live
                 .into_iter()
@@ -266,6 +281,24 @@ impl Pipeline {
                 };
             }
         }
+        if msg.env.content_type == crate::payload::CONTENT_TYPE_OBJECT
+            && let Err(failure) = Box::pin(self.fetch_payload(&mut msg.env)).await
+        {
+            return Processed {
+                request: Some(Arc::new(msg.env)),
+                encoding,
+                outcome: Outcome::Failed(failure),
+            };
+        }
+        for layer in &self.opening {
+            if let Err(failure) = layer.check(&mut msg) {
+                return Processed {
+                    request: Some(Arc::new(msg.env)),
+                    encoding,
+                    outcome: Outcome::Failed(failure),
+                };
+            }
+        }
         // A verified command or request is remembered across restarts, where asked. (Boxed,
         // as the exactly-once calls below: a key-value call is a large future.)
         if msg.verified
@@ -306,6 +339,28 @@ impl Pipeline {
             encoding,
             outcome,
         }
+    }
+
+    /// Fetches a payload that came by reference, its size and digest checked.
+    async fn fetch_payload(&self, env: &mut Envelope) -> Result<(), Failure> {
+        crate::payload::fetch(&self.out.js, env, self.out.payload_limits.max_bytes)
+            .await
+            .map_err(|(status, reason)| {
+                tracing::debug!(agent = %self.out.id, %status, %reason, "payload by reference refused");
+                Failure {
+                    status,
+                    reason,
+                    // The object store out of reach may come back: a durable delivery waits
+                    // for it; a missing or damaged object never will.
+                    retry: if status == StatusCode::UNAVAILABLE {
+                        Retry::After(FETCH_RETRY_DELAY)
+                    } else {
+                        Retry::Never
+                    },
+                }
+            })?;
+        AgentCounters::bump(&self.counters().payloads_fetched);
+        Ok(())
     }
 
     /// The last step: the handler runs under a span, and its result becomes the outcome.
@@ -402,6 +457,10 @@ impl Pipeline {
             .inc();
     }
 }
+
+/// How long a durable delivery whose payload could not be fetched waits before it is tried
+/// again.
+const FETCH_RETRY_DELAY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How a message came to the pipeline.
 #[derive(Debug, Clone)]

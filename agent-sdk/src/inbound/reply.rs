@@ -42,7 +42,23 @@ pub(crate) async fn send(
             reply.payload = output.payload;
             reply.content_type = output.content_type;
         }
-        Err(err) => reply.reason = Some(err.reason),
+        Err(err) => {
+            reply.reason = Some(err.reason);
+            // A request refused before its payload was fetched still names the reference's
+            // content type: the refusal carries no payload of that kind.
+            if reply.content_type == crate::payload::CONTENT_TYPE_OBJECT {
+                reply.content_type = encoding.content_type().into();
+            }
+        }
+    }
+    if let Err(err) = out.fit(&mut reply).await {
+        // Too large even by reference, or the object store refused it: tell the caller.
+        tracing::debug!(agent = %out.id, error = %err, "reply payload does not fit");
+        reply.status = Some(err.status());
+        reply.performative = Performative::Failure;
+        reply.payload = bytes::Bytes::new();
+        reply.content_encoding = None;
+        reply.reason = Some(format!("the reply could not be sent: {err}"));
     }
     let mut sent = publish(out, reply_to, &reply, encoding).await;
     if let Err(err) = &sent

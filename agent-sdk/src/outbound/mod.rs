@@ -5,6 +5,7 @@
 
 mod breaker;
 pub(crate) mod call;
+mod large;
 mod publish;
 mod request;
 mod route;
@@ -20,6 +21,7 @@ pub use breaker::{
     BreakerPolicy, CircuitState, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_OPEN_FOR,
 };
 pub use call::{Call, Reply, Target};
+pub(crate) use large::Readers;
 pub(crate) use route::Router;
 pub use route::{DEFAULT_ROUTING_REFRESH, Routing};
 
@@ -107,6 +109,10 @@ pub(crate) struct Outbound {
     pub(crate) router: Router,
     /// Its circuit breakers, per destination.
     pub(crate) breakers: Breakers,
+    /// When payloads are compressed or go by reference.
+    pub(crate) payload_limits: crate::payload::PayloadLimits,
+    /// Which readers are known to read compressed payloads.
+    pub(crate) readers: Readers,
 }
 
 impl Outbound {

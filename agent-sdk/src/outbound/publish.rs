@@ -18,14 +18,14 @@ impl Outbound {
         parent: Option<Parent<'_>>,
     ) -> Result<(), SdkError> {
         let content_type = self.wire.encoding().content_type();
-        if parent.is_none() && self.direct() {
+        let payload = encode_payload(value, content_type)?;
+        if parent.is_none() && self.direct() && self.fits_inline(payload.len()) {
             let subject = self.subjects.event(topic)?;
-            let payload = encode_payload(value, content_type)?;
             return self.publish_direct(subject, content_type, &payload).await;
         }
         let (subject, mut env) = self.event(topic, content_type)?;
         self.inherit(&mut env, parent.map(|p| p.env))?;
-        env.payload = encode_payload(value, content_type)?;
+        env.payload = payload;
         let otel = parent.map_or_else(opentelemetry::Context::current, |p| p.otel.clone());
         self.publish_envelope(subject, env, &otel).await
     }
@@ -37,7 +37,7 @@ impl Outbound {
         payload: bytes::Bytes,
         content_type: &str,
     ) -> Result<(), SdkError> {
-        if self.direct() {
+        if self.direct() && self.fits_inline(payload.len()) {
             let subject = self.subjects.event(topic)?;
             return self.publish_direct(subject, content_type, &payload).await;
         }
@@ -123,6 +123,11 @@ impl Outbound {
             || crate::trace::attributes(&self.id, &env),
         );
         env.trace = Some(trace);
+        // A large payload is stored first (an event's readers are unknown: never compressed).
+        if let Err(err) = self.fit(&mut env).await {
+            crate::trace::finish(span.as_ref(), Some(err.to_string()));
+            return Err(err);
+        }
         // Numbered and handed to the connection under the subject's count, so the numbers go
         // out in order whoever publishes.
         let counter = self.sequencer.counter(&subject);

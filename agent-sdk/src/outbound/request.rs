@@ -279,6 +279,7 @@ impl Outbound {
             || crate::trace::attributes(&self.id, &env),
         );
         env.trace = Some(trace);
+        self.fit(&mut env).await?;
         self.seal(subject, &mut env);
         let bytes = self.encode(subject, &env)?;
         AgentCounters::bump(&self.counters.requests_sent);
@@ -311,13 +312,16 @@ impl Outbound {
                 ErrorKind::NoResponders => SdkError::NoResponders(subject.to_owned()),
                 _ => SdkError::Broker(e),
             })?;
-        let (reply, _) = codec::decode_limited(msg.payload(), self.max_message_bytes)?;
+        let (mut reply, _) = codec::decode_limited(msg.payload(), self.max_message_bytes)?;
         match reply.status {
             Some(status) if !status.is_success() => Err(SdkError::Remote {
                 status,
                 reason: reply.reason.unwrap_or_default(),
             }),
-            _ => Ok(Reply { envelope: reply }),
+            _ => {
+                self.open_reply(&mut reply).await?;
+                Ok(Reply { envelope: reply })
+            }
         }
     }
 }

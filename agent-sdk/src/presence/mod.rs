@@ -22,7 +22,7 @@ use crate::protocol::envelope::{
 use crate::protocol::registry::{Availability, CapabilityInfo, Manifest};
 use crate::sync::lock;
 
-pub(crate) use keys::watch_registered_keys;
+pub(crate) use keys::{REGISTRY_BUCKET, watch_registered_keys};
 pub(crate) use wire::follow_wire;
 
 /// Default time between heartbeats.
@@ -121,6 +121,11 @@ impl Presence {
             metrics_url: self.metrics_url.clone(),
             wire_versions: vec![1, 2],
             open_circuits: self.out.breakers.open(),
+            content_encodings: if self.out.payload_limits.accept_compressed {
+                vec![crate::payload::ZSTD.to_owned()]
+            } else {
+                Vec::new()
+            },
         }
     }
 

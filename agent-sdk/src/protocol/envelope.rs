@@ -752,6 +752,10 @@ pub struct Envelope {
     /// Content type of `payload`.
     #[serde(default)]
     pub content_type: ContentType,
+    /// How `payload` is compressed (`zstd`), when it is: sent only to readers whose manifest
+    /// lists it (`docs/PROTOCOL.md` section 7.11).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_encoding: Option<String>,
     /// The payload: bytes in MessagePack, base64 text in JSON.
     #[serde(default, with = "bytes_field", skip_serializing_if = "Bytes::is_empty")]
     pub payload: Bytes,
@@ -848,6 +852,7 @@ impl Envelope {
             customer_id: None,
             headers: BTreeMap::new(),
             content_type,
+            content_encoding: None,
             payload: Bytes::new(),
             token: None,
             signature: None,

@@ -92,6 +92,17 @@ pub struct Manifest {
     /// agent are open or half-open: it refuses its own calls to them for now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub open_circuits: Vec<String>,
+    /// The content encodings the agent reads (`["zstd"]`): senders compress large payloads
+    /// for it only when this lists `zstd`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub content_encodings: Vec<String>,
+}
+
+impl Manifest {
+    /// Whether the agent reads payloads compressed with `encoding`.
+    pub fn reads_encoding(&self, encoding: &str) -> bool {
+        self.content_encodings.iter().any(|e| e == encoding)
+    }
 }
 
 impl Manifest {

@@ -1,4 +1,5 @@
-//! JetStream: streams, durable pull consumers with explicit acks, and key-value buckets.
+//! JetStream: streams, durable pull consumers with explicit acks, key-value buckets and object
+//! store buckets.
 //!
 //! The rest of Chorus sees specs ([`StreamSpec`], [`ConsumerSpec`], [`KvSpec`]) and small
 //! handles; every call returns the adapter's [`Error`] with a kind. Consumers and their
@@ -7,15 +8,17 @@
 mod consumer;
 mod follow;
 mod kv_bucket;
+mod object_bucket;
 
 use consumer::datetime_ms;
 pub use consumer::{Consumer, ConsumerSpec, ConsumerState, Deliveries, Delivery};
 pub use follow::Follow;
 pub use kv_bucket::{Kv, KvEntry, KvOp, KvSpec, KvWatch};
+pub use object_bucket::{ObjectEntry, ObjectSpec, Objects};
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use async_nats::jetstream::{self, consumer::pull, kv, stream};
+use async_nats::jetstream::{self, consumer::pull, kv, object_store, stream};
 use bytes::Bytes;
 use futures::StreamExt;
 
@@ -630,6 +633,41 @@ impl JetStream {
             .await
             .map_err(|e| js_err(&format!("key-value bucket {}", spec.bucket), e))?;
         Ok(Kv { store })
+    }
+
+    /// Opens an existing object store bucket ([`ErrorKind::NotFound`] if there is none).
+    pub async fn open_objects(&self, bucket: &str) -> Result<Objects> {
+        let store = self
+            .ctx
+            .get_object_store(bucket)
+            .await
+            .map_err(|e| js_err(&format!("object store bucket {bucket}"), e))?;
+        Ok(Objects { store })
+    }
+
+    /// Creates the object store bucket as `spec` says if it does not exist; an existing one
+    /// is opened as it is.
+    pub async fn ensure_objects(&self, spec: &ObjectSpec) -> Result<Objects> {
+        if let Ok(objects) = self.open_objects(&spec.bucket).await {
+            return Ok(objects);
+        }
+        let config = object_store::Config {
+            bucket: spec.bucket.clone(),
+            description: Some(spec.description.clone()).filter(|d| !d.is_empty()),
+            max_age: spec.max_age,
+            max_bytes: spec.max_bytes,
+            storage: stream::StorageType::File,
+            num_replicas: spec.replicas.max(1),
+            ..Default::default()
+        };
+        match self.ctx.create_object_store(config).await {
+            Ok(store) => Ok(Objects { store }),
+            // Created by someone else in the meantime.
+            Err(e) => self
+                .open_objects(&spec.bucket)
+                .await
+                .map_err(|_| js_err(&format!("object store bucket {}", spec.bucket), e)),
+        }
     }
 }
 

@@ -178,6 +178,7 @@ impl Coordinator {
                 "cannot serve the coordinator's subjects",
             ))?;
         tasks::spawn_reaper(&shared);
+        tasks::spawn_payload_sweeper(&shared);
         tasks::spawn_dead_letter_worker(&shared).await?;
         if serve_metrics {
             coordinator.metrics_server = Some(start_metrics(&shared).await?);

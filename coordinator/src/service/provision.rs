@@ -1,5 +1,6 @@
 //! What the coordinator makes sure exists before it starts any task: the inbox, dead-letter,
-//! advisory and task streams, the registry and config buckets, and the retry policies agents read.
+//! advisory and task streams, the registry and config buckets, the object store bucket of
+//! payloads carried by reference, and the retry policies agents read.
 //! Every step is idempotent, so coordinators starting side by side do not conflict.
 
 use agent_sdk::Subjects;
@@ -34,6 +35,11 @@ pub(super) async fn provision(
             format!("cannot set up stream {}", stream.name),
         ))?;
     }
+    let payloads = agent_sdk::payload::payload_bucket(subjects, config.replicas);
+    js.ensure_objects(&payloads).await.map_err(Error::wrap(
+        ErrorKind::Broker,
+        format!("cannot set up the object store bucket {}", payloads.bucket),
+    ))?;
     let registry = bucket(
         js,
         subjects,

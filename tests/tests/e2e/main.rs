@@ -13,6 +13,7 @@ mod examples;
 mod gateway;
 mod messaging;
 mod negotiation;
+mod payloads;
 mod protocol;
 mod reliability;
 mod security;

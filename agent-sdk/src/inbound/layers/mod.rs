@@ -1,14 +1,16 @@
 //! The pipeline's cross-cutting checks, each a small [`Layer`] in a file of its own. A layer
 //! sees the decoded, admitted message before its handler and may pass it, change it (decrypt
-//! its payload) or stop it with a [`Failure`]. A new concern (usage counting, say) is a new
+//! or decompress its payload) or stop it with a [`Failure`]. A new concern (usage counting, say) is a new
 //! layer here and one line in `Pipeline::new`.
 
 mod authorize;
+mod decompress;
 mod decrypt;
 mod token;
 mod verify;
 
 pub(crate) use authorize::Authorize;
+pub(crate) use decompress::Decompress;
 pub(crate) use decrypt::Decrypt;
 pub(crate) use token::RequireToken;
 pub(crate) use token::TokenCheck;

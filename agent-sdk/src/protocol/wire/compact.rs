@@ -57,6 +57,7 @@ mod key {
     pub(super) const SIGNATURE: u8 = 32;
     pub(super) const ENCRYPTION: u8 = 33;
     pub(super) const MINOR_VERSION: u8 = 34;
+    pub(super) const CONTENT_ENCODING: u8 = 35;
 }
 
 /// Content type codes: `application/msgpack` is the default and never written.
@@ -112,6 +113,7 @@ pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
         customer_id,
         headers,
         content_type,
+        content_encoding,
         payload,
         token,
         signature,
@@ -161,7 +163,8 @@ pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
         + usize::from(!payload.is_empty())
         + usize::from(token.is_some())
         + usize::from(signature.is_some())
-        + usize::from(encryption.is_some());
+        + usize::from(encryption.is_some())
+        + usize::from(content_encoding.is_some());
     // Writes to a Vec cannot fail, so the io results below are ignored.
     head(out, fields, id, from, *kind, *performative);
     if write_timestamp {
@@ -279,6 +282,7 @@ pub(crate) fn encode(env: &Envelope, implied: &Implied<'_>, out: &mut Vec<u8>) {
         }
     }
     minor(out);
+    opt_str(out, key::CONTENT_ENCODING, content_encoding);
 }
 
 /// The parts of an event written straight from them by [`encode_event`]: an event with no
@@ -592,6 +596,7 @@ fn read_field(
         }
         key::PAYLOAD => env.payload = r.bin()?,
         key::TOKEN => env.token = Some(string(r)?),
+        key::CONTENT_ENCODING => env.content_encoding = Some(string(r)?),
         key::SIGNATURE => {
             let (key, value) = pair(r, |r| r.str().map(str::to_owned), Reader::bin)?;
             env.signature = Some(Signature {

@@ -206,10 +206,8 @@ pub(crate) fn decode(bytes: &[u8], shared: Option<&Bytes>) -> Option<Envelope> {
                 env.signature = r.opt(Reader::signature)?;
                 bit::SIGNATURE
             }
-            b"encryption" => {
-                // Rare, and the slow path of its own: serde reads it.
-                return None;
-            }
+            // Rare, and the slow path of their own: serde reads them.
+            b"encryption" | b"content_encoding" => return None,
             _ => {
                 r.skip(0)?;
                 continue;

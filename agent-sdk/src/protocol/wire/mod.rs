@@ -52,6 +52,7 @@ pub(crate) fn encode(env: &Envelope, out: &mut Vec<u8>) {
         customer_id,
         headers,
         content_type,
+        content_encoding,
         payload,
         token,
         signature,
@@ -80,6 +81,7 @@ pub(crate) fn encode(env: &Envelope, out: &mut Vec<u8>) {
         + usize::from(session_id.is_some())
         + usize::from(customer_id.is_some())
         + usize::from(!headers.is_empty())
+        + usize::from(content_encoding.is_some())
         + usize::from(!payload.is_empty())
         + usize::from(token.is_some())
         + usize::from(signature.is_some())
@@ -187,6 +189,7 @@ pub(crate) fn encode(env: &Envelope, out: &mut Vec<u8>) {
     }
     key(out, "content_type");
     str(out, content_type);
+    opt_str(out, "content_encoding", content_encoding);
     if !payload.is_empty() {
         key(out, "payload");
         bin(out, payload);
