@@ -241,3 +241,24 @@ pub(crate) async fn jetstream_roundtrip(
         elapsed: end - started,
     })
 }
+
+/// `n` round trips of `size` bytes through a JetStream object store bucket (put, then get),
+/// with async-nats alone.
+pub(crate) async fn object_transfer(url: &str, size: usize, n: usize) -> Result<Vec<Duration>> {
+    let client = RawClient::connect(url, "baseline-objects").await?;
+    let js = client.jetstream();
+    let bucket = unique("baseline_objects").replace('.', "_");
+    let data = crate::scenarios::noise(size);
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = Instant::now();
+        let back = js
+            .object_round_trip(&bucket, &format!("o{i}"), &data, 512 * 1024)
+            .await?;
+        out.push(t.elapsed());
+        if back.len() != size {
+            return Err(Error::new(ErrorKind::Broker, "object came back short"));
+        }
+    }
+    Ok(out)
+}

@@ -507,6 +507,63 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         });
     }
 
+    if want("payloads") {
+        let (n_big, n_small) = if q { (2, 20) } else { (5, 200) };
+        progress(&format!(
+            "large payloads: 50 MiB by reference x {n_big}, 512 KiB compressible x {n_small} compressed and plain"
+        ));
+        let (mut raw_big, mut big, mut compressed, mut plain) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            raw_big.extend(baseline::object_transfer(&url, 50 << 20, n_big).await?);
+            let p = scenarios::chorus_payloads(
+                &url,
+                opts.coordinator.as_ref(),
+                bus.wire,
+                (50 << 20, n_big),
+                (512 << 10, n_small),
+            )
+            .await?;
+            big.extend(p.by_reference);
+            compressed.extend(p.compressed);
+            plain.extend(p.plain);
+        }
+        for v in [&mut raw_big, &mut big, &mut compressed, &mut plain] {
+            v.sort();
+        }
+        for (label, unit, raw, chorus, n) in [
+            (
+                "50 MiB payload by reference p50, request -> handled -> answered (raw: object store put + get)",
+                "ms",
+                percentile(&raw_big, 0.5) / 1000.0,
+                percentile(&big, 0.5) / 1000.0,
+                big.len(),
+            ),
+            (
+                "512 KiB compressible request p50, zstd (raw: the same request uncompressed)",
+                "us",
+                percentile(&plain, 0.5),
+                percentile(&compressed, 0.5),
+                compressed.len(),
+            ),
+        ] {
+            rows.push(Row {
+                scenario: label.into(),
+                unit: unit.into(),
+                raw: Some(raw),
+                chorus: Some(chorus),
+                ratio: Some(chorus / raw.max(1e-9)),
+                goal: "(reported)".into(),
+                met: None,
+                sent: n as u64,
+                received: n as u64,
+                lost: 0,
+                raw_cpu_us: None,
+                chorus_cpu_us: None,
+            });
+        }
+    }
+
     if want("discovery") {
         progress("discovery with 1,000 agents");
         let (mut lat, registered) = scenarios::discovery(

@@ -788,3 +788,135 @@ pub(crate) async fn secure_events(
         elapsed: end - started,
     })
 }
+
+/// Answers with the size of what it was sent (a payload whatever its content type).
+struct Measure;
+
+impl agent_sdk::Handler for Measure {
+    fn call(&self, ctx: Context) -> agent_sdk::BoxFuture<Result<agent_sdk::Output, HandlerError>> {
+        let len = ctx.message().payload.len() as u64;
+        Box::pin(async move {
+            Ok(agent_sdk::Output {
+                payload: codec::encode_payload(&len, CONTENT_TYPE_MSGPACK).map_err(|e| {
+                    HandlerError::new(agent_sdk::StatusCode::INTERNAL, e.to_string())
+                })?,
+                content_type: CONTENT_TYPE_MSGPACK.into(),
+            })
+        })
+    }
+}
+
+/// `len` bytes that do not compress (xorshift).
+pub(crate) fn noise(len: usize) -> Bytes {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    Bytes::from(out)
+}
+
+/// `len` bytes of repetitive JSON lines, which compress about 20 to 1.
+pub(crate) fn json_lines(len: usize) -> Bytes {
+    let mut out = String::with_capacity(len + 64);
+    let mut i = 0u64;
+    while out.len() < len {
+        out.push_str(&format!(
+            "{{\"row\":{i},\"status\":\"ok\",\"note\":\"all quiet\"}}\n"
+        ));
+        i += 1;
+    }
+    out.truncate(len);
+    Bytes::from(out)
+}
+
+/// What the payload scenario measured: requests whose payload went by reference, and
+/// compressible requests sent compressed and plain.
+pub(crate) struct Payloads {
+    pub(crate) by_reference: Vec<Duration>,
+    pub(crate) compressed: Vec<Duration>,
+    pub(crate) plain: Vec<Duration>,
+}
+
+/// Large payloads: `n_big` requests of `big` bytes that do not compress (by reference through
+/// the object store) to an agent that answers with the size it got, then `n_small` requests of
+/// `small` compressible bytes, compressed (the reader reads zstd, by the registry) and plain (a
+/// sender that does not compress).
+pub(crate) async fn chorus_payloads(
+    url: &str,
+    launcher: &dyn CoordinatorLauncher,
+    wire: agent_sdk::Encoding,
+    (big, n_big): (usize, usize),
+    (small, n_small): (usize, usize),
+) -> anyhow::Result<Payloads> {
+    let coordinator = launcher.start(url).await?;
+    let bus = Bus { url, wire };
+    let vault = bus
+        .options("bench-vault")
+        .heartbeat_interval(Duration::from_millis(500))
+        .service_discovery(false)
+        .connect()
+        .await?;
+    vault.handle_command("size", Measure).await?;
+    let client = bus
+        .options("bench-sender")
+        .heartbeat_interval(Duration::from_millis(500))
+        .service_discovery(false)
+        .connect()
+        .await?;
+    let plain_sender = bus
+        .options("bench-plain-sender")
+        .payload_limits(agent_sdk::payload::PayloadLimits {
+            compress_above: None,
+            ..Default::default()
+        })
+        .service_discovery(false)
+        .connect()
+        .await?;
+    let deadline = Instant::now() + REGISTRATION_DEADLINE;
+    while coordinator.registered() < 2 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the coordinator did not register the vault"
+        );
+        tokio::time::sleep(REGISTRATION_POLL).await;
+    }
+    let timed = |sender: Agent, payload: Bytes, n: usize| async move {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let call = Call::agent("bench-vault", "size")
+                .raw_payload(payload.clone(), "application/octet-stream")
+                .timeout(Duration::from_secs(120));
+            let t = Instant::now();
+            let got: u64 = sender.call(call).await?.payload_as()?;
+            out.push(t.elapsed());
+            anyhow::ensure!(got == payload.len() as u64, "the vault got {got} bytes");
+        }
+        Ok::<_, anyhow::Error>(out)
+    };
+    let by_reference = timed(client.clone(), noise(big), n_big).await?;
+    let text = json_lines(small);
+    let compressed = timed(client.clone(), text.clone(), n_small).await?;
+    let plain = timed(plain_sender.clone(), text, n_small).await?;
+    anyhow::ensure!(
+        client.stats().payloads_stored >= n_big as u64,
+        "the large payloads did not go by reference"
+    );
+    anyhow::ensure!(
+        vault.stats().payloads_decompressed >= n_small as u64,
+        "the compressible payloads did not travel compressed"
+    );
+    for agent in [client, plain_sender, vault] {
+        agent.shutdown().await;
+    }
+    coordinator.shutdown().await;
+    Ok(Payloads {
+        by_reference,
+        compressed,
+        plain,
+    })
+}

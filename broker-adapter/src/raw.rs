@@ -154,6 +154,46 @@ impl RawJetStream {
             .map_err(err("raw delete stream"))
     }
 
+    /// Stores `data` as object `name` in object store bucket `bucket` (created if missing)
+    /// in chunks of `chunk` bytes, then reads it back whole: the object store's own round trip.
+    pub async fn object_round_trip(
+        &self,
+        bucket: &str,
+        name: &str,
+        data: &[u8],
+        chunk: usize,
+    ) -> Result<Bytes> {
+        use tokio::io::AsyncReadExt;
+        let store = match self.js.get_object_store(bucket).await {
+            Ok(store) => store,
+            Err(_) => self
+                .js
+                .create_object_store(jetstream::object_store::Config {
+                    bucket: bucket.to_owned(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(err("raw object bucket"))?,
+        };
+        let meta = jetstream::object_store::ObjectMetadata {
+            name: name.to_owned(),
+            chunk_size: Some(chunk),
+            ..Default::default()
+        };
+        let mut reader = data;
+        store
+            .put(meta, &mut reader)
+            .await
+            .map_err(err("raw object put"))?;
+        let mut object = store.get(name).await.map_err(err("raw object get"))?;
+        let mut out = Vec::with_capacity(data.len());
+        object
+            .read_to_end(&mut out)
+            .await
+            .map_err(err("raw object read"))?;
+        Ok(Bytes::from(out))
+    }
+
     /// Publishes `payload` to `subject`; the returned [`RawAck`] waits for the stream's ack.
     pub async fn publish(&self, subject: &str, payload: Bytes) -> Result<RawAck> {
         let ack = self
