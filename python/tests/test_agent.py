@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -26,9 +27,10 @@ from chorus import (
     encode,
     encode_payload,
 )
-from chorus.envelope import Trace, now_ms
+from chorus.envelope import CONTENT_TYPE_OBJECT, Trace, now_ms
 
 WAIT = 10.0
+VECTORS = Path(__file__).resolve().parents[2] / "tests" / "vectors"
 
 
 async def test_request_reply_in_every_encoding_and_errors_carry_their_code(server: Any) -> None:
@@ -265,3 +267,111 @@ async def test_nats_service_discovery_lists_a_python_agent(server: Any) -> None:
         assert (work_stats["num_requests"], work_stats["num_errors"]) == (2, 1)
         assert work_stats["last_error"] == "5018 asked to" and work_stats["processing_time"] > 0
         assert stats["started"].endswith("Z")
+
+
+def vector(name: str) -> Envelope:
+    """One of the shared vectors (tests/vectors), decoded."""
+    return decode(bytes.fromhex((VECTORS / f"{name}.msgpack.hex").read_text().strip()))[0]
+
+
+def large_payload(env: Envelope, how: str, encoding: str = "zstd") -> Envelope:
+    """``env`` with the payload of a large message as a Rust sender writes it: compressed (the
+    zstd frame of vector 17, or another ``encoding``) or by reference (the object-store
+    reference of vector 16)."""
+    source = vector("17-payload-compressed" if how == "compressed" else "16-payload-reference")
+    env.content_type, env.payload = source.content_type, source.payload
+    if how == "compressed":
+        env.content_encoding = encoding
+    return env
+
+
+REFERENCE_REASON = f"payloads by reference ({CONTENT_TYPE_OBJECT}) are not read by the Python SDK"
+
+
+async def test_compressed_and_by_reference_payloads_are_refused_with_5006_in_every_encoding(server: Any) -> None:
+    handled: list[Envelope] = []
+    async with Agent("py-plain", servers=server.url, heartbeat_interval=0) as plain:
+
+        @plain.command("store")
+        async def store(ctx: Context) -> str:
+            handled.append(ctx.envelope)
+            return "stored"
+
+        # The manifest announces no content encoding: a Rust sender never compresses for it.
+        assert "content_encodings" not in decode_payload(plain.manifest())
+        subject = plain.subjects.command("py-plain", "store")
+        implied = plain.subjects.implied(subject)
+        for encoding in Encoding:
+            for content_encoding in ("zstd", "br"):
+                request = large_payload(Envelope.new(Kind.REQUEST, Performative.REQUEST, "rust-sender"), "compressed", content_encoding)
+                answer = await raw_request(server.url, subject, encode(request, encoding, implied))
+                assert (answer.status, answer.performative) == (StatusCode.DATA_FORMAT, Performative.REFUSE)
+                assert answer.reason == f"unsupported content encoding '{content_encoding}'"
+                assert answer.in_reply_to == request.id and answer.content_encoding is None
+
+            request = large_payload(Envelope.new(Kind.REQUEST, Performative.REQUEST, "rust-sender"), "by reference")
+            answer = await raw_request(server.url, subject, encode(request, encoding, implied))
+            assert (answer.status, answer.performative) == (StatusCode.DATA_FORMAT, Performative.REFUSE)
+            assert answer.reason == REFERENCE_REASON and answer.in_reply_to == request.id
+            # The refusal carries no reference: it names the content type of its own encoding.
+            assert answer.content_type == encoding.content_type and not answer.payload
+        assert handled == [] and plain.stats.refused == 3 * len(Encoding)
+
+        fine = Envelope.new(Kind.REQUEST, Performative.REQUEST, "rust-sender")
+        fine.payload = encode_payload("small")
+        answer = await raw_request(server.url, subject, encode(fine))
+        assert answer.status == 5002 and decode_payload(answer.payload) == "stored" and len(handled) == 1
+
+
+async def test_a_durable_compressed_or_by_reference_command_is_dead_lettered_with_5006(server: Any) -> None:
+    handled: list[Envelope] = []
+    async with Agent("py-plain-durable", servers=server.url, heartbeat_interval=0) as plain:
+
+        @plain.command("store")
+        async def store(ctx: Context) -> None:
+            handled.append(ctx.envelope)
+
+        await plain.flush()
+        js = plain.nc.jetstream()
+        inbox = plain.subjects.durable_inbox(plain.id, False, "store")
+        cases = [("compressed", "unsupported content encoding 'zstd'"), ("by reference", REFERENCE_REASON)]
+        for n, (how, detail) in enumerate(cases, 1):
+            command = large_payload(Envelope.new(Kind.COMMAND, Performative.REQUEST, "rust-sender"), how)
+            command.to, command.name, command.delivery = [plain.id], "store", Delivery.AT_LEAST_ONCE
+            await js.publish(inbox, encode(command))
+            deadline = asyncio.get_running_loop().time() + WAIT
+            while plain.stats.dead_lettered < n:
+                assert asyncio.get_running_loop().time() < deadline, plain.stats
+                await asyncio.sleep(0.05)
+            dead = await js.get_last_msg(plain.subjects.stream_name("DLQ"), f"chorus.dlq.refused.{plain.id}")
+            assert dead.headers is not None
+            assert dead.headers["Chorus-Dlq-Status"] == "5006" and dead.headers["Chorus-Dlq-Detail"] == detail
+            # Refused on its first delivery, not retried.
+            assert dead.headers["Chorus-Dlq-Attempts"] == "1"
+            assert dead.headers["Chorus-Dlq-Message-Id"] == str(command.id)
+        assert handled == [] and plain.stats.retries == 0
+
+
+async def test_a_compressed_or_by_reference_reply_is_not_handed_to_the_caller_as_its_value(server: Any) -> None:
+    nc = await nats.connect(server.url)
+
+    async def answer(msg: Any) -> None:
+        request = decode(msg.data)[0]
+        reply = Envelope.new(Kind.RESPONSE, Performative.INFORM, "rust-large")
+        reply.in_reply_to = reply.correlation_id = request.id
+        reply.to, reply.status = [request.from_], 5002
+        await nc.publish(msg.reply, encode(large_payload(reply, decode_payload(request.payload))))
+
+    try:
+        await nc.subscribe("chorus.agent.rust-large.fetch", cb=answer)
+        await nc.flush()
+        async with Agent("py-fetcher", servers=server.url, heartbeat_interval=0) as fetcher:
+            for how, reason in (("compressed", "unsupported content encoding 'zstd'"), ("by reference", REFERENCE_REASON)):
+                with pytest.raises(ChorusError) as refused:
+                    await fetcher.request("rust-large", "fetch", how)
+                assert (refused.value.status, refused.value.reason) == (StatusCode.DATA_FORMAT, reason)
+            # Asked for raw, the caller gets the envelope as it came.
+            raw = await fetcher.request("rust-large", "fetch", "compressed", raw=True)
+            assert raw.content_encoding == "zstd" and raw.payload == vector("17-payload-compressed").payload
+    finally:
+        await nc.close()

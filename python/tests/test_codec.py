@@ -115,6 +115,26 @@ def test_compact_form_rules() -> None:
     assert b"\x19\xa601-abc" in encode(env, Encoding.COMPACT, implied)
 
 
+def test_content_encoding_is_read_and_written_in_every_form() -> None:
+    env = sample()
+    env.content_encoding = "zstd"
+    for encoding in Encoding:
+        assert decode(encode(env, encoding))[0] == env
+    # Named forms: right after content_type; compact: key 35, written last.
+    assert b'"content_type":"application/msgpack","content_encoding":"zstd","payload":' in encode(env, Encoding.JSON)
+    assert b"\xb0content_encoding\xa4zstd\xa7payload" in encode(env, Encoding.MSGPACK)
+    pairs = msgpack.unpackb(encode(env, Encoding.COMPACT), strict_map_key=False, object_pairs_hook=list)
+    assert pairs[-1] == (35, "zstd")
+    # Absent unless set; null reads as absent; anything but a string is malformed.
+    assert b"content_encoding" not in encode(sample(), Encoding.JSON)
+    assert decode(named(content_encoding=None))[0].content_encoding is None
+    with pytest.raises(DecodeError, match="content_encoding"):
+        decode(named(content_encoding=1))
+    compact = encode(sample(), Encoding.COMPACT)
+    with pytest.raises(DecodeError, match="key 35"):
+        decode(bytes([compact[0] + 1]) + compact[1:] + b"\x23\x01")
+
+
 def test_subjects_refuse_bad_names() -> None:
     s = Subjects("chorus")
     for bad in ("", "a.b", "a b", "x" * 65, "a*"):

@@ -18,6 +18,7 @@ SUBJECTS = {
     "01-request": "chorus.agent.calculator.calculation",
     "03-event": "chorus.evt.doc.text.extracted",
     "05-command-secured": "chorus.cap.code.review",
+    "16-payload-reference": "chorus.agent.archivist.store",
 }
 
 
@@ -26,7 +27,7 @@ def hex_file(path: Path) -> bytes:
 
 
 def test_there_are_vectors() -> None:
-    assert len(NAMES) >= 14, NAMES
+    assert len(NAMES) >= 17, NAMES
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -80,12 +80,18 @@ pub(crate) async fn store(
     });
     let name = env.id.hyphenated().to_string();
     let metadata = HashMap::from([(EXPIRES_KEY.to_owned(), expires_ms.to_string())]);
-    objects.put(&name, &env.payload, metadata, chunk).await?;
+    // The store hashes what it stores: its digest is the reference's (hashed here only when
+    // the store gives none).
+    let digest = objects.put(&name, &env.payload, metadata, chunk).await?;
+    let sha256 = match digest {
+        Some(digest) => hex::encode(digest),
+        None => hex::encode(Sha256::digest(&env.payload)),
+    };
     let reference = ObjectRef {
         bucket: subjects.bucket_name(PAYLOAD_BUCKET),
         name,
         size: env.payload.len() as u64,
-        sha256: hex::encode(Sha256::digest(&env.payload)),
+        sha256,
         content_type: env.content_type.as_str().to_owned(),
         expires_ms,
     };
@@ -115,28 +121,31 @@ pub(crate) async fn fetch(
         .open_objects(&reference.bucket)
         .await
         .map_err(|e| refuse(format!("the payload's bucket cannot be opened: {e}")))?;
-    let payload = objects
-        .get(&reference.name, limit)
-        .await
-        .map_err(|e| match e.kind() {
-            ErrorKind::NotFound => refuse(format!(
-                "the payload {} is gone (expired or removed)",
-                reference.name
-            )),
-            ErrorKind::TooLarge => refuse(e.to_string()),
-            _ => (
-                StatusCode::UNAVAILABLE,
-                format!("the payload {} could not be read: {e}", reference.name),
-            ),
-        })?;
-    check(&reference, &payload).map_err(refuse)?;
+    let (payload, digest) =
+        objects
+            .get(&reference.name, limit)
+            .await
+            .map_err(|e| match e.kind() {
+                ErrorKind::NotFound => refuse(format!(
+                    "the payload {} is gone (expired or removed)",
+                    reference.name
+                )),
+                ErrorKind::TooLarge => refuse(e.to_string()),
+                _ => (
+                    StatusCode::UNAVAILABLE,
+                    format!("the payload {} could not be read: {e}", reference.name),
+                ),
+            })?;
+    check(&reference, &payload, digest).map_err(refuse)?;
     env.payload = payload;
     env.content_type = reference.content_type.into();
     Ok(())
 }
 
-/// Whether `payload` is what `reference` describes.
-fn check(reference: &ObjectRef, payload: &Bytes) -> Result<(), String> {
+/// Whether `payload` is what `reference` describes. `stored` is the digest the object was
+/// stored with, which the read checked the bytes against: compared with the reference's, it
+/// saves hashing them again.
+fn check(reference: &ObjectRef, payload: &Bytes, stored: Option<[u8; 32]>) -> Result<(), String> {
     if payload.len() as u64 != reference.size {
         return Err(format!(
             "the payload is {} bytes, its reference says {}",
@@ -144,7 +153,10 @@ fn check(reference: &ObjectRef, payload: &Bytes) -> Result<(), String> {
             reference.size
         ));
     }
-    let digest = hex::encode(Sha256::digest(payload));
+    let digest = match stored {
+        Some(stored) => hex::encode(stored),
+        None => hex::encode(Sha256::digest(payload)),
+    };
     if !digest.eq_ignore_ascii_case(&reference.sha256) {
         return Err("the payload's SHA-256 digest does not match its reference".into());
     }
@@ -196,14 +208,27 @@ mod tests {
     fn a_payload_matches_its_reference_only_whole_and_unchanged() {
         let payload = Bytes::from_static(b"fifty mebibytes, give or take");
         let r = reference(&payload);
-        assert_eq!(check(&r, &payload), Ok(()));
+        assert_eq!(check(&r, &payload, None), Ok(()));
+        let stored: [u8; 32] = Sha256::digest(&payload).into();
+        assert_eq!(check(&r, &payload, Some(stored)), Ok(()));
         let short = payload.slice(1..);
-        assert!(check(&r, &short).expect_err("short").contains("bytes"));
+        assert!(
+            check(&r, &short, None)
+                .expect_err("short")
+                .contains("bytes")
+        );
         let mut changed = payload.to_vec();
         changed[0] ^= 1;
         assert!(
-            check(&r, &Bytes::from(changed))
+            check(&r, &Bytes::from(changed.clone()), None)
                 .expect_err("changed")
+                .contains("SHA-256")
+        );
+        // An object stored under another digest than the reference's is not it.
+        let other: [u8; 32] = Sha256::digest(&changed).into();
+        assert!(
+            check(&r, &payload, Some(other))
+                .expect_err("another object")
                 .contains("SHA-256")
         );
     }

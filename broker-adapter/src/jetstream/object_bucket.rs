@@ -12,6 +12,17 @@ use tokio::io::AsyncReadExt;
 use crate::classify::classified as js_err;
 use crate::{Error, ErrorKind, Result};
 
+/// The digest an object store writes (`SHA-256=<base64url>`), as bytes.
+fn sha256_of(digest: Option<&str>) -> Option<[u8; 32]> {
+    use base64::Engine as _;
+    let encoded = digest?.strip_prefix("SHA-256=")?;
+    let bytes = base64::engine::general_purpose::URL_SAFE
+        .decode(encoded)
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(encoded))
+        .ok()?;
+    bytes.try_into().ok()
+}
+
 /// What an object store bucket should look like.
 #[derive(Debug, Clone)]
 pub struct ObjectSpec {
@@ -65,14 +76,15 @@ impl std::fmt::Debug for Objects {
 
 impl Objects {
     /// Stores `data` as `name` (replacing an object of that name) with `metadata`, in chunks
-    /// of `chunk` bytes (each one message: under the server's `max_payload`).
+    /// of `chunk` bytes (each one message: under the server's `max_payload`); returns the
+    /// SHA-256 digest of `data` the store computed on the way.
     pub async fn put(
         &self,
         name: &str,
         data: &[u8],
         metadata: HashMap<String, String>,
         chunk: usize,
-    ) -> Result<()> {
+    ) -> Result<Option<[u8; 32]>> {
         let meta = object_store::ObjectMetadata {
             name: name.to_owned(),
             metadata,
@@ -83,19 +95,22 @@ impl Objects {
         self.store
             .put(meta, &mut reader)
             .await
-            .map(|_| ())
+            .map(|info| sha256_of(info.digest.as_deref()))
             .map_err(|e| js_err(format!("object put {name}"), e))
     }
 
     /// Reads the object `name` whole, refusing one larger than `limit` bytes before reading
-    /// it ([`ErrorKind::TooLarge`]); [`ErrorKind::NotFound`] when there is none.
-    pub async fn get(&self, name: &str, limit: usize) -> Result<Bytes> {
+    /// it ([`ErrorKind::TooLarge`]); [`ErrorKind::NotFound`] when there is none. Returns it
+    /// with its SHA-256 digest as stored, which the read has checked the bytes against (a
+    /// damaged object is an error), when the object has one.
+    pub async fn get(&self, name: &str, limit: usize) -> Result<(Bytes, Option<[u8; 32]>)> {
         let mut object = self
             .store
             .get(name)
             .await
             .map_err(|e| js_err(format!("object get {name}"), e))?;
         let size = object.info().size;
+        let digest = sha256_of(object.info().digest.as_deref());
         if size > limit {
             return Err(Error::new(
                 ErrorKind::TooLarge,
@@ -118,7 +133,7 @@ impl Objects {
                 ));
             }
         }
-        Ok(buf.freeze())
+        Ok((buf.freeze(), digest))
     }
 
     /// Deletes the object `name` (its chunks are purged).

@@ -25,6 +25,7 @@ from .exactly_once import ExactlyOnce
 from .envelope import (
     CONTENT_TYPE_JSON,
     CONTENT_TYPE_MSGPACK,
+    CONTENT_TYPE_OBJECT,
     DEFAULT_HOP_LIMIT,
     Delivery,
     Envelope,
@@ -981,6 +982,11 @@ class Agent:
                 self.verifier.verify(subject, env)
             except ChorusError as e:
                 return e
+        # After the signature check (which covers the payload as sent), as the Rust SDK opens
+        # payloads; before decryption, as there is nothing this SDK could do with the result.
+        unread = unreadable_payload(env)
+        if unread is not None:
+            return unread
         if env.encryption is not None:
             # After the signature check, which covers the ciphertext.
             if self.encryption_key is None:
@@ -1026,6 +1032,10 @@ class Agent:
         if not msg.reply:
             return
         env = self.reply_envelope(request, outcome)
+        if env.content_type == CONTENT_TYPE_OBJECT:
+            # A refusal of a request whose payload came by reference carries no payload of
+            # that kind (as the Rust SDK answers it).
+            env.content_type = encoding.content_type
         try:
             data = self.encode_for(msg.reply, env, encoding)
         except ChorusError as e:
@@ -1068,9 +1078,27 @@ def _encoding_of(data: bytes, default: Encoding) -> Encoding:
     return sniff(data) or default
 
 
+def unreadable_payload(env: Envelope) -> ChorusError | None:
+    """The 5006 refusal of a payload this SDK does not read: a compressed one (the manifest
+    announces no content encoding, so a Rust sender does not compress for this agent) or one
+    carried by reference through the object store (section 7.11), which it does not fetch.
+    ``None`` for any other."""
+    if env.content_encoding is not None:
+        return ChorusError(StatusCode.DATA_FORMAT, f"unsupported content encoding '{env.content_encoding}'")
+    if env.content_type == CONTENT_TYPE_OBJECT:
+        return ChorusError(
+            StatusCode.DATA_FORMAT,
+            f"payloads by reference ({CONTENT_TYPE_OBJECT}) are not read by the Python SDK",
+        )
+    return None
+
+
 def _value(reply: Envelope) -> Any:
     if not reply.payload:
         return None
+    unread = unreadable_payload(reply)
+    if unread is not None:
+        raise unread
     if reply.content_type in (CONTENT_TYPE_MSGPACK, CONTENT_TYPE_JSON):
         try:
             return decode_payload(reply.payload, reply.content_type)

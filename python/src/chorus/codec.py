@@ -141,6 +141,8 @@ def _named_fields(env: Envelope) -> list[tuple[str, Any]]:
     if env.headers:
         out.append(("headers", env.headers))
     out.append(("content_type", env.content_type))
+    if env.content_encoding is not None:
+        out.append(("content_encoding", env.content_encoding))
     if env.payload:
         out.append(("payload", bytes(env.payload)))
     for name in ("token", "signature", "encryption"):
@@ -249,8 +251,8 @@ _K = {name: _k(name) for name in (
     "version", "id", "correlation_id", "in_reply_to", "from", "to", "topic", "capability", "name",
     "kind", "performative", "timestamp_ms", "ttl_ms", "deadline_ms", "hops", "hop_limit",
     "priority", "delivery", "seq", "expect", "progress", "status", "reason", "trace",
-    "session_id", "customer_id", "headers", "content_type", "payload", "token", "signature",
-    "encryption", "epoch", "n", "timeout_ms", "state", "fraction", "traceparent", "tracestate",
+    "session_id", "customer_id", "headers", "content_type", "content_encoding", "payload", "token",
+    "signature", "encryption", "epoch", "n", "timeout_ms", "state", "fraction", "traceparent", "tracestate",
 )}
 _UUID_BIN = b"\xc4\x10"
 
@@ -360,6 +362,10 @@ def _encode_named(env: Envelope) -> bytes:
     b += k["content_type"]
     put_str(b, env.content_type)
     count += 1
+    if env.content_encoding is not None:
+        b += k["content_encoding"]
+        put_str(b, env.content_encoding)
+        count += 1
     if env.payload:
         b += k["payload"]
         put_bin(b, bytes(env.payload))
@@ -582,6 +588,11 @@ def _encode_compact(env: Envelope, implied: Implied) -> bytes:
         b.append(33)
         b += w.buf
         count += 1
+    # Key 34 (the minor version) is not written in 2.0; the content encoding comes after it.
+    if env.content_encoding is not None:
+        b.append(35)
+        put_str(b, env.content_encoding)
+        count += 1
     count += 1  # key 0
     head = bytes((0x80 | count,)) if count < 16 else b"\xde" + count.to_bytes(2, "big")
     return head + b"\x00\x02" + b
@@ -728,8 +739,8 @@ def parse_version(v: Any) -> tuple[int, int]:
 # Fields whose nil reads as absent (their default is none).
 _NULLABLE = {
     "correlation_id", "in_reply_to", "topic", "capability", "name", "ttl_ms", "deadline_ms", "seq",
-    "expect", "progress", "status", "reason", "trace", "session_id", "customer_id", "token",
-    "signature", "encryption",
+    "expect", "progress", "status", "reason", "trace", "session_id", "customer_id",
+    "content_encoding", "token", "signature", "encryption",
 }
 
 
@@ -799,6 +810,8 @@ def _from_named(raw: dict[Any, Any], binary: bool) -> Envelope:
         env.headers = {_str("headers", k): _str("headers", v) for k, v in _map("headers", raw["headers"]).items()}
     if "content_type" in raw:
         env.content_type = _str("content_type", raw["content_type"])
+    if g("content_encoding") is not None:
+        env.content_encoding = _str("content_encoding", g("content_encoding"))
     if "payload" in raw:
         env.payload = _bytes("payload", raw["payload"], binary)
     if g("signature") is not None:
@@ -828,7 +841,8 @@ _KNOWN = {
     "version", "id", "correlation_id", "in_reply_to", "from", "to", "topic", "capability", "name",
     "kind", "performative", "timestamp_ms", "ttl_ms", "deadline_ms", "hops", "hop_limit", "priority",
     "delivery", "seq", "expect", "progress", "status", "reason", "trace", "session_id",
-    "customer_id", "headers", "content_type", "payload", "token", "signature", "encryption",
+    "customer_id", "headers", "content_type", "content_encoding", "payload", "token", "signature",
+    "encryption",
 }
 
 
@@ -982,6 +996,7 @@ _ATTRIBUTES: dict[int, tuple[str, Callable[[Any], Any]]] = {
     29: ("content_type", _c_content_type),
     30: ("payload", _c_bin),
     31: ("token", _c_str),
+    35: ("content_encoding", _c_str),
 }
 # The others that set more than one, or only check; 5, 6 and 23-25 (the timestamp, the
 # correlation and the trace context) are read in the loop itself.

@@ -17,6 +17,9 @@ DEFAULT_HOP_LIMIT = 16
 CONTENT_TYPE_MSGPACK = "application/msgpack"
 CONTENT_TYPE_JSON = "application/json"
 CONTENT_TYPE_ENCRYPTED = "application/chorus-encrypted"
+# A payload carried by reference through the JetStream object store (section 7.11): the
+# payload is a map naming the object. This SDK does not fetch such payloads.
+CONTENT_TYPE_OBJECT = "application/chorus-object"
 
 E = TypeVar("E", bound="Vocabulary")
 
@@ -219,6 +222,7 @@ class Envelope:
     customer_id: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     content_type: str = CONTENT_TYPE_MSGPACK
+    content_encoding: str | None = None
     payload: bytes = b""
     token: str | None = None
     signature: Signature | None = None
