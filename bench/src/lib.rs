@@ -4,6 +4,8 @@
 //! - `baseline`: the raw side, through `broker_adapter::raw`.
 //! - `scenarios`: the Chorus side, through the SDK.
 //! - `memory`: resident memory of `chorus listen` and `chorus serve`.
+//! - `fleet`: the fleet simulator (`--only scale`): 1,000 to 100,000 simulated agents against a
+//!   coordinator process.
 //! - `report`: rows, medians and the table.
 //!
 //! The crate does not depend on the coordinator: the `chorus bench` subcommand passes a
@@ -11,6 +13,7 @@
 //! scenarios.
 
 mod baseline;
+mod fleet;
 mod http;
 mod measure;
 mod memory;
@@ -585,6 +588,16 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             )
             .counts(n, n),
         );
+    }
+
+    // The fleet runs only when asked for (`--only scale`): at 100,000 agents it takes minutes.
+    if opts.only.as_deref() == Some("scale") {
+        let sizes: &[usize] = if q {
+            &[1_000]
+        } else {
+            &[1_000, 10_000, 100_000]
+        };
+        rows.extend(fleet::scale(&opts.program, sizes, progress).await?);
     }
 
     if want("memory") {

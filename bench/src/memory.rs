@@ -20,7 +20,7 @@ const REGISTRY_POLL: Duration = Duration::from_millis(100);
 const MEMORY_ROOT: &str = "benchmem";
 
 /// Resident memory of a process, in bytes.
-fn rss_of(pid: u32) -> Option<u64> {
+pub(crate) fn rss_of(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: u64 = status
         .lines()

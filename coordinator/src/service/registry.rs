@@ -7,7 +7,7 @@
 //! announces it. Nothing here is lost when a coordinator restarts: the bucket is reloaded and
 //! live agents heartbeat again within one interval.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use agent_sdk::codec::{self, decode_payload, encode_payload};
@@ -44,13 +44,112 @@ struct Live {
     registered: bool,
 }
 
+/// The agents one coordinator knows, with the ids of those offering each capability and in
+/// each group: discovery by capability and a broadcast to a group or capability look at those
+/// only, not at every agent (at 100,000 agents a scan takes milliseconds). Reads go through
+/// `Deref`; every change goes through the methods below, which keep the indexes in step.
+#[derive(Default)]
+struct Table {
+    live: HashMap<String, Live>,
+    by_capability: HashMap<String, BTreeSet<String>>,
+    by_group: HashMap<String, BTreeSet<String>>,
+}
+
+impl std::ops::Deref for Table {
+    type Target = HashMap<String, Live>;
+    fn deref(&self) -> &Self::Target {
+        &self.live
+    }
+}
+
+impl Table {
+    /// Adds `live` as `id`, or replaces what was known of it.
+    fn put(&mut self, id: String, live: Live) {
+        if let Some(old) = self.live.get(&id)
+            && old.manifest.capabilities == live.manifest.capabilities
+            && old.manifest.groups == live.manifest.groups
+        {
+            self.live.insert(id, live);
+            return;
+        }
+        self.unindex(&id);
+        for c in &live.manifest.capabilities {
+            self.by_capability
+                .entry(c.name.clone())
+                .or_default()
+                .insert(id.clone());
+        }
+        for g in &live.manifest.groups {
+            self.by_group
+                .entry(g.clone())
+                .or_default()
+                .insert(id.clone());
+        }
+        self.live.insert(id, live);
+    }
+
+    /// Removes `id`.
+    fn remove(&mut self, id: &str) -> Option<Live> {
+        self.unindex(id);
+        self.live.remove(id)
+    }
+
+    /// Marks `id` as written to the bucket.
+    fn mark_registered(&mut self, id: &str) {
+        if let Some(live) = self.live.get_mut(id) {
+            live.registered = true;
+        }
+    }
+
+    fn unindex(&mut self, id: &str) {
+        let Some(old) = self.live.get(id) else { return };
+        for c in &old.manifest.capabilities {
+            if let Some(ids) = self.by_capability.get_mut(&c.name) {
+                ids.remove(id);
+                if ids.is_empty() {
+                    self.by_capability.remove(&c.name);
+                }
+            }
+        }
+        for g in &old.manifest.groups {
+            if let Some(ids) = self.by_group.get_mut(g) {
+                ids.remove(id);
+                if ids.is_empty() {
+                    self.by_group.remove(g);
+                }
+            }
+        }
+    }
+
+    /// The agents `query` could match: those of its capability or group when it names one
+    /// (the smaller set when it names both), every agent otherwise.
+    fn candidates<'a>(&'a self, query: &DiscoverQuery) -> Box<dyn Iterator<Item = &'a Live> + 'a> {
+        let by_capability = query.capability.as_ref().map(|c| self.by_capability.get(c));
+        let by_group = query.group.as_ref().map(|g| self.by_group.get(g));
+        let ids = match (by_capability, by_group) {
+            (None, None) => return Box::new(self.live.values()),
+            // Named, and nobody offers it or is in it.
+            (Some(None), _) | (_, Some(None)) => return Box::new(std::iter::empty()),
+            (Some(Some(ids)), None) | (None, Some(Some(ids))) => ids,
+            (Some(Some(a)), Some(Some(b))) => {
+                if a.len() <= b.len() {
+                    a
+                } else {
+                    b
+                }
+            }
+        };
+        Box::new(ids.iter().filter_map(|id| self.live.get(id)))
+    }
+}
+
 /// The registry as one coordinator sees it.
 pub(crate) struct Registry {
     subjects: agent_sdk::Subjects,
     broker: Broker,
     kv: Kv,
     missed: u32,
-    agents: Mutex<HashMap<String, Live>>,
+    agents: Mutex<Table>,
 }
 
 impl Registry {
@@ -60,11 +159,11 @@ impl Registry {
             broker,
             kv,
             missed,
-            agents: Mutex::new(HashMap::new()),
+            agents: Mutex::new(Table::default()),
         }
     }
 
-    fn agents(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
+    fn agents(&self) -> std::sync::MutexGuard<'_, Table> {
         self.agents.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -82,13 +181,19 @@ impl Registry {
                     tracing::warn!(key = %entry.key, "registry entry does not decode; ignored");
                     return;
                 };
-                let live = agents.entry(entry.key).or_insert_with(|| Live {
-                    // Known from the bucket only: give it a full window to heartbeat.
-                    last_seen_ms: now_ms(),
-                    manifest: record.manifest.clone(),
-                    registered: true,
-                });
-                live.registered = true;
+                if agents.contains_key(&entry.key) {
+                    agents.mark_registered(&entry.key);
+                } else {
+                    agents.put(
+                        entry.key,
+                        Live {
+                            // Known from the bucket only: give it a full window to heartbeat.
+                            last_seen_ms: now_ms(),
+                            manifest: record.manifest,
+                            registered: true,
+                        },
+                    );
+                }
             }
             KvOp::Delete => {
                 agents.remove(&entry.key);
@@ -112,17 +217,18 @@ impl Registry {
         let now = now_ms();
         let write = {
             let mut agents = self.agents();
-            let live = agents
-                .entry(manifest.agent.clone())
-                .or_insert_with(|| Live {
+            let (registered, changed) = agents.get(&manifest.agent).map_or((false, true), |l| {
+                (l.registered, !same_record(&l.manifest, &manifest))
+            });
+            agents.put(
+                manifest.agent.clone(),
+                Live {
                     manifest: manifest.clone(),
                     last_seen_ms: now,
-                    registered: false,
-                });
-            let changed = !same_record(&live.manifest, &manifest);
-            live.manifest = manifest.clone();
-            live.last_seen_ms = now;
-            if !live.registered {
+                    registered,
+                },
+            );
+            if !registered {
                 Some(true)
             } else if changed {
                 Some(false)
@@ -146,9 +252,7 @@ impl Registry {
         };
         match result {
             Ok(_) => {
-                if let Some(live) = self.agents().get_mut(key) {
-                    live.registered = true;
-                }
+                self.agents().mark_registered(key);
                 if create {
                     tracing::info!(agent = key, instance = %manifest.instance, "agent joined");
                     metrics()
@@ -160,9 +264,7 @@ impl Registry {
             }
             // Another coordinator registered it first.
             Err(e) if e.kind() == ErrorKind::Conflict => {
-                if let Some(live) = self.agents().get_mut(key) {
-                    live.registered = true;
-                }
+                self.agents().mark_registered(key);
             }
             Err(e) => tracing::warn!(agent = key, error = %e, "registry write failed"),
         }
@@ -297,7 +399,7 @@ impl Registry {
         let now = now_ms();
         let agents = self.agents();
         let mut found: Vec<AgentRecord> = agents
-            .values()
+            .candidates(query)
             .filter(|l| self.is_live(l, now) && query.matches(&l.manifest))
             .map(|l| AgentRecord {
                 manifest: l.manifest.clone(),
@@ -350,4 +452,72 @@ fn same_record(a: &Manifest, b: &Manifest) -> bool {
         && a.commands == b.commands
         && a.groups == b.groups
         && a.public_key == b.public_key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live(id: &str, capabilities: &[&str], groups: &[&str]) -> Live {
+        let manifest: Manifest = serde_json::from_value(serde_json::json!({
+            "agent": id, "instance": "0", "heartbeat_ms": 1000, "started_ms": 0,
+            "capabilities": capabilities.iter().map(|c| serde_json::json!({"name": c})).collect::<Vec<_>>(),
+            "groups": groups,
+        }))
+        .expect("a manifest");
+        Live {
+            manifest,
+            last_seen_ms: 0,
+            registered: false,
+        }
+    }
+
+    fn ids(table: &Table, query: &DiscoverQuery) -> Vec<String> {
+        let mut ids: Vec<String> = table
+            .candidates(query)
+            .map(|l| l.manifest.agent.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn the_indexes_follow_every_change_of_a_manifest() {
+        let mut table = Table::default();
+        table.put("a".into(), live("a", &["ocr"], &["eu"]));
+        table.put("b".into(), live("b", &["ocr", "tts"], &[]));
+        table.put("c".into(), live("c", &["tts"], &["eu"]));
+        let ocr = DiscoverQuery::capability("ocr");
+        assert_eq!(ids(&table, &ocr), ["a", "b"]);
+        let eu = DiscoverQuery {
+            group: Some("eu".into()),
+            ..DiscoverQuery::default()
+        };
+        assert_eq!(ids(&table, &eu), ["a", "c"]);
+        // Both named: the smaller set, still filtered by the query afterwards.
+        let both = DiscoverQuery {
+            capability: Some("tts".into()),
+            group: Some("eu".into()),
+            ..DiscoverQuery::default()
+        };
+        assert!(ids(&table, &both).len() <= 2);
+        assert_eq!(ids(&table, &DiscoverQuery::default()), ["a", "b", "c"]);
+
+        // b stops offering ocr; a leaves; nobody offers what nobody registered.
+        table.put("b".into(), live("b", &["tts"], &[]));
+        assert_eq!(ids(&table, &ocr), ["a"]);
+        table.remove("a");
+        assert!(ids(&table, &ocr).is_empty());
+        assert_eq!(ids(&table, &eu), ["c"]);
+        assert!(
+            !table.by_capability.contains_key("ocr"),
+            "empty sets are dropped"
+        );
+        assert!(ids(&table, &DiscoverQuery::capability("nothing")).is_empty());
+        // A heartbeat with the same offer keeps the indexes as they are.
+        table.mark_registered("c");
+        table.put("c".into(), live("c", &["tts"], &["eu"]));
+        assert_eq!(ids(&table, &eu), ["c"]);
+        assert_eq!(table.by_capability.get("tts").map(BTreeSet::len), Some(2));
+    }
 }

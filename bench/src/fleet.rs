@@ -1,0 +1,564 @@
+//! The fleet simulator (`chorus bench --only scale`): thousands of simulated agents in this
+//! process, against a coordinator in its own process (`chorus serve`) and a server of their
+//! own, so each one's memory and CPU are read apart.
+//!
+//! The agents run in a light mode, documented in docs/SCALE.md: they are not SDK agents but
+//! what the coordinator and the server see of agents. Their heartbeats (each a full manifest,
+//! every 5 s as the SDK's default) go out on a few shared connections, spread evenly over the
+//! interval; one wildcard subscription answers every request any of them is sent (broadcast
+//! copies); each is counted in the server's subscriptions once, not once per agent (an SDK
+//! agent holds a handful: see the table's note). What is measured is the coordinator and the
+//! server under that load: resident memory and CPU, the server's subscriptions and consumers,
+//! discovery latency, heartbeats handled per second, and a broadcast to 10,000 of them.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use agent_sdk::codec::{self, Encoding};
+use agent_sdk::envelope::CONTENT_TYPE_MSGPACK;
+use agent_sdk::registry::{BroadcastTarget, CapabilityInfo, DiscoverQuery, Outcome};
+use agent_sdk::{
+    AgentOptions, Availability, Envelope, Kind, Manifest, Performative, StatusCode, Subjects,
+};
+use broker_adapter::{Broker, BrokerOptions};
+use bytes::Bytes;
+use chorus_nats_server::NatsServer;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::memory::rss_of;
+use crate::report::{Row, percentile};
+
+/// The subject root of the simulated bus.
+const ROOT: &str = "fleet";
+/// The heartbeat interval the simulated agents announce and keep: the SDK's default.
+const HEARTBEAT: Duration = Duration::from_secs(5);
+/// How often each connection publishes its share of a heartbeat round.
+const TICK: Duration = Duration::from_millis(50);
+/// Connections the heartbeats are spread over.
+const CONNECTIONS: usize = 4;
+/// One agent in this many offers the capability the discovery queries ask for.
+const RARE_EVERY: usize = 1_000;
+/// Agents in the group the broadcast goes to (the first ones).
+const BROADCAST_GROUP_SIZE: usize = 10_000;
+/// How long the coordinator is watched under steady heartbeats for CPU and rates.
+const STEADY_WINDOW: Duration = Duration::from_secs(10);
+/// Discovery queries per size.
+const QUERIES: usize = 300;
+/// The broadcast's deadline for its recipients.
+const BROADCAST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What one size of fleet measured.
+#[derive(Debug, Clone)]
+pub(crate) struct Figures {
+    pub(crate) agents: usize,
+    pub(crate) live: u64,
+    pub(crate) registration: Duration,
+    pub(crate) coordinator_rss: u64,
+    pub(crate) coordinator_cpu: f64,
+    pub(crate) server_rss: u64,
+    pub(crate) subscriptions: u64,
+    pub(crate) consumers: u64,
+    pub(crate) discovery: Vec<Duration>,
+    pub(crate) heartbeats_per_second: f64,
+    pub(crate) heartbeats_sent_per_second: f64,
+    /// Time to the report, and how many of the recipients were reported delivered.
+    pub(crate) broadcast: Option<(Duration, usize)>,
+}
+
+/// Runs the fleet at each size in `sizes` and returns its rows.
+pub(crate) async fn scale(
+    program: &Path,
+    sizes: &[usize],
+    progress: fn(&str),
+) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for &n in sizes {
+        progress(&format!("fleet of {n} simulated agents"));
+        let f = run(program, n).await?;
+        rows.extend(rows_of(&f));
+    }
+    Ok(rows)
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 20)
+}
+
+fn rows_of(f: &Figures) -> Vec<Row> {
+    let n = f.agents;
+    let at = |what: &str| format!("{n} agents: {what}");
+    let big = n >= 100_000;
+    let mut discovery = f.discovery.clone();
+    discovery.sort();
+    let p99 = percentile(&discovery, 0.99);
+    let mut rows = vec![
+        Row::chorus_only(
+            &at("registered (live) after heartbeats began"),
+            "s",
+            f.registration.as_secs_f64(),
+            "(reported)",
+            None,
+        )
+        .counts(n as u64, f.live),
+        Row::chorus_only(
+            &at("coordinator resident memory"),
+            "MiB",
+            mib(f.coordinator_rss),
+            if big { "< 256 MiB" } else { "(reported)" },
+            big.then_some(f.coordinator_rss < 256 << 20),
+        ),
+        Row::chorus_only(
+            &at("coordinator CPU, steady heartbeats"),
+            "%",
+            f.coordinator_cpu,
+            "(reported; 100 = one core)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("server resident memory"),
+            "MiB",
+            mib(f.server_rss),
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("server subscriptions"),
+            "subs",
+            f.subscriptions as f64,
+            "(reported; light mode)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("server JetStream consumers"),
+            "consumers",
+            f.consumers as f64,
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at(&format!(
+                "discovery p50, capability held by {}",
+                n / RARE_EVERY
+            )),
+            "us",
+            percentile(&discovery, 0.5),
+            "(reported)",
+            None,
+        )
+        .counts(QUERIES as u64, discovery.len() as u64),
+        Row::chorus_only(
+            &at("discovery p99"),
+            "us",
+            p99,
+            if big { "< 5,000 us" } else { "(reported)" },
+            big.then_some(p99 < 5_000.0),
+        ),
+        Row::chorus_only(
+            &at(&format!(
+                "heartbeats handled per second (sent {:.0}/s)",
+                f.heartbeats_sent_per_second
+            )),
+            "msg/s",
+            f.heartbeats_per_second,
+            "(reported)",
+            None,
+        ),
+    ];
+    if let Some((took, delivered)) = f.broadcast {
+        rows.push(
+            Row::chorus_only(
+                &at("broadcast to 10,000 reported"),
+                "ms",
+                took.as_secs_f64() * 1e3,
+                "< 5,000 ms",
+                Some(took < Duration::from_secs(5) && delivered == BROADCAST_GROUP_SIZE),
+            )
+            .counts(BROADCAST_GROUP_SIZE as u64, delivered as u64),
+        );
+    }
+    rows
+}
+
+/// One size: a fresh server, a coordinator process, the fleet, the measurements.
+async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
+    let server = tokio::task::spawn_blocking(|| {
+        NatsServer::builder()
+            .arg("-m")
+            .arg("-1")
+            .sync_always(false)
+            .start()
+    })
+    .await??;
+    let url = server.url().to_owned();
+    let monitor = server
+        .monitor_url()
+        .ok_or_else(|| anyhow::anyhow!("the server has no monitoring port"))?
+        .to_owned();
+    let coordinator = Coordinator::start(program, &url).await?;
+    let subjects = Subjects::new(ROOT)?;
+    let stop = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let sent = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let result = async {
+        let answered = answer_requests(&url, &subjects, &tracker, stop.clone()).await?;
+        heartbeat(
+            &url,
+            &subjects,
+            n,
+            &tracker,
+            stop.clone(),
+            Arc::clone(&sent),
+        )
+        .await?;
+        // Registered: every agent live in the coordinator's registry.
+        let deadline = started + Duration::from_secs(60) + HEARTBEAT * 4;
+        let mut live = 0;
+        while Instant::now() < deadline {
+            live = coordinator
+                .gauge("chorus_coordinator_agents", "state=\"live\"")
+                .await? as u64;
+            if live >= n as u64 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let registration = started.elapsed();
+        anyhow::ensure!(
+            live >= n as u64,
+            "only {live} of {n} agents were live after {registration:?}"
+        );
+        // Steady state: heartbeats handled and CPU over a window.
+        let hb = "chorus_coordinator_messages_total";
+        let (cpu0, hb0, sent0, t0) = (
+            coordinator.cpu_seconds()?,
+            coordinator.gauge(hb, "kind=\"heartbeat\"").await?,
+            sent.load(Ordering::Relaxed),
+            Instant::now(),
+        );
+        tokio::time::sleep(STEADY_WINDOW).await;
+        let secs = t0.elapsed().as_secs_f64();
+        let coordinator_cpu = 100.0 * (coordinator.cpu_seconds()? - cpu0) / secs;
+        let heartbeats_per_second =
+            (coordinator.gauge(hb, "kind=\"heartbeat\"").await? - hb0) / secs;
+        let heartbeats_sent_per_second = (sent.load(Ordering::Relaxed) - sent0) as f64 / secs;
+        let coordinator_rss = coordinator.rss()?;
+        let server_rss = server.pid().and_then(rss_of).unwrap_or(0);
+        let subscriptions = monitor_number(&monitor, "/subsz", "num_subscriptions").await?;
+        let consumers = monitor_number(&monitor, "/jsz", "consumers").await?;
+        // Discovery and a broadcast, from an SDK agent.
+        let client = AgentOptions::new("fleet-client")
+            .servers([url.as_str()])
+            .root(ROOT)
+            .heartbeat_interval(Duration::ZERO)
+            .service_discovery(false)
+            .request_timeout(Duration::from_secs(30))
+            .connect()
+            .await?;
+        let query = DiscoverQuery::capability("rare");
+        let mut discovery = Vec::with_capacity(QUERIES);
+        for _ in 0..QUERIES {
+            let t = Instant::now();
+            let found = client.discover(&query).await?;
+            discovery.push(t.elapsed());
+            anyhow::ensure!(
+                found.len() == n.div_ceil(RARE_EVERY),
+                "discovery found {} holders of {}",
+                found.len(),
+                n.div_ceil(RARE_EVERY)
+            );
+        }
+        let broadcast = if n >= BROADCAST_GROUP_SIZE {
+            let t = Instant::now();
+            let report = client
+                .broadcast(
+                    &BroadcastTarget::Group("ten-k".into()),
+                    "ping",
+                    &(),
+                    BROADCAST_TIMEOUT,
+                )
+                .await?;
+            Some((t.elapsed(), report.count(Outcome::Delivered)))
+        } else {
+            None
+        };
+        let _ = answered;
+        client.shutdown().await;
+        Ok(Figures {
+            agents: n,
+            live,
+            registration,
+            coordinator_rss,
+            coordinator_cpu,
+            server_rss,
+            subscriptions,
+            consumers,
+            discovery,
+            heartbeats_per_second,
+            heartbeats_sent_per_second,
+            broadcast,
+        })
+    }
+    .await;
+    stop.cancel();
+    tracker.close();
+    tracker.wait().await;
+    coordinator.stop().await;
+    drop(server);
+    result
+}
+
+/// The simulated agents' manifests: every one offers `fleet.work`; one in [`RARE_EVERY`]
+/// also `rare`; the first [`BROADCAST_GROUP_SIZE`] are in the group `ten-k`.
+fn manifest(i: usize) -> Manifest {
+    let mut capabilities = vec![CapabilityInfo {
+        name: "fleet.work".into(),
+        version: "1".into(),
+        models: Vec::new(),
+        throughput: None,
+    }];
+    if i.is_multiple_of(RARE_EVERY) {
+        capabilities.push(CapabilityInfo {
+            name: "rare".into(),
+            version: "1".into(),
+            models: Vec::new(),
+            throughput: None,
+        });
+    }
+    Manifest {
+        agent: format!("sim-{i:06}"),
+        instance: "fleet".into(),
+        capabilities,
+        commands: vec!["ping".into()],
+        groups: if i < BROADCAST_GROUP_SIZE {
+            vec!["ten-k".into()]
+        } else {
+            Vec::new()
+        },
+        content_types: vec![CONTENT_TYPE_MSGPACK.into()],
+        load: 0.0,
+        slots: Some(1),
+        availability: Availability::Available,
+        eta_ms: None,
+        public_key: None,
+        encryption_key: None,
+        heartbeat_ms: u64::try_from(HEARTBEAT.as_millis()).unwrap_or(u64::MAX),
+        started_ms: agent_sdk::envelope::now_ms(),
+        sdk_version: "fleet".into(),
+        metrics_url: None,
+        wire_versions: vec![1, 2],
+        open_circuits: Vec::new(),
+        content_encodings: Vec::new(),
+    }
+}
+
+/// Starts the heartbeats of `n` agents on [`CONNECTIONS`] connections, each sending its share
+/// of a round every [`TICK`], until `stop`; counts what was sent in `sent`.
+async fn heartbeat(
+    url: &str,
+    subjects: &Subjects,
+    n: usize,
+    tracker: &TaskTracker,
+    stop: CancellationToken,
+    sent: Arc<AtomicU64>,
+) -> anyhow::Result<()> {
+    // Encoded once: a heartbeat that does not change is the same bytes every time (the
+    // coordinator keys nothing on the envelope's id).
+    let mut shares: Vec<Vec<(String, Bytes)>> = vec![Vec::new(); CONNECTIONS];
+    for i in 0..n {
+        let m = manifest(i);
+        let mut env = Envelope::new(Kind::Heartbeat, Performative::Health, m.agent.as_str());
+        env.payload = codec::encode_payload(&m, CONTENT_TYPE_MSGPACK)?;
+        let bytes = codec::encode(&env, Encoding::MsgPack)?;
+        shares[i % CONNECTIONS].push((subjects.heartbeat(&m.agent)?, bytes));
+    }
+    let ticks_per_round = (HEARTBEAT.as_millis() / TICK.as_millis()).max(1) as usize;
+    for (c, share) in shares.into_iter().enumerate() {
+        let broker = connect(url, &format!("fleet-heartbeats-{c}")).await?;
+        let stop = stop.clone();
+        let sent = Arc::clone(&sent);
+        tracker.spawn(async move {
+            let mut tick = tokio::time::interval(TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            // Each tick sends what is due by then, so a round takes the interval exactly.
+            let (mut ticks, mut published) = (0usize, 0usize);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.cancelled() => break,
+                }
+                ticks += 1;
+                let due = ticks * share.len() / ticks_per_round;
+                while published < due {
+                    let (subject, bytes) = &share[published % share.len()];
+                    if broker.publish(subject, bytes.clone()).await.is_ok() {
+                        sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                    published += 1;
+                }
+            }
+            let _ = broker.drain().await;
+        });
+    }
+    Ok(())
+}
+
+/// Answers every request sent to any simulated agent (`<root>.agent.*.>`) with success,
+/// until `stop`; returns how many it answered, counted as it goes.
+async fn answer_requests(
+    url: &str,
+    subjects: &Subjects,
+    tracker: &TaskTracker,
+    stop: CancellationToken,
+) -> anyhow::Result<Arc<AtomicU64>> {
+    let broker = connect(url, "fleet-answers").await?;
+    let mut sub = broker
+        .subscribe(&format!("{}.agent.*.>", subjects.root()))
+        .await?;
+    broker.flush().await?;
+    let answered = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&answered);
+    tracker.spawn(async move {
+        while let Some(msg) = sub.next_until(stop.cancelled()).await {
+            let Some(reply_to) = msg.reply() else {
+                continue;
+            };
+            let Ok((request, encoding)) = codec::decode(msg.payload()) else {
+                continue;
+            };
+            let Some(to) = request.to.first() else {
+                continue;
+            };
+            let reply = request.reply(to.as_str(), StatusCode::OK);
+            if let Ok(bytes) = codec::encode(&reply, encoding)
+                && broker.publish(reply_to, bytes).await.is_ok()
+            {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let _ = broker.drain().await;
+    });
+    Ok(answered)
+}
+
+async fn connect(url: &str, name: &str) -> anyhow::Result<Broker> {
+    Ok(BrokerOptions::new([url])
+        .name(name)
+        .subscription_capacity(1 << 20)
+        .connect()
+        .await?)
+}
+
+/// `chorus serve` in its own process, with its metrics listener.
+struct Coordinator {
+    child: tokio::process::Child,
+    metrics: String,
+}
+
+impl Coordinator {
+    async fn start(program: &Path, url: &str) -> anyhow::Result<Coordinator> {
+        let mut child = tokio::process::Command::new(program)
+            .args(["--server", url, "--root", ROOT, "serve"])
+            .env("CHORUS_SERVE__METRICS_ADDR", "127.0.0.1:0")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await??
+            .ok_or_else(|| anyhow::anyhow!("chorus serve exited before serving"))?;
+        let metrics = line
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .ok_or_else(|| anyhow::anyhow!("no metrics address in {line:?}"))?
+            .to_owned();
+        Ok(Coordinator { child, metrics })
+    }
+
+    /// The sum of the samples of `name` whose labels contain `label`.
+    async fn gauge(&self, name: &str, label: &str) -> anyhow::Result<f64> {
+        let text = http_get(&self.metrics, "/metrics").await?;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with(name) && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+
+    fn pid(&self) -> anyhow::Result<u32> {
+        self.child
+            .id()
+            .ok_or_else(|| anyhow::anyhow!("the coordinator has exited"))
+    }
+
+    fn rss(&self) -> anyhow::Result<u64> {
+        rss_of(self.pid()?).ok_or_else(|| anyhow::anyhow!("no resident memory"))
+    }
+
+    /// User and system CPU seconds used so far.
+    fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()?))?;
+        // The fields after the command (which may hold spaces) in parentheses.
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .ok_or_else(|| anyhow::anyhow!("unreadable /proc stat"))?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command.
+        let ticks: f64 = fields
+            .get(11..13)
+            .ok_or_else(|| anyhow::anyhow!("short /proc stat"))?
+            .iter()
+            .map(|f| f.parse::<f64>().unwrap_or(0.0))
+            .sum();
+        Ok(ticks / CLOCK_TICKS)
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`), 100 on Linux.
+const CLOCK_TICKS: f64 = 100.0;
+
+/// A number at the top level of a JSON document from the server's monitoring port.
+async fn monitor_number(monitor: &str, path: &str, field: &str) -> anyhow::Result<u64> {
+    let address = monitor
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let body = http_get(&address, path).await?;
+    let json: serde_json::Value = serde_json::from_str(&body)?;
+    json.get(field)
+        .and_then(serde_json::Value::as_u64)
+        .ok_or_else(|| anyhow::anyhow!("no {field} in {path}"))
+}
+
+/// The body of `GET path` from `address` (`host:port`), over HTTP/1.0.
+async fn http_get(address: &str, path: &str) -> anyhow::Result<String> {
+    let get = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+            .await?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        Ok::<_, anyhow::Error>(body)
+    };
+    tokio::time::timeout(Duration::from_secs(10), get).await?
+}
