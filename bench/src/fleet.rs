@@ -61,6 +61,8 @@ pub(crate) struct Figures {
     pub(crate) coordinator_cpu: f64,
     pub(crate) server_rss: u64,
     pub(crate) subscriptions: u64,
+    /// Subscriptions one SDK agent (a command, a capability) adds.
+    pub(crate) per_agent: u64,
     pub(crate) consumers: u64,
     pub(crate) discovery: Vec<Duration>,
     pub(crate) heartbeats_per_second: f64,
@@ -130,6 +132,13 @@ fn rows_of(f: &Figures) -> Vec<Row> {
             "subs",
             f.subscriptions as f64,
             "(reported; light mode)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("subscriptions one SDK agent adds (a command and a capability)"),
+            "subs",
+            f.per_agent as f64,
+            "(reported; the light mode holds 0)",
             None,
         ),
         Row::chorus_only(
@@ -259,6 +268,26 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
             .request_timeout(Duration::from_secs(30))
             .connect()
             .await?;
+        // What one SDK agent with a command and a capability holds on the server, which the
+        // light mode leaves out: the subscriptions it adds once serving.
+        let before = monitor_number(&monitor, "/subsz", "num_subscriptions").await?;
+        let real = AgentOptions::new("fleet-real")
+            .servers([url.as_str()])
+            .root(ROOT)
+            .connect()
+            .await?;
+        real.on_command("ping", |_ctx: agent_sdk::Context, (): ()| async {
+            Ok::<_, agent_sdk::HandlerError>(())
+        })
+        .await?;
+        real.on_capability("fleet.work", |_ctx: agent_sdk::Context, (): ()| async {
+            Ok::<_, agent_sdk::HandlerError>(())
+        })
+        .await?;
+        real.broker().flush().await?;
+        let per_agent =
+            monitor_number(&monitor, "/subsz", "num_subscriptions").await? - before;
+        real.shutdown().await;
         let query = DiscoverQuery::capability("rare");
         let mut discovery = Vec::with_capacity(QUERIES);
         for _ in 0..QUERIES {
@@ -296,6 +325,7 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
             coordinator_cpu,
             server_rss,
             subscriptions,
+            per_agent,
             consumers,
             discovery,
             heartbeats_per_second,
