@@ -820,7 +820,7 @@ pub(crate) fn noise(len: usize) -> Bytes {
     Bytes::from(out)
 }
 
-/// `len` bytes of repetitive JSON lines, which compress about 20 to 1.
+/// `len` bytes of repetitive JSON lines, which compress well.
 pub(crate) fn json_lines(len: usize) -> Bytes {
     let mut out = String::with_capacity(len + 64);
     let mut i = 0u64;
