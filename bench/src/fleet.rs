@@ -285,8 +285,7 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
         })
         .await?;
         real.broker().flush().await?;
-        let per_agent =
-            monitor_number(&monitor, "/subsz", "num_subscriptions").await? - before;
+        let per_agent = monitor_number(&monitor, "/subsz", "num_subscriptions").await? - before;
         real.shutdown().await;
         let query = DiscoverQuery::capability("rare");
         let mut discovery = Vec::with_capacity(QUERIES);
