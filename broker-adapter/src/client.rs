@@ -28,6 +28,8 @@ struct Shared {
     events: Arc<EventSink>,
     inbox_prefix: String,
     name: String,
+    /// The JetStream domain JetStream calls go to, if not the local one.
+    jetstream_domain: Option<String>,
     /// Messages handed out by this adapter's subscriptions.
     yielded: Arc<AtomicU64>,
     /// Messages `sync` sent to itself and received.
@@ -122,6 +124,7 @@ impl Broker {
                 events,
                 inbox_prefix,
                 name,
+                jetstream_domain: options.jetstream_domain.clone(),
                 yielded: Arc::new(AtomicU64::new(0)),
                 sync_echoes: AtomicU64::new(0),
             }),
@@ -327,6 +330,11 @@ impl Broker {
     /// This connection's inbox prefix.
     pub fn inbox_prefix(&self) -> &str {
         &self.shared.inbox_prefix
+    }
+
+    /// The JetStream domain its JetStream calls go to, if not the local one.
+    pub fn jetstream_domain(&self) -> Option<&str> {
+        self.shared.jetstream_domain.as_deref()
     }
 
     /// The connection's name.

@@ -89,6 +89,7 @@ pub struct BrokerOptions {
     pub(crate) inbox_prefix: Option<String>,
     pub(crate) subscription_capacity: usize,
     pub(crate) retry_initial_connect: bool,
+    pub(crate) jetstream_domain: Option<String>,
 }
 
 impl Default for BrokerOptions {
@@ -104,6 +105,7 @@ impl Default for BrokerOptions {
             inbox_prefix: None,
             subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
             retry_initial_connect: false,
+            jetstream_domain: None,
         }
     }
 }
@@ -202,6 +204,14 @@ impl BrokerOptions {
     /// reported.
     pub fn subscription_capacity(mut self, capacity: usize) -> Self {
         self.subscription_capacity = capacity.max(1);
+        self
+    }
+
+    /// The JetStream domain whose API this connection's JetStream calls use
+    /// (`$JS.<domain>.API`): set it on a leaf node that has no JetStream of its own to reach
+    /// the hub's (docs/OPERATIONS.md, "Sites and leaf nodes"). Unset: the local `$JS.API`.
+    pub fn jetstream_domain(mut self, domain: impl Into<String>) -> Self {
+        self.jetstream_domain = Some(domain.into()).filter(|d| !d.is_empty());
         self
     }
 

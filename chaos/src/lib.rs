@@ -66,6 +66,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use coordinator::{CoordinatorLauncher, CoordinatorSpec, ProcessLauncher, RunningCoordinator};
+pub use proxy::Proxy;
 pub use report::{Check, Row, ScenarioReport, table};
 pub use scenarios::{Scenario, UnknownScenario};
 pub use soak::{

@@ -1,6 +1,6 @@
 //! A TCP proxy on loopback that can be cut: every connection through it closed at once and
 //! new ones refused, until it is healed. The partition scenario puts one on each route of one
-//! cluster node.
+//! cluster node; the leaf-node test one between a leaf and its hub.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -18,7 +18,7 @@ const CLOSE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// One listener forwarding every connection to a target set after it listens.
 #[derive(Debug)]
-pub(crate) struct Proxy {
+pub struct Proxy {
     addr: SocketAddr,
     state: Arc<Mutex<State>>,
     stop: CancellationToken,
@@ -34,7 +34,7 @@ struct State {
 
 impl Proxy {
     /// Listens on a free loopback port; connections are refused until a target is set.
-    pub(crate) async fn bind() -> anyhow::Result<Proxy> {
+    pub async fn bind() -> anyhow::Result<Proxy> {
         let listener = TcpListener::bind(("127.0.0.1", 0))
             .await
             .context("cannot bind a proxy on loopback")?;
@@ -73,13 +73,13 @@ impl Proxy {
     }
 
     /// Where it listens, `127.0.0.1:<port>`.
-    pub(crate) fn addr(&self) -> String {
+    pub fn addr(&self) -> String {
         self.addr.to_string()
     }
 
     /// A handle that sets the target from any thread (the cluster builder runs on a blocking
     /// one).
-    pub(crate) fn target_setter(&self) -> impl Fn(&str) + Send + Sync + 'static {
+    pub fn target_setter(&self) -> impl Fn(&str) + Send + Sync + 'static {
         let state = Arc::clone(&self.state);
         move |target: &str| {
             state.lock().unwrap_or_else(|p| p.into_inner()).target = Some(target.to_owned());
@@ -87,7 +87,7 @@ impl Proxy {
     }
 
     /// Closes every connection through it and refuses new ones.
-    pub(crate) fn cut(&self) {
+    pub fn cut(&self) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(open) = state.open.take() {
             open.cancel();
@@ -95,7 +95,7 @@ impl Proxy {
     }
 
     /// Lets connections through again.
-    pub(crate) fn heal(&self) {
+    pub fn heal(&self) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if state.open.is_none() {
             state.open = Some(CancellationToken::new());
@@ -103,7 +103,7 @@ impl Proxy {
     }
 
     /// Stops listening, closes every connection and waits for its tasks.
-    pub(crate) async fn close(self) {
+    pub async fn close(self) {
         self.cut();
         self.stop.cancel();
         self.tasks.close();

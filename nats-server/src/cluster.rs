@@ -42,6 +42,7 @@ type Via = Arc<dyn Fn(usize, &str) -> String + Send + Sync>;
 pub struct ClusterBuilder {
     size: usize,
     isolatable: Option<(usize, Via)>,
+    leafnodes: bool,
 }
 
 impl fmt::Debug for ClusterBuilder {
@@ -58,6 +59,7 @@ impl Default for ClusterBuilder {
         ClusterBuilder {
             size: 3,
             isolatable: None,
+            leafnodes: false,
         }
     }
 }
@@ -83,6 +85,14 @@ impl ClusterBuilder {
         self
     }
 
+    /// Makes every node take leaf node connections (and serve monitoring, where its leaf node
+    /// port is read back from), its JetStream in the domain [`HUB_DOMAIN`]:
+    /// [`Cluster::leafnode_address`].
+    pub fn leafnodes(mut self, on: bool) -> Self {
+        self.leafnodes = on;
+        self
+    }
+
     /// Starts the nodes and waits until each listens.
     pub fn start(self) -> Result<Cluster> {
         let dir = tempfile::Builder::new()
@@ -101,6 +111,7 @@ impl ClusterBuilder {
             .collect();
         let mut nodes: Vec<Option<NatsServer>> = (0..size).map(|_| None).collect();
         let mut routes: Vec<Option<String>> = vec![None; size];
+        let mut leafs: Vec<Option<String>> = vec![None; size];
         let route_list = |i: usize, routes: &[Option<String>]| -> Vec<String> {
             let mut list: Vec<String> = routes
                 .iter()
@@ -126,10 +137,21 @@ impl ClusterBuilder {
                 "127.0.0.1:-1",
                 &route_list(i, &routes),
                 Some(i) == isolated,
-            );
+            )
+            .replace(
+                "  sync_interval: always\n",
+                if self.leafnodes {
+                    "  sync_interval: always\n  domain: hub\n"
+                } else {
+                    "  sync_interval: always\n"
+                },
+            ) + &leaf_config(self.leafnodes.then_some("127.0.0.1:-1"));
             fs::write(&conf, text).map_err(Error::io("cannot write a cluster node's config"))?;
             let node = ServerBuilder::default().config(&conf).start()?;
             routes[i] = Some(route_address(&node)?);
+            if self.leafnodes {
+                leafs[i] = Some(leaf_address(&node)?);
+            }
             nodes[i] = Some(node);
         }
         let nodes: Vec<NatsServer> = nodes.into_iter().flatten().collect();
@@ -143,13 +165,22 @@ impl ClusterBuilder {
                 listen,
                 &route_list(i, &routes),
                 Some(i) == isolated,
-            );
+            )
+            .replace(
+                "  sync_interval: always\n",
+                if self.leafnodes {
+                    "  sync_interval: always\n  domain: hub\n"
+                } else {
+                    "  sync_interval: always\n"
+                },
+            ) + &leaf_config(leafs[i].as_deref());
             fs::write(dir.path().join(format!("n{i}.conf")), text)
                 .map_err(Error::io("cannot rewrite a cluster node's config"))?;
         }
         Ok(Cluster {
             nodes,
             routes: routes.into_iter().flatten().collect(),
+            leafs,
             _dir: dir,
         })
     }
@@ -181,6 +212,55 @@ fn config(
     )
 }
 
+/// The JetStream domain of a cluster that takes leaf nodes: a leaf without JetStream reaches
+/// the hub's as `$JS.hub.API`.
+pub const HUB_DOMAIN: &str = "hub";
+
+/// The leaf node listener (and the monitoring it is read back from) of a node, when it takes
+/// leaf nodes: `listen` is `host:port`, `-1` for a port of the server's choosing.
+fn leaf_config(listen: Option<&str>) -> String {
+    match listen {
+        Some(listen) => {
+            // Not advertised: a leaf reaches the hub only by the address it was given (a proxy
+            // a test can cut), never around it by another node's gossiped address.
+            format!(
+                "http: \"127.0.0.1:-1\"\nleafnodes {{\n  listen: \"{listen}\"\n  no_advertise: true\n}}\n"
+            )
+        }
+        None => String::new(),
+    }
+}
+
+/// The leaf node address of a node, as `host:port`, from its monitoring `/varz` (the ports
+/// file does not list leaf node listeners).
+fn leaf_address(node: &NatsServer) -> Result<String> {
+    use std::io::{Read, Write};
+    let missing = |what: &str| Error::Ports(format!("{what} for the node at {}", node.url()));
+    let monitor = node
+        .monitor_url()
+        .ok_or_else(|| missing("no monitoring port"))?;
+    let address = monitor.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = std::net::TcpStream::connect(address)
+        .map_err(|e| missing(&format!("monitoring unreachable ({e})")))?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .map_err(|e| missing(&format!("monitoring ({e})")))?;
+    write!(stream, "GET /varz HTTP/1.0\r\nHost: {address}\r\n\r\n")
+        .map_err(|e| missing(&format!("monitoring ({e})")))?;
+    let mut text = String::new();
+    stream
+        .read_to_string(&mut text)
+        .map_err(|e| missing(&format!("monitoring ({e})")))?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let varz: serde_json::Value =
+        serde_json::from_str(body).map_err(|e| missing(&format!("unreadable /varz ({e})")))?;
+    let port = varz["leaf"]["port"]
+        .as_u64()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| missing("no leaf node port"))?;
+    Ok(format!("127.0.0.1:{port}"))
+}
+
 /// The route (cluster) address a node reports in its ports file, as `host:port`.
 fn route_address(node: &NatsServer) -> Result<String> {
     let missing = |what: &str| Error::Ports(format!("{what} for the node at {}", node.url()));
@@ -208,6 +288,7 @@ pub struct Cluster {
     /// The nodes, in order; node `i` is named `n<i>`.
     pub nodes: Vec<NatsServer>,
     routes: Vec<String>,
+    leafs: Vec<Option<String>>,
     _dir: tempfile::TempDir,
 }
 
@@ -230,6 +311,12 @@ impl Cluster {
     /// Node `i`'s route listener, `host:port`.
     pub fn route_address(&self, i: usize) -> Option<&str> {
         self.routes.get(i).map(String::as_str)
+    }
+
+    /// Node `i`'s leaf node listener, `host:port`, when the cluster takes leaf nodes
+    /// ([`ClusterBuilder::leafnodes`]).
+    pub fn leafnode_address(&self, i: usize) -> Option<&str> {
+        self.leafs.get(i).and_then(|l| l.as_deref())
     }
 
     /// The index of the node with server name `name` (`n<i>`).

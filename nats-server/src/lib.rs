@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 mod cluster;
 mod error;
 
-pub use cluster::{Cluster, ClusterBuilder, DEAD_ADDRESS};
+pub use cluster::{Cluster, ClusterBuilder, DEAD_ADDRESS, HUB_DOMAIN};
 pub use error::{Error, Result};
 
 /// How long [`ServerBuilder::start`] waits for the server by default.

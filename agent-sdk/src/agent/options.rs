@@ -405,6 +405,15 @@ impl AgentOptions {
         self
     }
 
+    /// The JetStream domain the agent's durable inbox, buckets and object store are reached in
+    /// (`$JS.<domain>.API`), for an agent on a leaf node without JetStream of its own whose
+    /// hub runs JetStream in that domain (docs/OPERATIONS.md, "Sites and leaf nodes"). Keeps
+    /// the other broker settings; set after [`broker`](Self::broker) if both are used.
+    pub fn jetstream_domain(mut self, domain: impl Into<String>) -> Self {
+        self.broker = self.broker.jetstream_domain(domain);
+        self
+    }
+
     /// All broker settings (credentials, TLS, ping interval...). The connection name and inbox
     /// prefix are set from the agent id unless given here.
     pub fn broker(mut self, broker: BrokerOptions) -> Self {

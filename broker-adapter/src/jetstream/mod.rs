@@ -192,7 +192,10 @@ pub struct JetStream {
 impl Broker {
     /// A JetStream handle. `timeout` bounds every JetStream API call and publish ack.
     pub fn jetstream(&self, timeout: Duration) -> JetStream {
-        let mut ctx = jetstream::new(self.client.clone());
+        let mut ctx = match self.jetstream_domain() {
+            Some(domain) => jetstream::with_domain(self.client.clone(), domain),
+            None => jetstream::new(self.client.clone()),
+        };
         ctx.set_timeout(timeout);
         JetStream { ctx, timeout }
     }

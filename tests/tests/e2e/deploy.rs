@@ -94,6 +94,7 @@ fn every_nats_config_passes_nats_server_t() {
     for n in 1..=3 {
         nats_t(&deploy(&format!("nats-cluster/n{n}.conf")), &[]);
     }
+    nats_t(&deploy("nats-cluster/leaf.conf"), &[]);
     nats_t(&deploy("compose/nats.conf"), &[]);
     // The Kubernetes config lives in a ConfigMap.
     let docs = yaml_docs("k8s/nats.yaml");

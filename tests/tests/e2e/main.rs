@@ -11,6 +11,7 @@ mod deploy;
 mod docs;
 mod examples;
 mod gateway;
+mod leaf;
 mod messaging;
 mod negotiation;
 mod payloads;
