@@ -507,14 +507,16 @@ fn parse_json(text: Option<&str>) -> anyhow::Result<serde_json::Value> {
     serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("payload is not JSON: {e}"))
 }
 
-/// Refuses a payload the bus could not carry, before sending it, naming both sizes.
-fn check_payload_size(agent: &Agent, payload: &serde_json::Value) -> anyhow::Result<()> {
+/// Refuses a payload the SDK would not send, before sending it, naming both sizes (one over
+/// the server's `max_payload` goes by reference through the object store, PROTOCOL.md
+/// section 7.11, up to the payload limit).
+fn check_payload_size(_agent: &Agent, payload: &serde_json::Value) -> anyhow::Result<()> {
     let size = serde_json::to_vec(payload).map(|v| v.len()).unwrap_or(0);
-    let limit = agent.broker().max_payload();
+    let limit = agent_sdk::payload::DEFAULT_MAX_PAYLOAD_BYTES;
     if size > limit {
         anyhow::bail!(
-            "the payload is {size} bytes; this bus carries messages of at most {limit} bytes \
-             (the server's max_payload)"
+            "the payload is {size} bytes; payloads of at most {limit} bytes are sent (larger \
+             ones by reference through the object store)"
         );
     }
     Ok(())
