@@ -25,6 +25,7 @@ use agent_sdk::{
 use broker_adapter::{Broker, BrokerOptions};
 use bytes::Bytes;
 use chorus_nats_server::NatsServer;
+use futures::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -590,4 +591,196 @@ async fn http_get(address: &str, path: &str) -> anyhow::Result<String> {
         Ok::<_, anyhow::Error>(body)
     };
     tokio::time::timeout(Duration::from_secs(10), get).await?
+}
+
+/// What the durable-inbox fleet measured.
+#[derive(Debug, Clone)]
+pub(crate) struct DurableFigures {
+    pub(crate) agents: usize,
+    pub(crate) consumers: u64,
+    pub(crate) created_in: Duration,
+    pub(crate) server_rss_before: u64,
+    pub(crate) server_rss_after: u64,
+    pub(crate) active: usize,
+    pub(crate) sent: u64,
+    pub(crate) delivered: u64,
+    pub(crate) in_order: bool,
+    pub(crate) delivered_in: Duration,
+}
+
+/// Durable inboxes at scale, the way the SDK makes them today: `agents` agents each with its
+/// two consumers (normal and high priority) on the inbox stream, most of them idle; then
+/// `per_agent` commands to each of `active` of them, pulled and acked through their consumers
+/// and checked for order and loss.
+pub(crate) async fn durable(
+    agents: usize,
+    active: usize,
+    per_agent: u32,
+    progress: fn(&str),
+) -> anyhow::Result<Vec<Row>> {
+    use agent_sdk::durable::{InboxLimits, inbox_stream};
+    use broker_adapter::{BatchMessage, ConsumerSpec};
+    progress(&format!(
+        "durable inboxes: {agents} agents with their consumers, {per_agent} commands to {active} of them"
+    ));
+    let server = tokio::task::spawn_blocking(|| {
+        NatsServer::builder()
+            .arg("-m")
+            .arg("-1")
+            .sync_always(false)
+            .start()
+    })
+    .await??;
+    let url = server.url().to_owned();
+    let monitor = server
+        .monitor_url()
+        .ok_or_else(|| anyhow::anyhow!("the server has no monitoring port"))?
+        .to_owned();
+    let subjects = Subjects::new(ROOT)?;
+    let broker = connect(&url, "fleet-durable").await?;
+    let js = broker.jetstream(Duration::from_secs(30));
+    let inbox = inbox_stream(&subjects, &InboxLimits::default());
+    js.ensure_stream(&inbox).await?;
+    let server_rss_before = server.pid().and_then(rss_of).unwrap_or(0);
+    // Each agent's consumers as the SDK makes them (durable/inbox.rs).
+    let spec_of = |i: usize, high: bool| -> anyhow::Result<ConsumerSpec> {
+        let agent = format!("sim-{i:06}");
+        let mut spec = ConsumerSpec::new(if high {
+            format!("{agent}_high")
+        } else {
+            agent.clone()
+        });
+        spec.filter_subjects = vec![subjects.durable_inbox(&agent, high)?];
+        spec.ack_wait = Duration::from_secs(30);
+        spec.max_deliver = 5;
+        spec.max_ack_pending = 64;
+        spec.description = format!("durable inbox of agent {agent}");
+        Ok(spec)
+    };
+    let t = Instant::now();
+    let specs: Vec<ConsumerSpec> = (0..agents)
+        .flat_map(|i| [spec_of(i, false), spec_of(i, true)])
+        .collect::<anyhow::Result<_>>()?;
+    let mut created = futures::stream::iter(
+        specs
+            .iter()
+            .map(|spec| js.ensure_consumer(&inbox.name, spec)),
+    )
+    .buffer_unordered(32);
+    while let Some(consumer) = created.next().await {
+        consumer?;
+    }
+    drop(created);
+    let created_in = t.elapsed();
+    let consumers = monitor_number(&monitor, "/jsz", "consumers").await?;
+    let server_rss_after = server.pid().and_then(rss_of).unwrap_or(0);
+    // Commands to the active agents, every agent's in order.
+    let mut batch = Vec::with_capacity(active * per_agent as usize);
+    for n in 0..per_agent {
+        for i in 0..active {
+            batch.push(BatchMessage {
+                subject: subjects.durable(&format!("sim-{i:06}"), "work", false)?,
+                msg_id: None,
+                payload: Bytes::from(n.to_be_bytes().to_vec()),
+            });
+        }
+    }
+    let sent = batch.len() as u64;
+    let t = Instant::now();
+    for ack in js.publish_batch(batch, 256).await {
+        ack?;
+    }
+    let pull = |i: usize| {
+        let js = js.clone();
+        let spec = spec_of(i, false);
+        let stream = inbox.name.clone();
+        async move {
+            let consumer = js.ensure_consumer(&stream, &spec?).await?;
+            let mut deliveries = consumer.messages(per_agent as usize).await?;
+            let mut got = Vec::with_capacity(per_agent as usize);
+            while got.len() < per_agent as usize {
+                let next = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
+                    .await
+                    .map_err(|_| anyhow::anyhow!("agent {i}: no delivery within 30 s"))?;
+                let Some(delivery) = next else { break };
+                let Ok(delivery) = delivery else { continue };
+                let n = delivery
+                    .payload()
+                    .get(..4)
+                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                    .map(u32::from_be_bytes);
+                delivery.ack().await?;
+                got.extend(n);
+            }
+            Ok::<_, anyhow::Error>(got)
+        }
+    };
+    let mut delivered = 0u64;
+    let mut in_order = true;
+    let mut pulls = futures::stream::iter((0..active).map(pull)).buffer_unordered(16);
+    while let Some(got) = pulls.next().await {
+        let got = got?;
+        delivered += got.len() as u64;
+        in_order &= got == (0..per_agent).collect::<Vec<_>>();
+    }
+    let delivered_in = t.elapsed();
+    let _ = broker.drain().await;
+    drop(server);
+    let f = DurableFigures {
+        agents,
+        consumers,
+        created_in,
+        server_rss_before,
+        server_rss_after,
+        active,
+        sent,
+        delivered,
+        in_order,
+        delivered_in,
+    };
+    Ok(durable_rows(&f))
+}
+
+fn durable_rows(f: &DurableFigures) -> Vec<Row> {
+    let at = |what: &str| format!("{} durable agents: {what}", f.agents);
+    let per_consumer_kib = (f.server_rss_after.saturating_sub(f.server_rss_before)) as f64
+        / 1024.0
+        / f.consumers.max(1) as f64;
+    vec![
+        Row::chorus_only(
+            &at("JetStream consumers (two per agent, as the SDK makes them)"),
+            "consumers",
+            f.consumers as f64,
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("time to create their consumers, 32 at a time"),
+            "s",
+            f.created_in.as_secs_f64(),
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("server resident memory with them"),
+            "MiB",
+            mib(f.server_rss_after),
+            &format!(
+                "(reported; {:.1} MiB before, {per_consumer_kib:.1} KiB per consumer)",
+                mib(f.server_rss_before)
+            ),
+            None,
+        ),
+        Row::chorus_only(
+            &at(&format!(
+                "commands to {} of them delivered in order, every one acked",
+                f.active
+            )),
+            "s",
+            f.delivered_in.as_secs_f64(),
+            "in order, lost 0",
+            Some(f.in_order && f.delivered == f.sent),
+        )
+        .counts(f.sent, f.delivered),
+    ]
 }

@@ -598,6 +598,8 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             &[1_000, 10_000, 100_000]
         };
         rows.extend(fleet::scale(&opts.program, sizes, progress).await?);
+        let (agents, active) = if q { (1_000, 100) } else { (10_000, 1_000) };
+        rows.extend(fleet::durable(agents, active, 10, progress).await?);
     }
 
     if want("memory") {

@@ -776,7 +776,8 @@ fn a_second_up_says_the_bus_runs_and_a_taken_port_names_its_flag() {
 }
 
 /// Issue 19, defect 5: a payload too large for an argument comes from a file (`@file`) or
-/// standard input (`-`); one too large for the bus is refused before sending, with both sizes.
+/// standard input (`-`); one over the server's `max_payload` goes by reference (PROTOCOL.md
+/// section 7.11); one over the payload limit is refused before sending, with both sizes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payloads_come_from_files_and_stdin_and_an_oversized_one_is_refused_with_its_size() {
     use agent_sdk::Context;
@@ -793,6 +794,9 @@ async fn payloads_come_from_files_and_stdin_and_an_oversized_one_is_refused_with
     std::fs::write(&medium, json_of(500_000)).expect("write");
     let large = dir.path().join("5m.json");
     std::fs::write(&large, json_of(5_000_000)).expect("write");
+    let over = agent_sdk::payload::DEFAULT_MAX_PAYLOAD_BYTES;
+    let huge = dir.path().join("over-the-limit.json");
+    std::fs::write(&huge, json_of(over)).expect("write");
     let url = server.url().to_owned();
     let run = move |payload: String, stdin: Option<String>| {
         let url = url.clone();
@@ -835,13 +839,23 @@ async fn payloads_come_from_files_and_stdin_and_an_oversized_one_is_refused_with
     let from_stdin = run("-".into(), Some(json_of(500_000))).await.expect("join");
     assert!(from_stdin.status.success(), "{}", text(&from_stdin));
     assert_eq!(String::from_utf8_lossy(&from_stdin.stdout).trim(), "500000");
-    let too_large = run(format!("@{}", large.display()), None)
+    // 5 MB: over the server's 1 MiB, so by reference through the object store.
+    let by_reference = run(format!("@{}", large.display()), None)
+        .await
+        .expect("join");
+    assert!(by_reference.status.success(), "{}", text(&by_reference));
+    assert_eq!(
+        String::from_utf8_lossy(&by_reference.stdout).trim(),
+        "5000000"
+    );
+    let too_large = run(format!("@{}", huge.display()), None)
         .await
         .expect("join");
     let t = text(&too_large);
     assert!(!too_large.status.success(), "{t}");
     assert!(
-        t.contains("the payload is 5000002 bytes") && t.contains("max_payload"),
+        t.contains(&format!("the payload is {} bytes", over + 2))
+            && t.contains(&format!("at most {over} bytes")),
         "{t}"
     );
     let missing = run("@/nonexistent/payload.json".into(), None)

@@ -52,6 +52,8 @@ pub const DLQ_DEDUPE_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// How long commands wait in an inbox unless the limits say otherwise: 7 days.
 pub const DEFAULT_INBOX_MAX_AGE_SECS: u64 = 7 * 24 * 3600;
+/// Consumers the inbox stream takes by default: two per durable agent, for 100,000 agents.
+pub const DEFAULT_INBOX_MAX_CONSUMERS: i32 = 200_000;
 /// Most bytes across all inboxes unless the limits say otherwise: 1 GiB.
 pub const DEFAULT_INBOX_MAX_BYTES: i64 = 1 << 30;
 /// The inbox's window for a repeated message id unless the limits say otherwise, in seconds.
@@ -75,6 +77,10 @@ pub struct InboxLimits {
     pub replicas: usize,
     /// Window in which a repeated message id is dropped, in seconds (default 120).
     pub duplicate_window_secs: u64,
+    /// Most consumers on the inbox stream: two per durable agent (default 200,000, so 100,000
+    /// durable agents). Set explicitly because nats-server 2.15 limits a stream that does not
+    /// say to 1,000 consumers, which is 500 durable agents.
+    pub max_consumers: i32,
 }
 
 impl Default for InboxLimits {
@@ -85,6 +91,7 @@ impl Default for InboxLimits {
             max_msgs_per_subject: -1,
             replicas: 1,
             duplicate_window_secs: DEFAULT_INBOX_DUPLICATE_WINDOW_SECS,
+            max_consumers: DEFAULT_INBOX_MAX_CONSUMERS,
         }
     }
 }
@@ -101,6 +108,7 @@ pub fn inbox_stream(subjects: &Subjects, limits: &InboxLimits) -> StreamSpec {
     spec.replicas = limits.replicas;
     spec.duplicate_window = Duration::from_secs(limits.duplicate_window_secs.max(1));
     spec.work_queue = true;
+    spec.max_consumers = limits.max_consumers;
     spec.description = "Chorus durable inboxes: commands waiting for their agent".into();
     spec
 }

@@ -85,6 +85,9 @@ pub struct StreamSpec {
     pub allow_msg_ttl: bool,
     /// Work-queue retention: a message is removed once acked.
     pub work_queue: bool,
+    /// Most consumers on the stream (0: the server's default, which nats-server 2.15 sets to
+    /// 1,000 per stream).
+    pub max_consumers: i32,
     /// Human description.
     pub description: String,
 }
@@ -102,6 +105,7 @@ impl StreamSpec {
             replicas: 1,
             allow_msg_ttl: false,
             work_queue: false,
+            max_consumers: 0,
             description: String::new(),
         }
     }
@@ -123,6 +127,11 @@ impl StreamSpec {
             },
             storage: stream::StorageType::File,
             description: (!self.description.is_empty()).then(|| self.description.clone()),
+            max_consumers: if self.max_consumers > 0 {
+                self.max_consumers
+            } else {
+                -1
+            },
             ..Default::default()
         }
     }
@@ -577,10 +586,20 @@ impl JetStream {
         };
         let consumer = match stream.create_consumer(config.clone()).await {
             Ok(c) => c,
-            Err(_) => stream
-                .update_consumer(config)
-                .await
-                .map_err(|e| js_err(&format!("consumer {} on {name}", spec.durable), e))?,
+            // It exists with another config: updated. It does not exist: the create's own
+            // error is the one that says why.
+            Err(created) => match stream.update_consumer(config).await {
+                Ok(c) => c,
+                Err(e) => {
+                    let context = format!("consumer {} on {name}", spec.durable);
+                    let updated = js_err(&context, e);
+                    return Err(if updated.kind() == ErrorKind::NotFound {
+                        js_err(&context, created)
+                    } else {
+                        updated
+                    });
+                }
+            },
         };
         Ok(Consumer { inner: consumer })
     }

@@ -131,6 +131,9 @@ class InboxOptions:
     max_age_secs: int = 7 * 24 * 3600
     max_bytes: int = 1 << 30
     duplicate_window_secs: int = 120
+    #: Consumers the inbox stream takes: two per durable agent. Set because nats-server 2.15
+    #: limits a stream that does not say to 1,000 (500 durable agents); the Rust default.
+    max_consumers: int = 200_000
     replicas: int = 1
 
 
@@ -198,6 +201,7 @@ class DurableInbox:
                 max_msgs_per_subject=-1,
                 duplicate_window=float(self.options.duplicate_window_secs),
                 num_replicas=self.options.replicas,
+                max_consumers=self.options.max_consumers,
                 description="Chorus durable inboxes: commands waiting for their agent",
             ),
         )
