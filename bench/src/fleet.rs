@@ -195,19 +195,7 @@ fn rows_of(f: &Figures) -> Vec<Row> {
 
 /// One size: a fresh server, a coordinator process, the fleet, the measurements.
 async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
-    let server = tokio::task::spawn_blocking(|| {
-        NatsServer::builder()
-            .arg("-m")
-            .arg("-1")
-            .sync_always(false)
-            .start()
-    })
-    .await??;
-    let url = server.url().to_owned();
-    let monitor = server
-        .monitor_url()
-        .ok_or_else(|| anyhow::anyhow!("the server has no monitoring port"))?
-        .to_owned();
+    let (server, url, monitor) = monitored_server().await?;
     let coordinator = Coordinator::start(program, &url).await?;
     let subjects = Subjects::new(ROOT)?;
     let stop = CancellationToken::new();
@@ -215,7 +203,7 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
     let sent = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let result = async {
-        let answered = answer_requests(&url, &subjects, &tracker, stop.clone()).await?;
+        answer_requests(&url, &subjects, &tracker, stop.clone()).await?;
         heartbeat(
             &url,
             &subjects,
@@ -315,7 +303,6 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
         } else {
             None
         };
-        let _ = answered;
         client.shutdown().await;
         Ok(Figures {
             agents: n,
@@ -340,6 +327,25 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
     coordinator.stop().await;
     drop(server);
     result
+}
+
+/// A fresh server of its own with monitoring on a free port: it, its client URL and its
+/// monitoring URL.
+async fn monitored_server() -> anyhow::Result<(NatsServer, String, String)> {
+    let server = tokio::task::spawn_blocking(|| {
+        NatsServer::builder()
+            .arg("-m")
+            .arg("-1")
+            .sync_always(false)
+            .start()
+    })
+    .await??;
+    let url = server.url().to_owned();
+    let monitor = server
+        .monitor_url()
+        .ok_or_else(|| anyhow::anyhow!("the server has no monitoring port"))?
+        .to_owned();
+    Ok((server, url, monitor))
 }
 
 /// The simulated agents' manifests: every one offers `fleet.work`; one in [`RARE_EVERY`]
@@ -438,20 +444,18 @@ async fn heartbeat(
 }
 
 /// Answers every request sent to any simulated agent (`<root>.agent.*.>`) with success,
-/// until `stop`; returns how many it answered, counted as it goes.
+/// until `stop`.
 async fn answer_requests(
     url: &str,
     subjects: &Subjects,
     tracker: &TaskTracker,
     stop: CancellationToken,
-) -> anyhow::Result<Arc<AtomicU64>> {
+) -> anyhow::Result<()> {
     let broker = connect(url, "fleet-answers").await?;
     let mut sub = broker
         .subscribe(&format!("{}.agent.*.>", subjects.root()))
         .await?;
     broker.flush().await?;
-    let answered = Arc::new(AtomicU64::new(0));
-    let count = Arc::clone(&answered);
     tracker.spawn(async move {
         while let Some(msg) = sub.next_until(stop.cancelled()).await {
             let Some(reply_to) = msg.reply() else {
@@ -464,15 +468,13 @@ async fn answer_requests(
                 continue;
             };
             let reply = request.reply(to.as_str(), StatusCode::OK);
-            if let Ok(bytes) = codec::encode(&reply, encoding)
-                && broker.publish(reply_to, bytes).await.is_ok()
-            {
-                count.fetch_add(1, Ordering::Relaxed);
+            if let Ok(bytes) = codec::encode(&reply, encoding) {
+                let _ = broker.publish(reply_to, bytes).await;
             }
         }
         let _ = broker.drain().await;
     });
-    Ok(answered)
+    Ok(())
 }
 
 async fn connect(url: &str, name: &str) -> anyhow::Result<Broker> {
@@ -623,19 +625,7 @@ pub(crate) async fn durable(
     progress(&format!(
         "durable inboxes: {agents} agents with their consumers, {per_agent} commands to {active} of them"
     ));
-    let server = tokio::task::spawn_blocking(|| {
-        NatsServer::builder()
-            .arg("-m")
-            .arg("-1")
-            .sync_always(false)
-            .start()
-    })
-    .await??;
-    let url = server.url().to_owned();
-    let monitor = server
-        .monitor_url()
-        .ok_or_else(|| anyhow::anyhow!("the server has no monitoring port"))?
-        .to_owned();
+    let (server, url, monitor) = monitored_server().await?;
     let subjects = Subjects::new(ROOT)?;
     let broker = connect(&url, "fleet-durable").await?;
     let js = broker.jetstream(Duration::from_secs(30));

@@ -137,15 +137,8 @@ impl ClusterBuilder {
                 "127.0.0.1:-1",
                 &route_list(i, &routes),
                 Some(i) == isolated,
-            )
-            .replace(
-                "  sync_interval: always\n",
-                if self.leafnodes {
-                    "  sync_interval: always\n  domain: hub\n"
-                } else {
-                    "  sync_interval: always\n"
-                },
-            ) + &leaf_config(self.leafnodes.then_some("127.0.0.1:-1"));
+                self.leafnodes.then_some("127.0.0.1:-1"),
+            );
             fs::write(&conf, text).map_err(Error::io("cannot write a cluster node's config"))?;
             let node = ServerBuilder::default().config(&conf).start()?;
             routes[i] = Some(route_address(&node)?);
@@ -165,15 +158,8 @@ impl ClusterBuilder {
                 listen,
                 &route_list(i, &routes),
                 Some(i) == isolated,
-            )
-            .replace(
-                "  sync_interval: always\n",
-                if self.leafnodes {
-                    "  sync_interval: always\n  domain: hub\n"
-                } else {
-                    "  sync_interval: always\n"
-                },
-            ) + &leaf_config(leafs[i].as_deref());
+                leafs[i].as_deref(),
+            );
             fs::write(dir.path().join(format!("n{i}.conf")), text)
                 .map_err(Error::io("cannot rewrite a cluster node's config"))?;
         }
@@ -186,8 +172,8 @@ impl ClusterBuilder {
     }
 }
 
-/// One node's config: its name `n<i>`, listeners, JetStream store with fsync per write, and
-/// the routes it dials.
+/// One node's config: its name `n<i>`, listeners, JetStream store with fsync per write, the
+/// routes it dials, and its leaf node listener when it takes leaf nodes.
 fn config(
     dir: &Path,
     i: usize,
@@ -195,6 +181,7 @@ fn config(
     route: &str,
     routes: &[String],
     isolated: bool,
+    leaf: Option<&str>,
 ) -> String {
     let route_list = routes
         .iter()
@@ -206,9 +193,16 @@ fn config(
     } else {
         String::new()
     };
+    // A cluster that takes leaf nodes runs JetStream in the hub's domain.
+    let domain = if leaf.is_some() {
+        format!("  domain: {HUB_DOMAIN}\n")
+    } else {
+        String::new()
+    };
     format!(
-        "server_name: n{i}\nlisten: \"{client}\"\njetstream {{\n  store_dir: \"{}\"\n  sync_interval: always\n}}\ncluster {{\n  name: {CLUSTER_NAME}\n  listen: \"{route}\"\n{advertise}  routes: [{route_list}]\n}}\n",
+        "server_name: n{i}\nlisten: \"{client}\"\njetstream {{\n  store_dir: \"{}\"\n  sync_interval: always\n{domain}}}\ncluster {{\n  name: {CLUSTER_NAME}\n  listen: \"{route}\"\n{advertise}  routes: [{route_list}]\n}}\n{}",
         dir.join(format!("store-{i}")).display(),
+        leaf_config(leaf),
     )
 }
 

@@ -510,7 +510,7 @@ fn parse_json(text: Option<&str>) -> anyhow::Result<serde_json::Value> {
 /// Refuses a payload the SDK would not send, before sending it, naming both sizes (one over
 /// the server's `max_payload` goes by reference through the object store, PROTOCOL.md
 /// section 7.11, up to the payload limit).
-fn check_payload_size(_agent: &Agent, payload: &serde_json::Value) -> anyhow::Result<()> {
+fn check_payload_size(payload: &serde_json::Value) -> anyhow::Result<()> {
     let size = serde_json::to_vec(payload).map(|v| v.len()).unwrap_or(0);
     let limit = agent_sdk::payload::DEFAULT_MAX_PAYLOAD_BYTES;
     if size > limit {

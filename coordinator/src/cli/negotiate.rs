@@ -49,7 +49,7 @@ pub(crate) struct Args {
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
     let payload = parse_json(args.payload.as_deref())?;
     let agent = conn.agent().await?;
-    check_payload_size(&agent, &payload)?;
+    check_payload_size(&payload)?;
     let policy = match args.policy {
         PolicyArg::Cheapest => Policy::Cheapest,
         PolicyArg::Fastest => Policy::Fastest,

@@ -34,7 +34,7 @@ pub(crate) struct Args {
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
     let payload = parse_json(args.payload.as_deref())?;
     let agent = conn.agent().await?;
-    check_payload_size(&agent, &payload)?;
+    check_payload_size(&payload)?;
     let call = match (args.to, args.command, args.capability) {
         (Some(to), Some(command), _) => Call::agent(to, command),
         (_, _, Some(capability)) => Call::capability(capability),

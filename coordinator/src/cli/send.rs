@@ -39,7 +39,7 @@ pub(crate) struct Args {
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
     let payload = parse_json(args.payload.as_deref())?;
     let agent = conn.agent().await?;
-    check_payload_size(&agent, &payload)?;
+    check_payload_size(&payload)?;
     let timeout = args.timeout;
     let code = match (args.topic, args.to, args.command) {
         (None, Some(to), Some(command)) if args.durable => {

@@ -101,7 +101,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
             watch,
         } => {
             let payload = parse_json(payload.as_deref())?;
-            check_payload_size(&agent, &payload)?;
+            check_payload_size(&payload)?;
             let call = match (to, command, capability) {
                 (Some(to), Some(command), _) => Call::agent(to, command),
                 (_, _, Some(capability)) => Call::capability(capability),
