@@ -136,6 +136,7 @@ struct AgentsCollector {
     refusals: IntCounterVec,
     traffic: IntCounterVec,
     connection: IntCounterVec,
+    inbox_consumers: IntCounterVec,
     in_flight: IntGaugeVec,
     descs: Vec<Desc>,
 }
@@ -165,6 +166,14 @@ impl AgentsCollector {
             &["agent", "event"],
         )
         .expect("static metric definition");
+        let inbox_consumers = IntCounterVec::new(
+            Opts::new(
+                "chorus_agent_inbox_consumers_total",
+                "Durable inbox consumers an on-demand inbox opened because commands waited (opened) and deleted once none did (released).",
+            ),
+            &["agent", "event"],
+        )
+        .expect("static metric definition");
         let in_flight = IntGaugeVec::new(
             Opts::new(
                 "chorus_agent_in_flight",
@@ -177,6 +186,7 @@ impl AgentsCollector {
             refusals.desc(),
             traffic.desc(),
             connection.desc(),
+            inbox_consumers.desc(),
             in_flight.desc(),
         ]
         .into_iter()
@@ -187,6 +197,7 @@ impl AgentsCollector {
             refusals,
             traffic,
             connection,
+            inbox_consumers,
             in_flight,
             descs,
         }
@@ -219,7 +230,12 @@ impl Collector for AgentsCollector {
                 s.in_flight += source.in_flight();
             }
         }
-        for v in [&self.refusals, &self.traffic, &self.connection] {
+        for v in [
+            &self.refusals,
+            &self.traffic,
+            &self.connection,
+            &self.inbox_consumers,
+        ] {
             v.reset();
         }
         self.in_flight.reset();
@@ -254,6 +270,14 @@ impl Collector for AgentsCollector {
                     .with_label_values(&[agent, direction])
                     .inc_by(n);
             }
+            for (event, n) in [
+                ("opened", a.inbox_consumers_opened),
+                ("released", a.inbox_consumers_released),
+            ] {
+                self.inbox_consumers
+                    .with_label_values(&[agent, event])
+                    .inc_by(n);
+            }
             let b = &s.broker;
             for (event, n) in [
                 ("disconnects", b.disconnects),
@@ -273,6 +297,7 @@ impl Collector for AgentsCollector {
         out.extend(self.refusals.collect());
         out.extend(self.traffic.collect());
         out.extend(self.connection.collect());
+        out.extend(self.inbox_consumers.collect());
         out.extend(self.in_flight.collect());
         out
     }

@@ -84,7 +84,11 @@ duplicates_suppressed,
     /// Payloads it received by reference and fetched, their digest checked.
     payloads_fetched,
     /// Payloads it received compressed and decompressed.
-    payloads_decompressed,}
+    payloads_decompressed,
+    /// Durable inbox consumers this agent created on the server because commands waited.
+    inbox_consumers_opened,
+    /// Durable inbox consumers it deleted once nothing waited for a while.
+    inbox_consumers_released,}
 
 impl AgentCounters {
     pub(crate) fn bump(counter: &AtomicU64) {

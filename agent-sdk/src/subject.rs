@@ -439,6 +439,41 @@ impl Subjects {
         format!("{}.cap.>", self.root)
     }
 
+    /// What the inbox stream republishes as bells: `<root>.inbox.*.*.*`, every durable
+    /// command (agent, lane, command).
+    pub fn bell_source(&self) -> String {
+        format!("{}.inbox.*.*.*", self.root)
+    }
+
+    /// Where the bell of a stored durable command goes: `_INBOX.<agent>.bell.<root>.<lane>.<command>`,
+    /// as a subject transform of [`bell_source`](Self::bell_source). Under the agent's own
+    /// reply prefix, so the rights it already has to hear its replies cover its bells.
+    pub fn bell_destination(&self) -> String {
+        format!(
+            "_INBOX.{{{{wildcard(1)}}}}.bell.{}.{{{{wildcard(2)}}}}.{{{{wildcard(3)}}}}",
+            self.root
+        )
+    }
+
+    /// `_INBOX.<agent>.bell.<root>.>`: the bells of one agent's durable inbox, both lanes.
+    pub fn bells(&self, agent: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        Ok(format!("_INBOX.{agent}.bell.{}.>", self.root))
+    }
+
+    /// Whether a bell (`_INBOX.<agent>.bell.<root>.<lane>.<command>`) is for the high lane;
+    /// `None` for a subject that is not a bell of this root.
+    pub fn bell_is_high(&self, subject: &str) -> Option<bool> {
+        let rest = subject.strip_prefix("_INBOX.")?;
+        let (_agent, rest) = rest.split_once(".bell.")?;
+        let rest = rest.strip_prefix(&*self.root)?.strip_prefix('.')?;
+        match rest.split_once('.')? {
+            ("high", _) => Some(true),
+            ("normal", _) => Some(false),
+            _ => None,
+        }
+    }
+
     /// `<root>.inbox.<agent>.>`: both lanes of one agent's durable inbox.
     pub fn durable_agent_all(&self, agent: &str) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
@@ -589,6 +624,22 @@ mod tests {
         );
         assert_eq!(custom.dead_letter_reason("acme.bus.evt.x"), None);
         assert_eq!(s.inbox_all("a-1").as_deref(), Ok("_INBOX.a-1.>"));
+        assert_eq!(s.bell_source(), "chorus.inbox.*.*.*");
+        assert_eq!(
+            s.bell_destination(),
+            "_INBOX.{{wildcard(1)}}.bell.chorus.{{wildcard(2)}}.{{wildcard(3)}}"
+        );
+        assert_eq!(s.bells("a-1").as_deref(), Ok("_INBOX.a-1.bell.chorus.>"));
+        assert_eq!(
+            s.bell_is_high("_INBOX.a-1.bell.chorus.high.scan"),
+            Some(true)
+        );
+        assert_eq!(
+            s.bell_is_high("_INBOX.a-1.bell.chorus.normal.scan"),
+            Some(false)
+        );
+        assert_eq!(s.bell_is_high("_INBOX.a-1.bell.other.high.scan"), None);
+        assert_eq!(s.bell_is_high("_INBOX.a-1.x.y"), None);
         assert_eq!(
             s.durable_agent_all("a-1").as_deref(),
             Ok("chorus.inbox.a-1.>")

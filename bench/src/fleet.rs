@@ -610,7 +610,8 @@ pub(crate) struct DurableFigures {
     pub(crate) delivered_in: Duration,
 }
 
-/// Durable inboxes at scale, the way the SDK makes them today: `agents` agents each with its
+/// Durable inboxes at scale with consumers always held (`InboxConsumers::Always`, the naive
+/// design): `agents` agents each with its
 /// two consumers (normal and high priority) on the inbox stream, most of them idle; then
 /// `per_agent` commands to each of `active` of them, pulled and acked through their consumers
 /// and checked for order and loss.
@@ -732,7 +733,7 @@ pub(crate) async fn durable(
 }
 
 fn durable_rows(f: &DurableFigures) -> Vec<Row> {
-    let at = |what: &str| format!("{} durable agents: {what}", f.agents);
+    let at = |what: &str| format!("{} durable agents, consumers always held: {what}", f.agents);
     let per_consumer_kib = (f.server_rss_after.saturating_sub(f.server_rss_before)) as f64
         / 1024.0
         / f.consumers.max(1) as f64;
@@ -772,5 +773,564 @@ fn durable_rows(f: &DurableFigures) -> Vec<Row> {
             Some(f.in_order && f.delivered == f.sent),
         )
         .counts(f.sent, f.delivered),
+    ]
+}
+
+/// What the on-demand durable-inbox fleet measured.
+#[derive(Debug, Clone)]
+pub(crate) struct OnDemandFigures {
+    pub(crate) agents: usize,
+    pub(crate) started_in: Duration,
+    pub(crate) idle_consumers: u64,
+    pub(crate) subscriptions: u64,
+    pub(crate) server_rss_before: u64,
+    pub(crate) server_rss_idle: u64,
+    pub(crate) active: usize,
+    pub(crate) sent: u64,
+    pub(crate) delivered: u64,
+    pub(crate) in_order: bool,
+    pub(crate) delivered_in: Duration,
+    pub(crate) peak_consumers: u64,
+    pub(crate) released_in: Duration,
+    pub(crate) consumers_after: u64,
+}
+
+/// How long a simulated on-demand agent waits with nothing arriving before it releases its
+/// consumer (the SDK's default is 30 s; shorter here so the run is short).
+const SIM_RELEASE_AFTER: Duration = Duration::from_secs(2);
+
+/// Durable inboxes at scale with on-demand consumers (`InboxConsumers::OnDemand`, the SDK's
+/// default), as the SDK runs them (durable/inbox.rs): each of `agents` agents subscribes to
+/// its bells and looks for stored commands of both lanes at start, holding no consumer; then
+/// `per_agent` commands to each of `active` of them ring their bells, each of those opens its
+/// normal lane's consumer, takes and acks its commands (checked for order and loss), and
+/// deletes the consumer once nothing has arrived for a quiet time and nothing is pending.
+pub(crate) async fn durable_on_demand(
+    agents: usize,
+    active: usize,
+    per_agent: u32,
+    progress: fn(&str),
+) -> anyhow::Result<Vec<Row>> {
+    use agent_sdk::durable::{ABANDONED_CONSUMER_AFTER, InboxLimits, inbox_stream};
+    use broker_adapter::{BatchMessage, ConsumerSpec};
+    progress(&format!(
+        "durable inboxes on demand: {agents} agents with their bells, {per_agent} commands to {active} of them"
+    ));
+    let (server, url, monitor) = monitored_server().await?;
+    let subjects = Subjects::new(ROOT)?;
+    let broker = connect(&url, "fleet-on-demand").await?;
+    let js = broker.jetstream(Duration::from_secs(30));
+    let inbox = inbox_stream(&subjects, &InboxLimits::default());
+    js.ensure_stream(&inbox).await?;
+    let server_rss_before = server.pid().and_then(rss_of).unwrap_or(0);
+    let agent = |i: usize| format!("sim-{i:06}");
+    // The agents' start: a bell subscription each (on shared connections), then a look at both
+    // lanes for stored commands, 32 agents at a time.
+    let mut connections = Vec::with_capacity(CONNECTIONS);
+    for c in 0..CONNECTIONS {
+        connections.push(connect(&url, &format!("fleet-bells-{c}")).await?);
+    }
+    let t = Instant::now();
+    let mut bells = Vec::with_capacity(agents);
+    for i in 0..agents {
+        let subject = subjects.bells(&agent(i))?;
+        bells.push(Some(
+            connections[i % CONNECTIONS].subscribe(&subject).await?,
+        ));
+    }
+    let mut looks = futures::stream::iter((0..agents).flat_map(|i| [(i, false), (i, true)]).map(
+        |(i, high)| {
+            let js = js.clone();
+            let filter = subjects.durable_inbox(&agent(i), high);
+            let stream = inbox.name.clone();
+            async move {
+                js.has_messages(&stream, &filter?)
+                    .await
+                    .map_err(anyhow::Error::from)
+            }
+        },
+    ))
+    .buffer_unordered(32);
+    while let Some(found) = looks.next().await {
+        if found? {
+            anyhow::bail!("an empty inbox reported stored commands");
+        }
+    }
+    drop(looks);
+    let started_in = t.elapsed();
+    for c in &connections {
+        c.flush().await?;
+    }
+    let idle_consumers = monitor_number(&monitor, "/jsz", "consumers").await?;
+    let subscriptions = monitor_number(&monitor, "/varz", "subscriptions").await?;
+    let server_rss_idle = server.pid().and_then(rss_of).unwrap_or(0);
+
+    // The active agents wait for their bells; each opens its consumer when one rings.
+    let spec_of = |i: usize| -> anyhow::Result<ConsumerSpec> {
+        let mut spec = ConsumerSpec::new(agent(i));
+        spec.filter_subjects = vec![subjects.durable_inbox(&agent(i), false)?];
+        spec.ack_wait = Duration::from_secs(30);
+        spec.max_deliver = 5;
+        spec.max_ack_pending = 64;
+        spec.inactive_threshold = ABANDONED_CONSUMER_AFTER;
+        spec.description = format!("durable inbox of agent {}", agent(i));
+        Ok(spec)
+    };
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let tracker = TaskTracker::new();
+    let mut handles = Vec::with_capacity(active);
+    for (i, bell) in bells.iter_mut().enumerate().take(active) {
+        let Some(mut bell) = bell.take() else {
+            continue;
+        };
+        let js = js.clone();
+        let spec = spec_of(i)?;
+        let stream = inbox.name.clone();
+        let done = done_tx.clone();
+        handles.push(tracker.spawn(async move {
+            let run = async {
+                tokio::time::timeout(Duration::from_secs(120), bell.next())
+                    .await
+                    .map_err(|_| anyhow::anyhow!("agent {i}: no bell within 120 s"))?;
+                let consumer = js.ensure_consumer(&stream, &spec).await?;
+                let mut deliveries = consumer.messages(per_agent as usize).await?;
+                let mut got = Vec::with_capacity(per_agent as usize);
+                loop {
+                    // Quiet once everything arrived and nothing more comes for the release time.
+                    let wait = if got.len() >= per_agent as usize {
+                        SIM_RELEASE_AFTER
+                    } else {
+                        Duration::from_secs(60)
+                    };
+                    let Ok(next) = tokio::time::timeout(wait, deliveries.next()).await else {
+                        break;
+                    };
+                    let Some(delivery) = next else { break };
+                    let Ok(delivery) = delivery else { continue };
+                    let n = delivery
+                        .payload()
+                        .get(..4)
+                        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                        .map(u32::from_be_bytes);
+                    delivery.ack().await?;
+                    got.extend(n);
+                    if got.len() == per_agent as usize {
+                        let _ = done.send(Instant::now());
+                    }
+                }
+                drop(deliveries);
+                let state = js.consumer_state(&stream, &spec.durable).await?;
+                if state.pending == 0 && state.ack_pending == 0 {
+                    js.delete_consumer(&stream, &spec.durable).await?;
+                }
+                Ok::<_, anyhow::Error>(got)
+            };
+            run.await
+        }));
+    }
+    drop(done_tx);
+    // Commands to the active agents, every agent's in order.
+    let mut batch = Vec::with_capacity(active * per_agent as usize);
+    for n in 0..per_agent {
+        for i in 0..active {
+            batch.push(BatchMessage {
+                subject: subjects.durable(&agent(i), "work", false)?,
+                msg_id: None,
+                payload: Bytes::from(n.to_be_bytes().to_vec()),
+            });
+        }
+    }
+    let sent = batch.len() as u64;
+    let t = Instant::now();
+    // Sample the consumer count while the commands are taken.
+    let sampling = CancellationToken::new();
+    let sampler = {
+        let monitor = monitor.clone();
+        let stop = sampling.clone();
+        tokio::spawn(async move {
+            let mut peak = 0u64;
+            loop {
+                if let Ok(n) = monitor_number(&monitor, "/jsz", "consumers").await {
+                    peak = peak.max(n);
+                }
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
+            peak
+        })
+    };
+    for ack in js.publish_batch(batch, 256).await {
+        ack?;
+    }
+    let mut last_done = t;
+    while let Some(at) = done_rx.recv().await {
+        last_done = last_done.max(at);
+    }
+    // Every sender of `done` is gone: every active agent released (or failed).
+    let mut delivered = 0u64;
+    let mut in_order = true;
+    for handle in handles {
+        let got = handle.await??;
+        delivered += got.len() as u64;
+        in_order &= got == (0..per_agent).collect::<Vec<_>>();
+    }
+    tracker.close();
+    tracker.wait().await;
+    let released_in = t.elapsed();
+    sampling.cancel();
+    let peak_consumers = sampler.await.unwrap_or(0);
+    let consumers_after = monitor_number(&monitor, "/jsz", "consumers").await?;
+    let delivered_in = last_done.duration_since(t);
+    drop(connections);
+    let _ = broker.drain().await;
+    drop(server);
+    let f = OnDemandFigures {
+        agents,
+        started_in,
+        idle_consumers,
+        subscriptions,
+        server_rss_before,
+        server_rss_idle,
+        active,
+        sent,
+        delivered,
+        in_order,
+        delivered_in,
+        peak_consumers,
+        released_in,
+        consumers_after,
+    };
+    Ok(on_demand_rows(&f))
+}
+
+fn on_demand_rows(f: &OnDemandFigures) -> Vec<Row> {
+    let at = |what: &str| format!("{} durable agents, consumers on demand: {what}", f.agents);
+    vec![
+        Row::chorus_only(
+            &at("time for all to start (bell subscription, a look at both lanes)"),
+            "s",
+            f.started_in.as_secs_f64(),
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("JetStream consumers while idle"),
+            "consumers",
+            f.idle_consumers as f64,
+            "none",
+            Some(f.idle_consumers == 0),
+        ),
+        Row::chorus_only(
+            &at("server subscriptions (one bell each)"),
+            "subscriptions",
+            f.subscriptions as f64,
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("server resident memory with them"),
+            "MiB",
+            mib(f.server_rss_idle),
+            &format!("(reported; {:.1} MiB before)", mib(f.server_rss_before)),
+            None,
+        ),
+        Row::chorus_only(
+            &at(&format!(
+                "commands to {} of them delivered in order, every one acked",
+                f.active
+            )),
+            "s",
+            f.delivered_in.as_secs_f64(),
+            "in order, lost 0",
+            Some(f.in_order && f.delivered == f.sent),
+        )
+        .counts(f.sent, f.delivered),
+        Row::chorus_only(
+            &at("consumers at the busiest"),
+            "consumers",
+            f.peak_consumers as f64,
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at(&format!(
+                "consumers after {} s quiet, all released in",
+                SIM_RELEASE_AFTER.as_secs()
+            )),
+            "s",
+            f.released_in.as_secs_f64(),
+            &format!("{} left: none", f.consumers_after),
+            Some(f.consumers_after == 0),
+        ),
+    ]
+}
+
+/// How long discovery is asked for, many queries in flight, when coordinators share the work.
+const SHARED_WINDOW: Duration = Duration::from_secs(5);
+/// Discovery queries in flight at once then.
+const SHARED_IN_FLIGHT: usize = 32;
+/// Broadcasts sent then (to the group of the first 10,000 agents, or to all of a smaller fleet).
+const SHARED_BROADCASTS: usize = 4;
+
+/// What one count of coordinators sharing a fleet measured.
+#[derive(Debug, Clone)]
+struct SharedFigures {
+    coordinators: usize,
+    agents: usize,
+    /// Each coordinator's resident memory, CPU under steady heartbeats (%), heartbeats/s.
+    each: Vec<(u64, f64, f64)>,
+    queries_per_second: f64,
+    discovery_p99: f64,
+    /// Each coordinator's share of the discovery queries answered.
+    query_shares: Vec<f64>,
+    /// Broadcasts each coordinator fanned out.
+    broadcasts: Vec<u64>,
+    broadcasts_delivered: bool,
+}
+
+/// Several coordinators sharing one fleet of `n` agents: for each count in `counts`, a fresh
+/// server, that many `chorus serve` processes, the fleet's heartbeats; then discovery with
+/// many queries in flight for a while and a few broadcasts. Prints what each coordinator
+/// held, used and answered: discovery and broadcasts go to one of the coordinators' queue
+/// group, heartbeats to every one.
+pub(crate) async fn coordinators(
+    program: &Path,
+    n: usize,
+    counts: &[usize],
+    progress: fn(&str),
+) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let mut single_rate = None;
+    for &count in counts {
+        progress(&format!(
+            "{count} coordinators sharing {n} simulated agents"
+        ));
+        let f = shared(program, n, count).await?;
+        single_rate.get_or_insert(f.queries_per_second);
+        rows.extend(shared_rows(&f, single_rate.unwrap_or(f.queries_per_second)));
+    }
+    Ok(rows)
+}
+
+async fn shared(program: &Path, n: usize, count: usize) -> anyhow::Result<SharedFigures> {
+    let (server, url, _monitor) = monitored_server().await?;
+    let mut coordinators = Vec::with_capacity(count);
+    for _ in 0..count {
+        coordinators.push(Coordinator::start(program, &url).await?);
+    }
+    let subjects = Subjects::new(ROOT)?;
+    let stop = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let sent = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let result = async {
+        answer_requests(&url, &subjects, &tracker, stop.clone()).await?;
+        heartbeat(
+            &url,
+            &subjects,
+            n,
+            &tracker,
+            stop.clone(),
+            Arc::clone(&sent),
+        )
+        .await?;
+        let deadline = started + Duration::from_secs(60) + HEARTBEAT * 4;
+        for c in &coordinators {
+            loop {
+                let live = c
+                    .gauge("chorus_coordinator_agents", "state=\"live\"")
+                    .await? as u64;
+                if live >= n as u64 {
+                    break;
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "a coordinator saw only {live} of {n} agents live"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        // Steady heartbeats: each coordinator's CPU, memory and heartbeats handled.
+        let hb = "chorus_coordinator_messages_total";
+        let mut before = Vec::with_capacity(count);
+        for c in &coordinators {
+            before.push((c.cpu_seconds()?, c.gauge(hb, "kind=\"heartbeat\"").await?));
+        }
+        let t0 = Instant::now();
+        tokio::time::sleep(STEADY_WINDOW).await;
+        let secs = t0.elapsed().as_secs_f64();
+        let mut each = Vec::with_capacity(count);
+        for (c, (cpu0, hb0)) in coordinators.iter().zip(before) {
+            each.push((
+                c.rss()?,
+                100.0 * (c.cpu_seconds()? - cpu0) / secs,
+                (c.gauge(hb, "kind=\"heartbeat\"").await? - hb0) / secs,
+            ));
+        }
+        // Discovery, many queries in flight, from one SDK agent.
+        let client = AgentOptions::new("fleet-client")
+            .servers([url.as_str()])
+            .root(ROOT)
+            .heartbeat_interval(Duration::ZERO)
+            .service_discovery(false)
+            .request_timeout(Duration::from_secs(30))
+            .connect()
+            .await?;
+        let request = "kind=\"request\"";
+        let mut answered0 = Vec::with_capacity(count);
+        for c in &coordinators {
+            answered0.push(c.gauge(hb, request).await?);
+        }
+        let query = DiscoverQuery::capability("rare");
+        let holders = n.div_ceil(RARE_EVERY);
+        let t = Instant::now();
+        let mut latencies = Vec::new();
+        let mut asked = futures::stream::iter(0..)
+            .map(|_| {
+                let client = client.clone();
+                let query = query.clone();
+                async move {
+                    let t = Instant::now();
+                    let found = client.discover(&query).await?;
+                    anyhow::ensure!(found.len() == holders, "discovery found {}", found.len());
+                    Ok::<_, anyhow::Error>(t.elapsed())
+                }
+            })
+            .buffer_unordered(SHARED_IN_FLIGHT);
+        while t.elapsed() < SHARED_WINDOW {
+            match asked.next().await {
+                Some(latency) => latencies.push(latency?),
+                None => break,
+            }
+        }
+        drop(asked);
+        let queries_per_second = latencies.len() as f64 / t.elapsed().as_secs_f64();
+        latencies.sort();
+        let discovery_p99 = percentile(&latencies, 0.99);
+        let mut query_shares = Vec::with_capacity(count);
+        let mut total = 0.0;
+        for (c, a0) in coordinators.iter().zip(&answered0) {
+            let a = c.gauge(hb, request).await? - a0;
+            total += a;
+            query_shares.push(a);
+        }
+        for share in &mut query_shares {
+            *share /= total.max(1.0);
+        }
+        // A few broadcasts: each goes to one coordinator of the group.
+        let target = if n >= BROADCAST_GROUP_SIZE {
+            BroadcastTarget::Group("ten-k".into())
+        } else {
+            BroadcastTarget::All
+        };
+        let expected = n.min(BROADCAST_GROUP_SIZE);
+        let mut broadcasts_delivered = true;
+        for _ in 0..SHARED_BROADCASTS {
+            let report = client
+                .broadcast(&target, "ping", &(), BROADCAST_TIMEOUT)
+                .await?;
+            broadcasts_delivered &= report.count(Outcome::Delivered) >= expected;
+        }
+        let mut broadcasts = Vec::with_capacity(count);
+        for c in &coordinators {
+            broadcasts.push(c.gauge("chorus_coordinator_broadcasts_total", "").await? as u64);
+        }
+        client.shutdown().await;
+        Ok(SharedFigures {
+            coordinators: count,
+            agents: n,
+            each,
+            queries_per_second,
+            discovery_p99,
+            query_shares,
+            broadcasts,
+            broadcasts_delivered,
+        })
+    }
+    .await;
+    stop.cancel();
+    tracker.close();
+    tracker.wait().await;
+    for c in coordinators {
+        c.stop().await;
+    }
+    drop(server);
+    result
+}
+
+fn shared_rows(f: &SharedFigures, single_rate: f64) -> Vec<Row> {
+    let at = |what: &str| {
+        format!(
+            "{} coordinator(s), {} agents: {what}",
+            f.coordinators, f.agents
+        )
+    };
+    let list = |values: Vec<String>| values.join(" / ");
+    let min_share = f.query_shares.iter().copied().fold(1.0, f64::min);
+    vec![
+        Row::chorus_only(
+            &at("resident memory of each"),
+            "MiB",
+            f.each.iter().map(|e| mib(e.0)).fold(0.0, f64::max),
+            &format!(
+                "(reported; each: {} MiB)",
+                list(f.each.iter().map(|e| format!("{:.0}", mib(e.0))).collect())
+            ),
+            None,
+        ),
+        Row::chorus_only(
+            &at("CPU of each, steady heartbeats"),
+            "%",
+            f.each.iter().map(|e| e.1).fold(0.0, f64::max),
+            &format!(
+                "(reported; each: {} %; every one hears every heartbeat: {} /s)",
+                list(f.each.iter().map(|e| format!("{:.1}", e.1)).collect()),
+                list(f.each.iter().map(|e| format!("{:.0}", e.2)).collect())
+            ),
+            None,
+        ),
+        Row::chorus_only(
+            &at(&format!("discovery answered, {SHARED_IN_FLIGHT} in flight")),
+            "q/s",
+            f.queries_per_second,
+            &format!(
+                "(reported; {:.2} of one coordinator's; p99 {:.0} us)",
+                f.queries_per_second / single_rate.max(1.0),
+                f.discovery_p99
+            ),
+            None,
+        ),
+        Row::chorus_only(
+            &at("share of the queries each answered"),
+            "%",
+            100.0 * min_share,
+            &format!(
+                "(smallest; each: {} %)",
+                list(
+                    f.query_shares
+                        .iter()
+                        .map(|s| format!("{:.0}", 100.0 * s))
+                        .collect()
+                )
+            ),
+            None,
+        ),
+        Row::chorus_only(
+            &at(&format!(
+                "{SHARED_BROADCASTS} broadcasts, each fanned out by one"
+            )),
+            "broadcasts",
+            f.broadcasts.iter().sum::<u64>() as f64,
+            &format!(
+                "all delivered; each coordinator: {}",
+                list(f.broadcasts.iter().map(u64::to_string).collect())
+            ),
+            Some(
+                f.broadcasts_delivered
+                    && f.broadcasts.iter().sum::<u64>() == SHARED_BROADCASTS as u64,
+            ),
+        ),
     ]
 }

@@ -599,6 +599,10 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         };
         rows.extend(fleet::scale(&opts.program, sizes, progress).await?);
         let (agents, active) = if q { (1_000, 100) } else { (10_000, 1_000) };
+        let shared = if q { 1_000 } else { 10_000 };
+        let counts: &[usize] = if q { &[1, 2] } else { &[1, 2, 3] };
+        rows.extend(fleet::coordinators(&opts.program, shared, counts, progress).await?);
+        rows.extend(fleet::durable_on_demand(agents, active, 10, progress).await?);
         rows.extend(fleet::durable(agents, active, 10, progress).await?);
     }
 

@@ -471,6 +471,30 @@ pub const SEND_ATTEMPTS: u32 = 20;
 /// The pause between two of those sends.
 const SEND_RETRY_PAUSE: Duration = Duration::from_millis(250);
 
+/// Whether inbox consumer `consumer` of `stream` has nothing pending and nothing awaiting an
+/// ack, or is gone: an on-demand inbox deletes its consumer only once that is so.
+pub async fn consumer_idle(js: &broker_adapter::JetStream, stream: &str, consumer: &str) -> bool {
+    match js.consumer_state(stream, consumer).await {
+        Ok(state) => state.pending == 0 && state.ack_pending == 0,
+        Err(err) => err.kind() == broker_adapter::ErrorKind::NotFound,
+    }
+}
+
+/// Whether agent `agent`'s durable inbox is settled: no command stored for it (acked and
+/// dead-lettered ones are removed from the work-queue stream) and neither consumer holding
+/// anything, if it has them now.
+pub async fn inbox_settled(agent: &agent_sdk::Agent, id: &str) -> bool {
+    let subjects = agent.subjects();
+    let js = agent.broker().jetstream(Duration::from_secs(5));
+    let stream = subjects.stream_name(agent_sdk::durable::INBOX_STREAM);
+    let Ok(filter) = subjects.durable_agent_all(id) else {
+        return false;
+    };
+    matches!(js.has_messages(&stream, &filter).await, Ok(false))
+        && consumer_idle(&js, &stream, id).await
+        && consumer_idle(&js, &stream, &format!("{id}_high")).await
+}
+
 /// Sent, acked, handled and lost, after a fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LossReport {
@@ -502,9 +526,7 @@ pub async fn settle_and_count(
 ) -> LossReport {
     let settled = tokio::time::timeout(limit, async {
         loop {
-            if let Ok(state) = js.consumer_state(stream, consumer).await
-                && state.pending == 0
-                && state.ack_pending == 0
+            if consumer_idle(js, stream, consumer).await
                 && let Ok(stored) = js.stream_state(stream).await
                 && stored.messages == 0
             {

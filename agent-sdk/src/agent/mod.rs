@@ -235,9 +235,12 @@ impl Agent {
             let inbox = DurableInbox::new(
                 Arc::clone(&pipeline),
                 options.retry_policies.clone().unwrap_or_default(),
-                options.durable_ack_wait,
-                options.ordering_lanes,
-                options.max_in_flight,
+                crate::durable::inbox::Taking {
+                    ack_wait: options.durable_ack_wait,
+                    lanes: options.ordering_lanes,
+                    max_in_flight: options.max_in_flight,
+                    consumers: options.inbox_consumers,
+                },
                 tracker.clone(),
                 stop.clone(),
             );

@@ -7,8 +7,8 @@ use std::time::Duration;
 use broker_adapter::BrokerOptions;
 
 use super::Agent;
-use crate::durable::InboxLimits;
 use crate::durable::inbox::{DEFAULT_ORDERING_LANES, DURABLE_ACK_WAIT, MIN_DURABLE_ACK_WAIT};
+use crate::durable::{InboxConsumers, InboxLimits};
 use crate::error::SdkError;
 use crate::inbound::exactly_once::DEFAULT_IDEMPOTENCY_TTL;
 use crate::presence::{DEFAULT_CAPABILITY_VERSION, DEFAULT_HEARTBEAT_INTERVAL};
@@ -66,6 +66,7 @@ pub struct AgentOptions {
     pub(crate) service_discovery: bool,
     pub(crate) durable_inbox: bool,
     pub(crate) inbox_limits: InboxLimits,
+    pub(crate) inbox_consumers: InboxConsumers,
     pub(crate) retry_policies: Option<RetryPolicies>,
     pub(crate) durable_ack_wait: Duration,
     pub(crate) default_delivery: DeliveryClass,
@@ -113,6 +114,7 @@ impl AgentOptions {
             service_discovery: true,
             durable_inbox: false,
             inbox_limits: InboxLimits::default(),
+            inbox_consumers: InboxConsumers::default(),
             retry_policies: None,
             durable_ack_wait: DURABLE_ACK_WAIT,
             default_delivery: DeliveryClass::AtMostOnce,
@@ -370,6 +372,14 @@ impl AgentOptions {
     /// Limits of the inbox stream, used when this agent creates it.
     pub fn inbox_limits(mut self, limits: InboxLimits) -> Self {
         self.inbox_limits = limits;
+        self
+    }
+
+    /// When the durable inbox holds its consumers on the server: only while commands wait
+    /// (the default, [`InboxConsumers::OnDemand`], so idle agents cost the server a
+    /// subscription each) or always ([`InboxConsumers::Always`]).
+    pub fn inbox_consumers(mut self, consumers: InboxConsumers) -> Self {
+        self.inbox_consumers = consumers;
         self
     }
 

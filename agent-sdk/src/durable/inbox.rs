@@ -39,6 +39,71 @@ const MAX_PULL_BATCH: usize = 256;
 const HIGH_PRIORITY_LANE_SHARE: usize = 4;
 /// How long a delivery whose dead letter could not be written waits before it is tried again.
 const DEAD_LETTER_RETRY_DELAY: Duration = Duration::from_secs(5);
+/// How long an on-demand consumer stays once nothing has arrived and nothing is pending.
+pub const DEFAULT_INBOX_RELEASE_AFTER: Duration = Duration::from_secs(30);
+/// How often an agent without a consumer looks for stored commands itself, in case a bell was
+/// lost (each look is one request to the server).
+pub const DEFAULT_INBOX_RECHECK: Duration = Duration::from_secs(60);
+/// How soon an agent looks for stored commands again after a look failed (JetStream out of
+/// reach), while it lasts.
+const LOOK_RETRY: Duration = Duration::from_secs(5);
+/// How long the server keeps an on-demand consumer no client pulls from (its agent crashed or
+/// left): its deliveries' counts last this long across a restart.
+pub const ABANDONED_CONSUMER_AFTER: Duration = Duration::from_secs(3600);
+/// How long an always-held consumer that could not be opened, or that the server closed,
+/// waits before it is opened again.
+const REOPEN_DELAY: Duration = Duration::from_secs(1);
+
+/// When an agent's durable inbox holds its consumers on the server (docs/SCALE.md measures
+/// both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboxConsumers {
+    /// From the first command handler on: two consumers per agent, busy or idle, each about
+    /// 50 KiB of server memory (nats-server 2.15), and created at start even when nothing waits.
+    Always,
+    /// Only while commands wait (the default). The inbox stream republishes the headers of
+    /// every stored command to its agent's bell (`_INBOX.<agent>.bell.<root>.<lane>.<command>`);
+    /// a bell opens that lane's consumer, and the agent deletes it again once nothing has
+    /// arrived for `release_after` and the server has nothing pending for it. An agent that
+    /// starts, reconnects, misses messages as a slow consumer, or has heard no bell for
+    /// `recheck` (jittered) looks for stored commands itself, so a lost bell delays a command by
+    /// at most `recheck`.
+    OnDemand {
+        /// Quiet time after which a consumer with nothing pending is deleted.
+        release_after: Duration,
+        /// Longest time between the agent's own looks for stored commands.
+        recheck: Duration,
+    },
+}
+
+impl Default for InboxConsumers {
+    fn default() -> Self {
+        InboxConsumers::OnDemand {
+            release_after: DEFAULT_INBOX_RELEASE_AFTER,
+            recheck: DEFAULT_INBOX_RECHECK,
+        }
+    }
+}
+
+/// One priority lane's consumer: its spec, the lanes its deliveries go to, and its bell.
+struct LaneConsumer {
+    spec: ConsumerSpec,
+    /// The lane's subjects, for the look for stored commands.
+    filter: String,
+    senders: Vec<tokio::sync::mpsc::UnboundedSender<(Arc<Delivery>, Decoded)>>,
+    /// Rung (capacity one: a ring not yet heard is enough) for each command stored for it.
+    bell: Option<tokio::sync::mpsc::Receiver<()>>,
+}
+
+/// Why a consumer's deliveries stopped being taken.
+enum Ended {
+    /// The agent is stopping.
+    Stopped,
+    /// Nothing arrived for the release time and nothing is held here.
+    Quiet,
+    /// The server ended the pull: the consumer is gone.
+    Closed,
+}
 
 type Decoded = Result<(Envelope, Encoding), Refused>;
 
@@ -49,6 +114,7 @@ pub(crate) struct DurableInbox {
     pub(crate) ack_wait: Duration,
     pub(crate) lanes: usize,
     pub(crate) max_in_flight: usize,
+    pub(crate) consumers: InboxConsumers,
     pub(crate) tracker: TaskTracker,
     pub(crate) stop: CancellationToken,
     started: tokio::sync::Mutex<bool>,
@@ -60,6 +126,18 @@ pub(crate) struct DurableInbox {
     recent: std::sync::Mutex<Recent>,
     #[cfg(feature = "fault-injection")]
     pub(crate) skip_acks: std::sync::atomic::AtomicU64,
+}
+
+/// How an agent takes its durable deliveries (from its options).
+pub(crate) struct Taking {
+    /// Redelivery after this long without an ack or progress.
+    pub(crate) ack_wait: Duration,
+    /// Ordering lanes of the normal-priority consumer.
+    pub(crate) lanes: usize,
+    /// Deliveries held at once per consumer.
+    pub(crate) max_in_flight: usize,
+    /// When the consumers exist.
+    pub(crate) consumers: InboxConsumers,
 }
 
 /// What becomes of one durable delivery.
@@ -76,18 +154,17 @@ impl DurableInbox {
     pub(crate) fn new(
         pipeline: Arc<Pipeline>,
         retry_policies: RetryPolicies,
-        ack_wait: Duration,
-        lanes: usize,
-        max_in_flight: usize,
+        taking: Taking,
         tracker: TaskTracker,
         stop: CancellationToken,
     ) -> Self {
         DurableInbox {
             pipeline,
             retry_policies: RwLock::new(retry_policies),
-            ack_wait,
-            lanes,
-            max_in_flight,
+            ack_wait: taking.ack_wait,
+            lanes: taking.lanes,
+            max_in_flight: taking.max_in_flight,
+            consumers: taking.consumers,
             tracker,
             stop,
             started: tokio::sync::Mutex::new(false),
@@ -136,46 +213,253 @@ impl DurableInbox {
         }
     }
 
-    /// Creates this agent's two consumers (normal and high priority) and starts taking
-    /// deliveries, once. Called when the first command handler is registered, so stored
-    /// commands do not arrive before anything can handle them.
+    /// Starts taking this agent's deliveries, once: opens its two consumers (normal and high
+    /// priority), or with [`InboxConsumers::OnDemand`] listens for its bells and opens a
+    /// consumer for each lane where commands wait. Called when the first command handler is
+    /// registered, so stored commands do not arrive before anything can handle them. An
+    /// error here (the server's JetStream out of reach, a right missing) is the caller's.
     pub(crate) async fn start(self: &Arc<Self>) -> Result<(), SdkError> {
         let mut started = self.started.lock().await;
         if *started {
             return Ok(());
         }
+        let mut bells = match self.consumers {
+            InboxConsumers::Always => [None, None],
+            InboxConsumers::OnDemand { .. } => {
+                let [normal, high] = self.listen_for_bells().await?;
+                [Some(normal), Some(high)]
+            }
+        };
         let out = &self.pipeline.out;
-        let inbox = inbox_stream(&out.subjects, &InboxLimits::default());
+        let stream = out.subjects.stream_name(INBOX_STREAM);
         for high in [false, true] {
-            let durable = if high {
-                format!("{}_high", out.id)
-            } else {
-                out.id.clone()
-            };
-            let mut spec = ConsumerSpec::new(durable);
-            spec.filter_subjects = vec![out.subjects.durable_inbox(&out.id, high)?];
-            spec.ack_wait = self.ack_wait;
-            spec.max_deliver = i64::from(read(&self.retry_policies).max_attempts());
-            spec.max_ack_pending = i64::try_from(self.max_in_flight).unwrap_or(i64::MAX);
-            spec.description = format!(
-                "durable inbox of agent {} ({} priority)",
-                out.id,
-                if high { "high" } else { "normal" }
-            );
-            let consumer = out.js.ensure_consumer(&inbox.name, &spec).await?;
-            let deliveries = consumer
-                .messages(self.max_in_flight.min(MAX_PULL_BATCH))
-                .await?;
             let lanes = if high {
                 (self.lanes / HIGH_PRIORITY_LANE_SHARE).max(1)
             } else {
                 self.lanes
             };
-            self.spawn_lanes(deliveries, lanes);
+            let lane = LaneConsumer {
+                spec: self.consumer_spec(high)?,
+                filter: out.subjects.durable_inbox(&out.id, high)?,
+                senders: self.spawn_lanes(lanes),
+                bell: bells[usize::from(high)].take(),
+            };
+            let (opened, waiting) = match self.consumers {
+                InboxConsumers::Always => (Some(self.open(&lane.spec).await?), false),
+                InboxConsumers::OnDemand { .. } => {
+                    (None, out.js.has_messages(&stream, &lane.filter).await?)
+                }
+            };
+            let inbox = Arc::clone(self);
+            self.tracker
+                .spawn(async move { inbox.take_deliveries(lane, opened, waiting).await });
         }
         self.spawn_keeper();
         *started = true;
         Ok(())
+    }
+
+    /// The consumer of one priority lane.
+    fn consumer_spec(&self, high: bool) -> Result<ConsumerSpec, SdkError> {
+        let out = &self.pipeline.out;
+        let durable = if high {
+            format!("{}_high", out.id)
+        } else {
+            out.id.clone()
+        };
+        let mut spec = ConsumerSpec::new(durable);
+        spec.filter_subjects = vec![out.subjects.durable_inbox(&out.id, high)?];
+        spec.ack_wait = self.ack_wait;
+        spec.max_deliver = i64::from(read(&self.retry_policies).max_attempts());
+        spec.max_ack_pending = i64::try_from(self.max_in_flight).unwrap_or(i64::MAX);
+        if let InboxConsumers::OnDemand { .. } = self.consumers {
+            spec.inactive_threshold = ABANDONED_CONSUMER_AFTER;
+        }
+        spec.description = format!(
+            "durable inbox of agent {} ({} priority)",
+            out.id,
+            if high { "high" } else { "normal" }
+        );
+        Ok(spec)
+    }
+
+    /// Creates or updates the consumer and starts pulling from it.
+    async fn open(&self, spec: &ConsumerSpec) -> Result<Deliveries, broker_adapter::Error> {
+        let out = &self.pipeline.out;
+        let stream = out.subjects.stream_name(INBOX_STREAM);
+        let consumer = out.js.ensure_consumer(&stream, spec).await?;
+        consumer
+            .messages(self.max_in_flight.min(MAX_PULL_BATCH))
+            .await
+    }
+
+    /// Subscribes to this agent's bells; each rings the channel of its lane (normal, high).
+    async fn listen_for_bells(
+        self: &Arc<Self>,
+    ) -> Result<[tokio::sync::mpsc::Receiver<()>; 2], SdkError> {
+        let out = &self.pipeline.out;
+        let mut sub = out.broker.subscribe(&out.subjects.bells(&out.id)?).await?;
+        let (normal_tx, normal) = tokio::sync::mpsc::channel(1);
+        let (high_tx, high) = tokio::sync::mpsc::channel(1);
+        let inbox = Arc::clone(self);
+        self.tracker.spawn(async move {
+            let subjects = &inbox.pipeline.out.subjects;
+            while let Some(bell) = sub.next_until(inbox.stop.cancelled()).await {
+                let lane = match subjects.bell_is_high(bell.subject()) {
+                    Some(true) => &high_tx,
+                    Some(false) => &normal_tx,
+                    None => continue,
+                };
+                // Full: a ring not yet heard covers this one.
+                if let Err(tokio::sync::mpsc::error::TrySendError::Closed(())) = lane.try_send(()) {
+                    break;
+                }
+            }
+        });
+        Ok([normal, high])
+    }
+
+    /// Takes one lane's deliveries until the agent stops: from its always-held consumer, or
+    /// (on demand) from a consumer opened when commands wait and released when none do.
+    /// `opened` is a consumer opened already; `waiting` says commands were found stored.
+    async fn take_deliveries(
+        self: Arc<Self>,
+        mut lane: LaneConsumer,
+        mut opened: Option<Deliveries>,
+        mut waiting: bool,
+    ) {
+        let out = &self.pipeline.out;
+        let stream = out.subjects.stream_name(INBOX_STREAM);
+        let counters = self.pipeline.counters();
+        let mut events = Some(out.broker.events());
+        loop {
+            let mut deliveries = match opened.take() {
+                Some(deliveries) => deliveries,
+                None => {
+                    if let InboxConsumers::OnDemand { recheck, .. } = self.consumers
+                        && !waiting
+                        && !self
+                            .wait_for_commands(&mut lane, recheck, &mut events)
+                            .await
+                    {
+                        return;
+                    }
+                    waiting = false;
+                    match self.open(&lane.spec).await {
+                        Ok(deliveries) => {
+                            if self.consumers != InboxConsumers::Always {
+                                AgentCounters::bump(&counters.inbox_consumers_opened);
+                            }
+                            deliveries
+                        }
+                        Err(err) => {
+                            // On demand: the next bell or look tries again.
+                            tracing::warn!(agent = %out.id, consumer = %lane.spec.durable, error = %err, "durable inbox: consumer not opened");
+                            if self.consumers == InboxConsumers::Always
+                                && !self.pause(REOPEN_DELAY).await
+                            {
+                                return;
+                            }
+                            continue;
+                        }
+                    }
+                }
+            };
+            let release_after = match self.consumers {
+                InboxConsumers::Always => None,
+                InboxConsumers::OnDemand { release_after, .. } => Some(release_after),
+            };
+            match self
+                .dispatch(&mut deliveries, &lane.senders, release_after)
+                .await
+            {
+                Ended::Stopped => return,
+                Ended::Closed => {
+                    tracing::debug!(agent = %out.id, consumer = %lane.spec.durable, "durable inbox: the server ended the pull");
+                    if self.consumers == InboxConsumers::Always && !self.pause(REOPEN_DELAY).await {
+                        return;
+                    }
+                    // On demand: the look for stored commands decides whether to open again.
+                    waiting = self.consumers == InboxConsumers::Always;
+                }
+                Ended::Quiet => {
+                    drop(deliveries);
+                    // A bell from now on is for a command the state below may not count yet.
+                    if let Some(bell) = &mut lane.bell {
+                        while bell.try_recv().is_ok() {}
+                    }
+                    match out.js.consumer_state(&stream, &lane.spec.durable).await {
+                        Ok(state) if state.pending == 0 && state.ack_pending == 0 => {
+                            match out.js.delete_consumer(&stream, &lane.spec.durable).await {
+                                Ok(()) => {
+                                    AgentCounters::bump(&counters.inbox_consumers_released);
+                                }
+                                Err(err) => {
+                                    tracing::debug!(agent = %out.id, consumer = %lane.spec.durable, error = %err, "durable inbox: consumer not released");
+                                }
+                            }
+                            waiting = false;
+                        }
+                        // Something pending or held: take it.
+                        Ok(_) => waiting = true,
+                        // Gone already (another instance released it) or out of reach: look.
+                        Err(_) => waiting = false,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits until commands wait for this lane: a look at the stream finds some, or a bell
+    /// rings. Looks again after `recheck` (jittered; every 5 s while looks fail) and after the
+    /// connection came back or dropped messages, when bells may have been lost. `false` once
+    /// the agent stops.
+    async fn wait_for_commands(
+        &self,
+        lane: &mut LaneConsumer,
+        recheck: Duration,
+        events: &mut Option<tokio::sync::broadcast::Receiver<broker_adapter::ConnectionEvent>>,
+    ) -> bool {
+        let out = &self.pipeline.out;
+        let stream = out.subjects.stream_name(INBOX_STREAM);
+        loop {
+            if let Some(bell) = &mut lane.bell {
+                // What these announced, the look below finds.
+                while bell.try_recv().is_ok() {}
+            }
+            let look_again = match out.js.has_messages(&stream, &lane.filter).await {
+                Ok(true) => return true,
+                Ok(false) => recheck,
+                // JetStream out of reach (a leaf node cut off from its hub, a cluster
+                // without a leader): bells rung meanwhile are lost, so look again soon.
+                Err(err) => {
+                    tracing::debug!(agent = %out.id, error = %err, "durable inbox: stored commands not looked for; looking again soon");
+                    recheck.min(LOOK_RETRY)
+                }
+            };
+            let next_look = tokio::time::Instant::now()
+                + look_again.mul_f64(0.75 + 0.5 * crate::retry::random_fraction());
+            loop {
+                tokio::select! {
+                    () = self.stop.cancelled() => return false,
+                    () = tokio::time::sleep_until(next_look) => break,
+                    rung = next_bell(&mut lane.bell) => if rung {
+                        return true;
+                    },
+                    look = bells_may_be_lost(events) => if look {
+                        break;
+                    },
+                }
+            }
+        }
+    }
+
+    /// Sleeps `delay`; `false` if the agent stops meanwhile.
+    async fn pause(&self, delay: Duration) -> bool {
+        tokio::select! {
+            () = self.stop.cancelled() => false,
+            () = tokio::time::sleep(delay) => true,
+        }
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<Delivery>>> {
@@ -206,11 +490,12 @@ impl DurableInbox {
         });
     }
 
-    /// One dispatcher per consumer sends each delivery to a lane chosen by its sender; each
-    /// lane handles its deliveries one at a time, so one sender's messages are handled in the
-    /// order they were stored. The dispatcher never waits for a lane: what it takes is held
-    /// (and kept alive) at once, and the consumer's `max_ack_pending` bounds how much that is.
-    fn spawn_lanes(self: &Arc<Self>, mut deliveries: Deliveries, lanes: usize) {
+    /// Spawns `lanes` lanes: each handles its deliveries one at a time, so one sender's
+    /// messages (always sent to the same lane) are handled in the order they were stored.
+    fn spawn_lanes(
+        self: &Arc<Self>,
+        lanes: usize,
+    ) -> Vec<tokio::sync::mpsc::UnboundedSender<(Arc<Delivery>, Decoded)>> {
         let mut senders = Vec::with_capacity(lanes);
         for _ in 0..lanes {
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Arc<Delivery>, Decoded)>();
@@ -222,35 +507,54 @@ impl DurableInbox {
                 }
             });
         }
-        let inbox = Arc::clone(self);
-        self.tracker.spawn(async move {
-            loop {
-                let next = tokio::select! {
-                    next = futures::StreamExt::next(&mut deliveries) => next,
-                    _ = inbox.stop.cancelled() => break,
-                };
-                let delivery = match next {
-                    Some(Ok(d)) => d,
-                    Some(Err(err)) => {
-                        tracing::debug!(agent = %inbox.pipeline.out.id, error = %err, "durable inbox: pull interrupted");
-                        continue;
+        senders
+    }
+
+    /// Sends each delivery to the lane chosen by its sender. Never waits for a lane: what it
+    /// takes is held (and kept alive) at once, and the consumer's `max_ack_pending` bounds how
+    /// much that is. With `quiet`, returns once nothing has been delivered for that long and
+    /// nothing is held here.
+    async fn dispatch(
+        &self,
+        deliveries: &mut Deliveries,
+        senders: &[tokio::sync::mpsc::UnboundedSender<(Arc<Delivery>, Decoded)>],
+        quiet: Option<Duration>,
+    ) -> Ended {
+        let quiet_for = |from: tokio::time::Instant| quiet.map(|q| from + q);
+        let mut quiet_at = quiet_for(tokio::time::Instant::now());
+        loop {
+            let next = tokio::select! {
+                next = futures::StreamExt::next(deliveries) => next,
+                () = sleep_until_some(quiet_at) => {
+                    if self.held().is_empty() {
+                        return Ended::Quiet;
                     }
-                    None => break,
-                };
-                let decoded = inbox.pipeline.decode(delivery.subject(), delivery.payload());
-                let lane = match &decoded {
-                    Ok((env, _)) => lane_of(&env.from, senders.len()),
-                    Err(_) => 0,
-                };
-                let delivery = Arc::new(delivery);
-                inbox
-                    .held()
-                    .insert(delivery.stream_seq(), Arc::clone(&delivery));
-                if senders[lane].send((delivery, decoded)).is_err() {
-                    break;
+                    quiet_at = quiet_for(tokio::time::Instant::now());
+                    continue;
                 }
+                () = self.stop.cancelled() => return Ended::Stopped,
+            };
+            let delivery = match next {
+                Some(Ok(d)) => d,
+                Some(Err(err)) => {
+                    tracing::debug!(agent = %self.pipeline.out.id, error = %err, "durable inbox: pull interrupted");
+                    continue;
+                }
+                None => return Ended::Closed,
+            };
+            quiet_at = quiet_for(tokio::time::Instant::now());
+            let decoded = self.pipeline.decode(delivery.subject(), delivery.payload());
+            let lane = match &decoded {
+                Ok((env, _)) => lane_of(&env.from, senders.len()),
+                Err(_) => 0,
+            };
+            let delivery = Arc::new(delivery);
+            self.held()
+                .insert(delivery.stream_seq(), Arc::clone(&delivery));
+            if senders[lane].send((delivery, decoded)).is_err() {
+                return Ended::Stopped;
             }
-        });
+        }
     }
 
     /// One delivery through the pipeline, then settled and let go.
@@ -376,6 +680,48 @@ impl DurableInbox {
         }
         #[cfg(not(feature = "fault-injection"))]
         {
+            false
+        }
+    }
+}
+
+/// Sleeps until `at`; forever without one.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether the next bell rang: `false` (and no more bells) if the bell listener ended; forever
+/// without a bell.
+async fn next_bell(bell: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> bool {
+    let Some(rx) = bell else {
+        return std::future::pending().await;
+    };
+    if rx.recv().await.is_some() {
+        return true;
+    }
+    *bell = None;
+    false
+}
+
+/// Whether the next connection event may have cost bells (a reconnect, dropped messages, or
+/// events missed); forever once the events end.
+async fn bells_may_be_lost(
+    events: &mut Option<tokio::sync::broadcast::Receiver<broker_adapter::ConnectionEvent>>,
+) -> bool {
+    use broker_adapter::ConnectionEvent;
+    use tokio::sync::broadcast::error::RecvError;
+    let Some(rx) = events else {
+        return std::future::pending().await;
+    };
+    match rx.recv().await {
+        Ok(ConnectionEvent::Reconnected | ConnectionEvent::SlowConsumer { .. }) => true,
+        Ok(_) => false,
+        Err(RecvError::Lagged(_)) => true,
+        Err(RecvError::Closed) => {
+            *events = None;
             false
         }
     }

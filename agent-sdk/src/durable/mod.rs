@@ -32,7 +32,10 @@ pub use dead_letter::{
     DEAD_LETTER_HEADROOM, DeadLetter, DeadLetterNote, DeadLetterReason, MAX_DETAIL_BYTES,
     NotADeadLetter, header, is_kept_header, write_dead_letter,
 };
-pub use inbox::{DURABLE_ACK_WAIT, MIN_DURABLE_ACK_WAIT};
+pub use inbox::{
+    ABANDONED_CONSUMER_AFTER, DEFAULT_INBOX_RECHECK, DEFAULT_INBOX_RELEASE_AFTER, DURABLE_ACK_WAIT,
+    InboxConsumers, MIN_DURABLE_ACK_WAIT,
+};
 pub use send::{BATCH_ACKS_IN_FLIGHT, Receipt};
 
 use crate::subject::Subjects;
@@ -109,6 +112,9 @@ pub fn inbox_stream(subjects: &Subjects, limits: &InboxLimits) -> StreamSpec {
     spec.duplicate_window = Duration::from_secs(limits.duplicate_window_secs.max(1));
     spec.work_queue = true;
     spec.max_consumers = limits.max_consumers;
+    // Each stored command rings its agent's bell (headers only), so an agent whose inbox was
+    // empty needs no consumer until something arrives for it.
+    spec.republish_headers = Some((subjects.bell_source(), subjects.bell_destination()));
     spec.description = "Chorus durable inboxes: commands waiting for their agent".into();
     spec
 }

@@ -26,6 +26,9 @@ pub struct ConsumerSpec {
     pub max_deliver: i64,
     /// Unacknowledged messages outstanding at once.
     pub max_ack_pending: i64,
+    /// The server removes the consumer once no client has pulled from it for this long
+    /// (zero: never), so one whose clients are gone does not stay.
+    pub inactive_threshold: Duration,
     /// Description.
     pub description: String,
 }
@@ -39,6 +42,7 @@ impl ConsumerSpec {
             ack_wait: DEFAULT_ACK_WAIT,
             max_deliver: -1,
             max_ack_pending: DEFAULT_MAX_ACK_PENDING,
+            inactive_threshold: Duration::ZERO,
             description: String::new(),
         }
     }

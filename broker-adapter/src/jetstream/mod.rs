@@ -88,6 +88,10 @@ pub struct StreamSpec {
     /// Most consumers on the stream (0: the server's default, which nats-server 2.15 sets to
     /// 1,000 per stream).
     pub max_consumers: i32,
+    /// Republishes the headers of each stored message matching the first subject to the
+    /// second (`<prefix>.>` to `<other prefix>.>`): a cheap signal, sent once the message is
+    /// stored, that a consumer-less reader may listen to.
+    pub republish_headers: Option<(String, String)>,
     /// Human description.
     pub description: String,
 }
@@ -106,6 +110,7 @@ impl StreamSpec {
             allow_msg_ttl: false,
             work_queue: false,
             max_consumers: 0,
+            republish_headers: None,
             description: String::new(),
         }
     }
@@ -132,6 +137,14 @@ impl StreamSpec {
             } else {
                 -1
             },
+            republish: self
+                .republish_headers
+                .as_ref()
+                .map(|(source, destination)| stream::Republish {
+                    source: source.clone(),
+                    destination: destination.clone(),
+                    headers_only: true,
+                }),
             ..Default::default()
         }
     }
@@ -507,6 +520,25 @@ impl JetStream {
         Ok(out)
     }
 
+    /// Whether stream `name` holds any message on a subject matching `filter`: one request
+    /// (the stream's subject index answers it), where a consumer would take two and stay.
+    pub async fn has_messages(&self, name: &str, filter: &str) -> Result<bool> {
+        let stream = self
+            .ctx
+            .get_stream_no_info(name)
+            .await
+            .map_err(|e| js_err(&format!("stream {name}"), e))?;
+        let mut subjects = stream
+            .info_with_subjects(filter)
+            .await
+            .map_err(|e| js_err(&format!("stream subjects {name}"), e))?;
+        match subjects.next().await {
+            Some(Ok((_, count))) => Ok(count > 0),
+            Some(Err(e)) => Err(js_err(&format!("stream subjects {name}"), e)),
+            None => Ok(false),
+        }
+    }
+
     /// How many replicas stream `name` has, and on how many servers they are current (the leader
     /// included).
     pub async fn stream_replicas(&self, name: &str) -> Result<(usize, usize)> {
@@ -582,6 +614,7 @@ impl JetStream {
             max_ack_pending: spec.max_ack_pending,
             filter_subject,
             filter_subjects,
+            inactive_threshold: spec.inactive_threshold,
             ..Default::default()
         };
         let consumer = match stream.create_consumer(config.clone()).await {

@@ -15,7 +15,7 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, RePublish, RetentionPolicy, StorageType, StreamConfig
 
 from ._host import Host
 from .codec import DecodeError, decode
@@ -202,6 +202,10 @@ class DurableInbox:
                 duplicate_window=float(self.options.duplicate_window_secs),
                 num_replicas=self.options.replicas,
                 max_consumers=self.options.max_consumers,
+                # The bells Rust agents with on-demand consumers wait for (PROTOCOL.md 7.5).
+                republish=RePublish(
+                    src=subjects.bell_source(), dest=subjects.bell_destination(), headers_only=True
+                ),
                 description="Chorus durable inboxes: commands waiting for their agent",
             ),
         )

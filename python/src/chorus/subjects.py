@@ -76,6 +76,14 @@ class Subjects:
     def event_pattern(self, pattern: str) -> str:
         return f"{self.root}.evt.{validate_dotted('topic pattern', pattern, pattern=True)}"
 
+    def bell_source(self) -> str:
+        """What the inbox stream republishes as bells: every durable command."""
+        return f"{self.root}.inbox.*.*.*"
+
+    def bell_destination(self) -> str:
+        """Where a stored command's bell goes: `_INBOX.<agent>.bell.<root>.<lane>.<command>`."""
+        return "_INBOX.{{wildcard(1)}}.bell." + self.root + ".{{wildcard(2)}}.{{wildcard(3)}}"
+
     def durable_inbox(self, agent: str, high: bool, command: str | None = None) -> str:
         validate_token("agent id", agent)
         lane = "high" if high else "normal"

@@ -364,11 +364,8 @@ async fn a_failing_durable_command_is_tried_max_attempts_times_with_backoff_then
     let inbox = sender.subjects().stream_name(INBOX_STREAM);
     eventually(WAIT, "inbox empty", || async {
         let state = js.stream_state(&inbox).await.expect("state");
-        let consumer = js
-            .consumer_state(&inbox, "payments")
-            .await
-            .expect("consumer");
-        (state.messages == 0 && consumer.pending == 0 && consumer.ack_pending == 0).then_some(())
+        (state.messages == 0 && chorus_tests::consumer_idle(&js, &inbox, "payments").await)
+            .then_some(())
     })
     .await;
     // No message left in the inbox and none pending or awaiting an ack: no fifth attempt can come.

@@ -38,17 +38,12 @@ async fn record_work(agent: Agent, seen: Arc<Mutex<Vec<u32>>>, pause: Duration) 
         .expect("register");
 }
 
-/// Waits (up to `limit`) until the server has nothing more to give `consumer` of the inbox:
-/// nothing pending, nothing delivered and awaiting an ack. What was handled by then is final,
-/// so a lost message shows as a wrong count, not as a timeout.
-async fn drained(agent: &Agent, consumer: &str, limit: Duration) {
-    let js = agent.broker().jetstream(WAIT);
-    let inbox = agent
-        .subjects()
-        .stream_name(agent_sdk::durable::INBOX_STREAM);
-    eventually(limit, "the inbox consumer drained", || async {
-        let c = js.consumer_state(&inbox, consumer).await.ok()?;
-        (c.pending == 0 && c.ack_pending == 0).then_some(())
+/// Waits (up to `limit`) until the server has nothing more to give agent `id`: nothing stored
+/// for it, nothing delivered and awaiting an ack. What was handled by then is final, so a lost
+/// message shows as a wrong count, not as a timeout.
+async fn drained(agent: &Agent, id: &str, limit: Duration) {
+    eventually(limit, "the durable inbox drained", || async {
+        chorus_tests::inbox_settled(agent, id).await.then_some(())
     })
     .await;
 }
@@ -186,15 +181,7 @@ async fn exactly_once_runs_the_handler_once_despite_duplicate_publishes_and_lost
     .await;
     // Nothing more can come once the server has nothing pending for the worker and no delivery
     // awaiting its ack.
-    let js = sender.broker().jetstream(WAIT);
-    let inbox = sender
-        .subjects()
-        .stream_name(agent_sdk::durable::INBOX_STREAM);
-    eventually(WAIT, "the worker's consumer drained", || async {
-        let c = js.consumer_state(&inbox, "worker").await.ok()?;
-        (c.pending == 0 && c.ack_pending == 0).then_some(())
-    })
-    .await;
+    drained(&sender, "worker", WAIT).await;
     let runs = runs.lock().expect("lock").clone();
     let total: usize = runs.values().sum();
     println!(
@@ -361,15 +348,7 @@ async fn a_handler_longer_than_the_ack_wait_is_not_redelivered() {
     .await;
     // Its ack reached the server, so no redelivery can follow; one during the 2 s run would
     // have been counted already.
-    let js = sender.broker().jetstream(WAIT);
-    let inbox = sender
-        .subjects()
-        .stream_name(agent_sdk::durable::INBOX_STREAM);
-    eventually(WAIT, "the ack stored", || async {
-        let c = js.consumer_state(&inbox, "worker").await.ok()?;
-        (c.pending == 0 && c.ack_pending == 0).then_some(c)
-    })
-    .await;
+    drained(&sender, "worker", WAIT).await;
     assert_eq!(
         runs.load(Ordering::SeqCst),
         1,

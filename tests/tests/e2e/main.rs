@@ -11,6 +11,7 @@ mod deploy;
 mod docs;
 mod examples;
 mod gateway;
+mod inbox;
 mod leaf;
 mod messaging;
 mod negotiation;
