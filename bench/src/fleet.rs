@@ -485,6 +485,24 @@ async fn connect(url: &str, name: &str) -> anyhow::Result<Broker> {
         .await?)
 }
 
+/// Drains `broker` and waits (a few seconds at most) until its connection is closed, so the
+/// server can go without the client trying to reconnect to it.
+async fn close(broker: Broker) {
+    let mut events = broker.events();
+    if broker.drain().await.is_err() {
+        return;
+    }
+    let closed = async {
+        loop {
+            match events.recv().await {
+                Ok(broker_adapter::ConnectionEvent::Closed) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), closed).await;
+}
+
 /// `chorus serve` in its own process, with its metrics listener.
 struct Coordinator {
     child: tokio::process::Child,
@@ -715,7 +733,9 @@ pub(crate) async fn durable(
         in_order &= got == (0..per_agent).collect::<Vec<_>>();
     }
     let delivered_in = t.elapsed();
-    let _ = broker.drain().await;
+    drop(pulls);
+    drop(js);
+    close(broker).await;
     drop(server);
     let f = DurableFigures {
         agents,
@@ -793,6 +813,72 @@ pub(crate) struct OnDemandFigures {
     pub(crate) peak_consumers: u64,
     pub(crate) released_in: Duration,
     pub(crate) consumers_after: u64,
+    /// A durable command to an SDK agent, sent to handled: with no consumer (the bell opens
+    /// one), and with its consumer open.
+    pub(crate) cold: Vec<Duration>,
+    pub(crate) warm: Vec<Duration>,
+}
+
+/// Rounds of the cold and warm durable command measurement.
+const FIRST_COMMAND_ROUNDS: usize = 20;
+
+/// A durable command's time from send to handled at one SDK agent, on demand: cold (its
+/// consumer released, so the bell opens one) and warm (the consumer still open), `rounds`
+/// times each.
+async fn first_command(url: &str, rounds: usize) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    use agent_sdk::durable::InboxConsumers;
+    let release_after = Duration::from_millis(200);
+    let worker = AgentOptions::new("fleet-durable")
+        .servers([url])
+        .root(ROOT)
+        .heartbeat_interval(Duration::ZERO)
+        .service_discovery(false)
+        .durable_inbox(true)
+        .inbox_consumers(InboxConsumers::OnDemand {
+            release_after,
+            recheck: Duration::from_secs(60),
+        })
+        .connect()
+        .await?;
+    let (handled_tx, mut handled) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    worker
+        .on_command("work", move |_ctx: agent_sdk::Context, (): ()| {
+            let _ = handled_tx.send(Instant::now());
+            async { Ok::<_, agent_sdk::HandlerError>(()) }
+        })
+        .await?;
+    let sender = AgentOptions::new("fleet-sender")
+        .servers([url])
+        .root(ROOT)
+        .heartbeat_interval(Duration::ZERO)
+        .service_discovery(false)
+        .connect()
+        .await?;
+    let call = || agent_sdk::Call::agent("fleet-durable", "work").command().payload(&());
+    let mut one = async |released: u64| -> anyhow::Result<Duration> {
+        // Cold rounds wait for the release first.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while worker.stats().inbox_consumers_released < released {
+            anyhow::ensure!(Instant::now() < deadline, "the consumer was not released");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let t = Instant::now();
+        sender.send_durable(call()?).await?;
+        let at = tokio::time::timeout(Duration::from_secs(10), handled.recv())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("the worker stopped"))?;
+        Ok(at.duration_since(t))
+    };
+    let (mut cold, mut warm) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+    for round in 0..rounds as u64 {
+        cold.push(one(round).await?);
+        warm.push(one(0).await?);
+    }
+    sender.shutdown().await;
+    worker.shutdown().await;
+    cold.sort();
+    warm.sort();
+    Ok((cold, warm))
 }
 
 /// How long a simulated on-demand agent waits with nothing arriving before it releases its
@@ -983,8 +1069,13 @@ pub(crate) async fn durable_on_demand(
     let peak_consumers = sampler.await.unwrap_or(0);
     let consumers_after = monitor_number(&monitor, "/jsz", "consumers").await?;
     let delivered_in = last_done.duration_since(t);
-    drop(connections);
-    let _ = broker.drain().await;
+    let (cold, warm) = first_command(&url, FIRST_COMMAND_ROUNDS).await?;
+    drop(bells);
+    drop(js);
+    for c in connections {
+        close(c).await;
+    }
+    close(broker).await;
     drop(server);
     let f = OnDemandFigures {
         agents,
@@ -1001,6 +1092,8 @@ pub(crate) async fn durable_on_demand(
         peak_consumers,
         released_in,
         consumers_after,
+        cold,
+        warm,
     };
     Ok(on_demand_rows(&f))
 }
@@ -1064,6 +1157,25 @@ fn on_demand_rows(f: &OnDemandFigures) -> Vec<Row> {
             &format!("{} left: none", f.consumers_after),
             Some(f.consumers_after == 0),
         ),
+        Row::chorus_only(
+            "a durable command to an SDK agent, sent to handled, its consumer released (p50)",
+            "us",
+            percentile(&f.cold, 0.5),
+            &format!(
+                "(reported; p99 {:.0} us; the bell opens the consumer)",
+                percentile(&f.cold, 0.99)
+            ),
+            None,
+        )
+        .counts(f.cold.len() as u64, f.cold.len() as u64),
+        Row::chorus_only(
+            "a durable command to an SDK agent, sent to handled, its consumer open (p50)",
+            "us",
+            percentile(&f.warm, 0.5),
+            &format!("(reported; p99 {:.0} us)", percentile(&f.warm, 0.99)),
+            None,
+        )
+        .counts(f.warm.len() as u64, f.warm.len() as u64),
     ]
 }
 
