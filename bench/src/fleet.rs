@@ -68,6 +68,8 @@ pub(crate) struct Figures {
     pub(crate) discovery: Vec<Duration>,
     pub(crate) heartbeats_per_second: f64,
     pub(crate) heartbeats_sent_per_second: f64,
+    /// Registry writes while the heartbeats were steady (every agent's load changing).
+    pub(crate) registry_writes: u64,
     /// Time to the report, and how many of the recipients were reported delivered.
     pub(crate) broadcast: Option<(Duration, usize)>,
 }
@@ -178,6 +180,13 @@ fn rows_of(f: &Figures) -> Vec<Row> {
             None,
         ),
     ];
+    rows.push(Row::chorus_only(
+        &at("registry writes, steady heartbeats (every agent's load changing)"),
+        "writes",
+        f.registry_writes as f64,
+        "none",
+        Some(f.registry_writes == 0),
+    ));
     if let Some((took, delivered)) = f.broadcast {
         rows.push(
             Row::chorus_only(
@@ -232,6 +241,11 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
         );
         // Steady state: heartbeats handled and CPU over a window.
         let hb = "chorus_coordinator_messages_total";
+        let js = connect(&url, "fleet-registry")
+            .await?
+            .jetstream(Duration::from_secs(10));
+        let registry = format!("KV_{ROOT}_registry");
+        let writes0 = js.stream_state(&registry).await?.last_seq;
         let (cpu0, hb0, sent0, t0) = (
             coordinator.cpu_seconds()?,
             coordinator.gauge(hb, "kind=\"heartbeat\"").await?,
@@ -244,6 +258,7 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
         let heartbeats_per_second =
             (coordinator.gauge(hb, "kind=\"heartbeat\"").await? - hb0) / secs;
         let heartbeats_sent_per_second = (sent.load(Ordering::Relaxed) - sent0) as f64 / secs;
+        let registry_writes = js.stream_state(&registry).await?.last_seq - writes0;
         let coordinator_rss = coordinator.rss()?;
         let server_rss = server.pid().and_then(rss_of).unwrap_or(0);
         let subscriptions = monitor_number(&monitor, "/subsz", "num_subscriptions").await?;
@@ -317,6 +332,7 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
             discovery,
             heartbeats_per_second,
             heartbeats_sent_per_second,
+            registry_writes,
             broadcast,
         })
     }
@@ -402,15 +418,20 @@ async fn heartbeat(
     stop: CancellationToken,
     sent: Arc<AtomicU64>,
 ) -> anyhow::Result<()> {
-    // Encoded once: a heartbeat that does not change is the same bytes every time (the
-    // coordinator keys nothing on the envelope's id).
-    let mut shares: Vec<Vec<(String, Bytes)>> = vec![Vec::new(); CONNECTIONS];
+    // Encoded once, at two loads: each agent's load changes with every round (as a busy
+    // agent's does), which must cost the coordinator no write; otherwise a heartbeat is the
+    // same bytes every time (the coordinator keys nothing on the envelope's id).
+    let mut shares: Vec<Vec<(String, [Bytes; 2])>> = vec![Vec::new(); CONNECTIONS];
     for i in 0..n {
-        let m = manifest(i);
-        let mut env = Envelope::new(Kind::Heartbeat, Performative::Health, m.agent.as_str());
-        env.payload = codec::encode_payload(&m, CONTENT_TYPE_MSGPACK)?;
-        let bytes = codec::encode(&env, Encoding::MsgPack)?;
-        shares[i % CONNECTIONS].push((subjects.heartbeat(&m.agent)?, bytes));
+        let mut m = manifest(i);
+        let mut at_load = |load: f32| -> anyhow::Result<Bytes> {
+            m.load = load;
+            let mut env = Envelope::new(Kind::Heartbeat, Performative::Health, m.agent.as_str());
+            env.payload = codec::encode_payload(&m, CONTENT_TYPE_MSGPACK)?;
+            Ok(codec::encode(&env, Encoding::MsgPack)?)
+        };
+        let loads = [at_load(0.25)?, at_load(0.75)?];
+        shares[i % CONNECTIONS].push((subjects.heartbeat(&format!("sim-{i:06}"))?, loads));
     }
     let ticks_per_round = (HEARTBEAT.as_millis() / TICK.as_millis()).max(1) as usize;
     for (c, share) in shares.into_iter().enumerate() {
@@ -430,7 +451,8 @@ async fn heartbeat(
                 ticks += 1;
                 let due = ticks * share.len() / ticks_per_round;
                 while published < due {
-                    let (subject, bytes) = &share[published % share.len()];
+                    let (subject, loads) = &share[published % share.len()];
+                    let bytes = &loads[(published / share.len()) % 2];
                     if broker.publish(subject, bytes.clone()).await.is_ok() {
                         sent.fetch_add(1, Ordering::Relaxed);
                     }
@@ -557,26 +579,31 @@ impl Coordinator {
 
     /// User and system CPU seconds used so far.
     fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()?))?;
-        // The fields after the command (which may hold spaces) in parentheses.
-        let rest = stat
-            .rsplit_once(')')
-            .map(|(_, r)| r)
-            .ok_or_else(|| anyhow::anyhow!("unreadable /proc stat"))?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command.
-        let ticks: f64 = fields
-            .get(11..13)
-            .ok_or_else(|| anyhow::anyhow!("short /proc stat"))?
-            .iter()
-            .map(|f| f.parse::<f64>().unwrap_or(0.0))
-            .sum();
-        Ok(ticks / CLOCK_TICKS)
+        cpu_seconds_of(self.pid()?)
     }
 
     async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// User and system CPU seconds process `pid` used so far.
+fn cpu_seconds_of(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command (which may hold spaces) in parentheses.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| anyhow::anyhow!("unreadable /proc stat"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command.
+    let ticks: f64 = fields
+        .get(11..13)
+        .ok_or_else(|| anyhow::anyhow!("short /proc stat"))?
+        .iter()
+        .map(|f| f.parse::<f64>().unwrap_or(0.0))
+        .sum();
+    Ok(ticks / CLOCK_TICKS)
 }
 
 /// The kernel's clock ticks per second (`getconf CLK_TCK`), 100 on Linux.
@@ -817,6 +844,50 @@ pub(crate) struct OnDemandFigures {
     /// one), and with its consumer open.
     pub(crate) cold: Vec<Duration>,
     pub(crate) warm: Vec<Duration>,
+    /// Server CPU (100 = one core) while idle agents' looks arrive at the rate of `agents`
+    /// and of 100,000 agents looking every [`DEFAULT_INBOX_RECHECK`], both lanes.
+    pub(crate) look_cpu: Vec<(usize, f64)>,
+}
+
+/// How long the looks of idle agents are sent at their rate to measure the server's CPU.
+const LOOK_WINDOW: Duration = Duration::from_secs(10);
+
+/// Sends the looks `agents` idle agents make (both lanes every `DEFAULT_INBOX_RECHECK`),
+/// spread evenly over [`LOOK_WINDOW`], and returns the server's CPU meanwhile.
+async fn look_load(
+    js: &broker_adapter::JetStream,
+    stream: &str,
+    subjects: &Subjects,
+    server_pid: u32,
+    agents: usize,
+) -> anyhow::Result<f64> {
+    use agent_sdk::durable::DEFAULT_INBOX_RECHECK;
+    let per_second = 2.0 * agents as f64 / DEFAULT_INBOX_RECHECK.as_secs_f64();
+    let total = (per_second * LOOK_WINDOW.as_secs_f64()) as usize;
+    let cpu0 = cpu_seconds_of(server_pid)?;
+    let t = Instant::now();
+    let mut tick = tokio::time::interval(TICK);
+    let mut sent = 0usize;
+    let mut looks = futures::stream::FuturesUnordered::new();
+    while sent < total {
+        tick.tick().await;
+        let due = ((t.elapsed().as_secs_f64() * per_second) as usize).min(total);
+        while sent < due {
+            let filter = subjects
+                .durable_inbox(&format!("sim-{:06}", sent % agents.max(1)), sent % 2 == 1)?;
+            let js = js.clone();
+            let stream = stream.to_owned();
+            looks.push(async move { js.has_messages(&stream, &filter).await });
+            sent += 1;
+        }
+        while let Some(Some(look)) = futures::FutureExt::now_or_never(looks.next()) {
+            look?;
+        }
+    }
+    while let Some(look) = looks.next().await {
+        look?;
+    }
+    Ok(100.0 * (cpu_seconds_of(server_pid)? - cpu0) / t.elapsed().as_secs_f64())
 }
 
 /// Rounds of the cold and warm durable command measurement.
@@ -854,7 +925,11 @@ async fn first_command(url: &str, rounds: usize) -> anyhow::Result<(Vec<Duration
         .service_discovery(false)
         .connect()
         .await?;
-    let call = || agent_sdk::Call::agent("fleet-durable", "work").command().payload(&());
+    let call = || {
+        agent_sdk::Call::agent("fleet-durable", "work")
+            .command()
+            .payload(&())
+    };
     let mut one = async |released: u64| -> anyhow::Result<Duration> {
         // Cold rounds wait for the release first.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -1070,6 +1145,15 @@ pub(crate) async fn durable_on_demand(
     let consumers_after = monitor_number(&monitor, "/jsz", "consumers").await?;
     let delivered_in = last_done.duration_since(t);
     let (cold, warm) = first_command(&url, FIRST_COMMAND_ROUNDS).await?;
+    let mut look_cpu = Vec::new();
+    if let Some(pid) = server.pid() {
+        for fleet in [agents, 100_000] {
+            look_cpu.push((
+                fleet,
+                look_load(&js, &inbox.name, &subjects, pid, fleet).await?,
+            ));
+        }
+    }
     drop(bells);
     drop(js);
     for c in connections {
@@ -1094,13 +1178,14 @@ pub(crate) async fn durable_on_demand(
         consumers_after,
         cold,
         warm,
+        look_cpu,
     };
     Ok(on_demand_rows(&f))
 }
 
 fn on_demand_rows(f: &OnDemandFigures) -> Vec<Row> {
     let at = |what: &str| format!("{} durable agents, consumers on demand: {what}", f.agents);
-    vec![
+    let mut rows = vec![
         Row::chorus_only(
             &at("time for all to start (bell subscription, a look at both lanes)"),
             "s",
@@ -1176,7 +1261,23 @@ fn on_demand_rows(f: &OnDemandFigures) -> Vec<Row> {
             None,
         )
         .counts(f.warm.len() as u64, f.warm.len() as u64),
-    ]
+    ];
+    for (fleet, cpu) in &f.look_cpu {
+        rows.push(Row::chorus_only(
+            &format!(
+                "server CPU for the looks of {fleet} idle agents (both lanes every {} s)",
+                agent_sdk::durable::DEFAULT_INBOX_RECHECK.as_secs()
+            ),
+            "%",
+            *cpu,
+            &format!(
+                "(reported; {:.0} looks/s; 100 = one core)",
+                2.0 * *fleet as f64 / agent_sdk::durable::DEFAULT_INBOX_RECHECK.as_secs_f64()
+            ),
+            None,
+        ));
+    }
+    rows
 }
 
 /// How long discovery is asked for, many queries in flight, when coordinators share the work.

@@ -482,6 +482,25 @@ mod tests {
     }
 
     #[test]
+    fn load_and_availability_change_no_stored_record_but_the_offer_does() {
+        let before = live("a", &["ocr"], &["eu"]).manifest;
+        let mut busier = before.clone();
+        busier.load = 0.9;
+        busier.availability = agent_sdk::registry::Availability::Busy;
+        busier.eta_ms = Some(5_000);
+        assert!(
+            same_record(&before, &busier),
+            "served from memory, not written"
+        );
+        let mut more = before.clone();
+        more.capabilities = live("a", &["ocr", "tts"], &["eu"]).manifest.capabilities;
+        assert!(!same_record(&before, &more));
+        let mut restarted = before.clone();
+        restarted.instance = "1".into();
+        assert!(!same_record(&before, &restarted));
+    }
+
+    #[test]
     fn the_indexes_follow_every_change_of_a_manifest() {
         let mut table = Table::default();
         table.put("a".into(), live("a", &["ocr"], &["eu"]));
