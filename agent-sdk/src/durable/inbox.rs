@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use broker_adapter::{ConsumerSpec, Deliveries, Delivery};
 use opentelemetry::trace::SpanKind;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -85,14 +86,20 @@ impl Default for InboxConsumers {
     }
 }
 
+/// A lane's bell: rung (capacity one: a ring not yet heard covers the next) when a command is
+/// stored for it.
+type Bell = tokio::sync::mpsc::Receiver<()>;
+/// What rings the bells of the two lanes (normal, high).
+type Rings = [tokio::sync::mpsc::Sender<()>; 2];
+
 /// One priority lane's consumer: its spec, the lanes its deliveries go to, and its bell.
 struct LaneConsumer {
     spec: ConsumerSpec,
     /// The lane's subjects, for the look for stored commands.
     filter: String,
     senders: Vec<tokio::sync::mpsc::UnboundedSender<(Arc<Delivery>, Decoded)>>,
-    /// Rung (capacity one: a ring not yet heard is enough) for each command stored for it.
-    bell: Option<tokio::sync::mpsc::Receiver<()>>,
+    /// Rung for each command stored for it (`None` with consumers always held).
+    bell: Option<Bell>,
 }
 
 /// Why a consumer's deliveries stopped being taken.
@@ -214,24 +221,26 @@ impl DurableInbox {
     }
 
     /// Starts taking this agent's deliveries, once: opens its two consumers (normal and high
-    /// priority), or with [`InboxConsumers::OnDemand`] listens for its bells and opens a
-    /// consumer for each lane where commands wait. Called when the first command handler is
-    /// registered, so stored commands do not arrive before anything can handle them. An
-    /// error here (the server's JetStream out of reach, a right missing) is the caller's.
+    /// priority), or with [`InboxConsumers::OnDemand`] listens for its bells, looks for stored
+    /// commands, and opens a consumer for each lane where some wait. Called when the first
+    /// command handler is registered, so stored commands do not arrive before anything can
+    /// handle them. An error here (the server's JetStream out of reach, a right missing) is
+    /// the caller's.
     pub(crate) async fn start(self: &Arc<Self>) -> Result<(), SdkError> {
         let mut started = self.started.lock().await;
         if *started {
             return Ok(());
         }
-        let mut bells = match self.consumers {
-            InboxConsumers::Always => [None, None],
-            InboxConsumers::OnDemand { .. } => {
-                let [normal, high] = self.listen_for_bells().await?;
-                [Some(normal), Some(high)]
+        let (mut bells, waiting) = match self.consumers {
+            InboxConsumers::Always => ([None, None], [false, false]),
+            InboxConsumers::OnDemand { recheck, .. } => {
+                let (rings, [normal, high]) = self.listen_for_bells().await?;
+                let waiting = self.look().await?;
+                self.spawn_looker(rings, recheck);
+                ([Some(normal), Some(high)], waiting)
             }
         };
         let out = &self.pipeline.out;
-        let stream = out.subjects.stream_name(INBOX_STREAM);
         for high in [false, true] {
             let lanes = if high {
                 (self.lanes / HIGH_PRIORITY_LANE_SHARE).max(1)
@@ -244,13 +253,12 @@ impl DurableInbox {
                 senders: self.spawn_lanes(lanes),
                 bell: bells[usize::from(high)].take(),
             };
-            let (opened, waiting) = match self.consumers {
-                InboxConsumers::Always => (Some(self.open(&lane.spec).await?), false),
-                InboxConsumers::OnDemand { .. } => {
-                    (None, out.js.has_messages(&stream, &lane.filter).await?)
-                }
+            let opened = match self.consumers {
+                InboxConsumers::Always => Some(self.open(&lane.spec).await?),
+                InboxConsumers::OnDemand { .. } => None,
             };
             let inbox = Arc::clone(self);
+            let waiting = waiting[usize::from(high)];
             self.tracker
                 .spawn(async move { inbox.take_deliveries(lane, opened, waiting).await });
         }
@@ -293,30 +301,86 @@ impl DurableInbox {
             .await
     }
 
-    /// Subscribes to this agent's bells; each rings the channel of its lane (normal, high).
-    async fn listen_for_bells(
-        self: &Arc<Self>,
-    ) -> Result<[tokio::sync::mpsc::Receiver<()>; 2], SdkError> {
+    /// One look at the stream for commands stored for this agent: which lanes (normal, high)
+    /// have some. One request for both lanes.
+    async fn look(&self) -> Result<[bool; 2], broker_adapter::Error> {
+        let out = &self.pipeline.out;
+        let stream = out.subjects.stream_name(INBOX_STREAM);
+        let filter = out.subjects.durable_agent_all(&out.id).map_err(|e| {
+            broker_adapter::Error::new(broker_adapter::ErrorKind::InvalidInput, e.to_string())
+        })?;
+        let mut waiting = [false, false];
+        for (subject, count) in out.js.subject_counts(&stream, &filter).await? {
+            if count > 0 {
+                let high = subject.split('.').rev().nth(1) == Some("high");
+                waiting[usize::from(high)] = true;
+            }
+        }
+        Ok(waiting)
+    }
+
+    /// Subscribes to this agent's bells; each rings the channel of its lane. Returns the
+    /// channels' ringers (normal, high), for the looker, and their receivers.
+    async fn listen_for_bells(self: &Arc<Self>) -> Result<(Rings, [Bell; 2]), SdkError> {
         let out = &self.pipeline.out;
         let mut sub = out.broker.subscribe(&out.subjects.bells(&out.id)?).await?;
         let (normal_tx, normal) = tokio::sync::mpsc::channel(1);
         let (high_tx, high) = tokio::sync::mpsc::channel(1);
+        let rings = [normal_tx, high_tx];
+        let listener = rings.clone();
         let inbox = Arc::clone(self);
         self.tracker.spawn(async move {
             let subjects = &inbox.pipeline.out.subjects;
             while let Some(bell) = sub.next_until(inbox.stop.cancelled()).await {
-                let lane = match subjects.bell_is_high(bell.subject()) {
-                    Some(true) => &high_tx,
-                    Some(false) => &normal_tx,
-                    None => continue,
+                let Some(high) = subjects.bell_is_high(bell.subject()) else {
+                    continue;
                 };
                 // Full: a ring not yet heard covers this one.
-                if let Err(tokio::sync::mpsc::error::TrySendError::Closed(())) = lane.try_send(()) {
+                if let Err(TrySendError::Closed(())) = listener[usize::from(high)].try_send(()) {
                     break;
                 }
             }
         });
-        Ok([normal, high])
+        Ok((rings, [normal, high]))
+    }
+
+    /// The agent's own looks for stored commands, in case bells were lost: every `recheck`
+    /// (jittered), after the connection came back or dropped messages, and every 5 s while
+    /// looks fail (JetStream out of reach: a leaf node cut off from its hub, a cluster without
+    /// a leader). A lane found with commands is rung as a bell would.
+    fn spawn_looker(self: &Arc<Self>, rings: Rings, recheck: Duration) {
+        let inbox = Arc::clone(self);
+        let mut events = Some(self.pipeline.out.broker.events());
+        self.tracker.spawn(async move {
+            let mut look_in = recheck;
+            loop {
+                let next_look = tokio::time::Instant::now()
+                    + look_in.mul_f64(0.75 + 0.5 * crate::retry::random_fraction());
+                loop {
+                    tokio::select! {
+                        () = inbox.stop.cancelled() => return,
+                        () = tokio::time::sleep_until(next_look) => break,
+                        look = bells_may_be_lost(&mut events) => if look {
+                            break;
+                        },
+                    }
+                }
+                look_in = match inbox.look().await {
+                    Ok(waiting) => {
+                        for (ring, waiting) in rings.iter().zip(waiting) {
+                            if waiting && let Err(TrySendError::Closed(())) = ring.try_send(()) {
+                                return;
+                            }
+                        }
+                        recheck
+                    }
+                    Err(err) => {
+                        tracing::debug!(agent = %inbox.pipeline.out.id, error = %err, "durable inbox: stored commands not looked for; looking again soon");
+                        recheck.min(LOOK_RETRY)
+                    }
+                };
+            }
+        });
     }
 
     /// Takes one lane's deliveries until the agent stops: from its always-held consumer, or
@@ -326,25 +390,23 @@ impl DurableInbox {
         self: Arc<Self>,
         mut lane: LaneConsumer,
         mut opened: Option<Deliveries>,
-        mut waiting: bool,
+        waiting: bool,
     ) {
         let out = &self.pipeline.out;
         let stream = out.subjects.stream_name(INBOX_STREAM);
         let counters = self.pipeline.counters();
-        let mut events = Some(out.broker.events());
+        // On demand: when the lane looks for itself before its next bell (`None`: it waits for
+        // the bell, or the agent's looker, alone).
+        let mut look_in = waiting.then_some(Duration::ZERO);
         loop {
             let mut deliveries = match opened.take() {
                 Some(deliveries) => deliveries,
                 None => {
-                    if let InboxConsumers::OnDemand { recheck, .. } = self.consumers
-                        && !waiting
-                        && !self
-                            .wait_for_commands(&mut lane, recheck, &mut events)
-                            .await
+                    if self.consumers != InboxConsumers::Always
+                        && !self.wait_for_commands(&mut lane, look_in).await
                     {
                         return;
                     }
-                    waiting = false;
                     match self.open(&lane.spec).await {
                         Ok(deliveries) => {
                             if self.consumers != InboxConsumers::Always {
@@ -353,13 +415,13 @@ impl DurableInbox {
                             deliveries
                         }
                         Err(err) => {
-                            // On demand: the next bell or look tries again.
-                            tracing::warn!(agent = %out.id, consumer = %lane.spec.durable, error = %err, "durable inbox: consumer not opened");
+                            tracing::warn!(agent = %out.id, consumer = %lane.spec.durable, error = %err, "durable inbox: consumer not opened; trying again");
                             if self.consumers == InboxConsumers::Always
                                 && !self.pause(REOPEN_DELAY).await
                             {
                                 return;
                             }
+                            look_in = Some(LOOK_RETRY);
                             continue;
                         }
                     }
@@ -379,16 +441,17 @@ impl DurableInbox {
                     if self.consumers == InboxConsumers::Always && !self.pause(REOPEN_DELAY).await {
                         return;
                     }
-                    // On demand: the look for stored commands decides whether to open again.
-                    waiting = self.consumers == InboxConsumers::Always;
+                    // On demand (another instance released it): a look decides.
+                    look_in = Some(Duration::ZERO);
                 }
                 Ended::Quiet => {
                     drop(deliveries);
-                    // A bell from now on is for a command the state below may not count yet.
+                    // A bell from now on is for a command the state below may not count yet:
+                    // it stays in the channel and opens the consumer again.
                     if let Some(bell) = &mut lane.bell {
                         while bell.try_recv().is_ok() {}
                     }
-                    match out.js.consumer_state(&stream, &lane.spec.durable).await {
+                    look_in = match out.js.consumer_state(&stream, &lane.spec.durable).await {
                         Ok(state) if state.pending == 0 && state.ack_pending == 0 => {
                             match out.js.delete_consumer(&stream, &lane.spec.durable).await {
                                 Ok(()) => {
@@ -398,57 +461,47 @@ impl DurableInbox {
                                     tracing::debug!(agent = %out.id, consumer = %lane.spec.durable, error = %err, "durable inbox: consumer not released");
                                 }
                             }
-                            waiting = false;
+                            None
                         }
                         // Something pending or held: take it.
-                        Ok(_) => waiting = true,
-                        // Gone already (another instance released it) or out of reach: look.
-                        Err(_) => waiting = false,
-                    }
+                        Ok(_) => Some(Duration::ZERO),
+                        // Gone already (another instance released it): look now; out of
+                        // reach: look again soon.
+                        Err(err) if err.kind() == broker_adapter::ErrorKind::NotFound => {
+                            Some(Duration::ZERO)
+                        }
+                        Err(_) => Some(LOOK_RETRY),
+                    };
                 }
             }
         }
     }
 
-    /// Waits until commands wait for this lane: a look at the stream finds some, or a bell
-    /// rings. Looks again after `recheck` (jittered; every 5 s while looks fail) and after the
-    /// connection came back or dropped messages, when bells may have been lost. `false` once
-    /// the agent stops.
+    /// Waits until commands wait for this lane: its bell rings, or (after `look_in`, when
+    /// given) a look at the lane finds some; a failed look is tried again every 5 s. `false`
+    /// once the agent stops.
     async fn wait_for_commands(
         &self,
         lane: &mut LaneConsumer,
-        recheck: Duration,
-        events: &mut Option<tokio::sync::broadcast::Receiver<broker_adapter::ConnectionEvent>>,
+        mut look_in: Option<Duration>,
     ) -> bool {
         let out = &self.pipeline.out;
         let stream = out.subjects.stream_name(INBOX_STREAM);
         loop {
-            if let Some(bell) = &mut lane.bell {
-                // What these announced, the look below finds.
-                while bell.try_recv().is_ok() {}
-            }
-            let look_again = match out.js.has_messages(&stream, &lane.filter).await {
-                Ok(true) => return true,
-                Ok(false) => recheck,
-                // JetStream out of reach (a leaf node cut off from its hub, a cluster
-                // without a leader): bells rung meanwhile are lost, so look again soon.
-                Err(err) => {
-                    tracing::debug!(agent = %out.id, error = %err, "durable inbox: stored commands not looked for; looking again soon");
-                    recheck.min(LOOK_RETRY)
-                }
-            };
-            let next_look = tokio::time::Instant::now()
-                + look_again.mul_f64(0.75 + 0.5 * crate::retry::random_fraction());
-            loop {
-                tokio::select! {
-                    () = self.stop.cancelled() => return false,
-                    () = tokio::time::sleep_until(next_look) => break,
-                    rung = next_bell(&mut lane.bell) => if rung {
-                        return true;
-                    },
-                    look = bells_may_be_lost(events) => if look {
-                        break;
-                    },
+            tokio::select! {
+                () = self.stop.cancelled() => return false,
+                rung = next_bell(&mut lane.bell) => if rung {
+                    return true;
+                },
+                () = sleep_until_some(look_in.map(|d| tokio::time::Instant::now() + d)) => {
+                    look_in = match out.js.has_messages(&stream, &lane.filter).await {
+                        Ok(true) => return true,
+                        Ok(false) => None,
+                        Err(err) => {
+                            tracing::debug!(agent = %out.id, error = %err, "durable inbox: stored commands not looked for; looking again soon");
+                            Some(LOOK_RETRY)
+                        }
+                    };
                 }
             }
         }

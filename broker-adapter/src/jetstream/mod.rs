@@ -505,8 +505,13 @@ impl JetStream {
     }
 
     /// Message counts per subject of stream `name`, for subjects matching `filter`.
+    /// One request for a filter that matches few subjects.
     pub async fn subject_counts(&self, name: &str, filter: &str) -> Result<Vec<(String, u64)>> {
-        let stream = self.stream(name).await?;
+        let stream = self
+            .ctx
+            .get_stream_no_info(name)
+            .await
+            .map_err(|e| js_err(&format!("stream {name}"), e))?;
         let mut subjects = stream
             .info_with_subjects(filter)
             .await
