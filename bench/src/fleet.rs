@@ -1294,6 +1294,9 @@ struct SharedFigures {
     each: Vec<(u64, f64, f64)>,
     queries_per_second: f64,
     discovery_p99: f64,
+    /// CPU while discovery was asked (100 = one core): all coordinators together, the server,
+    /// the simulator (the asking agent, the heartbeats).
+    discovery_cpu: (f64, f64, f64),
     /// Each coordinator's share of the discovery queries answered.
     query_shares: Vec<f64>,
     /// Broadcasts each coordinator fanned out.
@@ -1396,6 +1399,18 @@ async fn shared(program: &Path, n: usize, count: usize) -> anyhow::Result<Shared
         }
         let query = DiscoverQuery::capability("rare");
         let holders = n.div_ceil(RARE_EVERY);
+        let cpu_now = |coordinators: &[Coordinator]| -> anyhow::Result<(f64, f64, f64)> {
+            let mut sum = 0.0;
+            for c in coordinators {
+                sum += c.cpu_seconds()?;
+            }
+            let server_cpu = match server.pid() {
+                Some(pid) => cpu_seconds_of(pid)?,
+                None => 0.0,
+            };
+            Ok((sum, server_cpu, cpu_seconds_of(std::process::id())?))
+        };
+        let cpu0 = cpu_now(&coordinators)?;
         let t = Instant::now();
         let mut latencies = Vec::new();
         let mut asked = futures::stream::iter(0..)
@@ -1417,7 +1432,14 @@ async fn shared(program: &Path, n: usize, count: usize) -> anyhow::Result<Shared
             }
         }
         drop(asked);
-        let queries_per_second = latencies.len() as f64 / t.elapsed().as_secs_f64();
+        let window = t.elapsed().as_secs_f64();
+        let cpu1 = cpu_now(&coordinators)?;
+        let discovery_cpu = (
+            100.0 * (cpu1.0 - cpu0.0) / window,
+            100.0 * (cpu1.1 - cpu0.1) / window,
+            100.0 * (cpu1.2 - cpu0.2) / window,
+        );
+        let queries_per_second = latencies.len() as f64 / window;
         latencies.sort();
         let discovery_p99 = percentile(&latencies, 0.99);
         let mut query_shares = Vec::with_capacity(count);
@@ -1455,6 +1477,7 @@ async fn shared(program: &Path, n: usize, count: usize) -> anyhow::Result<Shared
             each,
             queries_per_second,
             discovery_p99,
+            discovery_cpu,
             query_shares,
             broadcasts,
             broadcasts_delivered,
@@ -1507,9 +1530,12 @@ fn shared_rows(f: &SharedFigures, single_rate: f64) -> Vec<Row> {
             "q/s",
             f.queries_per_second,
             &format!(
-                "(reported; {:.2} of one coordinator's; p99 {:.0} us)",
+                "(reported; {:.2} of one coordinator's; p99 {:.0} us; CPU: coordinators {:.0} %, server {:.0} %, asker {:.0} %)",
                 f.queries_per_second / single_rate.max(1.0),
-                f.discovery_p99
+                f.discovery_p99,
+                f.discovery_cpu.0,
+                f.discovery_cpu.1,
+                f.discovery_cpu.2
             ),
             None,
         ),

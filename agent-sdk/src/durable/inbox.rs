@@ -65,10 +65,11 @@ pub enum InboxConsumers {
     /// Only while commands wait (the default). The inbox stream republishes the headers of
     /// every stored command to its agent's bell (`_INBOX.<agent>.bell.<root>.<lane>.<command>`);
     /// a bell opens that lane's consumer, and the agent deletes it again once nothing has
-    /// arrived for `release_after` and the server has nothing pending for it. An agent that
-    /// starts, reconnects, misses messages as a slow consumer, or has heard no bell for
-    /// `recheck` (jittered) looks for stored commands itself, so a lost bell delays a command by
-    /// at most `recheck`.
+    /// arrived for `release_after` and the server has nothing pending for it. An agent looks
+    /// for stored commands itself (one request for both lanes) when it starts, after it
+    /// reconnects or misses messages as a slow consumer, every `recheck` (jittered), and every
+    /// 5 s while looks fail; so a lost bell delays a command by at most `recheck`, and each
+    /// idle agent costs the server one look per `recheck`.
     OnDemand {
         /// Quiet time after which a consumer with nothing pending is deleted.
         release_after: Duration,
