@@ -375,3 +375,88 @@ async def test_a_compressed_or_by_reference_reply_is_not_handed_to_the_caller_as
             assert raw.content_encoding == "zstd" and raw.payload == vector("17-payload-compressed").payload
     finally:
         await nc.close()
+
+
+async def _consumer_exists(js: Any, stream: str, name: str) -> bool:
+    try:
+        await js.consumer_info(stream, name)
+        return True
+    except nats.js.errors.NotFoundError:
+        return False
+
+
+async def _until(what: str, check: Any) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def _inbox_started(agent: Agent) -> None:
+    async def started() -> bool:
+        return agent._durable is not None and agent._durable._started
+
+    await _until("the durable inbox started", started)
+
+
+async def test_an_on_demand_inbox_holds_no_consumer_until_a_bell_and_releases_it_when_quiet(server: Any) -> None:
+    from chorus.durable import InboxOptions
+
+    handled: list[int] = []
+    options = InboxOptions(release_after=0.4)
+    async with Agent("py-on-demand", servers=server.url, heartbeat_interval=0, inbox=options) as worker:
+
+        @worker.command("work")
+        async def work(ctx: Context) -> None:
+            handled.append(decode_payload(ctx.envelope.payload, ctx.envelope.content_type))
+
+        await _inbox_started(worker)
+        js = worker.nc.jetstream()
+        stream = worker.subjects.stream_name("INBOX")
+        # Started with an empty inbox: no consumer on the server.
+        assert not await _consumer_exists(js, stream, "py-on-demand")
+        assert not await _consumer_exists(js, stream, "py-on-demand_high")
+        async with Agent("py-on-demand-sender", servers=server.url, heartbeat_interval=0) as sender:
+            for n in range(3):
+                await sender.send("py-on-demand", "work", n, delivery=Delivery.AT_LEAST_ONCE)
+
+            async def three() -> bool:
+                return len(handled) == 3
+
+            await _until("three commands handled", three)
+            assert handled == [0, 1, 2]
+            assert worker.stats.inbox_consumers_opened == 1
+            assert not await _consumer_exists(js, stream, "py-on-demand_high"), "no bell for the high lane"
+
+            async def released() -> bool:
+                return worker.stats.inbox_consumers_released == 1 and not await _consumer_exists(
+                    js, stream, "py-on-demand"
+                )
+
+            await _until("the consumer released", released)
+            # The next command rings again and opens it again.
+            await sender.send("py-on-demand", "work", 3, delivery=Delivery.AT_LEAST_ONCE)
+
+            async def four() -> bool:
+                return len(handled) == 4
+
+            await _until("a command after the release handled", four)
+            assert worker.stats.inbox_consumers_opened == 2
+
+
+async def test_an_inbox_with_consumers_always_held_holds_both_from_its_start(server: Any) -> None:
+    from chorus.durable import InboxOptions
+
+    options = InboxOptions(on_demand=False)
+    async with Agent("py-always", servers=server.url, heartbeat_interval=0, inbox=options) as worker:
+
+        @worker.command("work")
+        async def work(ctx: Context) -> None:
+            return None
+
+        await _inbox_started(worker)
+        js = worker.nc.jetstream()
+        stream = worker.subjects.stream_name("INBOX")
+        assert await _consumer_exists(js, stream, "py-always")
+        assert await _consumer_exists(js, stream, "py-always_high")
+        assert worker.stats.inbox_consumers_opened == 0

@@ -25,6 +25,8 @@ class Host(Protocol):
     request_timeout: float
     max_message_bytes: int | None
     stats: Any
+    #: Called after the connection comes back (bells may have been lost meanwhile).
+    reconnect_hooks: list[Callable[[], None]]
 
     @property
     def nc(self) -> Client: ...

@@ -74,6 +74,9 @@ class Stats:
     retries: int = 0
     dead_lettered: int = 0
     duplicates: int = 0
+    #: Inbox consumers opened because commands waited, and deleted once none did (on demand).
+    inbox_consumers_opened: int = 0
+    inbox_consumers_released: int = 0
 
 
 @dataclass
@@ -157,6 +160,7 @@ class Agent:
         self.service_discovery = service_discovery
         self._endpoint_stats: dict[str, EndpointStats] = {}
         self.inbox_options = inbox or InboxOptions()
+        self.reconnect_hooks: list[Callable[[], None]] = []
         self.default_delivery = default_delivery
         self.shutdown_timeout = shutdown_timeout
         self.nats_options = dict(nats_options or {})
@@ -291,8 +295,18 @@ class Agent:
 
     async def connect(self) -> Agent:
         """Connects, subscribes every handler registered so far, and announces the agent."""
-        options = {"name": self.id, "inbox_prefix": self.subjects.reply_prefix(self.id).encode()}
+        options: dict[str, Any] = {"name": self.id, "inbox_prefix": self.subjects.reply_prefix(self.id).encode()}
         options.update(self.nats_options)
+        # Bells may be lost while the connection is down: the durable inbox looks after it.
+        user_reconnected = options.get("reconnected_cb")
+
+        async def reconnected() -> None:
+            for hook in list(self.reconnect_hooks):
+                hook()
+            if user_reconnected is not None:
+                await user_reconnected()
+
+        options["reconnected_cb"] = reconnected
         self._nc = await nats.connect(self.servers, **options)
         if self.max_message_bytes is None:
             self.max_message_bytes = self._nc.max_payload

@@ -27,6 +27,10 @@ from .status import ChorusError, StatusCode
 log = logging.getLogger("chorus")
 
 INBOX_STREAM = "INBOX"
+#: How long the server keeps an on-demand consumer no client pulls from (its agent went away).
+ABANDONED_CONSUMER_AFTER = 3600.0
+#: How soon a failed look for stored commands is tried again (JetStream out of reach).
+LOOK_RETRY = 5.0
 DLQ_STREAM = "DLQ"
 ADVISORY_STREAM = "ADVISORIES"
 CONFIG_BUCKET = "config"
@@ -135,6 +139,13 @@ class InboxOptions:
     #: limits a stream that does not say to 1,000 (500 durable agents); the Rust default.
     max_consumers: int = 200_000
     replicas: int = 1
+    #: Hold each lane's consumer only while commands wait (the Rust default): a stored
+    #: command's bell opens it, and it is deleted after ``release_after`` seconds with nothing
+    #: arriving and nothing pending. False: both consumers are held from the start.
+    on_demand: bool = True
+    release_after: float = 30.0
+    #: Longest time between the agent's own looks for stored commands (a bell can be lost).
+    recheck: float = 60.0
 
 
 @dataclass
@@ -181,6 +192,8 @@ class DurableInbox:
         self._stop = asyncio.Event()
         self._held: dict[int, Msg] = {}
         self._recent: dict[int, None] = {}
+        self._bells: list[asyncio.Event] = []
+        self._bell_sub: Any = None
 
     async def start(self) -> None:
         if self._started:
@@ -222,29 +235,149 @@ class DurableInbox:
             ),
         )
         await self._load_policies(js)
+        waiting = [False, False]
+        if self.options.on_demand:
+            self._bells = [asyncio.Event(), asyncio.Event()]
+
+            async def ring(msg: Msg) -> None:
+                high = subjects.bell_is_high(msg.subject)
+                if high is not None:
+                    self._bells[high].set()
+
+            self._bell_sub = await agent.nc.subscribe(subjects.bells(agent.id), cb=ring)
+            waiting = await self._look(js)
+            self._tasks.append(asyncio.ensure_future(self._looker(js)))
         for high in (False, True):
-            durable = f"{agent.id}_high" if high else agent.id
-            config = ConsumerConfig(
-                durable_name=durable,
-                description=f"durable inbox of agent {agent.id} ({'high' if high else 'normal'} priority)",
-                ack_policy=AckPolicy.EXPLICIT,
-                ack_wait=self.options.ack_wait,
-                max_deliver=self.policies.max_attempts(),
-                max_ack_pending=self.options.max_in_flight,
-                filter_subjects=[subjects.durable_inbox(agent.id, high)],
-            )
-            await js.add_consumer(inbox, config)
-            sub = await js.pull_subscribe_bind(durable=durable, stream=inbox)
             lanes = max(self.options.lanes // HIGH_PRIORITY_LANE_SHARE, 1) if high else self.options.lanes
             queues: list[asyncio.Queue[tuple[Msg, Envelope | DecodeError]]] = [asyncio.Queue() for _ in range(lanes)]
             for q in queues:
                 self._tasks.append(asyncio.ensure_future(self._lane(q)))
-            self._tasks.append(asyncio.ensure_future(self._pull(sub, queues)))
+            if self.options.on_demand:
+                self._tasks.append(asyncio.ensure_future(self._on_demand(js, high, queues, waiting[high])))
+            else:
+                await js.add_consumer(inbox, self._consumer_config(high))
+                sub = await js.pull_subscribe_bind(durable=self._durable_name(high), stream=inbox)
+                self._tasks.append(asyncio.ensure_future(self._pull(sub, queues)))
         self._tasks.append(asyncio.ensure_future(self._keeper()))
         self._started = True
 
+    def _durable_name(self, high: bool) -> str:
+        return f"{self.agent.id}_high" if high else self.agent.id
+
+    def _consumer_config(self, high: bool) -> ConsumerConfig:
+        agent = self.agent
+        return ConsumerConfig(
+            durable_name=self._durable_name(high),
+            description=f"durable inbox of agent {agent.id} ({'high' if high else 'normal'} priority)",
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.options.ack_wait,
+            max_deliver=self.policies.max_attempts(),
+            max_ack_pending=self.options.max_in_flight,
+            filter_subjects=[agent.subjects.durable_inbox(agent.id, high)],
+            inactive_threshold=ABANDONED_CONSUMER_AFTER if self.options.on_demand else None,
+        )
+
+    async def _stored(self, js: Any, filter_subject: str) -> list[str]:
+        """The subjects under ``filter_subject`` with commands stored: one request."""
+        info = await js.stream_info(self.agent.subjects.stream_name(INBOX_STREAM), subjects_filter=filter_subject)
+        return [subject for subject, count in (info.state.subjects or {}).items() if count]
+
+    async def _look(self, js: Any) -> list[bool]:
+        """Which lanes (normal, high) have commands stored for this agent."""
+        waiting = [False, False]
+        for subject in await self._stored(js, self.agent.subjects.durable_agent_all(self.agent.id)):
+            waiting[subject.split(".")[-2] == "high"] = True
+        return waiting
+
+    async def _looker(self, js: Any) -> None:
+        """Looks for stored commands every ``recheck`` (jittered), after a reconnect, and every
+        5 s while looks fail, and rings the lanes where some wait: a lost bell is made up."""
+        look_now = asyncio.Event()
+        self.agent.reconnect_hooks.append(look_now.set)
+        look_in = self.options.recheck
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(look_now.wait(), timeout=look_in * (0.75 + 0.5 * random.random()))
+            except asyncio.TimeoutError:
+                pass
+            look_now.clear()
+            try:
+                for high, waits in enumerate(await self._look(js)):
+                    if waits:
+                        self._bells[high].set()
+                look_in = self.options.recheck
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - JetStream out of reach: look again soon
+                log.debug("durable inbox: stored commands not looked for: %s", e)
+                look_in = min(self.options.recheck, LOOK_RETRY)
+
+    async def _on_demand(
+        self, js: Any, high: bool, queues: list[asyncio.Queue[tuple[Msg, Envelope | DecodeError]]], waiting: bool
+    ) -> None:
+        """One lane's consumer, opened when a bell rings or a look finds commands, deleted after
+        ``release_after`` seconds with nothing arriving and nothing pending (section 7.5)."""
+        agent = self.agent
+        inbox = agent.subjects.stream_name(INBOX_STREAM)
+        durable = self._durable_name(high)
+        bell = self._bells[high]
+        look_in: float | None = 0.0 if waiting else None
+        while not self._stop.is_set():
+            # Wait for a bell, or look for the lane's commands when asked to.
+            while not bell.is_set():
+                try:
+                    await asyncio.wait_for(bell.wait(), timeout=look_in)
+                except asyncio.TimeoutError:
+                    try:
+                        if await self._stored(js, agent.subjects.durable_inbox(agent.id, high)):
+                            break
+                        look_in = None
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:  # noqa: BLE001 - out of reach: look again soon
+                        look_in = LOOK_RETRY
+            bell.clear()
+            try:
+                await js.add_consumer(inbox, self._consumer_config(high))
+                sub = await js.pull_subscribe_bind(durable=durable, stream=inbox)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - try again soon
+                log.warning("durable inbox: consumer %s not opened: %s", durable, e)
+                look_in = LOOK_RETRY
+                continue
+            agent.stats.inbox_consumers_opened += 1
+            await self._pull(sub, queues, quiet=self.options.release_after)
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - the connection closing
+                pass
+            if self._stop.is_set():
+                return
+            # A bell from now on is for a command the state below may not count: it reopens.
+            bell.clear()
+            try:
+                info = await js.consumer_info(inbox, durable)
+                if info.num_pending == 0 and info.num_ack_pending == 0:
+                    await js.delete_consumer(inbox, durable)
+                    agent.stats.inbox_consumers_released += 1
+                    look_in = None
+                else:
+                    look_in = 0.0
+            except nats.js.errors.NotFoundError:
+                look_in = 0.0  # another instance released it: look
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - out of reach: look again soon
+                look_in = LOOK_RETRY
+
     async def stop(self) -> None:
         self._stop.set()
+        if self._bell_sub is not None:
+            try:
+                await self._bell_sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - the connection already closing
+                pass
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -271,19 +404,34 @@ class DurableInbox:
         except (ValueError, KeyError, TypeError) as e:
             log.warning("agent %s: published retry policies unusable (%s); using defaults", self.agent.id, e)
 
-    async def _pull(self, sub: Any, queues: list[asyncio.Queue[tuple[Msg, Envelope | DecodeError]]]) -> None:
+    async def _pull(
+        self,
+        sub: Any,
+        queues: list[asyncio.Queue[tuple[Msg, Envelope | DecodeError]]],
+        quiet: float | None = None,
+    ) -> None:
+        """Takes deliveries until the agent stops or, with ``quiet``, until nothing has arrived
+        for that long and nothing is held here."""
         batch = min(self.options.max_in_flight, MAX_PULL_BATCH)
+        loop = asyncio.get_running_loop()
+        last = loop.time()
         while not self._stop.is_set():
+            if quiet is not None and loop.time() - last >= quiet:
+                if not self._held:
+                    return
+                last = loop.time()
+            wait = 5.0 if quiet is None else max(min(5.0, quiet), 0.05)
             try:
-                msgs = await sub.fetch(batch, timeout=5.0)
+                msgs = await sub.fetch(batch, timeout=wait)
             except nats.errors.TimeoutError:
                 continue
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the server away: try again shortly
                 log.debug("durable inbox: pull interrupted: %s", e)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(1.0 if quiet is None else min(1.0, quiet))
                 continue
+            last = loop.time()
             for msg in msgs:
                 # Decoded once, here, to choose the lane by sender; the lane gets the envelope.
                 try:
