@@ -452,8 +452,19 @@ impl DurableInbox {
                     if let Some(bell) = &mut lane.bell {
                         while bell.try_recv().is_ok() {}
                     }
-                    look_in = match out.js.consumer_state(&stream, &lane.spec.durable).await {
+                    let idle = match out.js.consumer_state(&stream, &lane.spec.durable).await {
                         Ok(state) if state.pending == 0 && state.ack_pending == 0 => {
+                            // Commands still stored that the consumer neither offers nor waits
+                            // on are ones it gave up on (`max_deliver`), waiting for the
+                            // coordinator to dead-letter them: the consumer stays, so a new one
+                            // does not deliver them all over again.
+                            out.js.has_messages(&stream, &lane.filter).await.map(Some)
+                        }
+                        Ok(_) => Ok(None),
+                        Err(err) => Err(err),
+                    };
+                    look_in = match idle {
+                        Ok(Some(false)) => {
                             match out.js.delete_consumer(&stream, &lane.spec.durable).await {
                                 Ok(()) => {
                                     AgentCounters::bump(&counters.inbox_consumers_released);
@@ -464,7 +475,7 @@ impl DurableInbox {
                             }
                             None
                         }
-                        // Something pending or held: take it.
+                        // Something pending or held, or given up on: keep the consumer.
                         Ok(_) => Some(Duration::ZERO),
                         // Gone already (another instance released it): look now; out of
                         // reach: look again soon.

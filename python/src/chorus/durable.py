@@ -358,7 +358,14 @@ class DurableInbox:
             bell.clear()
             try:
                 info = await js.consumer_info(inbox, durable)
-                if info.num_pending == 0 and info.num_ack_pending == 0:
+                # Commands still stored that the consumer neither offers nor waits on are ones it
+                # gave up on (max_deliver), waiting for the coordinator to dead-letter them: it
+                # stays, so a new consumer does not deliver them all over again.
+                if (
+                    info.num_pending == 0
+                    and info.num_ack_pending == 0
+                    and not await self._stored(js, agent.subjects.durable_inbox(agent.id, high))
+                ):
                     await js.delete_consumer(inbox, durable)
                     agent.stats.inbox_consumers_released += 1
                     look_in = None

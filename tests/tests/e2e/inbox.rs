@@ -223,3 +223,40 @@ async fn instances_sharing_an_on_demand_inbox_lose_nothing_across_releases() {
         instance.shutdown().await;
     }
 }
+
+#[tokio::test]
+async fn a_command_the_consumer_gave_up_on_keeps_it_so_it_is_not_delivered_all_over_again() {
+    let server = server();
+    // Never acked: every delivery runs out its ack wait, until `max_deliver` (the retry
+    // policy's attempts) makes the server give up. No coordinator runs to dead-letter it, so
+    // it stays stored.
+    let worker = on_demand(&server, Duration::from_secs(60))
+        .durable_ack_wait(Duration::from_millis(300))
+        .skip_acks(u64::MAX)
+        .connect()
+        .await
+        .expect("connect");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    record_work(&worker, Arc::clone(&seen)).await;
+    let sender = agent(&server, "producer").await;
+    sender
+        .send_durable(work(7, Priority::Normal))
+        .await
+        .expect("stored");
+    let attempts = agent_sdk::retry::RetryPolicies::default().max_attempts() as usize;
+    seen_count(&seen, attempts, "every attempt the policy allows").await;
+    // Quiet periods pass (release after 400 ms) with the command still stored: the consumer
+    // stays, and no new one starts its count again.
+    tokio::time::sleep(RELEASE_AFTER * 6).await;
+    assert_eq!(
+        seen.lock().expect("lock").len(),
+        attempts,
+        "delivered {attempts} times, no more"
+    );
+    assert!(
+        consumer_exists(&worker, "worker").await,
+        "kept while the command is stored"
+    );
+    assert_eq!(worker.stats().inbox_consumers_released, 0);
+    worker.shutdown().await;
+}
