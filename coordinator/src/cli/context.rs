@@ -33,6 +33,8 @@ pub(crate) struct Saved {
     pub(crate) id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) root: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) js_domain: Option<String>,
 }
 
 impl Saved {
@@ -50,6 +52,7 @@ impl Saved {
             nkey_file: over.nkey_file.or(self.nkey_file),
             id: over.id.or(self.id),
             root: over.root.or(self.root),
+            js_domain: over.js_domain.or(self.js_domain),
         }
     }
 }
@@ -63,7 +66,7 @@ pub(crate) struct Args {
 #[derive(Debug, clap::Subcommand)]
 enum Action {
     /// Save the connection flags given with this command (--server, --tls-*, --nkey-file,
-    /// --id, --root) under NAME, replacing one of that name.
+    /// --id, --root, --js-domain) under NAME, replacing one of that name.
     Save {
         /// The context's name: letters, digits, `-` and `_`.
         name: String,

@@ -69,6 +69,11 @@ pub(crate) struct Cli {
     /// Subject root shared by every agent of one bus [default: chorus].
     #[arg(long, global = true, env = "CHORUS_ROOT", help_heading = CONNECTION)]
     root: Option<String>,
+    /// The JetStream domain of the bus's streams, for a CLI on a leaf node without JetStream
+    /// of its own whose hub runs JetStream in that domain (docs/OPERATIONS.md, "Sites and leaf
+    /// nodes") [default: the server's own JetStream].
+    #[arg(long, global = true, env = "CHORUS_JS_DOMAIN", help_heading = CONNECTION)]
+    js_domain: Option<String>,
     /// Saved connection settings to use (`chorus context`) [default: the selected one]; a
     /// flag or variable above wins over the context's.
     #[arg(long, global = true, env = "CHORUS_CONTEXT", help_heading = CONNECTION)]
@@ -91,6 +96,7 @@ impl Cli {
             nkey_file: self.nkey_file.clone(),
             id: self.agent_id.clone(),
             root: self.root.clone(),
+            js_domain: self.js_domain.clone(),
         }
     }
 
@@ -107,6 +113,7 @@ impl Cli {
             server: settings.server,
             id: settings.id,
             root: settings.root,
+            js_domain: settings.js_domain,
             security: ConnectionSecurity {
                 tls_ca: settings.tls_ca,
                 tls_cert: settings.tls_cert,
@@ -229,6 +236,8 @@ pub(crate) struct ConnectionArgs {
     pub(crate) id: Option<String>,
     /// `--root`, if given.
     pub(crate) root: Option<String>,
+    /// `--js-domain`, if given.
+    pub(crate) js_domain: Option<String>,
     /// `--tls-ca`, `--tls-cert`, `--tls-key`, `--nkey-file`.
     pub(crate) security: ConnectionSecurity,
     /// The permission refusals the server reported to this command's connections.
@@ -255,7 +264,12 @@ impl ConnectionArgs {
 
     /// Broker options for the server, secured as asked.
     pub(crate) fn broker_options(&self) -> anyhow::Result<BrokerOptions> {
-        Ok(self.security.apply(BrokerOptions::new([self.url()]))?)
+        let mut options = self.security.apply(BrokerOptions::new([self.url()]))?;
+        if let Some(domain) = &self.js_domain {
+            agent_sdk::subject::validate_token("JetStream domain", domain)?;
+            options = options.jetstream_domain(domain.clone());
+        }
+        Ok(options)
     }
 
     /// A short-lived agent for one command, speaking JSON, as `--id` (default `cli-<pid>`).

@@ -236,6 +236,66 @@ async fn a_site_on_a_leaf_node_reaches_the_hub_works_cut_off_and_catches_up() {
     .await;
     assert_eq!(answer, "field");
 
+    // The CLI at the site: a durable send needs the hub's JetStream, reached by its domain.
+    let cli = |args: &[&str]| {
+        let mut cmd = tokio::process::Command::new(chorus_tests::chorus_binary());
+        cmd.args(["--server", leaf_url.as_str()])
+            .args(args)
+            .env(
+                "CHORUS_CONFIG_DIR",
+                std::env::temp_dir().join("chorus-leaf-cli"),
+            )
+            .kill_on_drop(true);
+        async move {
+            within(WAIT, "the chorus CLI", cmd.output())
+                .await
+                .expect("run chorus")
+        }
+    };
+    let send = [
+        "send",
+        "--to",
+        "field",
+        "--command",
+        "record",
+        "--durable",
+        "20",
+    ];
+    let without = cli(&send).await;
+    assert!(
+        !without.status.success(),
+        "no JetStream at the leaf without its domain: {}",
+        String::from_utf8_lossy(&without.stdout)
+    );
+    let mut with_domain = vec!["--js-domain", chorus_nats_server::HUB_DOMAIN];
+    with_domain.extend(send);
+    let stored = cli(&with_domain).await;
+    assert!(
+        stored.status.success(),
+        "stored through the hub's domain: {}",
+        String::from_utf8_lossy(&stored.stderr)
+    );
+    eventually(WAIT, "the CLI's durable command at the site", || async {
+        firsts(&recorded).contains(&20).then_some(())
+    })
+    .await;
+    let bad = cli(&[
+        "--js-domain",
+        "not a token",
+        "send",
+        "--to",
+        "field",
+        "--command",
+        "record",
+    ])
+    .await;
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("JetStream domain"),
+        "a bad domain is named: {}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+
     field.shutdown().await;
     neighbour.shutdown().await;
     hq.shutdown().await;
