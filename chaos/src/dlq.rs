@@ -12,15 +12,29 @@ use crate::ledger::Letter;
 
 /// How often a wait polls the server.
 const POLL: Duration = Duration::from_millis(100);
+/// How long the dead-letter stream may go unanswered (a leader being elected) before reading
+/// it fails.
+const READ_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Every dead letter in the stream, with the message id its payload decodes to (none for a
 /// foreign or undecodable message).
 pub(crate) async fn letters(js: &JetStream, subjects: &Subjects) -> anyhow::Result<Vec<Letter>> {
     let stream = subjects.stream_name(DLQ_STREAM);
-    let state = match js.stream_state(&stream).await {
-        Ok(s) => s,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).context("cannot read the dead-letter stream"),
+    // A cluster still electing the stream's leader after a fault (slow on a loaded machine)
+    // times a request out: asked again, up to a deadline.
+    let deadline = Instant::now() + READ_DEADLINE;
+    let state = loop {
+        match js.stream_state(&stream).await {
+            Ok(s) => break s,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e)
+                if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::NoResponders)
+                    && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(POLL).await;
+            }
+            Err(e) => return Err(e).context("cannot read the dead-letter stream"),
+        }
     };
     let mut out = Vec::new();
     if state.messages == 0 {
