@@ -51,9 +51,11 @@ const LOOK_RETRY: Duration = Duration::from_secs(5);
 /// How long the server keeps an on-demand consumer no client pulls from (its agent crashed or
 /// left): its deliveries' counts last this long across a restart.
 pub const ABANDONED_CONSUMER_AFTER: Duration = Duration::from_secs(3600);
-/// How long an always-held consumer that could not be opened, or that the server closed,
-/// waits before it is opened again.
+/// How long a consumer that could not be opened waits before the first try again (each
+/// further try waits twice as long).
 const REOPEN_DELAY: Duration = Duration::from_secs(1);
+/// Opens tried in a row before a lane gives up with an error (1 + 2 + 4 + 8 s of waits).
+const MAX_OPEN_ATTEMPTS: u32 = 5;
 
 /// When an agent's durable inbox holds its consumers on the server (docs/SCALE.md measures
 /// both).
@@ -126,6 +128,8 @@ pub(crate) struct DurableInbox {
     pub(crate) tracker: TaskTracker,
     pub(crate) stop: CancellationToken,
     started: tokio::sync::Mutex<bool>,
+    /// Asks the looker (on demand) to look for stored commands now.
+    look_soon: tokio::sync::Notify,
     /// Deliveries taken and not yet settled, by stream sequence: the keeper reports progress
     /// on each, so one waiting its turn in a lane is not redelivered meanwhile.
     held: std::sync::Mutex<std::collections::HashMap<u64, Arc<Delivery>>>,
@@ -176,6 +180,7 @@ impl DurableInbox {
             tracker,
             stop,
             started: tokio::sync::Mutex::new(false),
+            look_soon: tokio::sync::Notify::new(),
             held: std::sync::Mutex::new(std::collections::HashMap::new()),
             recent: std::sync::Mutex::new(Recent::default()),
             #[cfg(feature = "fault-injection")]
@@ -346,9 +351,10 @@ impl DurableInbox {
     }
 
     /// The agent's own looks for stored commands, in case bells were lost: every `recheck`
-    /// (jittered), after the connection came back or dropped messages, and every 5 s while
-    /// looks fail (JetStream out of reach: a leaf node cut off from its hub, a cluster without
-    /// a leader). A lane found with commands is rung as a bell would.
+    /// (jittered), after the connection came back or dropped messages, when a lane asks
+    /// (`look_soon`), and every 5 s while looks fail (JetStream out of reach: a leaf node cut
+    /// off from its hub, a cluster without a leader). A lane found with commands is rung as a
+    /// bell would. The only place an on-demand inbox looks again after a failure.
     fn spawn_looker(self: &Arc<Self>, rings: Rings, recheck: Duration) {
         let inbox = Arc::clone(self);
         let mut events = Some(self.pipeline.out.broker.events());
@@ -361,6 +367,7 @@ impl DurableInbox {
                     tokio::select! {
                         () = inbox.stop.cancelled() => return,
                         () = tokio::time::sleep_until(next_look) => break,
+                        () = inbox.look_soon.notified() => break,
                         look = bells_may_be_lost(&mut events) => if look {
                             break;
                         },
@@ -396,33 +403,44 @@ impl DurableInbox {
         let out = &self.pipeline.out;
         let stream = out.subjects.stream_name(INBOX_STREAM);
         let counters = self.pipeline.counters();
-        // On demand: when the lane looks for itself before its next bell (`None`: it waits for
-        // the bell, or the agent's looker, alone).
-        let mut look_in = waiting.then_some(Duration::ZERO);
+        let on_demand = self.consumers != InboxConsumers::Always;
+        // On demand: whether the lane looks at its own commands before waiting for its bell.
+        let mut look_now = waiting;
+        // Opens that failed in a row: each waits twice as long as the one before, and the
+        // last of them ends the try (on demand, until the next bell or look; always held,
+        // for good), with an error that says why.
+        let mut failed_opens = 0u32;
         loop {
             let mut deliveries = match opened.take() {
                 Some(deliveries) => deliveries,
                 None => {
-                    if self.consumers != InboxConsumers::Always
-                        && !self.wait_for_commands(&mut lane, look_in).await
-                    {
+                    if on_demand && !self.wait_for_commands(&mut lane, look_now).await {
                         return;
                     }
+                    look_now = false;
                     match self.open(&lane.spec).await {
                         Ok(deliveries) => {
-                            if self.consumers != InboxConsumers::Always {
+                            failed_opens = 0;
+                            if on_demand {
                                 AgentCounters::bump(&counters.inbox_consumers_opened);
                             }
                             deliveries
                         }
                         Err(err) => {
+                            failed_opens += 1;
+                            if failed_opens >= MAX_OPEN_ATTEMPTS {
+                                tracing::error!(agent = %out.id, consumer = %lane.spec.durable, error = %err, attempts = failed_opens, "durable inbox: consumer cannot be opened; {}", if on_demand { "trying again at the next bell or look" } else { "this lane takes no more deliveries" });
+                                if !on_demand {
+                                    return;
+                                }
+                                failed_opens = 0;
+                                continue;
+                            }
                             tracing::warn!(agent = %out.id, consumer = %lane.spec.durable, error = %err, "durable inbox: consumer not opened; trying again");
-                            if self.consumers == InboxConsumers::Always
-                                && !self.pause(REOPEN_DELAY).await
-                            {
+                            if !self.pause(REOPEN_DELAY * 2u32.pow(failed_opens - 1)).await {
                                 return;
                             }
-                            look_in = Some(LOOK_RETRY);
+                            look_now = true;
                             continue;
                         }
                     }
@@ -438,12 +456,10 @@ impl DurableInbox {
             {
                 Ended::Stopped => return,
                 Ended::Closed => {
+                    // Always held: opened again. On demand (another instance released it): a
+                    // look decides.
                     tracing::debug!(agent = %out.id, consumer = %lane.spec.durable, "durable inbox: the server ended the pull");
-                    if self.consumers == InboxConsumers::Always && !self.pause(REOPEN_DELAY).await {
-                        return;
-                    }
-                    // On demand (another instance released it): a look decides.
-                    look_in = Some(Duration::ZERO);
+                    look_now = true;
                 }
                 Ended::Quiet => {
                     drop(deliveries);
@@ -452,69 +468,70 @@ impl DurableInbox {
                     if let Some(bell) = &mut lane.bell {
                         while bell.try_recv().is_ok() {}
                     }
-                    let idle = match out.js.consumer_state(&stream, &lane.spec.durable).await {
-                        Ok(state) if state.pending == 0 && state.ack_pending == 0 => {
-                            // Commands still stored that the consumer neither offers nor waits
-                            // on are ones it gave up on (`max_deliver`), waiting for the
-                            // coordinator to dead-letter them: the consumer stays, so a new one
-                            // does not deliver them all over again.
-                            out.js.has_messages(&stream, &lane.filter).await.map(Some)
+                    look_now = match self.release(&stream, &lane).await {
+                        Ok(true) => {
+                            AgentCounters::bump(&counters.inbox_consumers_released);
+                            false
                         }
-                        Ok(_) => Ok(None),
-                        Err(err) => Err(err),
-                    };
-                    look_in = match idle {
-                        Ok(Some(false)) => {
-                            match out.js.delete_consumer(&stream, &lane.spec.durable).await {
-                                Ok(()) => {
-                                    AgentCounters::bump(&counters.inbox_consumers_released);
-                                }
-                                Err(err) => {
-                                    tracing::debug!(agent = %out.id, consumer = %lane.spec.durable, error = %err, "durable inbox: consumer not released");
-                                }
-                            }
-                            None
+                        // Something pending or held, or given up on: the consumer stays.
+                        Ok(false) => true,
+                        // Gone already (another instance released it): look.
+                        Err(err) if err.kind() == broker_adapter::ErrorKind::NotFound => true,
+                        // Out of reach: the looker looks again until it answers.
+                        Err(_) => {
+                            self.look_soon.notify_one();
+                            false
                         }
-                        // Something pending or held, or given up on: keep the consumer.
-                        Ok(_) => Some(Duration::ZERO),
-                        // Gone already (another instance released it): look now; out of
-                        // reach: look again soon.
-                        Err(err) if err.kind() == broker_adapter::ErrorKind::NotFound => {
-                            Some(Duration::ZERO)
-                        }
-                        Err(_) => Some(LOOK_RETRY),
                     };
                 }
             }
         }
     }
 
-    /// Waits until commands wait for this lane: its bell rings, or (after `look_in`, when
-    /// given) a look at the lane finds some; a failed look is tried again every 5 s. `false`
-    /// once the agent stops.
-    async fn wait_for_commands(
+    /// Deletes the lane's consumer if it is idle: nothing pending, nothing awaiting an ack,
+    /// and no command stored for the lane. Commands still stored that the consumer neither
+    /// offers nor waits on are ones it gave up on (`max_deliver`), waiting for the coordinator
+    /// to dead-letter them: the consumer stays, so a new one does not deliver them all over
+    /// again. Whether it was deleted.
+    async fn release(
         &self,
-        lane: &mut LaneConsumer,
-        mut look_in: Option<Duration>,
-    ) -> bool {
-        let out = &self.pipeline.out;
-        let stream = out.subjects.stream_name(INBOX_STREAM);
+        stream: &str,
+        lane: &LaneConsumer,
+    ) -> Result<bool, broker_adapter::Error> {
+        let js = &self.pipeline.out.js;
+        let state = js.consumer_state(stream, &lane.spec.durable).await?;
+        if state.pending > 0
+            || state.ack_pending > 0
+            || js.has_messages(stream, &lane.filter).await?
+        {
+            return Ok(false);
+        }
+        js.delete_consumer(stream, &lane.spec.durable).await?;
+        Ok(true)
+    }
+
+    /// Waits until commands wait for this lane: its bell rings (the looker rings it too), or,
+    /// with `look_now`, a look at the lane finds some. A look that fails asks the looker to
+    /// look until one answers. `false` once the agent stops.
+    async fn wait_for_commands(&self, lane: &mut LaneConsumer, look_now: bool) -> bool {
+        if look_now {
+            let out = &self.pipeline.out;
+            let stream = out.subjects.stream_name(INBOX_STREAM);
+            match out.js.has_messages(&stream, &lane.filter).await {
+                Ok(true) => return true,
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::debug!(agent = %out.id, error = %err, "durable inbox: stored commands not looked for; the looker looks again");
+                    self.look_soon.notify_one();
+                }
+            }
+        }
         loop {
             tokio::select! {
                 () = self.stop.cancelled() => return false,
                 rung = next_bell(&mut lane.bell) => if rung {
                     return true;
                 },
-                () = sleep_until_some(look_in.map(|d| tokio::time::Instant::now() + d)) => {
-                    look_in = match out.js.has_messages(&stream, &lane.filter).await {
-                        Ok(true) => return true,
-                        Ok(false) => None,
-                        Err(err) => {
-                            tracing::debug!(agent = %out.id, error = %err, "durable inbox: stored commands not looked for; looking again soon");
-                            Some(LOOK_RETRY)
-                        }
-                    };
-                }
             }
         }
     }
