@@ -507,15 +507,7 @@ impl JetStream {
     /// Message counts per subject of stream `name`, for subjects matching `filter`.
     /// One request for a filter that matches few subjects.
     pub async fn subject_counts(&self, name: &str, filter: &str) -> Result<Vec<(String, u64)>> {
-        let stream = self
-            .ctx
-            .get_stream_no_info(name)
-            .await
-            .map_err(|e| js_err(&format!("stream {name}"), e))?;
-        let mut subjects = stream
-            .info_with_subjects(filter)
-            .await
-            .map_err(|e| js_err(&format!("stream subjects {name}"), e))?;
+        let mut subjects = self.subjects_matching(name, filter).await?;
         let mut out = Vec::new();
         while let Some(item) = subjects.next().await {
             let (subject, count) =
@@ -528,20 +520,29 @@ impl JetStream {
     /// Whether stream `name` holds any message on a subject matching `filter`: one request
     /// (the stream's subject index answers it), where a consumer would take two and stay.
     pub async fn has_messages(&self, name: &str, filter: &str) -> Result<bool> {
+        match self.subjects_matching(name, filter).await?.next().await {
+            Some(Ok((_, count))) => Ok(count > 0),
+            Some(Err(e)) => Err(js_err(&format!("stream subjects {name}"), e)),
+            None => Ok(false),
+        }
+    }
+
+    /// The subjects of stream `name` matching `filter`, with their counts, as the server
+    /// pages them (a stream info request, without the one a stream handle would make first).
+    async fn subjects_matching(
+        &self,
+        name: &str,
+        filter: &str,
+    ) -> Result<stream::InfoWithSubjects> {
         let stream = self
             .ctx
             .get_stream_no_info(name)
             .await
             .map_err(|e| js_err(&format!("stream {name}"), e))?;
-        let mut subjects = stream
+        stream
             .info_with_subjects(filter)
             .await
-            .map_err(|e| js_err(&format!("stream subjects {name}"), e))?;
-        match subjects.next().await {
-            Some(Ok((_, count))) => Ok(count > 0),
-            Some(Err(e)) => Err(js_err(&format!("stream subjects {name}"), e)),
-            None => Ok(false),
-        }
+            .map_err(|e| js_err(&format!("stream subjects {name}"), e))
     }
 
     /// How many replicas stream `name` has, and on how many servers they are current (the leader
