@@ -31,6 +31,10 @@ INBOX_STREAM = "INBOX"
 ABANDONED_CONSUMER_AFTER = 3600.0
 #: How soon a failed look for stored commands is tried again (JetStream out of reach).
 LOOK_RETRY = 5.0
+#: How long a consumer that could not be opened waits before the first try again (doubling).
+REOPEN_DELAY = 1.0
+#: Opens tried in a row before a lane gives up with an error (until the next bell or look).
+MAX_OPEN_ATTEMPTS = 5
 DLQ_STREAM = "DLQ"
 ADVISORY_STREAM = "ADVISORIES"
 CONFIG_BUCKET = "config"
@@ -193,6 +197,8 @@ class DurableInbox:
         self._held: dict[int, Msg] = {}
         self._recent: dict[int, None] = {}
         self._bells: list[asyncio.Event] = []
+        #: Asks the looker to look for stored commands now.
+        self._look_soon = asyncio.Event()
         self._bell_sub: Any = None
 
     async def start(self) -> None:
@@ -290,17 +296,17 @@ class DurableInbox:
         return waiting
 
     async def _looker(self, js: Any) -> None:
-        """Looks for stored commands every ``recheck`` (jittered), after a reconnect, and every
-        5 s while looks fail, and rings the lanes where some wait: a lost bell is made up."""
-        look_now = asyncio.Event()
-        self.agent.reconnect_hooks.append(look_now.set)
+        """Looks for stored commands every ``recheck`` (jittered), after a reconnect, when a lane
+        asks, and every 5 s while looks fail, and rings the lanes where some wait: a lost bell
+        is made up. The only place an on-demand inbox looks again after a failure."""
+        self.agent.reconnect_hooks.append(self._look_soon.set)
         look_in = self.options.recheck
         while not self._stop.is_set():
             try:
-                await asyncio.wait_for(look_now.wait(), timeout=look_in * (0.75 + 0.5 * random.random()))
+                await asyncio.wait_for(self._look_soon.wait(), timeout=look_in * (0.75 + 0.5 * random.random()))
             except asyncio.TimeoutError:
                 pass
-            look_now.clear()
+            self._look_soon.clear()
             try:
                 for high, waits in enumerate(await self._look(js)):
                     if waits:
@@ -320,32 +326,47 @@ class DurableInbox:
         agent = self.agent
         inbox = agent.subjects.stream_name(INBOX_STREAM)
         durable = self._durable_name(high)
+        lane = agent.subjects.durable_inbox(agent.id, high)
         bell = self._bells[high]
-        look_in: float | None = 0.0 if waiting else None
+        look_now = waiting
+        # Opens that failed in a row: each waits twice as long as the one before; the last ends
+        # the try, with an error, until the next bell or look.
+        failed_opens = 0
         while not self._stop.is_set():
-            # Wait for a bell, or look for the lane's commands when asked to.
-            while not bell.is_set():
+            if look_now:
                 try:
-                    await asyncio.wait_for(bell.wait(), timeout=look_in)
-                except asyncio.TimeoutError:
-                    try:
-                        if await self._stored(js, agent.subjects.durable_inbox(agent.id, high)):
-                            break
-                        look_in = None
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception:  # noqa: BLE001 - out of reach: look again soon
-                        look_in = LOOK_RETRY
+                    if await self._stored(js, lane):
+                        bell.set()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - out of reach: the looker looks again
+                    log.debug("durable inbox: stored commands not looked for: %s", e)
+                    self._look_soon.set()
+                look_now = False
+            await bell.wait()
             bell.clear()
             try:
                 await js.add_consumer(inbox, self._consumer_config(high))
                 sub = await js.pull_subscribe_bind(durable=durable, stream=inbox)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 - try again soon
+            except Exception as e:  # noqa: BLE001 - tried again, a bounded number of times
+                failed_opens += 1
+                if failed_opens >= MAX_OPEN_ATTEMPTS:
+                    log.error(
+                        "durable inbox: consumer %s cannot be opened after %d tries (%s); "
+                        "trying again at the next bell or look",
+                        durable,
+                        failed_opens,
+                        e,
+                    )
+                    failed_opens = 0
+                    continue
                 log.warning("durable inbox: consumer %s not opened: %s", durable, e)
-                look_in = LOOK_RETRY
+                await asyncio.sleep(REOPEN_DELAY * 2 ** (failed_opens - 1))
+                look_now = True
                 continue
+            failed_opens = 0
             agent.stats.inbox_consumers_opened += 1
             await self._pull(sub, queues, quiet=self.options.release_after)
             try:
@@ -357,26 +378,27 @@ class DurableInbox:
             # A bell from now on is for a command the state below may not count: it reopens.
             bell.clear()
             try:
-                info = await js.consumer_info(inbox, durable)
-                # Commands still stored that the consumer neither offers nor waits on are ones it
-                # gave up on (max_deliver), waiting for the coordinator to dead-letter them: it
-                # stays, so a new consumer does not deliver them all over again.
-                if (
-                    info.num_pending == 0
-                    and info.num_ack_pending == 0
-                    and not await self._stored(js, agent.subjects.durable_inbox(agent.id, high))
-                ):
-                    await js.delete_consumer(inbox, durable)
+                if await self._release(js, inbox, durable, lane):
                     agent.stats.inbox_consumers_released += 1
-                    look_in = None
                 else:
-                    look_in = 0.0
+                    look_now = True  # something pending or held, or given up on: it stays
             except nats.js.errors.NotFoundError:
-                look_in = 0.0  # another instance released it: look
+                look_now = True  # another instance released it: look
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - out of reach: look again soon
-                look_in = LOOK_RETRY
+            except Exception:  # noqa: BLE001 - out of reach: the looker looks until it answers
+                self._look_soon.set()
+
+    async def _release(self, js: Any, inbox: str, durable: str, lane: str) -> bool:
+        """Deletes the lane's consumer if nothing is pending, nothing awaits an ack, and no
+        command is stored for the lane: one still stored that the consumer neither offers nor
+        waits on is one it gave up on (max_deliver), waiting for the coordinator to dead-letter
+        it, and the consumer stays so that a new one does not deliver it all over again."""
+        info = await js.consumer_info(inbox, durable)
+        if info.num_pending or info.num_ack_pending or await self._stored(js, lane):
+            return False
+        await js.delete_consumer(inbox, durable)
+        return True
 
     async def stop(self) -> None:
         self._stop.set()
