@@ -2,6 +2,60 @@
 //! agents"): consumers always held, and on demand (bells, looks, consumers released when quiet).
 
 use super::*;
+
+/// Agent `i`'s consumer of one lane, as the SDK makes it (durable/inbox.rs); on demand, with
+/// the threshold after which the server removes it unused.
+fn consumer_spec(
+    subjects: &Subjects,
+    i: usize,
+    high: bool,
+    on_demand: bool,
+) -> anyhow::Result<broker_adapter::ConsumerSpec> {
+    let agent = sim_agent(i);
+    let mut spec = broker_adapter::ConsumerSpec::new(if high {
+        format!("{agent}_high")
+    } else {
+        agent.clone()
+    });
+    spec.filter_subjects = vec![subjects.durable_inbox(&agent, high)?];
+    spec.ack_wait = Duration::from_secs(30);
+    spec.max_deliver = 5;
+    spec.max_ack_pending = 64;
+    if on_demand {
+        spec.inactive_threshold = agent_sdk::durable::ABANDONED_CONSUMER_AFTER;
+    }
+    spec.description = format!("durable inbox of agent {agent}");
+    Ok(spec)
+}
+
+/// `per_agent` numbered commands to each of the first `active` agents, every agent's in
+/// order (interleaved across agents, as many senders would store them).
+fn commands(
+    subjects: &Subjects,
+    active: usize,
+    per_agent: u32,
+) -> anyhow::Result<Vec<broker_adapter::BatchMessage>> {
+    let mut batch = Vec::with_capacity(active * per_agent as usize);
+    for n in 0..per_agent {
+        for i in 0..active {
+            batch.push(broker_adapter::BatchMessage {
+                subject: subjects.durable(&sim_agent(i), "work", false)?,
+                msg_id: None,
+                payload: Bytes::from(n.to_be_bytes().to_vec()),
+            });
+        }
+    }
+    Ok(batch)
+}
+
+/// The number a command carries.
+fn number_of(delivery: &broker_adapter::Delivery) -> Option<u32> {
+    delivery
+        .payload()
+        .get(..4)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map(u32::from_be_bytes)
+}
 /// What the durable-inbox fleet measured.
 #[derive(Debug, Clone)]
 pub(crate) struct DurableFigures {
@@ -29,7 +83,6 @@ pub(crate) async fn durable(
     progress: fn(&str),
 ) -> anyhow::Result<Vec<Row>> {
     use agent_sdk::durable::{InboxLimits, inbox_stream};
-    use broker_adapter::{BatchMessage, ConsumerSpec};
     progress(&format!(
         "durable inboxes: {agents} agents with their consumers, {per_agent} commands to {active} of them"
     ));
@@ -40,24 +93,14 @@ pub(crate) async fn durable(
     let inbox = inbox_stream(&subjects, &InboxLimits::default());
     js.ensure_stream(&inbox).await?;
     let server_rss_before = server.pid().and_then(rss_of).unwrap_or(0);
-    // Each agent's consumers as the SDK makes them (durable/inbox.rs).
-    let spec_of = |i: usize, high: bool| -> anyhow::Result<ConsumerSpec> {
-        let agent = format!("sim-{i:06}");
-        let mut spec = ConsumerSpec::new(if high {
-            format!("{agent}_high")
-        } else {
-            agent.clone()
-        });
-        spec.filter_subjects = vec![subjects.durable_inbox(&agent, high)?];
-        spec.ack_wait = Duration::from_secs(30);
-        spec.max_deliver = 5;
-        spec.max_ack_pending = 64;
-        spec.description = format!("durable inbox of agent {agent}");
-        Ok(spec)
-    };
     let t = Instant::now();
-    let specs: Vec<ConsumerSpec> = (0..agents)
-        .flat_map(|i| [spec_of(i, false), spec_of(i, true)])
+    let specs: Vec<broker_adapter::ConsumerSpec> = (0..agents)
+        .flat_map(|i| {
+            [
+                consumer_spec(&subjects, i, false, false),
+                consumer_spec(&subjects, i, true, false),
+            ]
+        })
         .collect::<anyhow::Result<_>>()?;
     let mut created = futures::stream::iter(
         specs
@@ -72,17 +115,7 @@ pub(crate) async fn durable(
     let created_in = t.elapsed();
     let consumers = monitor_number(&monitor, "/jsz", "consumers").await?;
     let server_rss_after = server.pid().and_then(rss_of).unwrap_or(0);
-    // Commands to the active agents, every agent's in order.
-    let mut batch = Vec::with_capacity(active * per_agent as usize);
-    for n in 0..per_agent {
-        for i in 0..active {
-            batch.push(BatchMessage {
-                subject: subjects.durable(&format!("sim-{i:06}"), "work", false)?,
-                msg_id: None,
-                payload: Bytes::from(n.to_be_bytes().to_vec()),
-            });
-        }
-    }
+    let batch = commands(&subjects, active, per_agent)?;
     let sent = batch.len() as u64;
     let t = Instant::now();
     for ack in js.publish_batch(batch, 256).await {
@@ -90,7 +123,7 @@ pub(crate) async fn durable(
     }
     let pull = |i: usize| {
         let js = js.clone();
-        let spec = spec_of(i, false);
+        let spec = consumer_spec(&subjects, i, false, false);
         let stream = inbox.name.clone();
         async move {
             let consumer = js.ensure_consumer(&stream, &spec?).await?;
@@ -102,13 +135,8 @@ pub(crate) async fn durable(
                     .map_err(|_| anyhow::anyhow!("agent {i}: no delivery within 30 s"))?;
                 let Some(delivery) = next else { break };
                 let Ok(delivery) = delivery else { continue };
-                let n = delivery
-                    .payload()
-                    .get(..4)
-                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                    .map(u32::from_be_bytes);
                 delivery.ack().await?;
-                got.extend(n);
+                got.extend(number_of(&delivery));
             }
             Ok::<_, anyhow::Error>(got)
         }
@@ -236,7 +264,7 @@ async fn look_load(
         tick.tick().await;
         let due = ((t.elapsed().as_secs_f64() * per_second) as usize).min(total);
         while sent < due {
-            let filter = subjects.durable_agent_all(&format!("sim-{:06}", sent % agents.max(1)))?;
+            let filter = subjects.durable_agent_all(&sim_agent(sent % agents.max(1)))?;
             let js = js.clone();
             let stream = stream.to_owned();
             looks.push(async move { js.subject_counts(&stream, &filter).await });
@@ -334,8 +362,7 @@ pub(crate) async fn durable_on_demand(
     per_agent: u32,
     progress: fn(&str),
 ) -> anyhow::Result<Vec<Row>> {
-    use agent_sdk::durable::{ABANDONED_CONSUMER_AFTER, InboxLimits, inbox_stream};
-    use broker_adapter::{BatchMessage, ConsumerSpec};
+    use agent_sdk::durable::{InboxLimits, inbox_stream};
     progress(&format!(
         "durable inboxes on demand: {agents} agents with their bells, {per_agent} commands to {active} of them"
     ));
@@ -346,7 +373,6 @@ pub(crate) async fn durable_on_demand(
     let inbox = inbox_stream(&subjects, &InboxLimits::default());
     js.ensure_stream(&inbox).await?;
     let server_rss_before = server.pid().and_then(rss_of).unwrap_or(0);
-    let agent = |i: usize| format!("sim-{i:06}");
     // The agents' start: a bell subscription each (on shared connections), then a look at both
     // lanes for stored commands, 32 agents at a time.
     let mut connections = Vec::with_capacity(CONNECTIONS);
@@ -356,14 +382,14 @@ pub(crate) async fn durable_on_demand(
     let t = Instant::now();
     let mut bells = Vec::with_capacity(agents);
     for i in 0..agents {
-        let subject = subjects.bells(&agent(i))?;
+        let subject = subjects.bells(&sim_agent(i))?;
         bells.push(Some(
             connections[i % CONNECTIONS].subscribe(&subject).await?,
         ));
     }
     let mut looks = futures::stream::iter((0..agents).map(|i| {
         let js = js.clone();
-        let filter = subjects.durable_agent_all(&agent(i));
+        let filter = subjects.durable_agent_all(&sim_agent(i));
         let stream = inbox.name.clone();
         async move {
             js.subject_counts(&stream, &filter?)
@@ -387,16 +413,6 @@ pub(crate) async fn durable_on_demand(
     let server_rss_idle = server.pid().and_then(rss_of).unwrap_or(0);
 
     // The active agents wait for their bells; each opens its consumer when one rings.
-    let spec_of = |i: usize| -> anyhow::Result<ConsumerSpec> {
-        let mut spec = ConsumerSpec::new(agent(i));
-        spec.filter_subjects = vec![subjects.durable_inbox(&agent(i), false)?];
-        spec.ack_wait = Duration::from_secs(30);
-        spec.max_deliver = 5;
-        spec.max_ack_pending = 64;
-        spec.inactive_threshold = ABANDONED_CONSUMER_AFTER;
-        spec.description = format!("durable inbox of agent {}", agent(i));
-        Ok(spec)
-    };
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
     let tracker = TaskTracker::new();
     let mut handles = Vec::with_capacity(active);
@@ -405,7 +421,7 @@ pub(crate) async fn durable_on_demand(
             continue;
         };
         let js = js.clone();
-        let spec = spec_of(i)?;
+        let spec = consumer_spec(&subjects, i, false, true)?;
         let stream = inbox.name.clone();
         let done = done_tx.clone();
         handles.push(tracker.spawn(async move {
@@ -428,13 +444,8 @@ pub(crate) async fn durable_on_demand(
                     };
                     let Some(delivery) = next else { break };
                     let Ok(delivery) = delivery else { continue };
-                    let n = delivery
-                        .payload()
-                        .get(..4)
-                        .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                        .map(u32::from_be_bytes);
                     delivery.ack().await?;
-                    got.extend(n);
+                    got.extend(number_of(&delivery));
                     if got.len() == per_agent as usize {
                         let _ = done.send(Instant::now());
                     }
@@ -450,17 +461,7 @@ pub(crate) async fn durable_on_demand(
         }));
     }
     drop(done_tx);
-    // Commands to the active agents, every agent's in order.
-    let mut batch = Vec::with_capacity(active * per_agent as usize);
-    for n in 0..per_agent {
-        for i in 0..active {
-            batch.push(BatchMessage {
-                subject: subjects.durable(&agent(i), "work", false)?,
-                msg_id: None,
-                payload: Bytes::from(n.to_be_bytes().to_vec()),
-            });
-        }
-    }
+    let batch = commands(&subjects, active, per_agent)?;
     let sent = batch.len() as u64;
     let t = Instant::now();
     // Sample the consumer count while the commands are taken.

@@ -106,7 +106,7 @@ fn manifest(i: usize) -> Manifest {
         });
     }
     Manifest {
-        agent: format!("sim-{i:06}"),
+        agent: sim_agent(i),
         instance: "fleet".into(),
         capabilities,
         commands: vec!["ping".into()],
@@ -155,7 +155,7 @@ async fn heartbeat(
             Ok(codec::encode(&env, Encoding::MsgPack)?)
         };
         let loads = [at_load(0.25)?, at_load(0.75)?];
-        shares[i % CONNECTIONS].push((subjects.heartbeat(&format!("sim-{i:06}"))?, loads));
+        shares[i % CONNECTIONS].push((subjects.heartbeat(&sim_agent(i))?, loads));
     }
     let ticks_per_round = (HEARTBEAT.as_millis() / TICK.as_millis()).max(1) as usize;
     for (c, share) in shares.into_iter().enumerate() {
@@ -231,6 +231,31 @@ async fn connect(url: &str, name: &str) -> anyhow::Result<Broker> {
         .await?)
 }
 
+/// Simulated agent number `i`.
+fn sim_agent(i: usize) -> String {
+    format!("sim-{i:06}")
+}
+
+/// The simulated fleet's traffic, until `stop`: an answer to every request any agent is sent,
+/// and the heartbeats of `n` agents (counted in `sent`).
+async fn start_fleet(
+    url: &str,
+    subjects: &Subjects,
+    n: usize,
+    tracker: &TaskTracker,
+    stop: &CancellationToken,
+    sent: &Arc<AtomicU64>,
+) -> anyhow::Result<()> {
+    answer_requests(url, subjects, tracker, stop.clone()).await?;
+    heartbeat(url, subjects, n, tracker, stop.clone(), Arc::clone(sent)).await
+}
+
+/// How long the fleet's agents have to be live in a coordinator's registry after their
+/// heartbeats began.
+fn registration_deadline(started: Instant) -> Instant {
+    started + Duration::from_secs(60) + HEARTBEAT * 4
+}
+
 /// Drains `broker` and waits (a few seconds at most) until its connection is closed, so the
 /// server can go without the client trying to reconnect to it.
 async fn close(broker: Broker) {
@@ -279,6 +304,24 @@ impl Coordinator {
             .ok_or_else(|| anyhow::anyhow!("no metrics address in {line:?}"))?
             .to_owned();
         Ok(Coordinator { child, metrics })
+    }
+
+    /// Waits until `n` agents are live in this coordinator's registry, up to `deadline`;
+    /// fails with how many were.
+    async fn wait_live(&self, n: usize, deadline: Instant) -> anyhow::Result<u64> {
+        loop {
+            let live = self
+                .gauge("chorus_coordinator_agents", "state=\"live\"")
+                .await? as u64;
+            if live >= n as u64 {
+                return Ok(live);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the coordinator saw only {live} of {n} agents live"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// The sum of the samples of `name` whose labels contain `label`.

@@ -64,31 +64,10 @@ async fn shared(program: &Path, n: usize, count: usize) -> anyhow::Result<Shared
     let sent = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let result = async {
-        answer_requests(&url, &subjects, &tracker, stop.clone()).await?;
-        heartbeat(
-            &url,
-            &subjects,
-            n,
-            &tracker,
-            stop.clone(),
-            Arc::clone(&sent),
-        )
-        .await?;
-        let deadline = started + Duration::from_secs(60) + HEARTBEAT * 4;
+        start_fleet(&url, &subjects, n, &tracker, &stop, &sent).await?;
+        let deadline = registration_deadline(started);
         for c in &coordinators {
-            loop {
-                let live = c
-                    .gauge("chorus_coordinator_agents", "state=\"live\"")
-                    .await? as u64;
-                if live >= n as u64 {
-                    break;
-                }
-                anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "a coordinator saw only {live} of {n} agents live"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            c.wait_live(n, deadline).await?;
         }
         // Steady heartbeats: each coordinator's CPU, memory and heartbeats handled.
         let hb = "chorus_coordinator_messages_total";

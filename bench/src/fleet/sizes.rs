@@ -157,33 +157,12 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
     let sent = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let result = async {
-        answer_requests(&url, &subjects, &tracker, stop.clone()).await?;
-        heartbeat(
-            &url,
-            &subjects,
-            n,
-            &tracker,
-            stop.clone(),
-            Arc::clone(&sent),
-        )
-        .await?;
+        start_fleet(&url, &subjects, n, &tracker, &stop, &sent).await?;
         // Registered: every agent live in the coordinator's registry.
-        let deadline = started + Duration::from_secs(60) + HEARTBEAT * 4;
-        let mut live = 0;
-        while Instant::now() < deadline {
-            live = coordinator
-                .gauge("chorus_coordinator_agents", "state=\"live\"")
-                .await? as u64;
-            if live >= n as u64 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let live = coordinator
+            .wait_live(n, registration_deadline(started))
+            .await?;
         let registration = started.elapsed();
-        anyhow::ensure!(
-            live >= n as u64,
-            "only {live} of {n} agents were live after {registration:?}"
-        );
         // Steady state: heartbeats handled and CPU over a window.
         let hb = "chorus_coordinator_messages_total";
         let js = connect(&url, "fleet-registry")
