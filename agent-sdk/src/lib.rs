@@ -68,7 +68,7 @@ pub use broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, TlsOptions
 pub use codec::{CodecError, Encoding};
 pub use durable::Receipt;
 pub use envelope::TaskState;
-pub use envelope::{ContentType, DeliveryClass, Envelope, Kind, Performative, Priority};
+pub use envelope::{ContentType, DeliveryClass, Envelope, Kind, Name, Performative, Priority};
 pub use error::{HandlerError, SdkError};
 pub use handler::{BoxFuture, Context, EventHandler, Handler, Output, Typed};
 pub use inbound::{Event, EventStream};

@@ -152,7 +152,7 @@ impl Implied<'_> {
             env.name = Some(name.to_owned());
         }
         if let (None, Some(topic)) = (&env.topic, self.topic) {
-            env.topic = Some(topic.to_owned());
+            env.topic = Some(topic.into());
         }
         if let (None, Some(capability)) = (&env.capability, self.capability) {
             env.capability = Some(capability.to_owned());

@@ -70,6 +70,11 @@ impl Message {
         self.inner.subject.as_str()
     }
 
+    /// The subject, shared with the message (no copy).
+    pub fn shared_subject(&self) -> async_nats::Subject {
+        self.inner.subject.clone()
+    }
+
     /// Where a reply should go, if the sender expects one.
     pub fn reply(&self) -> Option<&str> {
         self.inner.reply.as_ref().map(|r| r.as_str())

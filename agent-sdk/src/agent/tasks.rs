@@ -160,10 +160,10 @@ impl Agent {
                 }
                 TaskMessage::Report => {
                     round.attempts += 1;
-                    *round.tries.entry(env.from.clone()).or_default() += 1;
+                    *round.tries.entry(env.from.to_string()).or_default() += 1;
                     if stored.sequence < judged_up_to {
                         // Judged before, and the task went on: it failed.
-                        round.failed.push(env.from.clone());
+                        round.failed.push(env.from.to_string());
                         round.chain.push(format!(
                             "attempt {} by {}: failed (judged earlier)",
                             round.attempts, env.from
@@ -356,7 +356,7 @@ impl Agent {
         let fresh = uuid::Uuid::now_v7();
         again.id = fresh;
         again.timestamp_ms = (fresh.as_u128() >> 80) as u64;
-        again.from = out.id.clone();
+        again.from = out.id.as_str().into();
         again.to = vec![agent.to_owned()];
         again.signature = None;
         again.reason = why.map(|w| format!("{w}; reassigned to {agent}"));
@@ -389,7 +389,7 @@ impl Agent {
                 Ok(env) => out.push(TaskSummary {
                     id,
                     state: state_of(&env),
-                    by: env.from,
+                    by: env.from.into(),
                     updated_ms: env.timestamp_ms,
                     reason: env.reason,
                 }),

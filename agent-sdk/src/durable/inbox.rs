@@ -663,7 +663,7 @@ impl DurableInbox {
         let processed = self
             .pipeline
             .run(
-                delivery.subject(),
+                &delivery.shared_subject(),
                 decoded,
                 target,
                 Via {

@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use broker_adapter::Subject;
 use opentelemetry::trace::SpanKind;
 
 use super::admit::{self, Limits, Refused};
@@ -216,7 +217,7 @@ impl Pipeline {
     /// `target`; `via` says how it came.
     pub(crate) async fn run(
         &self,
-        subject: &str,
+        subject: &Subject,
         decoded: Result<(Envelope, Encoding), Refused>,
         target: Target,
         via: Via,
@@ -232,7 +233,7 @@ impl Pipeline {
 
     async fn steps(
         &self,
-        subject: &str,
+        subject: &Subject,
         decoded: Result<(Envelope, Encoding), Refused>,
         target: Target,
         via: Via,
@@ -367,7 +368,7 @@ impl Pipeline {
     async fn handle(
         &self,
         request: &Arc<Envelope>,
-        subject: &str,
+        subject: &Subject,
         target: Target,
         via: Via,
     ) -> Outcome {
@@ -433,7 +434,7 @@ impl Pipeline {
     }
 
     /// The context a handler runs in, with its handling span started.
-    fn context(&self, request: &Arc<Envelope>, subject: &str, via: Via, name: &str) -> Context {
+    fn context(&self, request: &Arc<Envelope>, subject: &Subject, via: Via, name: &str) -> Context {
         let otel = crate::trace::handle(
             via.span,
             request,
@@ -443,7 +444,7 @@ impl Pipeline {
         Context {
             out: Arc::clone(&self.out),
             request: Arc::clone(request),
-            subject: Arc::from(subject),
+            subject: subject.clone(),
             attempt: via.attempt,
             otel,
         }

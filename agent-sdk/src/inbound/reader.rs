@@ -80,6 +80,17 @@ impl Dispatcher {
         self.tracker.spawn(async move {
             // Events are checked for gaps as they arrive, in order, before anything is queued.
             let mut gaps = matches!(reader_route, Route::Event(_)).then(Gaps::default);
+            // One message's run on the reader: every call makes the same future type, so the
+            // box of one that finished here holds the next (no allocation per message).
+            let start = |msg: Message, permit: tokio::sync::OwnedSemaphorePermit| {
+                let task = Arc::clone(&this);
+                let route = reader_route.clone();
+                async move {
+                    task.process(msg, &route).await;
+                    drop(permit);
+                }
+            };
+            let mut spare = None;
             while let Some(msg) = sub.next_until(this.stop.cancelled()).await {
                 if let Some(gaps) = &mut gaps {
                     let missed = gaps.observe(msg.subject(), msg.payload());
@@ -96,23 +107,26 @@ impl Dispatcher {
                 if tx.capacity() == tx.max_capacity()
                     && let Ok(permit) = Arc::clone(&this.in_flight).try_acquire_owned()
                 {
-                    let task = Arc::clone(&this);
-                    let route = reader_route.clone();
-                    let run = async move {
-                        task.process(msg, &route).await;
-                        drop(permit);
-                    };
+                    let run = start(msg, permit);
                     // A handler that finishes without waiting (most do: a computation and a
                     // reply handed to the connection) is done here, with no task to spawn
-                    // and wake. One that waits goes on as a task of its own. Signature checks
-                    // are CPU work better spread over the cores, so a verifying agent always
-                    // spawns.
+                    // and wake. One that waits goes on as a task of its own, in its box.
+                    // Signature checks are CPU work better spread over the cores, so a
+                    // verifying agent always spawns.
                     if this.pipeline.verifies() {
                         this.tracker.spawn(run);
                     } else {
-                        let mut run = Box::pin(run);
+                        let mut run = match spare.take() {
+                            Some(mut boxed) => {
+                                std::pin::Pin::set(&mut boxed, run);
+                                boxed
+                            }
+                            None => Box::pin(run),
+                        };
                         if futures::poll!(run.as_mut()).is_pending() {
                             this.tracker.spawn(run);
+                        } else {
+                            spare = Some(run);
                         }
                     }
                     continue;
@@ -146,7 +160,7 @@ impl Dispatcher {
         let (target, span) = route.target(pipeline, msg.subject());
         let decoded = pipeline.decode(msg.subject(), msg.payload());
         let processed = pipeline
-            .run(msg.subject(), decoded, target, Via::core(span))
+            .run(&msg.shared_subject(), decoded, target, Via::core(span))
             .await;
         if let (Route::Event(_), Outcome::Failed(failure)) = (route, &processed.outcome)
             && failure.retry == Retry::Policy

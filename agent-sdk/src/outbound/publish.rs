@@ -99,7 +99,7 @@ impl Outbound {
             self.id.as_str(),
             content_type.into(),
         );
-        env.topic = Some(topic.to_owned());
+        env.topic = Some(topic.into());
         Ok((subject, env))
     }
 

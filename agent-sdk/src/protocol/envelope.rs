@@ -666,6 +666,11 @@ fn default_hop_limit() -> u8 {
     DEFAULT_HOP_LIMIT
 }
 
+/// A sender's id or an event's topic: a string held inline up to 24 bytes (longer ones on the
+/// heap), so reading the names of most messages allocates nothing. It reads as a `&str`, and
+/// `.into()` makes one from a `&str` or a `String`.
+pub type Name = compact_str::CompactString;
+
 /// The Chorus envelope. Field names here are the wire names; `docs/PROTOCOL.md` says what each
 /// means. Optional fields are left out when empty, and unknown fields are ignored on decode.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -680,14 +685,14 @@ pub struct Envelope {
     /// The id of the message this one answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_reply_to: Option<Uuid>,
-    /// The sending agent's id.
-    pub from: String,
+    /// The sending agent's id (held inline up to 24 bytes: no allocation per message).
+    pub from: Name,
     /// Recipient agent ids, when addressed to agents.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub to: Vec<String>,
-    /// The event topic, for events.
+    /// The event topic, for events (held inline up to 24 bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub topic: Option<String>,
+    pub topic: Option<Name>,
     /// The capability addressed, for requests to an access point.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capability: Option<String>,
@@ -794,7 +799,7 @@ pub fn now_ms() -> u64 {
 impl Envelope {
     /// A new envelope of `kind` from `from`, with a fresh UUIDv7 id, the current time and
     /// defaults elsewhere.
-    pub fn new(kind: Kind, performative: Performative, from: impl Into<String>) -> Self {
+    pub fn new(kind: Kind, performative: Performative, from: impl Into<Name>) -> Self {
         Self::new_typed(kind, performative, from, ContentType::default())
     }
 
@@ -803,7 +808,7 @@ impl Envelope {
     pub(crate) fn new_typed(
         kind: Kind,
         performative: Performative,
-        from: impl Into<String>,
+        from: impl Into<Name>,
         content_type: ContentType,
     ) -> Self {
         let id = Uuid::now_v7();
@@ -820,7 +825,7 @@ impl Envelope {
     pub(crate) fn blank(
         kind: Kind,
         performative: Performative,
-        from: String,
+        from: Name,
         content_type: ContentType,
     ) -> Self {
         Envelope {
@@ -893,7 +898,7 @@ impl Envelope {
 
     /// A reply to this message, from `from`, with `status`: same correlation, `in_reply_to`
     /// set, same content type, hop count carried over.
-    pub fn reply(&self, from: impl Into<String>, status: StatusCode) -> Envelope {
+    pub fn reply(&self, from: impl Into<Name>, status: StatusCode) -> Envelope {
         let performative = if status.is_success() {
             Performative::Inform
         } else if status == StatusCode::LOOP_DETECTED
@@ -911,7 +916,7 @@ impl Envelope {
         let mut reply = Envelope::new(Kind::Response, performative, from);
         reply.correlation_id = Some(self.conversation());
         reply.in_reply_to = Some(self.id);
-        reply.to = vec![self.from.clone()];
+        reply.to = vec![self.from.to_string()];
         reply.name = self.name.clone();
         reply.capability = self.capability.clone();
         reply.hops = self.hops;

@@ -196,7 +196,7 @@ impl TaskReport {
             state: TaskState::Submitted,
             status: StatusCode::ACCEPTED,
             reason: None,
-            requester: env.from.clone(),
+            requester: env.from.to_string(),
             target: env
                 .capability
                 .clone()

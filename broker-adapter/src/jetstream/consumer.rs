@@ -196,6 +196,11 @@ impl Delivery {
         self.message.subject.as_str()
     }
 
+    /// The subject, shared with the delivery (no copy).
+    pub fn shared_subject(&self) -> async_nats::Subject {
+        self.message.subject.clone()
+    }
+
     /// Payload.
     pub fn payload(&self) -> &Bytes {
         &self.message.payload

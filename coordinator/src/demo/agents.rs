@@ -57,7 +57,7 @@ impl Demo {
                 document: doc.name,
                 text,
                 analysis: reply.payload_as()?,
-                analysed_by: reply.envelope.from,
+                analysed_by: reply.envelope.from.into(),
             })
         })
         .await?;

@@ -514,7 +514,7 @@ async fn ask(edge: &Edge, call: Call, payload: &serde_json::Value) -> ApiResult<
     Ok(ReplyView {
         status: reply.status().0,
         label: reply.status().label(),
-        from: reply.envelope.from,
+        from: reply.envelope.from.into(),
         payload,
     })
 }

@@ -197,7 +197,7 @@ impl Handler for EdgeHandler {
             let reply_expected = env.expect.is_some();
             let message = PolledMessage {
                 id: env.id,
-                from: env.from.clone(),
+                from: env.from.to_string(),
                 command: env.name.clone().unwrap_or_default(),
                 kind: env.kind.as_str().to_owned(),
                 delivery: env.delivery.as_str().to_owned(),

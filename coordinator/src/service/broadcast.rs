@@ -39,7 +39,7 @@ fn check_sender(shared: &Shared, request: &Envelope, subject: &str) -> Result<()
         let key = shared
             .config
             .trusted_keys
-            .get(&request.from)
+            .get(request.from.as_str())
             .cloned()
             .or_else(|| shared.registry.public_key_of(&request.from));
         match key {
@@ -181,9 +181,9 @@ async fn deliver(
         }
     };
     let mut copy = request.clone();
-    copy.from = COORDINATOR_ID.to_owned();
+    copy.from = COORDINATOR_ID.into();
     copy.headers
-        .insert(ORIGIN_HEADER.to_owned(), request.from.clone());
+        .insert(ORIGIN_HEADER.to_owned(), request.from.to_string());
     copy.signature = None;
     copy.id = Uuid::now_v7();
     copy.correlation_id = Some(request.conversation());

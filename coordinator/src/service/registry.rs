@@ -350,7 +350,7 @@ impl Registry {
             return;
         };
         let mut env = Envelope::new(Kind::Event, Performative::Inform, COORDINATOR_ID);
-        env.topic = Some(topic.to_owned());
+        env.topic = Some(topic.into());
         // AIXP's codes for an agent's arrival and departure, orderly or not.
         env.status = Some(if topic.ends_with("joined") {
             StatusCode::CONNECTED

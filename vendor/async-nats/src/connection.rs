@@ -83,6 +83,20 @@ impl Display for State {
     }
 }
 
+// Chorus patch: a subject read off the wire is a slice of its operation's line.
+
+/// Where `part`, a slice of the read buffer starting at `base`, lies in it.
+fn range_in(base: *const u8, part: &str) -> std::ops::Range<usize> {
+    let start = part.as_ptr() as usize - base as usize;
+    start..start + part.len()
+}
+
+/// The subject at `range` of `line`, a range `range_in` took from a `&str` of the line.
+fn line_slice(line: &Bytes, range: std::ops::Range<usize>) -> Subject {
+    // SAFETY: the range is that of a `&str`, so the bytes are valid UTF-8.
+    unsafe { Subject::from_bytes_unchecked(line.slice(range)) }
+}
+
 /// A framed connection
 pub(crate) struct Connection {
     pub(crate) stream: Box<dyn AsyncReadWrite>,
@@ -222,10 +236,15 @@ impl Connection {
                 + reply_to.as_ref().map(|reply| reply.len()).unwrap_or(0)
                 + subject.len();
 
-            let subject = Subject::from(subject);
-            let reply = reply_to.map(Subject::from);
+            // Chorus patch: the subject and the reply subject are slices of the line they
+            // came on (counted references to the read buffer, as the payload is), not copies.
+            let base = self.read_buf.as_ptr();
+            let subject = range_in(base, subject);
+            let reply = reply_to.map(|reply| range_in(base, reply));
+            let line = self.read_buf.split_to(len + 2).freeze();
+            let subject = line_slice(&line, subject);
+            let reply = reply.map(|reply| line_slice(&line, reply));
 
-            self.read_buf.advance(len + 2);
             let payload = self.read_buf.split_to(payload_len).freeze();
             self.read_buf.advance(2);
 
@@ -283,8 +302,9 @@ impl Connection {
                 }
             };
 
-            // Convert the slice into a subject
-            let subject = Subject::from(subject);
+            // Chorus patch: where the subject is in the line (sliced from it below).
+            let base = self.read_buf.as_ptr();
+            let subject = range_in(base, subject);
 
             // Parse the subject ID.
             let sid = sid.parse::<u64>().map_err(|_| {
@@ -294,8 +314,8 @@ impl Connection {
                 )
             })?;
 
-            // Convert the slice into a subject.
-            let reply = reply_to.map(Subject::from);
+            // Chorus patch: where the reply subject is in the line.
+            let reply = reply_to.map(|reply| range_in(base, reply));
 
             // Parse the number of payload bytes.
             let header_len = header_len.parse::<usize>().map_err(|_| {
@@ -326,7 +346,10 @@ impl Connection {
                 return Ok(None);
             }
 
-            self.read_buf.advance(len + 2);
+            // Chorus patch: the subjects are slices of their line, not copies.
+            let line = self.read_buf.split_to(len + 2).freeze();
+            let subject = line_slice(&line, subject);
+            let reply = reply.map(|reply| line_slice(&line, reply));
             let header = self.read_buf.split_to(header_len);
             let payload = self.read_buf.split_to(total_len - header_len).freeze();
             self.read_buf.advance(2);

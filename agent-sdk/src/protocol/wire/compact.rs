@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::decode::Reader;
 use crate::protocol::envelope::{
     COMPACT_VERSION, CONTENT_TYPE_ENCRYPTED, CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, ContentType,
-    DEFAULT_HOP_LIMIT, DeliveryClass, EncryptedKey, Encryption, Envelope, ExpectedReply, Kind,
+    DEFAULT_HOP_LIMIT, DeliveryClass, EncryptedKey, Encryption, Envelope, ExpectedReply, Kind, Name,
     PROTOCOL_VERSION, Performative, Priority, Progress, Sequence, Signature, TaskState,
     TraceContext, TraceParent,
 };
@@ -413,10 +413,10 @@ fn uint(out: &mut Vec<u8>, key: u8, v: u64) {
     let _ = w::write_uint(out, v);
 }
 
-fn opt_str(out: &mut Vec<u8>, key: u8, v: &Option<String>) {
+fn opt_str<S: AsRef<str>>(out: &mut Vec<u8>, key: u8, v: &Option<S>) {
     if let Some(v) = v {
         k(out, key);
-        str(out, v);
+        str(out, v.as_ref());
     }
 }
 
@@ -445,7 +445,7 @@ pub(crate) fn decode(
     let mut env = Envelope::blank(
         Kind::Unknown,
         Performative::Unknown,
-        String::new(),
+        Name::default(),
         // MessagePack unless a content type comes (static text: no allocation).
         ContentType::default(),
     );
@@ -520,7 +520,7 @@ fn read_field(
             r.uint()?;
         }
         key::ID => env.id = r.uuid()?,
-        key::FROM => env.from = string(r)?,
+        key::FROM => env.from = Name::new(r.str()?),
         key::KIND => env.kind = Kind::from_code(r.uint()?),
         key::PERFORMATIVE => env.performative = Performative::from_code(r.uint()?),
         key::TIMESTAMP_MS => *timestamp = Some(r.uint()?),
@@ -534,7 +534,7 @@ fn read_field(
             }
             env.to = to;
         }
-        key::TOPIC => env.topic = Some(string(r)?),
+        key::TOPIC => env.topic = Some(Name::new(r.str()?)),
         key::CAPABILITY => env.capability = Some(string(r)?),
         key::NAME => env.name = Some(string(r)?),
         key::TTL_MS => env.ttl_ms = Some(r.uint()?),

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use uuid::Uuid;
 
 use crate::protocol::envelope::{
-    Envelope, ExpectedReply, Kind, PROTOCOL_VERSION, Performative, Progress, Sequence, Signature,
+    Envelope, ExpectedReply, Kind, Name, PROTOCOL_VERSION, Performative, Progress, Sequence, Signature,
     TraceContext, Version,
 };
 use crate::protocol::status::StatusCode;
@@ -61,7 +61,7 @@ pub(crate) fn decode(bytes: &[u8], shared: Option<&Bytes>) -> Option<Envelope> {
     let mut env = Envelope::blank(
         Kind::Unknown,
         Performative::Unknown,
-        String::new(),
+        Name::default(),
         crate::protocol::envelope::ContentType::default(),
     );
     // One bit per field seen: a repeated field, or a missing required one, goes to serde.
@@ -89,7 +89,7 @@ pub(crate) fn decode(bytes: &[u8], shared: Option<&Bytes>) -> Option<Envelope> {
                 bit::IN_REPLY_TO
             }
             b"from" => {
-                env.from = r.str()?.to_owned();
+                env.from = Name::new(r.str()?);
                 bit::FROM
             }
             b"to" => {
@@ -102,7 +102,7 @@ pub(crate) fn decode(bytes: &[u8], shared: Option<&Bytes>) -> Option<Envelope> {
                 bit::TO
             }
             b"topic" => {
-                env.topic = r.opt_string()?;
+                env.topic = r.opt_str()?.map(Name::new);
                 bit::TOPIC
             }
             b"capability" => {
@@ -378,6 +378,10 @@ impl<'a> Reader<'a> {
 
     fn opt_string(&mut self) -> Option<Option<String>> {
         self.opt(|r| r.str().map(str::to_owned))
+    }
+
+    fn opt_str(&mut self) -> Option<Option<&'a str>> {
+        self.opt(Reader::str)
     }
 
     /// Reads the fields of a nested struct: each known name to `field`, unknown ones skipped,

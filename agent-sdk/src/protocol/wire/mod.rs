@@ -240,10 +240,10 @@ fn uint(out: &mut Vec<u8>, v: u64) {
     let _ = w::write_uint(out, v);
 }
 
-fn opt_str(out: &mut Vec<u8>, name: &str, v: &Option<String>) {
+fn opt_str<S: AsRef<str>>(out: &mut Vec<u8>, name: &str, v: &Option<S>) {
     if let Some(v) = v {
         key(out, name);
-        str(out, v);
+        str(out, v.as_ref());
     }
 }
 

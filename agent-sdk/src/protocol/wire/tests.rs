@@ -83,7 +83,7 @@ fn variants() -> Vec<Envelope> {
     out.push(with_encryption);
     for len in [0usize, 1, 31, 32, 255, 256, 65_535, 65_536] {
         let mut e = base.clone();
-        e.from = "x".repeat(len);
+        e.from = "x".repeat(len).into();
         e.payload = Bytes::from(vec![0x5a; len]);
         out.push(e);
     }
