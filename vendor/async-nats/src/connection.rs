@@ -1237,6 +1237,44 @@ mod read_op {
 
     // Chorus patch: a header block that does not parse is the publisher's, not the server's:
     // the message is delivered without headers and the connection reads on.
+    // Chorus patch: subjects are slices of their line; several operations in one read, UTF-8
+    // subjects and reply subjects, each sliced from the right place.
+    #[tokio::test]
+    async fn subjects_are_read_from_their_own_line() {
+        let (stream, mut server) = io::duplex(1024);
+        let mut connection = Connection::new(Box::new(stream), 0, Arc::new(Statistics::default()));
+        server
+            .write_all(
+                "MSG caf\u{e9}.one 1 _INBOX.\u{fc}ber 2\r\nhi\r\nMSG two 2 3\r\nyes\r\n\
+                 HMSG tr\u{e8}s.three 3 INBOX.9 12 14\r\nNATS/1.0\r\n\r\nok\r\n"
+                    .as_bytes(),
+            )
+            .await
+            .unwrap();
+        let expected = [
+            ("caf\u{e9}.one", Some("_INBOX.\u{fc}ber"), "hi", 1),
+            ("two", None, "yes", 2),
+            ("tr\u{e8}s.three", Some("INBOX.9"), "ok", 3),
+        ];
+        for (subject, reply, payload, sid) in expected {
+            match connection.read_op().await.unwrap() {
+                Some(ServerOp::Message {
+                    sid: got_sid,
+                    subject: got_subject,
+                    reply: got_reply,
+                    payload: got_payload,
+                    ..
+                }) => {
+                    assert_eq!(got_sid, sid);
+                    assert_eq!(got_subject.as_str(), subject);
+                    assert_eq!(got_reply.as_deref(), reply);
+                    assert_eq!(got_payload, payload.as_bytes());
+                }
+                other => panic!("not a message: {other:?}"),
+            }
+        }
+    }
+
     #[tokio::test]
     async fn hmsg_with_malformed_header_block_is_delivered_without_headers() {
         let (stream, mut server) = io::duplex(128);
