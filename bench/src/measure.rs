@@ -119,6 +119,34 @@ fn process_cpu_seconds() -> Option<f64> {
     Some((utime + stime) as f64 / 100.0)
 }
 
+/// Write calls this process has made: `/proc/self/io`'s `syscw`. The NATS clients write their
+/// sockets with `writev`, which it counts (as it counts any `write`); `None` off Linux.
+fn process_writes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|line| line.strip_prefix("syscw:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The socket writes a measured run makes per message, counted like [`Cpu`]: how many
+/// messages (acks included) each write to the server carries, inverted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Writes(Option<u64>);
+
+impl Writes {
+    pub(crate) fn start() -> Writes {
+        Writes(process_writes())
+    }
+
+    /// Writes per message since the start, over `messages`.
+    pub(crate) fn per_message(self, messages: u64) -> Option<f64> {
+        let (start, end) = (self.0?, process_writes()?);
+        (messages > 0).then(|| end.saturating_sub(start) as f64 / messages as f64)
+    }
+}
+
 /// The client CPU a measured run takes per message: started before the run, read after it.
 /// Both sides run in this process against a server in another, so it is the clients' CPU
 /// alone (the resolution is 10 ms, which is fine over the hundreds of milliseconds a run

@@ -559,6 +559,7 @@ pub(crate) async fn chorus_durable(
     bus: &Bus<'_>,
     count: u64,
     size: usize,
+    consumers: agent_sdk::durable::InboxConsumers,
 ) -> anyhow::Result<Throughput> {
     let id = format!("bench-durable-{}", uuid::Uuid::now_v7().simple());
     let worker = bus
@@ -566,6 +567,7 @@ pub(crate) async fn chorus_durable(
         .heartbeat_interval(Duration::ZERO)
         .service_discovery(false)
         .durable_inbox(true)
+        .inbox_consumers(consumers)
         .connect()
         .await?;
     let tally = Arc::new(Tally::new(count));
