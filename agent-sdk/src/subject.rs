@@ -461,6 +461,14 @@ impl Subjects {
         Ok(format!("_INBOX.{agent}.bell.{}.>", self.root))
     }
 
+    /// `_INBOX.<agent>.bell.<root>.<lane>.*`: the bells of one lane (`high` or `normal`) of
+    /// one agent's durable inbox.
+    pub fn lane_bells(&self, agent: &str, high: bool) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        let lane = if high { "high" } else { "normal" };
+        Ok(format!("_INBOX.{agent}.bell.{}.{lane}.*", self.root))
+    }
+
     /// Whether a bell (`_INBOX.<agent>.bell.<root>.<lane>.<command>`) is for the high lane;
     /// `None` for a subject that is not a bell of this root.
     pub fn bell_is_high(&self, subject: &str) -> Option<bool> {
@@ -630,6 +638,14 @@ mod tests {
             "_INBOX.{{wildcard(1)}}.bell.chorus.{{wildcard(2)}}.{{wildcard(3)}}"
         );
         assert_eq!(s.bells("a-1").as_deref(), Ok("_INBOX.a-1.bell.chorus.>"));
+        assert_eq!(
+            s.lane_bells("a-1", true).as_deref(),
+            Ok("_INBOX.a-1.bell.chorus.high.*")
+        );
+        assert_eq!(
+            s.lane_bells("a-1", false).as_deref(),
+            Ok("_INBOX.a-1.bell.chorus.normal.*")
+        );
         assert_eq!(
             s.bell_is_high("_INBOX.a-1.bell.chorus.high.scan"),
             Some(true)

@@ -381,6 +381,12 @@ impl Broker {
             .saturating_sub(self.shared.sync_echoes.load(Ordering::Relaxed))
     }
 
+    /// Messages the server has sent this connection, of every kind (subscriptions' messages,
+    /// replies, JetStream deliveries).
+    pub fn received(&self) -> u64 {
+        self.client.statistics().in_messages.load(Ordering::Relaxed)
+    }
+
     /// Counters of connection events.
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.events.stats.snapshot()

@@ -5,7 +5,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use broker_adapter::{ConsumerSpec, Deliveries, Delivery};
+use broker_adapter::{ConsumerSpec, Deliveries, Delivery, Subscription};
 use opentelemetry::trace::SpanKind;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio_util::sync::CancellationToken;
@@ -101,8 +101,15 @@ struct LaneConsumer {
     /// The lane's subjects, for the look for stored commands.
     filter: String,
     senders: Vec<tokio::sync::mpsc::UnboundedSender<(Arc<Delivery>, Decoded)>>,
-    /// Rung for each command stored for it (`None` with consumers always held).
+    /// Rung by the looker when it finds commands stored for the lane (`None` with consumers
+    /// always held).
     bell: Option<Bell>,
+    /// The lane's bells (`_INBOX.<agent>.bell.<root>.<lane>.*`), one per command stored for
+    /// it, heard only while the lane has no consumer: dropped (unsubscribed) when the consumer
+    /// opens, so a busy lane is not sent a bell for every command it is delivered anyway.
+    bells: Option<Subscription>,
+    /// That subject (empty with consumers always held).
+    bell_subject: String,
 }
 
 /// Why a consumer's deliveries stopped being taken.
@@ -237,16 +244,22 @@ impl DurableInbox {
         if *started {
             return Ok(());
         }
-        let (mut bells, waiting) = match self.consumers {
-            InboxConsumers::Always => ([None, None], [false, false]),
-            InboxConsumers::OnDemand { recheck, .. } => {
-                let (rings, [normal, high]) = self.listen_for_bells().await?;
-                let waiting = self.look().await?;
-                self.spawn_looker(rings, recheck);
-                ([Some(normal), Some(high)], waiting)
-            }
-        };
         let out = &self.pipeline.out;
+        let mut bells = [None, None];
+        let mut heard = [None, None];
+        let mut waiting = [false, false];
+        if let InboxConsumers::OnDemand { recheck, .. } = self.consumers {
+            // Bells heard before the look, so a command stored after it rings.
+            for high in [false, true] {
+                let subject = out.subjects.lane_bells(&out.id, high)?;
+                heard[usize::from(high)] = Some(out.broker.subscribe(&subject).await?);
+            }
+            let (normal_tx, normal) = tokio::sync::mpsc::channel(1);
+            let (high_tx, high) = tokio::sync::mpsc::channel(1);
+            bells = [Some(normal), Some(high)];
+            waiting = self.look().await?;
+            self.spawn_looker([normal_tx, high_tx], recheck);
+        }
         for high in [false, true] {
             let lanes = if high {
                 (self.lanes / HIGH_PRIORITY_LANE_SHARE).max(1)
@@ -258,6 +271,11 @@ impl DurableInbox {
                 filter: out.subjects.durable_inbox(&out.id, high)?,
                 senders: self.spawn_lanes(lanes),
                 bell: bells[usize::from(high)].take(),
+                bells: heard[usize::from(high)].take(),
+                bell_subject: match self.consumers {
+                    InboxConsumers::Always => String::new(),
+                    InboxConsumers::OnDemand { .. } => out.subjects.lane_bells(&out.id, high)?,
+                },
             };
             let opened = match self.consumers {
                 InboxConsumers::Always => Some(self.open(&lane.spec).await?),
@@ -323,31 +341,6 @@ impl DurableInbox {
             }
         }
         Ok(waiting)
-    }
-
-    /// Subscribes to this agent's bells; each rings the channel of its lane. Returns the
-    /// channels' ringers (normal, high), for the looker, and their receivers.
-    async fn listen_for_bells(self: &Arc<Self>) -> Result<(Rings, [Bell; 2]), SdkError> {
-        let out = &self.pipeline.out;
-        let mut sub = out.broker.subscribe(&out.subjects.bells(&out.id)?).await?;
-        let (normal_tx, normal) = tokio::sync::mpsc::channel(1);
-        let (high_tx, high) = tokio::sync::mpsc::channel(1);
-        let rings = [normal_tx, high_tx];
-        let listener = rings.clone();
-        let inbox = Arc::clone(self);
-        self.tracker.spawn(async move {
-            let subjects = &inbox.pipeline.out.subjects;
-            while let Some(bell) = sub.next_until(inbox.stop.cancelled()).await {
-                let Some(high) = subjects.bell_is_high(bell.subject()) else {
-                    continue;
-                };
-                // Full: a ring not yet heard covers this one.
-                if let Err(TrySendError::Closed(())) = listener[usize::from(high)].try_send(()) {
-                    break;
-                }
-            }
-        });
-        Ok((rings, [normal, high]))
     }
 
     /// The agent's own looks for stored commands, in case bells were lost: every `recheck`
@@ -423,6 +416,8 @@ impl DurableInbox {
                             failed_opens = 0;
                             if on_demand {
                                 AgentCounters::bump(&counters.inbox_consumers_opened);
+                                // The consumer delivers what is stored: no bell for each.
+                                lane.bells = None;
                             }
                             deliveries
                         }
@@ -463,8 +458,9 @@ impl DurableInbox {
                 }
                 Ended::Quiet => {
                     drop(deliveries);
-                    // A bell from now on is for a command the state below may not count yet:
-                    // it stays in the channel and opens the consumer again.
+                    // Bells heard again before the state below is read: one from now on is
+                    // for a command the state may not count yet, and opens the consumer again.
+                    self.hear_bells(&mut lane).await;
                     if let Some(bell) = &mut lane.bell {
                         while bell.try_recv().is_ok() {}
                     }
@@ -513,7 +509,12 @@ impl DurableInbox {
     /// Waits until commands wait for this lane: its bell rings (the looker rings it too), or,
     /// with `look_now`, a look at the lane finds some. A look that fails asks the looker to
     /// look until one answers. `false` once the agent stops.
-    async fn wait_for_commands(&self, lane: &mut LaneConsumer, look_now: bool) -> bool {
+    async fn wait_for_commands(&self, lane: &mut LaneConsumer, mut look_now: bool) -> bool {
+        if lane.bells.is_none() {
+            // The consumer went away while bells were not heard: hear them, then look.
+            self.hear_bells(lane).await;
+            look_now = true;
+        }
         if look_now {
             let out = &self.pipeline.out;
             let stream = out.subjects.stream_name(INBOX_STREAM);
@@ -532,6 +533,23 @@ impl DurableInbox {
                 rung = next_bell(&mut lane.bell) => if rung {
                     return true;
                 },
+                heard = next_heard(&mut lane.bells) => if heard {
+                    return true;
+                },
+            }
+        }
+    }
+
+    /// Subscribes to the lane's bells, if it is not already. If that fails (the agent's
+    /// connection is closing), the looker's looks still find what is stored.
+    async fn hear_bells(&self, lane: &mut LaneConsumer) {
+        if lane.bells.is_some() || lane.bell_subject.is_empty() {
+            return;
+        }
+        match self.pipeline.out.broker.subscribe(&lane.bell_subject).await {
+            Ok(sub) => lane.bells = Some(sub),
+            Err(err) => {
+                tracing::warn!(agent = %self.pipeline.out.id, error = %err, "durable inbox: bells not heard; stored commands are found by looks");
             }
         }
     }
@@ -785,6 +803,20 @@ async fn next_bell(bell: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> bool {
         return true;
     }
     *bell = None;
+    false
+}
+
+/// Whether a bell was heard on `bells`; pending forever without a subscription, and `false`
+/// (the subscription dropped) once it ends.
+async fn next_heard(bells: &mut Option<Subscription>) -> bool {
+    use futures::StreamExt;
+    let Some(sub) = bells else {
+        return std::future::pending().await;
+    };
+    if sub.next().await.is_some() {
+        return true;
+    }
+    *bells = None;
     false
 }
 

@@ -373,19 +373,21 @@ pub(crate) async fn durable_on_demand(
     let inbox = inbox_stream(&subjects, &InboxLimits::default());
     js.ensure_stream(&inbox).await?;
     let server_rss_before = server.pid().and_then(rss_of).unwrap_or(0);
-    // The agents' start: a bell subscription each (on shared connections), then a look at both
-    // lanes for stored commands, 32 agents at a time.
+    // The agents' start: a bell subscription for each lane (on shared connections), then a
+    // look at both lanes for stored commands, 32 agents at a time.
     let mut connections = Vec::with_capacity(CONNECTIONS);
     for c in 0..CONNECTIONS {
         connections.push(connect(&url, &format!("fleet-bells-{c}")).await?);
     }
     let t = Instant::now();
     let mut bells = Vec::with_capacity(agents);
+    let mut high_bells = Vec::with_capacity(agents);
     for i in 0..agents {
-        let subject = subjects.bells(&sim_agent(i))?;
-        bells.push(Some(
-            connections[i % CONNECTIONS].subscribe(&subject).await?,
-        ));
+        let connection = &connections[i % CONNECTIONS];
+        let normal = subjects.lane_bells(&sim_agent(i), false)?;
+        bells.push(Some(connection.subscribe(&normal).await?));
+        let high = subjects.lane_bells(&sim_agent(i), true)?;
+        high_bells.push(connection.subscribe(&high).await?);
     }
     let mut looks = futures::stream::iter((0..agents).map(|i| {
         let js = js.clone();
@@ -429,6 +431,8 @@ pub(crate) async fn durable_on_demand(
                 tokio::time::timeout(Duration::from_secs(120), bell.next())
                     .await
                     .map_err(|_| anyhow::anyhow!("agent {i}: no bell within 120 s"))?;
+                // As the SDK does: a lane with its consumer open hears no bells.
+                drop(bell);
                 let consumer = js.ensure_consumer(&stream, &spec).await?;
                 let mut deliveries = consumer.messages(per_agent as usize).await?;
                 let mut got = Vec::with_capacity(per_agent as usize);
@@ -515,7 +519,7 @@ pub(crate) async fn durable_on_demand(
             ));
         }
     }
-    drop(bells);
+    drop((bells, high_bells));
     drop(js);
     for c in connections {
         close(c).await;

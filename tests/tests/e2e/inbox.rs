@@ -116,6 +116,42 @@ async fn an_idle_agent_holds_no_consumer_until_a_command_rings_and_releases_it_w
 }
 
 #[tokio::test]
+async fn a_lane_with_its_consumer_open_is_sent_no_bell_per_command() {
+    let server = server();
+    let worker = on_demand(&server, Duration::from_secs(60))
+        .connect()
+        .await
+        .expect("connect");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    record_work(&worker, Arc::clone(&seen)).await;
+    let sender = agent(&server, "producer").await;
+    sender
+        .send_durable(work(0, Priority::Normal))
+        .await
+        .expect("stored");
+    // Its bell opened the normal lane's consumer, which stays open while commands come.
+    seen_count(&seen, 1, "the first command handled").await;
+    let before = worker.broker().received();
+    const MORE: u32 = 200;
+    for n in 1..=MORE {
+        sender
+            .send_durable(work(n, Priority::Normal))
+            .await
+            .expect("stored");
+    }
+    seen_count(&seen, 1 + MORE as usize, "the others handled").await;
+    let more = u64::from(MORE);
+    let received = worker.broker().received() - before;
+    // One delivery each (and a few replies and pull statuses); a bell each would double it.
+    assert!(
+        (more..more + more / 2).contains(&received),
+        "{received} messages reached the agent for {more} commands"
+    );
+    assert_eq!(worker.stats().inbox_consumers_opened, 1);
+    worker.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_lost_bell_is_made_up_by_the_agents_own_look_within_the_recheck_time() {
     let server = server();
     let sender = agent(&server, "producer").await;
