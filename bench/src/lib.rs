@@ -652,10 +652,27 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             },
         };
         rows.push(memory_row(
-            "idle agent resident memory (chorus listen)",
+            "idle SDK agent resident memory (examples/event_listener)",
             10,
-            memory::idle_agent_rss(&opts.program, &url).await,
+            memory::idle_sdk_agent_rss(&opts.program, &url).await,
         ));
+        // The CLI's agent: the same work, in an executable that holds the coordinator, the
+        // CLI and this benchmark too.
+        let cli = "idle agent resident memory (chorus listen)";
+        rows.push(match memory::idle_agent_rss(&opts.program, &url).await {
+            Ok(rss) => Row::chorus_only(
+                cli,
+                "MiB",
+                mib(rss),
+                "(reported: most of it the chorus executable's pages)",
+                None,
+            ),
+            Err(e) => Row {
+                chorus: None,
+                goal: format!("(reported) not measured: {e}"),
+                ..Row::chorus_only(cli, "MiB", 0.0, "", None)
+            },
+        });
         rows.push(memory_row(
             "coordinator resident memory, 1,000 agents registered",
             64,

@@ -48,6 +48,28 @@ pub(crate) async fn idle_agent_rss(program: &Path, url: &str) -> anyhow::Result<
     rss
 }
 
+/// RSS of an idle agent built on the SDK alone, as a user's agent is: the `event_listener`
+/// example (one agent, one subscription, heartbeats on), found beside the `chorus` executable
+/// (`<target>/<profile>/examples/event_listener`). `chorus listen` carries the whole CLI, the
+/// coordinator and this benchmark in its executable, whose pages the kernel maps as it runs.
+pub(crate) async fn idle_sdk_agent_rss(program: &Path, url: &str) -> anyhow::Result<u64> {
+    let example = program
+        .parent()
+        .map(|dir| dir.join("examples").join("event_listener"))
+        .filter(|path| path.exists())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "build it beside chorus first: cargo build --release -p agent-sdk --example event_listener"
+            )
+        })?;
+    // It prints "event_listener: listening on ..." to stdout once subscribed.
+    let mut child = start(&example, &[], &[("CHORUS_NATS_URL", url)], false).await?;
+    tokio::time::sleep(IDLE_BEFORE_READING).await;
+    let rss = resident_bytes(&mut child).await;
+    let _ = child.kill().await;
+    rss
+}
+
 /// RSS of `chorus serve` in its own process once it holds `agents` registered agents.
 pub(crate) async fn coordinator_rss(
     program: &Path,
