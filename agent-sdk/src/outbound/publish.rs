@@ -80,7 +80,7 @@ impl Outbound {
             encode_event(&parts, out);
             Ok::<_, SdkError>(())
         })?;
-        let sent = self.broker.publish_owned(subject, bytes).await;
+        let sent = self.broker.publish_built(subject, bytes).await;
         if sent.is_ok() {
             counter.advance();
         }
@@ -135,7 +135,7 @@ impl Outbound {
         env.seq = Some(counter.peek());
         self.seal(&subject, &mut env);
         let bytes = self.encode(&subject, &env)?;
-        let sent = self.broker.publish_owned(subject, bytes).await;
+        let sent = self.broker.publish_built(subject, bytes).await;
         if sent.is_ok() {
             counter.advance();
         }

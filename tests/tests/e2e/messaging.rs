@@ -392,3 +392,22 @@ async fn trace_context_travels_in_every_envelope_and_keeps_its_trace_id_across_a
         "a new span per hop"
     );
 }
+
+#[tokio::test]
+async fn an_event_subject_past_the_length_limit_is_refused_with_a_clear_error() {
+    let server = server();
+    let publisher = agent(&server, "publisher").await;
+    // 16 tokens of 64 characters: a valid topic, but its subject passes 512 bytes.
+    let topic = vec!["t".repeat(64); 16].join(".");
+    let err = publisher
+        .publish(&topic, &"x")
+        .await
+        .expect_err("too long a subject");
+    assert!(
+        err.to_string().contains("too long"),
+        "the error says why: {err}"
+    );
+    // The agent goes on publishing.
+    publisher.publish("doc.ready", &"x").await.expect("publishes");
+    publisher.shutdown().await;
+}
