@@ -17,6 +17,9 @@ mod options;
 pub mod raw;
 mod subject;
 
+/// A received message's subject, shared rather than copied: cloning one counts a reference to
+/// the bytes the client read.
+pub use async_nats::Subject;
 pub use client::{Broker, Subscription};
 pub use error::{Error, ErrorKind, PermissionViolation, Result};
 pub use events::{ConnectionEvent, ConnectionStats, StatsSnapshot};
@@ -31,6 +34,3 @@ pub use options::{
     DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_SUBSCRIPTION_CAPACITY, TlsOptions, reconnect_delay,
 };
 pub use subject::{MAX_SUBJECT_LEN, Wildcards, validate_queue_group, validate_subject};
-/// A received message's subject, shared rather than copied: cloning one counts a reference to
-/// the bytes the client read.
-pub use async_nats::Subject;

@@ -408,6 +408,9 @@ async fn an_event_subject_past_the_length_limit_is_refused_with_a_clear_error() 
         "the error says why: {err}"
     );
     // The agent goes on publishing.
-    publisher.publish("doc.ready", &"x").await.expect("publishes");
+    publisher
+        .publish("doc.ready", &"x")
+        .await
+        .expect("publishes");
     publisher.shutdown().await;
 }

@@ -10,8 +10,8 @@ use uuid::Uuid;
 use super::decode::Reader;
 use crate::protocol::envelope::{
     COMPACT_VERSION, CONTENT_TYPE_ENCRYPTED, CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, ContentType,
-    DEFAULT_HOP_LIMIT, DeliveryClass, EncryptedKey, Encryption, Envelope, ExpectedReply, Kind, Name,
-    PROTOCOL_VERSION, Performative, Priority, Progress, Sequence, Signature, TaskState,
+    DEFAULT_HOP_LIMIT, DeliveryClass, EncryptedKey, Encryption, Envelope, ExpectedReply, Kind,
+    Name, PROTOCOL_VERSION, Performative, Priority, Progress, Sequence, Signature, TaskState,
     TraceContext, TraceParent,
 };
 use crate::protocol::status::StatusCode;

@@ -5,8 +5,8 @@ use bytes::Bytes;
 use uuid::Uuid;
 
 use crate::protocol::envelope::{
-    Envelope, ExpectedReply, Kind, Name, PROTOCOL_VERSION, Performative, Progress, Sequence, Signature,
-    TraceContext, Version,
+    Envelope, ExpectedReply, Kind, Name, PROTOCOL_VERSION, Performative, Progress, Sequence,
+    Signature, TraceContext, Version,
 };
 use crate::protocol::status::StatusCode;
 
