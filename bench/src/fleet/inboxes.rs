@@ -552,7 +552,7 @@ fn on_demand_rows(f: &OnDemandFigures) -> Vec<Row> {
     let at = |what: &str| format!("{} durable agents, consumers on demand: {what}", f.agents);
     let mut rows = vec![
         Row::chorus_only(
-            &at("time for all to start (a bell subscription and one look each)"),
+            &at("time for all to start (a bell subscription per lane and one look each)"),
             "s",
             f.started_in.as_secs_f64(),
             "(reported)",
@@ -566,7 +566,7 @@ fn on_demand_rows(f: &OnDemandFigures) -> Vec<Row> {
             Some(f.idle_consumers == 0),
         ),
         Row::chorus_only(
-            &at("server subscriptions (one bell each)"),
+            &at("server subscriptions (a bell per lane each)"),
             "subscriptions",
             f.subscriptions as f64,
             "(reported)",
