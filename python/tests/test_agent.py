@@ -444,6 +444,79 @@ async def test_an_on_demand_inbox_holds_no_consumer_until_a_bell_and_releases_it
             assert worker.stats.inbox_consumers_opened == 2
 
 
+def _covers(pattern: str, subject: str) -> bool:
+    """Whether a NATS subscription subject (with `*` and `>`) matches `subject`."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(want) == len(have)
+
+
+async def test_a_lane_with_its_consumer_open_is_sent_no_bell_per_command(server: Any) -> None:
+    from chorus.durable import InboxOptions
+
+    handled: list[int] = []
+    options = InboxOptions(release_after=30)
+    async with Agent("py-busy", servers=server.url, heartbeat_interval=0, inbox=options) as worker:
+
+        @worker.command("work")
+        async def work(ctx: Context) -> None:
+            handled.append(decode_payload(ctx.envelope.payload, ctx.envelope.content_type))
+
+        await _inbox_started(worker)
+        async with Agent("py-busy-sender", servers=server.url, heartbeat_interval=0) as sender:
+            await sender.send("py-busy", "work", 0, delivery=Delivery.AT_LEAST_ONCE)
+
+            async def first() -> bool:
+                return len(handled) == 1
+
+            # Its bell opened the normal lane's consumer, which stays open while commands come.
+            await _until("the first command handled", first)
+            before = worker.nc.stats["in_msgs"]
+            # A normal command's bell would reach none of the agent's subscriptions.
+            bell = f"_INBOX.py-busy.bell.{worker.subjects.root}.normal.work"
+            assert not [sub.subject for sub in worker.nc._subs.values() if _covers(sub.subject, bell)]
+            more = 200
+            for n in range(1, more + 1):
+                await sender.send("py-busy", "work", n, delivery=Delivery.AT_LEAST_ONCE)
+
+            async def all_of_them() -> bool:
+                return len(handled) == more + 1
+
+            await _until("the others handled", all_of_them)
+            received = worker.nc.stats["in_msgs"] - before
+            assert received >= more, f"{received} messages for {more} commands"
+            # Still none while the consumer is open: the server sends the lane no bells.
+            assert not [sub.subject for sub in worker.nc._subs.values() if _covers(sub.subject, bell)]
+            assert worker.stats.inbox_consumers_opened == 1
+
+
+async def test_commands_registered_late_together_start_one_inbox(server: Any) -> None:
+    handled: list[int] = []
+    async with Agent("py-late", servers=server.url, heartbeat_interval=0) as worker:
+        # Registered after the start: each registration starts the inbox, concurrently.
+        for name in ("one", "two", "three"):
+
+            @worker.command(name)
+            async def work(ctx: Context) -> None:
+                handled.append(decode_payload(ctx.envelope.payload, ctx.envelope.content_type))
+
+        await worker.flush()
+        await worker.send("py-late", "two", 7, delivery=Delivery.AT_LEAST_ONCE)
+
+        async def one() -> bool:
+            return handled == [7]
+
+        await _until("the command handled", one)
+        # One start: one task per lane, one consumer opened for the one command.
+        assert worker.stats.inbox_consumers_opened == 1
+        assert worker._durable is not None
+        assert worker._durable._started
+
+
 async def test_an_inbox_with_consumers_always_held_holds_both_from_its_start(server: Any) -> None:
     from chorus.durable import InboxOptions
 

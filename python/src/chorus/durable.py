@@ -199,11 +199,19 @@ class DurableInbox:
         self._bells: list[asyncio.Event] = []
         #: Asks the looker to look for stored commands now.
         self._look_soon = asyncio.Event()
-        self._bell_sub: Any = None
+        #: Each lane's bell subscription, held only while the lane has no consumer.
+        self._bell_subs: list[Any] = [None, None]
+        #: One start at a time: each late command registration asks for one.
+        self._starting = asyncio.Lock()
 
     async def start(self) -> None:
-        if self._started:
-            return
+        """Starts taking this agent's deliveries, once (later calls, concurrent ones included,
+        return when the first is done)."""
+        async with self._starting:
+            if not self._started:
+                await self._start()
+
+    async def _start(self) -> None:
         agent = self.agent
         js = agent.nc.jetstream(timeout=agent.request_timeout)
         subjects = agent.subjects
@@ -244,13 +252,9 @@ class DurableInbox:
         waiting = [False, False]
         if self.options.on_demand:
             self._bells = [asyncio.Event(), asyncio.Event()]
-
-            async def ring(msg: Msg) -> None:
-                high = subjects.bell_is_high(msg.subject)
-                if high is not None:
-                    self._bells[high].set()
-
-            self._bell_sub = await agent.nc.subscribe(subjects.bells(agent.id), cb=ring)
+            # Bells heard before the look, so a command stored after it rings.
+            for high in (False, True):
+                await self._hear_bells(high)
             waiting = await self._look(js)
             self._tasks.append(asyncio.ensure_future(self._looker(js)))
         for high in (False, True):
@@ -282,6 +286,32 @@ class DurableInbox:
             filter_subjects=[agent.subjects.durable_inbox(agent.id, high)],
             inactive_threshold=ABANDONED_CONSUMER_AFTER if self.options.on_demand else None,
         )
+
+    async def _hear_bells(self, high: bool) -> None:
+        """Subscribes to the lane's bells, if it is not already. If that fails (the connection
+        closing), the looker's looks still find what is stored."""
+        if self._bell_subs[high] is not None:
+            return
+        bell = self._bells[high]
+
+        async def ring(msg: Msg) -> None:
+            bell.set()
+
+        try:
+            self._bell_subs[high] = await self.agent.nc.subscribe(
+                self.agent.subjects.lane_bells(self.agent.id, high), cb=ring
+            )
+        except Exception as e:  # noqa: BLE001 - looks still find the commands
+            log.warning("durable inbox: bells not heard; stored commands are found by looks: %s", e)
+
+    async def _stop_hearing_bells(self, high: bool) -> None:
+        """Unsubscribes from the lane's bells: its consumer delivers what is stored."""
+        sub, self._bell_subs[high] = self._bell_subs[high], None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - the connection closing
+                pass
 
     async def _stored(self, js: Any, filter_subject: str) -> list[str]:
         """The subjects under ``filter_subject`` with commands stored: one request."""
@@ -333,6 +363,10 @@ class DurableInbox:
         # the try, with an error, until the next bell or look.
         failed_opens = 0
         while not self._stop.is_set():
+            if self._bell_subs[high] is None:
+                # The consumer went away while bells were not heard: hear them, then look.
+                await self._hear_bells(high)
+                look_now = True
             if look_now:
                 try:
                     if await self._stored(js, lane):
@@ -368,6 +402,8 @@ class DurableInbox:
                 continue
             failed_opens = 0
             agent.stats.inbox_consumers_opened += 1
+            # The consumer delivers what is stored: no bell for each (PROTOCOL.md 7.5).
+            await self._stop_hearing_bells(high)
             await self._pull(sub, queues, quiet=self.options.release_after)
             try:
                 await sub.unsubscribe()
@@ -375,7 +411,9 @@ class DurableInbox:
                 pass
             if self._stop.is_set():
                 return
-            # A bell from now on is for a command the state below may not count: it reopens.
+            # Bells heard again before the state below is read: one from now on is for a command
+            # the state may not count, and reopens.
+            await self._hear_bells(high)
             bell.clear()
             try:
                 if await self._release(js, inbox, durable, lane):
@@ -402,11 +440,8 @@ class DurableInbox:
 
     async def stop(self) -> None:
         self._stop.set()
-        if self._bell_sub is not None:
-            try:
-                await self._bell_sub.unsubscribe()
-            except Exception:  # noqa: BLE001 - the connection already closing
-                pass
+        for high in (False, True):
+            await self._stop_hearing_bells(high)
         for task in self._tasks:
             task.cancel()
         if self._tasks:

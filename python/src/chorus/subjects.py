@@ -89,6 +89,11 @@ class Subjects:
         validate_token("agent id", agent)
         return f"_INBOX.{agent}.bell.{self.root}.>"
 
+    def lane_bells(self, agent: str, high: bool) -> str:
+        """`_INBOX.<agent>.bell.<root>.<lane>.*`: the bells of one lane of an agent's durable inbox."""
+        validate_token("agent id", agent)
+        return f"_INBOX.{agent}.bell.{self.root}.{'high' if high else 'normal'}.*"
+
     def bell_is_high(self, subject: str) -> bool | None:
         """Whether a bell is for the high lane; None for a subject that is not a bell of this root."""
         _, sep, rest = subject.partition(".bell.")
