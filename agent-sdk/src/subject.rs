@@ -455,31 +455,12 @@ impl Subjects {
         )
     }
 
-    /// `_INBOX.<agent>.bell.<root>.>`: the bells of one agent's durable inbox, both lanes.
-    pub fn bells(&self, agent: &str) -> Result<String, SubjectError> {
-        validate_token("agent id", agent)?;
-        Ok(format!("_INBOX.{agent}.bell.{}.>", self.root))
-    }
-
     /// `_INBOX.<agent>.bell.<root>.<lane>.*`: the bells of one lane (`high` or `normal`) of
     /// one agent's durable inbox.
     pub fn lane_bells(&self, agent: &str, high: bool) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         let lane = if high { "high" } else { "normal" };
         Ok(format!("_INBOX.{agent}.bell.{}.{lane}.*", self.root))
-    }
-
-    /// Whether a bell (`_INBOX.<agent>.bell.<root>.<lane>.<command>`) is for the high lane;
-    /// `None` for a subject that is not a bell of this root.
-    pub fn bell_is_high(&self, subject: &str) -> Option<bool> {
-        let rest = subject.strip_prefix("_INBOX.")?;
-        let (_agent, rest) = rest.split_once(".bell.")?;
-        let rest = rest.strip_prefix(&*self.root)?.strip_prefix('.')?;
-        match rest.split_once('.')? {
-            ("high", _) => Some(true),
-            ("normal", _) => Some(false),
-            _ => None,
-        }
     }
 
     /// `<root>.inbox.<agent>.>`: both lanes of one agent's durable inbox.
@@ -637,7 +618,6 @@ mod tests {
             s.bell_destination(),
             "_INBOX.{{wildcard(1)}}.bell.chorus.{{wildcard(2)}}.{{wildcard(3)}}"
         );
-        assert_eq!(s.bells("a-1").as_deref(), Ok("_INBOX.a-1.bell.chorus.>"));
         assert_eq!(
             s.lane_bells("a-1", true).as_deref(),
             Ok("_INBOX.a-1.bell.chorus.high.*")
@@ -646,16 +626,6 @@ mod tests {
             s.lane_bells("a-1", false).as_deref(),
             Ok("_INBOX.a-1.bell.chorus.normal.*")
         );
-        assert_eq!(
-            s.bell_is_high("_INBOX.a-1.bell.chorus.high.scan"),
-            Some(true)
-        );
-        assert_eq!(
-            s.bell_is_high("_INBOX.a-1.bell.chorus.normal.scan"),
-            Some(false)
-        );
-        assert_eq!(s.bell_is_high("_INBOX.a-1.bell.other.high.scan"), None);
-        assert_eq!(s.bell_is_high("_INBOX.a-1.x.y"), None);
         assert_eq!(
             s.durable_agent_all("a-1").as_deref(),
             Ok("chorus.inbox.a-1.>")

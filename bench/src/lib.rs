@@ -29,7 +29,7 @@ use agent_sdk::durable::{BATCH_ACKS_IN_FLIGHT, InboxConsumers};
 use chorus_nats_server::NatsServer;
 use futures::future::BoxFuture;
 
-use measure::{Cpu, IDLE, Writes};
+use measure::{IDLE, Usage};
 use report::{Pair, percentile};
 /// How long each request-throughput measurement runs.
 const THROUGHPUT_WINDOW: Duration = Duration::from_secs(3);
@@ -141,11 +141,11 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         progress(&format!("events {size} B x {count}"));
         let mut p = Pair::new();
         for _ in 0..rounds {
-            let cpu = Cpu::start();
+            let cpu = Usage::start();
             let r = baseline::pubsub(&url, count, size, 1, IDLE).await?;
             p.raw_cpu(cpu, r.received);
             p.raw.push(r.per_second());
-            let cpu = Cpu::start();
+            let cpu = Usage::start();
             let c = scenarios::chorus_events(&bus, count, size, 1).await?;
             p.chorus_cpu(cpu, c.received);
             p.chorus.push(c.per_second());
@@ -168,11 +168,11 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         progress(&format!("publish only 128 B x {count}"));
         let mut p = Pair::new();
         for _ in 0..rounds {
-            let cpu = Cpu::start();
+            let cpu = Usage::start();
             let r = baseline::publish_only(&url, count, 128).await?;
             p.raw_cpu(cpu, r.sent);
             p.raw.push(r.per_second());
-            let cpu = Cpu::start();
+            let cpu = Usage::start();
             let c = scenarios::chorus_publish_only(&bus, count, 128).await?;
             p.chorus_cpu(cpu, c.sent);
             p.chorus.push(c.per_second());
@@ -191,10 +191,10 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         let (mut raw_l, mut ch_l) = (Vec::new(), Vec::new());
         let mut cpu_use = Pair::new();
         for _ in 0..rounds {
-            let cpu = Cpu::start();
+            let cpu = Usage::start();
             raw_l.extend(baseline::request_latency(&url, n, 128).await?);
             cpu_use.raw_cpu(cpu, n as u64);
-            let cpu = Cpu::start();
+            let cpu = Usage::start();
             ch_l.extend(scenarios::chorus_latency(&bus, n, 128).await?);
             cpu_use.chorus_cpu(cpu, n as u64);
         }
@@ -287,11 +287,11 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         progress("request throughput, 64 concurrent");
         let mut p = Pair::new();
         for _ in 0..rounds {
-            let cpu = Cpu::start();
+            let cpu = Usage::start();
             let r = baseline::request_throughput(&url, 64, dur, 128).await?;
             p.raw_cpu(cpu, r.received);
             p.raw.push(r.per_second());
-            let cpu = Cpu::start();
+            let cpu = Usage::start();
             let c = scenarios::chorus_request_throughput(&bus, 64, dur, 128, false).await?;
             p.chorus_cpu(cpu, c.received);
             p.chorus.push(c.per_second());
@@ -313,20 +313,20 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         let mut writes = Pair::new();
         let mut held = Pair::new();
         for _ in 0..rounds {
-            let (cpu, w) = (Cpu::start(), Writes::start());
+            let usage = Usage::start();
             let r = baseline::jetstream_roundtrip(&url, count, 128, BATCH_ACKS_IN_FLIGHT).await?;
-            p.raw_cpu(cpu, r.received);
-            writes.raw.extend(w.per_message(r.received));
+            p.raw_cpu(usage, r.received);
+            writes.raw.extend(usage.writes_per_message(r.received));
             p.raw.push(r.per_second());
-            let (cpu, w) = (Cpu::start(), Writes::start());
+            let usage = Usage::start();
             let c = scenarios::chorus_durable(&bus, count, 128, InboxConsumers::default()).await?;
-            p.chorus_cpu(cpu, c.received);
-            writes.chorus.extend(w.per_message(c.received));
+            p.chorus_cpu(usage, c.received);
+            writes.chorus.extend(usage.writes_per_message(c.received));
             p.chorus.push(c.per_second());
             p.sent += c.sent;
             p.received += c.received;
             // The same with the consumers held from the start: no bell per stored command.
-            let cpu = Cpu::start();
+            let cpu = Usage::start();
             let c = scenarios::chorus_durable(&bus, count, 128, InboxConsumers::Always).await?;
             held.chorus_cpu(cpu, c.received);
             held.chorus.push(c.per_second());
@@ -364,11 +364,11 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         progress(&format!("fan-out to 100 x {count}"));
         let mut p = Pair::new();
         for _ in 0..rounds.min(2) {
-            let cpu = Cpu::start();
+            let cpu = Usage::start();
             let r = baseline::pubsub(&url, count, 128, 100, IDLE).await?;
             p.raw_cpu(cpu, r.received);
             p.raw.push(r.per_second());
-            let cpu = Cpu::start();
+            let cpu = Usage::start();
             let c = scenarios::chorus_events(&bus, count, 128, 100).await?;
             p.chorus_cpu(cpu, c.received);
             p.chorus.push(c.per_second());
@@ -386,7 +386,7 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
     if want("secure") {
         let count = if q { 200 } else { 20_000 };
         progress(&format!("signed and verified events x {count}"));
-        let cpu = Cpu::start();
+        let cpu = Usage::start();
         let signed = scenarios::secure_events(&bus, count, false).await?;
         let signed_cpu = cpu.per_message_us(signed.received);
         let met = signed.per_second() >= 50_000.0 && signed.received == signed.sent;
@@ -402,7 +402,7 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             .counts(signed.sent, signed.received)
         });
         progress("signed and verified requests, 64 concurrent");
-        let cpu = Cpu::start();
+        let cpu = Usage::start();
         let signed = scenarios::chorus_request_throughput(&bus, 64, dur, 128, true).await?;
         rows.push(Row {
             chorus_cpu_us: cpu.per_message_us(signed.received),
@@ -636,46 +636,45 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
     if want("memory") {
         progress("idle agent memory");
         let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
-        let memory_row = |scenario: &str, limit_mib: u64, rss: anyhow::Result<u64>| match rss {
-            Ok(rss) => Row::chorus_only(
-                scenario,
-                "MiB",
-                mib(rss),
-                &format!("< {limit_mib} MiB"),
-                Some(rss < limit_mib << 20),
-            ),
-            Err(e) => Row {
-                chorus: None,
-                goal: format!("< {limit_mib} MiB; not measured: {}", e),
-                met: Some(false),
-                ..Row::chorus_only(scenario, "MiB", 0.0, "", None)
-            },
-        };
+        // A row against a limit in MiB, or (`None`) reported with `why`.
+        let memory_row =
+            |scenario: &str, limit_mib: Option<u64>, why: &str, rss: anyhow::Result<u64>| {
+                let goal = limit_mib
+                    .map_or_else(|| format!("(reported: {why})"), |l| format!("< {l} MiB"));
+                match rss {
+                    Ok(rss) => Row::chorus_only(
+                        scenario,
+                        "MiB",
+                        mib(rss),
+                        &goal,
+                        limit_mib.map(|l| rss < l << 20),
+                    ),
+                    Err(e) => Row {
+                        chorus: None,
+                        goal: format!("{goal}; not measured: {e}"),
+                        met: limit_mib.map(|_| false),
+                        ..Row::chorus_only(scenario, "MiB", 0.0, "", None)
+                    },
+                }
+            };
         rows.push(memory_row(
             "idle SDK agent resident memory (examples/event_listener)",
-            10,
+            Some(10),
+            "",
             memory::idle_sdk_agent_rss(&opts.program, &url).await,
         ));
         // The CLI's agent: the same work, in an executable that holds the coordinator, the
         // CLI and this benchmark too.
-        let cli = "idle agent resident memory (chorus listen)";
-        rows.push(match memory::idle_agent_rss(&opts.program, &url).await {
-            Ok(rss) => Row::chorus_only(
-                cli,
-                "MiB",
-                mib(rss),
-                "(reported: most of it the chorus executable's pages)",
-                None,
-            ),
-            Err(e) => Row {
-                chorus: None,
-                goal: format!("(reported) not measured: {e}"),
-                ..Row::chorus_only(cli, "MiB", 0.0, "", None)
-            },
-        });
+        rows.push(memory_row(
+            "idle agent resident memory (chorus listen)",
+            None,
+            "most of it the chorus executable's pages",
+            memory::idle_agent_rss(&opts.program, &url).await,
+        ));
         rows.push(memory_row(
             "coordinator resident memory, 1,000 agents registered",
-            64,
+            Some(64),
+            "",
             memory::coordinator_rss(&opts.program, &url, 1_000).await,
         ));
     }

@@ -130,38 +130,34 @@ fn process_writes() -> Option<u64> {
         .ok()
 }
 
-/// The socket writes a measured run makes per message, counted like [`Cpu`]: how many
-/// messages (acks included) each write to the server carries, inverted.
+/// The client CPU (and write calls) a measured run takes per message: read before the run,
+/// and again after it. Both sides run in this process against a server in another, so it is
+/// the clients' alone (the CPU's resolution is 10 ms, which is fine over the hundreds of
+/// milliseconds a run takes).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Writes(Option<u64>);
-
-impl Writes {
-    pub(crate) fn start() -> Writes {
-        Writes(process_writes())
-    }
-
-    /// Writes per message since the start, over `messages`.
-    pub(crate) fn per_message(self, messages: u64) -> Option<f64> {
-        let (start, end) = (self.0?, process_writes()?);
-        (messages > 0).then(|| end.saturating_sub(start) as f64 / messages as f64)
-    }
+pub(crate) struct Usage {
+    cpu_seconds: Option<f64>,
+    writes: Option<u64>,
 }
 
-/// The client CPU a measured run takes per message: started before the run, read after it.
-/// Both sides run in this process against a server in another, so it is the clients' CPU
-/// alone (the resolution is 10 ms, which is fine over the hundreds of milliseconds a run
-/// takes).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Cpu(Option<f64>);
-
-impl Cpu {
-    pub(crate) fn start() -> Cpu {
-        Cpu(process_cpu_seconds())
+impl Usage {
+    pub(crate) fn start() -> Usage {
+        Usage {
+            cpu_seconds: process_cpu_seconds(),
+            writes: process_writes(),
+        }
     }
 
     /// Microseconds of CPU per message since the start, over `messages`.
     pub(crate) fn per_message_us(self, messages: u64) -> Option<f64> {
-        let (start, end) = (self.0?, process_cpu_seconds()?);
+        let (start, end) = (self.cpu_seconds?, process_cpu_seconds()?);
         (messages > 0).then(|| (end - start) * 1e6 / messages as f64)
+    }
+
+    /// Write calls per message since the start, over `messages`: how many messages (acks
+    /// included) each write to the server carries, inverted.
+    pub(crate) fn writes_per_message(self, messages: u64) -> Option<f64> {
+        let (start, end) = (self.writes?, process_writes()?);
+        (messages > 0).then(|| end.saturating_sub(start) as f64 / messages as f64)
     }
 }

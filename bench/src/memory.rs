@@ -35,13 +35,18 @@ pub(crate) fn rss_of(pid: u32) -> Option<u64> {
 /// RSS of an idle agent: `chorus listen` in its own process (one agent, one subscription).
 pub(crate) async fn idle_agent_rss(program: &Path, url: &str) -> anyhow::Result<u64> {
     // It prints "listening on ..." to stderr once subscribed.
-    let mut child = start(
+    let child = start(
         program,
         &["--server", url, "listen", "bench.idle.>"],
         &[],
         true,
     )
     .await?;
+    idle_rss(child).await
+}
+
+/// RSS of a started agent once it has idled a moment; the agent is stopped after.
+async fn idle_rss(mut child: tokio::process::Child) -> anyhow::Result<u64> {
     tokio::time::sleep(IDLE_BEFORE_READING).await;
     let rss = resident_bytes(&mut child).await;
     let _ = child.kill().await;
@@ -63,11 +68,7 @@ pub(crate) async fn idle_sdk_agent_rss(program: &Path, url: &str) -> anyhow::Res
             )
         })?;
     // It prints "event_listener: listening on ..." to stdout once subscribed.
-    let mut child = start(&example, &[], &[("CHORUS_NATS_URL", url)], false).await?;
-    tokio::time::sleep(IDLE_BEFORE_READING).await;
-    let rss = resident_bytes(&mut child).await;
-    let _ = child.kill().await;
-    rss
+    idle_rss(start(&example, &[], &[("CHORUS_NATS_URL", url)], false).await?).await
 }
 
 /// RSS of `chorus serve` in its own process once it holds `agents` registered agents.

@@ -112,12 +112,12 @@ impl Pair {
     }
 
     /// Records the client CPU per message of a raw round.
-    pub(crate) fn raw_cpu(&mut self, cpu: crate::measure::Cpu, messages: u64) {
+    pub(crate) fn raw_cpu(&mut self, cpu: crate::measure::Usage, messages: u64) {
         self.raw_cpu.extend(cpu.per_message_us(messages));
     }
 
     /// Records the client CPU per message of a Chorus round.
-    pub(crate) fn chorus_cpu(&mut self, cpu: crate::measure::Cpu, messages: u64) {
+    pub(crate) fn chorus_cpu(&mut self, cpu: crate::measure::Usage, messages: u64) {
         self.chorus_cpu.extend(cpu.per_message_us(messages));
     }
 

@@ -108,8 +108,8 @@ struct LaneConsumer {
     /// it, heard only while the lane has no consumer: dropped (unsubscribed) when the consumer
     /// opens, so a busy lane is not sent a bell for every command it is delivered anyway.
     bells: Option<Subscription>,
-    /// That subject (empty with consumers always held).
-    bell_subject: String,
+    /// That subject (`None` with consumers always held: no bells).
+    bell_subject: Option<String>,
 }
 
 /// Why a consumer's deliveries stopped being taken.
@@ -246,6 +246,7 @@ impl DurableInbox {
         }
         let out = &self.pipeline.out;
         let mut bells = [None, None];
+        let mut bell_subjects = [None, None];
         let mut heard = [None, None];
         let mut waiting = [false, false];
         if let InboxConsumers::OnDemand { recheck, .. } = self.consumers {
@@ -253,6 +254,7 @@ impl DurableInbox {
             for high in [false, true] {
                 let subject = out.subjects.lane_bells(&out.id, high)?;
                 heard[usize::from(high)] = Some(out.broker.subscribe(&subject).await?);
+                bell_subjects[usize::from(high)] = Some(subject);
             }
             let (normal_tx, normal) = tokio::sync::mpsc::channel(1);
             let (high_tx, high) = tokio::sync::mpsc::channel(1);
@@ -272,10 +274,7 @@ impl DurableInbox {
                 senders: self.spawn_lanes(lanes),
                 bell: bells[usize::from(high)].take(),
                 bells: heard[usize::from(high)].take(),
-                bell_subject: match self.consumers {
-                    InboxConsumers::Always => String::new(),
-                    InboxConsumers::OnDemand { .. } => out.subjects.lane_bells(&out.id, high)?,
-                },
+                bell_subject: bell_subjects[usize::from(high)].take(),
             };
             let opened = match self.consumers {
                 InboxConsumers::Always => Some(self.open(&lane.spec).await?),
@@ -543,10 +542,10 @@ impl DurableInbox {
     /// Subscribes to the lane's bells, if it is not already. If that fails (the agent's
     /// connection is closing), the looker's looks still find what is stored.
     async fn hear_bells(&self, lane: &mut LaneConsumer) {
-        if lane.bells.is_some() || lane.bell_subject.is_empty() {
+        let (None, Some(subject)) = (&lane.bells, &lane.bell_subject) else {
             return;
-        }
-        match self.pipeline.out.broker.subscribe(&lane.bell_subject).await {
+        };
+        match self.pipeline.out.broker.subscribe(subject).await {
             Ok(sub) => lane.bells = Some(sub),
             Err(err) => {
                 tracing::warn!(agent = %self.pipeline.out.id, error = %err, "durable inbox: bells not heard; stored commands are found by looks");

@@ -56,6 +56,43 @@ fn number_of(delivery: &broker_adapter::Delivery) -> Option<u32> {
         .and_then(|b| <[u8; 4]>::try_from(b).ok())
         .map(u32::from_be_bytes)
 }
+
+/// What both inbox designs are measured on: a server of their own with the SDK's inbox
+/// stream, a connection to it, and the server's memory before any agent.
+struct InboxBench {
+    server: NatsServer,
+    url: String,
+    monitor: String,
+    subjects: Subjects,
+    broker: Broker,
+    js: broker_adapter::JetStream,
+    inbox: broker_adapter::StreamSpec,
+    server_rss_before: u64,
+}
+
+impl InboxBench {
+    async fn start(name: &str) -> anyhow::Result<InboxBench> {
+        use agent_sdk::durable::{InboxLimits, inbox_stream};
+        let (server, url, monitor) = monitored_server().await?;
+        let subjects = Subjects::new(ROOT)?;
+        let broker = connect(&url, name).await?;
+        let js = broker.jetstream(Duration::from_secs(30));
+        let inbox = inbox_stream(&subjects, &InboxLimits::default());
+        js.ensure_stream(&inbox).await?;
+        let server_rss_before = server.pid().and_then(rss_of).unwrap_or(0);
+        Ok(InboxBench {
+            server,
+            url,
+            monitor,
+            subjects,
+            broker,
+            js,
+            inbox,
+            server_rss_before,
+        })
+    }
+}
+
 /// What the durable-inbox fleet measured.
 #[derive(Debug, Clone)]
 pub(crate) struct DurableFigures {
@@ -82,17 +119,19 @@ pub(crate) async fn durable(
     per_agent: u32,
     progress: fn(&str),
 ) -> anyhow::Result<Vec<Row>> {
-    use agent_sdk::durable::{InboxLimits, inbox_stream};
     progress(&format!(
         "durable inboxes: {agents} agents with their consumers, {per_agent} commands to {active} of them"
     ));
-    let (server, url, monitor) = monitored_server().await?;
-    let subjects = Subjects::new(ROOT)?;
-    let broker = connect(&url, "fleet-durable").await?;
-    let js = broker.jetstream(Duration::from_secs(30));
-    let inbox = inbox_stream(&subjects, &InboxLimits::default());
-    js.ensure_stream(&inbox).await?;
-    let server_rss_before = server.pid().and_then(rss_of).unwrap_or(0);
+    let InboxBench {
+        server,
+        monitor,
+        subjects,
+        broker,
+        js,
+        inbox,
+        server_rss_before,
+        ..
+    } = InboxBench::start("fleet-durable").await?;
     let t = Instant::now();
     let specs: Vec<broker_adapter::ConsumerSpec> = (0..agents)
         .flat_map(|i| {
@@ -362,17 +401,19 @@ pub(crate) async fn durable_on_demand(
     per_agent: u32,
     progress: fn(&str),
 ) -> anyhow::Result<Vec<Row>> {
-    use agent_sdk::durable::{InboxLimits, inbox_stream};
     progress(&format!(
         "durable inboxes on demand: {agents} agents with their bells, {per_agent} commands to {active} of them"
     ));
-    let (server, url, monitor) = monitored_server().await?;
-    let subjects = Subjects::new(ROOT)?;
-    let broker = connect(&url, "fleet-on-demand").await?;
-    let js = broker.jetstream(Duration::from_secs(30));
-    let inbox = inbox_stream(&subjects, &InboxLimits::default());
-    js.ensure_stream(&inbox).await?;
-    let server_rss_before = server.pid().and_then(rss_of).unwrap_or(0);
+    let InboxBench {
+        server,
+        url,
+        monitor,
+        subjects,
+        broker,
+        js,
+        inbox,
+        server_rss_before,
+    } = InboxBench::start("fleet-on-demand").await?;
     // The agents' start: a bell subscription for each lane (on shared connections), then a
     // look at both lanes for stored commands, 32 agents at a time.
     let mut connections = Vec::with_capacity(CONNECTIONS);

@@ -231,6 +231,18 @@ async fn connect(url: &str, name: &str) -> anyhow::Result<Broker> {
         .await?)
 }
 
+/// The SDK agent that asks the coordinators (discovery, broadcasts) for a measurement.
+async fn client(url: &str) -> anyhow::Result<agent_sdk::Agent> {
+    Ok(AgentOptions::new("fleet-client")
+        .servers([url])
+        .root(ROOT)
+        .heartbeat_interval(Duration::ZERO)
+        .service_discovery(false)
+        .request_timeout(Duration::from_secs(30))
+        .connect()
+        .await?)
+}
+
 /// Simulated agent number `i`.
 fn sim_agent(i: usize) -> String {
     format!("sim-{i:06}")

@@ -87,14 +87,7 @@ async fn shared(program: &Path, n: usize, count: usize) -> anyhow::Result<Shared
             ));
         }
         // Discovery, many queries in flight, from one SDK agent.
-        let client = AgentOptions::new("fleet-client")
-            .servers([url.as_str()])
-            .root(ROOT)
-            .heartbeat_interval(Duration::ZERO)
-            .service_discovery(false)
-            .request_timeout(Duration::from_secs(30))
-            .connect()
-            .await?;
+        let client = client(&url).await?;
         let request = "kind=\"request\"";
         let mut answered0 = Vec::with_capacity(count);
         for c in &coordinators {

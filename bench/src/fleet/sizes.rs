@@ -188,14 +188,7 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
         let subscriptions = monitor_number(&monitor, "/subsz", "num_subscriptions").await?;
         let consumers = monitor_number(&monitor, "/jsz", "consumers").await?;
         // Discovery and a broadcast, from an SDK agent.
-        let client = AgentOptions::new("fleet-client")
-            .servers([url.as_str()])
-            .root(ROOT)
-            .heartbeat_interval(Duration::ZERO)
-            .service_discovery(false)
-            .request_timeout(Duration::from_secs(30))
-            .connect()
-            .await?;
+        let client = client(&url).await?;
         // What one SDK agent with a command and a capability holds on the server, which the
         // light mode leaves out: the subscriptions it adds once serving.
         let before = monitor_number(&monitor, "/subsz", "num_subscriptions").await?;

@@ -84,23 +84,10 @@ class Subjects:
         """Where a stored command's bell goes: `_INBOX.<agent>.bell.<root>.<lane>.<command>`."""
         return "_INBOX.{{wildcard(1)}}.bell." + self.root + ".{{wildcard(2)}}.{{wildcard(3)}}"
 
-    def bells(self, agent: str) -> str:
-        """`_INBOX.<agent>.bell.<root>.>`: the bells of one agent's durable inbox."""
-        validate_token("agent id", agent)
-        return f"_INBOX.{agent}.bell.{self.root}.>"
-
     def lane_bells(self, agent: str, high: bool) -> str:
         """`_INBOX.<agent>.bell.<root>.<lane>.*`: the bells of one lane of an agent's durable inbox."""
         validate_token("agent id", agent)
         return f"_INBOX.{agent}.bell.{self.root}.{'high' if high else 'normal'}.*"
-
-    def bell_is_high(self, subject: str) -> bool | None:
-        """Whether a bell is for the high lane; None for a subject that is not a bell of this root."""
-        _, sep, rest = subject.partition(".bell.")
-        if not sep or not subject.startswith("_INBOX.") or not rest.startswith(self.root + "."):
-            return None
-        lane = rest[len(self.root) + 1 :].split(".", 1)[0]
-        return {"high": True, "normal": False}.get(lane)
 
     def durable_agent_all(self, agent: str) -> str:
         """`<root>.inbox.<agent>.>`: both lanes of one agent's durable inbox."""

@@ -41,6 +41,14 @@ async fn record_work(agent: &Agent, seen: Arc<Mutex<Vec<u32>>>) {
         .expect("register");
 }
 
+/// A worker connected with `options` that records the `work` commands it handles.
+async fn recording_worker(options: AgentOptions) -> (Agent, Arc<Mutex<Vec<u32>>>) {
+    let worker = options.connect().await.expect("connect");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    record_work(&worker, Arc::clone(&seen)).await;
+    (worker, seen)
+}
+
 /// Whether consumer `name` of the inbox exists now.
 async fn consumer_exists(agent: &Agent, name: &str) -> bool {
     let js = agent.broker().jetstream(WAIT);
@@ -62,12 +70,7 @@ async fn seen_count(seen: &Mutex<Vec<u32>>, n: usize, what: &str) {
 #[tokio::test]
 async fn an_idle_agent_holds_no_consumer_until_a_command_rings_and_releases_it_when_quiet() {
     let server = server();
-    let worker = on_demand(&server, Duration::from_secs(60))
-        .connect()
-        .await
-        .expect("connect");
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    record_work(&worker, Arc::clone(&seen)).await;
+    let (worker, seen) = recording_worker(on_demand(&server, Duration::from_secs(60))).await;
     // Started with an empty inbox: nothing on the server but its subscriptions.
     assert!(!consumer_exists(&worker, "worker").await);
     assert!(!consumer_exists(&worker, "worker_high").await);
@@ -118,12 +121,7 @@ async fn an_idle_agent_holds_no_consumer_until_a_command_rings_and_releases_it_w
 #[tokio::test]
 async fn a_lane_with_its_consumer_open_is_sent_no_bell_per_command() {
     let server = server();
-    let worker = on_demand(&server, Duration::from_secs(60))
-        .connect()
-        .await
-        .expect("connect");
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    record_work(&worker, Arc::clone(&seen)).await;
+    let (worker, seen) = recording_worker(on_demand(&server, Duration::from_secs(60))).await;
     let sender = agent(&server, "producer").await;
     sender
         .send_durable(work(0, Priority::Normal))
@@ -160,12 +158,7 @@ async fn a_lost_bell_is_made_up_by_the_agents_own_look_within_the_recheck_time()
         .send_durable(work(0, Priority::Normal))
         .await
         .expect("stored");
-    let worker = on_demand(&server, Duration::from_secs(1))
-        .connect()
-        .await
-        .expect("connect");
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    record_work(&worker, Arc::clone(&seen)).await;
+    let (worker, seen) = recording_worker(on_demand(&server, Duration::from_secs(1))).await;
     // Stored before it started: found by its first look.
     seen_count(&seen, 1, "the command stored before the start handled").await;
     eventually(WAIT, "released", || async {
@@ -266,14 +259,12 @@ async fn a_command_the_consumer_gave_up_on_keeps_it_so_it_is_not_delivered_all_o
     // Never acked: every delivery runs out its ack wait, until `max_deliver` (the retry
     // policy's attempts) makes the server give up. No coordinator runs to dead-letter it, so
     // it stays stored.
-    let worker = on_demand(&server, Duration::from_secs(60))
-        .durable_ack_wait(Duration::from_millis(300))
-        .skip_acks(u64::MAX)
-        .connect()
-        .await
-        .expect("connect");
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    record_work(&worker, Arc::clone(&seen)).await;
+    let (worker, seen) = recording_worker(
+        on_demand(&server, Duration::from_secs(60))
+            .durable_ack_wait(Duration::from_millis(300))
+            .skip_acks(u64::MAX),
+    )
+    .await;
     let sender = agent(&server, "producer").await;
     sender
         .send_durable(work(7, Priority::Normal))
