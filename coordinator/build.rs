@@ -1,5 +1,6 @@
-//! Puts the git revision the binary was built from into `chorus --version`, or `unknown` when
-//! the source is not a git checkout (a source archive, a container build without `.git`).
+//! Puts the git revision the coordinator was built from into its build-info metric and
+//! `chorus --version`, or `unknown` when the source is not a git checkout (a source archive,
+//! a package from a registry, a container build without `.git`).
 
 use std::process::Command;
 

@@ -5,7 +5,7 @@
 //! `allocation-counter` counts that thread's allocations; the same traffic through raw
 //! async-nats is counted the same way, so the difference is what the SDK adds.
 //!
-//! `cargo bench -p agent-sdk --bench allocs`. The server: `NATS_URL` if set, else one started
+//! `cargo bench -p chorus-sdk --bench allocs`. The server: `NATS_URL` if set, else one started
 //! from `NATS_SERVER` (or `nats-server` on the `PATH`, or the one `scripts/install-nats-server`
 //! put in `.tools/bin`) on a free loopback port.
 
@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use agent_sdk::{Agent, AgentOptions, Context, Encoding, EventHandler, HandlerError};
-use broker_adapter::raw::RawClient;
 use bytes::Bytes;
+use chorus_broker_adapter::raw::RawClient;
+use chorus_sdk::{Agent, AgentOptions, Context, Encoding, EventHandler, HandlerError};
 use futures::StreamExt;
 
 /// Messages per measurement (fewer than a subscription's buffer holds, so none is dropped).
@@ -95,7 +95,7 @@ async fn agent(url: &str, id: &str) -> Agent {
 struct Count(Arc<AtomicU64>);
 
 impl EventHandler for Count {
-    fn call(&self, _ctx: Context) -> agent_sdk::BoxFuture<Result<(), HandlerError>> {
+    fn call(&self, _ctx: Context) -> chorus_sdk::BoxFuture<Result<(), HandlerError>> {
         self.0.fetch_add(1, Ordering::Relaxed);
         Box::pin(async { Ok(()) })
     }

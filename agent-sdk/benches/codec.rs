@@ -1,10 +1,10 @@
 //! Envelope encode and decode, MessagePack and JSON, with a 128-byte payload: the per-message
-//! work the SDK adds on top of NATS. `cargo bench -p agent-sdk --bench codec`.
+//! work the SDK adds on top of NATS. `cargo bench -p chorus-sdk --bench codec`.
 //! (Signing and encryption benches join these when those paths exist.)
 
-use agent_sdk::codec::{self, Encoding};
-use agent_sdk::{Envelope, Kind, Performative};
 use bytes::Bytes;
+use chorus_sdk::codec::{self, Encoding};
+use chorus_sdk::{Envelope, Kind, Performative};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 

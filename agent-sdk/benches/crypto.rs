@@ -1,11 +1,11 @@
 //! Signing, verification and end-to-end encryption of one envelope with a 128-byte payload:
-//! the per-message work a secured bus adds. `cargo bench -p agent-sdk --bench crypto`.
+//! the per-message work a secured bus adds. `cargo bench -p chorus-sdk --bench crypto`.
 
-use agent_sdk::encryption::{self, EncryptionKey};
-use agent_sdk::envelope::now_ms;
-use agent_sdk::security::{Identity, SignaturePolicy, Verifier, canonical_bytes};
-use agent_sdk::{Envelope, Kind, Performative};
 use bytes::Bytes;
+use chorus_sdk::encryption::{self, EncryptionKey};
+use chorus_sdk::envelope::now_ms;
+use chorus_sdk::security::{Identity, SignaturePolicy, Verifier, canonical_bytes};
+use chorus_sdk::{Envelope, Kind, Performative};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 

@@ -3,13 +3,13 @@
 //!
 //! ```sh
 //! scripts/up                                  # a local bus, in another terminal
-//! cargo run -p agent-sdk --example calculator
+//! cargo run -p chorus-sdk --example calculator
 //! chorus request --to calculator --command calculation '{"operation":"add","operands":[2,3]}'
 //! ```
 //!
 //! The bus is `CHORUS_NATS_URL` (default `nats://127.0.0.1:4222`).
 
-use agent_sdk::{AgentOptions, Context, HandlerError};
+use chorus_sdk::{AgentOptions, Context, HandlerError};
 use serde::{Deserialize, Serialize};
 
 /// The command's argument (test vector 01 is this request).

@@ -6,7 +6,7 @@
 //! ```sh
 //! scripts/up                                  # a local bus, in another terminal
 //! chorus send --durable --to ledger-worker --command post '{"account":"acme","amount":250}'
-//! cargo run -p agent-sdk --example durable_worker -- 1
+//! cargo run -p chorus-sdk --example durable_worker -- 1
 //! ```
 //!
 //! The bus is `CHORUS_NATS_URL` (default `nats://127.0.0.1:4222`).
@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use agent_sdk::{AgentOptions, Context, HandlerError};
+use chorus_sdk::{AgentOptions, Context, HandlerError};
 use serde::Deserialize;
 
 /// One ledger posting.

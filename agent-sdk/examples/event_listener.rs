@@ -3,13 +3,13 @@
 //!
 //! ```sh
 //! scripts/up                                  # a local bus (its demo publishes task events)
-//! cargo run -p agent-sdk --example event_listener -- 5
+//! cargo run -p chorus-sdk --example event_listener -- 5
 //! chorus send --topic task.completed '"by hand"'
 //! ```
 //!
 //! The bus is `CHORUS_NATS_URL` (default `nats://127.0.0.1:4222`).
 
-use agent_sdk::AgentOptions;
+use chorus_sdk::AgentOptions;
 use futures::StreamExt;
 
 #[tokio::main]

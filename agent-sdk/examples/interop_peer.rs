@@ -25,12 +25,12 @@
 //! subscribed, and stops on Ctrl-C, SIGTERM or the end of its standard input.
 //!
 //! ```sh
-//! cargo run -p agent-sdk --example interop_peer
+//! cargo run -p chorus-sdk --example interop_peer
 //! ```
 
-use agent_sdk::encryption::EncryptionKey;
-use agent_sdk::security::{Identity, SignaturePolicy};
-use agent_sdk::{
+use chorus_sdk::encryption::EncryptionKey;
+use chorus_sdk::security::{Identity, SignaturePolicy};
+use chorus_sdk::{
     AgentOptions, Call, Context, DeliveryClass, Encoding, HandlerError, StatusCode, TaskContext,
     TaskState, Typed,
 };

@@ -5,14 +5,14 @@
 //!
 //! ```sh
 //! scripts/up                                  # a local bus, in another terminal
-//! cargo run -p agent-sdk --example long_task
+//! cargo run -p chorus-sdk --example long_task
 //! ```
 //!
 //! The bus is `CHORUS_NATS_URL` (default `nats://127.0.0.1:4222`).
 
 use std::time::Duration;
 
-use agent_sdk::{AgentOptions, Call, HandlerError, TaskContext};
+use chorus_sdk::{AgentOptions, Call, HandlerError, TaskContext};
 use futures::StreamExt;
 
 #[tokio::main]
@@ -36,7 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 // A slow writer: a cancel stops it between two words.
                 tokio::select! {
                     _ = task.cancelled() => {
-                        return Err(HandlerError::new(agent_sdk::StatusCode::CANCELLED, "stopped"));
+                        return Err(HandlerError::new(chorus_sdk::StatusCode::CANCELLED, "stopped"));
                     }
                     () = tokio::time::sleep(Duration::from_millis(50)) => {}
                 }

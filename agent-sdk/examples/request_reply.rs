@@ -3,12 +3,12 @@
 //!
 //! ```sh
 //! scripts/up                                  # a local bus, in another terminal
-//! cargo run -p agent-sdk --example request_reply
+//! cargo run -p chorus-sdk --example request_reply
 //! ```
 //!
 //! The bus is `CHORUS_NATS_URL` (default `nats://127.0.0.1:4222`).
 
-use agent_sdk::{AgentOptions, Context, HandlerError, SdkError};
+use chorus_sdk::{AgentOptions, Context, HandlerError, SdkError};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

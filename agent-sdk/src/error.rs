@@ -42,9 +42,9 @@ pub enum SdkError {
     /// A name cannot become part of a subject.
     #[error(transparent)]
     Subject(#[from] SubjectError),
-    /// The broker failed; its [`kind`](broker_adapter::Error::kind) says how.
+    /// The broker failed; its [`kind`](chorus_broker_adapter::Error::kind) says how.
     #[error(transparent)]
-    Broker(#[from] broker_adapter::Error),
+    Broker(#[from] chorus_broker_adapter::Error),
     /// A payload could not be encrypted (a recipient's key unknown, a bad key).
     #[error("encryption: {0}")]
     Encryption(String),
@@ -81,7 +81,7 @@ pub enum SdkError {
 impl SdkError {
     /// The protocol status code that describes this error.
     pub fn status(&self) -> StatusCode {
-        use broker_adapter::ErrorKind as K;
+        use chorus_broker_adapter::ErrorKind as K;
         match self {
             SdkError::Timeout(_) => StatusCode::TIMEOUT,
             SdkError::NoResponders(_) => StatusCode::NO_RESPONDERS,

@@ -5,9 +5,9 @@
 //! an [`Envelope`] (see `docs/PROTOCOL.md`); every subject comes from [`Subjects`].
 //!
 //! ```no_run
-//! use agent_sdk::{AgentOptions, Context, HandlerError};
+//! use chorus_sdk::{AgentOptions, Context, HandlerError};
 //!
-//! # async fn run() -> Result<(), agent_sdk::SdkError> {
+//! # async fn run() -> Result<(), chorus_sdk::SdkError> {
 //! let calculator = AgentOptions::new("calculator").connect().await?;
 //! calculator
 //!     .on_command("add", |_ctx: Context, (a, b): (f64, f64)| async move {
@@ -64,7 +64,7 @@ pub use agent::{
     DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, JETSTREAM_TIMEOUT, ShutdownReport,
     TaskSummary,
 };
-pub use broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, TlsOptions};
+pub use chorus_broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, TlsOptions};
 pub use codec::{CodecError, Encoding};
 pub use durable::Receipt;
 pub use envelope::TaskState;

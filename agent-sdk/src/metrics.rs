@@ -4,7 +4,7 @@
 //! a process running several agents (and the coordinator) has one `/metrics`. Hot-path counts
 //! are plain atomics read at scrape time; only the request-latency histogram and the
 //! messages-by-kind-and-status counter are updated per message. The coordinator serves the
-//! registry over HTTP (`chorus::MetricsServer`); any other process can serve
+//! registry over HTTP (`chorus_coordinator::MetricsServer`); any other process can serve
 //! [`render`]`(`[`registry`]`())` on a listener of its own and announce it with
 //! [`AgentOptions::metrics_url`](crate::AgentOptions::metrics_url), so the coordinator's
 //! service discovery (`/sd/agents`) hands it to Prometheus.
@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock, Weak};
 
-use broker_adapter::StatsSnapshot;
+use chorus_broker_adapter::StatsSnapshot;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};

@@ -151,8 +151,11 @@ impl RetryPolicies {
                 .check()
                 .map_err(|e| format!("rule {}: {e}", i + 1))?;
             if let Some(subject) = &rule.subject {
-                broker_adapter::validate_subject(subject, broker_adapter::Wildcards::Allow)
-                    .map_err(|e| format!("rule {}: {e}", i + 1))?;
+                chorus_broker_adapter::validate_subject(
+                    subject,
+                    chorus_broker_adapter::Wildcards::Allow,
+                )
+                .map_err(|e| format!("rule {}: {e}", i + 1))?;
             }
         }
         Ok(())

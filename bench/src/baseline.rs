@@ -1,12 +1,12 @@
 //! The raw baseline: the same scenarios as Chorus's, written directly against async-nats
-//! (through `broker_adapter::raw`, which adds nothing to each call), so the two can be
+//! (through `chorus_broker_adapter::raw`, which adds nothing to each call), so the two can be
 //! compared side by side in one run.
 
 use std::time::{Duration, Instant};
 
-use broker_adapter::raw::{RawClient, RawJetStream};
-use broker_adapter::{Error, ErrorKind, Result};
 use bytes::Bytes;
+use chorus_broker_adapter::raw::{RawClient, RawJetStream};
+use chorus_broker_adapter::{Error, ErrorKind, Result};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 

@@ -1,7 +1,7 @@
 //! `chorus bench`: each scenario run against raw async-nats and against Chorus, alternating,
 //! in one process and against one server, so the ratio is measured rather than remembered.
 //!
-//! - `baseline`: the raw side, through `broker_adapter::raw`.
+//! - `baseline`: the raw side, through `chorus_broker_adapter::raw`.
 //! - `scenarios`: the Chorus side, through the SDK.
 //! - `memory`: resident memory of `chorus listen` and `chorus serve`.
 //! - `fleet`: the fleet simulator (`--only scale`): 1,000 to 100,000 simulated agents against a
@@ -25,8 +25,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_sdk::durable::{BATCH_ACKS_IN_FLIGHT, InboxConsumers};
 use chorus_nats_server::NatsServer;
+use chorus_sdk::durable::{BATCH_ACKS_IN_FLIGHT, InboxConsumers};
 use futures::future::BoxFuture;
 
 use measure::{IDLE, Usage};
@@ -95,7 +95,7 @@ pub struct BenchOptions {
     pub program: PathBuf,
     /// The envelope form the Chorus side writes: the compact one (protocol 2), as agents on a
     /// bus whose agents all read it do, or the named one (protocol 1).
-    pub wire: agent_sdk::Encoding,
+    pub wire: chorus_sdk::Encoding,
     /// Starts the coordinator the discovery scenario queries.
     pub coordinator: Arc<dyn CoordinatorLauncher>,
     /// A Python with a2a-sdk's server (`scripts/install-python-sdk`): the gateway scenario
@@ -115,7 +115,7 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         }
     };
     let version = {
-        let b = broker_adapter::BrokerOptions::new([url.as_str()])
+        let b = chorus_broker_adapter::BrokerOptions::new([url.as_str()])
             .connect()
             .await?;
         let v = b.server_version();

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agent_sdk::{AgentOptions, DiscoverQuery};
+use chorus_sdk::{AgentOptions, DiscoverQuery};
 
 use crate::scenarios::{REGISTRATION_DEADLINE, publish_fake_heartbeats};
 
@@ -64,7 +64,7 @@ pub(crate) async fn idle_sdk_agent_rss(program: &Path, url: &str) -> anyhow::Res
         .filter(|path| path.exists())
         .ok_or_else(|| {
             anyhow::anyhow!(
-                "build it beside chorus first: cargo build --release -p agent-sdk --example event_listener"
+                "build it beside chorus first: cargo build --release -p chorus-sdk --example event_listener"
             )
         })?;
     // It prints "event_listener: listening on ..." to stdout once subscribed.

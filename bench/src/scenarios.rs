@@ -3,13 +3,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_sdk::codec::{self, Encoding};
-use agent_sdk::envelope::CONTENT_TYPE_MSGPACK;
-use agent_sdk::{
+use bytes::Bytes;
+use chorus_sdk::codec::{self, Encoding};
+use chorus_sdk::envelope::CONTENT_TYPE_MSGPACK;
+use chorus_sdk::{
     Agent, AgentOptions, Call, Context, DeliveryClass, Envelope, HandlerError, Kind, Manifest,
     Performative,
 };
-use bytes::Bytes;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
@@ -30,7 +30,7 @@ const FAKE_HEARTBEAT_MS: u64 = 60_000;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Bus<'a> {
     pub(crate) url: &'a str,
-    pub(crate) wire: agent_sdk::Encoding,
+    pub(crate) wire: chorus_sdk::Encoding,
 }
 
 impl Bus<'_> {
@@ -137,10 +137,13 @@ async fn echo_agent(bus: &Bus<'_>, id: &str) -> anyhow::Result<Agent> {
 /// Replies with the request's payload as it is (no decode, no encode): the SDK's own cost.
 struct EchoHandler;
 
-impl agent_sdk::Handler for EchoHandler {
-    fn call(&self, ctx: Context) -> agent_sdk::BoxFuture<Result<agent_sdk::Output, HandlerError>> {
+impl chorus_sdk::Handler for EchoHandler {
+    fn call(
+        &self,
+        ctx: Context,
+    ) -> chorus_sdk::BoxFuture<Result<chorus_sdk::Output, HandlerError>> {
         let m = ctx.message();
-        let out = agent_sdk::Output {
+        let out = chorus_sdk::Output {
             payload: m.payload.clone(),
             content_type: m.content_type.clone(),
         };
@@ -227,7 +230,7 @@ pub(crate) async fn gateway_a2a(
 ) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
     let worker = agent(bus, "bench-a2a").await?;
     worker
-        .on_task("echo", |_task: agent_sdk::TaskContext, text: String| async move {
+        .on_task("echo", |_task: chorus_sdk::TaskContext, text: String| async move {
             Ok::<_, HandlerError>(text)
         })
         .await?;
@@ -290,7 +293,7 @@ pub(crate) async fn chorus_tasks(
     worker
         .on_task(
             "echo",
-            |task: agent_sdk::TaskContext, data: Bytes| async move {
+            |task: chorus_sdk::TaskContext, data: Bytes| async move {
                 drop(task);
                 Ok::<_, HandlerError>(data)
             },
@@ -299,7 +302,7 @@ pub(crate) async fn chorus_tasks(
     worker
         .on_task(
             "stream",
-            move |task: agent_sdk::TaskContext, data: Bytes| async move {
+            move |task: chorus_sdk::TaskContext, data: Bytes| async move {
                 for i in 1..=chunks {
                     if i == chunks {
                         task.last_chunk(&data).await?;
@@ -353,7 +356,7 @@ pub(crate) async fn chorus_negotiation(
     n: usize,
     bidders: usize,
 ) -> anyhow::Result<Vec<Duration>> {
-    use agent_sdk::negotiate::{Negotiation, Proposal};
+    use chorus_sdk::negotiate::{Negotiation, Proposal};
     let mut agents = Vec::new();
     let mut ids = Vec::new();
     for i in 0..bidders {
@@ -367,7 +370,7 @@ pub(crate) async fn chorus_negotiation(
         .await?;
         a.on_task_capability(
             "bench.work",
-            |_task: agent_sdk::TaskContext, (): ()| async { Ok::<_, HandlerError>(()) },
+            |_task: chorus_sdk::TaskContext, (): ()| async { Ok::<_, HandlerError>(()) },
         )
         .await?;
         agents.push(a);
@@ -412,7 +415,7 @@ pub(crate) const ROUTE_SLOW: Duration = Duration::from_millis(5);
 pub(crate) async fn chorus_routing(
     url: &str,
     launcher: &dyn CoordinatorLauncher,
-    wire: agent_sdk::Encoding,
+    wire: chorus_sdk::Encoding,
     n: usize,
     concurrency: usize,
 ) -> anyhow::Result<(Routed, Routed)> {
@@ -496,7 +499,7 @@ pub(crate) async fn chorus_request_throughput(
     signed: bool,
 ) -> anyhow::Result<Throughput> {
     let (echo, client) = if signed {
-        use agent_sdk::security::{Identity, SignaturePolicy};
+        use chorus_sdk::security::{Identity, SignaturePolicy};
         let identity = Identity::generate();
         let echo = bus
             .options("bench-echo")
@@ -559,7 +562,7 @@ pub(crate) async fn chorus_durable(
     bus: &Bus<'_>,
     count: u64,
     size: usize,
-    consumers: agent_sdk::durable::InboxConsumers,
+    consumers: chorus_sdk::durable::InboxConsumers,
 ) -> anyhow::Result<Throughput> {
     let id = format!("bench-durable-{}", uuid::Uuid::now_v7().simple());
     let worker = bus
@@ -604,10 +607,13 @@ pub(crate) async fn chorus_durable(
 
 struct SignalHandler(Arc<Tally>);
 
-impl agent_sdk::Handler for SignalHandler {
-    fn call(&self, _ctx: Context) -> agent_sdk::BoxFuture<Result<agent_sdk::Output, HandlerError>> {
+impl chorus_sdk::Handler for SignalHandler {
+    fn call(
+        &self,
+        _ctx: Context,
+    ) -> chorus_sdk::BoxFuture<Result<chorus_sdk::Output, HandlerError>> {
         self.0.hit();
-        Box::pin(async { Ok(agent_sdk::Output::default()) })
+        Box::pin(async { Ok(chorus_sdk::Output::default()) })
     }
 }
 
@@ -652,7 +658,7 @@ pub(crate) async fn publish_fake_heartbeats(
         let manifest = Manifest {
             agent: id.clone(),
             instance: "bench".into(),
-            capabilities: vec![agent_sdk::registry::CapabilityInfo {
+            capabilities: vec![chorus_sdk::registry::CapabilityInfo {
                 name: if i % 10 == 0 {
                     "ocr".into()
                 } else {
@@ -667,12 +673,12 @@ pub(crate) async fn publish_fake_heartbeats(
             content_types: vec![],
             load: (i % 100) as f32 / 100.0,
             slots: None,
-            availability: agent_sdk::Availability::Available,
+            availability: chorus_sdk::Availability::Available,
             eta_ms: None,
             public_key: None,
             encryption_key: None,
             heartbeat_ms: FAKE_HEARTBEAT_MS,
-            started_ms: agent_sdk::envelope::now_ms(),
+            started_ms: chorus_sdk::envelope::now_ms(),
             sdk_version: String::new(),
             metrics_url: None,
             wire_versions: vec![1, 2],
@@ -709,8 +715,8 @@ pub(crate) async fn secure_events(
     count: u64,
     encrypt: bool,
 ) -> anyhow::Result<Throughput> {
-    use agent_sdk::encryption::EncryptionKey;
-    use agent_sdk::security::{Identity, SignaturePolicy};
+    use chorus_sdk::encryption::EncryptionKey;
+    use chorus_sdk::security::{Identity, SignaturePolicy};
     let sender_id = Identity::generate();
     let receiver_key = EncryptionKey::generate();
     let receiver_public = receiver_key.public_key();
@@ -794,13 +800,16 @@ pub(crate) async fn secure_events(
 /// Answers with the size of what it was sent (a payload whatever its content type).
 struct Measure;
 
-impl agent_sdk::Handler for Measure {
-    fn call(&self, ctx: Context) -> agent_sdk::BoxFuture<Result<agent_sdk::Output, HandlerError>> {
+impl chorus_sdk::Handler for Measure {
+    fn call(
+        &self,
+        ctx: Context,
+    ) -> chorus_sdk::BoxFuture<Result<chorus_sdk::Output, HandlerError>> {
         let len = ctx.message().payload.len() as u64;
         Box::pin(async move {
-            Ok(agent_sdk::Output {
+            Ok(chorus_sdk::Output {
                 payload: codec::encode_payload(&len, CONTENT_TYPE_MSGPACK).map_err(|e| {
-                    HandlerError::new(agent_sdk::StatusCode::INTERNAL, e.to_string())
+                    HandlerError::new(chorus_sdk::StatusCode::INTERNAL, e.to_string())
                 })?,
                 content_type: CONTENT_TYPE_MSGPACK.into(),
             })
@@ -851,7 +860,7 @@ pub(crate) struct Payloads {
 pub(crate) async fn chorus_payloads(
     url: &str,
     launcher: &dyn CoordinatorLauncher,
-    wire: agent_sdk::Encoding,
+    wire: chorus_sdk::Encoding,
     (big, n_big): (usize, usize),
     (small, n_small): (usize, usize),
 ) -> anyhow::Result<Payloads> {
@@ -872,7 +881,7 @@ pub(crate) async fn chorus_payloads(
         .await?;
     let plain_sender = bus
         .options("bench-plain-sender")
-        .payload_limits(agent_sdk::payload::PayloadLimits {
+        .payload_limits(chorus_sdk::payload::PayloadLimits {
             compress_above: None,
             ..Default::default()
         })

@@ -1,4 +1,5 @@
-//! One error type for every broker operation, with a [`ErrorKind`] a caller can match on.
+//! One error type for every broker operation, with a [`ErrorKind`] a caller can match on; the
+//! same [`Error`] type, over a [`Kind`] of their own, serves the crates above.
 
 use std::fmt;
 
@@ -63,18 +64,38 @@ impl fmt::Display for ErrorKind {
 
 type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// A broker error: its [`kind`](Error::kind), a message saying what was being done, and the
+/// The kinds an [`Error`] can be of: a small `Copy` enum with a stable name per variant. The
+/// adapter's is [`ErrorKind`]; the coordinator and the gateway have their own, and share this
+/// one error type (as async-nats's `Error<Kind>` is shared by its operations).
+pub trait Kind: Copy + fmt::Debug + fmt::Display + Send + Sync + 'static {
+    /// Whether the kind's name belongs in the error's text, after the context: yes where the
+    /// context alone ("request to x") would not say what went wrong.
+    fn in_text(self) -> bool {
+        false
+    }
+}
+
+impl Kind for ErrorKind {
+    fn in_text(self) -> bool {
+        true
+    }
+}
+
+/// An error: its [`kind`](Error::kind), a message saying what was being done, and the
 /// underlying cause as [`source`](std::error::Error::source).
-#[derive(Debug)]
-pub struct Error {
-    kind: ErrorKind,
+///
+/// Its text is the context, then the kind where [`Kind::in_text`] says so, then the cause's own
+/// text; a reporter walking the [`source`](std::error::Error::source) chain skips a cause whose
+/// text is already shown.
+pub struct Error<K = ErrorKind> {
+    kind: K,
     context: String,
     source: Option<Source>,
 }
 
-impl Error {
+impl<K: Kind> Error<K> {
     /// An error of `kind` with a human-readable context.
-    pub fn new(kind: ErrorKind, context: impl Into<String>) -> Self {
+    pub fn new(kind: K, context: impl Into<String>) -> Self {
         Error {
             kind,
             context: context.into(),
@@ -83,11 +104,7 @@ impl Error {
     }
 
     /// An error of `kind` that keeps its cause.
-    pub fn with_source(
-        kind: ErrorKind,
-        context: impl Into<String>,
-        source: impl Into<Source>,
-    ) -> Self {
+    pub fn with_source(kind: K, context: impl Into<String>, source: impl Into<Source>) -> Self {
         Error {
             kind,
             context: context.into(),
@@ -95,23 +112,49 @@ impl Error {
         }
     }
 
+    /// A closure for `map_err` that wraps any error as one of `kind` with `context`.
+    pub fn wrap<E>(kind: K, context: impl Into<String>) -> impl FnOnce(E) -> Self
+    where
+        E: Into<Source>,
+    {
+        let context = context.into();
+        move |source| Error::with_source(kind, context, source)
+    }
+
     /// What went wrong.
-    pub fn kind(&self) -> ErrorKind {
+    pub fn kind(&self) -> K {
         self.kind
     }
-}
 
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.context, self.kind)?;
-        if let Some(source) = &self.source {
-            write!(f, " ({source})")?;
-        }
-        Ok(())
+    /// What was being done, without the cause.
+    pub fn context(&self) -> &str {
+        &self.context
     }
 }
 
-impl std::error::Error for Error {
+impl<K: Kind> fmt::Debug for Error<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Error")
+            .field("kind", &self.kind)
+            .field("context", &self.context)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl<K: Kind> fmt::Display for Error<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.context)?;
+        match (&self.source, self.kind.in_text()) {
+            (Some(source), true) => write!(f, ": {} ({source})", self.kind),
+            (None, true) => write!(f, ": {}", self.kind),
+            (Some(source), false) => write!(f, ": {source}"),
+            (None, false) => Ok(()),
+        }
+    }
+}
+
+impl<K: Kind> std::error::Error for Error<K> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.source
             .as_deref()

@@ -4,16 +4,21 @@
 //! [`Message`] and [`Headers`] from here, and match on [`ErrorKind`] to tell a timeout from
 //! nobody listening from a refusal.
 //!
-//! The [`raw`] module is unwrapped async-nats for `chorus bench`'s baseline only; the
-//! `nats-server` launcher for tests and the local demo is its own crate, `chorus-nats-server`.
+//! The `raw` module, unwrapped async-nats for `chorus bench`'s baseline, is behind the `raw`
+//! feature, off by default; the `nats-server` launcher for tests and the local demo is its own
+//! crate, `chorus-nats-server`.
+//!
+//! The NATS client is `chorus-async-nats`, a fork of async-nats 0.51.0 whose parser delivers a
+//! message with a malformed header block instead of resetting the connection.
 
 mod classify;
 mod client;
-mod error;
+pub mod error;
 mod events;
 pub mod jetstream;
 mod message;
 mod options;
+#[cfg(feature = "raw")]
 pub mod raw;
 mod subject;
 

@@ -67,9 +67,9 @@ pub const DEFAULT_SUBSCRIPTION_CAPACITY: usize = 64 * 1024;
 /// Options for [`Broker::connect`](crate::Broker::connect).
 ///
 /// ```no_run
-/// # async fn run() -> Result<(), broker_adapter::Error> {
+/// # async fn run() -> Result<(), chorus_broker_adapter::Error> {
 /// use std::time::Duration;
-/// let broker = broker_adapter::BrokerOptions::new(["nats://127.0.0.1:4222"])
+/// let broker = chorus_broker_adapter::BrokerOptions::new(["nats://127.0.0.1:4222"])
 ///     .name("ocr-1")
 ///     .inbox_prefix("_INBOX.ocr-1")
 ///     .ping_interval(Duration::from_secs(2))

@@ -7,8 +7,10 @@
 use std::future::Future;
 use std::time::Duration;
 
-use broker_adapter::{Broker, BrokerOptions, ErrorKind, Headers, JetStream, KvSpec, StreamSpec};
 use bytes::Bytes;
+use chorus_broker_adapter::{
+    Broker, BrokerOptions, ErrorKind, Headers, JetStream, KvSpec, StreamSpec,
+};
 use chorus_nats_server::NatsServer;
 
 /// The deadline of every wait: each JetStream call (the handle's timeout), connecting, and the
@@ -36,7 +38,10 @@ async fn connect(server: &NatsServer) -> (Broker, JetStream) {
     (broker, js)
 }
 
-async fn publish(js: &JetStream, subject: &str) -> broker_adapter::Result<broker_adapter::PubAck> {
+async fn publish(
+    js: &JetStream,
+    subject: &str,
+) -> chorus_broker_adapter::Result<chorus_broker_adapter::PubAck> {
     within(
         "publish",
         js.publish(subject, None, None, None, Bytes::from_static(b"x")),

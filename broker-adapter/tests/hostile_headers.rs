@@ -9,8 +9,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use broker_adapter::{Broker, BrokerOptions, Message, Subscription};
 use bytes::Bytes;
+use chorus_broker_adapter::{Broker, BrokerOptions, Message, Subscription};
 use chorus_nats_server::NatsServer;
 use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -2,11 +2,11 @@
 
 use std::time::{Duration, Instant};
 
-use agent_sdk::Subjects;
-use agent_sdk::codec;
-use agent_sdk::durable::{DLQ_STREAM, DeadLetter, INBOX_STREAM};
 use anyhow::Context as _;
-use broker_adapter::{ErrorKind, JetStream};
+use chorus_broker_adapter::{ErrorKind, JetStream};
+use chorus_sdk::Subjects;
+use chorus_sdk::codec;
+use chorus_sdk::durable::{DLQ_STREAM, DeadLetter, INBOX_STREAM};
 
 use crate::ledger::Letter;
 

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use agent_sdk::codec::{self, Encoding};
-use agent_sdk::{Envelope, Kind, Performative};
 use anyhow::Context as _;
+use chorus_sdk::codec::{self, Encoding};
+use chorus_sdk::{Envelope, Kind, Performative};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

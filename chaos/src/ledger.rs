@@ -10,8 +10,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use agent_sdk::durable::DeadLetterReason;
-use agent_sdk::{DeliveryClass, StatusCode};
+use chorus_sdk::durable::DeadLetterReason;
+use chorus_sdk::{DeliveryClass, StatusCode};
 
 use crate::report::{Check, Row};
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_sdk::{Agent, Call};
+use chorus_sdk::{Agent, Call};
 use tokio_util::sync::CancellationToken;
 
 use crate::ledger::{Class, Ledger};

@@ -5,8 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_sdk::{Agent, Context, HandlerError};
 use anyhow::Context as _;
+use chorus_sdk::{Agent, Context, HandlerError};
 
 use crate::WAIT;
 use crate::ledger::Probe;

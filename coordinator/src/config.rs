@@ -7,8 +7,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use agent_sdk::RetryPolicies;
-use agent_sdk::durable::InboxLimits;
+use chorus_gateway::config::{CircuitBreakerConfig, GatewayConfig};
+use chorus_sdk::RetryPolicies;
+use chorus_sdk::durable::InboxLimits;
+use chorus_sdk::security::ConnectionSecurity;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -73,115 +75,17 @@ pub struct CoordinatorConfig {
     pub trusted_keys: std::collections::BTreeMap<String, String>,
     /// The edge gateway: HTTP when `gateway.listen` is set, SAP agents when `gateway.sap` names
     /// any; off otherwise. See `docs/INTEROP.md`.
-    pub gateway: crate::gateway::config::GatewayConfig,
+    pub gateway: GatewayConfig,
     /// Circuit breakers on the requests the gateway's edge identities make for their callers:
     /// unset, none.
     pub circuit_breaker: Option<CircuitBreakerConfig>,
-}
-
-/// `[circuit_breaker]`: after `failures` failures in a row to one destination, calls to it are
-/// refused at once (5019, HTTP 503 at the gateway) for `open_ms`, then one may try again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CircuitBreakerConfig {
-    /// Failures in a row that open a destination's breaker.
-    #[serde(default = "default_breaker_failures")]
-    pub failures: u32,
-    /// How long it stays open, in milliseconds.
-    #[serde(default = "default_breaker_open_ms")]
-    pub open_ms: u64,
-}
-
-fn default_breaker_failures() -> u32 {
-    agent_sdk::DEFAULT_BREAKER_FAILURES
-}
-
-fn default_breaker_open_ms() -> u64 {
-    u64::try_from(agent_sdk::DEFAULT_BREAKER_OPEN_FOR.as_millis()).unwrap_or(u64::MAX)
-}
-
-impl CircuitBreakerConfig {
-    /// The SDK's policy.
-    pub fn policy(&self) -> agent_sdk::BreakerPolicy {
-        agent_sdk::BreakerPolicy::new(self.failures, Duration::from_millis(self.open_ms))
-    }
-}
-
-/// Credentials and TLS for the coordinator's (and the CLI's) NATS connection.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ConnectionSecurity {
-    /// PEM file of the CA that signs the server's certificate; setting it requires TLS.
-    pub tls_ca: Option<std::path::PathBuf>,
-    /// PEM client certificate, for mutual TLS.
-    pub tls_cert: Option<std::path::PathBuf>,
-    /// Its key.
-    pub tls_key: Option<std::path::PathBuf>,
-    /// File holding the nkey seed this connection authenticates with (`chorus creds`).
-    pub nkey_seed_file: Option<std::path::PathBuf>,
-}
-
-impl ConnectionSecurity {
-    /// The signing identity of the nkey seed file, if one is set: the key a connection
-    /// authenticates with also signs what it sends, so a receiver that knows its public key
-    /// (the one in `nats.conf`) can verify it.
-    pub fn identity(&self) -> Result<Option<agent_sdk::security::Identity>> {
-        let Some(path) = &self.nkey_seed_file else {
-            return Ok(None);
-        };
-        let seed = std::fs::read_to_string(path).map_err(Error::wrap(
-            ErrorKind::Io,
-            format!("cannot read nkey seed {}", path.display()),
-        ))?;
-        agent_sdk::security::Identity::from_seed(seed.trim())
-            .map(Some)
-            .map_err(Error::wrap(
-                ErrorKind::Config,
-                format!("{} does not hold an nkey seed", path.display()),
-            ))
-    }
-
-    /// Applies these settings to broker options.
-    pub fn apply(
-        &self,
-        mut options: broker_adapter::BrokerOptions,
-    ) -> Result<broker_adapter::BrokerOptions> {
-        if let Some(path) = &self.nkey_seed_file {
-            let seed = std::fs::read_to_string(path).map_err(Error::wrap(
-                ErrorKind::Io,
-                format!("cannot read nkey seed {}", path.display()),
-            ))?;
-            options = options.credentials(broker_adapter::Credentials::NKeySeed(
-                seed.trim().to_owned(),
-            ));
-        }
-        if self.tls_ca.is_some() || self.tls_cert.is_some() {
-            let client_cert = match (&self.tls_cert, &self.tls_key) {
-                (Some(c), Some(k)) => Some((c.clone(), k.clone())),
-                (None, None) => None,
-                _ => {
-                    return Err(Error::new(
-                        ErrorKind::Config,
-                        "tls_cert and tls_key go together",
-                    ));
-                }
-            };
-            options = options.tls(broker_adapter::TlsOptions {
-                required: true,
-                ca_file: self.tls_ca.clone(),
-                client_cert,
-                handshake_first: false,
-            });
-        }
-        Ok(options)
-    }
 }
 
 impl Default for CoordinatorConfig {
     fn default() -> Self {
         CoordinatorConfig {
             servers: DEFAULT_SERVERS.into(),
-            root: agent_sdk::subject::DEFAULT_ROOT.into(),
+            root: chorus_sdk::subject::DEFAULT_ROOT.into(),
             metrics_addr: DEFAULT_METRICS_ADDR,
             missed_heartbeats: 3,
             reap_interval_ms: 1_000,
@@ -196,7 +100,7 @@ impl Default for CoordinatorConfig {
             signing_seed_file: None,
             require_signed_broadcasts: false,
             trusted_keys: std::collections::BTreeMap::new(),
-            gateway: crate::gateway::config::GatewayConfig::default(),
+            gateway: GatewayConfig::default(),
             circuit_breaker: None,
         }
     }
@@ -205,15 +109,12 @@ impl Default for CoordinatorConfig {
 impl CoordinatorConfig {
     /// The key broadcast copies are signed with: `signing_seed_file`, else the nkey seed the
     /// coordinator connects with, else none.
-    pub fn signing_identity(&self) -> Result<Option<agent_sdk::security::Identity>> {
+    pub fn signing_identity(&self) -> Result<Option<chorus_sdk::security::Identity>> {
         match &self.signing_seed_file {
-            Some(path) => ConnectionSecurity {
-                nkey_seed_file: Some(path.clone()),
-                ..ConnectionSecurity::default()
-            }
-            .identity(),
+            Some(path) => ConnectionSecurity::nkey_seed_file(path.clone()).identity(),
             None => self.security.identity(),
         }
+        .map_err(Error::wrap(ErrorKind::Config, "signing key"))
     }
 
     /// Loads defaults, then `file` if given (it must exist), then the environment.
@@ -243,7 +144,7 @@ impl CoordinatorConfig {
 
     /// Checks values that parse but cannot work.
     pub fn validate(&self) -> Result<()> {
-        agent_sdk::Subjects::new(&self.root).map_err(Error::wrap(ErrorKind::Config, "root"))?;
+        chorus_sdk::Subjects::new(&self.root).map_err(Error::wrap(ErrorKind::Config, "root"))?;
         ensure(!self.servers.trim().is_empty(), || {
             "servers: no NATS server given".into()
         })?;
@@ -276,7 +177,19 @@ impl CoordinatorConfig {
                 "circuit_breaker: failures and open_ms must be positive".into()
             })?;
         }
-        self.gateway.validate()
+        self.gateway
+            .validate()
+            .map_err(Error::wrap(ErrorKind::Config, "gateway"))
+    }
+
+    /// How the gateway reaches the bus: the coordinator's own servers, root and security.
+    pub fn gateway_bus(&self) -> chorus_gateway::Bus {
+        let mut bus = chorus_gateway::Bus::new(self.servers.clone());
+        bus.root.clone_from(&self.root);
+        bus.security = self.security.clone();
+        bus.circuit_breaker = self.circuit_breaker;
+        bus.shutdown_timeout = self.shutdown_timeout();
+        bus
     }
 
     /// The reaper's period.
@@ -347,7 +260,7 @@ mod tests {
         assert_eq!((breaker.failures, breaker.open_ms), (2, 30_000));
         assert_eq!(
             breaker.policy(),
-            agent_sdk::BreakerPolicy::new(2, Duration::from_secs(30))
+            chorus_sdk::BreakerPolicy::new(2, Duration::from_secs(30))
         );
         std::fs::write(&file, "[circuit_breaker]\nfailures = 0\n").expect("write");
         let err = CoordinatorConfig::load(Some(&file)).expect_err("invalid");

@@ -6,10 +6,10 @@
 //! review, and `nats-server -t` checks them. Deployments that need several accounts or
 //! central revocation can move to JWTs (`nsc`) with the same permission sets.
 
-use agent_sdk::Subjects;
-use agent_sdk::durable::{IDEMPOTENCY_BUCKET, INBOX_STREAM};
-use agent_sdk::security::SEEN_BUCKET;
-use agent_sdk::task::TaskMessage;
+use chorus_sdk::Subjects;
+use chorus_sdk::durable::{IDEMPOTENCY_BUCKET, INBOX_STREAM};
+use chorus_sdk::security::SEEN_BUCKET;
+use chorus_sdk::task::TaskMessage;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::service::{COORDINATOR_ID, REGISTRY_BUCKET};
@@ -112,7 +112,7 @@ fn permissions_of(
     ]);
     // Payloads carried by reference (the object store bucket), and the registry entries
     // that say which readers take compressed payloads.
-    publish.extend(agent_sdk::payload::payload_permissions(subjects));
+    publish.extend(chorus_sdk::payload::payload_permissions(subjects));
     let registry = format!("KV_{}", subjects.bucket_name(REGISTRY_BUCKET));
     publish.push(format!("$JS.API.STREAM.INFO.{registry}"));
     publish.push(format!("$JS.API.DIRECT.GET.{registry}.>"));

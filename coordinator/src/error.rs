@@ -1,7 +1,8 @@
 //! One error type for the coordinator library, with an [`ErrorKind`] a caller can match on.
 //!
-//! Like the broker adapter's: a kind, a context saying what was being done, and the cause kept
-//! as [`source`](std::error::Error::source). The `chorus` binary turns it into an exit code.
+//! The broker adapter's error type over a kind of the coordinator's own: a kind, a context
+//! saying what was being done, and the cause kept as
+//! [`source`](std::error::Error::source). The `chorus` binary turns it into an exit code.
 
 use std::fmt;
 
@@ -53,55 +54,11 @@ impl fmt::Display for ErrorKind {
     }
 }
 
-type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+impl chorus_broker_adapter::error::Kind for ErrorKind {}
 
-/// A coordinator error: its [`kind`](Error::kind), what was being done, and the cause.
-#[derive(Debug, thiserror::Error)]
-#[error("{context}{}", .source.as_ref().map(|s| format!(": {s}")).unwrap_or_default())]
-pub struct Error {
-    kind: ErrorKind,
-    context: String,
-    #[source]
-    source: Option<Source>,
-}
-
-impl Error {
-    /// An error of `kind` with a human-readable context.
-    pub fn new(kind: ErrorKind, context: impl Into<String>) -> Self {
-        Error {
-            kind,
-            context: context.into(),
-            source: None,
-        }
-    }
-
-    /// An error of `kind` that keeps its cause.
-    pub fn with_source(
-        kind: ErrorKind,
-        context: impl Into<String>,
-        source: impl Into<Source>,
-    ) -> Self {
-        Error {
-            kind,
-            context: context.into(),
-            source: Some(source.into()),
-        }
-    }
-
-    /// What went wrong.
-    pub fn kind(&self) -> ErrorKind {
-        self.kind
-    }
-
-    /// A closure for `map_err` that wraps any error as one of `kind` with `context`.
-    pub(crate) fn wrap<E>(kind: ErrorKind, context: impl Into<String>) -> impl FnOnce(E) -> Error
-    where
-        E: Into<Source>,
-    {
-        let context = context.into();
-        move |source| Error::with_source(kind, context, source)
-    }
-}
+/// A coordinator error: its [`kind`](Error::kind), what was being done, and the cause. The
+/// same error type as the adapter's, over the coordinator's own [`ErrorKind`].
+pub type Error = chorus_broker_adapter::error::Error<ErrorKind>;
 
 /// Result of a coordinator operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

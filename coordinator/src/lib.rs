@@ -1,26 +1,31 @@
-//! The Chorus coordinator service and command-line tool (`chorus`).
+//! The Chorus coordinator service.
 //!
-//! `chorus serve` runs the [`Coordinator`]: the agent registry and discovery, broadcast with
-//! per-recipient reports, the dead-letter queue fed by JetStream advisories, and Prometheus
-//! metrics. `chorus up` runs a local NATS server, a coordinator and the demo agents;
-//! `send`, `request`, `listen`, `agents`, `broadcast` and `dlq` talk to any running bus.
+//! The [`Coordinator`] keeps the agent registry and answers discovery, fans broadcasts out
+//! with per-recipient reports, dead-letters what agents give up on (fed by JetStream's
+//! advisories), sweeps expired payloads and serves Prometheus metrics; with a `[gateway]`
+//! section it also runs the edge gateway (`chorus-gateway`). `chorus serve` runs it.
+//! [`creds`] writes the `nats.conf` authorization entries of the bus's roles.
 //!
-//! The library returns its own [`Error`], whose [`ErrorKind`] a caller matches on; the
-//! `chorus` binary (`src/main.rs`, one file per subcommand under `src/cli/`) maps it to an
-//! exit code.
+//! The library returns its own [`Error`], whose [`ErrorKind`] a caller matches on.
 
-pub mod certs;
 pub mod config;
 pub mod creds;
-pub mod demo;
-pub mod duration;
 pub mod error;
-pub mod gateway;
-pub mod local;
-pub mod otel;
 pub mod service;
 
 pub use config::CoordinatorConfig;
 pub use error::{Error, ErrorKind, Result};
 pub use service::Coordinator;
 pub use service::http::MetricsServer;
+
+/// The git revision the coordinator was built from, or `unknown` outside a git checkout; the
+/// `chorus_build_info` metric and `chorus --version` show it.
+pub const REVISION: &str = env!("CHORUS_GIT_REVISION");
+
+/// The version and the revision, as `chorus --version` prints them: `0.1.0 (abc123def456)`.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("CHORUS_GIT_REVISION"),
+    ")"
+);

@@ -10,7 +10,7 @@ differences); what the whole SDK costs, the Chorus Python -> Python figure less 
 
 It starts its own nats-server (``NATS_SERVER`` or ``.tools/bin/nats-server``) on a free loopback
 port, and the Rust peer from ``CARGO_TARGET_DIR`` (or ``target``)/debug or /release; build it
-with ``cargo build --release -p agent-sdk --example interop_peer`` for figures that mean
+with ``cargo build --release -p chorus-sdk --example interop_peer`` for figures that mean
 something.
 """
 
@@ -61,7 +61,7 @@ def peer_binary() -> Path:
         path = target / profile / "examples" / "interop_peer"
         if path.exists():
             return path
-    raise SystemExit("build the Rust peer first: cargo build --release -p agent-sdk --example interop_peer")
+    raise SystemExit("build the Rust peer first: cargo build --release -p chorus-sdk --example interop_peer")
 
 
 async def measure(rounds: int, n: int, calls: list[Any]) -> tuple[list[tuple[float, float]], list[list[float]]]:

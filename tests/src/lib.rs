@@ -30,23 +30,23 @@ pub async fn within<F: Future>(limit: Duration, what: &str, fut: F) -> F::Output
 }
 
 /// Agent options for `id` pointed at `server`.
-pub fn agent_options(server: &NatsServer, id: &str) -> agent_sdk::AgentOptions {
-    agent_sdk::AgentOptions::new(id).servers([server.url()])
+pub fn agent_options(server: &NatsServer, id: &str) -> chorus_sdk::AgentOptions {
+    chorus_sdk::AgentOptions::new(id).servers([server.url()])
 }
 
 /// Connects agent `id` to `server`.
-pub async fn agent(server: &NatsServer, id: &str) -> agent_sdk::Agent {
+pub async fn agent(server: &NatsServer, id: &str) -> chorus_sdk::Agent {
     within(WAIT, "agent connect", agent_options(server, id).connect())
         .await
         .unwrap_or_else(|e| panic!("agent {id} did not connect: {e}"))
 }
 
 /// A raw broker connection to `server`, for sending bytes no SDK would send.
-pub async fn raw_broker(server: &NatsServer) -> broker_adapter::Broker {
+pub async fn raw_broker(server: &NatsServer) -> chorus_broker_adapter::Broker {
     within(
         WAIT,
         "broker connect",
-        broker_adapter::BrokerOptions::new([server.url()])
+        chorus_broker_adapter::BrokerOptions::new([server.url()])
             .name("raw-test-client")
             .connect(),
     )
@@ -66,17 +66,17 @@ pub fn init_tracing() {
 
 /// Starts an in-process coordinator against `server` with fast timings for tests: registry
 /// sweeps every 50 ms, metrics on a free loopback port when `metrics` is set.
-pub async fn coordinator(server: &NatsServer, metrics: bool) -> chorus::Coordinator {
-    let config = chorus::CoordinatorConfig {
+pub async fn coordinator(server: &NatsServer, metrics: bool) -> chorus_coordinator::Coordinator {
+    let config = chorus_coordinator::CoordinatorConfig {
         servers: server.url().to_owned(),
         metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         reap_interval_ms: 50,
-        ..chorus::CoordinatorConfig::default()
+        ..chorus_coordinator::CoordinatorConfig::default()
     };
     within(
         WAIT,
         "coordinator start",
-        chorus::Coordinator::start(config, metrics),
+        chorus_coordinator::Coordinator::start(config, metrics),
     )
     .await
     .unwrap_or_else(|e| panic!("coordinator did not start: {e:#}"))
@@ -92,9 +92,9 @@ pub struct CrashableAgent {
 
 impl CrashableAgent {
     /// Connects `options` on a fresh runtime, runs `setup` on the agent, and keeps it serving.
-    pub fn start<F, Fut>(options: agent_sdk::AgentOptions, setup: F) -> CrashableAgent
+    pub fn start<F, Fut>(options: chorus_sdk::AgentOptions, setup: F) -> CrashableAgent
     where
-        F: FnOnce(agent_sdk::Agent) -> Fut + Send + 'static,
+        F: FnOnce(chorus_sdk::Agent) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -311,15 +311,15 @@ pub async fn crashing_consumer(
     use futures::StreamExt;
     let broker = raw_broker(server).await;
     let js = broker.jetstream(WAIT);
-    let subjects = agent_sdk::Subjects::default();
-    let inbox = subjects.stream_name(agent_sdk::durable::INBOX_STREAM);
-    js.ensure_stream(&agent_sdk::durable::inbox_stream(
+    let subjects = chorus_sdk::Subjects::default();
+    let inbox = subjects.stream_name(chorus_sdk::durable::INBOX_STREAM);
+    js.ensure_stream(&chorus_sdk::durable::inbox_stream(
         &subjects,
         &Default::default(),
     ))
     .await
     .unwrap_or_else(|e| panic!("inbox stream: {e}"));
-    let mut spec = broker_adapter::ConsumerSpec::new(agent_id);
+    let mut spec = chorus_broker_adapter::ConsumerSpec::new(agent_id);
     spec.filter_subjects = vec![
         subjects
             .durable_inbox(agent_id, false)
@@ -422,11 +422,11 @@ impl Acked {
 /// traffic goes on through a fault instead of running out while it lasts. Returns the sender
 /// when done.
 pub fn publish_tracking_acks(
-    sender: agent_sdk::Agent,
+    sender: chorus_sdk::Agent,
     worker: &'static str,
     sent: u32,
     chunk: usize,
-) -> (tokio::task::JoinHandle<agent_sdk::Agent>, Acked) {
+) -> (tokio::task::JoinHandle<chorus_sdk::Agent>, Acked) {
     let acked = Acked::default();
     let numbers = std::sync::Arc::clone(&acked.numbers);
     let resent = std::sync::Arc::clone(&acked.resent);
@@ -440,8 +440,8 @@ pub fn publish_tracking_acks(
                 let calls = left
                     .iter()
                     .map(|n| {
-                        agent_sdk::Call::agent(worker, "work")
-                            .delivery(agent_sdk::DeliveryClass::AtLeastOnce)
+                        chorus_sdk::Call::agent(worker, "work")
+                            .delivery(chorus_sdk::DeliveryClass::AtLeastOnce)
                             .payload(n)
                             .unwrap_or_else(|e| panic!("payload: {e}"))
                     })
@@ -473,20 +473,24 @@ const SEND_RETRY_PAUSE: Duration = Duration::from_millis(250);
 
 /// Whether inbox consumer `consumer` of `stream` has nothing pending and nothing awaiting an
 /// ack, or is gone: an on-demand inbox deletes its consumer only once that is so.
-pub async fn consumer_idle(js: &broker_adapter::JetStream, stream: &str, consumer: &str) -> bool {
+pub async fn consumer_idle(
+    js: &chorus_broker_adapter::JetStream,
+    stream: &str,
+    consumer: &str,
+) -> bool {
     match js.consumer_state(stream, consumer).await {
         Ok(state) => state.pending == 0 && state.ack_pending == 0,
-        Err(err) => err.kind() == broker_adapter::ErrorKind::NotFound,
+        Err(err) => err.kind() == chorus_broker_adapter::ErrorKind::NotFound,
     }
 }
 
 /// Whether agent `agent`'s durable inbox is settled: no command stored for it (acked and
 /// dead-lettered ones are removed from the work-queue stream) and neither consumer holding
 /// anything, if it has them now.
-pub async fn inbox_settled(agent: &agent_sdk::Agent, id: &str) -> bool {
+pub async fn inbox_settled(agent: &chorus_sdk::Agent, id: &str) -> bool {
     let subjects = agent.subjects();
     let js = agent.broker().jetstream(Duration::from_secs(5));
-    let stream = subjects.stream_name(agent_sdk::durable::INBOX_STREAM);
+    let stream = subjects.stream_name(chorus_sdk::durable::INBOX_STREAM);
     let Ok(filter) = subjects.durable_agent_all(id) else {
         return false;
     };
@@ -519,7 +523,7 @@ pub struct LossReport {
 pub async fn settle_and_count(
     acked: &Acked,
     seen: &std::sync::Mutex<Vec<u32>>,
-    js: &broker_adapter::JetStream,
+    js: &chorus_broker_adapter::JetStream,
     stream: &str,
     consumer: &str,
     limit: Duration,
@@ -563,18 +567,18 @@ impl chorus_chaos::CoordinatorLauncher for InProcessCoordinator {
     ) -> futures::future::BoxFuture<'a, anyhow::Result<Box<dyn chorus_chaos::RunningCoordinator>>>
     {
         Box::pin(async move {
-            let config = chorus::CoordinatorConfig {
+            let config = chorus_coordinator::CoordinatorConfig {
                 servers: spec.servers.join(","),
                 metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
                 replicas: spec.replicas,
-                inbox: agent_sdk::durable::InboxLimits {
+                inbox: chorus_sdk::durable::InboxLimits {
                     replicas: spec.replicas,
-                    ..agent_sdk::durable::InboxLimits::default()
+                    ..chorus_sdk::durable::InboxLimits::default()
                 },
-                ..chorus::CoordinatorConfig::default()
+                ..chorus_coordinator::CoordinatorConfig::default()
             };
             let isolated = chorus_chaos::Isolated::start("coordinator", move || async move {
-                Ok(chorus::Coordinator::start(config, false).await?)
+                Ok(chorus_coordinator::Coordinator::start(config, false).await?)
             })
             .await?;
             Ok(Box::new(InProcessStarted(isolated)) as Box<dyn chorus_chaos::RunningCoordinator>)

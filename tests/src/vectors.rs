@@ -2,16 +2,16 @@
 
 use std::collections::BTreeMap;
 
-use agent_sdk::codec::encode_payload;
-use agent_sdk::encryption::{CONTENT_TYPE_ENCRYPTED, ENCRYPTION_ALG};
-use agent_sdk::envelope::{
+use bytes::Bytes;
+use chorus_demo::Calculation;
+use chorus_sdk::codec::encode_payload;
+use chorus_sdk::encryption::{CONTENT_TYPE_ENCRYPTED, ENCRYPTION_ALG};
+use chorus_sdk::envelope::{
     CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, EncryptedKey, Encryption, ExpectedReply, Progress,
     Sequence, Signature, TaskState, TraceContext,
 };
-use agent_sdk::security::SIGNATURE_ALG;
-use agent_sdk::{DeliveryClass, Envelope, Kind, Performative, Priority, StatusCode};
-use bytes::Bytes;
-use chorus::demo::Calculation;
+use chorus_sdk::security::SIGNATURE_ALG;
+use chorus_sdk::{DeliveryClass, Envelope, Kind, Performative, Priority, StatusCode};
 use uuid::Uuid;
 
 const T0: u64 = 1_798_761_600_000; // 2027-01-01T00:00:00Z
@@ -254,7 +254,7 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
     proposal.id = id(13);
     proposal.timestamp_ms = T0 + 13;
     proposal.payload = encode_payload(
-        &agent_sdk::negotiate::Proposal::at(5.0)
+        &chorus_sdk::negotiate::Proposal::at(5.0)
             .eta_ms(120)
             .confidence(0.95),
         CONTENT_TYPE_MSGPACK,
@@ -279,9 +279,9 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
         timeout_ms: 2_000,
     });
     counter.payload = encode_payload(
-        &agent_sdk::negotiate::CounterOffer {
-            offer: agent_sdk::negotiate::Proposal::at(4.5),
-            previous: agent_sdk::negotiate::Proposal::at(5.0)
+        &chorus_sdk::negotiate::CounterOffer {
+            offer: chorus_sdk::negotiate::Proposal::at(4.5),
+            previous: chorus_sdk::negotiate::Proposal::at(5.0)
                 .eta_ms(120)
                 .confidence(0.95),
         },
@@ -299,9 +299,9 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
         performative: Performative::Inform,
         timeout_ms: 5_000,
     });
-    by_reference.content_type = agent_sdk::payload::CONTENT_TYPE_OBJECT.into();
+    by_reference.content_type = chorus_sdk::payload::CONTENT_TYPE_OBJECT.into();
     by_reference.payload = encode_payload(
-        &agent_sdk::payload::ObjectRef {
+        &chorus_sdk::payload::ObjectRef {
             bucket: "chorus_payloads".into(),
             name: id(16).hyphenated().to_string(),
             size: 50 * 1024 * 1024,

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent_sdk::codec::{self, Encoding};
-use agent_sdk::{Context, Envelope, Kind, Performative};
+use chorus_sdk::codec::{self, Encoding};
+use chorus_sdk::{Context, Envelope, Kind, Performative};
 use chorus_tests::{agent_options, eventually, raw_broker, rss_bytes, server, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use agent_sdk::{Context, HandlerError};
+use chorus_sdk::{Context, HandlerError};
 use chorus_tests::{WAIT, agent, eventually, server};
 use opentelemetry::trace::{SpanId, SpanKind, TraceId};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
@@ -17,7 +17,7 @@ async fn a_request_across_three_agents_is_one_trace_with_parent_child_spans() {
         .build();
     // Installed, and spans turned on, before any traffic.
     opentelemetry::global::set_tracer_provider(provider.clone());
-    agent_sdk::trace::enable_spans();
+    chorus_sdk::trace::enable_spans();
 
     let server = server();
     let seen_traceparent = Arc::new(Mutex::new(None::<String>));

@@ -187,7 +187,7 @@ impl Agent {
         handler: impl Handler,
     ) -> Result<(), SdkError> {
         let inner = &self.inner;
-        broker_adapter::validate_subject(subject, broker_adapter::Wildcards::Allow)?;
+        chorus_broker_adapter::validate_subject(subject, chorus_broker_adapter::Wildcards::Allow)?;
         let sub = match queue_group {
             Some(group) => inner.out.broker.queue_subscribe(subject, group).await?,
             None => inner.out.broker.subscribe(subject).await?,
@@ -213,7 +213,7 @@ impl Agent {
         pattern: &str,
         handler: impl EventHandler,
     ) -> Result<(), SdkError> {
-        broker_adapter::validate_subject(pattern, broker_adapter::Wildcards::Allow)?;
+        chorus_broker_adapter::validate_subject(pattern, chorus_broker_adapter::Wildcards::Allow)?;
         let broker = &self.inner.out.broker;
         let sub = broker.subscribe(pattern).await?;
         broker.sync(SYNC_TIMEOUT).await?;

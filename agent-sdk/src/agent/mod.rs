@@ -14,7 +14,7 @@ pub use tasks::TaskSummary;
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_adapter::{Broker, BrokerOptions};
+use chorus_broker_adapter::{Broker, BrokerOptions};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -419,7 +419,7 @@ impl StatsSource for Inner {
         stats
     }
 
-    fn broker_stats(&self) -> broker_adapter::StatsSnapshot {
+    fn broker_stats(&self) -> chorus_broker_adapter::StatsSnapshot {
         self.out.broker.stats()
     }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_adapter::BrokerOptions;
+use chorus_broker_adapter::BrokerOptions;
 
 use super::Agent;
 use crate::durable::inbox::{DEFAULT_ORDERING_LANES, DURABLE_ACK_WAIT, MIN_DURABLE_ACK_WAIT};
@@ -35,8 +35,8 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How to build an [`Agent`].
 ///
 /// ```no_run
-/// # async fn run() -> Result<(), agent_sdk::SdkError> {
-/// let agent = agent_sdk::AgentOptions::new("calculator")
+/// # async fn run() -> Result<(), chorus_sdk::SdkError> {
+/// let agent = chorus_sdk::AgentOptions::new("calculator")
 ///     .servers(["nats://127.0.0.1:4222"])
 ///     .connect()
 ///     .await?;

@@ -101,8 +101,8 @@ impl Agent {
     /// the task's deadline; [`Call::timeout`] how long to wait for an agent to take it.
     ///
     /// ```no_run
-    /// # async fn run(agent: agent_sdk::Agent) -> Result<(), agent_sdk::SdkError> {
-    /// use agent_sdk::Call;
+    /// # async fn run(agent: chorus_sdk::Agent) -> Result<(), chorus_sdk::SdkError> {
+    /// use chorus_sdk::Call;
     /// use std::time::Duration;
     /// let task = agent
     ///     .submit(Call::agent("writer", "draft").payload(&"a haiku")?.deadline(Duration::from_secs(60)))

@@ -5,8 +5,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-use broker_adapter::{Headers, JetStream, PubAck};
 use bytes::Bytes;
+use chorus_broker_adapter::{Headers, JetStream, PubAck};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -89,8 +89,8 @@ impl FromStr for DeadLetterReason {
 /// `"5017 max_attempts: ledger offline"`.
 ///
 /// ```
-/// use agent_sdk::durable::{DeadLetterNote, DeadLetterReason};
-/// use agent_sdk::StatusCode;
+/// use chorus_sdk::durable::{DeadLetterNote, DeadLetterReason};
+/// use chorus_sdk::StatusCode;
 /// let note = DeadLetterNote {
 ///     status: StatusCode::HANDLER_FAILED,
 ///     reason: DeadLetterReason::MaxAttempts,
@@ -228,7 +228,7 @@ impl DeadLetter {
     }
 
     /// The headers this dead letter is stored with, the original's own first.
-    pub fn to_headers(&self) -> Result<Headers, broker_adapter::Error> {
+    pub fn to_headers(&self) -> Result<Headers, chorus_broker_adapter::Error> {
         let mut h = Headers::new();
         for (name, value) in &self.headers {
             if is_kept_header(name) {
@@ -349,7 +349,7 @@ pub async fn write_dead_letter(
     subjects: &Subjects,
     letter: &DeadLetter,
     max_payload: usize,
-) -> Result<PubAck, broker_adapter::Error> {
+) -> Result<PubAck, chorus_broker_adapter::Error> {
     let agent = if crate::subject::validate_token("agent id", &letter.agent).is_ok() {
         letter.agent.as_str()
     } else {
@@ -358,7 +358,10 @@ pub async fn write_dead_letter(
     let subject = subjects
         .dead_letter(&format!("{}.{agent}", letter.reason))
         .map_err(|e| {
-            broker_adapter::Error::new(broker_adapter::ErrorKind::InvalidSubject, e.to_string())
+            chorus_broker_adapter::Error::new(
+                chorus_broker_adapter::ErrorKind::InvalidSubject,
+                e.to_string(),
+            )
         })?;
     let msg_id = letter.dedupe_id();
     let mut headers = letter.to_headers()?;

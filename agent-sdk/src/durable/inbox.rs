@@ -5,7 +5,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use broker_adapter::{ConsumerSpec, Deliveries, Delivery, Subscription};
+use chorus_broker_adapter::{ConsumerSpec, Deliveries, Delivery, Subscription};
 use opentelemetry::trace::SpanKind;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio_util::sync::CancellationToken;
@@ -315,7 +315,7 @@ impl DurableInbox {
     }
 
     /// Creates or updates the consumer and starts pulling from it.
-    async fn open(&self, spec: &ConsumerSpec) -> Result<Deliveries, broker_adapter::Error> {
+    async fn open(&self, spec: &ConsumerSpec) -> Result<Deliveries, chorus_broker_adapter::Error> {
         let out = &self.pipeline.out;
         let stream = out.subjects.stream_name(INBOX_STREAM);
         let consumer = out.js.ensure_consumer(&stream, spec).await?;
@@ -326,11 +326,14 @@ impl DurableInbox {
 
     /// One look at the stream for commands stored for this agent: which lanes (normal, high)
     /// have some. One request for both lanes.
-    async fn look(&self) -> Result<[bool; 2], broker_adapter::Error> {
+    async fn look(&self) -> Result<[bool; 2], chorus_broker_adapter::Error> {
         let out = &self.pipeline.out;
         let stream = out.subjects.stream_name(INBOX_STREAM);
         let filter = out.subjects.durable_agent_all(&out.id).map_err(|e| {
-            broker_adapter::Error::new(broker_adapter::ErrorKind::InvalidInput, e.to_string())
+            chorus_broker_adapter::Error::new(
+                chorus_broker_adapter::ErrorKind::InvalidInput,
+                e.to_string(),
+            )
         })?;
         let mut waiting = [false, false];
         for (subject, count) in out.js.subject_counts(&stream, &filter).await? {
@@ -471,7 +474,9 @@ impl DurableInbox {
                         // Something pending or held, or given up on: the consumer stays.
                         Ok(false) => true,
                         // Gone already (another instance released it): look.
-                        Err(err) if err.kind() == broker_adapter::ErrorKind::NotFound => true,
+                        Err(err) if err.kind() == chorus_broker_adapter::ErrorKind::NotFound => {
+                            true
+                        }
                         // Out of reach: the looker looks again until it answers.
                         Err(_) => {
                             self.look_soon.notify_one();
@@ -492,7 +497,7 @@ impl DurableInbox {
         &self,
         stream: &str,
         lane: &LaneConsumer,
-    ) -> Result<bool, broker_adapter::Error> {
+    ) -> Result<bool, chorus_broker_adapter::Error> {
         let js = &self.pipeline.out.js;
         let state = js.consumer_state(stream, &lane.spec.durable).await?;
         if state.pending > 0
@@ -822,9 +827,9 @@ async fn next_heard(bells: &mut Option<Subscription>) -> bool {
 /// Whether the next connection event may have cost bells (a reconnect, dropped messages, or
 /// events missed); forever once the events end.
 async fn bells_may_be_lost(
-    events: &mut Option<tokio::sync::broadcast::Receiver<broker_adapter::ConnectionEvent>>,
+    events: &mut Option<tokio::sync::broadcast::Receiver<chorus_broker_adapter::ConnectionEvent>>,
 ) -> bool {
-    use broker_adapter::ConnectionEvent;
+    use chorus_broker_adapter::ConnectionEvent;
     use tokio::sync::broadcast::error::RecvError;
     let Some(rx) = events else {
         return std::future::pending().await;

@@ -24,7 +24,7 @@ pub(crate) mod send;
 
 use std::time::Duration;
 
-use broker_adapter::StreamSpec;
+use chorus_broker_adapter::StreamSpec;
 use serde::{Deserialize, Serialize};
 
 pub use crate::inbound::exactly_once::{DEFAULT_IDEMPOTENCY_TTL, IDEMPOTENCY_BUCKET};

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use broker_adapter::{BatchMessage, ErrorKind};
+use chorus_broker_adapter::{BatchMessage, ErrorKind};
 use uuid::Uuid;
 
 use super::{DEAD_LETTER_HEADROOM, InboxLimits, inbox_stream};
@@ -47,7 +47,7 @@ impl Sender {
 
     /// Makes sure the inbox stream exists before the first durable send, so commands for an
     /// agent that has never run are kept (the coordinator normally creates it first).
-    async fn ensure_inbox(&self) -> Result<(), broker_adapter::Error> {
+    async fn ensure_inbox(&self) -> Result<(), chorus_broker_adapter::Error> {
         self.inbox_ready
             .get_or_try_init(|| async {
                 self.out

@@ -18,7 +18,7 @@ pub struct Context {
     pub(crate) out: Arc<Outbound>,
     pub(crate) request: Arc<Envelope>,
     /// The subject it arrived on.
-    pub(crate) subject: broker_adapter::Subject,
+    pub(crate) subject: chorus_broker_adapter::Subject,
     /// Which delivery of the message this is (1 the first time).
     pub(crate) attempt: u32,
     /// The handling span: the parent of everything this handler sends.

@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use broker_adapter::{ErrorKind, Kv, KvSpec};
 use bytes::Bytes;
+use chorus_broker_adapter::{ErrorKind, Kv, KvSpec};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -112,7 +112,7 @@ impl ExactlyOnce {
         }
     }
 
-    async fn kv(&self) -> Result<&Kv, broker_adapter::Error> {
+    async fn kv(&self) -> Result<&Kv, chorus_broker_adapter::Error> {
         self.kv
             .get_or_try_init(|| async {
                 let mut spec = KvSpec::new(self.out.subjects.bucket_name(IDEMPOTENCY_BUCKET));

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use broker_adapter::Subject;
+use chorus_broker_adapter::Subject;
 use opentelemetry::trace::SpanKind;
 
 use super::admit::{self, Limits, Refused};

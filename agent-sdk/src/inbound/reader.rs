@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use broker_adapter::{Message, Subscription};
+use chorus_broker_adapter::{Message, Subscription};
 use opentelemetry::trace::SpanKind;
 use tokio::sync::Semaphore;
 use tokio::sync::mpsc::error::TrySendError;

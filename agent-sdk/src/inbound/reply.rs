@@ -2,7 +2,7 @@
 //! the encoding the request came in, signed when the agent signs. The coordinator answers
 //! through the same function.
 
-use broker_adapter::ErrorKind;
+use chorus_broker_adapter::ErrorKind;
 
 use crate::error::HandlerError;
 use crate::handler::Output;
@@ -85,7 +85,7 @@ async fn publish(
     reply_to: &str,
     reply: &Envelope,
     encoding: Encoding,
-) -> Result<(), broker_adapter::Error> {
+) -> Result<(), chorus_broker_adapter::Error> {
     let mut sealed;
     let reply = if out.identity.is_some() {
         sealed = reply.clone();
@@ -106,7 +106,11 @@ async fn publish(
             )
         })
         .map_err(|e| {
-            broker_adapter::Error::with_source(ErrorKind::InvalidInput, "reply does not encode", e)
+            chorus_broker_adapter::Error::with_source(
+                ErrorKind::InvalidInput,
+                "reply does not encode",
+                e,
+            )
         })?;
     out.broker.publish(reply_to, bytes).await
 }

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_adapter::{ErrorKind, Kv, KvSpec};
 use bytes::Bytes;
+use chorus_broker_adapter::{ErrorKind, Kv, KvSpec};
 
 use super::outcome::{Failure, Retry};
 use crate::outbound::Outbound;
@@ -41,7 +41,7 @@ impl SeenIds {
         }
     }
 
-    async fn kv(&self) -> Result<&Kv, broker_adapter::Error> {
+    async fn kv(&self) -> Result<&Kv, chorus_broker_adapter::Error> {
         self.kv
             .get_or_try_init(|| async {
                 let mut spec = KvSpec::new(self.out.subjects.bucket_name(SEEN_BUCKET));

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 
-use broker_adapter::{Message, Subscription};
+use chorus_broker_adapter::{Message, Subscription};
 use futures::Stream;
 use serde::de::DeserializeOwned;
 

@@ -35,7 +35,7 @@ pub enum Target {
 ///
 /// ```
 /// use std::time::Duration;
-/// use agent_sdk::Call;
+/// use chorus_sdk::Call;
 /// let call = Call::agent("calculator", "add")
 ///     .payload(&(2, 3))
 ///     .unwrap()

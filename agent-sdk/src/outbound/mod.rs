@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use broker_adapter::{Broker, JetStream};
+use chorus_broker_adapter::{Broker, JetStream};
 
 pub(crate) use breaker::Breakers;
 pub use breaker::{

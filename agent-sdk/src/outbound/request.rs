@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use broker_adapter::ErrorKind;
+use chorus_broker_adapter::ErrorKind;
 
 use super::{Call, Outbound, Parent, Reply, Router, Routing, Target};
 use crate::error::SdkError;

@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
-use broker_adapter::{ErrorKind, JetStream, ObjectSpec, Objects};
 use bytes::Bytes;
+use chorus_broker_adapter::{ErrorKind, JetStream, ObjectSpec, Objects};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 

@@ -34,7 +34,7 @@ pub(crate) async fn watch_registered_keys(
         };
         let Some(Ok(entry)) = change else { break };
         match entry.op {
-            broker_adapter::KvOp::Put => {
+            chorus_broker_adapter::KvOp::Put => {
                 let Ok(record) = serde_json::from_slice::<AgentRecord>(&entry.value) else {
                     continue;
                 };
@@ -45,7 +45,7 @@ pub(crate) async fn watch_registered_keys(
                     out.learn_encryption_key(&entry.key, key);
                 }
             }
-            broker_adapter::KvOp::Delete => {
+            chorus_broker_adapter::KvOp::Delete => {
                 if let Some(verifier) = &verifier {
                     verifier.forget(&entry.key);
                 }

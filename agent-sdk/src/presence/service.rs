@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use broker_adapter::{Message, Subscription};
 use bytes::Bytes;
+use chorus_broker_adapter::{Message, Subscription};
 use serde_json::json;
 use tokio_util::task::TaskTracker;
 

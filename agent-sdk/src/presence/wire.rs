@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use broker_adapter::Subscription;
+use chorus_broker_adapter::Subscription;
 use tokio_util::sync::CancellationToken;
 
 use crate::outbound::Outbound;

@@ -1,11 +1,14 @@
 //! Message security: ed25519 signatures over nkey identities ([`Identity`], [`Verifier`]),
 //! end-to-end encryption for named recipients ([`encryption`]), and the application's own
-//! access rules (permissions and per-sender rate limits, in `access`).
+//! access rules (permissions and per-sender rate limits, in `access`); and how a connection
+//! reaches a secured NATS ([`ConnectionSecurity`]).
 
 pub(crate) mod access;
+mod connection;
 pub mod encryption;
 pub(crate) mod signing;
 
+pub use connection::{ConnectionSecurity, ConnectionSecurityError};
 pub use signing::*;
 
 /// Suffix of the key-value bucket of seen message ids ([`crate::AgentOptions::persist_seen_ids`]).

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
-use broker_adapter::StoredMessage;
+use chorus_broker_adapter::StoredMessage;
 use futures::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
@@ -42,7 +42,7 @@ fn working_agent(report: &TaskReport) -> Option<String> {
 
 /// Whether a `registry.left` event says `agent` stopped without a goodbye (5009: its
 /// heartbeats stopped). An agent that said goodbye ended its tasks itself.
-fn gone_without_goodbye(event: &broker_adapter::Message, agent: &str) -> bool {
+fn gone_without_goodbye(event: &chorus_broker_adapter::Message, agent: &str) -> bool {
     #[derive(serde::Deserialize)]
     struct Left {
         agent: String,
@@ -364,7 +364,7 @@ impl TaskHandle {
 /// A task's updates, in order; ends after the terminal state (and then removes its consumer
 /// from the server). Each one yielded moves the handle's [`TaskHandle::last_seen`].
 pub struct TaskUpdates {
-    follow: Option<broker_adapter::Follow>,
+    follow: Option<chorus_broker_adapter::Follow>,
     closing: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
     subjects: crate::Subjects,
     seen: Arc<AtomicU64>,

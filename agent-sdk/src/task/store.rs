@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_adapter::{ErrorKind, Follow, StoredMessage, StreamSpec};
 use bytes::Bytes;
+use chorus_broker_adapter::{ErrorKind, Follow, StoredMessage, StreamSpec};
 use uuid::Uuid;
 
 use crate::error::SdkError;

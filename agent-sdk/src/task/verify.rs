@@ -36,7 +36,7 @@ pub(crate) enum Check {
 /// attempts.
 ///
 /// ```
-/// use agent_sdk::task::Verification;
+/// use chorus_sdk::task::Verification;
 /// let schema = serde_json::json!({"type": "object", "required": ["summary"]});
 /// let verification = Verification::schema(&schema)
 ///     .expect("a valid schema")

@@ -10,9 +10,9 @@ fn consumer_spec(
     i: usize,
     high: bool,
     on_demand: bool,
-) -> anyhow::Result<broker_adapter::ConsumerSpec> {
+) -> anyhow::Result<chorus_broker_adapter::ConsumerSpec> {
     let agent = sim_agent(i);
-    let mut spec = broker_adapter::ConsumerSpec::new(if high {
+    let mut spec = chorus_broker_adapter::ConsumerSpec::new(if high {
         format!("{agent}_high")
     } else {
         agent.clone()
@@ -22,7 +22,7 @@ fn consumer_spec(
     spec.max_deliver = 5;
     spec.max_ack_pending = 64;
     if on_demand {
-        spec.inactive_threshold = agent_sdk::durable::ABANDONED_CONSUMER_AFTER;
+        spec.inactive_threshold = chorus_sdk::durable::ABANDONED_CONSUMER_AFTER;
     }
     spec.description = format!("durable inbox of agent {agent}");
     Ok(spec)
@@ -34,11 +34,11 @@ fn commands(
     subjects: &Subjects,
     active: usize,
     per_agent: u32,
-) -> anyhow::Result<Vec<broker_adapter::BatchMessage>> {
+) -> anyhow::Result<Vec<chorus_broker_adapter::BatchMessage>> {
     let mut batch = Vec::with_capacity(active * per_agent as usize);
     for n in 0..per_agent {
         for i in 0..active {
-            batch.push(broker_adapter::BatchMessage {
+            batch.push(chorus_broker_adapter::BatchMessage {
                 subject: subjects.durable(&sim_agent(i), "work", false)?,
                 msg_id: None,
                 payload: Bytes::from(n.to_be_bytes().to_vec()),
@@ -49,7 +49,7 @@ fn commands(
 }
 
 /// The number a command carries.
-fn number_of(delivery: &broker_adapter::Delivery) -> Option<u32> {
+fn number_of(delivery: &chorus_broker_adapter::Delivery) -> Option<u32> {
     delivery
         .payload()
         .get(..4)
@@ -65,14 +65,14 @@ struct InboxBench {
     monitor: String,
     subjects: Subjects,
     broker: Broker,
-    js: broker_adapter::JetStream,
-    inbox: broker_adapter::StreamSpec,
+    js: chorus_broker_adapter::JetStream,
+    inbox: chorus_broker_adapter::StreamSpec,
     server_rss_before: u64,
 }
 
 impl InboxBench {
     async fn start(name: &str) -> anyhow::Result<InboxBench> {
-        use agent_sdk::durable::{InboxLimits, inbox_stream};
+        use chorus_sdk::durable::{InboxLimits, inbox_stream};
         let (server, url, monitor) = monitored_server().await?;
         let subjects = Subjects::new(ROOT)?;
         let broker = connect(&url, name).await?;
@@ -133,7 +133,7 @@ pub(crate) async fn durable(
         ..
     } = InboxBench::start("fleet-durable").await?;
     let t = Instant::now();
-    let specs: Vec<broker_adapter::ConsumerSpec> = (0..agents)
+    let specs: Vec<chorus_broker_adapter::ConsumerSpec> = (0..agents)
         .flat_map(|i| {
             [
                 consumer_spec(&subjects, i, false, false),
@@ -285,13 +285,13 @@ const LOOK_WINDOW: Duration = Duration::from_secs(10);
 /// `DEFAULT_INBOX_RECHECK`),
 /// spread evenly over [`LOOK_WINDOW`], and returns the server's CPU meanwhile.
 async fn look_load(
-    js: &broker_adapter::JetStream,
+    js: &chorus_broker_adapter::JetStream,
     stream: &str,
     subjects: &Subjects,
     server_pid: u32,
     agents: usize,
 ) -> anyhow::Result<f64> {
-    use agent_sdk::durable::DEFAULT_INBOX_RECHECK;
+    use chorus_sdk::durable::DEFAULT_INBOX_RECHECK;
     let per_second = agents as f64 / DEFAULT_INBOX_RECHECK.as_secs_f64();
     let total = (per_second * LOOK_WINDOW.as_secs_f64()) as usize;
     let cpu0 = cpu_seconds_of(server_pid)?;
@@ -326,7 +326,7 @@ const FIRST_COMMAND_ROUNDS: usize = 20;
 /// consumer released, so the bell opens one) and warm (the consumer still open), `rounds`
 /// times each.
 async fn first_command(url: &str, rounds: usize) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
-    use agent_sdk::durable::InboxConsumers;
+    use chorus_sdk::durable::InboxConsumers;
     let release_after = Duration::from_millis(200);
     let worker = AgentOptions::new("fleet-durable")
         .servers([url])
@@ -342,9 +342,9 @@ async fn first_command(url: &str, rounds: usize) -> anyhow::Result<(Vec<Duration
         .await?;
     let (handled_tx, mut handled) = tokio::sync::mpsc::unbounded_channel::<Instant>();
     worker
-        .on_command("work", move |_ctx: agent_sdk::Context, (): ()| {
+        .on_command("work", move |_ctx: chorus_sdk::Context, (): ()| {
             let _ = handled_tx.send(Instant::now());
-            async { Ok::<_, agent_sdk::HandlerError>(()) }
+            async { Ok::<_, chorus_sdk::HandlerError>(()) }
         })
         .await?;
     let sender = AgentOptions::new("fleet-sender")
@@ -355,7 +355,7 @@ async fn first_command(url: &str, rounds: usize) -> anyhow::Result<(Vec<Duration
         .connect()
         .await?;
     let call = || {
-        agent_sdk::Call::agent("fleet-durable", "work")
+        chorus_sdk::Call::agent("fleet-durable", "work")
             .command()
             .payload(&())
     };
@@ -672,13 +672,13 @@ fn on_demand_rows(f: &OnDemandFigures) -> Vec<Row> {
         rows.push(Row::chorus_only(
             &format!(
                 "server CPU for the looks of {fleet} idle agents (one look every {} s each)",
-                agent_sdk::durable::DEFAULT_INBOX_RECHECK.as_secs()
+                chorus_sdk::durable::DEFAULT_INBOX_RECHECK.as_secs()
             ),
             "%",
             *cpu,
             &format!(
                 "(reported; {:.0} looks/s; 100 = one core)",
-                *fleet as f64 / agent_sdk::durable::DEFAULT_INBOX_RECHECK.as_secs_f64()
+                *fleet as f64 / chorus_sdk::durable::DEFAULT_INBOX_RECHECK.as_secs_f64()
             ),
             None,
         ));

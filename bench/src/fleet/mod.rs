@@ -21,15 +21,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use agent_sdk::codec::{self, Encoding};
-use agent_sdk::envelope::CONTENT_TYPE_MSGPACK;
-use agent_sdk::registry::{BroadcastTarget, CapabilityInfo, DiscoverQuery, Outcome};
-use agent_sdk::{
+use bytes::Bytes;
+use chorus_broker_adapter::{Broker, BrokerOptions};
+use chorus_nats_server::NatsServer;
+use chorus_sdk::codec::{self, Encoding};
+use chorus_sdk::envelope::CONTENT_TYPE_MSGPACK;
+use chorus_sdk::registry::{BroadcastTarget, CapabilityInfo, DiscoverQuery, Outcome};
+use chorus_sdk::{
     AgentOptions, Availability, Envelope, Kind, Manifest, Performative, StatusCode, Subjects,
 };
-use broker_adapter::{Broker, BrokerOptions};
-use bytes::Bytes;
-use chorus_nats_server::NatsServer;
 use futures::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -123,7 +123,7 @@ fn manifest(i: usize) -> Manifest {
         public_key: None,
         encryption_key: None,
         heartbeat_ms: u64::try_from(HEARTBEAT.as_millis()).unwrap_or(u64::MAX),
-        started_ms: agent_sdk::envelope::now_ms(),
+        started_ms: chorus_sdk::envelope::now_ms(),
         sdk_version: "fleet".into(),
         metrics_url: None,
         wire_versions: vec![1, 2],
@@ -232,7 +232,7 @@ async fn connect(url: &str, name: &str) -> anyhow::Result<Broker> {
 }
 
 /// The SDK agent that asks the coordinators (discovery, broadcasts) for a measurement.
-async fn client(url: &str) -> anyhow::Result<agent_sdk::Agent> {
+async fn client(url: &str) -> anyhow::Result<chorus_sdk::Agent> {
     Ok(AgentOptions::new("fleet-client")
         .servers([url])
         .root(ROOT)
@@ -278,7 +278,7 @@ async fn close(broker: Broker) {
     let closed = async {
         loop {
             match events.recv().await {
-                Ok(broker_adapter::ConnectionEvent::Closed) | Err(_) => break,
+                Ok(chorus_broker_adapter::ConnectionEvent::Closed) | Err(_) => break,
                 Ok(_) => {}
             }
         }

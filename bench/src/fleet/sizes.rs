@@ -197,12 +197,12 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
             .root(ROOT)
             .connect()
             .await?;
-        real.on_command("ping", |_ctx: agent_sdk::Context, (): ()| async {
-            Ok::<_, agent_sdk::HandlerError>(())
+        real.on_command("ping", |_ctx: chorus_sdk::Context, (): ()| async {
+            Ok::<_, chorus_sdk::HandlerError>(())
         })
         .await?;
-        real.on_capability("fleet.work", |_ctx: agent_sdk::Context, (): ()| async {
-            Ok::<_, agent_sdk::HandlerError>(())
+        real.on_capability("fleet.work", |_ctx: chorus_sdk::Context, (): ()| async {
+            Ok::<_, chorus_sdk::HandlerError>(())
         })
         .await?;
         real.broker().flush().await?;

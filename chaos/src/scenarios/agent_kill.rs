@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_sdk::AgentOptions;
+use chorus_sdk::AgentOptions;
 
 use super::server_kill::durable_server;
 use super::{

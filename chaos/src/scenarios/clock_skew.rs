@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use agent_sdk::codec::{self, Encoding};
-use agent_sdk::security::{Identity, SignaturePolicy};
-use agent_sdk::{DeliveryClass, Envelope, Kind, Performative};
-use broker_adapter::BatchMessage;
+use chorus_broker_adapter::BatchMessage;
+use chorus_sdk::codec::{self, Encoding};
+use chorus_sdk::security::{Identity, SignaturePolicy};
+use chorus_sdk::{DeliveryClass, Envelope, Kind, Performative};
 
 use super::{
     Harness, Scale, Scenario, WORKER, checker, connect, coordinator, shutdown, worker_options,
@@ -66,7 +66,7 @@ pub(crate) async fn run(scale: &Scale, opts: &ChaosOptions) -> anyhow::Result<Sc
     h.nats_server = worker.broker().server_version();
     let (_checker, js) = checker(&urls).await?;
     let subject = worker.subjects().durable(WORKER, WORK, false)?;
-    js.ensure_stream_exists(&agent_sdk::durable::inbox_stream(
+    js.ensure_stream_exists(&chorus_sdk::durable::inbox_stream(
         worker.subjects(),
         &Default::default(),
     ))

@@ -9,11 +9,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent_sdk::Agent;
-use agent_sdk::durable::{IDEMPOTENCY_BUCKET, INBOX_STREAM, InboxLimits};
 use anyhow::Context as _;
-use broker_adapter::{Broker, JetStream};
+use chorus_broker_adapter::{Broker, JetStream};
 use chorus_nats_server::{Cluster, ClusterBuilder};
+use chorus_sdk::Agent;
+use chorus_sdk::durable::{IDEMPOTENCY_BUCKET, INBOX_STREAM, InboxLimits};
 
 use super::{
     CLUSTER_READY, Harness, Scale, Scenario, checker, connect, coordinator, let_traffic_run,

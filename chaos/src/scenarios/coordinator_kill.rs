@@ -7,10 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use agent_sdk::Subjects;
-use agent_sdk::durable::{INBOX_STREAM, InboxLimits, inbox_stream};
-use agent_sdk::retry::{RetryPolicies, RetryPolicy};
-use broker_adapter::{ConsumerSpec, JetStream};
+use chorus_broker_adapter::{ConsumerSpec, JetStream};
+use chorus_sdk::Subjects;
+use chorus_sdk::durable::{INBOX_STREAM, InboxLimits, inbox_stream};
+use chorus_sdk::retry::{RetryPolicies, RetryPolicy};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 

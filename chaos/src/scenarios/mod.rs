@@ -16,9 +16,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_sdk::{Agent, AgentOptions, Subjects};
 use anyhow::Context as _;
-use broker_adapter::{Broker, BrokerOptions, JetStream};
+use chorus_broker_adapter::{Broker, BrokerOptions, JetStream};
+use chorus_sdk::{Agent, AgentOptions, Subjects};
 
 use crate::coordinator::{CoordinatorLauncher, CoordinatorSpec, RunningCoordinator};
 use crate::ledger::{self, Class, Ledger, Probe};

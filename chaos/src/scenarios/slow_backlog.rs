@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use agent_sdk::Call;
+use chorus_sdk::Call;
 
 use super::{
     Harness, Scale, Scenario, WORKER, checker, connect, coordinator, senders, shutdown,

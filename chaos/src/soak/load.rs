@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_sdk::{Agent, Call};
+use chorus_sdk::{Agent, Call};
 use tokio_util::sync::CancellationToken;
 
 use super::tally::{Seen, Tally};

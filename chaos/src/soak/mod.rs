@@ -32,9 +32,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use agent_sdk::{Agent, AgentOptions, Context, HandlerError};
 use anyhow::Context as _;
 use chorus_nats_server::NatsServer;
+use chorus_sdk::{Agent, AgentOptions, Context, HandlerError};
 use serde::Serialize;
 
 pub use growth::{GrowthLimits, Resource, Trend, Verdict};
@@ -759,7 +759,7 @@ pub async fn soak(opts: &SoakOptions, progress: fn(&str)) -> anyhow::Result<Soak
     progress("soak: traffic stopped; draining");
     let mut checks = Vec::new();
     let mut notes = Vec::new();
-    let subjects = agent_sdk::Subjects::default();
+    let subjects = chorus_sdk::Subjects::default();
     match dlq::drained(&js, &subjects, SETTLE).await {
         Some(took) => checks.push(Check::new(
             true,

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use agent_sdk::durable::DeadLetterReason;
+use chorus_sdk::durable::DeadLetterReason;
 
 use crate::ledger::{Class, Letter};
 use crate::report::{Check, Row};
@@ -331,7 +331,7 @@ mod tests {
         let letters = [Letter {
             id: Some(b),
             reason: DeadLetterReason::Uncertain,
-            status: agent_sdk::StatusCode::UNCERTAIN,
+            status: chorus_sdk::StatusCode::UNCERTAIN,
         }];
         // Run under the wrong class: unexpected.
         tally.start(crate::ledger::id_of(Class::AtLeastOnce, c & SEQ_MASK));

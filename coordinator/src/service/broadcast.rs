@@ -11,15 +11,15 @@
 
 use std::time::Duration;
 
-use agent_sdk::codec::{self, encode_payload};
-use agent_sdk::durable::{DeadLetter, DeadLetterReason, write_dead_letter};
-use agent_sdk::envelope::now_ms;
-use agent_sdk::registry::RecipientReport;
-use agent_sdk::{
+use chorus_broker_adapter::ErrorKind;
+use chorus_sdk::codec::{self, encode_payload};
+use chorus_sdk::durable::{DeadLetter, DeadLetterReason, write_dead_letter};
+use chorus_sdk::envelope::now_ms;
+use chorus_sdk::registry::RecipientReport;
+use chorus_sdk::{
     BroadcastReport, BroadcastTarget, DiscoverQuery, Envelope, HandlerError, Outcome, Output,
     StatusCode,
 };
-use broker_adapter::ErrorKind;
 use futures::StreamExt;
 use uuid::Uuid;
 

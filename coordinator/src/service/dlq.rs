@@ -1,15 +1,15 @@
 //! The dead-letter queue: the worker that turns the server's advisories into dead letters, and
 //! the operations behind `chorus dlq ls | show | replay | purge`.
 
-use agent_sdk::codec;
-use agent_sdk::durable::{
+use bytes::Bytes;
+use chorus_broker_adapter::{Broker, Delivery, ErrorKind, Headers, JetStream, PubAck};
+use chorus_sdk::codec;
+use chorus_sdk::durable::{
     DLQ_STREAM, DeadLetter, DeadLetterNote, DeadLetterReason, IDEMPOTENCY_BUCKET, INBOX_STREAM,
     write_dead_letter,
 };
-use agent_sdk::envelope::now_ms;
-use agent_sdk::{StatusCode, Subjects};
-use broker_adapter::{Broker, Delivery, ErrorKind, Headers, JetStream, PubAck};
-use bytes::Bytes;
+use chorus_sdk::envelope::now_ms;
+use chorus_sdk::{StatusCode, Subjects};
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -84,7 +84,7 @@ pub(crate) async fn on_advisory(shared: &Shared, delivery: &Delivery) {
 async fn handle_advisory(
     shared: &Shared,
     delivery: &Delivery,
-) -> Result<(), broker_adapter::Error> {
+) -> Result<(), chorus_broker_adapter::Error> {
     let Ok(advisory) = serde_json::from_slice::<Advisory>(delivery.payload()) else {
         tracing::warn!(
             subject = delivery.subject(),
@@ -247,7 +247,7 @@ impl DeadLetterQueue {
     }
 
     /// Entries, oldest first, at most `limit`.
-    pub async fn list(&self, limit: usize) -> Result<Vec<DlqEntry>, broker_adapter::Error> {
+    pub async fn list(&self, limit: usize) -> Result<Vec<DlqEntry>, chorus_broker_adapter::Error> {
         self.find(&DlqFilter::default(), 0, limit).await
     }
 
@@ -258,13 +258,13 @@ impl DeadLetterQueue {
         filter: &DlqFilter,
         after: u64,
         limit: usize,
-    ) -> Result<Vec<DlqEntry>, broker_adapter::Error> {
+    ) -> Result<Vec<DlqEntry>, chorus_broker_adapter::Error> {
         let reason = filter.reason.map_or("*", DeadLetterReason::as_str);
         let agent = match filter.agent.as_deref() {
             None => "*",
             Some(agent) => {
-                agent_sdk::subject::validate_token("agent id", agent).map_err(|e| {
-                    broker_adapter::Error::new(ErrorKind::InvalidSubject, e.to_string())
+                chorus_sdk::subject::validate_token("agent id", agent).map_err(|e| {
+                    chorus_broker_adapter::Error::new(ErrorKind::InvalidSubject, e.to_string())
                 })?;
                 agent
             }
@@ -304,10 +304,10 @@ impl DeadLetterQueue {
     }
 
     /// Entry `id`.
-    pub async fn show(&self, id: u64) -> Result<DlqEntry, broker_adapter::Error> {
+    pub async fn show(&self, id: u64) -> Result<DlqEntry, chorus_broker_adapter::Error> {
         let stored = self.js.get_message(&self.stream, id).await?;
         let letter = DeadLetter::from_stored(&stored.headers, stored.payload).map_err(|e| {
-            broker_adapter::Error::with_source(
+            chorus_broker_adapter::Error::with_source(
                 ErrorKind::InvalidInput,
                 format!("entry {id} does not decode"),
                 e,
@@ -319,10 +319,10 @@ impl DeadLetterQueue {
     /// Publishes entry `id`'s original message to its original subject again, as a new
     /// message (so its delivery count starts over) carrying `Chorus-Replay-Of`, then removes
     /// the entry. Durable subjects go through JetStream and return its ack.
-    pub async fn replay(&self, id: u64) -> Result<Option<PubAck>, broker_adapter::Error> {
+    pub async fn replay(&self, id: u64) -> Result<Option<PubAck>, chorus_broker_adapter::Error> {
         let entry = self.show(id).await?;
         if let Some(size) = entry.letter.omitted {
-            return Err(broker_adapter::Error::new(
+            return Err(chorus_broker_adapter::Error::new(
                 ErrorKind::InvalidInput,
                 format!(
                     "dead letter {id} cannot be replayed: its original ({size} bytes) was too large to keep"
@@ -380,12 +380,12 @@ impl DeadLetterQueue {
     }
 
     /// Removes entry `id`; `false` if it was not there.
-    pub async fn remove(&self, id: u64) -> Result<bool, broker_adapter::Error> {
+    pub async fn remove(&self, id: u64) -> Result<bool, chorus_broker_adapter::Error> {
         self.js.delete_message(&self.stream, id).await
     }
 
     /// Removes every entry; returns how many.
-    pub async fn purge(&self) -> Result<u64, broker_adapter::Error> {
+    pub async fn purge(&self) -> Result<u64, chorus_broker_adapter::Error> {
         match self.js.purge_stream(&self.stream).await {
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(0),
             other => other,
@@ -393,7 +393,7 @@ impl DeadLetterQueue {
     }
 
     /// How many entries there are.
-    pub async fn depth(&self) -> Result<u64, broker_adapter::Error> {
+    pub async fn depth(&self) -> Result<u64, chorus_broker_adapter::Error> {
         match self.js.stream_state(&self.stream).await {
             Ok(s) => Ok(s.messages),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(0),
@@ -404,7 +404,7 @@ impl DeadLetterQueue {
 
 /// Bytes of an entry's original envelope, decoded when possible, for display; `implied` is
 /// what its subject carries.
-pub fn describe_envelope(bytes: &Bytes, implied: &agent_sdk::subject::Implied<'_>) -> String {
+pub fn describe_envelope(bytes: &Bytes, implied: &chorus_sdk::subject::Implied<'_>) -> String {
     match codec::decode_on(bytes, implied) {
         Ok((env, _)) if env.encryption.is_some() => format!(
             "{} {} from {} (payload encrypted, {} bytes)",

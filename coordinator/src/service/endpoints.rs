@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, Weak};
 
-use agent_sdk::{
+use chorus_sdk::{
     Agent, BoxFuture, Context, EventHandler, Handler, HandlerError, Output, SdkError, StatusCode,
 };
 

@@ -2,13 +2,13 @@
 //! coordinator's Prometheus service discovery (`/sd/agents`) beside them.
 //!
 //! It serves the process-wide registry the SDK's agents and the coordinator record into
-//! ([`agent_sdk::metrics::registry`]), so a process running the coordinator and agents (as
+//! ([`chorus_sdk::metrics::registry`]), so a process running the coordinator and agents (as
 //! `chorus up` does) has one `/metrics`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use agent_sdk::metrics::{registry, render};
+use chorus_sdk::metrics::{registry, render};
 use tokio_util::sync::CancellationToken;
 
 /// The content type of the Prometheus text format.

@@ -2,7 +2,7 @@
 
 use std::sync::OnceLock;
 
-use agent_sdk::durable::DeadLetterReason;
+use chorus_sdk::durable::DeadLetterReason;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
 /// Metrics shared by every coordinator in the process.
@@ -133,7 +133,7 @@ pub fn metrics() -> &'static CoordinatorMetrics {
         for state in ["registered", "live"] {
             m.agents.with_label_values(&[state]);
         }
-        let reg = agent_sdk::metrics::registry();
+        let reg = chorus_sdk::metrics::registry();
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
             Box::new(m.agents.clone()),
             Box::new(m.registry_events.clone()),

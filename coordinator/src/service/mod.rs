@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use agent_sdk::{Agent, AgentOptions, Subjects};
-use broker_adapter::{Broker, BrokerOptions, JetStream};
+use chorus_broker_adapter::{Broker, BrokerOptions, JetStream};
+use chorus_sdk::{Agent, AgentOptions, Subjects};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -60,10 +60,10 @@ pub(crate) struct Shared {
     pub(crate) js: JetStream,
     pub(crate) registry: Registry,
     /// The key broadcast copies are signed with, as `coordinator`.
-    pub(crate) identity: Option<agent_sdk::security::Identity>,
+    pub(crate) identity: Option<chorus_sdk::security::Identity>,
     /// Checks broadcast requests: a signed one must verify against its sender's key, and an
     /// unsigned one is refused where `require_signed_broadcasts` says so.
-    pub(crate) broadcast_verifier: agent_sdk::security::Verifier,
+    pub(crate) broadcast_verifier: chorus_sdk::security::Verifier,
     /// The coordinator as an agent of the bus: its endpoints go through the SDK's inbound
     /// pipeline, and its connection is the one every task uses.
     agent: Agent,
@@ -85,7 +85,7 @@ impl CoordinatorConfig {
 pub struct Coordinator {
     shared: Arc<Shared>,
     metrics_server: Option<MetricsServer>,
-    gateway: Option<crate::gateway::Gateway>,
+    gateway: Option<chorus_gateway::Gateway>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -105,20 +105,23 @@ impl Coordinator {
         config.validate()?;
         let identity = config.signing_identity()?;
         let broadcast_verifier =
-            agent_sdk::security::Verifier::new(agent_sdk::security::SignaturePolicy {
+            chorus_sdk::security::Verifier::new(chorus_sdk::security::SignaturePolicy {
                 require_signed: config.require_signed_broadcasts,
-                ..agent_sdk::security::SignaturePolicy::default()
+                ..chorus_sdk::security::SignaturePolicy::default()
             });
         let subjects =
             Subjects::new(&config.root).map_err(Error::wrap(ErrorKind::Config, "invalid root"))?;
         let inbox_prefix = subjects
             .inbox_prefix(COORDINATOR_ID)
             .map_err(Error::wrap(ErrorKind::Config, "invalid inbox prefix"))?;
-        let broker_options = config.security.apply(
-            BrokerOptions::new([config.servers.as_str()])
-                .name(CONNECTION_NAME)
-                .inbox_prefix(inbox_prefix),
-        )?;
+        let broker_options = config
+            .security
+            .apply(
+                BrokerOptions::new([config.servers.as_str()])
+                    .name(CONNECTION_NAME)
+                    .inbox_prefix(inbox_prefix),
+            )
+            .map_err(Error::wrap(ErrorKind::Config, "security"))?;
         // No heartbeat or `$SRV` answers of its own: the coordinator is not in its registry.
         let agent = AgentOptions::new(COORDINATOR_ID)
             .root(&config.root)
@@ -184,7 +187,22 @@ impl Coordinator {
             coordinator.metrics_server = Some(start_metrics(&shared).await?);
         }
         if shared.config.gateway.enabled() {
-            coordinator.gateway = Some(crate::gateway::Gateway::start(&shared.config).await?);
+            let gateway = chorus_gateway::Gateway::start(
+                &shared.config.gateway_bus(),
+                &shared.config.gateway,
+            )
+            .await
+            .map_err(|err| {
+                let kind = match err.kind() {
+                    chorus_gateway::ErrorKind::Connect => ErrorKind::Connect,
+                    chorus_gateway::ErrorKind::Broker => ErrorKind::Broker,
+                    chorus_gateway::ErrorKind::Listen => ErrorKind::Listen,
+                    chorus_gateway::ErrorKind::Io => ErrorKind::Io,
+                    _ => ErrorKind::Config,
+                };
+                Error::with_source(kind, "cannot start the gateway", err)
+            })?;
+            coordinator.gateway = Some(gateway);
         }
         let _ = metrics::metrics();
         tracing::info!(root = shared.subjects.root(), "coordinator started");
@@ -200,11 +218,11 @@ impl Coordinator {
     pub fn gateway_addr(&self) -> Option<SocketAddr> {
         self.gateway
             .as_ref()
-            .and_then(crate::gateway::Gateway::local_addr)
+            .and_then(chorus_gateway::Gateway::local_addr)
     }
 
     /// Agents the registry considers live and matching `query`, least loaded first.
-    pub fn discover(&self, query: &agent_sdk::DiscoverQuery) -> Vec<agent_sdk::AgentRecord> {
+    pub fn discover(&self, query: &chorus_sdk::DiscoverQuery) -> Vec<chorus_sdk::AgentRecord> {
         self.shared.registry.discover(query)
     }
 
@@ -262,7 +280,7 @@ async fn start_metrics(shared: &Arc<Shared>) -> Result<MetricsServer> {
             let groups = sd::target_groups(
                 &registry
                     .registry
-                    .discover(&agent_sdk::DiscoverQuery::default()),
+                    .discover(&chorus_sdk::DiscoverQuery::default()),
             );
             async move { axum::Json(groups) }
         }),

@@ -3,10 +3,10 @@
 //! payloads carried by reference, and the retry policies agents read.
 //! Every step is idempotent, so coordinators starting side by side do not conflict.
 
-use agent_sdk::Subjects;
-use agent_sdk::durable::{self, CONFIG_BUCKET, RETRY_KEY};
-use broker_adapter::{JetStream, Kv, KvSpec};
 use bytes::Bytes;
+use chorus_broker_adapter::{JetStream, Kv, KvSpec};
+use chorus_sdk::Subjects;
+use chorus_sdk::durable::{self, CONFIG_BUCKET, RETRY_KEY};
 
 use super::REGISTRY_BUCKET;
 use crate::config::CoordinatorConfig;
@@ -28,14 +28,14 @@ pub(super) async fn provision(
         durable::inbox_stream(subjects, &config.inbox),
         durable::dlq_stream(subjects, config.replicas),
         durable::advisory_stream(subjects, config.replicas),
-        agent_sdk::task::task_stream(subjects, config.replicas),
+        chorus_sdk::task::task_stream(subjects, config.replicas),
     ] {
         js.ensure_stream(&stream).await.map_err(Error::wrap(
             ErrorKind::Broker,
             format!("cannot set up stream {}", stream.name),
         ))?;
     }
-    let payloads = agent_sdk::payload::payload_bucket(subjects, config.replicas);
+    let payloads = chorus_sdk::payload::payload_bucket(subjects, config.replicas);
     js.ensure_objects(&payloads).await.map_err(Error::wrap(
         ErrorKind::Broker,
         format!("cannot set up the object store bucket {}", payloads.bucket),

@@ -10,13 +10,13 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
-use agent_sdk::codec::{self, decode_payload, encode_payload};
-use agent_sdk::envelope::{CONTENT_TYPE_MSGPACK, now_ms};
-use agent_sdk::{
+use chorus_broker_adapter::{Broker, ErrorKind, Kv, KvEntry, KvOp};
+use chorus_sdk::codec::{self, decode_payload, encode_payload};
+use chorus_sdk::envelope::{CONTENT_TYPE_MSGPACK, now_ms};
+use chorus_sdk::{
     AgentRecord, DiscoverQuery, Envelope, HandlerError, Kind, Manifest, Output, Performative,
     StatusCode,
 };
-use broker_adapter::{Broker, ErrorKind, Kv, KvEntry, KvOp};
 use serde::{Deserialize, Serialize};
 
 use super::COORDINATOR_ID;
@@ -145,7 +145,7 @@ impl Table {
 
 /// The registry as one coordinator sees it.
 pub(crate) struct Registry {
-    subjects: agent_sdk::Subjects,
+    subjects: chorus_sdk::Subjects,
     broker: Broker,
     kv: Kv,
     missed: u32,
@@ -153,7 +153,7 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    pub(crate) fn new(subjects: agent_sdk::Subjects, broker: Broker, kv: Kv, missed: u32) -> Self {
+    pub(crate) fn new(subjects: chorus_sdk::Subjects, broker: Broker, kv: Kv, missed: u32) -> Self {
         Registry {
             subjects,
             broker,
@@ -486,7 +486,7 @@ mod tests {
         let before = live("a", &["ocr"], &["eu"]).manifest;
         let mut busier = before.clone();
         busier.load = 0.9;
-        busier.availability = agent_sdk::registry::Availability::Busy;
+        busier.availability = chorus_sdk::registry::Availability::Busy;
         busier.eta_ms = Some(5_000);
         assert!(
             same_record(&before, &busier),

@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use agent_sdk::AgentRecord;
-use agent_sdk::registry::MetricsTarget;
+use chorus_sdk::AgentRecord;
+use chorus_sdk::registry::MetricsTarget;
 use serde::Serialize;
 
 /// One target group in the format of Prometheus's HTTP service discovery.
@@ -60,7 +60,7 @@ pub fn target_groups(agents: &[AgentRecord]) -> Vec<TargetGroup> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agent_sdk::registry::Manifest;
+    use chorus_sdk::registry::Manifest;
 
     fn record(id: &str, url: Option<&str>) -> AgentRecord {
         let manifest: Manifest = serde_json::from_value(serde_json::json!({

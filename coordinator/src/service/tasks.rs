@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_sdk::durable::ADVISORY_STREAM;
-use broker_adapter::{ConsumerSpec, Kv};
+use chorus_broker_adapter::{ConsumerSpec, Kv};
+use chorus_sdk::durable::ADVISORY_STREAM;
 use futures::StreamExt;
 
 use super::metrics::{CONNECTION_EVENTS, metrics};
@@ -22,7 +22,7 @@ pub const ADVISORY_MAX_ACK_PENDING: i64 = 64;
 /// Advisories fetched per pull.
 pub const ADVISORY_PULL_BATCH: usize = 64;
 
-fn broker_error(what: &'static str) -> impl FnOnce(broker_adapter::Error) -> Error {
+fn broker_error(what: &'static str) -> impl FnOnce(chorus_broker_adapter::Error) -> Error {
     Error::wrap(ErrorKind::Broker, what)
 }
 
@@ -77,7 +77,7 @@ pub(super) fn spawn_reaper(shared: &Arc<Shared>) {
 }
 
 /// The payload sweeper: removes the objects of payloads carried by reference once their
-/// messages have expired (`agent_sdk::payload`), every `payload_sweep_ms`. Coordinators that
+/// messages have expired (`chorus_sdk::payload`), every `payload_sweep_ms`. Coordinators that
 /// sweep together delete each object once; a sweep that fails is tried at the next tick.
 pub(super) fn spawn_payload_sweeper(shared: &Arc<Shared>) {
     let s = Arc::clone(shared);
@@ -89,7 +89,7 @@ pub(super) fn spawn_payload_sweeper(shared: &Arc<Shared>) {
                 _ = tick.tick() => {}
                 _ = s.stop.cancelled() => break,
             }
-            match agent_sdk::payload::reap_expired(&s.js, &s.subjects).await {
+            match chorus_sdk::payload::reap_expired(&s.js, &s.subjects).await {
                 Ok(0) => {}
                 Ok(n) => {
                     metrics().payloads_removed.inc_by(n as u64);
@@ -115,7 +115,7 @@ fn wire_announcement_due(
     let since = at.elapsed();
     last_level != level
         || (live > last_live && since >= WIRE_NEWCOMER_DELAY)
-        || since >= agent_sdk::registry::WIRE_ANNOUNCE_INTERVAL
+        || since >= chorus_sdk::registry::WIRE_ANNOUNCE_INTERVAL
 }
 
 /// The least time between two announcements made for newcomers.
@@ -124,10 +124,10 @@ const WIRE_NEWCOMER_DELAY: Duration = Duration::from_secs(1);
 /// Publishes the bus's protocol level on `<root>.sys.wire`, in the named form every agent
 /// reads, signed when the coordinator has a key. Whether it went out.
 async fn announce_wire(shared: &Shared, major: u16) -> bool {
-    use agent_sdk::codec::{self, Encoding};
-    use agent_sdk::envelope::CONTENT_TYPE_MSGPACK;
-    use agent_sdk::registry::WireLevel;
-    use agent_sdk::{Envelope, Kind, Performative};
+    use chorus_sdk::codec::{self, Encoding};
+    use chorus_sdk::envelope::CONTENT_TYPE_MSGPACK;
+    use chorus_sdk::registry::WireLevel;
+    use chorus_sdk::{Envelope, Kind, Performative};
     let subject = shared.subjects.wire();
     let mut env = Envelope::new(Kind::Event, Performative::Inform, super::COORDINATOR_ID);
     let Ok(payload) = codec::encode_payload(&WireLevel { major }, CONTENT_TYPE_MSGPACK) else {

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use broker_adapter::{BrokerOptions, ConnectionEvent, ErrorKind};
 use bytes::Bytes;
+use chorus_broker_adapter::{BrokerOptions, ConnectionEvent, ErrorKind};
 use chorus_tests::{WAIT, raw_broker, server, within};
 use futures::StreamExt;
 
@@ -112,7 +112,7 @@ async fn wrong_credentials_are_refused() {
         .start()
         .expect("server");
     let err = BrokerOptions::new([server.url()])
-        .credentials(broker_adapter::Credentials::UserPassword {
+        .credentials(chorus_broker_adapter::Credentials::UserPassword {
             user: "alice".into(),
             password: "wrong".into(),
         })
@@ -121,7 +121,7 @@ async fn wrong_credentials_are_refused() {
         .expect_err("refused");
     assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
     let ok = BrokerOptions::new([server.url()])
-        .credentials(broker_adapter::Credentials::UserPassword {
+        .credentials(chorus_broker_adapter::Credentials::UserPassword {
             user: "alice".into(),
             password: "correct-horse".into(),
         })
@@ -151,7 +151,7 @@ async fn permission_violations_arrive_as_typed_events() {
         .start()
         .expect("server");
     let broker = BrokerOptions::new([server.url()])
-        .credentials(broker_adapter::Credentials::UserPassword {
+        .credentials(chorus_broker_adapter::Credentials::UserPassword {
             user: "agent".into(),
             password: "pw".into(),
         })
@@ -279,7 +279,7 @@ async fn a_stream_the_server_has_no_room_for_is_refused_with_what_to_do() {
         .expect("server");
     let broker = raw_broker(&server).await;
     let js = broker.jetstream(WAIT);
-    let mut spec = broker_adapter::StreamSpec::new("ROOMY", vec!["roomy.>".into()]);
+    let mut spec = chorus_broker_adapter::StreamSpec::new("ROOMY", vec!["roomy.>".into()]);
     spec.max_bytes = 1 << 30;
     let err = within(WAIT, "ensure stream", js.ensure_stream(&spec))
         .await

@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent_sdk::durable::InboxLimits;
-use agent_sdk::{AgentOptions, Context, HandlerError};
+use chorus_sdk::durable::InboxLimits;
+use chorus_sdk::{AgentOptions, Context, HandlerError};
 use chorus_tests::{Cluster, WAIT, eventually, within};
 
 fn distinct(seen: &Mutex<Vec<u32>>) -> usize {
@@ -83,7 +83,7 @@ async fn a_node_killed_under_at_least_once_traffic_loses_no_acknowledged_message
     let js = sender.broker().jetstream(WAIT);
     let inbox = sender
         .subjects()
-        .stream_name(agent_sdk::durable::INBOX_STREAM);
+        .stream_name(chorus_sdk::durable::INBOX_STREAM);
     let (configured, current) = eventually(WAIT, "three current replicas", || async {
         let r = js.stream_replicas(&inbox).await.ok()?;
         (r.1 == 3).then_some(r)

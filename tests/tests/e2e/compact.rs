@@ -2,9 +2,9 @@
 //! that write the named form (protocol 1) talk to each other, every exchange restores what
 //! the subject carries, and what travels is the compact form without the subject's fields.
 
-use agent_sdk::codec::{self, Encoding};
-use agent_sdk::security::{Identity, SignaturePolicy};
-use agent_sdk::{Call, Context, HandlerError};
+use chorus_sdk::codec::{self, Encoding};
+use chorus_sdk::security::{Identity, SignaturePolicy};
+use chorus_sdk::{Call, Context, HandlerError};
 use chorus_tests::{WAIT, agent_options, eventually, raw_broker, server, within};
 use futures::StreamExt;
 use tokio::sync::mpsc;
@@ -111,7 +111,7 @@ async fn compact_and_named_agents_talk_through_the_bus() {
     .expect_err("unsigned is refused");
     assert_eq!(
         refused.status(),
-        agent_sdk::StatusCode::UNAUTHORIZED,
+        chorus_sdk::StatusCode::UNAUTHORIZED,
         "{refused}"
     );
 
@@ -317,15 +317,15 @@ async fn envelope_sizes_per_kind_are_the_ones_the_spec_gives() {
 
 /// Publishes a presence message for `agent` as a protocol-1 agent would: a manifest without
 /// `wire_versions`, in the named form.
-async fn old_agent_presence(raw: &broker_adapter::Broker, agent: &str, goodbye: bool) {
-    use agent_sdk::{Envelope, Kind, Performative, Subjects};
+async fn old_agent_presence(raw: &chorus_broker_adapter::Broker, agent: &str, goodbye: bool) {
+    use chorus_sdk::{Envelope, Kind, Performative, Subjects};
     let manifest = serde_json::json!({
         "agent": agent,
         "instance": "v1",
         "heartbeat_ms": 60_000,
-        "started_ms": agent_sdk::envelope::now_ms(),
+        "started_ms": chorus_sdk::envelope::now_ms(),
     });
-    let manifest: agent_sdk::registry::Manifest =
+    let manifest: chorus_sdk::registry::Manifest =
         serde_json::from_value(manifest).expect("manifest");
     let subjects = Subjects::default();
     let (subject, performative) = if goodbye {
@@ -340,7 +340,7 @@ async fn old_agent_presence(raw: &broker_adapter::Broker, agent: &str, goodbye: 
         )
     };
     let mut env = Envelope::new(Kind::Heartbeat, performative, agent);
-    env.payload = codec::encode_payload(&manifest, agent_sdk::envelope::CONTENT_TYPE_MSGPACK)
+    env.payload = codec::encode_payload(&manifest, chorus_sdk::envelope::CONTENT_TYPE_MSGPACK)
         .expect("payload");
     raw.publish(
         &subject,
@@ -352,8 +352,8 @@ async fn old_agent_presence(raw: &broker_adapter::Broker, agent: &str, goodbye: 
 
 /// The form events travel in now: publishes one and reads it off the wire.
 async fn form_on_the_wire(
-    publisher: &agent_sdk::Agent,
-    wire: &mut broker_adapter::Subscription,
+    publisher: &chorus_sdk::Agent,
+    wire: &mut chorus_broker_adapter::Subscription,
 ) -> Encoding {
     publisher.publish("probe", &1u32).await.expect("publish");
     let msg = within(WAIT, "probe on the wire", wire.next())
@@ -364,8 +364,8 @@ async fn form_on_the_wire(
 
 /// Publishes probes until they travel in `want`, within the test's deadline.
 async fn until_form(
-    publisher: &agent_sdk::Agent,
-    wire: &mut broker_adapter::Subscription,
+    publisher: &chorus_sdk::Agent,
+    wire: &mut chorus_broker_adapter::Subscription,
     want: Encoding,
     what: &str,
 ) {

@@ -6,14 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use agent_sdk::durable::{ADVISORY_STREAM, DeadLetterReason, INBOX_STREAM};
-use agent_sdk::{
+use chorus_coordinator::service::DLQ_CONSUMER;
+use chorus_coordinator::service::dlq::DeadLetterQueue;
+use chorus_coordinator::service::registry::RegistryEvent;
+use chorus_sdk::durable::{ADVISORY_STREAM, DeadLetterReason, INBOX_STREAM};
+use chorus_sdk::{
     Availability, BroadcastTarget, Call, Context, HandlerError, Outcome, RetryPolicies,
     RetryPolicy, StatusCode,
 };
-use chorus::service::DLQ_CONSUMER;
-use chorus::service::dlq::DeadLetterQueue;
-use chorus::service::registry::RegistryEvent;
 use chorus_tests::{
     CrashableAgent, WAIT, agent, agent_options, coordinator, crashing_consumer, eventually,
     http_get, metric_sum, raw_broker, server, within,
@@ -22,7 +22,7 @@ use futures::StreamExt;
 
 const HEARTBEAT: Duration = Duration::from_millis(300);
 
-async fn ids_for(client: &agent_sdk::Agent, capability: &str) -> Vec<String> {
+async fn ids_for(client: &chorus_sdk::Agent, capability: &str) -> Vec<String> {
     client
         .discover_capability(capability)
         .await
@@ -44,7 +44,7 @@ async fn discovery_is_least_loaded_first_and_a_crashed_agent_drops_out_within_th
         .expect("subscribe");
 
     let serve_ocr = |load: f32| {
-        move |a: agent_sdk::Agent| async move {
+        move |a: chorus_sdk::Agent| async move {
             a.on_capability("ocr", |_ctx: Context, (): ()| async {
                 Ok::<_, HandlerError>(())
             })
@@ -75,7 +75,7 @@ async fn discovery_is_least_loaded_first_and_a_crashed_agent_drops_out_within_th
         .expect("event");
     assert_eq!(
         joined.envelope.status,
-        Some(agent_sdk::StatusCode::CONNECTED)
+        Some(chorus_sdk::StatusCode::CONNECTED)
     );
     // Load changes are seen at the next heartbeat and reorder the answer.
     idle.set_load(0.9, Availability::Available);
@@ -85,7 +85,7 @@ async fn discovery_is_least_loaded_first_and_a_crashed_agent_drops_out_within_th
     .await;
     // A query can leave out agents above a load.
     let light = client
-        .discover(&agent_sdk::DiscoverQuery {
+        .discover(&chorus_sdk::DiscoverQuery {
             capability: Some("ocr".into()),
             max_load: Some(0.8),
             ..Default::default()
@@ -121,7 +121,7 @@ async fn discovery_is_least_loaded_first_and_a_crashed_agent_drops_out_within_th
     );
     assert_eq!(
         event.envelope.status,
-        Some(agent_sdk::StatusCode::UNEXPECTED_DISCONNECT)
+        Some(chorus_sdk::StatusCode::UNEXPECTED_DISCONNECT)
     );
 
     // A clean shutdown leaves at once, with a goodbye.
@@ -136,7 +136,7 @@ async fn discovery_is_least_loaded_first_and_a_crashed_agent_drops_out_within_th
     );
     assert_eq!(
         event.envelope.status,
-        Some(agent_sdk::StatusCode::DISCONNECTED)
+        Some(chorus_sdk::StatusCode::DISCONNECTED)
     );
     assert!(ids_for(&client, "ocr").await.is_empty());
     coordinator.shutdown().await;
@@ -232,7 +232,7 @@ async fn a_broadcast_to_fifty_agents_with_five_silent_reports_45_delivered_and_5
     let client = agent(&server, "operator").await;
     eventually(WAIT, "50 fleet agents registered", || async {
         let n = client
-            .discover(&agent_sdk::DiscoverQuery {
+            .discover(&chorus_sdk::DiscoverQuery {
                 group: Some("fleet".into()),
                 ..Default::default()
             })
@@ -483,14 +483,14 @@ async fn two_coordinators_write_each_dead_letter_once_and_fan_out_each_broadcast
     let client = agent(&server, "client").await;
     eventually(WAIT, "pair registered with both", || async {
         let ok = c1
-            .discover(&agent_sdk::DiscoverQuery {
+            .discover(&chorus_sdk::DiscoverQuery {
                 group: Some("pair".into()),
                 ..Default::default()
             })
             .len()
             == 5
             && c2
-                .discover(&agent_sdk::DiscoverQuery {
+                .discover(&chorus_sdk::DiscoverQuery {
                     group: Some("pair".into()),
                     ..Default::default()
                 })
@@ -528,7 +528,7 @@ async fn two_coordinators_write_each_dead_letter_once_and_fan_out_each_broadcast
     // Dead letters from advisories: ten messages that reach MaxDeliver.
     let sender = agent(&server, "sender").await;
     let js = sender.broker().jetstream(WAIT);
-    js.ensure_stream(&agent_sdk::durable::inbox_stream(
+    js.ensure_stream(&chorus_sdk::durable::inbox_stream(
         sender.subjects(),
         &Default::default(),
     ))
@@ -658,7 +658,7 @@ async fn metrics_pass_promtool_and_move_with_traffic() {
     );
     // Every series checked here carries this test's own agents' labels: the registry is shared
     // by every test in this binary. The coordinator's own series (broadcasts, recipients,
-    // registry gauges) have no agent label; coordinator/tests/cli.rs checks them against a
+    // registry gauges) have no agent label; cli/tests/cli.rs checks them against a
     // `chorus serve` process of its own.
     let unknown = [r#"agent="metrics-echo""#, r#"status="unknown_command""#];
     assert_eq!(
@@ -791,7 +791,7 @@ async fn broadcast_reports_failures_dead_letters_undeliverable_copies_and_target
     let server = server();
     let coordinator = coordinator(&server, false).await;
     let serve = |fails: bool| {
-        move |a: agent_sdk::Agent| async move {
+        move |a: chorus_sdk::Agent| async move {
             a.on_command("probe", move |_ctx: Context, (): ()| async move {
                 if fails {
                     Err(HandlerError::failed("probe failed"))
@@ -842,7 +842,7 @@ async fn broadcast_reports_failures_dead_letters_undeliverable_copies_and_target
     let client = agent(&server, "prober").await;
     eventually(WAIT, "four agents in the group", || async {
         let n = client
-            .discover(&agent_sdk::DiscoverQuery {
+            .discover(&chorus_sdk::DiscoverQuery {
                 group: Some("mixed".into()),
                 ..Default::default()
             })
@@ -863,7 +863,8 @@ async fn broadcast_reports_failures_dead_letters_undeliverable_copies_and_target
         let r = raw
             .request(&ghost_subject, None, bytes::Bytes::new(), WAIT)
             .await;
-        matches!(r, Err(e) if e.kind() == broker_adapter::ErrorKind::NoResponders).then_some(())
+        matches!(r, Err(e) if e.kind() == chorus_broker_adapter::ErrorKind::NoResponders)
+            .then_some(())
     })
     .await;
 
@@ -934,7 +935,7 @@ async fn broadcast_reports_failures_dead_letters_undeliverable_copies_and_target
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_coordinators_advisories_come_back_to_another_and_each_dead_letter_is_written_once()
  {
-    use agent_sdk::durable::{DeadLetter, advisory_stream, write_dead_letter};
+    use chorus_sdk::durable::{DeadLetter, advisory_stream, write_dead_letter};
     let server = server();
     let sender = agent(&server, "sender").await;
     let subjects = sender.subjects().clone();
@@ -944,11 +945,11 @@ async fn a_killed_coordinators_advisories_come_back_to_another_and_each_dead_let
     js.ensure_stream(&advisory_stream(&subjects, 1))
         .await
         .expect("advisory stream");
-    js.ensure_stream(&agent_sdk::durable::dlq_stream(&subjects, 1))
+    js.ensure_stream(&chorus_sdk::durable::dlq_stream(&subjects, 1))
         .await
         .expect("dlq stream");
     // The coordinators' shared consumer, as they make it.
-    let mut spec = broker_adapter::ConsumerSpec::new(DLQ_CONSUMER);
+    let mut spec = chorus_broker_adapter::ConsumerSpec::new(DLQ_CONSUMER);
     spec.ack_wait = Duration::from_secs(5);
     spec.max_ack_pending = 64;
     spec.description = "Chorus coordinators: advisories to dead letters".into();
@@ -996,12 +997,12 @@ async fn a_killed_coordinators_advisories_come_back_to_another_and_each_dead_let
         subject: original.subject.clone(),
         envelope: original.payload.clone(),
         headers: Vec::new(),
-        message_id: agent_sdk::codec::decode(&original.payload)
+        message_id: chorus_sdk::codec::decode(&original.payload)
             .ok()
             .map(|(e, _)| e.id),
         attempts: 2,
         stored_ms: original.stored_ms,
-        dead_lettered_ms: agent_sdk::envelope::now_ms(),
+        dead_lettered_ms: chorus_sdk::envelope::now_ms(),
         source: Some((inbox.clone(), seq)),
         omitted: None,
     };

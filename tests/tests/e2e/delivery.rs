@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent_sdk::durable::DeadLetterReason;
-use agent_sdk::{
+use chorus_coordinator::service::dlq::DeadLetterQueue;
+use chorus_sdk::durable::DeadLetterReason;
+use chorus_sdk::{
     Agent, AgentOptions, Call, Context, DeliveryClass, HandlerError, Priority, StatusCode,
 };
-use chorus::service::dlq::DeadLetterQueue;
 use chorus_tests::{CrashableAgent, WAIT, agent, agent_options, eventually, server, within};
 
 fn work(n: u32) -> Call {
@@ -219,7 +219,7 @@ async fn killing_the_server_mid_stream_loses_no_acknowledged_message() {
     let js = sender.broker().jetstream(WAIT);
     let inbox = sender
         .subjects()
-        .stream_name(agent_sdk::durable::INBOX_STREAM);
+        .stream_name(chorus_sdk::durable::INBOX_STREAM);
     let report = chorus_tests::settle_and_count(
         &acked,
         &seen,
@@ -426,15 +426,15 @@ async fn sixteen_senders_run_in_parallel_lanes_and_a_retry_does_not_block_its_la
     let peak = Arc::new(AtomicUsize::new(0));
     let worker = agent_options(&server, "worker")
         .durable_inbox(true)
-        .retry_policies(agent_sdk::RetryPolicies {
+        .retry_policies(chorus_sdk::RetryPolicies {
             // One retry, 2 s later: long after the four behind it are done.
-            default: agent_sdk::RetryPolicy {
+            default: chorus_sdk::RetryPolicy {
                 max_attempts: 3,
                 initial_backoff_ms: 2_000,
                 multiplier: 1.0,
                 max_backoff_ms: 2_000,
                 jitter: 0.0,
-                ..agent_sdk::RetryPolicy::default()
+                ..chorus_sdk::RetryPolicy::default()
             },
             rules: Vec::new(),
         })

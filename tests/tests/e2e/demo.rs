@@ -1,9 +1,9 @@
 //! The demo `chorus up` runs, against a test server: every scenario does what it shows.
 
-use agent_sdk::Outcome;
-use agent_sdk::StatusCode;
-use agent_sdk::durable::DeadLetterReason;
-use chorus::demo::{Demo, LEDGER_ATTEMPTS};
+use chorus_demo::{Demo, LEDGER_ATTEMPTS};
+use chorus_sdk::Outcome;
+use chorus_sdk::StatusCode;
+use chorus_sdk::durable::DeadLetterReason;
 use chorus_tests::{WAIT, coordinator, server, within};
 
 #[tokio::test]
@@ -54,7 +54,7 @@ async fn the_demo_scenarios_run_end_to_end() {
         tasks.streamed.join(" "),
         "agents on the wire / each token finds its listener / the stream never gaps"
     );
-    assert_eq!(tasks.cancelled, agent_sdk::TaskState::Cancelled);
+    assert_eq!(tasks.cancelled, chorus_sdk::TaskState::Cancelled);
     assert!(tasks.research_progress >= 3);
     assert_eq!(
         tasks.summary_attempts,
@@ -77,9 +77,9 @@ async fn the_demo_scenarios_run_end_to_end() {
     assert_eq!(again.event_receivers.len(), 3);
     assert!(again.dead_letter.is_some());
     // ... and leaves one dead letter of its own, not one per round; others' stay.
-    let dlq = chorus::service::dlq::DeadLetterQueue::new(
+    let dlq = chorus_coordinator::service::dlq::DeadLetterQueue::new(
         chorus_tests::raw_broker(&server).await,
-        agent_sdk::Subjects::new("chorus").expect("root"),
+        chorus_sdk::Subjects::new("chorus").expect("root"),
     );
     let entries = within(WAIT, "dlq list", dlq.list(100)).await.expect("list");
     assert_eq!(entries.len(), 1, "{entries:?}");

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use agent_sdk::{BroadcastTarget, Context, HandlerError};
+use chorus_sdk::{BroadcastTarget, Context, HandlerError};
 use chorus_tests::{WAIT, agent, coordinator, http_get, server};
 
 fn deploy(path: &str) -> PathBuf {
@@ -106,8 +106,9 @@ fn every_nats_config_passes_nats_server_t() {
         .to_owned();
     let dir = tempfile::tempdir().expect("tempdir");
     // The TLS files the Secret would mount, made by `chorus certs`.
-    let certs = chorus::certs::generate(&dir.path().join("tls"), &["chorus-nats".into()], "client")
-        .expect("dev certificates");
+    let certs =
+        chorus_cli::certs::generate(&dir.path().join("tls"), &["chorus-nats".into()], "client")
+            .expect("dev certificates");
     let tls_dir = dir.path().join("tls");
     std::fs::copy(&certs.server_cert, tls_dir.join("tls.crt")).expect("copy");
     std::fs::copy(&certs.server_key, tls_dir.join("tls.key")).expect("copy");
@@ -180,7 +181,8 @@ fn kubernetes_and_compose_files_have_the_promised_shape() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("chorus.toml");
     std::fs::write(&path, toml).expect("write");
-    let cfg = chorus::CoordinatorConfig::load(Some(&path)).expect("valid coordinator config");
+    let cfg =
+        chorus_coordinator::CoordinatorConfig::load(Some(&path)).expect("valid coordinator config");
     assert_eq!(cfg.replicas, 3);
 
     let compose = &yaml_docs("compose/docker-compose.yml")[0];
@@ -522,7 +524,8 @@ fn the_kubernetes_coordinator_connects_with_tls_from_a_mounted_secret() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("chorus.toml");
     std::fs::write(&path, toml).expect("write");
-    let cfg = chorus::CoordinatorConfig::load(Some(&path)).expect("valid coordinator config");
+    let cfg =
+        chorus_coordinator::CoordinatorConfig::load(Some(&path)).expect("valid coordinator config");
     assert_eq!(cfg.servers, "tls://chorus-nats:4222");
     assert!(
         nats.iter()

@@ -1,7 +1,7 @@
 //! The documents say what the code does: the status table in docs/PROTOCOL.md is the one in
 //! the SDK.
 
-use agent_sdk::StatusCode;
+use chorus_sdk::StatusCode;
 
 #[test]
 fn protocol_status_table_matches_the_sdk() {
@@ -51,7 +51,7 @@ fn protocol_status_table_matches_the_sdk() {
 /// `Envelope::reply` does, and names every status code once.
 #[test]
 fn protocol_reply_performatives_match_the_sdk() {
-    use agent_sdk::{Envelope, Kind, Performative};
+    use chorus_sdk::{Envelope, Kind, Performative};
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/PROTOCOL.md");
     let doc = std::fs::read_to_string(path).expect("docs/PROTOCOL.md");
     let start = doc
@@ -94,8 +94,8 @@ fn protocol_reply_performatives_match_the_sdk() {
 /// is legal, and every move it does not list is refused.
 #[test]
 fn protocol_task_transitions_match_the_sdk() {
-    use agent_sdk::TaskState;
-    use agent_sdk::task::transition;
+    use chorus_sdk::TaskState;
+    use chorus_sdk::task::transition;
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/PROTOCOL.md");
     let doc = std::fs::read_to_string(path).expect("docs/PROTOCOL.md");
     let start = doc

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use agent_sdk::{Call, DeliveryClass};
+use chorus_sdk::{Call, DeliveryClass};
 use chorus_tests::{WAIT, agent, server, within};
 
 /// An example's binary, beside this test's own in the target directory.
@@ -19,7 +19,7 @@ fn example(name: &str) -> PathBuf {
     let path = dir.join(name);
     assert!(
         path.is_file(),
-        "{} is not built: `cargo build -p agent-sdk --examples` (scripts/test builds it)",
+        "{} is not built: `cargo build -p chorus-sdk --examples` (scripts/test builds it)",
         path.display()
     );
     path
@@ -96,7 +96,7 @@ async fn calculator_answers_until_it_is_stopped() {
         )
         .await
         .expect_err("division by zero");
-    assert_eq!(refused.status(), agent_sdk::StatusCode::INVALID_ARGUMENT);
+    assert_eq!(refused.status(), chorus_sdk::StatusCode::INVALID_ARGUMENT);
     let stopped = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use agent_sdk::{Call, DeliveryClass, HandlerError};
-use chorus::gateway::GatewayConfig;
-use chorus::gateway::config::{ApiKey, EdgeIdentity, JwtConfig};
+use chorus_gateway::GatewayConfig;
+use chorus_gateway::config::{ApiKey, EdgeIdentity, JwtConfig};
+use chorus_sdk::{Call, DeliveryClass, HandlerError};
 use chorus_tests::{WAIT, agent, eventually, server, within};
 use futures::StreamExt;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -113,7 +113,7 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
     std::fs::write(&public_file, ed.public_key_pem()).expect("write public key");
     let private_pem = ed.serialize_pem();
 
-    let config = chorus::CoordinatorConfig {
+    let config = chorus_coordinator::CoordinatorConfig {
         servers: server.url().to_owned(),
         metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         reap_interval_ms: 50,
@@ -142,12 +142,12 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
             }),
             ..GatewayConfig::default()
         },
-        ..chorus::CoordinatorConfig::default()
+        ..chorus_coordinator::CoordinatorConfig::default()
     };
     let coordinator = within(
         WAIT,
         "coordinator start",
-        chorus::Coordinator::start(config, false),
+        chorus_coordinator::Coordinator::start(config, false),
     )
     .await
     .expect("coordinator with a gateway");
@@ -168,7 +168,7 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
     .expect("calculator connects");
     let h = Arc::clone(&handled);
     calculator
-        .on_command("add", move |ctx: agent_sdk::Context, v: Value| {
+        .on_command("add", move |ctx: chorus_sdk::Context, v: Value| {
             let h = Arc::clone(&h);
             async move {
                 h.fetch_add(1, Ordering::SeqCst);
@@ -306,7 +306,7 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
     .await
     .expect("vault connects");
     vault
-        .on_command("open", |ctx: agent_sdk::Context, (): ()| async move {
+        .on_command("open", |ctx: chorus_sdk::Context, (): ()| async move {
             Ok::<_, HandlerError>(format!("opened for {}", ctx.from()))
         })
         .await
@@ -613,8 +613,9 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
 async fn the_interop_try_it_runs_as_written() {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let server = server();
-    let mut config = chorus::CoordinatorConfig::load(Some(&repo.join("deploy/gateway.toml")))
-        .expect("deploy/gateway.toml loads");
+    let mut config =
+        chorus_coordinator::CoordinatorConfig::load(Some(&repo.join("deploy/gateway.toml")))
+            .expect("deploy/gateway.toml loads");
     config.servers = server.url().to_owned();
     config.metrics_addr = SocketAddr::from(([127, 0, 0, 1], 0));
     config.reap_interval_ms = 50;
@@ -622,7 +623,7 @@ async fn the_interop_try_it_runs_as_written() {
     let coordinator = within(
         WAIT,
         "coordinator start",
-        chorus::Coordinator::start(config, false),
+        chorus_coordinator::Coordinator::start(config, false),
     )
     .await
     .expect("coordinator with the documented gateway");
@@ -631,13 +632,13 @@ async fn the_interop_try_it_runs_as_written() {
     let demo = within(
         WAIT,
         "demo start",
-        chorus::demo::Demo::start(server.url(), quiet),
+        chorus_demo::Demo::start(server.url(), quiet),
     )
     .await
     .expect("demo agents");
     eventually(WAIT, "the demo's ocr agent registered", || async {
         (!coordinator
-            .discover(&agent_sdk::DiscoverQuery::capability("ocr"))
+            .discover(&chorus_sdk::DiscoverQuery::capability("ocr"))
             .is_empty())
         .then_some(())
     })
@@ -778,7 +779,7 @@ async fn the_interop_try_it_runs_as_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edge_callers_submit_follow_and_cancel_tasks() {
     let server = server();
-    let config = chorus::CoordinatorConfig {
+    let config = chorus_coordinator::CoordinatorConfig {
         servers: server.url().to_owned(),
         metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         gateway: GatewayConfig {
@@ -805,12 +806,12 @@ async fn edge_callers_submit_follow_and_cancel_tasks() {
             ],
             ..GatewayConfig::default()
         },
-        ..chorus::CoordinatorConfig::default()
+        ..chorus_coordinator::CoordinatorConfig::default()
     };
     let coordinator = within(
         WAIT,
         "coordinator start",
-        chorus::Coordinator::start(config, false),
+        chorus_coordinator::Coordinator::start(config, false),
     )
     .await
     .expect("coordinator with a gateway");
@@ -819,7 +820,7 @@ async fn edge_callers_submit_follow_and_cancel_tasks() {
     writer
         .on_task(
             "draft",
-            |task: agent_sdk::TaskContext, topic: String| async move {
+            |task: chorus_sdk::TaskContext, topic: String| async move {
                 task.progress(Some(0.5), "outlined").await?;
                 task.chunk(&format!("{topic}: part 1")).await?;
                 task.last_chunk(&format!("{topic}: part 2")).await?;
@@ -829,10 +830,10 @@ async fn edge_callers_submit_follow_and_cancel_tasks() {
         .await
         .expect("draft");
     writer
-        .on_task("wait", |task: agent_sdk::TaskContext, (): ()| async move {
+        .on_task("wait", |task: chorus_sdk::TaskContext, (): ()| async move {
             task.cancelled().await;
             Err::<(), _>(HandlerError::new(
-                agent_sdk::StatusCode::CANCELLED,
+                chorus_sdk::StatusCode::CANCELLED,
                 "stopped",
             ))
         })
@@ -962,7 +963,7 @@ async fn edge_callers_submit_follow_and_cancel_tasks() {
 /// one is refused with 5007 (403). And the gateway's own rate per identity holds (429, 5013).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_and_the_gateways_rate_apply_to_edge_callers() {
-    use agent_sdk::security::{Identity, SignaturePolicy};
+    use chorus_sdk::security::{Identity, SignaturePolicy};
     let server = server();
     let dir = tempfile::tempdir().expect("temp dir");
     let signer = Identity::generate();
@@ -974,7 +975,7 @@ async fn grants_and_the_gateways_rate_apply_to_edge_callers() {
             format!("{k}-key-0123456789").as_bytes(),
         )),
     };
-    let config = chorus::CoordinatorConfig {
+    let config = chorus_coordinator::CoordinatorConfig {
         servers: server.url().to_owned(),
         metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         gateway: GatewayConfig {
@@ -995,12 +996,12 @@ async fn grants_and_the_gateways_rate_apply_to_edge_callers() {
             rate_burst: 4.0,
             ..GatewayConfig::default()
         },
-        ..chorus::CoordinatorConfig::default()
+        ..chorus_coordinator::CoordinatorConfig::default()
     };
     let coordinator = within(
         WAIT,
         "coordinator start",
-        chorus::Coordinator::start(config, false),
+        chorus_coordinator::Coordinator::start(config, false),
     )
     .await
     .expect("coordinator with a gateway");
@@ -1016,7 +1017,7 @@ async fn grants_and_the_gateways_rate_apply_to_edge_callers() {
     .await
     .expect("vault connects");
     vault
-        .on_command("open", |ctx: agent_sdk::Context, (): ()| async move {
+        .on_command("open", |ctx: chorus_sdk::Context, (): ()| async move {
             Ok::<_, HandlerError>(format!("opened for {}", ctx.from()))
         })
         .await
@@ -1105,13 +1106,13 @@ async fn grants_and_the_gateways_rate_apply_to_edge_callers() {
 /// the `agents` and `$SRV` subjects and its inbox) discovers it and gets the streamed reply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sap_binding_works_under_generated_credentials() {
-    use agent_sdk::TaskContext;
-    use agent_sdk::security::Identity;
-    use broker_adapter::{BrokerOptions, Credentials};
-    use chorus::creds::{Role, authorization_entry, coordinator_entry};
-    use chorus::gateway::config::SapBinding;
+    use chorus_broker_adapter::{BrokerOptions, Credentials};
+    use chorus_coordinator::creds::{Role, authorization_entry, coordinator_entry};
+    use chorus_gateway::config::SapBinding;
+    use chorus_sdk::TaskContext;
+    use chorus_sdk::security::Identity;
 
-    let subjects = agent_sdk::Subjects::default();
+    let subjects = chorus_sdk::Subjects::default();
     let (coordinator_key, edge_key, writer_key, client_key) = (
         Identity::generate(),
         Identity::generate(),
@@ -1167,7 +1168,7 @@ async fn the_sap_binding_works_under_generated_credentials() {
         std::fs::write(&path, key.seed().expect("seed")).expect("seed file");
         path
     };
-    let mut config = chorus::CoordinatorConfig {
+    let mut config = chorus_coordinator::CoordinatorConfig {
         servers: server.url().to_owned(),
         metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         gateway: GatewayConfig {
@@ -1189,13 +1190,13 @@ async fn the_sap_binding_works_under_generated_credentials() {
             }],
             ..GatewayConfig::default()
         },
-        ..chorus::CoordinatorConfig::default()
+        ..chorus_coordinator::CoordinatorConfig::default()
     };
     config.security.nkey_seed_file = Some(seed_file("coordinator", &coordinator_key));
     let coordinator = within(
         WAIT,
         "coordinator start",
-        chorus::Coordinator::start(config, false),
+        chorus_coordinator::Coordinator::start(config, false),
     )
     .await
     .expect("the coordinator and its SAP agent start under their credentials");

@@ -6,9 +6,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent_sdk::durable::{INBOX_STREAM, InboxConsumers, InboxLimits, inbox_stream};
-use agent_sdk::{Agent, AgentOptions, Call, Context, DeliveryClass, HandlerError, Priority};
-use broker_adapter::ErrorKind;
+use chorus_broker_adapter::ErrorKind;
+use chorus_sdk::durable::{INBOX_STREAM, InboxConsumers, InboxLimits, inbox_stream};
+use chorus_sdk::{Agent, AgentOptions, Call, Context, DeliveryClass, HandlerError, Priority};
 use chorus_tests::{WAIT, agent, agent_options, eventually, server};
 
 const RELEASE_AFTER: Duration = Duration::from_millis(400);
@@ -270,7 +270,7 @@ async fn a_command_the_consumer_gave_up_on_keeps_it_so_it_is_not_delivered_all_o
         .send_durable(work(7, Priority::Normal))
         .await
         .expect("stored");
-    let attempts = agent_sdk::retry::RetryPolicies::default().max_attempts() as usize;
+    let attempts = chorus_sdk::retry::RetryPolicies::default().max_attempts() as usize;
     seen_count(&seen, attempts, "every attempt the policy allows").await;
     // Quiet periods pass (release after 400 ms) with the command still stored: the consumer
     // stays, and no new one starts its count again.

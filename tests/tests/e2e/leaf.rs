@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent_sdk::{AgentOptions, Call, Context, HandlerError};
 use chorus_chaos::Proxy;
+use chorus_sdk::{AgentOptions, Call, Context, HandlerError};
 use chorus_tests::{WAIT, eventually, within};
 use tokio::sync::mpsc;
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use agent_sdk::{Call, Context, HandlerError, SdkError, StatusCode};
+use chorus_sdk::{Call, Context, HandlerError, SdkError, StatusCode};
 use chorus_tests::{WAIT, agent, agent_options, server, within};
 use futures::{StreamExt, TryStreamExt, stream};
 use serde::{Deserialize, Serialize};
@@ -16,7 +16,7 @@ struct Calc {
     b: f64,
 }
 
-async fn calculator(server: &chorus_tests::NatsServer, id: &str) -> agent_sdk::Agent {
+async fn calculator(server: &chorus_tests::NatsServer, id: &str) -> chorus_sdk::Agent {
     let calc = agent(server, id).await;
     calc.on_command("calculate", |_ctx: Context, c: Calc| async move {
         match c.op.as_str() {
@@ -379,7 +379,7 @@ async fn trace_context_travels_in_every_envelope_and_keeps_its_trace_id_across_a
     assert_eq!(seen.len(), 2);
     let parsed: Vec<_> = seen
         .iter()
-        .map(|t| agent_sdk::trace::parse_traceparent(t).expect("valid W3C traceparent"))
+        .map(|t| chorus_sdk::trace::parse_traceparent(t).expect("valid W3C traceparent"))
         .collect();
     assert_eq!(
         parsed[0].trace_id(),

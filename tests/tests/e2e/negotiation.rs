@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use agent_sdk::negotiate::{Answer, Negotiation, Policy, Proposal, Settlement};
-use agent_sdk::{Context, HandlerError, StatusCode, TaskContext, TaskState};
+use chorus_sdk::negotiate::{Answer, Negotiation, Policy, Proposal, Settlement};
+use chorus_sdk::{Context, HandlerError, StatusCode, TaskContext, TaskState};
 use chorus_tests::{WAIT, agent, coordinator, eventually, server, within};
 use futures::StreamExt;
 
@@ -244,8 +244,8 @@ async fn the_cli_runs_a_round_and_waits_for_the_winners_result() {
 /// there is no registry to route by. The details the holders announce reach discovery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn least_loaded_calls_go_to_the_least_loaded_holder_and_fall_back_without_a_registry() {
-    use agent_sdk::registry::Availability;
-    use agent_sdk::{Call, Routing};
+    use chorus_sdk::registry::Availability;
+    use chorus_sdk::{Call, Routing};
 
     let server = server();
     let mut holders = Vec::new();
@@ -405,7 +405,7 @@ async fn a_breaker_opens_after_the_failures_answers_at_once_then_half_opens_and_
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-    use agent_sdk::{BreakerPolicy, Call, CircuitState, SdkError};
+    use chorus_sdk::{BreakerPolicy, Call, CircuitState, SdkError};
 
     let server = server();
     let _coordinator = coordinator(&server, false).await;
@@ -450,7 +450,7 @@ async fn a_breaker_opens_after_the_failures_answers_at_once_then_half_opens_and_
         }
     };
     let gauge = || {
-        agent_sdk::metrics::render(agent_sdk::metrics::registry())
+        chorus_sdk::metrics::render(chorus_sdk::metrics::registry())
             .lines()
             .find(|l| {
                 l.starts_with("chorus_agent_circuit_state{")
@@ -495,7 +495,7 @@ async fn a_breaker_opens_after_the_failures_answers_at_once_then_half_opens_and_
     // The registry, and `chorus agents`, show it.
     eventually(WAIT, "the manifest lists the open breaker", || async {
         let found = caller
-            .discover(&agent_sdk::DiscoverQuery::default())
+            .discover(&chorus_sdk::DiscoverQuery::default())
             .await
             .ok()?;
         found
@@ -532,7 +532,7 @@ async fn a_breaker_opens_after_the_failures_answers_at_once_then_half_opens_and_
     assert_eq!(gauge().as_deref(), Some("0"));
     eventually(WAIT, "the manifest drops the breaker", || async {
         let found = caller
-            .discover(&agent_sdk::DiscoverQuery::default())
+            .discover(&chorus_sdk::DiscoverQuery::default())
             .await
             .ok()?;
         found
@@ -552,10 +552,10 @@ async fn a_retried_request_runs_an_exactly_once_handler_once_and_a_failing_one_i
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use agent_sdk::durable::DeadLetterReason;
-    use agent_sdk::retry::RetryPolicy;
-    use agent_sdk::{Call, DeliveryClass};
-    use chorus::service::dlq::DeadLetterQueue;
+    use chorus_coordinator::service::dlq::DeadLetterQueue;
+    use chorus_sdk::durable::DeadLetterReason;
+    use chorus_sdk::retry::RetryPolicy;
+    use chorus_sdk::{Call, DeliveryClass};
 
     let server = server();
     let _coordinator = coordinator(&server, false).await;
@@ -668,7 +668,7 @@ async fn a_retried_request_runs_an_exactly_once_handler_once_and_a_failing_one_i
 /// award follows the policy over what stands, the settlement records the counters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn countered_proposals_are_accepted_refused_or_met_part_way_and_the_award_follows() {
-    use agent_sdk::negotiate::CounterOffer;
+    use chorus_sdk::negotiate::CounterOffer;
 
     let server = server();
     let _coordinator = coordinator(&server, false).await;

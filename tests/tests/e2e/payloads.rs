@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
-use agent_sdk::codec;
-use agent_sdk::payload::{CONTENT_TYPE_OBJECT, ObjectRef, PayloadLimits};
-use agent_sdk::{
+use bytes::Bytes;
+use chorus_sdk::codec;
+use chorus_sdk::payload::{CONTENT_TYPE_OBJECT, ObjectRef, PayloadLimits};
+use chorus_sdk::{
     BoxFuture, Call, Context, Envelope, Handler, HandlerError, Kind, Output, Performative,
     SdkError, StatusCode,
 };
-use bytes::Bytes;
 use chorus_tests::{WAIT, agent, agent_options, eventually, raw_broker, server, within};
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
@@ -70,7 +70,10 @@ fn text(len: usize) -> Bytes {
 async fn tap(
     server: &chorus_tests::NatsServer,
     subject: &str,
-) -> (broker_adapter::Broker, broker_adapter::Subscription) {
+) -> (
+    chorus_broker_adapter::Broker,
+    chorus_broker_adapter::Subscription,
+) {
     let raw = raw_broker(server).await;
     let sub = raw.subscribe(subject).await.expect("tap");
     raw.flush().await.expect("flush");
@@ -78,7 +81,7 @@ async fn tap(
 }
 
 /// The next envelope the tap saw (an inbox also gets JetStream API answers: skipped).
-async fn tapped(sub: &mut broker_adapter::Subscription) -> (usize, Envelope) {
+async fn tapped(sub: &mut chorus_broker_adapter::Subscription) -> (usize, Envelope) {
     loop {
         let msg = within(WAIT, "a tapped message", sub.next())
             .await
@@ -210,7 +213,7 @@ async fn a_damaged_missing_or_oversized_object_is_refused_with_5006() {
     let raw = raw_broker(&server).await;
     let js = raw.jetstream(WAIT);
     let objects = js
-        .ensure_objects(&broker_adapter::ObjectSpec::new("chorus_payloads"))
+        .ensure_objects(&chorus_broker_adapter::ObjectSpec::new("chorus_payloads"))
         .await
         .expect("bucket");
     let stored = noise(4096);
@@ -358,16 +361,16 @@ async fn a_compressible_payload_is_compressed_for_a_reader_of_zstd_and_plain_for
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_is_removed_once_its_message_has_expired() {
     let server = server();
-    let config = chorus::CoordinatorConfig {
+    let config = chorus_coordinator::CoordinatorConfig {
         servers: server.url().to_owned(),
         metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         payload_sweep_ms: 200,
-        ..chorus::CoordinatorConfig::default()
+        ..chorus_coordinator::CoordinatorConfig::default()
     };
     let coordinator = within(
         WAIT,
         "coordinator",
-        chorus::Coordinator::start(config, false),
+        chorus_coordinator::Coordinator::start(config, false),
     )
     .await
     .expect("coordinator");
@@ -406,7 +409,7 @@ async fn an_object_is_removed_once_its_message_has_expired() {
         .open_objects(&reference.bucket)
         .await
         .expect("bucket");
-    let names = |list: Vec<broker_adapter::ObjectEntry>| {
+    let names = |list: Vec<chorus_broker_adapter::ObjectEntry>| {
         list.into_iter().map(|e| e.name).collect::<Vec<_>>()
     };
     // Kept while the request could still be read (its 2 s time to live)...
@@ -421,7 +424,7 @@ async fn an_object_is_removed_once_its_message_has_expired() {
     })
     .await;
     assert!(
-        agent_sdk::payload::reap_expired(&raw.jetstream(WAIT), &agent_sdk::Subjects::default())
+        chorus_sdk::payload::reap_expired(&raw.jetstream(WAIT), &chorus_sdk::Subjects::default())
             .await
             .is_ok(),
         "a sweep of an emptied bucket is no error"
@@ -436,10 +439,10 @@ async fn an_object_is_removed_once_its_message_has_expired() {
 /// and hers come back, within what the generated permissions allow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_payloads_travel_under_generated_credentials() {
-    use agent_sdk::security::Identity;
-    use broker_adapter::{BrokerOptions, Credentials};
-    use chorus::creds::{Role, authorization_entry, coordinator_entry};
-    let subjects = agent_sdk::Subjects::default();
+    use chorus_broker_adapter::{BrokerOptions, Credentials};
+    use chorus_coordinator::creds::{Role, authorization_entry, coordinator_entry};
+    use chorus_sdk::security::Identity;
+    let subjects = chorus_sdk::Subjects::default();
     let (alice, bob, coordinator_key) = (
         Identity::generate(),
         Identity::generate(),
@@ -479,16 +482,16 @@ async fn large_payloads_travel_under_generated_credentials() {
     let coordinator = within(
         WAIT,
         "coordinator",
-        chorus::Coordinator::start(
-            chorus::CoordinatorConfig {
+        chorus_coordinator::Coordinator::start(
+            chorus_coordinator::CoordinatorConfig {
                 servers: server.url().to_owned(),
                 metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
                 reap_interval_ms: 50,
-                security: chorus::config::ConnectionSecurity {
+                security: chorus_sdk::security::ConnectionSecurity {
                     nkey_seed_file: Some(seed_file),
                     ..Default::default()
                 },
-                ..chorus::CoordinatorConfig::default()
+                ..chorus_coordinator::CoordinatorConfig::default()
             },
             false,
         ),

@@ -4,14 +4,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use agent_sdk::codec::{self, Encoding};
-use agent_sdk::envelope::now_ms;
-use agent_sdk::{Context, Envelope, HandlerError, Kind, Performative, SdkError, StatusCode};
 use bytes::Bytes;
+use chorus_sdk::codec::{self, Encoding};
+use chorus_sdk::envelope::now_ms;
+use chorus_sdk::{Context, Envelope, HandlerError, Kind, Performative, SdkError, StatusCode};
 use chorus_tests::{WAIT, agent, agent_options, raw_broker, server, within};
 
 /// Sends raw bytes as a request and decodes the reply envelope.
-async fn raw_request(broker: &broker_adapter::Broker, subject: &str, bytes: Bytes) -> Envelope {
+async fn raw_request(
+    broker: &chorus_broker_adapter::Broker,
+    subject: &str,
+    bytes: Bytes,
+) -> Envelope {
     let msg = broker
         .request(subject, None, bytes, WAIT)
         .await
@@ -29,7 +33,7 @@ fn echo_request(from: &str) -> Envelope {
     env
 }
 
-async fn echo_agent(server: &chorus_tests::NatsServer) -> (agent_sdk::Agent, Arc<AtomicUsize>) {
+async fn echo_agent(server: &chorus_tests::NatsServer) -> (chorus_sdk::Agent, Arc<AtomicUsize>) {
     let echo = agent(server, "echo").await;
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&calls);
@@ -195,7 +199,7 @@ async fn a_forward_inherits_the_deadline_and_is_not_sent_after_it() {
     let caller = agent(&server, "caller").await;
     let err = caller
         .call(
-            agent_sdk::Call::agent("slowpoke", "relay")
+            chorus_sdk::Call::agent("slowpoke", "relay")
                 .payload(&())
                 .expect("payload")
                 .timeout(Duration::from_millis(200)),
@@ -413,7 +417,7 @@ async fn a_response_without_a_status_reads_as_success() {
         WAIT,
         "call",
         me.call(
-            agent_sdk::Call::agent("bare", "hello")
+            chorus_sdk::Call::agent("bare", "hello")
                 .payload(&"hi")
                 .expect("payload"),
         ),
@@ -458,7 +462,7 @@ async fn the_heartbeat_manifest_and_the_srv_answers_are_as_documented() {
     use futures::StreamExt;
     let server = server();
     let raw = raw_broker(&server).await;
-    let hb = agent_sdk::Subjects::new("chorus")
+    let hb = chorus_sdk::Subjects::new("chorus")
         .expect("root")
         .heartbeat("beater")
         .expect("subject");

@@ -7,18 +7,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent_sdk::codec::{self, CodecError};
-use agent_sdk::durable::{DEAD_LETTER_HEADROOM, DeadLetterReason, INBOX_STREAM};
-use agent_sdk::{Call, Context, HandlerError, SdkError, StatusCode};
 use bytes::Bytes;
-use chorus::service::dlq::DeadLetterQueue;
+use chorus_coordinator::service::dlq::DeadLetterQueue;
+use chorus_sdk::codec::{self, CodecError};
+use chorus_sdk::durable::{DEAD_LETTER_HEADROOM, DeadLetterReason, INBOX_STREAM};
+use chorus_sdk::{Call, Context, HandlerError, SdkError, StatusCode};
 use chorus_tests::{
     CrashableAgent, NatsServer, WAIT, agent, agent_options, coordinator, eventually, raw_broker,
     server, within,
 };
 
 /// A handler that refuses every order as poison, counting its calls.
-async fn strict_agent(server: &NatsServer, calls: &Arc<AtomicUsize>) -> agent_sdk::Agent {
+async fn strict_agent(server: &NatsServer, calls: &Arc<AtomicUsize>) -> chorus_sdk::Agent {
     let worker = agent_options(server, "strict")
         .durable_inbox(true)
         .connect()
@@ -98,7 +98,7 @@ async fn a_durable_message_with_no_room_for_its_dead_letter_is_refused_before_it
     let calls = Arc::new(AtomicUsize::new(0));
     let _worker = strict_agent(&server, &calls).await;
     let sender = agent_options(&server, "client")
-        .payload_limits(agent_sdk::payload::PayloadLimits {
+        .payload_limits(chorus_sdk::payload::PayloadLimits {
             compress_above: None,
             inline_max: Some(usize::MAX),
             ..Default::default()
@@ -198,7 +198,7 @@ async fn a_backlog_behind_a_slow_handler_is_not_redelivered() {
     let calls = (0..SENT as u32)
         .map(|n| {
             Call::agent("slow", "work")
-                .delivery(agent_sdk::DeliveryClass::AtLeastOnce)
+                .delivery(chorus_sdk::DeliveryClass::AtLeastOnce)
                 .payload(&n)
                 .expect("payload")
         })
@@ -257,7 +257,7 @@ async fn a_restarted_agent_takes_its_crashed_instances_deliveries_within_one_ack
     let calls = (0..SENT)
         .map(|n| {
             Call::agent("worker", "work")
-                .delivery(agent_sdk::DeliveryClass::AtLeastOnce)
+                .delivery(chorus_sdk::DeliveryClass::AtLeastOnce)
                 .payload(&n)
                 .expect("payload")
         })
@@ -308,10 +308,10 @@ async fn a_restarted_agent_takes_its_crashed_instances_deliveries_within_one_ack
     let duplicates: usize = handled.lock().expect("lock").values().map(|n| n - 1).sum();
     println!(
         "after a crash: first delivery to the new instance after {stall:?}, all {SENT} after {all:?} (ack wait {:?}), duplicates {duplicates}",
-        agent_sdk::durable::DURABLE_ACK_WAIT
+        chorus_sdk::durable::DURABLE_ACK_WAIT
     );
     assert!(
-        stall < agent_sdk::durable::DURABLE_ACK_WAIT * 3,
+        stall < chorus_sdk::durable::DURABLE_ACK_WAIT * 3,
         "stalled {stall:?}"
     );
     assert_eq!(duplicates, 0);
@@ -347,7 +347,7 @@ async fn an_exactly_once_command_interrupted_mid_handler_is_not_run_again_but_de
     let receipt = sender
         .send(
             Call::agent("bank", "transfer")
-                .delivery(agent_sdk::DeliveryClass::ExactlyOnce)
+                .delivery(chorus_sdk::DeliveryClass::ExactlyOnce)
                 .payload(&500u32)
                 .expect("payload"),
         )
@@ -446,14 +446,14 @@ async fn a_panicking_handler_fails_its_message_and_its_lane_goes_on() {
 #[tokio::test]
 async fn a_handler_sees_its_delivery_attempt() {
     let server = server();
-    let policies = agent_sdk::RetryPolicies {
-        default: agent_sdk::RetryPolicy {
+    let policies = chorus_sdk::RetryPolicies {
+        default: chorus_sdk::RetryPolicy {
             max_attempts: 5,
             initial_backoff_ms: 50,
             multiplier: 1.0,
             max_backoff_ms: 50,
             jitter: 0.0,
-            ..agent_sdk::RetryPolicy::default()
+            ..chorus_sdk::RetryPolicy::default()
         },
         rules: Vec::new(),
     };
@@ -510,7 +510,7 @@ async fn a_handler_sees_its_delivery_attempt() {
 /// Publishes sentinels (numbers from `first` on), one at a time, until one is seen in
 /// `seen`; returns it. Once it is seen, every number before it has been seen or missed.
 async fn publish_sentinels(
-    publisher: &agent_sdk::Agent,
+    publisher: &chorus_sdk::Agent,
     topic: &str,
     first: u32,
     seen: &Mutex<std::collections::HashSet<u32>>,
@@ -711,7 +711,7 @@ async fn events_missed_while_a_subscribers_connection_is_reset_are_each_counted_
     let listener = within(
         WAIT,
         "connect through the proxy",
-        agent_sdk::AgentOptions::new("listener")
+        chorus_sdk::AgentOptions::new("listener")
             .servers([proxy.url.as_str()])
             .connect(),
     )

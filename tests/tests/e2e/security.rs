@@ -3,10 +3,10 @@
 //! their code. Keys come from explicit trust or from the registry. And a 100,000-case
 //! property run of the decoder and the signature check finds no panic.
 
-use agent_sdk::codec::{self, Encoding};
-use agent_sdk::security::{Identity, SignaturePolicy, Verifier};
-use agent_sdk::{Context, Envelope, HandlerError, Kind, Performative, StatusCode};
 use bytes::Bytes;
+use chorus_sdk::codec::{self, Encoding};
+use chorus_sdk::security::{Identity, SignaturePolicy, Verifier};
+use chorus_sdk::{Context, Envelope, HandlerError, Kind, Performative, StatusCode};
 use chorus_tests::{WAIT, agent_options, coordinator, eventually, raw_broker, server, within};
 
 fn pay(from: &str, cents: u32) -> Envelope {
@@ -17,7 +17,7 @@ fn pay(from: &str, cents: u32) -> Envelope {
     env
 }
 
-async fn ask(raw: &broker_adapter::Broker, subject: &str, env: &Envelope) -> Envelope {
+async fn ask(raw: &chorus_broker_adapter::Broker, subject: &str, env: &Envelope) -> Envelope {
     let msg = raw
         .request(
             subject,
@@ -34,7 +34,7 @@ async fn ask(raw: &broker_adapter::Broker, subject: &str, env: &Envelope) -> Env
 async fn strict_bank(
     server: &chorus_tests::NatsServer,
     trusted: &[(&str, &Identity)],
-) -> agent_sdk::Agent {
+) -> chorus_sdk::Agent {
     let mut options = agent_options(server, "bank").verify_signatures(SignaturePolicy {
         require_signed: true,
         ..SignaturePolicy::default()
@@ -48,7 +48,7 @@ async fn strict_bank(
 }
 
 /// Registers the bank's `pay`: who paid what.
-async fn answer_pay(bank: &agent_sdk::Agent) {
+async fn answer_pay(bank: &chorus_sdk::Agent) {
     bank.on_command("pay", |ctx: Context, cents: u32| async move {
         Ok::<_, HandlerError>(format!("{} paid {cents}", ctx.from()))
     })
@@ -290,7 +290,7 @@ fn a_hundred_thousand_hostile_inputs_never_panic_the_decoder_or_the_signature_ch
     };
     let subject = "chorus.agent.bank.pay";
     let mut original = pay("alice", 99);
-    original.trace = Some(agent_sdk::envelope::TraceContext {
+    original.trace = Some(chorus_sdk::envelope::TraceContext {
         traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
         tracestate: None,
     });
@@ -393,7 +393,7 @@ async fn handlers_refuse_senders_without_the_required_permission_and_over_their_
         .verify_signatures(SignaturePolicy::default())
         .trust("admin", admin_key.public_key())
         .grant("admin", ["secrets:read"])
-        .rate_limit(agent_sdk::RateLimit {
+        .rate_limit(chorus_sdk::RateLimit {
             per_second: 1.0,
             burst: 3.0,
         })
@@ -564,9 +564,9 @@ async fn the_servers_connection_limit_is_reported_with_the_connection_limit_code
 /// `nlp.analyze` capability; bob may call alice.
 #[tokio::test]
 async fn per_agent_credentials_confine_each_agent_to_its_own_subjects() {
-    use broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, ErrorKind};
-    use chorus::creds::{Role, authorization_entry};
-    let subjects = agent_sdk::Subjects::default();
+    use chorus_broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, ErrorKind};
+    use chorus_coordinator::creds::{Role, authorization_entry};
+    let subjects = chorus_sdk::Subjects::default();
     let alice = Identity::generate();
     let bob = Identity::generate();
     let alice_entry = authorization_entry(
@@ -671,7 +671,7 @@ async fn per_agent_credentials_confine_each_agent_to_its_own_subjects() {
     assert_eq!(raw.stats().permission_violations, 3);
 }
 
-fn tls_server(certs: &chorus::certs::DevCerts, verify: bool) -> chorus_tests::NatsServer {
+fn tls_server(certs: &chorus_cli::certs::DevCerts, verify: bool) -> chorus_tests::NatsServer {
     let dir = certs.ca.parent().expect("dir").to_owned();
     let conf = dir.join(format!("tls-{verify}.conf"));
     std::fs::write(
@@ -691,7 +691,7 @@ fn tls_server(certs: &chorus::certs::DevCerts, verify: bool) -> chorus_tests::Na
 }
 
 /// A connection refused in the TLS handshake: not a timeout, not a bad address, not auth.
-fn assert_tls_refusal(err: &broker_adapter::Error) {
+fn assert_tls_refusal(err: &chorus_broker_adapter::Error) {
     let chain = {
         let mut text = err.to_string();
         let mut source = std::error::Error::source(err);
@@ -702,7 +702,7 @@ fn assert_tls_refusal(err: &broker_adapter::Error) {
         text.to_ascii_lowercase()
     };
     println!("TLS refusal: kind {:?}: {chain}", err.kind());
-    assert_eq!(err.kind(), broker_adapter::ErrorKind::Tls, "{chain}");
+    assert_eq!(err.kind(), chorus_broker_adapter::ErrorKind::Tls, "{chain}");
     assert!(
         chain.contains("tls") || chain.contains("certificate") || chain.contains("handshake"),
         "not a TLS failure: {chain}"
@@ -715,9 +715,9 @@ fn assert_tls_refusal(err: &broker_adapter::Error) {
 
 #[tokio::test]
 async fn tls_listeners_refuse_plain_and_unverified_clients_and_serve_verified_ones() {
-    use broker_adapter::{BrokerOptions, TlsOptions};
+    use chorus_broker_adapter::{BrokerOptions, TlsOptions};
     let dir = tempfile::tempdir().expect("tempdir");
-    let certs = chorus::certs::generate(
+    let certs = chorus_cli::certs::generate(
         dir.path(),
         &["localhost".into(), "127.0.0.1".into()],
         "agent-tls",
@@ -819,8 +819,8 @@ async fn tls_listeners_refuse_plain_and_unverified_clients_and_serve_verified_on
 
 #[tokio::test]
 async fn an_encrypted_payload_is_readable_by_its_recipient_only_and_stays_ciphertext_in_the_dlq() {
-    use agent_sdk::encryption::EncryptionKey;
-    use agent_sdk::{Call, DeliveryClass};
+    use chorus_sdk::encryption::EncryptionKey;
+    use chorus_sdk::{Call, DeliveryClass};
     use futures::StreamExt;
     let server = server();
     let bob_key = EncryptionKey::generate();
@@ -828,8 +828,8 @@ async fn an_encrypted_payload_is_readable_by_its_recipient_only_and_stays_cipher
     let bob = agent_options(&server, "bob")
         .encryption_key(bob_key)
         .durable_inbox(true)
-        .retry_policies(agent_sdk::RetryPolicies {
-            default: agent_sdk::RetryPolicy {
+        .retry_policies(chorus_sdk::RetryPolicies {
+            default: chorus_sdk::RetryPolicy {
                 max_attempts: 1,
                 ..Default::default()
             },
@@ -884,7 +884,7 @@ async fn an_encrypted_payload_is_readable_by_its_recipient_only_and_stays_cipher
     let (copy, _) = codec::decode(seen.payload()).expect("envelope");
     assert!(
         copy.encryption.is_some()
-            && copy.content_type == agent_sdk::encryption::CONTENT_TYPE_ENCRYPTED
+            && copy.content_type == chorus_sdk::encryption::CONTENT_TYPE_ENCRYPTED
     );
 
     // Encrypting for someone whose key is unknown fails before anything is sent.
@@ -897,7 +897,7 @@ async fn an_encrypted_payload_is_readable_by_its_recipient_only_and_stays_cipher
         )
         .await
         .expect_err("carol's key is unknown");
-    assert!(matches!(err, agent_sdk::SdkError::Encryption(_)), "{err}");
+    assert!(matches!(err, chorus_sdk::SdkError::Encryption(_)), "{err}");
 
     // A durable encrypted command that fails goes to the DLQ as ciphertext.
     let receipt = alice
@@ -910,7 +910,7 @@ async fn an_encrypted_payload_is_readable_by_its_recipient_only_and_stays_cipher
         )
         .await
         .expect("stored");
-    let dlq = chorus::service::dlq::DeadLetterQueue::new(
+    let dlq = chorus_coordinator::service::dlq::DeadLetterQueue::new(
         alice.broker().clone(),
         alice.subjects().clone(),
     );
@@ -938,13 +938,13 @@ async fn an_encrypted_payload_is_readable_by_its_recipient_only_and_stays_cipher
 #[tokio::test]
 async fn the_coordinator_takes_tls_and_credentials_from_its_config() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let certs = chorus::certs::generate(
+    let certs = chorus_cli::certs::generate(
         dir.path(),
         &["localhost".into(), "127.0.0.1".into()],
         "coordinator",
     )
     .expect("certs");
-    let subjects = agent_sdk::Subjects::default();
+    let subjects = chorus_sdk::Subjects::default();
     let coordinator_key = Identity::generate();
     let seed_file = dir.path().join("coordinator.nk");
     std::fs::write(&seed_file, coordinator_key.seed().expect("seed")).expect("write seed");
@@ -957,7 +957,7 @@ async fn the_coordinator_takes_tls_and_credentials_from_its_config() {
             certs.server_cert.display(),
             certs.server_key.display(),
             certs.ca.display(),
-            chorus::creds::coordinator_entry(&subjects, &coordinator_key.public_key())
+            chorus_coordinator::creds::coordinator_entry(&subjects, &coordinator_key.public_key())
         ),
     )
     .expect("write conf");
@@ -965,12 +965,12 @@ async fn the_coordinator_takes_tls_and_credentials_from_its_config() {
         .config(&conf)
         .start()
         .expect("secure server");
-    let base = chorus::CoordinatorConfig {
+    let base = chorus_coordinator::CoordinatorConfig {
         servers: server.url().to_owned(),
         metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        ..chorus::CoordinatorConfig::default()
+        ..chorus_coordinator::CoordinatorConfig::default()
     };
-    let refused = chorus::Coordinator::start(base.clone(), false)
+    let refused = chorus_coordinator::Coordinator::start(base.clone(), false)
         .await
         .expect_err("no TLS and no credentials must not connect");
     let text = format!("{refused:#}").to_ascii_lowercase();
@@ -979,8 +979,8 @@ async fn the_coordinator_takes_tls_and_credentials_from_its_config() {
         text.contains("cannot reach nats") && (text.contains("tls") || text.contains("auth")),
         "refused for another reason: {text}"
     );
-    let secured = chorus::CoordinatorConfig {
-        security: chorus::config::ConnectionSecurity {
+    let secured = chorus_coordinator::CoordinatorConfig {
+        security: chorus_sdk::security::ConnectionSecurity {
             tls_ca: Some(certs.ca.clone()),
             tls_cert: Some(certs.client_cert.clone()),
             tls_key: Some(certs.client_key.clone()),
@@ -988,7 +988,7 @@ async fn the_coordinator_takes_tls_and_credentials_from_its_config() {
         },
         ..base
     };
-    let coordinator = chorus::Coordinator::start(secured, false)
+    let coordinator = chorus_coordinator::Coordinator::start(secured, false)
         .await
         .expect("the coordinator connects over mutual TLS with its nkey");
     coordinator.shutdown().await;
@@ -1032,8 +1032,8 @@ async fn a_signed_request_from_a_sender_with_no_registered_key_is_refused_with_5
 /// has no decryption key at all, is refused with 5007, end to end.
 #[tokio::test]
 async fn an_encrypted_request_at_an_agent_that_is_not_a_recipient_is_refused_with_5007() {
-    use agent_sdk::Call;
-    use agent_sdk::encryption::EncryptionKey;
+    use chorus_sdk::Call;
+    use chorus_sdk::encryption::EncryptionKey;
     let server = server();
     let bob_key = EncryptionKey::generate();
     let bob_public = bob_key.public_key();
@@ -1153,7 +1153,7 @@ async fn a_forged_event_inside_a_signed_batch_refuses_only_itself() {
 /// coordinator's key takes them.
 #[tokio::test]
 async fn broadcast_copies_are_signed_by_the_coordinator_and_forged_broadcasts_are_refused() {
-    use agent_sdk::{BroadcastTarget, Outcome};
+    use chorus_sdk::{BroadcastTarget, Outcome};
     let server = server();
     let dir = tempfile::tempdir().expect("tempdir");
     let coordinator_key = Identity::generate();
@@ -1162,14 +1162,14 @@ async fn broadcast_copies_are_signed_by_the_coordinator_and_forged_broadcasts_ar
     let coordinator = within(
         WAIT,
         "coordinator start",
-        chorus::Coordinator::start(
-            chorus::CoordinatorConfig {
+        chorus_coordinator::Coordinator::start(
+            chorus_coordinator::CoordinatorConfig {
                 servers: server.url().to_owned(),
                 metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
                 reap_interval_ms: 50,
                 signing_seed_file: Some(seed_file),
                 require_signed_broadcasts: true,
-                ..chorus::CoordinatorConfig::default()
+                ..chorus_coordinator::CoordinatorConfig::default()
             },
             false,
         ),
@@ -1196,7 +1196,7 @@ async fn broadcast_copies_are_signed_by_the_coordinator_and_forged_broadcasts_ar
                 let origin = ctx
                     .message()
                     .headers
-                    .get(chorus::service::ORIGIN_HEADER)
+                    .get(chorus_coordinator::service::ORIGIN_HEADER)
                     .cloned();
                 let _ = seen.send((ctx.from().to_owned(), origin));
                 Ok::<_, HandlerError>(())
@@ -1214,7 +1214,7 @@ async fn broadcast_copies_are_signed_by_the_coordinator_and_forged_broadcasts_ar
         .expect("operator");
     eventually(WAIT, "all three registered", || async {
         let n = operator
-            .discover(&agent_sdk::DiscoverQuery::default())
+            .discover(&chorus_sdk::DiscoverQuery::default())
             .await
             .map(|v| v.len())
             .unwrap_or(0);
@@ -1278,8 +1278,8 @@ async fn broadcast_copies_are_signed_by_the_coordinator_and_forged_broadcasts_ar
 /// tries to open it.
 #[tokio::test]
 async fn the_signature_covers_the_ciphertext() {
-    use agent_sdk::Call;
-    use agent_sdk::encryption::EncryptionKey;
+    use chorus_sdk::Call;
+    use chorus_sdk::encryption::EncryptionKey;
     use futures::StreamExt;
     let server = server();
     let alice = Identity::generate();

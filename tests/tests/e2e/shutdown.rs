@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use agent_sdk::{Call, Context, HandlerError, SdkError};
+use chorus_sdk::{Call, Context, HandlerError, SdkError};
 use chorus_tests::{WAIT, agent, agent_options, server, within};
 
 #[tokio::test]

@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent_sdk::task::TaskMessage;
-use agent_sdk::{
+use chorus_sdk::task::TaskMessage;
+use chorus_sdk::{
     Call, HandlerError, SdkError, StatusCode, TaskContext, TaskState, TaskStop, TaskUpdate,
 };
 use chorus_tests::{CrashableAgent, WAIT, agent, agent_options, server, within};
@@ -20,7 +20,7 @@ struct Sum {
 }
 
 /// Reads `updates` until its end (the terminal state), within the test's deadline.
-async fn collect(updates: agent_sdk::TaskUpdates) -> Vec<TaskUpdate> {
+async fn collect(updates: chorus_sdk::TaskUpdates) -> Vec<TaskUpdate> {
     within(WAIT, "a task's updates to end", async move {
         updates
             .map(|u| u.expect("update reads"))
@@ -35,7 +35,7 @@ fn states(updates: &[TaskUpdate]) -> Vec<TaskState> {
 }
 
 /// Waits until the task's updates show `state`.
-async fn until_state(task: &agent_sdk::TaskHandle, state: TaskState) -> TaskUpdate {
+async fn until_state(task: &chorus_sdk::TaskHandle, state: TaskState) -> TaskUpdate {
     let mut updates = task.updates_after(0).await.expect("follow");
     within(WAIT, &format!("task to be {state}"), async {
         loop {
@@ -127,7 +127,7 @@ async fn a_task_goes_submitted_accepted_working_completed_with_progress_and_a_re
 #[tokio::test]
 async fn a_task_taken_once_cannot_be_taken_again_and_a_failure_keeps_its_code() {
     let server = server();
-    let serve = |a: agent_sdk::Agent| async move {
+    let serve = |a: chorus_sdk::Agent| async move {
         a.on_task("flaky", |_task: TaskContext, n: u32| async move {
             if n == 0 {
                 Err::<u32, _>(HandlerError::invalid_argument("zero is not allowed"))
@@ -168,12 +168,12 @@ async fn a_task_taken_once_cannot_be_taken_again_and_a_failure_keeps_its_code() 
         .envelope;
     let raw = chorus_tests::raw_broker(&server).await;
     let bytes =
-        agent_sdk::codec::encode(&submission, agent_sdk::Encoding::MsgPack).expect("encode");
+        chorus_sdk::codec::encode(&submission, chorus_sdk::Encoding::MsgPack).expect("encode");
     let reply = raw
         .request("chorus.agent.two.flaky", None, bytes, WAIT)
         .await
         .expect("raw request");
-    let (reply, _) = agent_sdk::codec::decode(reply.payload()).expect("the reply decodes");
+    let (reply, _) = chorus_sdk::codec::decode(reply.payload()).expect("the reply decodes");
     assert_eq!(reply.status, Some(StatusCode::TASK_STATE));
     assert_eq!(task.state().await.expect("state"), TaskState::Failed);
     drop((one, two));
@@ -546,10 +546,10 @@ async fn a_task_to_a_capability_is_taken_by_one_of_its_holders() {
 /// end: submitted, a question answered, progress, a cancel heard by the worker.
 #[tokio::test]
 async fn tasks_work_under_per_agent_credentials() {
-    use agent_sdk::security::Identity;
-    use broker_adapter::{BrokerOptions, Credentials};
-    use chorus::creds::{Role, authorization_entry};
-    let subjects = agent_sdk::Subjects::default();
+    use chorus_broker_adapter::{BrokerOptions, Credentials};
+    use chorus_coordinator::creds::{Role, authorization_entry};
+    use chorus_sdk::security::Identity;
+    let subjects = chorus_sdk::Subjects::default();
     let (worker_key, boss_key) = (Identity::generate(), Identity::generate());
     let entry = |agent: &str, calls: Vec<String>, key: &Identity| {
         authorization_entry(
@@ -759,7 +759,7 @@ async fn summarizer(
     server: &chorus_tests::NatsServer,
     id: &str,
     text: &'static str,
-) -> agent_sdk::Agent {
+) -> chorus_sdk::Agent {
     let a = agent(server, id).await;
     a.on_task_capability(
         "summarize",
@@ -792,7 +792,7 @@ async fn a_result_that_fails_verification_is_reassigned_to_another_holder_and_th
         "required": ["summary"],
         "properties": {"summary": {"type": "string", "minLength": 10}}
     });
-    let verification = agent_sdk::task::Verification::schema(&schema).expect("schema compiles");
+    let verification = chorus_sdk::task::Verification::schema(&schema).expect("schema compiles");
     // The first attempt goes to the sloppy holder.
     let task = boss
         .submit_verified(
@@ -864,7 +864,7 @@ async fn with_only_failing_agents_verification_stops_at_the_limit_with_a_failure
     judge
         .on_command(
             "check",
-            |_ctx: agent_sdk::Context, answer: String| async move {
+            |_ctx: chorus_sdk::Context, answer: String| async move {
                 if answer == "42" {
                     Ok(())
                 } else {
@@ -877,7 +877,7 @@ async fn with_only_failing_agents_verification_stops_at_the_limit_with_a_failure
         .await
         .expect("serve the check");
     let boss = agent(&server, "boss").await;
-    let verification = agent_sdk::task::Verification::agent("judge", "check")
+    let verification = chorus_sdk::task::Verification::agent("judge", "check")
         .retries(1)
         .candidates(["second"])
         .max_attempts(4);
@@ -1019,7 +1019,7 @@ async fn a_worker_gone_without_a_goodbye_fails_its_task_without_a_deadline() {
     let boss = agent(&server, "boss").await;
     chorus_tests::eventually(WAIT, "the worker registered", || async {
         let live = boss
-            .discover(&agent_sdk::DiscoverQuery::default())
+            .discover(&chorus_sdk::DiscoverQuery::default())
             .await
             .ok()?;
         live.iter()

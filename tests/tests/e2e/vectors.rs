@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use agent_sdk::codec::{self, Encoding};
+use chorus_sdk::codec::{self, Encoding};
 
 fn vectors_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("vectors")
@@ -82,7 +82,7 @@ fn every_vector_decodes_the_same_from_both_encodings_and_re_encodes_byte_for_byt
         let compact = hex::decode(compact_text.trim()).expect("valid hex");
         let (mut from_compact, enc) = codec::decode(&compact).expect("compact decodes");
         assert_eq!(enc, Encoding::Compact);
-        let subjects = agent_sdk::Subjects::default();
+        let subjects = chorus_sdk::Subjects::default();
         let subject = chorus_tests::vectors::subject(&name);
         let implied = subjects.implied(&subject);
         implied.restore(&mut from_compact);
@@ -115,7 +115,7 @@ fn the_committed_vectors_are_the_ones_the_generator_writes() {
         let pretty = serde_json::to_string_pretty(&value).expect("pretty") + "\n";
         let mp = hex::encode(codec::encode(env, Encoding::MsgPack).expect("msgpack")) + "\n";
         let wire = String::from_utf8(json.to_vec()).expect("json is utf-8");
-        let subjects = agent_sdk::Subjects::default();
+        let subjects = chorus_sdk::Subjects::default();
         let subject = chorus_tests::vectors::subject(name);
         let implied = subjects.implied(&subject);
         let compact =
@@ -324,19 +324,19 @@ fn progress_fraction_is_a_32_bit_float() {
 #[test]
 fn the_algorithm_names_are_the_sdks() {
     let doc = protocol_doc();
-    assert!(doc.contains(agent_sdk::encryption::ENCRYPTION_ALG));
+    assert!(doc.contains(chorus_sdk::encryption::ENCRYPTION_ALG));
     assert!(!doc.contains("hpke-x25519-aes256gcm"));
     for (name, env) in chorus_tests::vectors::all() {
         if let Some(enc) = &env.encryption {
-            assert_eq!(enc.alg, agent_sdk::encryption::ENCRYPTION_ALG, "{name}");
+            assert_eq!(enc.alg, chorus_sdk::encryption::ENCRYPTION_ALG, "{name}");
             assert_eq!(
                 env.content_type,
-                agent_sdk::encryption::CONTENT_TYPE_ENCRYPTED,
+                chorus_sdk::encryption::CONTENT_TYPE_ENCRYPTED,
                 "{name}"
             );
         }
         if let Some(sig) = &env.signature {
-            assert_eq!(sig.alg, agent_sdk::security::SIGNATURE_ALG, "{name}");
+            assert_eq!(sig.alg, chorus_sdk::security::SIGNATURE_ALG, "{name}");
         }
     }
 }
@@ -400,7 +400,7 @@ fn the_request_vector_is_the_demo_calculators_own() {
     let (_, request) = &all[0];
     assert_eq!(request.name.as_deref(), Some("calculation"));
     assert_eq!(request.to, ["calculator"]);
-    let calc: chorus::demo::Calculation =
+    let calc: chorus_demo::Calculation =
         codec::decode_payload(&request.payload, &request.content_type).expect("a Calculation");
     assert_eq!(calc.operation, "add");
     assert_eq!(calc.operands, [2.0, 3.0]);
@@ -415,7 +415,7 @@ fn the_request_vector_is_the_demo_calculators_own() {
 /// MessagePack `float 64` fraction and signed integers are read too.
 #[test]
 fn json_numbers_and_strings_are_written_as_documented() {
-    use agent_sdk::envelope::{Progress, TaskState};
+    use chorus_sdk::envelope::{Progress, TaskState};
     let (_, mut env) = chorus_tests::vectors::all().remove(0);
     env.reason = Some("a\"b\\c\u{1}\n/é".into());
     for (fraction, text) in [
@@ -500,20 +500,20 @@ async fn the_demo_calculator_answers_the_request_vector() {
     let demo = within(
         WAIT,
         "demo start",
-        chorus::demo::Demo::start(server.url(), quiet),
+        chorus_demo::Demo::start(server.url(), quiet),
     )
     .await
     .expect("demo agents start");
     let raw = chorus_tests::raw_broker(&server).await;
     let (_, mut request) = chorus_tests::vectors::all().remove(0);
     let (_, expected) = chorus_tests::vectors::all().remove(1);
-    let subject = agent_sdk::Subjects::new("chorus")
+    let subject = chorus_sdk::Subjects::new("chorus")
         .expect("root")
         .command("calculator", "calculation")
         .expect("subject");
     for encoding in [Encoding::MsgPack, Encoding::Json] {
         request.id = uuid::Uuid::now_v7();
-        request.timestamp_ms = agent_sdk::envelope::now_ms();
+        request.timestamp_ms = chorus_sdk::envelope::now_ms();
         let bytes = codec::encode(&request, encoding).expect("encode");
         let msg = within(WAIT, "reply", raw.request(&subject, None, bytes, WAIT))
             .await
@@ -543,8 +543,8 @@ async fn the_demo_calculator_answers_the_request_vector() {
 /// the closed vocabularies are the SDK's.
 #[test]
 fn the_compact_key_table_and_the_codes_match_the_sdk() {
-    use agent_sdk::envelope::TaskState;
-    use agent_sdk::{DeliveryClass, Kind, Performative, Priority};
+    use chorus_sdk::envelope::TaskState;
+    use chorus_sdk::{DeliveryClass, Kind, Performative, Priority};
     use std::collections::BTreeSet;
     let doc = protocol_doc();
     let documented: BTreeSet<u64> = doc_table(&doc, "<!-- compact-keys -->")
@@ -628,9 +628,9 @@ fn the_compact_key_table_and_the_codes_match_the_sdk() {
 /// state, progress, chunk number and text a watcher sees.
 #[test]
 fn the_task_vectors_read_as_one_tasks_messages() {
-    use agent_sdk::task::TaskMessage;
-    use agent_sdk::{TaskState, TaskUpdate};
-    let subjects = agent_sdk::Subjects::default();
+    use chorus_sdk::task::TaskMessage;
+    use chorus_sdk::{TaskState, TaskUpdate};
+    let subjects = chorus_sdk::Subjects::default();
     let task = chorus_tests::vectors::task_id();
     let dir = vectors_dir();
     let read = |name: &str| {
@@ -675,8 +675,8 @@ fn the_task_vectors_read_as_one_tasks_messages() {
 /// and an outcome that names the round.
 #[test]
 fn the_negotiation_vectors_read_as_one_round() {
-    use agent_sdk::negotiate::Proposal;
-    use agent_sdk::{Kind, Performative};
+    use chorus_sdk::negotiate::Proposal;
+    use chorus_sdk::{Kind, Performative};
     let dir = vectors_dir();
     let read = |name: &str| {
         let text = std::fs::read_to_string(dir.join(format!("{name}.msgpack.hex")))
@@ -695,7 +695,7 @@ fn the_negotiation_vectors_read_as_one_round() {
     assert_eq!(proposal.in_reply_to, Some(call.id));
     assert_eq!(proposal.correlation_id, Some(round));
     let offer: Proposal =
-        agent_sdk::codec::decode_payload(&proposal.payload, &proposal.content_type)
+        chorus_sdk::codec::decode_payload(&proposal.payload, &proposal.content_type)
             .expect("a proposal");
     assert_eq!(offer, Proposal::at(5.0).eta_ms(120).confidence(0.95));
     let lost = read("14-negotiate-lost");

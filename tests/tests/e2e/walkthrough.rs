@@ -11,13 +11,13 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 
-use agent_sdk::codec::{self, Encoding};
-use agent_sdk::security::{Identity, SignaturePolicy};
-use agent_sdk::{
+use chorus_broker_adapter::TlsOptions;
+use chorus_sdk::codec::{self, Encoding};
+use chorus_sdk::security::{Identity, SignaturePolicy};
+use chorus_sdk::{
     AgentOptions, BrokerOptions, Context, Credentials, Envelope, HandlerError, Kind, Performative,
     StatusCode,
 };
-use broker_adapter::TlsOptions;
 use chorus_tests::{Processes, WAIT, chorus_binary, eventually, within};
 
 fn text(out: &Output) -> String {
@@ -83,7 +83,7 @@ fn snippet_options(
 }
 
 /// ocr-agent: its `ocr` command asks the `nlp.analyze` capability and reports the answer.
-async fn ocr_agent(options: AgentOptions) -> agent_sdk::Agent {
+async fn ocr_agent(options: AgentOptions) -> chorus_sdk::Agent {
     let agent = within(WAIT, "ocr-agent connect", options.connect())
         .await
         .expect("ocr-agent connects over mutual TLS with its nkey");

@@ -1,0 +1,151 @@
+//! `chorus tap`: every message on the bus, decoded, as it passes: commands, requests,
+//! replies, events, heartbeats, with their ids, correlation, hops, status and trace id. Like
+//! `nats sub '>'`, but it reads the envelopes.
+
+use std::process::ExitCode;
+
+use chorus_sdk::Envelope;
+use futures::StreamExt;
+
+use super::{ConnectionArgs, print_json};
+
+/// The connection name of `chorus tap`.
+const CONNECTION_NAME: &str = "chorus-tap";
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Subject pattern under the bus's root (`*` one token, `>` the rest): `agent.calc.>`
+    /// for one agent's commands, `event.>` for events. Replies are shown with any pattern.
+    #[arg(default_value = ">")]
+    pattern: String,
+    /// Print each message as one JSON line.
+    #[arg(long)]
+    json: bool,
+    /// Exit after this many messages.
+    #[arg(long)]
+    count: Option<usize>,
+}
+
+/// One tapped message as `--json` prints it.
+#[derive(Debug, serde::Serialize)]
+struct Line<'a> {
+    subject: &'a str,
+    kind: &'a str,
+    performative: &'a str,
+    from: &'a str,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    to: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    topic: Option<&'a str>,
+    id: uuid::Uuid,
+    correlation_id: uuid::Uuid,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    in_reply_to: Option<uuid::Uuid>,
+    hops: u8,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace_id: Option<String>,
+    delivery: &'a str,
+    timestamp_ms: u64,
+    size: usize,
+}
+
+impl<'a> Line<'a> {
+    fn of(subject: &'a str, env: &'a Envelope, size: usize) -> Line<'a> {
+        Line {
+            subject,
+            kind: env.kind.as_str(),
+            performative: env.performative.as_str(),
+            from: &env.from,
+            to: &env.to,
+            name: env.name.as_deref(),
+            topic: env.topic.as_deref(),
+            id: env.id,
+            correlation_id: env.conversation(),
+            in_reply_to: env.in_reply_to,
+            hops: env.hops,
+            status: env.status.map(|s| s.0),
+            trace_id: env.trace.as_ref().and_then(|t| {
+                t.traceparent
+                    .with_text(|text| text.split('-').nth(1).map(str::to_owned))
+            }),
+            delivery: env.delivery.as_str(),
+            timestamp_ms: env.timestamp_ms,
+            size,
+        }
+    }
+}
+
+pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
+    let subjects = conn.subjects()?;
+    chorus_sdk::subject::validate_pattern(&args.pattern)?;
+    let pattern = format!("{}.{}", subjects.root(), args.pattern);
+    let broker = conn.broker(CONNECTION_NAME).await?;
+    let mut bus = broker.subscribe(&pattern).await?;
+    // Replies travel on each requester's inbox, outside the root.
+    let mut replies = broker.subscribe("_INBOX.>").await?;
+    broker.flush().await?;
+    eprintln!(
+        "tapping {pattern} and replies at {} (Ctrl-C to stop)",
+        conn.url()
+    );
+    let stop = crate::shutdown_signal();
+    tokio::pin!(stop);
+    let mut seen = 0usize;
+    loop {
+        let msg = tokio::select! {
+            m = bus.next() => m,
+            m = replies.next() => m,
+            _ = &mut stop => break,
+        };
+        let Some(msg) = msg else { break };
+        // Anything that is not an envelope (JetStream's own traffic, a foreign client) is not
+        // Chorus's to show.
+        let implied = subjects.implied(msg.subject());
+        let Ok((env, _)) = chorus_sdk::codec::decode_on(msg.payload(), &implied) else {
+            continue;
+        };
+        let line = Line::of(msg.subject(), &env, msg.payload().len());
+        if args.json {
+            print_json(&line)?;
+        } else {
+            outln!(
+                "{} {:<9} {:<10} {} -> {} {} id={} corr={} hops={}{}{}",
+                line.timestamp_ms,
+                line.kind,
+                line.performative,
+                line.from,
+                if line.to.is_empty() {
+                    "*".to_owned()
+                } else {
+                    line.to.join(",")
+                },
+                line.subject,
+                short(&line.id),
+                short(&line.correlation_id),
+                line.hops,
+                line.status
+                    .map(|s| format!(" status={s}"))
+                    .unwrap_or_default(),
+                line.trace_id
+                    .map(|t| format!(" trace={t}"))
+                    .unwrap_or_default(),
+            );
+        }
+        seen += 1;
+        if args.count.is_some_and(|n| seen >= n) {
+            break;
+        }
+    }
+    let _ = broker.drain().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The last 12 hex digits of an id: the random part of a UUIDv7, enough to follow one by eye.
+fn short(id: &uuid::Uuid) -> String {
+    let s = id.simple().to_string();
+    s[s.len() - 12..].to_owned()
+}

@@ -1,0 +1,319 @@
+//! `chorus up`: a local NATS server (if none answers), a coordinator and the demo agents,
+//! acting out the scenarios once or until Ctrl-C.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use chorus_cli::duration::parse_duration;
+use chorus_cli::local::{LocalNats, ensure_nats};
+use chorus_coordinator::{Coordinator, CoordinatorConfig};
+use chorus_demo::{Demo, PYTHON_AGENT, PythonAgent};
+
+use super::ConnectionArgs;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The NATS config to start the local server with.
+    #[arg(long, default_value = "nats.conf")]
+    config: PathBuf,
+    /// Run the scenarios once and exit, instead of repeating them until Ctrl-C.
+    #[arg(long)]
+    once: bool,
+    /// Time between scenario runs.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    interval: Duration,
+    /// Where the coordinator serves /metrics (with --join: where the demo agents serve theirs).
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    metrics_addr: SocketAddr,
+    /// Run only the demo agents, on a bus that is already running (its NATS server and a
+    /// coordinator): their metrics are served on --metrics-addr and announced to the
+    /// coordinator's Prometheus service discovery (/sd/agents).
+    #[arg(long)]
+    join: bool,
+    /// With --join: the URL Prometheus scrapes the demo's metrics at [default:
+    /// http://<metrics-addr>/metrics; needed when --metrics-addr is 0.0.0.0].
+    #[arg(long, requires = "join")]
+    metrics_url: Option<String>,
+    /// A Python interpreter with the Chorus Python SDK installed (`scripts/install-python-sdk`
+    /// prints one): a Python agent joins the demo and talks with the Rust agents each round.
+    #[arg(long, env = "CHORUS_PYTHON")]
+    python: Option<PathBuf>,
+    /// A coordinator config file (as `chorus serve --config` reads; see docs/COORDINATOR.md)
+    /// for the coordinator `chorus up` starts, for example `deploy/gateway.toml` to open the
+    /// HTTP gateway beside the demo. The NATS server and --metrics-addr still come from here.
+    #[arg(long, conflicts_with = "join")]
+    coordinator_config: Option<PathBuf>,
+}
+
+pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
+    let Args {
+        config,
+        once,
+        interval,
+        metrics_addr,
+        join,
+        metrics_url,
+        python,
+        coordinator_config,
+    } = args;
+    let _otel = chorus_cli::otel::from_env()?;
+    // Caught from here on: a signal during a round or the shutdown is not lost.
+    let mut signals = crate::Signals::new()?;
+    if join {
+        let rounds = Rounds {
+            once,
+            interval,
+            signals: &mut signals,
+        };
+        return run_joined(conn, metrics_addr, metrics_url, python, rounds).await;
+    }
+    let nats = ensure_nats(conn.url(), &config).await?;
+    match &nats {
+        LocalNats::Existing(url) => outln!("chorus up: using the NATS server at {url}"),
+        LocalNats::Started(server) => outln!(
+            "chorus up: started nats-server with {} at {} (monitoring {})",
+            config.display(),
+            server.url(),
+            server.monitor_url().unwrap_or("off")
+        ),
+    }
+    let coordinator_config = CoordinatorConfig {
+        servers: nats.url().to_owned(),
+        metrics_addr,
+        ..CoordinatorConfig::load(coordinator_config.as_deref())?
+    };
+    if let LocalNats::Existing(url) = &nats
+        && bus_answers(conn).await
+    {
+        anyhow::bail!(
+            "a Chorus bus is already running at {url} (its coordinator answers): use it from \
+             here (`chorus agents`, `chorus listen`, `chorus request`), or stop the other \
+             `chorus up` first"
+        );
+    }
+    let coordinator = Coordinator::start(coordinator_config, true)
+        .await
+        .map_err(|e| taken_port_hint(e, metrics_addr))?;
+    outln!(
+        "chorus up: coordinator running; metrics at http://{}/metrics",
+        coordinator
+            .metrics_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+    );
+    if let Some(addr) = coordinator.gateway_addr() {
+        outln!("chorus up: HTTP gateway at http://{addr} (docs/INTEROP.md)");
+    }
+    let say: fn(&str) = |line| outln!("{line}");
+    let demo = Demo::start(nats.url(), say).await?;
+    outln!("chorus up: agents online: {}", demo.agent_ids().join(", "));
+    let python = start_python(python.as_deref(), nats.url()).await?;
+    let failed = Rounds {
+        once,
+        interval,
+        signals: &mut signals,
+    }
+    .run(&demo, python.is_some())
+    .await;
+    let stop = async {
+        if let Some(python) = python {
+            python.stop().await;
+        }
+        demo.shutdown().await;
+        coordinator.shutdown().await;
+    };
+    let forced = stop_gracefully(stop, &mut signals).await;
+    // The server it started stops before it says so.
+    drop(nats);
+    Ok(finished(forced, failed))
+}
+
+/// How the scenarios repeat, and the signals that stop them.
+struct Rounds<'a> {
+    once: bool,
+    interval: Duration,
+    signals: &'a mut crate::Signals,
+}
+
+impl Rounds<'_> {
+    /// Runs the scenarios (and the Python agent's, when one joined) once or until a signal;
+    /// returns whether a round failed.
+    async fn run(&mut self, demo: &Demo, with_python: bool) -> bool {
+        let say: fn(&str) = |line| outln!("{line}");
+        let mut failed = false;
+        loop {
+            // A signal stops the round where it is.
+            let round = tokio::select! {
+                round = async {
+                    demo.run(say).await?;
+                    if with_python {
+                        demo.python_round(say).await?;
+                    }
+                    Ok::<_, chorus_sdk::SdkError>(())
+                } => round,
+                _ = self.signals.recv() => break,
+            };
+            match round {
+                Ok(_) => outln!("chorus up: scenarios complete"),
+                Err(err) => {
+                    eprintln!("chorus up: scenario failed: {err}");
+                    failed = true;
+                }
+            }
+            if self.once {
+                break;
+            }
+            outln!(
+                "chorus up: running again in {:?}; try `chorus listen` or `chorus request --capability ocr ...` in another terminal; Ctrl-C to stop",
+                self.interval
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(self.interval) => {}
+                _ = self.signals.recv() => break,
+            }
+        }
+        failed
+    }
+}
+
+/// `chorus up --join`: the demo agents on a running bus, their metrics served and announced.
+async fn run_joined(
+    conn: &ConnectionArgs,
+    metrics_addr: SocketAddr,
+    metrics_url: Option<String>,
+    python: Option<PathBuf>,
+    mut rounds: Rounds<'_>,
+) -> anyhow::Result<ExitCode> {
+    if !bus_answers(conn).await {
+        anyhow::bail!(
+            "no Chorus bus answers at {}: start one (`scripts/up`, or `chorus serve` beside a \
+             nats-server) before `chorus up --join`, or leave out --join to start one here",
+            conn.url()
+        );
+    }
+    let ready: chorus_coordinator::service::http::ReadinessCheck =
+        std::sync::Arc::new(|| chorus_coordinator::service::http::Readiness::Ready);
+    let server = chorus_coordinator::MetricsServer::start(metrics_addr, ready, axum::Router::new())
+        .await
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                taken_port_error(metrics_addr)
+            } else {
+                anyhow::Error::new(e)
+                    .context(format!("cannot listen for metrics on {metrics_addr}"))
+            }
+        })?;
+    let bound = server.local_addr();
+    let url = match metrics_url {
+        Some(url) => url,
+        None if bound.ip().is_unspecified() => anyhow::bail!(
+            "--metrics-addr {bound} listens on every interface: pass --metrics-url with the \
+             address Prometheus reaches this process at"
+        ),
+        None => format!("http://{bound}/metrics"),
+    };
+    let say: fn(&str) = |line| outln!("{line}");
+    let demo = Demo::start_announcing(conn.url(), Some(&url), say).await?;
+    outln!(
+        "chorus up: demo agents joined the bus at {}: {}; metrics at {url}",
+        conn.url(),
+        demo.agent_ids().join(", ")
+    );
+    let python = start_python(python.as_deref(), conn.url()).await?;
+    let failed = rounds.run(&demo, python.is_some()).await;
+    let stop = async {
+        if let Some(python) = python {
+            python.stop().await;
+        }
+        demo.shutdown().await;
+    };
+    let forced = stop_gracefully(stop, rounds.signals).await;
+    server.stop().await;
+    Ok(finished(forced, failed))
+}
+
+/// Starts the demo's Python agent when `python` names an interpreter.
+async fn start_python(
+    python: Option<&std::path::Path>,
+    server: &str,
+) -> anyhow::Result<Option<PythonAgent>> {
+    let Some(python) = python else {
+        return Ok(None);
+    };
+    let agent = PythonAgent::start(python, server).await?;
+    outln!(
+        "chorus up: Python agent online: {PYTHON_AGENT} ({})",
+        python.display()
+    );
+    Ok(Some(agent))
+}
+
+/// Runs `stop` within [`SHUTDOWN_LIMIT`]; a signal meanwhile forces it. Whether it was forced.
+async fn stop_gracefully(
+    stop: impl std::future::Future<Output = ()>,
+    signals: &mut crate::Signals,
+) -> bool {
+    outln!("chorus up: stopping agents (Ctrl-C again to force)");
+    tokio::select! {
+        _ = stop => false,
+        _ = signals.recv() => {
+            eprintln!("chorus up: forced to stop");
+            true
+        }
+        _ = tokio::time::sleep(SHUTDOWN_LIMIT) => {
+            eprintln!("chorus up: agents did not stop within {SHUTDOWN_LIMIT:?}; stopping anyway");
+            false
+        }
+    }
+}
+
+/// The exit status once stopped: 130 (128 + SIGINT) when forced, else whether a round failed.
+fn finished(forced: bool, failed: bool) -> ExitCode {
+    if forced {
+        return ExitCode::from(130);
+    }
+    outln!("chorus up: stopped");
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The longest a graceful stop may take before `chorus up` stops anyway.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(10);
+
+/// Whether a coordinator already answers discovery on the bus.
+async fn bus_answers(conn: &ConnectionArgs) -> bool {
+    let Ok(agent) = conn.agent().await else {
+        return false;
+    };
+    let found = tokio::time::timeout(
+        Duration::from_secs(2),
+        agent.discover(&chorus_sdk::DiscoverQuery::default()),
+    )
+    .await;
+    agent.shutdown().await;
+    matches!(found, Ok(Ok(_)))
+}
+
+/// A coordinator that cannot bind its metrics address is told which flag moves it.
+fn taken_port_hint(err: chorus_coordinator::Error, addr: SocketAddr) -> anyhow::Error {
+    let in_use = std::error::Error::source(&err)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse);
+    if in_use {
+        taken_port_error(addr)
+    } else {
+        anyhow::Error::new(err)
+    }
+}
+
+fn taken_port_error(addr: SocketAddr) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the metrics address {addr} is taken (another `chorus up` or `chorus serve`?): \
+         pass --metrics-addr with another, or 127.0.0.1:0 for any free port"
+    )
+}

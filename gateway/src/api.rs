@@ -1,0 +1,700 @@
+//! The gateway's HTTP API, version 1 (documented in `/openapi.json`): discover, send, poll,
+//! reply, request, and Agentify's `POST /agent/message`. Every route authenticates first;
+//! bodies and query strings are parsed here, so every refusal has the same JSON shape:
+//! `{"status": <Chorus code>, "label": ..., "reason": ...}` with the matching HTTP status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode as Http, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use chorus_sdk::{Call, DeliveryClass, DiscoverQuery, Priority, SdkError, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::auth::AuthError;
+use super::inbox::{EdgeReply, PolledMessage};
+use super::{Edge, GatewayState};
+
+/// A refusal: the HTTP status, the Chorus code and why.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    http: Http,
+    status: StatusCode,
+    reason: String,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    status: u16,
+    label: &'a str,
+    reason: &'a str,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, reason: impl Into<String>) -> Self {
+        ApiError {
+            http: http_status(status),
+            status,
+            reason: reason.into(),
+        }
+    }
+
+    fn bad_request(reason: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::INVALID_ARGUMENT, reason)
+    }
+
+    /// The refusal as JSON: `{"status", "label", "reason"}`.
+    pub(crate) fn body(&self) -> serde_json::Value {
+        serde_json::json!(ErrorBody {
+            status: self.status.0,
+            label: self.status.label(),
+            reason: &self.reason,
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            status: self.status.0,
+            label: self.status.label(),
+            reason: &self.reason,
+        };
+        let mut response = (self.http, Json(body)).into_response();
+        if self.http == Http::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        let status = match e {
+            AuthError::UnknownIdentity(_) => StatusCode::IDENTITY,
+            _ => StatusCode::UNAUTHORIZED,
+        };
+        ApiError {
+            http: Http::UNAUTHORIZED,
+            status,
+            reason: e.to_string(),
+        }
+    }
+}
+
+impl From<SdkError> for ApiError {
+    fn from(e: SdkError) -> Self {
+        ApiError::new(e.status(), e.to_string())
+    }
+}
+
+/// The HTTP status that says what a Chorus code says.
+pub(crate) fn http_status(code: StatusCode) -> Http {
+    match code {
+        c if c.is_success() => Http::OK,
+        StatusCode::IDENTITY | StatusCode::UNAUTHORIZED => Http::UNAUTHORIZED,
+        StatusCode::ACCESS => Http::FORBIDDEN,
+        StatusCode::TIMEOUT | StatusCode::EXPIRED => Http::GATEWAY_TIMEOUT,
+        StatusCode::DATA_FORMAT | StatusCode::INVALID_ARGUMENT => Http::BAD_REQUEST,
+        StatusCode::NO_RESPONDERS | StatusCode::UNKNOWN_COMMAND => Http::NOT_FOUND,
+        StatusCode::RATE_LIMITED | StatusCode::CONNECTION_LIMIT => Http::TOO_MANY_REQUESTS,
+        StatusCode::LOOP_DETECTED => Http::LOOP_DETECTED,
+        StatusCode::REPLAY
+        | StatusCode::UNCERTAIN
+        | StatusCode::TASK_STATE
+        | StatusCode::CANCELLED => Http::CONFLICT,
+        StatusCode::UNAVAILABLE | StatusCode::UNEXPECTED_DISCONNECT | StatusCode::DISCONNECTED => {
+            Http::SERVICE_UNAVAILABLE
+        }
+        StatusCode::HANDLER_FAILED | StatusCode::UNVERIFIED => Http::BAD_GATEWAY,
+        _ => Http::INTERNAL_SERVER_ERROR,
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The caller's edge identity, from its credentials, and the token to relay.
+pub(crate) fn edge<'a>(
+    state: &'a GatewayState,
+    headers: &HeaderMap,
+) -> ApiResult<(&'a Edge, Option<String>)> {
+    let caller = state.auth.authenticate(headers)?;
+    match state.edges.get(&caller.identity) {
+        Some(edge) => {
+            state.limits.admit(&caller.identity)?;
+            Ok((edge, caller.token))
+        }
+        None => Err(ApiError::from(AuthError::UnknownIdentity(caller.identity))),
+    }
+}
+
+/// `call` with the caller's token, if it came with one.
+pub(crate) fn with_token(call: Call, token: Option<&str>) -> Call {
+    match token {
+        Some(t) => call.token(t),
+        None => call,
+    }
+}
+
+pub(crate) fn body<T: DeserializeOwned>(bytes: &Bytes) -> ApiResult<T> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::new(StatusCode::DATA_FORMAT, format!("the body: {e}")))
+}
+
+pub(crate) fn query<T: DeserializeOwned + Default>(raw: Option<String>) -> ApiResult<T> {
+    match raw {
+        None => Ok(T::default()),
+        Some(q) => serde_urlencoded::from_str(&q)
+            .map_err(|e| ApiError::bad_request(format!("the query: {e}"))),
+    }
+}
+
+fn name<'a>(what: &str, value: &'a str) -> ApiResult<&'a str> {
+    chorus_sdk::subject::validate_token("name", value)
+        .map_err(|e| ApiError::bad_request(format!("{what}: {e}")))?;
+    Ok(value)
+}
+
+fn dotted<'a>(what: &str, value: &'a str) -> ApiResult<&'a str> {
+    chorus_sdk::subject::validate_dotted("name", value)
+        .map_err(|e| ApiError::bad_request(format!("{what}: {e}")))?;
+    Ok(value)
+}
+
+// ---------------------------------------------------------------------------------------
+// GET /v1/agents
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AgentsQuery {
+    capability: Option<String>,
+    group: Option<String>,
+    #[serde(default)]
+    available_only: bool,
+}
+
+#[derive(Serialize)]
+pub(crate) struct AgentView {
+    id: String,
+    instance: String,
+    capabilities: Vec<String>,
+    commands: Vec<String>,
+    groups: Vec<String>,
+    load: f32,
+    availability: String,
+    last_seen_ms: u64,
+}
+
+#[derive(Serialize)]
+pub(crate) struct AgentsBody {
+    agents: Vec<AgentView>,
+}
+
+pub(crate) async fn agents(
+    State(state): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<Json<AgentsBody>> {
+    let (edge, _) = edge(&state, &headers)?;
+    let q: AgentsQuery = query(raw)?;
+    if let Some(c) = &q.capability {
+        dotted("capability", c)?;
+    }
+    if let Some(g) = &q.group {
+        name("group", g)?;
+    }
+    let records = edge
+        .agent
+        .discover(&DiscoverQuery {
+            capability: q.capability,
+            group: q.group,
+            available_only: q.available_only,
+            max_load: None,
+        })
+        .await?;
+    let agents = records
+        .into_iter()
+        .map(|r| AgentView {
+            id: r.manifest.agent,
+            instance: r.manifest.instance,
+            capabilities: r
+                .manifest
+                .capabilities
+                .into_iter()
+                .map(|c| c.name)
+                .collect(),
+            commands: r.manifest.commands,
+            groups: r.manifest.groups,
+            load: if r.manifest.load.is_finite() {
+                r.manifest.load
+            } else {
+                0.0
+            },
+            availability: format!("{:?}", r.manifest.availability).to_lowercase(),
+            last_seen_ms: r.last_seen_ms,
+        })
+        .collect();
+    Ok(Json(AgentsBody { agents }))
+}
+
+// ---------------------------------------------------------------------------------------
+// POST /v1/messages
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SendBody {
+    to: Option<String>,
+    command: Option<String>,
+    topic: Option<String>,
+    #[serde(default)]
+    payload: serde_json::Value,
+    delivery: Option<String>,
+    priority: Option<String>,
+    ttl_ms: Option<u64>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct SentBody {
+    id: Option<Uuid>,
+    kind: &'static str,
+    delivery: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_seq: Option<u64>,
+    duplicate: bool,
+}
+
+fn delivery(value: Option<&str>) -> ApiResult<DeliveryClass> {
+    let Some(text) = value else {
+        return Ok(DeliveryClass::AtMostOnce);
+    };
+    match text.parse::<DeliveryClass>() {
+        Ok(DeliveryClass::Unknown) | Err(_) => Err(ApiError::bad_request(format!(
+            "delivery {text:?}: at_most_once, at_least_once or exactly_once"
+        ))),
+        Ok(class) => Ok(class),
+    }
+}
+
+fn priority(value: Option<&str>) -> ApiResult<Priority> {
+    let Some(text) = value else {
+        return Ok(Priority::Normal);
+    };
+    match text.parse::<Priority>() {
+        Ok(Priority::Unknown) | Err(_) => Err(ApiError::bad_request(format!(
+            "priority {text:?}: low, normal, high or critical"
+        ))),
+        Ok(p) => Ok(p),
+    }
+}
+
+pub(crate) async fn send(
+    State(state): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> ApiResult<(Http, Json<SentBody>)> {
+    let (edge, token) = edge(&state, &headers)?;
+    let b: SendBody = body(&bytes)?;
+    Ok((
+        Http::ACCEPTED,
+        Json(send_as(edge, token.as_deref(), b).await?),
+    ))
+}
+
+/// Sends what `b` describes as `edge`: an event, or a command in a delivery class (with
+/// `token`, if the caller came with one).
+pub(crate) async fn send_as(edge: &Edge, token: Option<&str>, b: SendBody) -> ApiResult<SentBody> {
+    match (b.topic.as_deref(), b.to.as_deref(), b.command.as_deref()) {
+        (Some(topic), None, None) => {
+            if b.delivery.is_some() || b.ttl_ms.is_some() {
+                return Err(ApiError::bad_request(
+                    "an event (topic) takes no delivery or ttl_ms: events are at most once",
+                ));
+            }
+            let topic = dotted("topic", topic)?;
+            edge.agent.publish(topic, &b.payload).await?;
+            Ok(SentBody {
+                id: None,
+                kind: "event",
+                delivery: DeliveryClass::AtMostOnce.as_str(),
+                stream_seq: None,
+                duplicate: false,
+            })
+        }
+        (None, Some(to), Some(command)) => {
+            let call = Call::agent(name("to", to)?, name("command", command)?);
+            let mut call = with_token(call, token)
+                .json_payload(&b.payload)?
+                .delivery(delivery(b.delivery.as_deref())?)
+                .priority(priority(b.priority.as_deref())?);
+            if let Some(ttl) = b.ttl_ms {
+                if ttl == 0 {
+                    return Err(ApiError::bad_request("ttl_ms must be positive"));
+                }
+                call = call.ttl(Duration::from_millis(ttl));
+            }
+            let receipt = edge.agent.send(call).await?;
+            Ok(SentBody {
+                id: Some(receipt.id),
+                kind: "command",
+                delivery: receipt.delivery.as_str(),
+                stream_seq: receipt.stream_seq,
+                duplicate: receipt.duplicate,
+            })
+        }
+        _ => Err(ApiError::bad_request(
+            "give either topic (an event) or to with command (a command)",
+        )),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// GET /v1/messages
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PollQuery {
+    recipient: Option<String>,
+    wait_ms: Option<u64>,
+    max: Option<usize>,
+}
+
+/// The most messages one poll returns.
+pub(crate) const MAX_POLL_BATCH: usize = 100;
+
+#[derive(Serialize)]
+pub(crate) struct PolledBody {
+    messages: Vec<PolledMessage>,
+}
+
+pub(crate) async fn poll(
+    State(state): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<Json<PolledBody>> {
+    let (edge, _) = edge(&state, &headers)?;
+    let q: PollQuery = query(raw)?;
+    if let Some(recipient) = &q.recipient
+        && recipient != edge.agent.id()
+    {
+        return Err(ApiError::new(
+            StatusCode::ACCESS,
+            format!("{} may poll only its own inbox", edge.agent.id()),
+        ));
+    }
+    let wait = Duration::from_millis(q.wait_ms.unwrap_or(0));
+    if wait > state.config.max_wait() {
+        return Err(ApiError::bad_request(format!(
+            "wait_ms is at most {}",
+            state.config.max_wait_ms
+        )));
+    }
+    let max = q.max.unwrap_or(10);
+    if !(1..=MAX_POLL_BATCH).contains(&max) {
+        return Err(ApiError::bad_request(format!(
+            "max is between 1 and {MAX_POLL_BATCH}"
+        )));
+    }
+    let messages = edge.inbox.take(max, wait).await;
+    Ok(Json(PolledBody { messages }))
+}
+
+// ---------------------------------------------------------------------------------------
+// POST /v1/replies
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReplyBody {
+    in_reply_to: Uuid,
+    #[serde(default)]
+    payload: serde_json::Value,
+    status: Option<u16>,
+    reason: Option<String>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct RepliedBody {
+    delivered: bool,
+}
+
+pub(crate) async fn reply(
+    State(state): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> ApiResult<(Http, Json<RepliedBody>)> {
+    let (edge, _) = edge(&state, &headers)?;
+    let b: ReplyBody = body(&bytes)?;
+    reply_as(edge, b)?;
+    Ok((Http::ACCEPTED, Json(RepliedBody { delivered: true })))
+}
+
+/// Hands `b` to the sender waiting for it.
+pub(crate) fn reply_as(edge: &Edge, b: ReplyBody) -> ApiResult<()> {
+    let status = StatusCode(b.status.unwrap_or(StatusCode::OK.0));
+    if !(5001..=5099).contains(&status.0) {
+        return Err(ApiError::bad_request("status is a Chorus code, 5001-5099"));
+    }
+    let delivered = edge.inbox.reply(
+        b.in_reply_to,
+        EdgeReply {
+            status,
+            reason: b.reason.unwrap_or_default(),
+            payload: b.payload,
+        },
+    );
+    if !delivered {
+        return Err(ApiError::new(
+            StatusCode::INVALID_ARGUMENT,
+            format!("no request {} waits for a reply", b.in_reply_to),
+        )
+        .with_http(Http::NOT_FOUND));
+    }
+    Ok(())
+}
+
+impl ApiError {
+    pub(crate) fn with_http(mut self, http: Http) -> Self {
+        self.http = http;
+        self
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// POST /v1/requests
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RequestBody {
+    to: Option<String>,
+    command: Option<String>,
+    capability: Option<String>,
+    #[serde(default)]
+    payload: serde_json::Value,
+    timeout_ms: Option<u64>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct ReplyView {
+    status: u16,
+    label: &'static str,
+    from: String,
+    payload: serde_json::Value,
+}
+
+fn timeout(state: &GatewayState, ms: Option<u64>) -> ApiResult<Duration> {
+    let ms = ms.unwrap_or(state.config.request_timeout_ms);
+    if ms == 0 || ms > state.config.max_request_timeout_ms {
+        return Err(ApiError::bad_request(format!(
+            "timeout_ms is between 1 and {}",
+            state.config.max_request_timeout_ms
+        )));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+async fn ask(edge: &Edge, call: Call, payload: &serde_json::Value) -> ApiResult<ReplyView> {
+    let reply = edge.agent.call(call.json_payload(payload)?).await?;
+    let payload = if reply.payload().is_empty() {
+        serde_json::Value::Null
+    } else {
+        reply.payload_as::<serde_json::Value>().map_err(|e| {
+            ApiError::new(
+                StatusCode::DATA_FORMAT,
+                format!("the reply's payload does not read as JSON: {e}"),
+            )
+            .with_http(Http::BAD_GATEWAY)
+        })?
+    };
+    Ok(ReplyView {
+        status: reply.status().0,
+        label: reply.status().label(),
+        from: reply.envelope.from.into(),
+        payload,
+    })
+}
+
+pub(crate) async fn request(
+    State(state): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> ApiResult<Json<ReplyView>> {
+    let (edge, token) = edge(&state, &headers)?;
+    let b: RequestBody = body(&bytes)?;
+    Ok(Json(request_as(&state, edge, token.as_deref(), b).await?))
+}
+
+/// The call `to` with `command`, or `capability` (at `to` if given), names.
+pub(crate) fn call_to(
+    to: Option<&str>,
+    command: Option<&str>,
+    capability: Option<&str>,
+) -> ApiResult<Call> {
+    match (to, command, capability) {
+        (Some(to), Some(command), None) => {
+            Ok(Call::agent(name("to", to)?, name("command", command)?))
+        }
+        (None, None, Some(capability)) => Ok(Call::capability(dotted("capability", capability)?)),
+        (Some(to), None, Some(capability)) => Ok(Call::capability_at(
+            name("to", to)?,
+            dotted("capability", capability)?,
+        )),
+        _ => Err(ApiError::bad_request(
+            "give to with command, or capability (and to for one holder of it)",
+        )),
+    }
+}
+
+/// Asks what `b` names as `edge` and waits for the reply.
+pub(crate) async fn request_as(
+    state: &GatewayState,
+    edge: &Edge,
+    token: Option<&str>,
+    b: RequestBody,
+) -> ApiResult<ReplyView> {
+    let call = call_to(
+        b.to.as_deref(),
+        b.command.as_deref(),
+        b.capability.as_deref(),
+    )?;
+    let call = with_token(call, token).timeout(timeout(state, b.timeout_ms)?);
+    ask(edge, call, &b.payload).await
+}
+
+// ---------------------------------------------------------------------------------------
+// POST /agent/message (Agentify)
+
+#[derive(Debug, Deserialize)]
+struct AgentifyMessage {
+    #[serde(rename = "type")]
+    kind: String,
+    sender: Option<String>,
+    to: Vec<String>,
+    intent: String,
+    #[serde(default)]
+    payload: serde_json::Value,
+}
+
+#[derive(Serialize)]
+pub(crate) struct AgentifyReply {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    sender: String,
+    to: Vec<String>,
+    intent: &'static str,
+    status: u16,
+    payload: serde_json::Value,
+}
+
+/// Agentify's recipient `agent.<id>.<command>` (or `<id>.<command>`, or `<id>` with the
+/// intent as the command).
+fn agentify_target<'a>(to: &'a str, intent: &'a str) -> ApiResult<(&'a str, &'a str)> {
+    let rest = to.strip_prefix("agent.").unwrap_or(to);
+    let (agent, command) = rest.split_once('.').unwrap_or((rest, intent));
+    Ok((name("to", agent)?, name("command", command)?))
+}
+
+pub(crate) async fn agentify(
+    State(state): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> ApiResult<Json<AgentifyReply>> {
+    let (edge, token) = edge(&state, &headers)?;
+    let m: AgentifyMessage = body(&bytes)?;
+    let me = edge.agent.id();
+    if let Some(sender) = &m.sender {
+        let named = sender.strip_prefix("agent.").unwrap_or(sender);
+        if named != me {
+            return Err(ApiError::new(
+                StatusCode::IDENTITY,
+                format!("sender {sender:?} is not the caller's identity {me}"),
+            )
+            .with_http(Http::FORBIDDEN));
+        }
+    }
+    if m.kind != "request" {
+        return Err(ApiError::bad_request(
+            "type: this endpoint takes requests; send events and commands to /v1/messages",
+        ));
+    }
+    let [to] = m.to.as_slice() else {
+        return Err(ApiError::bad_request("to: exactly one recipient"));
+    };
+    let (agent, command) = agentify_target(to, &m.intent)?;
+    let call =
+        with_token(Call::agent(agent, command), token.as_deref()).timeout(timeout(&state, None)?);
+    let reply = ask(edge, call, &m.payload).await?;
+    Ok(Json(AgentifyReply {
+        kind: "inform",
+        sender: format!("agent.{}", reply.from),
+        to: vec![format!("agent.{me}")],
+        intent: "result",
+        status: reply.status,
+        payload: reply.payload,
+    }))
+}
+
+/// `GET /openapi.json`.
+pub(crate) async fn openapi() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        super::openapi::document(),
+    )
+}
+
+/// Anything else: 404 in the same JSON shape.
+pub(crate) async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::INVALID_ARGUMENT, "no such route").with_http(Http::NOT_FOUND)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_an_http_status_that_says_the_same() {
+        assert_eq!(http_status(StatusCode::OK), Http::OK);
+        assert_eq!(http_status(StatusCode::UNAUTHORIZED), Http::UNAUTHORIZED);
+        assert_eq!(http_status(StatusCode::ACCESS), Http::FORBIDDEN);
+        assert_eq!(http_status(StatusCode::TIMEOUT), Http::GATEWAY_TIMEOUT);
+        assert_eq!(http_status(StatusCode::NO_RESPONDERS), Http::NOT_FOUND);
+        assert_eq!(
+            http_status(StatusCode::RATE_LIMITED),
+            Http::TOO_MANY_REQUESTS
+        );
+        assert_eq!(http_status(StatusCode::HANDLER_FAILED), Http::BAD_GATEWAY);
+        assert_eq!(
+            http_status(StatusCode::INTERNAL),
+            Http::INTERNAL_SERVER_ERROR
+        );
+    }
+
+    #[test]
+    fn agentify_recipients_name_an_agent_and_a_command() {
+        assert_eq!(
+            agentify_target("agent.calculator.calculation", "calculate").ok(),
+            Some(("calculator", "calculation"))
+        );
+        assert_eq!(
+            agentify_target("calculator", "add").ok(),
+            Some(("calculator", "add"))
+        );
+        assert!(agentify_target("agent.a b.c", "x").is_err());
+    }
+
+    #[test]
+    fn delivery_and_priority_refuse_unknown_words() {
+        assert_eq!(delivery(None).ok(), Some(DeliveryClass::AtMostOnce));
+        assert_eq!(
+            delivery(Some("at_least_once")).ok(),
+            Some(DeliveryClass::AtLeastOnce)
+        );
+        assert!(delivery(Some("twice")).is_err());
+        assert!(priority(Some("urgent")).is_err());
+    }
+}

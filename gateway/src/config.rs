@@ -1,0 +1,464 @@
+//! `[gateway]` in the coordinator's configuration: where the gateway listens, who may call it
+//! (edge identities, their API keys and the JWTs it accepts) and its limits.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// `[circuit_breaker]`: after `failures` failures in a row to one destination, calls to it are
+/// refused at once (5019, HTTP 503 at the gateway) for `open_ms`, then one may try again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CircuitBreakerConfig {
+    /// Failures in a row that open a destination's breaker.
+    #[serde(default = "default_breaker_failures")]
+    pub failures: u32,
+    /// How long it stays open, in milliseconds.
+    #[serde(default = "default_breaker_open_ms")]
+    pub open_ms: u64,
+}
+
+fn default_breaker_failures() -> u32 {
+    chorus_sdk::DEFAULT_BREAKER_FAILURES
+}
+
+fn default_breaker_open_ms() -> u64 {
+    u64::try_from(chorus_sdk::DEFAULT_BREAKER_OPEN_FOR.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl CircuitBreakerConfig {
+    /// The SDK's policy.
+    pub fn policy(&self) -> chorus_sdk::BreakerPolicy {
+        chorus_sdk::BreakerPolicy::new(self.failures, Duration::from_millis(self.open_ms))
+    }
+}
+
+/// The longest request body the gateway reads by default (1 MiB).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+/// The longest a poll may wait for a message by default.
+pub const DEFAULT_MAX_WAIT_MS: u64 = 30_000;
+/// How long a request through the gateway waits for its reply unless the caller says.
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 5_000;
+/// The longest timeout a caller may ask for.
+pub const DEFAULT_MAX_REQUEST_TIMEOUT_MS: u64 = 60_000;
+/// How long a message to an edge identity is held for a poll before its sender is told 5019
+/// (a durable one stays stored and is delivered again by its retry policy).
+pub const DEFAULT_HOLD_MS: u64 = 30_000;
+/// Messages held for one edge identity at once.
+pub const DEFAULT_INBOX_CAPACITY: usize = 1_000;
+/// Requests a second each edge identity may make, sustained.
+pub const DEFAULT_RATE_PER_SECOND: f64 = 100.0;
+/// Requests an edge identity may make at once, beyond its sustained rate.
+pub const DEFAULT_RATE_BURST: f64 = 200.0;
+/// Requests the gateway handles at once.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 1_024;
+/// WebSockets open at once.
+pub const DEFAULT_MAX_WEBSOCKETS: usize = 256;
+/// Clock skew allowed on a JWT's `exp` and `nbf`.
+pub const DEFAULT_JWT_LEEWAY_SECS: u64 = 30;
+/// The session an SAP binding serves unless it names one.
+pub const DEFAULT_SAP_SESSION: &str = "default";
+/// Seconds between an SAP binding's heartbeats.
+pub const DEFAULT_SAP_HEARTBEAT_SECS: u64 = 10;
+/// The longest an SAP prompt's task may run before the gateway cancels it (10 minutes, the
+/// SAP client's own default ceiling).
+pub const DEFAULT_SAP_MAX_PROMPT_MS: u64 = 600_000;
+
+/// The gateway's settings. Without `listen` there is no HTTP gateway; without `listen` and
+/// `sap`, no gateway at all.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Where the HTTP gateway listens (for example `127.0.0.1:8480`); unset: no gateway.
+    pub listen: Option<SocketAddr>,
+    /// The longest request body, in bytes (413 and 5006 beyond it).
+    pub max_body_bytes: usize,
+    /// The longest a poll (`GET /v1/messages?wait_ms=`) waits, in milliseconds.
+    pub max_wait_ms: u64,
+    /// A request's reply timeout when the caller gives none, in milliseconds.
+    pub request_timeout_ms: u64,
+    /// The longest reply timeout a caller may ask for, in milliseconds.
+    pub max_request_timeout_ms: u64,
+    /// How long a message to an edge identity waits for a poll, in milliseconds.
+    pub hold_ms: u64,
+    /// Messages held for one edge identity at once; beyond it senders get 5019.
+    pub inbox_capacity: usize,
+    /// Requests a second each identity may make, sustained (429 and 5013 beyond it).
+    pub rate_per_second: f64,
+    /// Requests an identity may make at once beyond its rate.
+    pub rate_burst: f64,
+    /// Requests handled at once (503 and 5019 beyond it).
+    pub max_concurrent_requests: usize,
+    /// WebSockets open at once (503 and 5008 beyond it).
+    pub max_websockets: usize,
+    /// The agent identities edge callers act as.
+    pub identities: Vec<EdgeIdentity>,
+    /// API keys, each for one identity.
+    pub api_keys: Vec<ApiKey>,
+    /// Bearer JWTs accepted, if any.
+    pub jwt: Option<JwtConfig>,
+    /// Chorus agents (or capabilities) offered as Synadia Agent Protocol 0.3 agents.
+    pub sap: Vec<SapBinding>,
+}
+
+/// One Synadia Agent Protocol 0.3 agent the gateway registers (an `agents` micro service
+/// with `prompt` and `status` endpoints and `agents.hb` heartbeats): each prompt becomes a
+/// task of the Chorus command `to`/`command` (or of `capability`), submitted as `identity`,
+/// and its chunks and result stream back as the SAP response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SapBinding {
+    /// The SAP agent name: lowercase letters, digits and hyphens.
+    pub agent: String,
+    /// Who runs it: lowercase letters, digits, `_` and `-`.
+    pub owner: String,
+    /// The session it serves (the fifth token of its subjects).
+    #[serde(default = "default_sap_session")]
+    pub session: String,
+    /// The edge identity the tasks are submitted as (one of `identities`).
+    pub identity: String,
+    /// The Chorus agent whose `command` runs each prompt.
+    #[serde(default)]
+    pub to: Option<String>,
+    /// The command of `to`.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Or: the capability any of whose holders runs each prompt.
+    #[serde(default)]
+    pub capability: Option<String>,
+    /// What the SAP client shows as the agent's description.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Seconds between heartbeats on `agents.hb.<agent>.<owner>.<session>`.
+    #[serde(default = "default_sap_heartbeat")]
+    pub heartbeat_interval_s: u64,
+    /// The longest a prompt's task may run, in milliseconds: then it is cancelled and the
+    /// prompt answered 504.
+    #[serde(default = "default_sap_max_prompt")]
+    pub max_prompt_ms: u64,
+}
+
+fn default_sap_session() -> String {
+    DEFAULT_SAP_SESSION.to_owned()
+}
+
+fn default_sap_heartbeat() -> u64 {
+    DEFAULT_SAP_HEARTBEAT_SECS
+}
+
+fn default_sap_max_prompt() -> u64 {
+    DEFAULT_SAP_MAX_PROMPT_MS
+}
+
+/// Whether `token` is made only of lowercase ASCII letters, digits and the `extra` characters.
+fn sap_token(token: &str, extra: &str) -> bool {
+    !token.is_empty()
+        && token
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || extra.contains(c))
+}
+
+impl SapBinding {
+    fn validate(&self, identities: &std::collections::HashSet<&str>) -> Result<()> {
+        let name = format!("sap {}.{}.{}", self.agent, self.owner, self.session);
+        if !sap_token(&self.agent, "-") {
+            return Err(invalid(format!(
+                "{name}: agent takes lowercase letters, digits and hyphens"
+            )));
+        }
+        if !sap_token(&self.owner, "-_") || !sap_token(&self.session, "-_") {
+            return Err(invalid(format!(
+                "{name}: owner and session take lowercase letters, digits, '_' and '-'"
+            )));
+        }
+        if !identities.contains(self.identity.as_str()) {
+            return Err(invalid(format!(
+                "{name}: identity {} is not in identities",
+                self.identity
+            )));
+        }
+        match (&self.to, &self.command, &self.capability) {
+            (Some(to), Some(command), None) => {
+                chorus_sdk::subject::validate_token("to", to)
+                    .and_then(|()| chorus_sdk::subject::validate_token("command", command))
+                    .map_err(|e| invalid(format!("{name}: {e}")))?;
+            }
+            (None, None, Some(capability)) => {
+                chorus_sdk::subject::validate_dotted("capability", capability)
+                    .map_err(|e| invalid(format!("{name}: {e}")))?;
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "{name}: give to with command, or capability"
+                )));
+            }
+        }
+        if self.heartbeat_interval_s == 0 || self.max_prompt_ms == 0 {
+            return Err(invalid(format!(
+                "{name}: heartbeat_interval_s and max_prompt_ms must be positive"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// An agent identity an edge caller acts as: messages it sends are from this id, and
+/// messages sent to this id wait at the gateway for its polls.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeIdentity {
+    /// The agent id.
+    pub id: String,
+    /// File holding the identity's nkey seed (`chorus creds`): its connection authenticates
+    /// and its messages are signed with it. Unset: the coordinator's connection settings,
+    /// unsigned messages.
+    #[serde(default)]
+    pub nkey_seed_file: Option<PathBuf>,
+}
+
+/// An API key: only its SHA-256 is configured (`printf %s "$KEY" | sha256sum`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    /// The identity the key acts as.
+    pub identity: String,
+    /// The key's SHA-256, 64 hex digits.
+    pub sha256: String,
+}
+
+/// Which JWTs the gateway accepts as bearer tokens: signed with HS256 by the shared secret or
+/// with EdDSA (Ed25519) by the public key's private half, from `issuer` for `audience`,
+/// not expired. The `sub` claim names the identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    /// The `iss` a token must carry.
+    pub issuer: String,
+    /// The `aud` a token must carry.
+    pub audience: String,
+    /// File holding the HS256 secret (its bytes, trailing newline removed).
+    #[serde(default)]
+    pub hs256_secret_file: Option<PathBuf>,
+    /// PEM file of the Ed25519 public key EdDSA tokens are checked with.
+    #[serde(default)]
+    pub eddsa_public_key_file: Option<PathBuf>,
+    /// Clock skew allowed on `exp` and `nbf`, in seconds.
+    #[serde(default = "default_leeway")]
+    pub leeway_secs: u64,
+}
+
+fn default_leeway() -> u64 {
+    DEFAULT_JWT_LEEWAY_SECS
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            listen: None,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_wait_ms: DEFAULT_MAX_WAIT_MS,
+            request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
+            max_request_timeout_ms: DEFAULT_MAX_REQUEST_TIMEOUT_MS,
+            hold_ms: DEFAULT_HOLD_MS,
+            inbox_capacity: DEFAULT_INBOX_CAPACITY,
+            rate_per_second: DEFAULT_RATE_PER_SECOND,
+            rate_burst: DEFAULT_RATE_BURST,
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+            max_websockets: DEFAULT_MAX_WEBSOCKETS,
+            identities: Vec::new(),
+            api_keys: Vec::new(),
+            jwt: None,
+            sap: Vec::new(),
+        }
+    }
+}
+
+fn invalid(what: String) -> Error {
+    Error::new(ErrorKind::Config, format!("gateway: {what}"))
+}
+
+impl GatewayConfig {
+    /// Checks values that parse but cannot work, naming the key.
+    pub fn validate(&self) -> Result<()> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        if self.max_body_bytes < 1024 {
+            return Err(invalid("max_body_bytes must be at least 1024".into()));
+        }
+        if self.request_timeout_ms == 0 || self.request_timeout_ms > self.max_request_timeout_ms {
+            return Err(invalid(
+                "request_timeout_ms must be positive and at most max_request_timeout_ms".into(),
+            ));
+        }
+        if self.hold_ms == 0 || self.inbox_capacity == 0 {
+            return Err(invalid(
+                "hold_ms and inbox_capacity must be positive".into(),
+            ));
+        }
+        if self.identities.is_empty() {
+            return Err(invalid(
+                "no identities: add [[gateway.identities]] for the callers to act as".into(),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for identity in &self.identities {
+            chorus_sdk::subject::validate_token("identity", &identity.id)
+                .map_err(|e| invalid(format!("identities: {e}")))?;
+            if !seen.insert(identity.id.as_str()) {
+                return Err(invalid(format!("identities: {} twice", identity.id)));
+            }
+        }
+        for key in &self.api_keys {
+            if !seen.contains(key.identity.as_str()) {
+                return Err(invalid(format!(
+                    "api_keys: identity {} is not in identities",
+                    key.identity
+                )));
+            }
+            if key.sha256.len() != 64 || hex::decode(&key.sha256).is_err() {
+                return Err(invalid(format!(
+                    "api_keys: the sha256 of {}'s key is not 64 hex digits",
+                    key.identity
+                )));
+            }
+        }
+        if let Some(jwt) = &self.jwt
+            && jwt.hs256_secret_file.is_none()
+            && jwt.eddsa_public_key_file.is_none()
+        {
+            return Err(invalid(
+                "jwt: set hs256_secret_file or eddsa_public_key_file".into(),
+            ));
+        }
+        let mut sap = std::collections::HashSet::new();
+        for binding in &self.sap {
+            binding.validate(&seen)?;
+            if !sap.insert((&binding.agent, &binding.owner, &binding.session)) {
+                return Err(invalid(format!(
+                    "sap {}.{}.{} twice",
+                    binding.agent, binding.owner, binding.session
+                )));
+            }
+        }
+        if self.listen.is_some() && self.api_keys.is_empty() && self.jwt.is_none() {
+            return Err(invalid(
+                "no way to authenticate: add [[gateway.api_keys]] or [gateway.jwt]".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the gateway runs: it listens for HTTP, or offers SAP agents, or both.
+    pub fn enabled(&self) -> bool {
+        self.listen.is_some() || !self.sap.is_empty()
+    }
+
+    /// The longest poll wait.
+    pub fn max_wait(&self) -> Duration {
+        Duration::from_millis(self.max_wait_ms)
+    }
+
+    /// How long a message waits for a poll.
+    pub fn hold(&self) -> Duration {
+        Duration::from_millis(self.hold_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(toml: &str) -> GatewayConfig {
+        #[derive(Deserialize)]
+        struct File {
+            gateway: GatewayConfig,
+        }
+        let file: File = config::Config::builder()
+            .add_source(config::File::from_str(toml, config::FileFormat::Toml))
+            .build()
+            .and_then(config::Config::try_deserialize)
+            .expect("parses");
+        file.gateway
+    }
+
+    const SAP_ONLY: &str = r#"
+        [gateway]
+        [[gateway.identities]]
+        id = "sap-user"
+        [[gateway.sap]]
+        agent = "drafter"
+        owner = "chorus"
+        identity = "sap-user"
+        to = "writer"
+        command = "draft"
+    "#;
+
+    #[test]
+    fn sap_agents_alone_run_a_gateway_without_http_or_keys() {
+        let gateway = parse(SAP_ONLY);
+        assert!(gateway.enabled() && gateway.listen.is_none());
+        gateway
+            .validate()
+            .expect("valid without listen and api keys");
+        let sap = &gateway.sap[0];
+        assert_eq!(sap.session, DEFAULT_SAP_SESSION);
+        assert_eq!(sap.heartbeat_interval_s, DEFAULT_SAP_HEARTBEAT_SECS);
+        assert_eq!(sap.max_prompt_ms, DEFAULT_SAP_MAX_PROMPT_MS);
+        assert!(!GatewayConfig::default().enabled());
+    }
+
+    #[test]
+    fn a_bad_sap_binding_is_refused_naming_what_is_wrong() {
+        for (change, expect) in [
+            (
+                ("agent = \"drafter\"", "agent = \"Drafter\""),
+                "lowercase letters, digits and hyphens",
+            ),
+            (
+                ("owner = \"chorus\"", "owner = \"the team\""),
+                "owner and session",
+            ),
+            (
+                (
+                    "identity = \"sap-user\"\n        to",
+                    "identity = \"other\"\n        to",
+                ),
+                "identity other is not in identities",
+            ),
+            (
+                ("command = \"draft\"", "capability = \"drafting\""),
+                "give to with command, or capability",
+            ),
+            (("to = \"writer\"", "to = \"a.b\""), "to"),
+            (
+                (
+                    "command = \"draft\"",
+                    "command = \"draft\"\n        heartbeat_interval_s = 0",
+                ),
+                "must be positive",
+            ),
+        ] {
+            let toml = SAP_ONLY.replacen(change.0, change.1, 1);
+            assert_ne!(toml, SAP_ONLY, "{change:?} changed nothing");
+            let err = parse(&toml).validate().expect_err(&toml).to_string();
+            assert!(err.contains(expect), "{err} does not say {expect}");
+        }
+        let twice = format!(
+            "{SAP_ONLY}\n[[gateway.sap]]\nagent = \"drafter\"\nowner = \"chorus\"\nidentity = \"sap-user\"\ncapability = \"drafting\"\n"
+        );
+        let err = parse(&twice).validate().expect_err("twice").to_string();
+        assert!(err.contains("drafter.chorus.default twice"), "{err}");
+    }
+
+    #[test]
+    fn http_still_needs_a_way_to_authenticate() {
+        let toml = SAP_ONLY.replacen("[gateway]", "[gateway]\nlisten = \"127.0.0.1:0\"", 1);
+        let err = parse(&toml).validate().expect_err("no keys").to_string();
+        assert!(err.contains("no way to authenticate"), "{err}");
+    }
+}

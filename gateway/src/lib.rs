@@ -1,0 +1,308 @@
+//! The Chorus edge gateway: callers that do not speak NATS reach the bus over HTTP, as one of the
+//! edge identities in `[gateway]`, and what they send becomes ordinary envelopes from that
+//! identity, with the same permissions, signatures and dead letters as native traffic
+//! (`docs/INTEROP.md`).
+//!
+//! Each identity is an SDK agent of its own (its own connection, its nkey if configured):
+//! what it sends goes through the SDK's outbound path, and every command sent to it, core or
+//! durable, passes its inbound pipeline and waits in its [`inbox::EdgeInbox`] for a poll.
+
+mod a2a;
+mod api;
+mod auth;
+pub mod config;
+pub mod error;
+mod inbox;
+mod limits;
+mod openapi;
+mod sap;
+mod tasks;
+mod ws;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::{get, post};
+use chorus_sdk::BrokerOptions;
+use chorus_sdk::{Agent, AgentOptions, Subjects};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use chorus_sdk::security::ConnectionSecurity;
+
+pub use config::{CircuitBreakerConfig, GatewayConfig};
+pub use error::{Error, ErrorKind, Result};
+use inbox::{EdgeHandler, EdgeInbox};
+
+/// How the gateway's edge identities reach the bus: the settings of the process that runs the
+/// gateway (the coordinator passes its own).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Bus {
+    /// NATS server URLs, comma-separated.
+    pub servers: String,
+    /// Subject root of the bus.
+    pub root: String,
+    /// TLS and credentials; an identity's own nkey seed file replaces the seed here.
+    pub security: ConnectionSecurity,
+    /// Circuit breakers on the requests the edge identities make for their callers.
+    pub circuit_breaker: Option<CircuitBreakerConfig>,
+    /// How long an identity's shutdown waits for its in-flight work.
+    pub shutdown_timeout: Duration,
+}
+
+impl Bus {
+    /// A bus at `servers` under the default root, plain and anonymous, without breakers.
+    pub fn new(servers: impl Into<String>) -> Self {
+        Bus {
+            servers: servers.into(),
+            root: chorus_sdk::subject::DEFAULT_ROOT.into(),
+            security: ConnectionSecurity::default(),
+            circuit_breaker: None,
+            shutdown_timeout: chorus_sdk::DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+}
+
+/// One edge identity: its agent on the bus and the messages waiting for its polls.
+pub(crate) struct Edge {
+    agent: Agent,
+    inbox: Arc<EdgeInbox>,
+}
+
+/// What the routes share.
+pub(crate) struct GatewayState {
+    config: GatewayConfig,
+    auth: auth::Authenticator,
+    edges: HashMap<String, Edge>,
+    /// Cancelled when the gateway stops: open WebSockets close.
+    stop: CancellationToken,
+    limits: limits::Limits,
+}
+
+/// A running gateway. [`Gateway::stop`] stops it and waits; dropping it stops the listener
+/// without waiting.
+pub struct Gateway {
+    /// Where the HTTP gateway listens, if it does.
+    addr: Option<SocketAddr>,
+    stop: CancellationToken,
+    /// The HTTP listener and the SAP agents' tasks.
+    tracker: TaskTracker,
+    state: Arc<GatewayState>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The connection name of an edge identity's agent.
+fn connection_name(id: &str) -> String {
+    format!("chorus-gateway-{id}")
+}
+
+async fn connect_edge(
+    bus: &Bus,
+    gateway: &GatewayConfig,
+    subjects: &Subjects,
+    identity: &config::EdgeIdentity,
+    stop: &CancellationToken,
+) -> Result<Edge> {
+    let mut security = bus.security.clone();
+    if let Some(seed) = &identity.nkey_seed_file {
+        security.nkey_seed_file = Some(seed.clone());
+    }
+    let inbox_prefix = subjects
+        .inbox_prefix(&identity.id)
+        .map_err(Error::wrap(ErrorKind::Config, "gateway: identity"))?;
+    let broker = security
+        .apply(
+            BrokerOptions::new([bus.servers.as_str()])
+                .name(connection_name(&identity.id))
+                .inbox_prefix(inbox_prefix),
+        )
+        .map_err(Error::wrap(
+            ErrorKind::Config,
+            format!("gateway: identity {}", identity.id),
+        ))?;
+    let mut options = AgentOptions::new(identity.id.clone())
+        .root(&bus.root)
+        .broker(broker)
+        .heartbeat_interval(Duration::ZERO)
+        .service_discovery(false)
+        // Durable commands to the identity wait in its inbox stream for a poll.
+        .durable_inbox(true)
+        .shutdown_timeout(bus.shutdown_timeout);
+    if let Some(breaker) = &bus.circuit_breaker {
+        options = options.circuit_breaker(breaker.policy());
+    }
+    // Signed only with the identity's own key: the coordinator's would not verify as it.
+    if identity.nkey_seed_file.is_some()
+        && let Some(signing) = security.identity().map_err(Error::wrap(
+            ErrorKind::Config,
+            format!("gateway: identity {}", identity.id),
+        ))?
+    {
+        options = options.identity(signing);
+    }
+    let agent = options.connect().await.map_err(Error::wrap(
+        ErrorKind::Connect,
+        format!("gateway: identity {} cannot reach NATS", identity.id),
+    ))?;
+    let inbox = Arc::new(EdgeInbox::new(
+        gateway.inbox_capacity,
+        gateway.hold(),
+        stop.child_token(),
+    ));
+    agent
+        .handle_other_commands(EdgeHandler {
+            inbox: Arc::clone(&inbox),
+        })
+        .await
+        .map_err(Error::wrap(
+            ErrorKind::Broker,
+            format!("gateway: cannot receive commands for {}", identity.id),
+        ))?;
+    Ok(Edge { agent, inbox })
+}
+
+impl Gateway {
+    /// Connects every edge identity to `bus`, registers the SAP agents of `gateway.sap` and
+    /// listens on `gateway.listen` if set (port 0 picks a free one).
+    ///
+    /// # Errors
+    /// A configuration error when the gateway has nothing to do or its settings cannot work,
+    /// a connection error when an identity cannot reach NATS, a listen error when the
+    /// address is taken.
+    pub async fn start(bus: &Bus, gateway: &GatewayConfig) -> Result<Gateway> {
+        gateway.validate()?;
+        if !gateway.enabled() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "gateway: no listen address and no SAP agents",
+            ));
+        }
+        let auth = auth::Authenticator::new(gateway)?;
+        let subjects =
+            Subjects::new(&bus.root).map_err(Error::wrap(ErrorKind::Config, "invalid root"))?;
+        let stop = CancellationToken::new();
+        let mut edges = HashMap::new();
+        for identity in &gateway.identities {
+            let edge = connect_edge(bus, gateway, &subjects, identity, &stop).await?;
+            edges.insert(identity.id.clone(), edge);
+        }
+        let state = Arc::new(GatewayState {
+            config: gateway.clone(),
+            auth,
+            edges,
+            stop: stop.clone(),
+            limits: limits::Limits::new(gateway),
+        });
+        let tracker = TaskTracker::new();
+        let mut started = Gateway {
+            addr: None,
+            stop: stop.clone(),
+            tracker: tracker.clone(),
+            state: Arc::clone(&state),
+        };
+        for binding in &gateway.sap {
+            let edge = &state.edges[&binding.identity];
+            sap::start(
+                binding,
+                edge.agent.clone(),
+                gateway.max_concurrent_requests,
+                stop.child_token(),
+                tracker.clone(),
+            )
+            .await?;
+        }
+        let Some(listen) = gateway.listen else {
+            tracing::info!(sap = gateway.sap.len(), "gateway started without HTTP");
+            return Ok(started);
+        };
+        let app = axum::Router::new()
+            .route("/v1/agents", get(api::agents))
+            .route("/v1/messages", post(api::send).get(api::poll))
+            .route("/v1/replies", post(api::reply))
+            .route("/v1/requests", post(api::request))
+            .route("/v1/tasks", post(tasks::submit))
+            .route("/v1/tasks/{id}", get(tasks::get))
+            .route("/v1/tasks/{id}/cancel", post(tasks::cancel))
+            .route("/v1/tasks/{id}/input", post(tasks::input))
+            .route("/v1/tasks/{id}/events", get(tasks::events))
+            .route("/v1/ws", get(ws::upgrade))
+            .route(
+                "/a2a/agents/{agent}/{command}/.well-known/agent-card.json",
+                get(a2a::agent_card),
+            )
+            .route("/a2a/agents/{agent}/{command}/", post(a2a::agent_rpc))
+            .route("/a2a/agents/{agent}/{command}", post(a2a::agent_rpc))
+            .route(
+                "/a2a/capabilities/{capability}/.well-known/agent-card.json",
+                get(a2a::capability_card),
+            )
+            .route("/a2a/capabilities/{capability}/", post(a2a::capability_rpc))
+            .route("/a2a/capabilities/{capability}", post(a2a::capability_rpc))
+            .route("/agent/message", post(api::agentify))
+            .route("/openapi.json", get(api::openapi))
+            .fallback(api::not_found)
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&state),
+                limits::concurrency,
+            ))
+            .layer(axum::extract::DefaultBodyLimit::max(gateway.max_body_bytes))
+            .with_state(Arc::clone(&state));
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(Error::wrap(
+                ErrorKind::Listen,
+                format!("gateway: cannot listen on {listen}"),
+            ))?;
+        let addr = listener
+            .local_addr()
+            .map_err(Error::wrap(ErrorKind::Listen, "gateway: no local address"))?;
+        let shutdown = stop.clone();
+        // Owned by the `Gateway`: `stop` waits for it.
+        tracker.spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await;
+            if let Err(err) = served {
+                tracing::error!(error = %err, "gateway listener failed");
+            }
+        });
+        tracing::info!(%addr, identities = state.edges.len(), "gateway listening");
+        started.addr = Some(addr);
+        Ok(started)
+    }
+
+    /// Where the HTTP gateway listens, if it does.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.addr
+    }
+
+    /// Stops listening, answers held messages 5019 (durable ones stay stored) and SAP prompts
+    /// in progress 503, and shuts the edge identities' agents down.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+        for edge in self.state.edges.values() {
+            edge.agent.shutdown().await;
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        for edge in self.state.edges.values() {
+            edge.agent.stop();
+        }
+    }
+}
