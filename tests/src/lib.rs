@@ -256,7 +256,7 @@ pub fn chorus_binary() -> std::path::PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
     cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args(["build", "--quiet", "-p", "chorus", "--bin", "chorus"])
+        .args(["build", "--quiet", "-p", "chorus-cli", "--bin", "chorus"])
         .arg("--target-dir")
         .arg(target_dir);
     if profile != "debug" {

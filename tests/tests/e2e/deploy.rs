@@ -563,14 +563,18 @@ fn the_kubernetes_coordinator_connects_with_tls_from_a_mounted_secret() {
 fn workspace_binaries() -> Vec<(String, Vec<String>)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+    // `members = [ ... ]`, on one line or several, comments aside.
     let members = manifest
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("members = "))
+        .split_once("members = [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list)
         .expect("members");
     members
-        .trim_matches(|c| c == '[' || c == ']')
-        .split(',')
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or_default())
+        .flat_map(|l| l.split(','))
         .map(|m| m.trim().trim_matches('"'))
+        .filter(|m| !m.is_empty())
         .map(|member| {
             let text = std::fs::read_to_string(root.join(member).join("Cargo.toml"))
                 .expect("member Cargo.toml");
