@@ -38,6 +38,7 @@
 //! | `agent` | the [`Agent`] handle and its [`AgentOptions`] |
 
 mod agent;
+mod dead_letter;
 pub mod durable;
 mod error;
 mod handler;
@@ -50,6 +51,7 @@ mod presence;
 mod protocol;
 pub mod retry;
 pub mod security;
+mod sequence;
 mod stats;
 pub mod subject;
 mod sync;

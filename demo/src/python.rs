@@ -1,4 +1,4 @@
-//! The demo's Python agent (`python -m chorus.demo`, from `python/`): started beside the Rust
+//! The demo's Python agent (`python -m chorus_sdk.demo`, from `python/`): started beside the Rust
 //! agents when `chorus up` is given a Python with the SDK installed, and asked each round to
 //! review a text (it asks the Rust calculator in turn) and to outline a topic as a task.
 
@@ -30,10 +30,10 @@ pub struct PythonAgent {
 }
 
 impl PythonAgent {
-    /// Starts `python -m chorus.demo` against `server` and waits until it says it is ready.
+    /// Starts `python -m chorus_sdk.demo` against `server` and waits until it says it is ready.
     pub async fn start(python: &Path, server: &str) -> std::io::Result<PythonAgent> {
         let mut child = Command::new(python)
-            .args(["-m", "chorus.demo", "--server", server])
+            .args(["-m", "chorus_sdk.demo", "--server", server])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -42,7 +42,7 @@ impl PythonAgent {
             .map_err(|e| {
                 std::io::Error::new(
                     e.kind(),
-                    format!("cannot run {} -m chorus.demo: {e}", python.display()),
+                    format!("cannot run {} -m chorus_sdk.demo: {e}", python.display()),
                 )
             })?;
         let stdout = child
@@ -63,7 +63,7 @@ impl PythonAgent {
             Ok(Ok(true)) => {}
             Ok(Ok(false)) => {
                 return Err(std::io::Error::other(format!(
-                    "{} -m chorus.demo exited before it was ready (is the Python SDK installed? \
+                    "{} -m chorus_sdk.demo exited before it was ready (is the Python SDK installed? \
                      scripts/install-python-sdk)",
                     python.display()
                 )));

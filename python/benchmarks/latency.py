@@ -30,7 +30,7 @@ from typing import Any
 
 import nats
 
-from chorus import Agent, Context, Encoding, Envelope, Kind, Performative, Subjects, decode, encode
+from chorus_sdk import Agent, Context, Encoding, Envelope, Kind, Performative, Subjects, decode, encode
 
 REPO = Path(__file__).resolve().parents[2]
 # A 128-byte MessagePack payload (a string of 126 characters), the same on every path.

@@ -12,7 +12,7 @@ from typing import Any
 import nats
 import pytest
 
-from chorus import (
+from chorus_sdk import (
     Agent,
     ChorusError,
     Context,
@@ -27,7 +27,7 @@ from chorus import (
     encode,
     encode_payload,
 )
-from chorus.envelope import CONTENT_TYPE_OBJECT, Trace, now_ms
+from chorus_sdk.envelope import CONTENT_TYPE_OBJECT, Trace, now_ms
 
 WAIT = 10.0
 VECTORS = Path(__file__).resolve().parents[2] / "tests" / "vectors"
@@ -400,7 +400,7 @@ async def _inbox_started(agent: Agent) -> None:
 
 
 async def test_an_on_demand_inbox_holds_no_consumer_until_a_bell_and_releases_it_when_quiet(server: Any) -> None:
-    from chorus.durable import InboxOptions
+    from chorus_sdk.durable import InboxOptions
 
     handled: list[int] = []
     options = InboxOptions(release_after=0.4)
@@ -456,7 +456,7 @@ def _covers(pattern: str, subject: str) -> bool:
 
 
 async def test_a_lane_with_its_consumer_open_is_sent_no_bell_per_command(server: Any) -> None:
-    from chorus.durable import InboxOptions
+    from chorus_sdk.durable import InboxOptions
 
     handled: list[int] = []
     options = InboxOptions(release_after=30)
@@ -518,7 +518,7 @@ async def test_commands_registered_late_together_start_one_inbox(server: Any) ->
 
 
 async def test_an_inbox_with_consumers_always_held_holds_both_from_its_start(server: Any) -> None:
-    from chorus.durable import InboxOptions
+    from chorus_sdk.durable import InboxOptions
 
     options = InboxOptions(on_demand=False)
     async with Agent("py-always", servers=server.url, heartbeat_interval=0, inbox=options) as worker:

@@ -14,10 +14,10 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from chorus import DecodeError, Encoding, Envelope, Kind, Performative, StatusCode, decode, encode
-from chorus._wire import f32_text
-from chorus.envelope import Progress, TaskState, Trace, uuid7, uuid7_ms
-from chorus.subjects import Implied, SubjectError, Subjects
+from chorus_sdk import DecodeError, Encoding, Envelope, Kind, Performative, StatusCode, decode, encode
+from chorus_sdk._wire import f32_text
+from chorus_sdk.envelope import Progress, TaskState, Trace, uuid7, uuid7_ms
+from chorus_sdk.subjects import Implied, SubjectError, Subjects
 
 
 def sample() -> Envelope:

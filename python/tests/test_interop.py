@@ -13,7 +13,7 @@ import pytest
 
 import nats
 
-from chorus import Agent, ChorusError, Context, Delivery, Encoding, EncryptionKey, Identity, StatusCode, Verifier, decode
+from chorus_sdk import Agent, ChorusError, Context, Delivery, Encoding, EncryptionKey, Identity, StatusCode, Verifier, decode
 
 from .conftest import rust_binary
 

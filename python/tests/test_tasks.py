@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from chorus import Agent, ChorusError, StatusCode, TaskContext, TaskState
+from chorus_sdk import Agent, ChorusError, StatusCode, TaskContext, TaskState
 
 WAIT = 20.0
 

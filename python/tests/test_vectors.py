@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from chorus.codec import Encoding, decode, encode
-from chorus.subjects import Subjects
+from chorus_sdk.codec import Encoding, decode, encode
+from chorus_sdk.subjects import Subjects
 
 VECTORS = Path(__file__).resolve().parents[2] / "tests" / "vectors"
 NAMES = sorted(p.name[: -len(".msgpack.hex")] for p in VECTORS.glob("*.msgpack.hex"))

@@ -15,10 +15,10 @@
 
 //!
 //! Rooms: `send` (publishing in a delivery class), `inbox` (this agent's consumers, lanes, and
-//! each delivery's outcome as an ack, a nak or a dead letter), `dead_letter` (the dead letter
-//! and the note a terminated delivery carries).
+//! each delivery's outcome as an ack, a nak or a dead letter). The dead letter and the note a
+//! terminated delivery carries are the crate's `dead_letter` room, re-exported here: a request
+//! that fails for good is dead-lettered too, from the outbound side.
 
-mod dead_letter;
 pub(crate) mod inbox;
 pub(crate) mod send;
 
@@ -27,11 +27,11 @@ use std::time::Duration;
 use chorus_broker_adapter::StreamSpec;
 use serde::{Deserialize, Serialize};
 
-pub use crate::inbound::exactly_once::{DEFAULT_IDEMPOTENCY_TTL, IDEMPOTENCY_BUCKET};
-pub use dead_letter::{
+pub use crate::dead_letter::{
     DEAD_LETTER_HEADROOM, DeadLetter, DeadLetterNote, DeadLetterReason, MAX_DETAIL_BYTES,
     NotADeadLetter, header, is_kept_header, write_dead_letter,
 };
+pub use crate::inbound::exactly_once::{DEFAULT_IDEMPOTENCY_TTL, IDEMPOTENCY_BUCKET};
 pub use inbox::{
     ABANDONED_CONSUMER_AFTER, DEFAULT_INBOX_RECHECK, DEFAULT_INBOX_RELEASE_AFTER, DURABLE_ACK_WAIT,
     InboxConsumers, MIN_DURABLE_ACK_WAIT,

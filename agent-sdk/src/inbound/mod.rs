@@ -18,7 +18,6 @@ pub(crate) mod reply;
 pub(crate) mod seen;
 pub(crate) mod stream;
 
-pub(crate) mod sequence;
 pub(crate) use outcome::{Outcome, Retry};
 pub(crate) use pipeline::{Pipeline, Target, Via};
 pub use stream::{Event, EventStream};

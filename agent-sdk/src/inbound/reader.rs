@@ -16,10 +16,10 @@ use super::admit::reply_encoding;
 use super::outcome::{Failure, Outcome, Retry};
 use super::pipeline::{Pipeline, Target, Via};
 use super::reply;
-use super::sequence::Gaps;
 use crate::handler::EventHandler;
 use crate::handler::endpoint::Endpoint;
 use crate::protocol::status::StatusCode;
+use crate::sequence::Gaps;
 use std::sync::atomic::Ordering;
 
 /// What a subscription carries.

@@ -14,10 +14,9 @@ use super::outcome::{Failure, Retry};
 use crate::outbound::Outbound;
 use crate::protocol::envelope::Envelope;
 use crate::protocol::status::StatusCode;
+use crate::security::SEEN_BUCKET;
 use crate::stats::AgentCounters;
 
-/// Suffix of the bucket of seen message ids.
-pub const SEEN_BUCKET: &str = "seen";
 /// How long a message waits when the bucket cannot be written (a durable delivery retries).
 const STORE_UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_secs(1);
 

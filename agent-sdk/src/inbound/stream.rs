@@ -11,9 +11,9 @@ use futures::Stream;
 use serde::de::DeserializeOwned;
 
 use super::pipeline::Pipeline;
-use super::sequence::Gaps;
 use crate::protocol::codec::{CodecError, decode_payload};
 use crate::protocol::envelope::Envelope;
+use crate::sequence::Gaps;
 use crate::stats::AgentCounters;
 
 /// An event received by an [`EventStream`].

@@ -102,7 +102,7 @@ pub(crate) struct Outbound {
     /// The chunk encoded messages are sliced from ([`Outbound::encode`]).
     pub(crate) encode_chunk: std::sync::Mutex<bytes::BytesMut>,
     /// Each published subject's count, stamped in its events.
-    pub(crate) sequencer: crate::inbound::sequence::Sequencer,
+    pub(crate) sequencer: crate::sequence::Sequencer,
     /// How capability calls pick their agent unless the call says.
     pub(crate) routing: Routing,
     /// The holders of capabilities and this agent's calls in flight to them, for routing by load.

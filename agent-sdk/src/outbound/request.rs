@@ -134,7 +134,7 @@ impl Outbound {
         exhausted: bool,
         err: &SdkError,
     ) {
-        use crate::durable::{DeadLetter, DeadLetterReason, write_dead_letter};
+        use crate::dead_letter::{DeadLetter, DeadLetterReason, write_dead_letter};
         let agent = match &call.target {
             Target::Agent(agent) | Target::CapabilityAt { agent, .. } => agent.clone(),
             Target::Capability(capability) => capability.replace('.', "-"),

@@ -7,11 +7,8 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::outbound::Outbound;
-use crate::protocol::registry::AgentRecord;
+use crate::protocol::registry::{AgentRecord, REGISTRY_BUCKET};
 use crate::security::Verifier;
-
-/// Suffix of the registry bucket's name.
-pub const REGISTRY_BUCKET: &str = "registry";
 
 /// Follows the registry until `stop`, trusting each agent's announced keys.
 pub(crate) async fn watch_registered_keys(

@@ -22,7 +22,7 @@ use crate::protocol::envelope::{
 use crate::protocol::registry::{Availability, CapabilityInfo, Manifest};
 use crate::sync::lock;
 
-pub(crate) use keys::{REGISTRY_BUCKET, watch_registered_keys};
+pub(crate) use keys::watch_registered_keys;
 pub(crate) use wire::follow_wire;
 
 /// Default time between heartbeats.

@@ -10,11 +10,11 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::implied::Implied;
 use crate::protocol::envelope::{
     COMPACT_VERSION, CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, Envelope, PROTOCOL_VERSION,
 };
 use crate::protocol::wire::compact;
-use crate::subject::Implied;
 
 /// How an envelope is written on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -3,6 +3,7 @@
 
 pub mod codec;
 pub mod envelope;
+pub mod implied;
 pub mod registry;
 pub mod status;
 pub mod task;

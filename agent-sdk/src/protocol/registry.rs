@@ -6,6 +6,9 @@ use uuid::Uuid;
 
 use crate::protocol::status::StatusCode;
 
+/// Suffix of the registry bucket's name.
+pub const REGISTRY_BUCKET: &str = "registry";
+
 /// Whether an agent takes new work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

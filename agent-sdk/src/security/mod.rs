@@ -11,5 +11,6 @@ pub(crate) mod signing;
 pub use connection::{ConnectionSecurity, ConnectionSecurityError};
 pub use signing::*;
 
-/// Suffix of the key-value bucket of seen message ids ([`crate::AgentOptions::persist_seen_ids`]).
-pub use crate::inbound::seen::SEEN_BUCKET;
+/// Suffix of the key-value bucket of seen message ids
+/// ([`crate::AgentOptions::persist_seen_ids`]).
+pub const SEEN_BUCKET: &str = "seen";

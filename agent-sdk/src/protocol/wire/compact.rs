@@ -14,8 +14,8 @@ use crate::protocol::envelope::{
     Name, PROTOCOL_VERSION, Performative, Priority, Progress, Sequence, Signature, TaskState,
     TraceContext, TraceParent,
 };
+use crate::protocol::implied::Implied;
 use crate::protocol::status::StatusCode;
-use crate::subject::Implied;
 
 /// The one signature algorithm the compact form carries.
 const SIGNATURE_ALG: &str = "ed25519";

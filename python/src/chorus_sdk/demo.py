@@ -2,9 +2,9 @@
 to review a text (it asks the Rust calculator to add up the words per line) and to outline a
 topic as a task streamed chunk by chunk.
 
-    python -m chorus.demo --server nats://127.0.0.1:4222
+    python -m chorus_sdk.demo --server nats://127.0.0.1:4222
 
-It prints ``chorus.demo: py-analyst ready`` once subscribed, and stops on Ctrl-C, SIGTERM or
+It prints ``chorus_sdk.demo: py-analyst ready`` once subscribed, and stops on Ctrl-C, SIGTERM or
 the end of its standard input.
 """
 
@@ -66,13 +66,13 @@ async def main(server: str) -> None:
         loop.run_in_executor(None, watch_stdin)
     async with analyst(server) as agent:
         await agent.flush()
-        print(f"chorus.demo: {AGENT_ID} ready at {server}", flush=True)
+        print(f"chorus_sdk.demo: {AGENT_ID} ready at {server}", flush=True)
         await stop.wait()
-    print(f"chorus.demo: {AGENT_ID} stopped", flush=True)
+    print(f"chorus_sdk.demo: {AGENT_ID} stopped", flush=True)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m chorus.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m chorus_sdk.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--server", default=os.environ.get("CHORUS_NATS_URL", "nats://127.0.0.1:4222"))
     args = parser.parse_args()
     try:

@@ -47,7 +47,7 @@ class Context:
     def data(self, cls: type[Any] | None = None) -> Any:
         """The payload's value, read by its content type (MessagePack or JSON), as a ``cls``
         when given (a dataclass, a pydantic model, or a plain type); raises
-        :class:`~chorus.codec.DecodeError` (answered 5006) when it does not read or fit."""
+        :class:`~chorus_sdk.codec.DecodeError` (answered 5006) when it does not read or fit."""
         if not self.envelope.payload:
             return typed(None, cls) if cls is not None and cls is not type(None) else None
         return typed(decode_payload(self.envelope.payload, self.envelope.content_type), cls)
