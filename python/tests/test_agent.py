@@ -15,6 +15,10 @@ import pytest
 from chorus_sdk import (
     Agent,
     ChorusError,
+    NoResponders,
+    Refused,
+    Timeout,
+    Unreachable,
     Context,
     Delivery,
     Encoding,
@@ -69,6 +73,45 @@ async def test_request_reply_in_every_encoding_and_errors_carry_their_code(serve
                 assert nobody.value.status == 5012
         assert calc.stats.handled == len(Encoding)
         assert calc.stats.failed == 2 * len(Encoding)
+
+
+async def test_errors_are_caught_by_meaning_and_keep_their_cause(server: Any) -> None:
+    @dataclass
+    class Total:
+        value: float
+
+    async with Agent("py-meaning", servers=server.url, heartbeat_interval=0) as calc:
+
+        @calc.command("total")
+        async def total(ctx: Context) -> dict[str, float]:
+            return {"value": float(sum(ctx.data()))}
+
+        @calc.command("refuse")
+        async def refuse(ctx: Context) -> None:
+            raise ChorusError(StatusCode.INVALID_ARGUMENT, "no")
+
+        @calc.command("slow")
+        async def slow(ctx: Context) -> None:
+            await asyncio.sleep(1.0)
+
+        async with Agent("py-meaning-caller", servers=server.url, heartbeat_interval=0) as caller:
+            answer = await caller.request("py-meaning", "total", [1, 2], returns=Total)
+            assert answer == Total(3.0)
+            with pytest.raises(Refused) as refused:
+                await caller.request("py-meaning", "refuse")
+            assert refused.value.status == StatusCode.INVALID_ARGUMENT
+            with pytest.raises(NoResponders) as nobody:
+                await caller.request("nobody-here", "total", [1])
+            assert nobody.value.status == StatusCode.NO_RESPONDERS
+            assert isinstance(nobody.value.__cause__, nats.errors.NoRespondersError)
+            with pytest.raises(TimeoutError) as late:
+                await caller.request("py-meaning", "slow", timeout=0.2)
+            assert isinstance(late.value, Timeout) and isinstance(late.value, ChorusError)
+            assert late.value.status == StatusCode.TIMEOUT
+            assert isinstance(late.value.__cause__, nats.errors.TimeoutError)
+        with pytest.raises(Unreachable) as gone:
+            await caller.request("py-meaning", "total", [1])
+        assert gone.value.status == StatusCode.UNAVAILABLE
 
 
 async def test_events_reach_every_matching_subscriber_and_gaps_are_counted(server: Any) -> None:

@@ -22,7 +22,7 @@ from .envelope import (  # noqa: E402
 )
 from .encryption import EncryptionKey  # noqa: E402
 from .signing import Identity, Verifier  # noqa: E402
-from .status import ChorusError, StatusCode  # noqa: E402
+from .status import ChorusError, NoResponders, Refused, StatusCode, Timeout, Unreachable  # noqa: E402
 from .subjects import SubjectError, Subjects  # noqa: E402
 from .tasks import TaskContext, TaskHandle, TaskResult, TaskStopped, TaskUpdate  # noqa: E402
 
@@ -38,8 +38,10 @@ __all__ = [
     "Identity",
     "InboxOptions",
     "Kind",
+    "NoResponders",
     "Performative",
     "Priority",
+    "Refused",
     "Reply",
     "RetryPolicies",
     "RetryPolicy",
@@ -53,6 +55,8 @@ __all__ = [
     "TaskState",
     "TaskStopped",
     "TaskUpdate",
+    "Timeout",
+    "Unreachable",
     "Verifier",
     "__version__",
     "decode",

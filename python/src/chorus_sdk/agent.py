@@ -10,7 +10,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, TypeVar, Union
+from typing import Any, Awaitable, Callable, Literal, TypeVar, Union, overload
 
 import nats
 import nats.errors
@@ -41,13 +41,16 @@ from .encryption import EncryptionKey, encrypt
 from . import service
 from .service import EndpointStats
 from .signing import Identity, Verifier
-from .status import ChorusError, StatusCode, is_success, reply_performative
+from .status import ChorusError, NoResponders, Refused, StatusCode, Timeout, Unreachable, is_success, reply_performative
 from .subjects import Subjects, validate_dotted, validate_token
 from .tasks import Check, TaskHandle, TaskHandler, TaskResult, Tasks
 from .tasks import verify as verify_task
 from .tasks import submit as submit_task
 
-log = logging.getLogger("chorus")
+log = logging.getLogger("chorus_sdk")
+
+# The type a request's answer is decoded into (`returns=`).
+R = TypeVar("R")
 
 Handler = Callable[[Context], Awaitable[Any]]
 EventHandler = Callable[[Context], Awaitable[None]]
@@ -290,7 +293,7 @@ class Agent:
     @property
     def nc(self) -> NATS:
         if self._nc is None:
-            raise ChorusError(StatusCode.UNAVAILABLE, f"agent {self.id} is not connected")
+            raise Unreachable(f"agent {self.id} is not connected")
         return self._nc
 
     async def connect(self) -> Agent:
@@ -591,6 +594,57 @@ class Agent:
         env.seq = Seq(count[0], count[1])
         await self._publish_envelope(subject, env)
 
+    @overload
+    async def request(
+        self,
+        agent: str,
+        command: str,
+        payload: Payload = None,
+        *,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        encrypt_for: list[str] | None = None,
+        raw: Literal[False] = False,
+        returns: type[R],
+    ) -> R: ...
+
+    @overload
+    async def request(
+        self,
+        agent: str,
+        command: str,
+        payload: Payload = None,
+        *,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        encrypt_for: list[str] | None = None,
+        raw: Literal[True],
+        returns: None = None,
+    ) -> Envelope: ...
+
+    @overload
+    async def request(
+        self,
+        agent: str,
+        command: str,
+        payload: Payload = None,
+        *,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        encrypt_for: list[str] | None = None,
+        raw: bool = False,
+        returns: None = None,
+    ) -> Any: ...
+
     async def request(
         self,
         agent: str,
@@ -615,6 +669,57 @@ class Agent:
         env.to = [agent]
         env.name = command
         return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns, encrypt_for)
+
+    @overload
+    async def request_capability(
+        self,
+        capability: str,
+        payload: Payload = None,
+        *,
+        at: str | None = None,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        encrypt_for: list[str] | None = None,
+        raw: Literal[False] = False,
+        returns: type[R],
+    ) -> R: ...
+
+    @overload
+    async def request_capability(
+        self,
+        capability: str,
+        payload: Payload = None,
+        *,
+        at: str | None = None,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        encrypt_for: list[str] | None = None,
+        raw: Literal[True],
+        returns: None = None,
+    ) -> Envelope: ...
+
+    @overload
+    async def request_capability(
+        self,
+        capability: str,
+        payload: Payload = None,
+        *,
+        at: str | None = None,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        encrypt_for: list[str] | None = None,
+        raw: bool = False,
+        returns: None = None,
+    ) -> Any: ...
 
     async def request_capability(
         self,
@@ -672,7 +777,7 @@ class Agent:
         try:
             return typed(_value(reply), returns)
         except DecodeError as e:
-            raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from None
+            raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from e
 
     async def exchange(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None = None) -> Envelope:
         """Sends ``env`` as a request on ``subject`` and returns the reply envelope within
@@ -681,18 +786,20 @@ class Agent:
         data = self.encode_for(subject, env, encoding)
         try:
             msg = await self.nc.request(subject, data, timeout=wait, headers=self.nats_headers(env))
-        except nats.errors.NoRespondersError:
-            raise ChorusError(StatusCode.NO_RESPONDERS, f"nobody serves {subject}") from None
-        except nats.errors.TimeoutError:
-            raise ChorusError(StatusCode.TIMEOUT, f"no reply from {subject} within {wait:.3f} s") from None
+        except nats.errors.NoRespondersError as err:
+            raise NoResponders(f"nobody serves {subject}") from err
+        except nats.errors.TimeoutError as err:
+            raise Timeout(f"no reply from {subject} within {wait:.3f} s") from err
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError) as err:
+            raise Unreachable(f"agent {self.id} lost its connection: {err}") from err
         try:
             reply, _ = decode(msg.data, self.subjects.implied(msg.subject))
         except DecodeError as e:
-            raise ChorusError(StatusCode.DATA_FORMAT, f"the reply did not decode: {e.reason}") from None
+            raise ChorusError(StatusCode.DATA_FORMAT, f"the reply did not decode: {e.reason}") from e
         if self.verifier is not None:
             self.verifier.verify(msg.subject, reply)
         if reply.status is not None and not is_success(reply.status):
-            raise ChorusError(reply.status, reply.reason or "")
+            raise Refused(reply.status, reply.reason or "")
         return reply
 
     async def send(
@@ -742,13 +849,13 @@ class Agent:
         js = self.nc.jetstream(timeout=self.request_timeout)
         try:
             ack = await js.publish(subject, data, headers=nats_headers or None)
-        except nats.errors.TimeoutError:
-            raise ChorusError(StatusCode.TIMEOUT, f"the inbox stream did not acknowledge {subject}") from None
-        except nats.js.errors.NoStreamResponseError:
+        except nats.errors.TimeoutError as err:
+            raise Timeout(f"the inbox stream did not acknowledge {subject}") from err
+        except nats.js.errors.NoStreamResponseError as err:
             raise ChorusError(
                 StatusCode.UNAVAILABLE,
                 f"no stream stores {subject}: start the coordinator (chorus serve) or a durable agent first",
-            ) from None
+            ) from err
         return int(ack.seq)
 
     async def discover(
@@ -1117,7 +1224,7 @@ def _value(reply: Envelope) -> Any:
         try:
             return decode_payload(reply.payload, reply.content_type)
         except DecodeError as e:
-            raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from None
+            raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from e
     return reply.payload
 
 

@@ -623,15 +623,15 @@ def decode(data: bytes, implied: Implied | None = None, limit: int | None = None
     except DecodeError:
         raise
     except (ValueError, msgpack.UnpackException, msgpack.ExtraData, RecursionError) as e:
-        raise _malformed(str(e) or type(e).__name__) from None
+        raise _malformed(str(e) or type(e).__name__) from e
     if not isinstance(raw, dict):
         raise _malformed("not a map")
     version = raw.get("version")
     try:
         env = _from_named(raw, binary=encoding is Encoding.MSGPACK)
-    except DecodeError:
+    except DecodeError as err:
         if isinstance(version, str) and not version.startswith("1."):
-            raise _unsupported(version) from None
+            raise _unsupported(version) from err
         raise
     if env.version[0] != 1:
         raise _unsupported(version if isinstance(version, str) else f"{env.version[0]}.{env.version[1]}")
@@ -686,8 +686,8 @@ def _bytes(name: str, v: Any, binary: bool) -> bytes:
         raise _malformed(f"{name} is not base64 text")
     try:
         return base64.b64decode(v, validate=True)
-    except (binascii.Error, ValueError):
-        raise _malformed(f"{name} is not standard base64") from None
+    except (binascii.Error, ValueError) as err:
+        raise _malformed(f"{name} is not standard base64") from err
 
 
 def _uuid(name: str, v: Any, binary: bool) -> uuid.UUID:
@@ -699,8 +699,8 @@ def _uuid(name: str, v: Any, binary: bool) -> uuid.UUID:
         raise _malformed(f"{name} is not a uuid string")
     try:
         return uuid.UUID(v)
-    except ValueError:
-        raise _malformed(f"{name} is not a uuid") from None
+    except ValueError as err:
+        raise _malformed(f"{name} is not a uuid") from err
 
 
 def _float(name: str, v: Any) -> float:
@@ -861,7 +861,7 @@ def _unpack_map(data: bytes, what: str) -> dict[Any, Any]:
     try:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData, RecursionError) as e:
-        raise _malformed(f"{what}{e or type(e).__name__}") from None
+        raise _malformed(f"{what}{e or type(e).__name__}") from e
     if not isinstance(raw, dict):
         raise _malformed(f"{what}not a map")
     if len(raw) != _map_header(data):
@@ -1081,8 +1081,8 @@ def _decode_compact(data: bytes) -> Envelope:
                 traceparent = _c_str(raw[25])
             key = 24
             tracestate = _c_str(raw[24]) if 24 in raw else None
-    except ValueError:
-        raise _malformed(f"{_PREFIX}key {key} does not read") from None
+    except ValueError as err:
+        raise _malformed(f"{_PREFIX}key {key} does not read") from err
     if traceparent is not None:
         env.trace = Trace(traceparent, tracestate)
     elif tracestate is not None:
@@ -1122,7 +1122,7 @@ def encode_payload(value: Any, content_type: str = CONTENT_TYPE_MSGPACK) -> byte
         if base in (CONTENT_TYPE_MSGPACK, "application/x-msgpack", "application/vnd.msgpack"):
             return bytes(msgpack.packb(value, use_bin_type=True, default=_plain))
     except (TypeError, ValueError, OverflowError) as e:
-        raise DecodeError(f"payload: {e}") from None
+        raise DecodeError(f"payload: {e}") from e
     raise DecodeError(f"unsupported payload content type {content_type!r}")
 
 
@@ -1147,7 +1147,7 @@ def typed(value: Any, cls: type[T] | None) -> Any:
         if isinstance(value, cls):
             return value
     except (TypeError, ValueError) as e:
-        raise DecodeError(f"payload is not a {cls.__name__}: {e}") from None
+        raise DecodeError(f"payload is not a {cls.__name__}: {e}") from e
     raise DecodeError(f"payload is not a {cls.__name__}: got {type(value).__name__}")
 
 
@@ -1160,7 +1160,7 @@ def decode_payload(data: bytes, content_type: str = CONTENT_TYPE_MSGPACK) -> Any
         if base in (CONTENT_TYPE_MSGPACK, "application/x-msgpack", "application/vnd.msgpack"):
             return msgpack.unpackb(data, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException, msgpack.ExtraData) as e:
-        raise DecodeError(f"payload: {e}") from None
+        raise DecodeError(f"payload: {e}") from e
     raise DecodeError(f"unsupported payload content type {content_type!r}")
 
 

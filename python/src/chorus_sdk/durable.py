@@ -24,7 +24,7 @@ from .exactly_once import RetryAfter
 from .status import ChorusError, StatusCode
 
 
-log = logging.getLogger("chorus")
+log = logging.getLogger("chorus_sdk")
 
 INBOX_STREAM = "INBOX"
 #: How long the server keeps an on-demand consumer no client pulls from (its agent went away).

@@ -51,7 +51,7 @@ class EncryptionKey:
             raw = base64.b64decode(secret, validate=True)
             return cls(X25519PrivateKey.from_private_bytes(raw))
         except (binascii.Error, ValueError) as e:
-            raise ValueError(f"not an X25519 private key in base64: {e}") from None
+            raise ValueError(f"not an X25519 private key in base64: {e}") from e
 
     @property
     def public_key(self) -> str:
@@ -80,8 +80,8 @@ class EncryptionKey:
             raise ChorusError(StatusCode.ACCESS, "the message key does not open with this agent's key")
         try:
             message_sk = X25519PrivateKey.from_private_bytes(message_key)
-        except ValueError:
-            raise ChorusError(StatusCode.DATA_FORMAT, "malformed message key") from None
+        except ValueError as err:
+            raise ChorusError(StatusCode.DATA_FORMAT, "malformed message key") from err
         plain = _open(env.payload, message_sk)
         if plain is None:
             raise ChorusError(StatusCode.DATA_FORMAT, "the payload does not decrypt")
@@ -110,7 +110,7 @@ def encrypt(env: Envelope, recipients: list[tuple[str, str]]) -> None:
         try:
             pk = X25519PublicKey.from_public_bytes(base64.b64decode(public, validate=True))
         except (binascii.Error, ValueError) as e:
-            raise ChorusError(StatusCode.INVALID_ARGUMENT, f"{agent}'s key: {e}") from None
+            raise ChorusError(StatusCode.INVALID_ARGUMENT, f"{agent}'s key: {e}") from e
         wrapped.append(Recipient(agent, bytes(_SUITE.encrypt(_raw_private(message_sk), pk, info=INFO))))
     env.encryption = Encryption(ENCRYPTION_ALG, env.content_type, wrapped)
     env.content_type = CONTENT_TYPE_ENCRYPTED

@@ -22,7 +22,7 @@ from .envelope import Envelope, now_ms
 from .status import ChorusError, StatusCode
 
 
-log = logging.getLogger("chorus")
+log = logging.getLogger("chorus_sdk")
 
 IDEMPOTENCY_BUCKET = "idempotency"
 DEFAULT_IDEMPOTENCY_TTL = 24 * 3600.0

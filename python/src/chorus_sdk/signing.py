@@ -37,7 +37,7 @@ class Identity:
             self._pair = nkeys.from_seed(seed.encode() if isinstance(seed, str) else seed)
             public = self._pair.public_key
         except Exception as e:  # nkeys raises several kinds for a bad seed
-            raise ValueError(f"not a valid nkey seed: {e}") from None
+            raise ValueError(f"not a valid nkey seed: {e}") from e
         self.public_key: str = public.decode() if isinstance(public, bytes) else str(public)
         if not self.public_key.startswith("U"):
             raise ValueError("not a user nkey seed (it must start with SU)")
@@ -121,8 +121,8 @@ class Verifier:
             )
         try:
             entry[1].verify(canonical_bytes(subject, env), bytes(sig.value))
-        except (nacl.exceptions.BadSignatureError, ValueError, TypeError):
-            raise ChorusError(StatusCode.IDENTITY, "the signature does not verify") from None
+        except (nacl.exceptions.BadSignatureError, ValueError, TypeError) as err:
+            raise ChorusError(StatusCode.IDENTITY, "the signature does not verify") from err
         with self._lock:
             if now >= self._next_prune:
                 self._seen = {k: v for k, v in self._seen.items() if v > now}

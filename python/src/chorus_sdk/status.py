@@ -71,7 +71,14 @@ def reply_performative(code: int) -> str:
 
 class ChorusError(Exception):
     """A failure with its Chorus status code: raised by requests that fail, and raised by a
-    handler to answer with that code (anything else a handler raises is answered 5017)."""
+    handler to answer with that code (anything else a handler raises is answered 5017).
+
+    What a call raises says what went wrong, so a caller can catch by meaning:
+    :class:`Refused` (the other side answered with a failure code), :class:`Timeout` (no
+    answer in time; also a :class:`TimeoutError`), :class:`NoResponders` (nobody serves the
+    subject), :class:`Unreachable` (no connection to the bus). Each is a ``ChorusError`` with
+    its code, so ``except ChorusError`` still catches them all; the cause, when there is one,
+    is kept as ``__cause__``."""
 
     def __init__(self, status: int, reason: str = "") -> None:
         super().__init__(f"{status} {label(status)}: {reason}" if reason else f"{status} {label(status)}")
@@ -85,3 +92,30 @@ class ChorusError(Exception):
             return StatusCode(self.status)
         except ValueError:
             return self.status
+
+
+class Refused(ChorusError):
+    """The other side answered with a failure code: a refusal (5006, 5007, 5010, ...) or a
+    handler's failure (5017, 5018, ...). :attr:`status` is its code."""
+
+
+class Timeout(ChorusError, TimeoutError):
+    """No answer within the timeout (5005); also a :class:`TimeoutError`."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(StatusCode.TIMEOUT, reason)
+
+
+class NoResponders(ChorusError):
+    """Nobody serves the subject (5012): the server said so at once."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(StatusCode.NO_RESPONDERS, reason)
+
+
+class Unreachable(ChorusError):
+    """The bus cannot be reached: the agent is not connected, or its connection is gone
+    (5019)."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(StatusCode.UNAVAILABLE, reason)

@@ -35,10 +35,10 @@ from .envelope import (
     TaskState,
     now_ms,
 )
-from .status import ChorusError, StatusCode
+from .status import ChorusError, StatusCode, Timeout
 
 
-log = logging.getLogger("chorus")
+log = logging.getLogger("chorus_sdk")
 
 TASK_STREAM = "TASKS"
 TASK_RETENTION_SECS = 7 * 24 * 3600
@@ -548,11 +548,11 @@ class TaskHandle:
         waits: list[float] = [t for t in (timeout, self._expiry_wait()) if t is not None]
         try:
             return await asyncio.wait_for(follow(), min(waits) if waits else None)
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError as err:
             expiry = self._expiry_wait()
             if expiry is not None and (timeout is None or expiry <= timeout):
                 return await self._record(TaskState.EXPIRED, "the task's deadline passed before it finished")
-            raise ChorusError(StatusCode.TIMEOUT, f"task {self.id} did not end within {timeout} s") from None
+            raise Timeout(f"task {self.id} did not end within {timeout} s") from err
 
     def _expiry_wait(self) -> float | None:
         if self.deadline_ms is None:
