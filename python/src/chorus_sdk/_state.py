@@ -1,0 +1,168 @@
+"""An agent's settings and state, what every layer of :class:`~chorus_sdk.Agent` shares: its
+identity and options, its connection, the tasks it owns, and what it counted.
+
+The agent is built in layers, each a class in a room of its own and each using only those
+below it: this state, :mod:`.outbound` (what it sends), :mod:`.inbound` (what it receives, the
+pipeline and the replies), :mod:`.presence` (heartbeats, goodbye, discovery answers),
+:mod:`.handlers` (what it serves), and :mod:`.agent` (connecting, shutting down, tasks)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, TypeVar, Union, cast
+from ._host import Host
+
+import nats
+import nats.errors
+from nats.aio.client import Client as NATS
+
+from .codec import Encoding
+from .context import Context
+from .durable import DurableInbox, InboxOptions
+from .exactly_once import ExactlyOnce
+from .envelope import DEFAULT_HOP_LIMIT, Delivery, now_ms, uuid7
+from .encryption import EncryptionKey
+from .service import EndpointStats
+from .signing import Identity, Verifier
+from .status import Unreachable
+from .subjects import Subjects, validate_token
+from .tasks import Tasks
+
+log = logging.getLogger("chorus_sdk")
+
+# The type a request's answer is decoded into (`returns=`).
+R = TypeVar("R")
+
+Handler = Callable[[Context], Awaitable[Any]]
+EventHandler = Callable[[Context], Awaitable[None]]
+Payload = Union[bytes, Any]
+
+# How many handlers may wait for a slot per agent before requests are refused with 5019 and
+# events dropped (counted), as the Rust SDK's queue capacity.
+DEFAULT_QUEUE_CAPACITY = 4096
+# The most subjects an agent keeps event counts for (section 4.1, `seq`).
+MAX_SEQ_SUBJECTS = 4096
+
+
+
+@dataclass
+class Stats:
+    """What an agent counted."""
+
+    handled: int = 0
+    failed: int = 0
+    refused: int = 0
+    dropped: int = 0
+    lost: int = 0
+    shed: int = 0
+    redelivered: int = 0
+    retries: int = 0
+    dead_lettered: int = 0
+    duplicates: int = 0
+    #: Inbox consumers opened because commands waited, and deleted once none did (on demand).
+    inbox_consumers_opened: int = 0
+    inbox_consumers_released: int = 0
+
+
+
+
+class AgentState:
+    """The settings and state every layer of an agent shares."""
+
+
+    def __init__(
+        self,
+        id: str,
+        *,
+        servers: str | list[str] = "nats://127.0.0.1:4222",
+        root: str = "chorus",
+        encoding: Encoding | None = None,
+        identity: Identity | None = None,
+        verifier: Verifier | None = None,
+        encryption_key: EncryptionKey | None = None,
+        heartbeat_interval: float = 5.0,
+        request_timeout: float = 5.0,
+        max_in_flight: int = 64,
+        queue_capacity: int = DEFAULT_QUEUE_CAPACITY,
+        hop_limit: int = DEFAULT_HOP_LIMIT,
+        groups: list[str] | None = None,
+        capability_version: str = "",
+        max_message_bytes: int | None = None,
+        durable_inbox: bool = True,
+        service_discovery: bool = True,
+        inbox: InboxOptions | None = None,
+        default_delivery: Delivery = Delivery.AT_LEAST_ONCE,
+        shutdown_timeout: float = 10.0,
+        nats_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.id = validate_token("agent id", id)
+        self.subjects = Subjects(root)
+        self.servers = [servers] if isinstance(servers, str) else list(servers)
+        self._fixed_encoding = encoding
+        self._bus_major = 1
+        self.identity = identity
+        self.verifier = verifier
+        self.encryption_key = encryption_key
+        self._encryption_trust: dict[str, str] = {}
+        self.heartbeat_interval = heartbeat_interval
+        self.request_timeout = request_timeout
+        self.max_in_flight = max_in_flight
+        self.queue_capacity = queue_capacity
+        self.hop_limit = hop_limit
+        self.groups = [validate_token("group", g) for g in (groups or [])]
+        self.capability_version = capability_version
+        self.max_message_bytes = max_message_bytes
+        self.durable_inbox = durable_inbox
+        self.service_discovery = service_discovery
+        self._endpoint_stats: dict[str, EndpointStats] = {}
+        self.inbox_options = inbox or InboxOptions()
+        self.reconnect_hooks: list[Callable[[], None]] = []
+        self.default_delivery = default_delivery
+        self.shutdown_timeout = shutdown_timeout
+        self.nats_options = dict(nats_options or {})
+        self.instance = uuid7().hex
+        self.started_ms = now_ms()
+        self.stats = Stats()
+
+        self._commands: dict[str, Handler] = {}
+        self._capabilities: dict[str, Handler] = {}
+        self._events: dict[str, EventHandler] = {}
+        self._nc: NATS | None = None
+        self._subs: list[Any] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._waiting = 0
+        self._busy = 0
+        self._seq: dict[str, list[int]] = {}
+        self._stopping = False
+        self._stopped = asyncio.Event()
+        self._durable: DurableInbox | None = None
+        # The parts that serve the agent see it as their Host; every layer is mixed in by Agent.
+        host = cast("Host", self)
+        self._task_worker = Tasks(host)
+        self._exactly_once = ExactlyOnce(host)
+
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the agent is shutting down."""
+        return self._stopping
+
+    async def until_stopping(self) -> None:
+        """Returns once the agent starts shutting down."""
+        await self._stopped.wait()
+
+    @property
+    def nc(self) -> NATS:
+        if self._nc is None:
+            raise Unreachable(f"agent {self.id} is not connected")
+        return self._nc
+
+    def spawn(self, coro: Awaitable[Any], name: str = "chorus-setup") -> asyncio.Task[Any]:
+        """Runs ``coro`` as a task this agent owns: it waits for it at shutdown."""
+        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task

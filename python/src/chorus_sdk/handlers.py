@@ -1,0 +1,133 @@
+"""What an agent serves: commands, capabilities, events and tasks, registered before or
+after it connects (a late one is subscribed and announced at once), and the durable inbox its
+commands start."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Awaitable, Callable, TypeVar
+
+
+from .context import Context
+from .durable import DurableInbox
+from .subjects import validate_dotted, validate_token
+from .tasks import TaskHandler
+
+from ._state import EventHandler, Handler, log
+from .presence import Presence
+
+
+class Handlers(Presence):
+    """The serving layer of an agent."""
+
+    # -----------------------------------------------------------------------------------------
+    # Handlers
+
+    def on_command(self, name: str, handler: Handler) -> None:
+        """Handles requests and commands sent to ``<root>.agent.<id>.<name>``, and durable
+        commands stored for this agent under that name."""
+        self._commands[validate_token("command name", name)] = handler
+        self._changed()
+
+    def on_capability(self, capability: str, handler: Handler) -> None:
+        """Serves a capability's access point (``<root>.cap.<capability>``, in its queue group)
+        and this agent's own (``<root>.agent.<id>.cap.<capability>``)."""
+        self._capabilities[validate_dotted("capability", capability)] = handler
+        self._changed(capability=capability)
+
+    def on_event(self, pattern: str, handler: EventHandler) -> None:
+        """Runs ``handler`` for every event whose topic matches ``pattern`` (``*`` a token,
+        ``>`` the rest)."""
+        self.subjects.event_pattern(pattern)
+        self._events[pattern] = handler
+        self._changed(pattern=pattern)
+
+    def command(self, name: str) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`on_command`: ``@agent.command("add")``."""
+
+        def register(f: Handler) -> Handler:
+            self.on_command(name, _as_async(f))
+            return f
+
+        return register
+
+    def capability(self, capability: str) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`on_capability`."""
+
+        def register(f: Handler) -> Handler:
+            self.on_capability(capability, _as_async(f))
+            return f
+
+        return register
+
+    def event(self, pattern: str) -> Callable[[EventHandler], EventHandler]:
+        """Decorator form of :meth:`on_event`."""
+
+        def register(f: EventHandler) -> EventHandler:
+            self.on_event(pattern, _as_async(f))
+            return f
+
+        return register
+
+    def on_task(self, name: str, handler: TaskHandler) -> None:
+        """Serves task ``name`` (section 7.4): a submission to ``<root>.agent.<id>.<name>`` is
+        taken (answered 5002) and ``handler`` runs with a :class:`TaskContext`; what it returns
+        completes the task, a :class:`ChorusError` it raises fails it with that code."""
+        self.on_command(name, self._task_worker.endpoint(_as_async(handler)))
+
+    def on_task_capability(self, capability: str, handler: TaskHandler) -> None:
+        """Serves tasks submitted to a capability."""
+        self.on_capability(capability, self._task_worker.endpoint(_as_async(handler)))
+
+    def task(self, name: str) -> Callable[[TaskHandler], TaskHandler]:
+        """Decorator form of :meth:`on_task`: ``@agent.task("draft")``."""
+
+        def register(f: TaskHandler) -> TaskHandler:
+            self.on_task(name, f)
+            return f
+
+        return register
+
+    def _changed(self, capability: str | None = None, pattern: str | None = None) -> None:
+        """A handler registered while connected: subscribe what it needs and announce it."""
+        if self._nc is None or not self._nc.is_connected:
+            return
+
+        async def apply() -> None:
+            if capability is not None:
+                await self._subscribe_capability(capability)
+            if pattern is not None:
+                await self._subscribe_event(pattern)
+            if self._commands and self.durable_inbox:
+                await self._start_durable()
+            await self._heartbeat()
+
+        self.spawn(apply())
+
+
+    # -----------------------------------------------------------------------------------------
+    # Durable inbox
+
+    async def _start_durable(self) -> None:
+        if self._durable is None:
+            self._durable = DurableInbox(self, self.inbox_options)
+        try:
+            await self._durable.start()
+        except Exception as e:  # noqa: BLE001 - a bus without JetStream still serves core traffic
+            log.warning("agent %s: durable inbox not started: %s", self.id, e)
+
+
+
+C = TypeVar("C", bound=Context)
+
+
+def _as_async(f: Callable[[C], Any]) -> Callable[[C], Awaitable[Any]]:
+    """A handler written as a plain function runs as a coroutine."""
+    if inspect.iscoroutinefunction(f):
+        return f
+
+    async def call(ctx: C) -> Any:
+        return f(ctx)
+
+    return call
+

@@ -1,0 +1,257 @@
+"""What an agent receives: its subscriptions, one reader per message with a bounded queue,
+the inbound pipeline (admission, signature, decryption, the handler, exactly-once), and the
+reply each outcome becomes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from nats.aio.msg import Msg
+
+from .codec import DecodeError, Encoding, decode, encode_payload, sniff
+from .context import Context, Reply
+from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Delivery, Envelope, Kind, Performative, Seq, now_ms
+from .service import EndpointStats
+from .status import ChorusError, StatusCode, reply_performative
+
+from ._state import MAX_SEQ_SUBJECTS, log
+from .outbound import Outbound, unreadable_payload
+
+
+@dataclass
+class _Gaps:
+    seen: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+
+    def observe(self, sender: str, subject: str, seq: Seq | None) -> int:
+        if seq is None:
+            return 0
+        key = (sender, subject)
+        last = self.seen.get(key)
+        if last is None or last[0] != seq.epoch:
+            self.seen[key] = (seq.epoch, seq.n)
+            return 0
+        if seq.n <= last[1]:
+            return 0
+        self.seen[key] = (seq.epoch, seq.n)
+        if len(self.seen) > MAX_SEQ_SUBJECTS:
+            self.seen.pop(next(iter(self.seen)))
+        return seq.n - last[1] - 1
+
+
+class Inbound(Outbound):
+    """The receiving layer of an agent."""
+
+    # -----------------------------------------------------------------------------------------
+    # Receiving
+
+    async def _subscribe_capability(self, capability: str) -> None:
+        nc = self.nc
+        shared = self.subjects.capability(capability)
+        self._subs.append(await nc.subscribe(shared, queue=shared, cb=self._inbound("capability", capability)))
+        own = self.subjects.capability_at(self.id, capability)
+        self._subs.append(await nc.subscribe(own, cb=self._inbound("capability", capability)))
+
+    async def _subscribe_event(self, pattern: str) -> None:
+        gaps = _Gaps()
+        self._subs.append(
+            await self.nc.subscribe(self.subjects.event_pattern(pattern), cb=self._inbound("event", pattern, gaps))
+        )
+
+    def _inbound(self, route: str, name: str = "", gaps: _Gaps | None = None) -> Callable[[Msg], Awaitable[None]]:
+        async def on_message(msg: Msg) -> None:
+            if self._stopping:
+                return
+            # Decoded once, here: an event's numbering is checked as it arrives, before anything
+            # is queued, and the handler gets the same envelope.
+            decoded = self._decode(msg)
+            if gaps is not None and not isinstance(decoded, DecodeError):
+                self.stats.lost += gaps.observe(decoded[0].from_, msg.subject, decoded[0].seq)
+            if self._waiting >= self.queue_capacity:
+                await self._overflow(msg, route)
+                return
+            self._waiting += 1
+            self.spawn(self._run(msg, route, name, decoded), name="chorus-handler")
+
+        return on_message
+
+    def _decode(self, msg: Msg) -> tuple[Envelope, Encoding] | DecodeError:
+        try:
+            return decode(msg.data, self.subjects.implied(msg.subject), self.max_message_bytes)
+        except DecodeError as e:
+            return e
+
+    async def _overflow(self, msg: Msg, route: str) -> None:
+        if route == "event" or not msg.reply:
+            self.stats.dropped += 1
+            self.stats.lost += 1
+            return
+        self.stats.shed += 1
+        await self._answer(msg, None, _encoding_of(msg.data, self.encoding), ChorusError(StatusCode.UNAVAILABLE, "overloaded: the agent's queue is full"))
+
+    async def _run(self, msg: Msg, route: str, name: str, decoded: tuple[Envelope, Encoding] | DecodeError) -> None:
+        try:
+            async with self._slots:
+                self._waiting -= 1
+                self._busy += 1
+                try:
+                    await self._process(msg, route, name, decoded)
+                finally:
+                    self._busy -= 1
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a handler's crash must not end the agent
+            log.exception("agent %s: message on %s not handled", self.id, msg.subject)
+
+    async def _process(self, msg: Msg, route: str, name: str, decoded: tuple[Envelope, Encoding] | DecodeError) -> None:
+        if isinstance(decoded, DecodeError):
+            self.stats.refused += 1
+            encoding = _encoding_of(msg.data, self.encoding)
+            await self._answer(msg, None, encoding, ChorusError(StatusCode.DATA_FORMAT, decoded.reason))
+            return
+        env, encoding = decoded
+        outcome = await self.handle(env, msg.subject, route, name)
+        if route == "event":
+            if isinstance(outcome, ChorusError):
+                log.warning("agent %s: event handler failed on %s: %s", self.id, msg.subject, outcome)
+            return
+        await self._answer(msg, env, encoding, outcome)
+
+    async def handle(self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1) -> Any:
+        """The inbound pipeline after decoding: admission, signature, the handler. Returns the
+        handler's value, or the :class:`ChorusError` to answer with."""
+        refused = self._admit(env, subject)
+        if refused is not None:
+            self.stats.refused += 1
+            return refused
+        if route == "command":
+            command = self.subjects.command_name(subject) or self.subjects.durable_command(subject) or ""
+            handler = self._commands.get(command)
+        elif route == "capability":
+            handler = self._capabilities.get(name)
+        else:
+            handler = self._events.get(name)
+        if handler is None:
+            self.stats.refused += 1
+            return ChorusError(StatusCode.UNKNOWN_COMMAND, f"no handler for {subject}")
+        ctx = Context(self, env, subject, attempt)
+        started = time.perf_counter_ns()
+        if env.delivery is Delivery.EXACTLY_ONCE and route != "event":
+            outcome = await self._exactly_once.run(env, lambda: self._invoke(handler, ctx))
+        else:
+            outcome = await self._invoke(handler, ctx)
+        if route != "event":
+            endpoint = name if route == "capability" else (self.subjects.command_name(subject) or self.subjects.durable_command(subject) or "")
+            self._endpoint_stats.setdefault(endpoint, EndpointStats()).record(
+                time.perf_counter_ns() - started,
+                f"{outcome.status} {outcome.reason}" if isinstance(outcome, ChorusError) else None,
+            )
+        return outcome
+
+    async def _invoke(self, handler: Callable[[Context], Awaitable[Any]], ctx: Context) -> Any:
+        """Runs a handler: its value, or the :class:`ChorusError` to answer with (anything
+        else it raises is 5017)."""
+        try:
+            result = await handler(ctx)
+        except ChorusError as e:
+            self.stats.failed += 1
+            return e
+        except DecodeError as e:
+            self.stats.failed += 1
+            return ChorusError(StatusCode.DATA_FORMAT, e.reason)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - answered as 5017, never a crash
+            self.stats.failed += 1
+            log.warning("agent %s: handler for %s raised %r", self.id, ctx.subject, e)
+            return ChorusError(StatusCode.HANDLER_FAILED, f"{type(e).__name__}: {e}")
+        self.stats.handled += 1
+        return result
+
+    def _admit(self, env: Envelope, subject: str) -> ChorusError | None:
+        if env.kind is Kind.UNKNOWN:
+            return ChorusError(StatusCode.DATA_FORMAT, "unknown message kind")
+        expires = env.expires_ms()
+        if expires is not None and now_ms() > expires:
+            return ChorusError(StatusCode.EXPIRED, "the message expired before it was handled")
+        limit = min(env.hop_limit, self.hop_limit)
+        if env.hops > limit:
+            return ChorusError(StatusCode.LOOP_DETECTED, f"hops {env.hops} exceed the hop limit {limit}")
+        if self.verifier is not None:
+            try:
+                self.verifier.verify(subject, env)
+            except ChorusError as e:
+                return e
+        # After the signature check (which covers the payload as sent), as the Rust SDK opens
+        # payloads; before decryption, as there is nothing this SDK could do with the result.
+        unread = unreadable_payload(env)
+        if unread is not None:
+            return unread
+        if env.encryption is not None:
+            # After the signature check, which covers the ciphertext.
+            if self.encryption_key is None:
+                return ChorusError(StatusCode.ACCESS, "this agent has no decryption key")
+            try:
+                self.encryption_key.decrypt(self.id, env)
+            except ChorusError as e:
+                return e
+        return None
+
+    def reply_envelope(self, request: Envelope | None, outcome: Any) -> Envelope:
+        """The response to ``request`` for a handler's value or error (section 7.1)."""
+        if isinstance(outcome, ChorusError):
+            status, reason = outcome.status, outcome.reason
+        else:
+            status, reason = int(StatusCode.OK), None
+        env = Envelope.new(Kind.RESPONSE, Performative.read(reply_performative(status)), self.id)
+        env.status = status
+        env.reason = reason or (None if status in (5001, 5002, 5021) else "")
+        if request is not None:
+            env.in_reply_to = request.id
+            env.correlation_id = request.conversation
+            env.to = [request.from_]
+            env.name, env.capability = request.name, request.capability
+            env.hops, env.hop_limit = request.hops, request.hop_limit
+            env.trace = request.trace
+            env.content_type = request.content_type
+        if not isinstance(outcome, ChorusError):
+            env.payload, env.content_type = self.reply_payload(request, outcome)
+        return env
+
+    @staticmethod
+    def reply_payload(request: Envelope | None, value: Any) -> tuple[bytes, str]:
+        """A handler's value as a reply payload: raw for a :class:`Reply`, else encoded in the
+        request's content type (MessagePack unless it asked in JSON)."""
+        if isinstance(value, Reply):
+            return value.payload, value.content_type
+        asked = request.content_type if request is not None else CONTENT_TYPE_MSGPACK
+        content_type = CONTENT_TYPE_JSON if asked == CONTENT_TYPE_JSON else CONTENT_TYPE_MSGPACK
+        return encode_payload(value, content_type), content_type
+
+    async def _answer(self, msg: Msg, request: Envelope | None, encoding: Encoding, outcome: Any) -> None:
+        if not msg.reply:
+            return
+        env = self.reply_envelope(request, outcome)
+        if env.content_type == CONTENT_TYPE_OBJECT:
+            # A refusal of a request whose payload came by reference carries no payload of
+            # that kind (as the Rust SDK answers it).
+            env.content_type = encoding.content_type
+        try:
+            data = self.encode_for(msg.reply, env, encoding)
+        except ChorusError as e:
+            # Too large for the server: a refusal instead.
+            env = self.reply_envelope(request, e)
+            data = self.encode_for(msg.reply, env, encoding)
+        try:
+            await self.nc.publish(msg.reply, data, headers=self.nats_headers(env))
+        except Exception as e:  # noqa: BLE001 - the caller times out
+            log.debug("reply not sent: %s", e)
+
+
+
+def _encoding_of(data: bytes, default: Encoding) -> Encoding:
+    """The encoding to answer a message in: its own, else this agent's (section 3.1)."""
+    return sniff(data) or default
+

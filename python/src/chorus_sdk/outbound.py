@@ -1,0 +1,499 @@
+"""What an agent sends: envelopes built and forwarded (hop count, deadline, trace), signed and
+encoded within the size limit, published, requested with a typed answer, sent durably;
+discovery and broadcast through the coordinator; payloads sealed for named recipients."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Literal, TypeVar, overload
+
+import nats
+import nats.errors
+from nats.aio.msg import Msg
+
+from .codec import DecodeError, Encoding, decode, decode_payload, encode, encode_payload, typed
+from .context import Reply
+from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Delivery, Envelope, Expect, Kind, Performative, Priority, Seq
+from .encryption import encrypt
+from .status import ChorusError, NoResponders, Refused, StatusCode, Timeout, Unreachable, is_success
+from .subjects import validate_dotted, validate_token
+
+from ._state import MAX_SEQ_SUBJECTS, AgentState, Payload, R
+
+O = TypeVar("O", bound="Outbound")
+
+
+class Outbound(AgentState):
+    """The sending layer of an agent."""
+
+    @property
+    def encoding(self) -> Encoding:
+        """The form this agent writes: its own if set, else the bus's (section 3.5)."""
+        if self._fixed_encoding is not None:
+            return self._fixed_encoding
+        return Encoding.COMPACT if self._bus_major == 2 else Encoding.MSGPACK
+
+    def trust_encryption(self: O, agent: str, public_key: str) -> O:
+        """Registers ``agent``'s public encryption key (base64) for ``encrypt_for``, besides
+        the one its manifest announces."""
+        self._encryption_trust[validate_token("agent id", agent)] = public_key
+        return self
+
+    async def _encrypt(self, env: Envelope, recipients: list[str]) -> None:
+        """Seals ``env``'s payload for ``recipients``; keys from :meth:`trust_encryption`, else
+        from the registry (discovery). 5007 when one has no known key."""
+        missing = [a for a in recipients if a not in self._encryption_trust]
+        if missing:
+            try:
+                for record in await self.discover():
+                    manifest = record.get("manifest", {})
+                    if manifest.get("agent") in missing and manifest.get("encryption_key"):
+                        self._encryption_trust[manifest["agent"]] = manifest["encryption_key"]
+            except ChorusError:
+                pass
+        keys = []
+        for agent in recipients:
+            key = self._encryption_trust.get(agent)
+            if key is None:
+                raise ChorusError(StatusCode.ACCESS, f"no encryption key is known for {agent}")
+            keys.append((agent, key))
+        encrypt(env, keys)
+
+
+    # -----------------------------------------------------------------------------------------
+    # Sending
+
+    def _envelope(
+        self,
+        kind: Kind,
+        performative: Performative,
+        parent: Envelope | None,
+        *,
+        hop_limit: int | None = None,
+    ) -> Envelope:
+        """A new envelope; a forward of ``parent`` when given (section 7.3)."""
+        env = Envelope.new(kind, performative, self.id)
+        env.hop_limit = min(hop_limit or self.hop_limit, self.hop_limit)
+        if parent is not None:
+            env.correlation_id = parent.conversation
+            env.hops = parent.hops + 1
+            env.hop_limit = min(env.hop_limit, parent.hop_limit)
+            if env.hops > env.hop_limit:
+                raise ChorusError(StatusCode.LOOP_DETECTED, f"hop limit {env.hop_limit} reached")
+            expires = parent.expires_ms()
+            if expires is not None:
+                if expires <= env.timestamp_ms:
+                    raise ChorusError(StatusCode.EXPIRED, "the message this answers has expired")
+                env.deadline_ms = expires
+            env.trace = parent.trace
+            env.session_id = parent.session_id
+            env.customer_id = parent.customer_id
+        return env
+
+    def set_payload(self, env: Envelope, payload: Payload, content_type: str | None) -> None:
+        """Puts a payload into ``env``: bytes as they are, a ``Reply`` with its content type,
+        any other value encoded (MessagePack unless ``content_type`` says JSON)."""
+        if isinstance(payload, Reply):
+            env.payload, env.content_type = payload.payload, payload.content_type
+        elif isinstance(payload, (bytes, bytearray, memoryview)):
+            env.payload = bytes(payload)
+            env.content_type = content_type or "application/octet-stream"
+        else:
+            # None travels as nil (`null` in JSON), as the Rust SDK writes a unit value.
+            env.content_type = content_type or CONTENT_TYPE_MSGPACK
+            env.payload = encode_payload(payload, env.content_type)
+
+    def encode_for(self, subject: str, env: Envelope, encoding: Encoding | None = None) -> bytes:
+        """``env`` signed (when this agent signs) and encoded for ``subject``, within the size
+        limit (5006 past it)."""
+        if self.identity is not None and env.signature is None:
+            self.identity.sign(subject, env)
+        data = encode(env, encoding or self.encoding, self.subjects.implied(subject))
+        limit = self.max_message_bytes
+        if limit is not None and len(data) > limit:
+            raise ChorusError(StatusCode.DATA_FORMAT, f"message of {len(data)} bytes exceeds the limit of {limit} bytes")
+        return data
+
+    @staticmethod
+    def nats_headers(env: Envelope) -> dict[str, str] | None:
+        """The NATS headers that mirror ``env``: its trace context, when it has one."""
+        if env.trace is None:
+            return None
+        headers = {"traceparent": env.trace.traceparent}
+        if env.trace.tracestate is not None:
+            headers["tracestate"] = env.trace.tracestate
+        return headers
+
+    async def _publish_envelope(self, subject: str, env: Envelope, reply: str = "") -> None:
+        await self.nc.publish(subject, self.encode_for(subject, env), reply=reply, headers=self.nats_headers(env))
+
+    async def publish(
+        self,
+        topic: str,
+        payload: Payload = None,
+        *,
+        content_type: str | None = None,
+        priority: Priority = Priority.NORMAL,
+        headers: dict[str, str] | None = None,
+        parent: Envelope | None = None,
+    ) -> None:
+        """Publishes an event on ``<root>.evt.<topic>``, numbered on its subject."""
+        subject = self.subjects.event(topic)
+        env = self._envelope(Kind.EVENT, Performative.INFORM, parent)
+        env.topic = topic
+        env.priority = priority
+        env.headers = dict(headers or {})
+        self.set_payload(env, payload, content_type)
+        count = self._seq.get(subject)
+        if count is None:
+            if len(self._seq) >= MAX_SEQ_SUBJECTS:
+                self._seq.pop(next(iter(self._seq)))
+            count = self._seq[subject] = [random.getrandbits(32), 0]
+        count[1] += 1
+        env.seq = Seq(count[0], count[1])
+        await self._publish_envelope(subject, env)
+
+    @overload
+    async def request(
+        self,
+        agent: str,
+        command: str,
+        payload: Payload = None,
+        *,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        encrypt_for: list[str] | None = None,
+        raw: Literal[False] = False,
+        returns: type[R],
+    ) -> R: ...
+
+    @overload
+    async def request(
+        self,
+        agent: str,
+        command: str,
+        payload: Payload = None,
+        *,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        encrypt_for: list[str] | None = None,
+        raw: Literal[True],
+        returns: None = None,
+    ) -> Envelope: ...
+
+    @overload
+    async def request(
+        self,
+        agent: str,
+        command: str,
+        payload: Payload = None,
+        *,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        encrypt_for: list[str] | None = None,
+        raw: bool = False,
+        returns: None = None,
+    ) -> Any: ...
+
+    async def request(
+        self,
+        agent: str,
+        command: str,
+        payload: Payload = None,
+        *,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        raw: bool = False,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        returns: type[Any] | None = None,
+        encrypt_for: list[str] | None = None,
+    ) -> Any:
+        """Asks ``agent`` to run ``command`` and returns the answer's value (as a ``returns``
+        when given: a dataclass, a pydantic model or a plain type; the reply envelope itself
+        with ``raw=True``). Raises :class:`ChorusError` with the reply's code, 5005 on
+        timeout, 5012 when nobody serves the subject."""
+        subject = self.subjects.command(agent, command)
+        env = self._envelope(Kind.REQUEST, Performative.REQUEST, parent)
+        env.to = [agent]
+        env.name = command
+        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns, encrypt_for)
+
+    @overload
+    async def request_capability(
+        self,
+        capability: str,
+        payload: Payload = None,
+        *,
+        at: str | None = None,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        encrypt_for: list[str] | None = None,
+        raw: Literal[False] = False,
+        returns: type[R],
+    ) -> R: ...
+
+    @overload
+    async def request_capability(
+        self,
+        capability: str,
+        payload: Payload = None,
+        *,
+        at: str | None = None,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        encrypt_for: list[str] | None = None,
+        raw: Literal[True],
+        returns: None = None,
+    ) -> Envelope: ...
+
+    @overload
+    async def request_capability(
+        self,
+        capability: str,
+        payload: Payload = None,
+        *,
+        at: str | None = None,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        encrypt_for: list[str] | None = None,
+        raw: bool = False,
+        returns: None = None,
+    ) -> Any: ...
+
+    async def request_capability(
+        self,
+        capability: str,
+        payload: Payload = None,
+        *,
+        at: str | None = None,
+        timeout: float | None = None,
+        content_type: str | None = None,
+        raw: bool = False,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encoding: Encoding | None = None,
+        returns: type[Any] | None = None,
+        encrypt_for: list[str] | None = None,
+    ) -> Any:
+        """Asks one agent serving ``capability`` (any of them, or the one named by ``at``);
+        as :meth:`request` otherwise."""
+        if at is not None:
+            subject = self.subjects.capability_at(at, capability)
+        else:
+            subject = self.subjects.capability(capability)
+        env = self._envelope(Kind.REQUEST, Performative.REQUEST, parent)
+        env.capability = capability
+        if at is not None:
+            env.to = [at]
+        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns, encrypt_for)
+
+    async def _call(
+        self,
+        subject: str,
+        env: Envelope,
+        payload: Payload,
+        timeout: float | None,
+        content_type: str | None,
+        raw: bool,
+        headers: dict[str, str] | None,
+        encoding: Encoding | None,
+        returns: type[Any] | None = None,
+        encrypt_for: list[str] | None = None,
+    ) -> Any:
+        wait = self.request_timeout if timeout is None else timeout
+        wait_ms = max(1, int(wait * 1000))
+        if env.deadline_ms is not None:
+            wait_ms = min(wait_ms, max(1, env.deadline_ms - env.timestamp_ms))
+        env.ttl_ms = wait_ms
+        env.expect = Expect(Performative.INFORM, wait_ms)
+        env.headers = dict(headers or {})
+        self.set_payload(env, payload, content_type)
+        if encrypt_for:
+            await self._encrypt(env, encrypt_for)
+        reply = await self.exchange(subject, env, wait_ms / 1000, encoding)
+        if raw:
+            return reply
+        try:
+            return typed(_value(reply), returns)
+        except DecodeError as e:
+            raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from e
+
+    async def exchange(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None = None) -> Envelope:
+        """Sends ``env`` as a request on ``subject`` and returns the reply envelope within
+        ``wait`` seconds; raises :class:`ChorusError` with the reply's failure code, 5012 when
+        nobody serves the subject, 5005 on timeout, 5006 for a reply that does not decode."""
+        data = self.encode_for(subject, env, encoding)
+        try:
+            msg = await self.nc.request(subject, data, timeout=wait, headers=self.nats_headers(env))
+        except nats.errors.NoRespondersError as err:
+            raise NoResponders(f"nobody serves {subject}") from err
+        except nats.errors.TimeoutError as err:
+            raise Timeout(f"no reply from {subject} within {wait:.3f} s") from err
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError) as err:
+            raise Unreachable(f"agent {self.id} lost its connection: {err}") from err
+        try:
+            reply, _ = decode(msg.data, self.subjects.implied(msg.subject))
+        except DecodeError as e:
+            raise ChorusError(StatusCode.DATA_FORMAT, f"the reply did not decode: {e.reason}") from e
+        if self.verifier is not None:
+            self.verifier.verify(msg.subject, reply)
+        if reply.status is not None and not is_success(reply.status):
+            raise Refused(reply.status, reply.reason or "")
+        return reply
+
+    async def send(
+        self,
+        agent: str,
+        command: str,
+        payload: Payload = None,
+        *,
+        delivery: Delivery | None = None,
+        priority: Priority = Priority.NORMAL,
+        ttl: float | None = None,
+        content_type: str | None = None,
+        parent: Envelope | None = None,
+        headers: dict[str, str] | None = None,
+        encrypt_for: list[str] | None = None,
+    ) -> int:
+        """Sends a command in a delivery class: ``AT_MOST_ONCE`` publishes it to the agent's
+        command subject; ``AT_LEAST_ONCE`` and ``EXACTLY_ONCE`` store it in the agent's
+        durable inbox (section 7.5) and return its stream sequence once the stream has it."""
+        delivery = delivery or self.default_delivery
+        env = self._envelope(Kind.COMMAND, Performative.REQUEST, parent)
+        env.to = [agent]
+        env.name = command
+        env.priority = priority
+        env.delivery = delivery
+        env.headers = dict(headers or {})
+        if ttl is not None:
+            env.ttl_ms = max(1, int(ttl * 1000))
+        self.set_payload(env, payload, content_type)
+        if encrypt_for:
+            await self._encrypt(env, encrypt_for)
+        if delivery is Delivery.AT_MOST_ONCE:
+            await self._publish_envelope(self.subjects.command(agent, command), env)
+            return 0
+        high = priority in (Priority.HIGH, Priority.CRITICAL)
+        subject = self.subjects.durable_inbox(agent, high, command)
+        data = self.encode_for(subject, env)
+        limit = (self.max_message_bytes or self.nc.max_payload) - 4096
+        if len(data) > limit:
+            raise ChorusError(
+                StatusCode.DATA_FORMAT,
+                f"durable message of {len(data)} bytes exceeds the limit of max_payload - 4096 = {limit} bytes",
+            )
+        nats_headers = self.nats_headers(env) or {}
+        if delivery is Delivery.EXACTLY_ONCE:
+            nats_headers["Nats-Msg-Id"] = str(env.id)
+        js = self.nc.jetstream(timeout=self.request_timeout)
+        try:
+            ack = await js.publish(subject, data, headers=nats_headers or None)
+        except nats.errors.TimeoutError as err:
+            raise Timeout(f"the inbox stream did not acknowledge {subject}") from err
+        except nats.js.errors.NoStreamResponseError as err:
+            raise ChorusError(
+                StatusCode.UNAVAILABLE,
+                f"no stream stores {subject}: start the coordinator (chorus serve) or a durable agent first",
+            ) from err
+        return int(ack.seq)
+
+    async def discover(
+        self,
+        capability: str | None = None,
+        group: str | None = None,
+        available_only: bool = False,
+        max_load: float | None = None,
+        timeout: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """The live agents that match, least loaded first: ``[{"manifest": {...},
+        "last_seen_ms": ...}]`` (section 7.7; answered by the coordinator)."""
+        query: dict[str, Any] = {}
+        if capability is not None:
+            query["capability"] = validate_dotted("capability", capability)
+        if group is not None:
+            query["group"] = validate_token("group", group)
+        if available_only:
+            query["available_only"] = True
+        if max_load is not None:
+            query["max_load"] = max_load
+        env = self._envelope(Kind.REQUEST, Performative.DISCOVER, None)
+        wait = self.request_timeout if timeout is None else timeout
+        env.ttl_ms = int(wait * 1000)
+        env.expect = Expect(Performative.INFORM, env.ttl_ms)
+        self.set_payload(env, query, CONTENT_TYPE_MSGPACK)
+        found = _value(await self.exchange(self.subjects.discover, env, wait))
+        return list(found or [])
+
+    async def broadcast(
+        self,
+        command: str,
+        payload: Payload = None,
+        *,
+        group: str | None = None,
+        capability: str | None = None,
+        timeout: float = 2.0,
+        content_type: str | None = None,
+    ) -> dict[str, Any]:
+        """Sends ``command`` to every live agent (or a group's, or a capability's holders)
+        through the coordinator, and returns its report (section 7.6)."""
+        subject = self.subjects.broadcast(group=group, capability=capability)
+        env = self._envelope(Kind.COMMAND, Performative.REQUEST, None)
+        env.name = validate_token("command name", command)
+        timeout_ms = int(timeout * 1000)
+        env.expect = Expect(Performative.INFORM, timeout_ms)
+        env.ttl_ms = timeout_ms + 5000
+        self.set_payload(env, payload, content_type)
+        report = _value(await self.exchange(subject, env, timeout + 5.0))
+        return dict(report or {})
+
+
+
+def unreadable_payload(env: Envelope) -> ChorusError | None:
+    """The 5006 refusal of a payload this SDK does not read: a compressed one (the manifest
+    announces no content encoding, so a Rust sender does not compress for this agent) or one
+    carried by reference through the object store (section 7.11), which it does not fetch.
+    ``None`` for any other."""
+    if env.content_encoding is not None:
+        return ChorusError(StatusCode.DATA_FORMAT, f"unsupported content encoding '{env.content_encoding}'")
+    if env.content_type == CONTENT_TYPE_OBJECT:
+        return ChorusError(
+            StatusCode.DATA_FORMAT,
+            f"payloads by reference ({CONTENT_TYPE_OBJECT}) are not read by the Python SDK",
+        )
+    return None
+
+
+
+def _value(reply: Envelope) -> Any:
+    if not reply.payload:
+        return None
+    unread = unreadable_payload(reply)
+    if unread is not None:
+        raise unread
+    if reply.content_type in (CONTENT_TYPE_MSGPACK, CONTENT_TYPE_JSON):
+        try:
+            return decode_payload(reply.payload, reply.content_type)
+        except DecodeError as e:
+            raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from e
+    return reply.payload
+

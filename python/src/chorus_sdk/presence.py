@@ -1,0 +1,109 @@
+"""An agent's presence: its capability manifest in heartbeats and a goodbye, answers to NATS
+service discovery (``$SRV``), and the bus's wire level it follows."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from . import __version__
+from .codec import F32, DecodeError, Struct, decode, decode_payload, encode_struct
+from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, Envelope, Kind, Performative
+from . import service
+from .service import EndpointStats
+from .status import StatusCode
+
+from ._state import log
+from .inbound import Inbound
+
+
+class Presence(Inbound):
+    """The presence layer of an agent."""
+
+    # -----------------------------------------------------------------------------------------
+    # Presence
+
+    def manifest(self) -> bytes:
+        """This agent's capability manifest (section 7.7), MessagePack."""
+        load = self._busy / self.max_in_flight if self.max_in_flight else 0.0
+        fields: list[tuple[str, Any]] = [
+            ("agent", self.id),
+            ("instance", self.instance),
+            ("capabilities", [Struct([("name", c), ("version", self.capability_version)]) for c in sorted(self._capabilities)]),
+            ("commands", sorted(self._commands)),
+            ("groups", sorted(self.groups)),
+            ("content_types", [CONTENT_TYPE_MSGPACK, CONTENT_TYPE_JSON]),
+            ("load", F32(min(load, 1.0))),
+            ("slots", self.max_in_flight),
+            ("availability", "away" if self._stopping else ("busy" if load >= 1.0 else "available")),
+        ]
+        if self.identity is not None:
+            fields.append(("public_key", self.identity.public_key))
+        if self.encryption_key is not None:
+            fields.append(("encryption_key", self.encryption_key.public_key))
+        fields += [
+            ("heartbeat_ms", int(self.heartbeat_interval * 1000)),
+            ("started_ms", self.started_ms),
+            ("sdk_version", __version__),
+            ("wire_versions", [1, 2]),
+        ]
+        return encode_struct(fields)
+
+    async def _send_presence(self, goodbye: bool = False) -> None:
+        env = Envelope.new(Kind.HEARTBEAT, Performative.DONE if goodbye else Performative.HEALTH, self.id)
+        env.payload = self.manifest()
+        if goodbye:
+            env.status = StatusCode.DISCONNECTED
+        subject = self.subjects.goodbye(self.id) if goodbye else self.subjects.heartbeat(self.id)
+        await self._publish_envelope(subject, env)
+
+    async def _heartbeat(self) -> None:
+        try:
+            await self._send_presence()
+        except Exception as e:  # noqa: BLE001 - the next beat tries again
+            log.debug("heartbeat not sent: %s", e)
+
+    async def _heartbeats(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.heartbeat_interval)
+            if not self._stopping:
+                await self._heartbeat()
+
+    async def _on_service(self, msg: Msg) -> None:
+        if not msg.reply:
+            return
+        endpoints = [
+            (name, self.subjects.command(self.id, name), "", self._endpoint_stats.setdefault(name, EndpointStats()))
+            for name in sorted(self._commands)
+        ] + [
+            (
+                name,
+                self.subjects.capability(name),
+                self.subjects.capability(name),
+                self._endpoint_stats.setdefault(name, EndpointStats()),
+            )
+            for name in sorted(self._capabilities)
+        ]
+        body = service.answer(
+            msg.subject.split(".")[1],
+            agent=self.id,
+            instance=self.instance,
+            version=__version__,
+            root=self.subjects.root,
+            capabilities=sorted(self._capabilities),
+            endpoints=endpoints,
+            started_ms=self.started_ms,
+        )
+        if body is not None:
+            await self.nc.publish(msg.reply, body)
+
+    async def _on_wire(self, msg: Msg) -> None:
+        try:
+            env, _ = decode(msg.data, self.subjects.implied(msg.subject))
+            level = decode_payload(env.payload, env.content_type)
+        except DecodeError:
+            return
+        if isinstance(level, dict) and level.get("major") in (1, 2):
+            self._bus_major = int(level["major"])
