@@ -163,7 +163,7 @@ class Agent(Handlers):
         supervisor: str | None = None,
     ) -> TaskResult:
         """Judges each result of a task submitted with ``verify=True`` until one passes or the
-        attempts run out (then 5025); see :func:`chorus.tasks.verify`."""
+        attempts run out (then 5025); see :func:`chorus_sdk.tasks.verify`."""
         return await verify_task(
             self,
             handle,
