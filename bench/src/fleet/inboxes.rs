@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// Agent `i`'s consumer of one lane, as the SDK makes it (durable/inbox.rs); on demand, with
+/// Agent `i`'s consumer of one lane, as the SDK makes it (agent-sdk/src/durable/inbox/); on demand, with
 /// the threshold after which the server removes it unused.
 fn consumer_spec(
     subjects: &Subjects,
@@ -390,7 +390,7 @@ async fn first_command(url: &str, rounds: usize) -> anyhow::Result<(Vec<Duration
 const SIM_RELEASE_AFTER: Duration = Duration::from_secs(2);
 
 /// Durable inboxes at scale with on-demand consumers (`InboxConsumers::OnDemand`, the SDK's
-/// default), as the SDK runs them (durable/inbox.rs): each of `agents` agents subscribes to
+/// default), as the SDK runs them (agent-sdk/src/durable/inbox/): each of `agents` agents subscribes to
 /// its bells and looks for stored commands of both lanes at start, holding no consumer; then
 /// `per_agent` commands to each of `active` of them ring their bells, each of those opens its
 /// normal lane's consumer, takes and acks its commands (checked for order and loss), and

@@ -1,0 +1,173 @@
+//! The ordering lanes (one sender's commands in order, lanes by a hash of the sender) and
+//! the keeper that reports progress on every delivery held, so none is redelivered while it
+//! waits its turn.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chorus_broker_adapter::{Deliveries, Delivery};
+use opentelemetry::trace::SpanKind;
+
+use crate::inbound::{Target, Via};
+use crate::protocol::envelope::Kind;
+use crate::stats::AgentCounters;
+use crate::sync::read;
+
+use super::consumer::sleep_until_some;
+use super::*;
+
+impl DurableInbox {
+    /// Every third of the ack wait, reports progress on every delivery this instance holds
+    /// (handled or waiting its turn), so the server redelivers none of them while the
+    /// instance lives, and all of them within one ack wait once it is gone.
+    pub(super) fn spawn_keeper(self: &Arc<Self>) {
+        let inbox = Arc::clone(self);
+        let period = self.ack_wait / 3;
+        self.tracker.spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = inbox.stop.cancelled() => break,
+                }
+                let held: Vec<Arc<Delivery>> = inbox.held().values().cloned().collect();
+                for delivery in held {
+                    if let Err(err) = delivery.in_progress().await {
+                        tracing::debug!(agent = %inbox.pipeline.out.id, error = %err, "in-progress ack not sent");
+                    }
+                }
+            }
+        });
+    }
+
+    /// Spawns `lanes` lanes: each handles its deliveries one at a time, so one sender's
+    /// messages (always sent to the same lane) are handled in the order they were stored.
+    pub(super) fn spawn_lanes(
+        self: &Arc<Self>,
+        lanes: usize,
+    ) -> Vec<tokio::sync::mpsc::UnboundedSender<(Arc<Delivery>, Decoded)>> {
+        let mut senders = Vec::with_capacity(lanes);
+        for _ in 0..lanes {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Arc<Delivery>, Decoded)>();
+            senders.push(tx);
+            let inbox = Arc::clone(self);
+            self.tracker.spawn(async move {
+                while let Some((delivery, decoded)) = rx.recv().await {
+                    inbox.process(delivery, decoded).await;
+                }
+            });
+        }
+        senders
+    }
+
+    /// Sends each delivery to the lane chosen by its sender. Never waits for a lane: what it
+    /// takes is held (and kept alive) at once, and the consumer's `max_ack_pending` bounds how
+    /// much that is. With `quiet`, returns once nothing has been delivered for that long and
+    /// nothing is held here.
+    pub(super) async fn dispatch(
+        &self,
+        deliveries: &mut Deliveries,
+        senders: &[tokio::sync::mpsc::UnboundedSender<(Arc<Delivery>, Decoded)>],
+        quiet: Option<Duration>,
+    ) -> Ended {
+        let quiet_for = |from: tokio::time::Instant| quiet.map(|q| from + q);
+        let mut quiet_at = quiet_for(tokio::time::Instant::now());
+        loop {
+            let next = tokio::select! {
+                next = futures::StreamExt::next(deliveries) => next,
+                () = sleep_until_some(quiet_at) => {
+                    if self.held().is_empty() {
+                        return Ended::Quiet;
+                    }
+                    quiet_at = quiet_for(tokio::time::Instant::now());
+                    continue;
+                }
+                () = self.stop.cancelled() => return Ended::Stopped,
+            };
+            let delivery = match next {
+                Some(Ok(d)) => d,
+                Some(Err(err)) => {
+                    tracing::debug!(agent = %self.pipeline.out.id, error = %err, "durable inbox: pull interrupted");
+                    continue;
+                }
+                None => return Ended::Closed,
+            };
+            quiet_at = quiet_for(tokio::time::Instant::now());
+            let decoded = self.pipeline.decode(delivery.subject(), delivery.payload());
+            let lane = match &decoded {
+                Ok((env, _)) => lane_of(&env.from, senders.len()),
+                Err(_) => 0,
+            };
+            let delivery = Arc::new(delivery);
+            self.held()
+                .insert(delivery.stream_seq(), Arc::clone(&delivery));
+            if senders[lane].send((delivery, decoded)).is_err() {
+                return Ended::Stopped;
+            }
+        }
+    }
+
+    /// One delivery through the pipeline, then settled and let go.
+    pub(super) async fn process(&self, delivery: Arc<Delivery>, decoded: Decoded) {
+        let counters = self.pipeline.counters();
+        let seen_here = self
+            .recent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(delivery.stream_seq());
+        if delivery.delivered() > 1 || seen_here {
+            AgentCounters::bump(&counters.redelivered);
+        }
+        let target = match self
+            .pipeline
+            .out
+            .subjects
+            .durable_command(delivery.subject())
+            .and_then(|name| self.pipeline.endpoints.command(name))
+        {
+            Some(endpoint) => Target::Endpoint(endpoint),
+            None => Target::Unknown(delivery.subject().to_owned()),
+        };
+        let processed = self
+            .pipeline
+            .run(
+                &delivery.shared_subject(),
+                decoded,
+                target,
+                Via {
+                    span: SpanKind::Consumer,
+                    attempt: u32::try_from(delivery.delivered()).unwrap_or(u32::MAX),
+                },
+            )
+            .await;
+        let kind = processed.request.as_ref().map_or(Kind::Unknown, |r| r.kind);
+        let settle = super::settle::settle(
+            &read(&self.retry_policies),
+            delivery.subject(),
+            delivery.delivered(),
+            kind,
+            processed.outcome,
+        );
+        if let Settle::Nak(delay) = &settle {
+            tracing::debug!(agent = %self.pipeline.out.id, seq = delivery.stream_seq(), delivered = delivery.delivered(), ?delay, "durable attempt failed; retrying");
+        }
+        let message_id = processed.request.as_ref().map(|r| r.id);
+        self.apply(&delivery, settle, message_id).await;
+        let mut held = self.held();
+        // A later copy of the same message (redelivered meanwhile) stays held.
+        if held
+            .get(&delivery.stream_seq())
+            .is_some_and(|h| Arc::ptr_eq(h, &delivery))
+        {
+            held.remove(&delivery.stream_seq());
+        }
+    }
+}
+
+pub(super) fn lane_of(sender: &str, lanes: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    sender.hash(&mut h);
+    (h.finish() % lanes.max(1) as u64) as usize
+}
