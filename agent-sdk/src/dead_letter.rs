@@ -228,6 +228,11 @@ impl DeadLetter {
     }
 
     /// The headers this dead letter is stored with, the original's own first.
+    ///
+    /// # Errors
+    /// A broker error of kind [`InvalidInput`](chorus_broker_adapter::ErrorKind::InvalidInput) when
+    /// one of the original's headers has a name that is not printable ASCII without `:`, or a value
+    /// with a line break.
     pub fn to_headers(&self) -> Result<Headers, chorus_broker_adapter::Error> {
         let mut h = Headers::new();
         for (name, value) in &self.headers {
@@ -259,6 +264,10 @@ impl DeadLetter {
     }
 
     /// Reads a stored dead letter back from its headers and body.
+    ///
+    /// # Errors
+    /// [`NotADeadLetter`] when a required header (reason, status, detail, agent, subject, attempts,
+    /// times) is missing or does not read.
     pub fn from_stored(headers: &Headers, body: Bytes) -> Result<DeadLetter, NotADeadLetter> {
         let get = |name: &str| {
             headers
@@ -344,6 +353,11 @@ fn wire_size(headers: &Headers, msg_id: &str, body: usize) -> usize {
 /// whose original leaves no room for its headers under `max_payload` is written without the
 /// original's bytes, marked [`omitted`](DeadLetter::omitted): a dead letter can always be
 /// written while the stream takes writes.
+///
+/// # Errors
+/// A broker error of kind [`InvalidInput`](chorus_broker_adapter::ErrorKind::InvalidInput) when an
+/// original header cannot be written; the server's error when the dead-letter stream does not store
+/// it (no stream, a timeout, no connection).
 pub async fn write_dead_letter(
     js: &JetStream,
     subjects: &Subjects,

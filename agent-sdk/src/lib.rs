@@ -37,6 +37,9 @@
 //! | [`task`] | long work: task handlers, progress, chunks, input, cancel, reports |
 //! | `agent` | the [`Agent`] handle and its [`AgentOptions`] |
 
+// Every public item is documented, and every fallible one says how it fails.
+#![warn(missing_docs, clippy::missing_errors_doc)]
+
 mod agent;
 mod dead_letter;
 pub mod durable;

@@ -219,6 +219,9 @@ impl Negotiation {
     }
 
     /// The work, as the bidders see it and as the winner's task gets it.
+    ///
+    /// # Errors
+    /// [`SdkError::Codec`] when `value` does not encode as MessagePack.
     pub fn payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
         self.payload = encode_payload(value, CONTENT_TYPE_MSGPACK)?;
         self.content_type = ContentType::default();

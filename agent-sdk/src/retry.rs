@@ -57,6 +57,10 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     /// Checks the values; the error says which is wrong and why.
+    ///
+    /// # Errors
+    /// [`PolicyError`] when `max_attempts` is 0, `multiplier` is below 1 or not finite, `jitter` is
+    /// outside 0..=1, or `max_backoff_ms` is below `initial_backoff_ms`.
     pub fn validate(&self) -> Result<(), PolicyError> {
         self.check().map_err(PolicyError)
     }
@@ -140,6 +144,10 @@ pub struct RetryPolicies {
 
 impl RetryPolicies {
     /// Checks every policy and pattern.
+    ///
+    /// # Errors
+    /// [`PolicyError`] naming the first policy with a wrong value (see [`RetryPolicy::validate`]),
+    /// or a rule whose subject is not a valid NATS subject pattern.
     pub fn validate(&self) -> Result<(), PolicyError> {
         self.check().map_err(PolicyError)
     }

@@ -67,11 +67,18 @@ fn check_token(what: &'static str, value: &str, token: &str) -> Result<(), Subje
 }
 
 /// Checks a single-token name: an agent id, a command name, a group name.
+///
+/// # Errors
+/// [`SubjectError`] when `value` is not a single token of 1 to 64 letters, digits, `_` or `-`.
 pub fn validate_token(what: &'static str, value: &str) -> Result<(), SubjectError> {
     check_token(what, value, value)
 }
 
 /// Checks a dotted name: a capability or a topic (no wildcards).
+///
+/// # Errors
+/// [`SubjectError`] when `value` is not 1 to 16 dot-separated tokens of 1 to 64 letters, digits,
+/// `_` or `-` (no wildcards).
 pub fn validate_dotted(what: &'static str, value: &str) -> Result<(), SubjectError> {
     let mut n = 0;
     for token in value.split('.') {
@@ -89,6 +96,10 @@ pub fn validate_dotted(what: &'static str, value: &str) -> Result<(), SubjectErr
 }
 
 /// Checks a topic pattern: a dotted name whose tokens may also be `*`, and whose last may be `>`.
+///
+/// # Errors
+/// [`SubjectError`] when `value` has more than 16 tokens, or one that is neither `*`, a last `>`,
+/// nor 1 to 64 letters, digits, `_` or `-`.
 pub fn validate_pattern(value: &str) -> Result<(), SubjectError> {
     let tokens: Vec<&str> = value.split('.').collect();
     for (i, token) in tokens.iter().enumerate() {
@@ -160,6 +171,10 @@ impl Subjects {
     }
 
     /// Subjects under `root` (a dotted name, for example `chorus` or `acme.chorus`).
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `root` is not 1 to 16 dot-separated tokens of 1 to 64 letters, digits,
+    /// `_` or `-`.
     pub fn new(root: &str) -> Result<Self, SubjectError> {
         validate_dotted("subject root", root)?;
         Ok(Subjects {
@@ -173,6 +188,10 @@ impl Subjects {
     }
 
     /// `<root>.agent.<agent>.<command>`.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` or `command` is not a single token of 1 to 64 letters, digits,
+    /// `_` or `-`.
     pub fn command(&self, agent: &str, command: &str) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         validate_token("command name", command)?;
@@ -180,6 +199,9 @@ impl Subjects {
     }
 
     /// `<root>.agent.<agent>.*`: everything addressed to one agent.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`.
     pub fn agent_inbound(&self, agent: &str) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         Ok(format!("{}.agent.{agent}.*", self.root))
@@ -194,6 +216,10 @@ impl Subjects {
 
     /// `<root>.cap.<capability>`: a capability's access point. Agents serving it join a queue
     /// group of the same name, so each request goes to one of them.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `capability` is not 1 to 16 dot-separated tokens of 1 to 64 letters,
+    /// digits, `_` or `-`.
     pub fn capability(&self, capability: &str) -> Result<String, SubjectError> {
         validate_dotted("capability", capability)?;
         Ok(format!("{}.cap.{capability}", self.root))
@@ -202,6 +228,10 @@ impl Subjects {
     /// `<root>.agent.<agent-id>.cap.<capability...>`: one agent's own access point to a
     /// capability it serves, for a caller that must reach that holder and no other (a task
     /// retried on the same agent, or reassigned to another).
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`,
+    /// or `capability` is not 1 to 16 such tokens joined by dots.
     pub fn capability_at(&self, agent: &str, capability: &str) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         validate_dotted("capability", capability)?;
@@ -210,6 +240,10 @@ impl Subjects {
 
     /// `<root>.agent.<agent-id>.bid.<capability...>`: where an agent hears calls for proposals
     /// for a capability, and the outcome of the rounds it proposed in (contract-net).
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`,
+    /// or `capability` is not 1 to 16 such tokens joined by dots.
     pub fn bid(&self, agent: &str, capability: &str) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         validate_dotted("capability", capability)?;
@@ -217,12 +251,19 @@ impl Subjects {
     }
 
     /// `<root>.agent.<agent-id>.cap.>`: every capability access point of one agent.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`.
     pub fn capabilities_at(&self, agent: &str) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         Ok(format!("{}.agent.{agent}.cap.>", self.root))
     }
 
     /// `<root>.evt.<topic>`: where an event on `topic` is published.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `topic` is not 1 to 16 dot-separated tokens of 1 to 64 letters,
+    /// digits, `_` or `-` (no wildcards).
     pub fn event(&self, topic: &str) -> Result<String, SubjectError> {
         validate_dotted("topic", topic)?;
         // Built to its exact length: handed to the client as it is, no copy or regrowth.
@@ -234,6 +275,9 @@ impl Subjects {
     }
 
     /// `<root>.evt.<pattern>`: what to subscribe to for a topic pattern with `*` and `>`.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `pattern` is not what [`validate_pattern`] accepts.
     pub fn event_pattern(&self, pattern: &str) -> Result<String, SubjectError> {
         validate_pattern(pattern)?;
         Ok(format!("{}.evt.{pattern}", self.root))
@@ -246,6 +290,10 @@ impl Subjects {
 
     /// Where a broadcast to `target` is sent: `<root>.bcast.all`, `<root>.bcast.group.<g>` or
     /// `<root>.bcast.cap.<capability>`.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when a group is not a single token of 1 to 64 letters, digits, `_` or `-`,
+    /// or a capability not 1 to 16 such tokens joined by dots.
     pub fn broadcast(&self, target: &BroadcastTarget) -> Result<String, SubjectError> {
         Ok(match target {
             BroadcastTarget::All => format!("{}.bcast.all", self.root),
@@ -283,6 +331,9 @@ impl Subjects {
     }
 
     /// `<root>.sys.hb.<agent>`: an agent's heartbeats (with its manifest).
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`.
     pub fn heartbeat(&self, agent: &str) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         Ok(format!("{}.sys.hb.{agent}", self.root))
@@ -294,6 +345,9 @@ impl Subjects {
     }
 
     /// `<root>.sys.bye.<agent>`: an agent leaving in good order.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`.
     pub fn goodbye(&self, agent: &str) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         Ok(format!("{}.sys.bye.{agent}", self.root))
@@ -323,6 +377,10 @@ impl Subjects {
     /// `<root>.inbox.<agent>.<lane>.<command>`: a durable command, stored until the agent takes
     /// it. `lane` is `high` for high and critical priority, `normal` otherwise: each lane has its
     /// own consumer, so urgent commands do not wait behind a backlog.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` or `command` is not a single token of 1 to 64 letters, digits,
+    /// `_` or `-`.
     pub fn durable(&self, agent: &str, command: &str, high: bool) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         validate_token("command name", command)?;
@@ -331,6 +389,9 @@ impl Subjects {
     }
 
     /// `<root>.inbox.<agent>.<lane>.*`: one priority lane of an agent's durable inbox.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`.
     pub fn durable_inbox(&self, agent: &str, high: bool) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         let lane = if high { "high" } else { "normal" };
@@ -368,12 +429,20 @@ impl Subjects {
     }
 
     /// `<root>.sys.<what>`: registry, heartbeats, discovery and control subjects.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `what` is not 1 to 16 dot-separated tokens of 1 to 64 letters, digits,
+    /// `_` or `-`.
     pub fn system(&self, what: &str) -> Result<String, SubjectError> {
         validate_dotted("system subject", what)?;
         Ok(format!("{}.sys.{what}", self.root))
     }
 
     /// `<root>.dlq.<what>`: dead-letter subjects.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `what` is not 1 to 16 dot-separated tokens of 1 to 64 letters, digits,
+    /// `_` or `-`.
     pub fn dead_letter(&self, what: &str) -> Result<String, SubjectError> {
         validate_dotted("dead-letter subject", what)?;
         Ok(format!("{}.dlq.{what}", self.root))
@@ -381,12 +450,18 @@ impl Subjects {
 
     /// `_INBOX.<agent>`: the agent's own reply prefix; the server can restrict the agent to
     /// subscribe only under it.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`.
     pub fn inbox_prefix(&self, agent: &str) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         Ok(format!("_INBOX.{agent}"))
     }
 
     /// `_INBOX.<agent>.>`: every reply subject under the agent's own prefix.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`.
     pub fn inbox_all(&self, agent: &str) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         Ok(format!("_INBOX.{agent}.>"))
@@ -425,6 +500,9 @@ impl Subjects {
 
     /// `_INBOX.<agent>.bell.<root>.<lane>.*`: the bells of one lane (`high` or `normal`) of
     /// one agent's durable inbox.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`.
     pub fn lane_bells(&self, agent: &str, high: bool) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         let lane = if high { "high" } else { "normal" };
@@ -432,6 +510,9 @@ impl Subjects {
     }
 
     /// `<root>.inbox.<agent>.>`: both lanes of one agent's durable inbox.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`.
     pub fn durable_agent_all(&self, agent: &str) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         Ok(format!("{}.inbox.{agent}.>", self.root))
@@ -449,6 +530,10 @@ impl Subjects {
 
     /// The NATS service-discovery subjects (`$SRV`, ADR-32) an agent answers on: every
     /// service, services named `agent`, and this one instance.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` or `instance` is not a single token of 1 to 64 letters,
+    /// digits, `_` or `-`.
     pub fn service_discovery(
         &self,
         agent: &str,
@@ -513,6 +598,10 @@ impl Subjects {
     }
 
     /// `$KV.<bucket>.<key_prefix>.>`: the keys under one prefix of this root's bucket `suffix`.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `key_prefix` is not 1 to 16 dot-separated tokens of 1 to 64 letters,
+    /// digits, `_` or `-`.
     pub fn bucket_keys(&self, suffix: &str, key_prefix: &str) -> Result<String, SubjectError> {
         validate_dotted("key prefix", key_prefix)?;
         Ok(format!("$KV.{}.{key_prefix}.>", self.bucket_name(suffix)))

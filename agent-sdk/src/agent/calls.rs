@@ -26,6 +26,11 @@ pub const BROADCAST_REPORT_MARGIN: Duration = Duration::from_secs(5);
 
 impl Agent {
     /// Publishes an event on `topic`.
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `topic` is not a valid topic; [`SdkError::Codec`] when `value`
+    /// does not encode or is over the payload limit; [`SdkError::Broker`] when the connection is
+    /// gone or a large payload cannot be stored.
     pub async fn publish<T: Serialize + ?Sized>(
         &self,
         topic: &str,
@@ -36,6 +41,11 @@ impl Agent {
 
     /// Publishes an event whose payload is `payload` as it is, labelled `content_type` (for
     /// binary payloads, or payloads already encoded).
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `topic` is not a valid topic; [`SdkError::Codec`] when `payload`
+    /// is over the payload limit; [`SdkError::Broker`] when the connection is gone or a large
+    /// payload cannot be stored.
     pub async fn publish_raw(
         &self,
         topic: &str,
@@ -50,11 +60,20 @@ impl Agent {
 
     /// Sends a call and waits for its reply. A reply with an error status is returned as
     /// [`SdkError::Remote`] with that status.
+    ///
+    /// # Errors
+    /// [`SdkError::Timeout`] or [`SdkError::NoResponders`] when nobody answers;
+    /// [`SdkError::Subject`], [`SdkError::Encryption`], [`SdkError::Codec`] or [`SdkError::Broker`]
+    /// when it cannot be sent; [`SdkError::CircuitOpen`] when the destination's breaker is open.
     pub async fn call(&self, call: Call) -> Result<Reply, SdkError> {
         self.inner.out.call(call, None).await
     }
 
     /// Requests `command` from agent `agent` and decodes the result.
+    ///
+    /// # Errors
+    /// As [`call`](Agent::call), and [`SdkError::Codec`] when `args` does not encode or the result
+    /// does not decode as `R`.
     pub async fn request<T, R>(&self, agent: &str, command: &str, args: &T) -> Result<R, SdkError>
     where
         T: Serialize + ?Sized,
@@ -66,6 +85,10 @@ impl Agent {
     }
 
     /// Sends command `command` to agent `agent` and waits for its result.
+    ///
+    /// # Errors
+    /// As [`call`](Agent::call), and [`SdkError::Codec`] when `args` does not encode or the result
+    /// does not decode as `R`.
     pub async fn command<T, R>(&self, agent: &str, command: &str, args: &T) -> Result<R, SdkError>
     where
         T: Serialize + ?Sized,
@@ -77,6 +100,10 @@ impl Agent {
     }
 
     /// Requests from whichever agent serves `capability`, and decodes the result.
+    ///
+    /// # Errors
+    /// As [`call`](Agent::call), and [`SdkError::Codec`] when `args` does not encode or the result
+    /// does not decode as `R`.
     pub async fn request_capability<T, R>(&self, capability: &str, args: &T) -> Result<R, SdkError>
     where
         T: Serialize + ?Sized,
@@ -88,12 +115,21 @@ impl Agent {
     }
 
     /// Asks the coordinator which agents match `query`: live agents only, least loaded first.
+    ///
+    /// # Errors
+    /// [`SdkError::Timeout`] or [`SdkError::NoResponders`] when no coordinator answers within the
+    /// request timeout; [`SdkError::Remote`] when it refuses the query; [`SdkError::Codec`] when
+    /// its answer does not decode.
     pub async fn discover(&self, query: &DiscoverQuery) -> Result<Vec<AgentRecord>, SdkError> {
         let out = &self.inner.out;
         out.discover(query, out.request_timeout).await
     }
 
     /// Agents offering `capability`, least loaded first.
+    ///
+    /// # Errors
+    /// As [`discover`](Agent::discover): [`SdkError::Timeout`] or [`SdkError::NoResponders`] when
+    /// no coordinator answers in time, [`SdkError::Remote`] when it refuses.
     pub async fn discover_capability(
         &self,
         capability: &str,
@@ -104,6 +140,11 @@ impl Agent {
     /// Sends command `command` to every live agent in `target` through the coordinator and
     /// returns its report: per recipient, delivered, failed (with the code) or timed out.
     /// `timeout` is how long each recipient has to answer.
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `command`, the group or the capability is not a valid name;
+    /// [`SdkError::Timeout`], [`SdkError::NoResponders`] or [`SdkError::Remote`] when no
+    /// coordinator reports. A recipient's failure is in the report, not an error.
     pub async fn broadcast<T: Serialize + ?Sized>(
         &self,
         target: &BroadcastTarget,
@@ -148,11 +189,21 @@ impl Agent {
     /// Durable sends return once JetStream has stored the message; a publish whose ack is lost
     /// is sent again, stored once for exactly-once (the server dedupes its message id) and
     /// possibly twice for at least once (which allows a duplicate).
+    ///
+    /// # Errors
+    /// [`SdkError::InvalidCall`] for a durable send to a capability; [`SdkError::Subject`],
+    /// [`SdkError::Encryption`] or [`SdkError::Codec`] when it cannot be built;
+    /// [`SdkError::Broker`] when the server does not take it (durable: no ack in three tries).
     pub async fn send(&self, call: Call) -> Result<Receipt, SdkError> {
         self.inner.sender.send(call).await
     }
 
     /// [`send`](Agent::send) with at least once (or exactly once, if the call asks for it).
+    ///
+    /// # Errors
+    /// [`SdkError::InvalidCall`] for a durable send to a capability; [`SdkError::Subject`],
+    /// [`SdkError::Encryption`] or [`SdkError::Codec`] when it cannot be built;
+    /// [`SdkError::Broker`] when the server does not take it (durable: no ack in three tries).
     pub async fn send_durable(&self, call: Call) -> Result<Receipt, SdkError> {
         let class = match call.delivery {
             Some(DeliveryClass::ExactlyOnce) => DeliveryClass::ExactlyOnce,

@@ -22,6 +22,11 @@ impl Agent {
     /// Registers a typed handler for command `name`, sent to this agent with
     /// [`Call::agent`](crate::Call::agent). The payload is decoded into `T`; the handler's `R`
     /// is the reply. Returns once the server routes the agent's commands here.
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `name` is not a valid command name; [`SdkError::Broker`] when the
+    /// subscription or the durable inbox's consumers cannot be made, or the server does not confirm
+    /// them in time.
     pub async fn on_command<T, R, F, Fut>(&self, name: &str, f: F) -> Result<(), SdkError>
     where
         F: Fn(Context, T) -> Fut + Send + Sync + 'static,
@@ -33,6 +38,11 @@ impl Agent {
     }
 
     /// Registers an untyped [`Handler`] for command `name`.
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `name` is not a valid command name; [`SdkError::Broker`] when the
+    /// subscription or the durable inbox's consumers cannot be made, or the server does not confirm
+    /// them in time.
     pub async fn handle_command(&self, name: &str, handler: impl Handler) -> Result<(), SdkError> {
         let inner = &self.inner;
         let subject = inner.out.subjects.command(&inner.out.id, name)?;
@@ -54,6 +64,10 @@ impl Agent {
     /// own, core or durable, through the same inbound pipeline: what a gateway needs to hold
     /// the commands sent to an identity it answers for. It is not listed among the agent's
     /// commands. Returns once the server routes the agent's commands here.
+    ///
+    /// # Errors
+    /// [`SdkError::Broker`] when the subscription or the durable inbox's consumers cannot be made,
+    /// or the server does not confirm them in time.
     pub async fn handle_other_commands(&self, handler: impl Handler) -> Result<(), SdkError> {
         let inner = &self.inner;
         let subject = inner.out.subjects.agent_inbound(&inner.out.id)?;
@@ -89,6 +103,10 @@ impl Agent {
 
     /// Serves `capability` with a typed handler: requests to the capability's access point
     /// are shared among all agents serving it (a queue group). Returns once subscribed.
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `capability` is not a valid capability name; [`SdkError::Broker`]
+    /// when the subscription cannot be made or the server does not confirm it in time.
     pub async fn on_capability<T, R, F, Fut>(&self, capability: &str, f: F) -> Result<(), SdkError>
     where
         F: Fn(Context, T) -> Fut + Send + Sync + 'static,
@@ -100,6 +118,10 @@ impl Agent {
     }
 
     /// Serves `capability` with an untyped [`Handler`].
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `capability` is not a valid capability name; [`SdkError::Broker`]
+    /// when the subscription cannot be made or the server does not confirm it in time.
     pub async fn handle_capability(
         &self,
         capability: &str,
@@ -139,6 +161,11 @@ impl Agent {
 
     /// Handles events on topics matching `pattern` (`*` one token, `>` the rest) with a typed
     /// handler. Every subscriber gets every event. Returns once subscribed.
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `pattern` is not a valid topic pattern; [`SdkError::Broker`] when
+    /// the events connection cannot be opened, or the subscription cannot be made or is not
+    /// confirmed in time.
     pub async fn on_event<T, F, Fut>(&self, pattern: &str, f: F) -> Result<(), SdkError>
     where
         F: Fn(Context, T) -> Fut + Send + Sync + 'static,
@@ -149,6 +176,11 @@ impl Agent {
     }
 
     /// Handles events matching `pattern` with an untyped [`EventHandler`].
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `pattern` is not a valid topic pattern; [`SdkError::Broker`] when
+    /// the events connection cannot be opened, or the subscription cannot be made or is not
+    /// confirmed in time.
     pub async fn handle_events(
         &self,
         pattern: &str,
@@ -166,6 +198,11 @@ impl Agent {
 
     /// Events on topics matching `pattern`, as a stream. Messages that are not valid events,
     /// or have expired or looped, are counted and skipped.
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `pattern` is not a valid topic pattern; [`SdkError::Broker`] when
+    /// the events connection cannot be opened, or the subscription cannot be made or is not
+    /// confirmed in time.
     pub async fn subscribe(&self, pattern: &str) -> Result<EventStream, SdkError> {
         let subject = self.inner.out.subjects.event_pattern(pattern)?;
         let events = self.inner.events_connection().await?;
@@ -180,6 +217,10 @@ impl Agent {
     /// agent's commands: size, version, expiry and loop checks, signatures, authorization,
     /// coded replies. With `queue_group`, the instances serving it share the requests.
     /// Returns once subscribed.
+    ///
+    /// # Errors
+    /// [`SdkError::Broker`] when `subject` is not a valid NATS subject (kind `InvalidSubject`), or
+    /// the subscription cannot be made or is not confirmed in time.
     pub async fn handle_subject(
         &self,
         subject: &str,
@@ -208,6 +249,10 @@ impl Agent {
     /// Handles messages without replies on the subject pattern `pattern` (a subject of the bus
     /// itself: the coordinator's heartbeats and goodbyes) through the inbound pipeline, like
     /// events. Returns once subscribed.
+    ///
+    /// # Errors
+    /// [`SdkError::Broker`] when `pattern` is not a valid NATS subject (kind `InvalidSubject`), or
+    /// the subscription cannot be made or is not confirmed in time.
     pub async fn handle_subject_events(
         &self,
         pattern: &str,
@@ -226,6 +271,9 @@ impl Agent {
     /// Requires `permissions` of senders of command or capability `name` (registered before):
     /// a request from a sender not granted all of them is refused with 5007 and a reason
     /// naming what is missing.
+    ///
+    /// # Errors
+    /// [`SdkError::InvalidCall`] when no command or capability handler is registered under `name`.
     pub fn require(&self, name: &str, permissions: &[&str]) -> Result<(), SdkError> {
         let endpoint = self.inner.endpoints.named(name).ok_or_else(|| {
             SdkError::InvalidCall(format!(

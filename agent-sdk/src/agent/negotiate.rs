@@ -107,6 +107,10 @@ impl Agent {
     /// Bids for work on `capability` (contract-net): each call for proposals is decoded as `T`
     /// and `f` answers with a [`Proposal`], or an error to refuse (its code goes back). Serve
     /// the work itself with [`Agent::on_task_capability`]: a won round arrives as a task.
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `capability` is not a valid capability name; [`SdkError::Broker`]
+    /// when the subscription cannot be made or the server does not confirm it in time.
     pub async fn on_bid<T, F, Fut>(&self, capability: &str, f: F) -> Result<(), SdkError>
     where
         F: Fn(Context, T) -> Fut + Send + Sync + 'static,
@@ -160,6 +164,11 @@ impl Agent {
     /// other proposers they lost, and publishes a [`Settlement`] on `negotiation.settled`.
     /// Without any proposal (all refused or silent), or with a policy that picks none, no
     /// task is started and the error says what each bidder answered.
+    ///
+    /// # Errors
+    /// Without named bidders, the errors of [`discover`](Agent::discover);
+    /// [`SdkError::NoResponders`] when there is no bidder to ask; [`SdkError::Remote`] with 5019
+    /// when no proposal was awarded (the reason says what each bidder answered).
     pub async fn negotiate(&self, round: Negotiation) -> Result<Award, SdkError> {
         let out = &self.inner.out;
         let capability = round.capability.clone();
@@ -426,6 +435,9 @@ impl Proposal {
     }
 
     /// With free-form terms.
+    ///
+    /// # Errors
+    /// [`SdkError::InvalidCall`] when `terms` does not serialize to JSON.
     pub fn terms<T: Serialize>(mut self, terms: &T) -> Result<Self, SdkError> {
         self.terms = serde_json::to_value(terms)
             .map_err(|e| SdkError::InvalidCall(format!("terms do not encode: {e}")))?;

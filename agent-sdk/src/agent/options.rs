@@ -488,6 +488,11 @@ impl AgentOptions {
     }
 
     /// Connects and returns the agent.
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] for an invalid id, group or root; [`SdkError::InvalidCall`] for a bad
+    /// metrics URL; [`SdkError::Broker`] when the server cannot be reached or refuses, or the
+    /// subscriptions or durable inbox cannot be set up.
     pub async fn connect(self) -> Result<Agent, SdkError> {
         Agent::connect(self).await
     }

@@ -58,6 +58,10 @@ impl Agent {
     /// [`Agent::submit`] and [`Call::agent`]`(id, name)` runs `f` with a [`TaskContext`] to
     /// report progress, stream chunks, ask for input and see a cancel or its deadline. `Ok`
     /// completes the task with the result, `Err` fails it with the error's code.
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `name` is not a valid command name; [`SdkError::Broker`] when the
+    /// task stream or the subscription cannot be made, or the server does not confirm it in time.
     pub async fn on_task<T, R, F, Fut>(&self, name: &str, f: F) -> Result<(), SdkError>
     where
         F: Fn(TaskContext, T) -> Fut + Send + Sync + 'static,
@@ -69,6 +73,10 @@ impl Agent {
     }
 
     /// Serves task `name` with an untyped [`TaskHandler`].
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `name` is not a valid command name; [`SdkError::Broker`] when the
+    /// task stream or the subscription cannot be made, or the server does not confirm it in time.
     pub async fn handle_task(&self, name: &str, handler: impl TaskHandler) -> Result<(), SdkError> {
         let tasks = &self.inner.tasks;
         tasks.store.ensure().await?;
@@ -78,6 +86,11 @@ impl Agent {
 
     /// Serves tasks submitted to `capability` ([`Call::capability`]), shared among every
     /// agent serving it like its requests.
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `capability` is not a valid capability name; [`SdkError::Broker`]
+    /// when the task stream or the subscriptions cannot be made, or the server does not confirm
+    /// them in time.
     pub async fn on_task_capability<T, R, F, Fut>(
         &self,
         capability: &str,
@@ -111,6 +124,11 @@ impl Agent {
     /// let text: String = report.output_as()?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] or [`SdkError::Encryption`] for a bad call; [`SdkError::Broker`] when
+    /// the task cannot be recorded; [`SdkError::Remote`], [`SdkError::NoResponders`] or
+    /// [`SdkError::Timeout`] when no agent takes it (the task is then `rejected`).
     pub async fn submit(&self, call: Call) -> Result<TaskHandle, SdkError> {
         crate::task::submit(&self.inner.tasks.store, call, false).await
     }
@@ -118,6 +136,11 @@ impl Agent {
     /// Submits `call` as a task whose result this agent verifies before accepting it: the
     /// worker reports its result and the task stays `working` until [`Agent::verify`] judges
     /// it. Run [`Agent::verify`] on the handle (now, or after a restart) to see it through.
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] or [`SdkError::Encryption`] for a bad call; [`SdkError::Broker`] when
+    /// the task cannot be recorded; [`SdkError::Remote`], [`SdkError::NoResponders`] or
+    /// [`SdkError::Timeout`] when no agent takes it (the task is then `rejected`).
     pub async fn submit_verified(&self, call: Call) -> Result<TaskHandle, SdkError> {
         crate::task::submit(&self.inner.tasks.store, call, true).await
     }
@@ -129,6 +152,11 @@ impl Agent {
     /// the final report, which lists every attempt with its agent, timing and verdict.
     /// Resumable: run again on the same task after a restart, it judges only what was not
     /// judged yet.
+    ///
+    /// # Errors
+    /// [`SdkError::Broker`] or [`SdkError::Codec`] when the task's messages cannot be read or the
+    /// verdict written; [`SdkError::TaskNotFound`] when they end, or have lost the submission,
+    /// before the task finishes; a supervisor's failure other than a refusal.
     pub async fn verify(
         &self,
         task: &TaskHandle,
@@ -372,11 +400,18 @@ impl Agent {
 
     /// The handle of task `id`, recorded by this or any other agent (a requester that
     /// restarted finds its task here).
+    ///
+    /// # Errors
+    /// [`SdkError::TaskNotFound`] when no task `id` is recorded; [`SdkError::Broker`] or
+    /// [`SdkError::Codec`] when the task stream cannot be read.
     pub async fn task(&self, id: Uuid) -> Result<TaskHandle, SdkError> {
         TaskHandle::lookup(&self.inner.tasks.store, id).await
     }
 
     /// The latest state of each task recorded (at most `max`), oldest change first.
+    ///
+    /// # Errors
+    /// [`SdkError::Broker`] when the task stream cannot be read (a missing stream is no tasks).
     pub async fn tasks(&self, max: usize) -> Result<Vec<TaskSummary>, SdkError> {
         let store = &self.inner.tasks.store;
         let subjects = &self.inner.out.subjects;

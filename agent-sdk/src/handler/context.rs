@@ -75,11 +75,20 @@ impl Context {
     }
 
     /// Sends a call as a forward of the message being handled.
+    ///
+    /// # Errors
+    /// As [`Agent::call`](crate::Agent::call), and [`SdkError::LoopDetected`] or
+    /// [`SdkError::Expired`] when forwarding would pass the hop limit or the handled message's
+    /// deadline has passed.
     pub async fn call(&self, call: Call) -> Result<Reply, SdkError> {
         self.out.call(call, Some(self.parent())).await
     }
 
     /// Requests `command` from agent `agent` as a forward, and decodes the result.
+    ///
+    /// # Errors
+    /// As [`call`](Context::call), and [`SdkError::Codec`] when `args` does not encode or the
+    /// result does not decode as `R`.
     pub async fn request<T, R>(&self, agent: &str, command: &str, args: &T) -> Result<R, SdkError>
     where
         T: Serialize + ?Sized,
@@ -91,6 +100,10 @@ impl Context {
     }
 
     /// Requests from whichever agent serves `capability`, as a forward.
+    ///
+    /// # Errors
+    /// As [`call`](Context::call), and [`SdkError::Codec`] when `args` does not encode or the
+    /// result does not decode as `R`.
     pub async fn request_capability<T, R>(&self, capability: &str, args: &T) -> Result<R, SdkError>
     where
         T: Serialize + ?Sized,
@@ -102,6 +115,11 @@ impl Context {
     }
 
     /// Publishes an event in the same conversation.
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `topic` is not a valid topic; [`SdkError::Codec`] when `value`
+    /// does not encode or is too large; [`SdkError::LoopDetected`] or [`SdkError::Expired`] past
+    /// the hop limit or the deadline; [`SdkError::Broker`] when the connection is gone.
     pub async fn publish<T: Serialize + ?Sized>(
         &self,
         topic: &str,

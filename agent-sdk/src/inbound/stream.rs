@@ -30,6 +30,10 @@ impl Event {
     }
 
     /// The payload decoded by its content type.
+    ///
+    /// # Errors
+    /// [`CodecError`] when the content type is not MessagePack or JSON, or the payload does not
+    /// decode as `T`.
     pub fn payload_as<T: DeserializeOwned>(&self) -> Result<T, CodecError> {
         decode_payload(&self.envelope.payload, &self.envelope.content_type)
     }

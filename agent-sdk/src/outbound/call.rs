@@ -199,6 +199,9 @@ impl Call {
     }
 
     /// The payload, as MessagePack.
+    ///
+    /// # Errors
+    /// [`SdkError::Codec`] when `value` does not encode as MessagePack.
     pub fn payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
         self.payload = encode_payload(value, CONTENT_TYPE_MSGPACK)?;
         self.content_type = ContentType::default();
@@ -206,6 +209,9 @@ impl Call {
     }
 
     /// The payload, as JSON; the handler's reply comes back as JSON too.
+    ///
+    /// # Errors
+    /// [`SdkError::Codec`] when `value` does not encode as JSON.
     pub fn json_payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
         self.payload = encode_payload(value, CONTENT_TYPE_JSON)?;
         self.content_type = CONTENT_TYPE_JSON.into();
@@ -258,6 +264,10 @@ impl Reply {
     }
 
     /// The payload decoded by its content type.
+    ///
+    /// # Errors
+    /// [`SdkError::Codec`] when the content type is not MessagePack or JSON, or the payload does
+    /// not decode as `R`.
     pub fn payload_as<R: DeserializeOwned>(&self) -> Result<R, SdkError> {
         Ok(decode_payload(
             &self.envelope.payload,

@@ -15,6 +15,10 @@ pub fn compress(payload: &[u8]) -> Option<Bytes> {
 
 /// `payload` decompressed, refused (5006) when it does not decompress or would be larger
 /// than `limit` bytes.
+///
+/// # Errors
+/// 5006 (data format) with a reason when `payload` is not a zstd frame, does not decompress, or
+/// would be larger than `limit`.
 pub fn decompress(payload: &[u8], limit: usize) -> Result<Bytes, (StatusCode, String)> {
     let refuse = |why: String| (StatusCode::DATA_FORMAT, why);
     // The frame says its size: a payload claiming more than the limit is refused before any
@@ -36,6 +40,10 @@ pub fn decompress(payload: &[u8], limit: usize) -> Result<Bytes, (StatusCode, St
 
 /// Decompresses `env`'s payload if it came with a content encoding, leaving none: 5006 for an
 /// encoding this SDK does not read, or a payload that does not decompress within `limit`.
+///
+/// # Errors
+/// 5006 (data format) with a reason when the encoding is not zstd, or the payload does not
+/// decompress within `limit`.
 pub fn open_encoding(
     env: &mut crate::protocol::envelope::Envelope,
     limit: usize,

@@ -164,6 +164,10 @@ fn check(reference: &ObjectRef, payload: &Bytes, stored: Option<[u8; 32]>) -> Re
 }
 
 /// Removes the objects whose messages have expired; how many. Run by the coordinator.
+///
+/// # Errors
+/// [`SdkError::Broker`] when the bucket cannot be listed or an expired object cannot be deleted (a
+/// missing bucket is nothing to remove).
 pub async fn reap_expired(js: &JetStream, subjects: &Subjects) -> Result<usize, SdkError> {
     let objects: Objects = match js.open_objects(&subjects.bucket_name(PAYLOAD_BUCKET)).await {
         Ok(objects) => objects,

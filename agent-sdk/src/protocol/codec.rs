@@ -106,6 +106,10 @@ const ENVELOPE_OVERHEAD: usize = 320;
 pub(crate) const COMPACT_OVERHEAD: usize = 160;
 
 /// Encodes `envelope` in `encoding`, every field written (see [`encode_on`]).
+///
+/// # Errors
+/// [`CodecError::Malformed`] when serde cannot write the envelope as JSON; the other encodings do
+/// not fail.
 pub fn encode(envelope: &Envelope, encoding: Encoding) -> Result<Bytes, CodecError> {
     encode_on(envelope, encoding, &Implied::default())
 }
@@ -113,6 +117,10 @@ pub fn encode(envelope: &Envelope, encoding: Encoding) -> Result<Bytes, CodecErr
 /// Encodes `envelope` in `encoding` for a subject that carries `implied`
 /// ([`Subjects::implied`](crate::Subjects::implied)): the compact form leaves those fields
 /// out; the other forms write everything.
+///
+/// # Errors
+/// [`CodecError::Malformed`] when serde cannot write the envelope as JSON; the other encodings do
+/// not fail.
 pub fn encode_on(
     envelope: &Envelope,
     encoding: Encoding,
@@ -153,6 +161,11 @@ pub(crate) fn encode_into(
 /// Decodes an envelope, telling which encoding it was in. Refuses an unknown major version
 /// and ignores fields it does not know. The payload is copied out of `bytes`; see
 /// [`decode_shared`] to borrow it.
+///
+/// # Errors
+/// [`CodecError::UnknownEncoding`] when the bytes are neither JSON nor MessagePack;
+/// [`CodecError::UnsupportedVersion`] for another major version; [`CodecError::Malformed`] when
+/// they do not form an envelope.
 pub fn decode(bytes: &[u8]) -> Result<(Envelope, Encoding), CodecError> {
     decode_from(bytes, None)
 }
@@ -160,6 +173,11 @@ pub fn decode(bytes: &[u8]) -> Result<(Envelope, Encoding), CodecError> {
 /// [`decode`] of a message that arrived on (or was published to) a subject carrying
 /// `implied` ([`Subjects::implied`](crate::Subjects::implied)): a compact envelope gets the
 /// fields it left to the subject back.
+///
+/// # Errors
+/// [`CodecError::UnknownEncoding`] when the bytes are neither JSON nor MessagePack;
+/// [`CodecError::UnsupportedVersion`] for another major version; [`CodecError::Malformed`] when
+/// they do not form an envelope.
 pub fn decode_on(bytes: &[u8], implied: &Implied<'_>) -> Result<(Envelope, Encoding), CodecError> {
     let (mut envelope, encoding) = decode_from(bytes, None)?;
     if encoding == Encoding::Compact {
@@ -169,6 +187,11 @@ pub fn decode_on(bytes: &[u8], implied: &Implied<'_>) -> Result<(Envelope, Encod
 }
 
 /// [`decode`], with the payload a slice of `bytes` instead of a copy.
+///
+/// # Errors
+/// [`CodecError::UnknownEncoding`] when the bytes are neither JSON nor MessagePack;
+/// [`CodecError::UnsupportedVersion`] for another major version; [`CodecError::Malformed`] when
+/// they do not form an envelope.
 pub fn decode_shared(bytes: &Bytes) -> Result<(Envelope, Encoding), CodecError> {
     decode_from(bytes, Some(bytes))
 }
@@ -206,6 +229,9 @@ fn decode_from(bytes: &[u8], shared: Option<&Bytes>) -> Result<(Envelope, Encodi
 }
 
 /// [`decode_shared`] with a size limit checked first.
+///
+/// # Errors
+/// [`CodecError::TooLarge`] when `bytes` is over `limit`; otherwise as [`decode`].
 pub fn decode_limited(bytes: &Bytes, limit: usize) -> Result<(Envelope, Encoding), CodecError> {
     if bytes.len() > limit {
         return Err(CodecError::TooLarge {
@@ -236,6 +262,10 @@ fn probe_version(bytes: &[u8], encoding: Encoding) -> Option<String> {
 }
 
 /// Encodes a typed payload for `content_type` (MessagePack or JSON).
+///
+/// # Errors
+/// [`CodecError::UnsupportedContentType`] when `content_type` is not MessagePack or JSON;
+/// [`CodecError::Payload`] when `value` does not serialize.
 pub fn encode_payload<T: Serialize + ?Sized>(
     value: &T,
     content_type: &str,
@@ -251,6 +281,10 @@ pub fn encode_payload<T: Serialize + ?Sized>(
 }
 
 /// Decodes a typed payload written as `content_type`.
+///
+/// # Errors
+/// [`CodecError::UnsupportedContentType`] when `content_type` is not MessagePack or JSON;
+/// [`CodecError::Payload`] when `bytes` is not one whole `T`.
 pub fn decode_payload<T: DeserializeOwned>(
     bytes: &[u8],
     content_type: &str,

@@ -73,6 +73,10 @@ pub struct IllegalTransition {
 }
 
 /// Checks one move against the table; a new task (no state yet) may only be `submitted`.
+///
+/// # Errors
+/// [`IllegalTransition`] when the table does not allow the move (a new task may only become
+/// `submitted`).
 pub fn transition(from: Option<TaskState>, to: TaskState) -> Result<(), IllegalTransition> {
     let legal = match from {
         None => to == TaskState::Submitted,

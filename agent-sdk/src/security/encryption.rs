@@ -63,6 +63,9 @@ impl EncryptionKey {
     }
 
     /// A key pair from its base64 private key.
+    ///
+    /// # Errors
+    /// [`KeyError`] when `secret` is not base64 or not an X25519 private key.
     pub fn from_secret(secret: &str) -> Result<Self, KeyError> {
         let bytes = STANDARD
             .decode(secret)
@@ -75,6 +78,10 @@ impl EncryptionKey {
 
     /// Opens `env`'s payload if it is encrypted for `me`: replaces the payload with the
     /// plaintext and restores its content type.
+    ///
+    /// # Errors
+    /// 5007 (access) when `me` is not a recipient or the message key does not open with this key;
+    /// 5006 (data format) for another scheme or a payload that does not decrypt.
     pub fn decrypt(&self, me: &str, env: &mut Envelope) -> Result<(), (StatusCode, String)> {
         let Some(enc) = env.encryption.take() else {
             return Ok(());
@@ -138,6 +145,10 @@ fn seal(pk: &<Kem as hpke::Kem>::PublicKey, plaintext: &[u8]) -> Result<Vec<u8>,
 }
 
 /// Encrypts `env`'s payload for `recipients` (agent id and base64 public key each).
+///
+/// # Errors
+/// [`EncryptionError`] when `recipients` is empty or a recipient's key is not a base64 X25519
+/// public key.
 pub fn encrypt(env: &mut Envelope, recipients: &[(String, String)]) -> Result<(), EncryptionError> {
     seal_for(env, recipients).map_err(EncryptionError)
 }

@@ -48,6 +48,9 @@ impl Identity {
     }
 
     /// The identity of a user nkey seed (`SU...`).
+    ///
+    /// # Errors
+    /// [`KeyError`] when `seed` is not a valid nkey seed.
     pub fn from_seed(seed: &str) -> Result<Self, KeyError> {
         nkeys::KeyPair::from_seed(seed)
             .map_err(|e| KeyError(format!("not a valid nkey seed: {e}")))
@@ -69,6 +72,9 @@ impl Identity {
     }
 
     /// The seed, to store securely.
+    ///
+    /// # Errors
+    /// [`KeyError`] when nkeys cannot encode the key as a user seed.
     pub fn seed(&self) -> Result<String, KeyError> {
         nkeys::KeyPair::new_from_raw(nkeys::KeyPairType::User, self.signer.to_bytes())
             .and_then(|key| key.seed())
@@ -206,6 +212,11 @@ impl Verifier {
     }
 
     /// Checks `env`, received on `subject`, at `now_ms`.
+    ///
+    /// # Errors
+    /// The refusal's code and reason: 5014 unsigned (when signatures are required) or another
+    /// algorithm; 5004 no key, another key or a bad signature; 5015 a replay or a timestamp past
+    /// the tolerance.
     pub fn verify(&self, subject: &str, env: &Envelope, now_ms: u64) -> Result<(), Refused> {
         self.verify_batch(&[(subject, env)], now_ms)
             .pop()

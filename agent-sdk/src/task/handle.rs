@@ -161,6 +161,9 @@ impl TaskHandle {
 
     /// Every message of the task after the last one this handle yielded, in order, then each
     /// new one, ending after the terminal state.
+    ///
+    /// # Errors
+    /// [`SdkError::Broker`] when the task stream cannot be read.
     pub async fn updates(&self) -> Result<TaskUpdates, SdkError> {
         self.updates_after(self.last_seen()).await
     }
@@ -168,6 +171,9 @@ impl TaskHandle {
     /// Every message of the task after sequence `seq` (0: from the start), then each new
     /// one, ending after the terminal state: resuming from the last sequence seen gives no
     /// gap and no repeat.
+    ///
+    /// # Errors
+    /// [`SdkError::Broker`] when the task stream cannot be read.
     pub async fn updates_after(&self, seq: u64) -> Result<TaskUpdates, SdkError> {
         let follow = self.store.follow(self.id, &[], seq).await?;
         Ok(TaskUpdates {
@@ -180,6 +186,10 @@ impl TaskHandle {
     }
 
     /// Where the task stands now.
+    ///
+    /// # Errors
+    /// [`SdkError::TaskNotFound`] when the task is not recorded; [`SdkError::Broker`] or
+    /// [`SdkError::Codec`] when its state cannot be read.
     pub async fn state(&self) -> Result<TaskState, SdkError> {
         match self.store.last_status(self.id).await? {
             Some((_, env)) => Ok(state_of(&env)),
@@ -188,6 +198,10 @@ impl TaskHandle {
     }
 
     /// The task's report as it stands now (terminal or not).
+    ///
+    /// # Errors
+    /// [`SdkError::TaskNotFound`] when the task is not recorded; [`SdkError::Broker`] or
+    /// [`SdkError::Codec`] when its messages cannot be read.
     pub async fn report(&self) -> Result<TaskReport, SdkError> {
         let Some((mut last, _)) = self.store.last_status(self.id).await? else {
             return Err(SdkError::TaskNotFound(self.id));
@@ -222,6 +236,11 @@ impl TaskHandle {
     /// Waits for the task to finish and returns its report. Past the task's deadline (and
     /// [`EXPIRY_GRACE`] for its worker to say so), a task still unfinished is recorded as
     /// expired here: a worker that died cannot.
+    ///
+    /// # Errors
+    /// [`SdkError::Broker`] or [`SdkError::Codec`] when the task's messages cannot be read, or an
+    /// expiry cannot be recorded; [`SdkError::TaskNotFound`] when they end, or have lost the
+    /// submission, before the task finishes.
     pub async fn result(&self) -> Result<TaskReport, SdkError> {
         // Agents the registry declares gone (their heartbeats stopped): a worker among them
         // will not finish.
@@ -297,6 +316,10 @@ impl TaskHandle {
     }
 
     /// [`TaskHandle::result`], waiting at most `timeout` ([`SdkError::Timeout`] after).
+    ///
+    /// # Errors
+    /// [`SdkError::Timeout`] when the task has not finished within `timeout`; otherwise as
+    /// [`result`](TaskHandle::result).
     pub async fn result_within(&self, timeout: Duration) -> Result<TaskReport, SdkError> {
         tokio::time::timeout(timeout, self.result())
             .await
@@ -316,6 +339,10 @@ impl TaskHandle {
     /// Asks the worker to stop, and returns the task's report once it has. A worker that does
     /// not confirm within [`CANCEL_CONFIRM`] (gone, or stuck) is not waited for: the cancel is
     /// recorded here. A task already finished stays as it is.
+    ///
+    /// # Errors
+    /// [`SdkError::Broker`] when the cancel cannot be stored or the task read; otherwise as
+    /// [`result`](TaskHandle::result).
     pub async fn cancel(&self) -> Result<TaskReport, SdkError> {
         let mut env = self
             .store
@@ -336,6 +363,11 @@ impl TaskHandle {
     }
 
     /// Answers the question of a task that is `input_required`.
+    ///
+    /// # Errors
+    /// [`SdkError::TaskNotFound`] when the task is not recorded; [`SdkError::TaskState`] when it is
+    /// not `input_required`; [`SdkError::Codec`] when `answer` does not encode;
+    /// [`SdkError::Broker`] when it cannot be stored.
     pub async fn respond<T: Serialize + ?Sized>(&self, answer: &T) -> Result<(), SdkError> {
         let Some((_, last)) = self.store.last_status(self.id).await? else {
             return Err(SdkError::TaskNotFound(self.id));

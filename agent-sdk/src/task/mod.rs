@@ -84,6 +84,10 @@ impl TaskUpdate {
     }
 
     /// The payload decoded as `T`.
+    ///
+    /// # Errors
+    /// [`SdkError::Codec`] when the content type is not MessagePack or JSON, or the payload does
+    /// not decode as `T`.
     pub fn payload_as<T: DeserializeOwned>(&self) -> Result<T, SdkError> {
         Ok(decode_payload(
             &self.envelope.payload,
@@ -171,6 +175,10 @@ impl TaskReport {
     }
 
     /// The result decoded as `T`; a task that did not complete is an error with its code.
+    ///
+    /// # Errors
+    /// [`SdkError::Remote`] with the task's code and reason when it did not complete;
+    /// [`SdkError::Codec`] when the result does not decode as `T`.
     pub fn output_as<T: DeserializeOwned>(&self) -> Result<T, SdkError> {
         if !self.is_completed() {
             return Err(SdkError::Remote {

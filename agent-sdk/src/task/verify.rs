@@ -93,6 +93,9 @@ impl Verification {
 
     /// Checks that each result, read as JSON, meets `schema` (JSON Schema, the draft its
     /// `$schema` names, 2020-12 by default). A schema that does not compile is an error.
+    ///
+    /// # Errors
+    /// [`SdkError::InvalidCall`] when `schema` does not compile.
     pub fn schema(schema: &serde_json::Value) -> Result<Self, SdkError> {
         let validator = jsonschema::validator_for(schema)
             .map_err(|e| SdkError::InvalidCall(format!("the JSON Schema does not compile: {e}")))?;

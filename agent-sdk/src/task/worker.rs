@@ -462,6 +462,10 @@ impl TaskContext {
     }
 
     /// Reports progress: how much is done (0 to 1) if known, and a message.
+    ///
+    /// # Errors
+    /// [`SdkError::InvalidCall`] when `fraction` is not between 0 and 1; [`SdkError::Broker`] when
+    /// the task stream does not store it.
     pub async fn progress(
         &self,
         fraction: Option<f32>,
@@ -477,6 +481,10 @@ impl TaskContext {
     }
 
     /// Reports progress with partial data.
+    ///
+    /// # Errors
+    /// [`SdkError::InvalidCall`] when `fraction` is not between 0 and 1; [`SdkError::Codec`] when
+    /// `partial` does not encode; [`SdkError::Broker`] when the task stream does not store it.
     pub async fn progress_with<T: Serialize + ?Sized>(
         &self,
         fraction: Option<f32>,
@@ -519,6 +527,10 @@ impl TaskContext {
     }
 
     /// Sends the next chunk of a streamed result; returns its number (from 1).
+    ///
+    /// # Errors
+    /// [`SdkError::Codec`] when `data` does not encode in the requester's content type;
+    /// [`SdkError::Broker`] when the task stream does not store it.
     pub async fn chunk<T: Serialize + ?Sized>(&self, data: &T) -> Result<u64, SdkError> {
         let content_type = self.content_type();
         let payload = encode_payload(data, &content_type)?;
@@ -526,6 +538,10 @@ impl TaskContext {
     }
 
     /// Sends the last chunk of a streamed result.
+    ///
+    /// # Errors
+    /// [`SdkError::Codec`] when `data` does not encode in the requester's content type;
+    /// [`SdkError::Broker`] when the task stream does not store it.
     pub async fn last_chunk<T: Serialize + ?Sized>(&self, data: &T) -> Result<u64, SdkError> {
         let content_type = self.content_type();
         let payload = encode_payload(data, &content_type)?;
@@ -534,6 +550,9 @@ impl TaskContext {
 
     /// Sends a chunk of raw bytes; `last` marks the end of the stream. Each is stored before
     /// this returns, so chunks are numbered and kept in the order they were sent.
+    ///
+    /// # Errors
+    /// [`SdkError::Broker`] when the task stream does not store it.
     pub async fn chunk_bytes(
         &self,
         data: Bytes,
@@ -561,6 +580,11 @@ impl TaskContext {
     /// Asks the requester a question and waits for the answer: the task is `input_required`
     /// until it comes, then `working` again. A cancel or the deadline while waiting is an
     /// error (5020 or 5011).
+    ///
+    /// # Errors
+    /// [`SdkError::Remote`] with 5020 when the task is cancelled while waiting,
+    /// [`SdkError::Expired`] past its deadline, [`SdkError::ShuttingDown`] when the agent stops;
+    /// [`SdkError::Codec`] when the prompt does not encode or the answer does not decode as `R`.
     pub async fn ask<T, R>(&self, question: &str, prompt: &T) -> Result<R, SdkError>
     where
         T: Serialize + ?Sized,
@@ -599,6 +623,11 @@ impl TaskContext {
     /// next agent needs), as IACP's handoff: that agent takes it over where it stands, the
     /// requester's handle follows it, and the report lists both turns. Once this returns,
     /// this handler should return too: whatever it returns is not recorded.
+    ///
+    /// # Errors
+    /// [`SdkError::Remote`], [`SdkError::NoResponders`] or [`SdkError::Timeout`] when the next
+    /// agent does not take it; [`SdkError::LoopDetected`] or [`SdkError::Expired`] past the hop
+    /// limit or deadline; [`SdkError::Subject`] or [`SdkError::Broker`] when it cannot be sent.
     pub async fn handoff(&self, call: Call) -> Result<(), SdkError> {
         let out = &self.ctx.out;
         let (subject, mut env, timeout) = out.prepare(call.command(), Some(self.ctx.message()))?;
