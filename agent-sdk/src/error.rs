@@ -154,3 +154,40 @@ impl From<CodecError> for HandlerError {
         HandlerError::new(StatusCode::DATA_FORMAT, err.to_string())
     }
 }
+
+/// Why a check refused what it was given: a relayed token
+/// ([`AgentOptions::require_token`](crate::AgentOptions::require_token)), a task's result
+/// ([`Verification::function`](crate::task::Verification::function)). A check returns
+/// `Err("reason".into())` or `Err(Rejection::new(reason))`, and `?` turns a `String` into one;
+/// the reason travels with the refusal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Rejection {
+    reason: String,
+}
+
+impl Rejection {
+    /// A rejection for `reason`.
+    pub fn new(reason: impl Into<String>) -> Self {
+        Rejection {
+            reason: reason.into(),
+        }
+    }
+
+    /// Why.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl From<String> for Rejection {
+    fn from(reason: String) -> Self {
+        Rejection { reason }
+    }
+}
+
+impl From<&str> for Rejection {
+    fn from(reason: &str) -> Self {
+        Rejection::new(reason)
+    }
+}

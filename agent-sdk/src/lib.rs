@@ -74,7 +74,7 @@ pub use codec::{CodecError, Encoding};
 pub use durable::Receipt;
 pub use envelope::TaskState;
 pub use envelope::{ContentType, DeliveryClass, Envelope, Kind, Name, Performative, Priority};
-pub use error::{HandlerError, SdkError};
+pub use error::{HandlerError, Rejection, SdkError};
 pub use handler::{BoxFuture, Context, EventHandler, Handler, Output, Typed};
 pub use inbound::{Event, EventStream};
 pub use outbound::{

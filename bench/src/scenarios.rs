@@ -881,10 +881,7 @@ pub(crate) async fn chorus_payloads(
         .await?;
     let plain_sender = bus
         .options("bench-plain-sender")
-        .payload_limits(chorus_sdk::payload::PayloadLimits {
-            compress_above: None,
-            ..Default::default()
-        })
+        .payload_limits(chorus_sdk::payload::PayloadLimits::default().compress_above(None))
         .service_discovery(false)
         .connect()
         .await?;

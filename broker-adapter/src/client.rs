@@ -37,10 +37,14 @@ struct Shared {
 }
 
 impl Broker {
-    /// Connects with `options`. Fails with [`ErrorKind::Refused`] when the server rejects the
-    /// credentials, [`ErrorKind::ConnectionLimit`] when it has all the connections its
-    /// `max_connections` allows, [`ErrorKind::InvalidInput`] when the options cannot work, and
-    /// [`ErrorKind::Broker`] when no server can be reached.
+    /// Connects with `options`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Refused`] when the server rejects the credentials,
+    /// [`ErrorKind::ConnectionLimit`] when it has all the connections its `max_connections` allows,
+    /// [`ErrorKind::Tls`] when TLS cannot be set up, [`ErrorKind::Broker`] when no server can be
+    /// reached; [`ErrorKind::InvalidInput`] when the options cannot work (no server, a bad address,
+    /// unreadable credentials), [`ErrorKind::InvalidSubject`] for a bad inbox prefix.
     pub async fn connect(options: BrokerOptions) -> Result<Broker> {
         if options.servers.is_empty() {
             return Err(Error::new(ErrorKind::InvalidInput, "no NATS server given"));
@@ -133,6 +137,11 @@ impl Broker {
 
     /// Publishes `payload` to `subject`. Returns once the message is queued for the socket,
     /// not when the server has it: call [`flush`](Broker::flush) to know it was written.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidSubject`] for a malformed or wildcard subject, [`ErrorKind::TooLarge`]
+    /// over the server's `max_payload`, [`ErrorKind::Broker`] when the connection is closed. A
+    /// forbidden subject fails only as a [`ConnectionEvent::PermissionViolation`].
     pub async fn publish(&self, subject: &str, payload: Bytes) -> Result<()> {
         self.publish_with(subject, None, None, payload).await
     }
@@ -142,6 +151,11 @@ impl Broker {
     /// as the SDK builds an event's subject from a checked root and topic: only its length is
     /// checked again. Taken by value and handed to the client as it is, without a copy (the
     /// hot path of a sender that builds its subjects).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidSubject`] for a subject over [`MAX_SUBJECT_LEN`](crate::MAX_SUBJECT_LEN)
+    /// (in debug builds, for any malformed one); [`ErrorKind::TooLarge`] over the server's
+    /// `max_payload`; [`ErrorKind::Broker`] when the connection is closed.
     pub async fn publish_built(&self, subject: String, payload: Bytes) -> Result<()> {
         if subject.len() > crate::MAX_SUBJECT_LEN || cfg!(debug_assertions) {
             // The full check, which refuses a subject too long as it does any other.
@@ -151,6 +165,10 @@ impl Broker {
     }
 
     /// Publishes with an optional reply subject and headers.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidSubject`] for a malformed or wildcard subject or reply; the others as
+    /// [`publish`](Broker::publish) says.
     pub async fn publish_with(
         &self,
         subject: &str,
@@ -206,6 +224,11 @@ impl Broker {
     }
 
     /// Subscribes to `subject` (wildcards allowed).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidSubject`] for a malformed subject; [`ErrorKind::Broker`] when the
+    /// connection is closed. A forbidden subject fails only as a
+    /// [`ConnectionEvent::PermissionViolation`].
     pub async fn subscribe(&self, subject: &str) -> Result<Subscription> {
         validate_subject(subject, Wildcards::Allow)?;
         let inner = self
@@ -222,6 +245,11 @@ impl Broker {
 
     /// Subscribes to `subject` as a member of queue group `group`: each message goes to one
     /// member of the group.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidSubject`] for a malformed subject or queue group; [`ErrorKind::Broker`]
+    /// when the connection is closed. A forbidden subject fails only as a
+    /// [`ConnectionEvent::PermissionViolation`].
     pub async fn queue_subscribe(&self, subject: &str, group: &str) -> Result<Subscription> {
         validate_subject(subject, Wildcards::Allow)?;
         validate_queue_group(group)?;
@@ -239,8 +267,10 @@ impl Broker {
 
     /// Sends a request and waits up to `timeout` for the first reply.
     ///
-    /// Fails with [`ErrorKind::NoResponders`] at once when nobody is subscribed, and with
-    /// [`ErrorKind::TimedOut`] when someone is but no reply came in time.
+    /// # Errors
+    /// [`ErrorKind::NoResponders`] at once when nobody is subscribed, [`ErrorKind::TimedOut`] when
+    /// someone is but no reply came in time; [`ErrorKind::InvalidSubject`], [`ErrorKind::TooLarge`]
+    /// and [`ErrorKind::Broker`] as for [`publish`](Broker::publish).
     pub async fn request(
         &self,
         subject: &str,
@@ -263,6 +293,9 @@ impl Broker {
     }
 
     /// Waits until everything published so far is written to the server.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Broker`] when the connection is closed.
     pub async fn flush(&self) -> Result<()> {
         self.client
             .flush()
@@ -275,9 +308,11 @@ impl Broker {
     /// after subscribing, before relying on the subscription: [`flush`](Broker::flush) only
     /// writes to the socket, it does not wait for the server.
     ///
-    /// A server that refuses this connection's inbox to its user (its permissions do not
-    /// allow the inbox prefix) fails it at once with [`ErrorKind::Refused`], the server's
-    /// words as a [`PermissionViolation`](crate::PermissionViolation) source.
+    /// # Errors
+    /// [`ErrorKind::Refused`] at once when the server refuses this connection's inbox to its user
+    /// (its permissions do not allow the inbox prefix), the server's words as a
+    /// [`PermissionViolation`](crate::PermissionViolation) source; [`ErrorKind::TimedOut`] when the
+    /// server does not answer within `timeout`; [`ErrorKind::Broker`] when the connection closes.
     pub async fn sync(&self, timeout: Duration) -> Result<()> {
         use tokio::sync::broadcast::error::RecvError;
         let mut events = self.events();
@@ -333,6 +368,9 @@ impl Broker {
 
     /// Drains the connection: unsubscribes everything, lets buffered messages be delivered,
     /// flushes what was published, then closes.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Broker`] when the connection is already closed.
     pub async fn drain(&self) -> Result<()> {
         self.client
             .drain()
@@ -422,6 +460,9 @@ pub struct Subscription {
 
 impl Subscription {
     /// Stops interest at once; messages already buffered are still yielded.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Broker`] when the connection is closed.
     pub async fn unsubscribe(&mut self) -> Result<()> {
         self.inner
             .unsubscribe()
@@ -453,6 +494,9 @@ impl Subscription {
 
     /// Stops interest after the server has sent what it already routed here; the stream then
     /// yields the rest and ends. This is the graceful way to stop taking new messages.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Broker`] when the connection is closed.
     pub async fn drain(&mut self) -> Result<()> {
         self.inner
             .drain()

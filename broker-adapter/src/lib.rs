@@ -11,6 +11,9 @@
 //! The NATS client is `chorus-async-nats`, a fork of async-nats 0.51.0 whose parser delivers a
 //! message with a malformed header block instead of resetting the connection.
 
+// Every public item is documented, and every fallible one says how it fails.
+#![warn(missing_docs, clippy::missing_errors_doc)]
+
 mod classify;
 mod client;
 pub mod error;

@@ -18,6 +18,10 @@ impl Headers {
 
     /// Sets `name` to `value`, replacing earlier values. Names must be printable ASCII without
     /// `:`; values must not contain CR or LF.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a name that is not printable ASCII without `:`, or a value
+    /// with a CR or LF.
     pub fn insert(&mut self, name: &str, value: &str) -> Result<()> {
         let header = async_nats::header::HeaderName::from_str(name).map_err(|_| {
             Error::new(

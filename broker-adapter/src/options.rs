@@ -39,7 +39,14 @@ impl fmt::Debug for Credentials {
 }
 
 /// TLS settings. With none set, the connection uses TLS only if the server requires it.
+///
+/// ```
+/// use chorus_broker_adapter::TlsOptions;
+/// let tls = TlsOptions::required().ca_file("ca.pem").client_cert("client.pem", "client-key.pem");
+/// assert!(tls.required && tls.client_cert.is_some());
+/// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct TlsOptions {
     /// Refuse to connect without TLS.
     pub required: bool,
@@ -49,6 +56,34 @@ pub struct TlsOptions {
     pub client_cert: Option<(PathBuf, PathBuf)>,
     /// Start TLS before the NATS `INFO` exchange (servers configured with `handshake_first`).
     pub handshake_first: bool,
+}
+
+impl TlsOptions {
+    /// TLS required: the connection fails rather than go without it.
+    pub fn required() -> Self {
+        TlsOptions {
+            required: true,
+            ..TlsOptions::default()
+        }
+    }
+
+    /// Trusts the CA certificates in the PEM file `path` for the server's certificate.
+    pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
+        self
+    }
+
+    /// Presents the PEM certificate `cert` with its key `key` (mutual TLS).
+    pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.client_cert = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Starts TLS before the NATS `INFO` exchange (servers with `handshake_first`).
+    pub fn handshake_first(mut self, first: bool) -> Self {
+        self.handshake_first = first;
+        self
+    }
 }
 
 /// Default time between client pings. NATS's own default (two minutes) takes minutes to
@@ -227,6 +262,10 @@ impl BrokerOptions {
     }
 
     /// Connects with these options.
+    ///
+    /// # Errors
+    /// Those of [`Broker::connect`](crate::Broker::connect): options that cannot work, a server
+    /// that refuses the credentials or is full, TLS that cannot be set up, no server reachable.
     pub async fn connect(self) -> crate::Result<crate::Broker> {
         crate::Broker::connect(self).await
     }

@@ -3,6 +3,13 @@
 //! validation, no statistics and no reconnect policy, so the baseline costs what async-nats
 //! costs. Chorus itself never uses this module; it lives here because no other crate of the
 //! workspace imports `async_nats`.
+//!
+//! # Errors
+//! Every fallible call here fails as async-nats does, its error kept as the source of an
+//! [`ErrorKind::Broker`] error named after the call (`raw connect`, `raw publish`, ...).
+
+// One `# Errors` for the module (above): each call only wraps async-nats's.
+#![allow(clippy::missing_errors_doc)]
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -21,6 +21,11 @@ pub enum Wildcards {
 
 /// Checks `subject` against NATS's rules: non-empty tokens separated by `.`, no whitespace or
 /// control characters, and wildcards only where `wildcards` allows them.
+///
+/// # Errors
+/// [`ErrorKind::InvalidSubject`] when the subject is empty, longer than [`MAX_SUBJECT_LEN`], has an
+/// empty token, whitespace or a control character, or a wildcard where `wildcards` or NATS does not
+/// allow one.
 pub fn validate_subject(subject: &str, wildcards: Wildcards) -> Result<()> {
     let bad = |why: &str| {
         Err(Error::new(
@@ -98,6 +103,9 @@ fn ascii_token(
 }
 
 /// Checks a queue group name: non-empty, no whitespace.
+///
+/// # Errors
+/// [`ErrorKind::InvalidSubject`] when the group is empty or has whitespace or a control character.
 pub fn validate_queue_group(group: &str) -> Result<()> {
     if group.is_empty() || group.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(Error::new(

@@ -109,6 +109,9 @@ impl Default for CoordinatorConfig {
 impl CoordinatorConfig {
     /// The key broadcast copies are signed with: `signing_seed_file`, else the nkey seed the
     /// coordinator connects with, else none.
+    ///
+    /// # Errors
+    /// A configuration error when the seed file cannot be read or holds no nkey seed.
     pub fn signing_identity(&self) -> Result<Option<chorus_sdk::security::Identity>> {
         match &self.signing_seed_file {
             Some(path) => ConnectionSecurity::nkey_seed_file(path.clone()).identity(),
@@ -118,6 +121,11 @@ impl CoordinatorConfig {
     }
 
     /// Loads defaults, then `file` if given (it must exist), then the environment.
+    ///
+    /// # Errors
+    /// A configuration error when `file` does not exist, a value in it or in the environment does
+    /// not parse or is an unknown key, or a value cannot work
+    /// ([`validate`](CoordinatorConfig::validate)).
     pub fn load(file: Option<&Path>) -> Result<Self> {
         let invalid = || Error::wrap(ErrorKind::Config, "invalid configuration");
         let defaults = config::Config::try_from(&CoordinatorConfig::default()).map_err(invalid())?;
@@ -143,6 +151,11 @@ impl CoordinatorConfig {
     }
 
     /// Checks values that parse but cannot work.
+    ///
+    /// # Errors
+    /// A configuration error naming the first key that cannot work: an invalid root, no servers, an
+    /// interval, timeout or count out of range, replicas not 1, 3 or 5, bad retry policies or
+    /// circuit breaker, or a gateway section that cannot work.
     pub fn validate(&self) -> Result<()> {
         chorus_sdk::Subjects::new(&self.root).map_err(Error::wrap(ErrorKind::Config, "root"))?;
         ensure(!self.servers.trim().is_empty(), || {

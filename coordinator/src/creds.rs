@@ -85,6 +85,10 @@ fn quote(list: &[String]) -> String {
 }
 
 /// The permission lists (publish, subscribe) of `role`.
+///
+/// # Errors
+/// An invalid-input error when the role's agent id, a capability, a topic pattern, a `calls` target
+/// or an SAP name is malformed, or a CLI user is given SAP agents.
 pub fn permissions(subjects: &Subjects, role: &Role) -> Result<(Vec<String>, Vec<String>)> {
     permissions_of(subjects, role).map_err(Error::wrap(
         ErrorKind::InvalidInput,
@@ -206,6 +210,10 @@ fn permissions_of(
 }
 
 /// The `nats.conf` user entry for `role` with nkey `public_key`.
+///
+/// # Errors
+/// An invalid-input error when the role's agent id, a capability, a topic pattern, a `calls` target
+/// or an SAP name is malformed, or a CLI user is given SAP agents.
 pub fn authorization_entry(subjects: &Subjects, role: &Role, public_key: &str) -> Result<String> {
     let (publish, subscribe) = permissions(subjects, role)?;
     let sap_responses = format!(", allow_responses: {{ max: {SAP_MAX_RESPONSES} }}");

@@ -8,6 +8,9 @@
 //!
 //! The library returns its own [`Error`], whose [`ErrorKind`] a caller matches on.
 
+// Every public item is documented, and every fallible one says how it fails.
+#![warn(missing_docs, clippy::missing_errors_doc)]
+
 pub mod config;
 pub mod creds;
 pub mod error;

@@ -283,6 +283,11 @@ fn invalid(what: String) -> Error {
 
 impl GatewayConfig {
     /// Checks values that parse but cannot work, naming the key.
+    ///
+    /// # Errors
+    /// A configuration error naming the first key that cannot work: a limit out of range, a
+    /// missing, repeated or malformed identity, a bad API key, a JWT without a key file, a bad SAP
+    /// binding, or a listener with no way to authenticate.
     pub fn validate(&self) -> Result<()> {
         if !self.enabled() {
             return Ok(());

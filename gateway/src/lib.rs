@@ -5,7 +5,10 @@
 //!
 //! Each identity is an SDK agent of its own (its own connection, its nkey if configured):
 //! what it sends goes through the SDK's outbound path, and every command sent to it, core or
-//! durable, passes its inbound pipeline and waits in its [`inbox::EdgeInbox`] for a poll.
+//! durable, passes its inbound pipeline and waits in its inbox (`inbox.rs`) for a poll.
+
+// Every public item is documented, and every fallible one says how it fails.
+#![warn(missing_docs, clippy::missing_errors_doc)]
 
 mod a2a;
 mod api;

@@ -94,6 +94,11 @@ impl ClusterBuilder {
     }
 
     /// Starts the nodes and waits until each listens.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the cluster's directory or a node's config cannot be written; a node's
+    /// start error ([`Error::NotFound`], [`Error::Exited`], [`Error::TimedOut`]); [`Error::Ports`]
+    /// when a node does not report its route port (or, with leaf nodes, its leaf node port).
     pub fn start(self) -> Result<Cluster> {
         let dir = tempfile::Builder::new()
             .prefix("chorus-cluster-")
@@ -288,6 +293,10 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts three nodes ([`ClusterBuilder`] for other shapes).
+    ///
+    /// # Errors
+    /// Those of [`ClusterBuilder::start`]: a directory or config that cannot be written, a node
+    /// that does not start, or one that does not report its ports.
     pub fn start() -> Result<Cluster> {
         ClusterBuilder::default().start()
     }

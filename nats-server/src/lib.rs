@@ -11,6 +11,9 @@
 //! file; [`NatsServer::start`] waits for that with a deadline. Dropping the handle kills the
 //! process and removes the directory.
 
+// Every public item is documented, and every fallible one says how it fails.
+#![warn(missing_docs, clippy::missing_errors_doc)]
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -129,6 +132,11 @@ impl ServerBuilder {
     }
 
     /// Starts the server and waits until it listens.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when no binary is found or it cannot be run, [`Error::Io`] when its
+    /// directory, log or config cannot be written, [`Error::Exited`] when it exits before it
+    /// listens, [`Error::TimedOut`] when it is not ready within the ready timeout.
     pub fn start(self) -> Result<NatsServer> {
         let binary = match self.binary.clone().or_else(find_binary) {
             Some(b) => b,
@@ -173,6 +181,11 @@ pub struct NatsServer {
 
 impl NatsServer {
     /// Starts a server with defaults: loopback, OS-chosen port, JetStream on.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when no binary is found, [`Error::Io`] when its directory cannot be
+    /// written, [`Error::Exited`] or [`Error::TimedOut`] when it does not come up (the message
+    /// quotes its log).
     pub fn start() -> Result<NatsServer> {
         ServerBuilder::default().start()
     }
@@ -209,11 +222,19 @@ impl NatsServer {
 
     /// Stops the process with SIGSTOP, as a machine that hangs would: its sockets stay open
     /// and nothing answers on them until [`resume`](NatsServer::resume).
+    ///
+    /// # Errors
+    /// [`Error::Exited`] when the process is not running or is gone, [`Error::Io`] when `kill`
+    /// cannot be run.
     pub fn pause(&self) -> Result<()> {
         self.signal("-STOP")
     }
 
     /// Lets a [`pause`](NatsServer::pause)d process run again (SIGCONT).
+    ///
+    /// # Errors
+    /// [`Error::Exited`] when the process is not running or is gone, [`Error::Io`] when `kill`
+    /// cannot be run.
     pub fn resume(&self) -> Result<()> {
         self.signal("-CONT")
     }
@@ -251,6 +272,11 @@ impl NatsServer {
     }
 
     /// Starts the server again on the same port with the same store, and waits until ready.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the binary cannot be run, [`Error::Io`] when its log or config
+    /// cannot be written, [`Error::Exited`] or [`Error::TimedOut`] when it does not come back up
+    /// (the message quotes its log).
     pub fn restart(&mut self) -> Result<()> {
         self.kill();
         if self.port != 0 {

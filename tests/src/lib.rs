@@ -571,10 +571,7 @@ impl chorus_chaos::CoordinatorLauncher for InProcessCoordinator {
                 servers: spec.servers.join(","),
                 metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
                 replicas: spec.replicas,
-                inbox: chorus_sdk::durable::InboxLimits {
-                    replicas: spec.replicas,
-                    ..chorus_sdk::durable::InboxLimits::default()
-                },
+                inbox: chorus_sdk::durable::InboxLimits::default().replicas(spec.replicas),
                 ..chorus_coordinator::CoordinatorConfig::default()
             };
             let isolated = chorus_chaos::Isolated::start("coordinator", move || async move {

@@ -143,7 +143,7 @@ impl AgentOptions {
     /// 5014 before the handler runs. Events are not checked.
     pub fn require_token(
         mut self,
-        check: impl Fn(&str, &crate::Envelope) -> Result<(), String> + Send + Sync + 'static,
+        check: impl Fn(&str, &crate::Envelope) -> Result<(), crate::Rejection> + Send + Sync + 'static,
     ) -> Self {
         self.token = Some(crate::inbound::layers::TokenCheck::new(check));
         self

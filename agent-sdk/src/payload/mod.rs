@@ -44,7 +44,15 @@ pub const PAYLOAD_GRACE: Duration = Duration::from_secs(60);
 pub const EXPIRES_KEY: &str = "chorus-expires-ms";
 
 /// An agent's limits for large payloads ([`AgentOptions::payload_limits`](crate::AgentOptions::payload_limits)).
+/// Start from the defaults and change what differs:
+///
+/// ```
+/// use chorus_sdk::payload::PayloadLimits;
+/// let strict = PayloadLimits::default().max_bytes(1024 * 1024).accept_compressed(false);
+/// assert_eq!(strict.max_bytes, 1024 * 1024);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PayloadLimits {
     /// Compress payloads at least this large for readers that read zstd; `None`: never.
     pub compress_above: Option<usize>,
@@ -72,6 +80,37 @@ impl Default for PayloadLimits {
 }
 
 impl PayloadLimits {
+    /// Compresses payloads at least `bytes` large for readers that read zstd; `None`: never.
+    pub fn compress_above(mut self, bytes: Option<usize>) -> Self {
+        self.compress_above = bytes;
+        self
+    }
+
+    /// Sends payloads larger than `bytes` by reference; `None`: the server's `max_payload`
+    /// less [`INLINE_HEADROOM`].
+    pub fn inline_max(mut self, bytes: Option<usize>) -> Self {
+        self.inline_max = bytes;
+        self
+    }
+
+    /// The largest payload sent or taken by reference.
+    pub fn max_bytes(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes;
+        self
+    }
+
+    /// Whether the manifest says this agent reads zstd.
+    pub fn accept_compressed(mut self, accept: bool) -> Self {
+        self.accept_compressed = accept;
+        self
+    }
+
+    /// How long an object outlives the expiry of the message that carries it.
+    pub fn keep_after_expiry(mut self, keep: Duration) -> Self {
+        self.keep_after_expiry = keep;
+        self
+    }
+
     /// The size above which a payload goes by reference on a server whose `max_payload` is
     /// `server_max`.
     pub fn inline_max_for(&self, server_max: usize) -> usize {

@@ -92,17 +92,16 @@ impl ConnectionSecurity {
             options = options.credentials(Credentials::NKeySeed(read_seed(path)?));
         }
         if self.tls_ca.is_some() || self.tls_cert.is_some() {
-            let client_cert = match (&self.tls_cert, &self.tls_key) {
-                (Some(c), Some(k)) => Some((c.clone(), k.clone())),
-                (None, None) => None,
+            let mut tls = TlsOptions::required();
+            if let Some(ca) = &self.tls_ca {
+                tls = tls.ca_file(ca.clone());
+            }
+            tls = match (&self.tls_cert, &self.tls_key) {
+                (Some(cert), Some(key)) => tls.client_cert(cert.clone(), key.clone()),
+                (None, None) => tls,
                 _ => return Err(ConnectionSecurityError::CertificateWithoutKey),
             };
-            options = options.tls(TlsOptions {
-                required: true,
-                ca_file: self.tls_ca.clone(),
-                client_cert,
-                handshake_first: false,
-            });
+            options = options.tls(tls);
         }
         Ok(options)
     }

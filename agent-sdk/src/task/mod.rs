@@ -6,8 +6,8 @@
 //! the processes that touch it: a requester that restarts looks its task up by id and goes on
 //! watching it from the last message it saw, with no gap and no repeat.
 //!
-//! The states and the moves between them are [`TaskState`] and
-//! [`crate::protocol::task`]'s table; `docs/PROTOCOL.md` (tasks) specifies the messages.
+//! The states and the moves between them are [`TaskState`] and the table of moves in the
+//! protocol's `task` module; `docs/PROTOCOL.md` (tasks) specifies the messages.
 
 pub(crate) mod handle;
 pub(crate) mod store;

@@ -6,13 +6,13 @@
 use std::sync::Arc;
 
 use super::TaskUpdate;
-use crate::error::SdkError;
+use crate::error::{Rejection, SdkError};
 
 /// Attempts a verified task gets by default, the first included.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 
 /// A check of one result: `Ok` accepts it, `Err` says why not.
-pub type CheckFn = dyn Fn(&TaskUpdate) -> Result<(), String> + Send + Sync;
+pub type CheckFn = dyn Fn(&TaskUpdate) -> Result<(), Rejection> + Send + Sync;
 
 /// How a result is checked.
 #[derive(Clone)]
@@ -86,7 +86,7 @@ impl Verification {
 
     /// Checks each result with `check`.
     pub fn function(
-        check: impl Fn(&TaskUpdate) -> Result<(), String> + Send + Sync + 'static,
+        check: impl Fn(&TaskUpdate) -> Result<(), Rejection> + Send + Sync + 'static,
     ) -> Self {
         Verification::new(Check::Function(Arc::new(check)))
     }
@@ -151,7 +151,7 @@ impl Verification {
     /// The verdict of a local check; `None` for a check that asks an agent.
     pub(crate) fn check_locally(&self, report: &TaskUpdate) -> Option<Result<(), String>> {
         match &self.check {
-            Check::Function(f) => Some(f(report)),
+            Check::Function(f) => Some(f(report).map_err(|why| why.reason().to_owned())),
             Check::Schema(validator) => Some(match report.payload_as::<serde_json::Value>() {
                 Ok(value) => {
                     let errors: Vec<String> = validator

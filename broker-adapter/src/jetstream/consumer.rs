@@ -72,6 +72,10 @@ pub struct Consumer {
 impl Consumer {
     /// Messages as they become available, fetched in batches of up to `batch` (at most
     /// `batch` unacked messages are buffered here, which bounds memory).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Broker`] when the pull cannot start (the connection is closed). Errors of the
+    /// pulls after that come as items of the [`Deliveries`].
     pub async fn messages(&self, batch: usize) -> Result<Deliveries> {
         let batch = batch.max(1);
         let stream = open_pull(self.inner.clone(), batch)
@@ -241,11 +245,18 @@ impl Delivery {
     }
 
     /// Done: the server forgets it for this consumer.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Broker`] when the ack cannot be sent (the connection is closed).
     pub async fn ack(&self) -> Result<()> {
         self.ack_with(jetstream::AckKind::Ack).await
     }
 
     /// Acks and waits for the server to confirm it recorded the ack.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Broker`] when the ack cannot be sent, or the server does not confirm it within
+    /// the JetStream handle's timeout.
     pub async fn double_ack(&self) -> Result<()> {
         self.message
             .double_ack()
@@ -254,17 +265,26 @@ impl Delivery {
     }
 
     /// Not done: redeliver after `delay` (immediately if `None`).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Broker`] when the nak cannot be sent (the connection is closed).
     pub async fn nak(&self, delay: Option<Duration>) -> Result<()> {
         self.ack_with(jetstream::AckKind::Nak(delay)).await
     }
 
     /// Still working: extend the ack deadline by another ack wait.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Broker`] when the progress cannot be sent (the connection is closed).
     pub async fn in_progress(&self) -> Result<()> {
         self.ack_with(jetstream::AckKind::Progress).await
     }
 
     /// Never redeliver. The server emits a terminated advisory carrying `reason`, which is
     /// how the dead-letter queue learns why.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Broker`] when the delivery has no ack subject or the connection is closed.
     pub async fn term(&self, reason: &str) -> Result<()> {
         let Some(reply) = self.message.reply.clone() else {
             return Err(Error::new(ErrorKind::Broker, "delivery has no ack subject"));

@@ -26,6 +26,10 @@ impl JetStream {
     /// subject has sequence `last_subject_seq` (0: the subject has none yet), and waits for the
     /// ack. A write that lost the race fails with [`ErrorKind::Conflict`]. `msg_id` goes in
     /// `Nats-Msg-Id` (a retried write is then stored once).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Conflict`] when another write came first: read the subject again. The others as
+    /// [`publish`](JetStream::publish) says.
     pub async fn publish_if_last(
         &self,
         subject: &str,
@@ -54,6 +58,10 @@ impl JetStream {
 
     /// The newest message stream `name` holds on `subject` (or `None`: none, or no such
     /// stream).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for an invalid stream name; [`ErrorKind::InvalidSubject`] for a
+    /// malformed subject; [`ErrorKind::TimedOut`] when JetStream does not answer in time.
     pub async fn last_on_subject(
         &self,
         name: &str,
@@ -83,6 +91,11 @@ impl JetStream {
     /// above `after`, oldest first, then each new one as it is stored, until the returned
     /// stream is dropped. Backed by an ordered consumer that lives only in memory on the
     /// server and goes away with the reader.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream does not exist; [`ErrorKind::InvalidInput`] for an
+    /// invalid stream name; [`ErrorKind::TimedOut`] when JetStream does not answer in time. Errors
+    /// after that come as items of the [`Follow`].
     pub async fn follow(&self, name: &str, filters: &[String], after: u64) -> Result<Follow> {
         let what = || format!("follow {} in {name}", filters.join(", "));
         let stream = self.handle(name).await?;
@@ -113,6 +126,11 @@ impl JetStream {
 
     /// The newest message of each subject matching `filter` in stream `name` (at most `max`),
     /// in stream order.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream does not exist; [`ErrorKind::TimedOut`] when
+    /// JetStream does not answer in time; [`ErrorKind::Broker`] when the scan's consumer cannot be
+    /// created or read.
     pub async fn last_per_subject(
         &self,
         name: &str,

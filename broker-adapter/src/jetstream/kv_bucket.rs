@@ -83,6 +83,10 @@ pub struct Kv {
 
 impl Kv {
     /// The current entry for `key`, if it exists and is not deleted.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an invalid key;
+    /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when JetStream does not answer in time.
     pub async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
         let entry = self
             .store
@@ -93,6 +97,11 @@ impl Kv {
     }
 
     /// Writes `value`; returns the new revision.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an invalid key;
+    /// [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge) for a value over the server's limit;
+    /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when the ack does not come in time.
     pub async fn put(&self, key: &str, value: Bytes) -> Result<u64> {
         self.store
             .put(key, value)
@@ -101,6 +110,11 @@ impl Kv {
     }
 
     /// Writes only if the key does not exist; [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) if it does.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) when the key exists;
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an invalid key;
+    /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when the ack does not come in time.
     pub async fn create(&self, key: &str, value: Bytes) -> Result<u64> {
         self.store
             .create(key, value)
@@ -109,6 +123,11 @@ impl Kv {
     }
 
     /// Writes only if the key is still at `revision`; [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) otherwise.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) when the key is no longer at `revision`;
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an invalid key;
+    /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when JetStream does not answer in time.
     pub async fn update(&self, key: &str, value: Bytes, revision: u64) -> Result<u64> {
         self.store
             .update(key, value, revision)
@@ -117,6 +136,11 @@ impl Kv {
     }
 
     /// Deletes `key` only if it is still at `revision`; [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) otherwise.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) when the key is no longer at `revision`;
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an invalid key;
+    /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when JetStream does not answer in time.
     pub async fn delete_if(&self, key: &str, revision: u64) -> Result<()> {
         self.store
             .delete_expect_revision(key, Some(revision))
@@ -125,6 +149,10 @@ impl Kv {
     }
 
     /// Deletes `key`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an invalid key;
+    /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when JetStream does not answer in time.
     pub async fn delete(&self, key: &str) -> Result<()> {
         self.store
             .delete(key)
@@ -133,6 +161,11 @@ impl Kv {
     }
 
     /// Every live entry.
+    ///
+    /// # Errors
+    /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when JetStream does not answer in time;
+    /// [`ErrorKind::Broker`](crate::ErrorKind::Broker) when the listing's consumer cannot be
+    /// created or read.
     pub async fn entries(&self) -> Result<Vec<KvEntry>> {
         let mut keys = self.store.keys().await.map_err(|e| js_err("kv keys", e))?;
         let mut out = Vec::new();
@@ -146,6 +179,11 @@ impl Kv {
     }
 
     /// Every change from now on, after the current value of every key.
+    ///
+    /// # Errors
+    /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when JetStream does not answer in time;
+    /// [`ErrorKind::Broker`](crate::ErrorKind::Broker) when the watch's consumer cannot be created.
+    /// Errors after that come as items of the [`KvWatch`].
     pub async fn watch(&self) -> Result<KvWatch> {
         let inner = self
             .store

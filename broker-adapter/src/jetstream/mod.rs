@@ -225,6 +225,11 @@ impl Broker {
 
 impl JetStream {
     /// Creates the stream, or updates its config to `spec`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a bad name or a configuration the server refuses (a change
+    /// the stream cannot take); [`ErrorKind::TimedOut`] when JetStream does not answer in time;
+    /// [`ErrorKind::Broker`] when JetStream is unavailable or cannot reserve room for the stream.
     pub async fn ensure_stream(&self, spec: &StreamSpec) -> Result<()> {
         self.ctx
             .create_or_update_stream(spec.to_config())
@@ -235,6 +240,11 @@ impl JetStream {
 
     /// Creates the stream as `spec` says if it does not exist; an existing stream is left as
     /// it is (its owner configured it).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a bad name or a configuration the server refuses;
+    /// [`ErrorKind::TimedOut`] when JetStream does not answer in time; [`ErrorKind::Broker`] when
+    /// JetStream is unavailable or cannot reserve room for the stream.
     pub async fn ensure_stream_exists(&self, spec: &StreamSpec) -> Result<()> {
         match self.ctx.get_stream(&spec.name).await {
             Ok(_) => Ok(()),
@@ -255,6 +265,11 @@ impl JetStream {
 
     /// Publishes and waits for the stream's ack. `msg_id` goes in `Nats-Msg-Id` (the server
     /// drops a repeat within the duplicate window); `ttl` in `Nats-TTL`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidSubject`] for a malformed subject or one with a wildcard;
+    /// [`ErrorKind::NotFound`] when no stream captures it; [`ErrorKind::TooLarge`] over a size
+    /// limit; [`ErrorKind::TimedOut`] when no ack comes in time.
     pub async fn publish(
         &self,
         subject: &str,
@@ -361,6 +376,11 @@ impl JetStream {
     }
 
     /// Reads message `sequence` of stream `name`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream or the message does not exist;
+    /// [`ErrorKind::InvalidInput`] for an invalid stream name; [`ErrorKind::TimedOut`] when
+    /// JetStream does not answer in time.
     pub async fn get_message(&self, name: &str, sequence: u64) -> Result<StoredMessage> {
         let stream = self.stream(name).await?;
         let raw = stream
@@ -380,6 +400,11 @@ impl JetStream {
     /// `None`), from sequence `start` on, oldest first: fetched in batches through one
     /// short-lived consumer (removed after), not a request per message, so listing a large
     /// stream stays quick.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream does not exist; [`ErrorKind::TimedOut`] when
+    /// JetStream does not answer in time; [`ErrorKind::Broker`] when the scan's consumer cannot be
+    /// created or read.
     pub async fn scan(
         &self,
         name: &str,
@@ -466,6 +491,11 @@ impl JetStream {
 
     /// Deletes message `sequence` of stream `name`. Deleting one that is already gone is not
     /// an error (returns `false`).
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream does not exist (a message already gone is `false`);
+    /// [`ErrorKind::TimedOut`] when JetStream does not answer in time; [`ErrorKind::Broker`] when
+    /// the server fails the delete.
     pub async fn delete_message(&self, name: &str, sequence: u64) -> Result<bool> {
         let stream = self.stream(name).await?;
         let err = match stream.delete_message(sequence).await {
@@ -491,6 +521,10 @@ impl JetStream {
     }
 
     /// Message counts of stream `name`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream does not exist; [`ErrorKind::TimedOut`] when
+    /// JetStream does not answer in time.
     pub async fn stream_state(&self, name: &str) -> Result<StreamState> {
         let mut stream = self.stream(name).await?;
         let info = stream
@@ -506,6 +540,10 @@ impl JetStream {
 
     /// Message counts per subject of stream `name`, for subjects matching `filter`.
     /// One request for a filter that matches few subjects.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream does not exist; [`ErrorKind::InvalidInput`] for an
+    /// invalid stream name; [`ErrorKind::TimedOut`] when JetStream does not answer in time.
     pub async fn subject_counts(&self, name: &str, filter: &str) -> Result<Vec<(String, u64)>> {
         let mut subjects = self.subjects_matching(name, filter).await?;
         let mut out = Vec::new();
@@ -519,6 +557,10 @@ impl JetStream {
 
     /// Whether stream `name` holds any message on a subject matching `filter`: one request
     /// (the stream's subject index answers it), where a consumer would take two and stay.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream does not exist; [`ErrorKind::InvalidInput`] for an
+    /// invalid stream name; [`ErrorKind::TimedOut`] when JetStream does not answer in time.
     pub async fn has_messages(&self, name: &str, filter: &str) -> Result<bool> {
         match self.subjects_matching(name, filter).await?.next().await {
             Some(Ok((_, count))) => Ok(count > 0),
@@ -547,6 +589,10 @@ impl JetStream {
 
     /// How many replicas stream `name` has, and on how many servers they are current (the leader
     /// included).
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream does not exist; [`ErrorKind::TimedOut`] when
+    /// JetStream does not answer in time.
     pub async fn stream_replicas(&self, name: &str) -> Result<(usize, usize)> {
         let mut stream = self.stream(name).await?;
         let info = stream
@@ -562,6 +608,10 @@ impl JetStream {
 
     /// The server name of stream `name`'s leader on a cluster: `None` on a single server, or
     /// while the replicas elect one.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream does not exist; [`ErrorKind::TimedOut`] when
+    /// JetStream does not answer in time.
     pub async fn stream_leader(&self, name: &str) -> Result<Option<String>> {
         let mut stream = self.stream(name).await?;
         let info = stream
@@ -574,6 +624,10 @@ impl JetStream {
     /// Asks stream `name`'s leader to step down, so that its replicas elect another (a
     /// different one is likely, not certain). Returns once the request is accepted, before the
     /// election.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Broker`] when the server refuses the step-down (for a missing stream too) or
+    /// JetStream is unavailable; [`ErrorKind::TimedOut`] when JetStream does not answer in time.
     pub async fn stream_leader_stepdown(&self, name: &str) -> Result<()> {
         let subject = format!("STREAM.LEADER.STEPDOWN.{name}");
         let response: jetstream::response::Response<stream::DeleteStatus> = self
@@ -595,6 +649,10 @@ impl JetStream {
     }
 
     /// Removes every message of stream `name`; returns how many.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream does not exist; [`ErrorKind::TimedOut`] when
+    /// JetStream does not answer in time; [`ErrorKind::Broker`] when the server fails the purge.
     pub async fn purge_stream(&self, name: &str) -> Result<u64> {
         let stream = self.stream(name).await?;
         stream
@@ -605,6 +663,11 @@ impl JetStream {
     }
 
     /// Creates the durable pull consumer on stream `name`, or updates it to `spec`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream does not exist; [`ErrorKind::InvalidInput`] for an
+    /// invalid name or configuration; [`ErrorKind::TimedOut`] when JetStream does not answer in
+    /// time; [`ErrorKind::Broker`] when the stream has no room for another consumer.
     pub async fn ensure_consumer(&self, name: &str, spec: &ConsumerSpec) -> Result<Consumer> {
         let stream = self.stream(name).await?;
         let (filter_subject, filter_subjects) = match spec.filter_subjects.as_slice() {
@@ -644,6 +707,10 @@ impl JetStream {
     }
 
     /// Counts of consumer `durable` on stream `name`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream or the consumer does not exist;
+    /// [`ErrorKind::TimedOut`] when JetStream does not answer in time.
     pub async fn consumer_state(&self, name: &str, durable: &str) -> Result<ConsumerState> {
         let stream = self.stream(name).await?;
         let info = stream
@@ -658,6 +725,10 @@ impl JetStream {
     }
 
     /// Deletes consumer `durable` of stream `name`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the stream or the consumer does not exist;
+    /// [`ErrorKind::TimedOut`] when JetStream does not answer in time.
     pub async fn delete_consumer(&self, name: &str, durable: &str) -> Result<()> {
         let stream = self.stream(name).await?;
         stream
@@ -668,6 +739,10 @@ impl JetStream {
     }
 
     /// Opens an existing key-value bucket ([`ErrorKind::NotFound`] if there is none).
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when there is no such bucket; [`ErrorKind::InvalidInput`] for an
+    /// invalid bucket name; [`ErrorKind::TimedOut`] when JetStream does not answer in time.
     pub async fn open_kv(&self, bucket: &str) -> Result<Kv> {
         let store = self
             .ctx
@@ -678,6 +753,11 @@ impl JetStream {
     }
 
     /// Creates the key-value bucket or updates it to `spec`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for an invalid bucket name or a history over 64;
+    /// [`ErrorKind::TimedOut`] when JetStream does not answer in time; [`ErrorKind::Broker`] when
+    /// JetStream is unavailable or has no room for the bucket.
     pub async fn ensure_kv(&self, spec: &KvSpec) -> Result<Kv> {
         let config = kv::Config {
             bucket: spec.bucket.clone(),
@@ -697,6 +777,10 @@ impl JetStream {
     }
 
     /// Opens an existing object store bucket ([`ErrorKind::NotFound`] if there is none).
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when there is no such bucket; [`ErrorKind::InvalidInput`] for an
+    /// invalid bucket name; [`ErrorKind::TimedOut`] when JetStream does not answer in time.
     pub async fn open_objects(&self, bucket: &str) -> Result<Objects> {
         let store = self
             .ctx
@@ -708,6 +792,11 @@ impl JetStream {
 
     /// Creates the object store bucket as `spec` says if it does not exist; an existing one
     /// is opened as it is.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for an invalid bucket name; [`ErrorKind::TimedOut`] when
+    /// JetStream does not answer in time; [`ErrorKind::Broker`] when JetStream is unavailable or
+    /// has no room for the bucket.
     pub async fn ensure_objects(&self, spec: &ObjectSpec) -> Result<Objects> {
         if let Ok(objects) = self.open_objects(&spec.bucket).await {
             return Ok(objects);

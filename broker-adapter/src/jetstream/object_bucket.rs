@@ -78,6 +78,11 @@ impl Objects {
     /// Stores `data` as `name` (replacing an object of that name) with `metadata`, in chunks
     /// of `chunk` bytes (each one message: under the server's `max_payload`); returns the
     /// SHA-256 digest of `data` the store computed on the way.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for an invalid name; [`ErrorKind::Broker`] when a chunk or the
+    /// metadata cannot be stored (a `chunk` over the server's `max_payload`, a full bucket, the
+    /// connection closed).
     pub async fn put(
         &self,
         name: &str,
@@ -103,6 +108,11 @@ impl Objects {
     /// it ([`ErrorKind::TooLarge`]); [`ErrorKind::NotFound`] when there is none. Returns it
     /// with its SHA-256 digest as stored, which the read has checked the bytes against (a
     /// damaged object is an error), when the object has one.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when there is none; [`ErrorKind::TooLarge`] over `limit`;
+    /// [`ErrorKind::InvalidInput`] for an invalid name; [`ErrorKind::Broker`] when a chunk cannot
+    /// be read or the bytes do not match the digest.
     pub async fn get(&self, name: &str, limit: usize) -> Result<(Bytes, Option<[u8; 32]>)> {
         let mut object = self
             .store
@@ -137,6 +147,10 @@ impl Objects {
     }
 
     /// Deletes the object `name` (its chunks are purged).
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when there is none; [`ErrorKind::InvalidInput`] for an invalid name;
+    /// [`ErrorKind::TimedOut`] when JetStream does not answer in time.
     pub async fn delete(&self, name: &str) -> Result<()> {
         self.store
             .delete(name)
@@ -145,6 +159,10 @@ impl Objects {
     }
 
     /// Every live object, without its content.
+    ///
+    /// # Errors
+    /// [`ErrorKind::TimedOut`] when JetStream does not answer in time; [`ErrorKind::Broker`] when
+    /// the listing's consumer cannot be created or read.
     pub async fn list(&self) -> Result<Vec<ObjectEntry>> {
         let mut list = self
             .store

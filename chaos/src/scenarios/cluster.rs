@@ -62,10 +62,7 @@ impl Bus {
         // The worker first: its replicated inbox can be made once JetStream has a meta leader.
         let worker = connect(
             worker_options(&urls)
-                .inbox_limits(InboxLimits {
-                    replicas: 3,
-                    ..InboxLimits::default()
-                })
+                .inbox_limits(InboxLimits::default().replicas(3))
                 .durable_ack_wait(ACK_WAIT),
             CLUSTER_READY,
         )

@@ -247,12 +247,21 @@ impl DeadLetterQueue {
     }
 
     /// Entries, oldest first, at most `limit`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::TimedOut`] when JetStream does not answer in time; [`ErrorKind::Broker`] when
+    /// the dead-letter stream cannot be read. A bus without one has an empty queue.
     pub async fn list(&self, limit: usize) -> Result<Vec<DlqEntry>, chorus_broker_adapter::Error> {
         self.find(&DlqFilter::default(), 0, limit).await
     }
 
     /// Entries matching `filter` with ids above `after`, oldest first, at most `limit`. The
     /// agent and reason select by subject on the server; the age is checked here.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidSubject`] for an invalid agent id in `filter`; [`ErrorKind::TimedOut`]
+    /// when JetStream does not answer in time; [`ErrorKind::Broker`] when the dead-letter stream
+    /// cannot be read.
     pub async fn find(
         &self,
         filter: &DlqFilter,
@@ -304,6 +313,10 @@ impl DeadLetterQueue {
     }
 
     /// Entry `id`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when there is no entry `id`; [`ErrorKind::InvalidInput`] when it
+    /// does not decode; [`ErrorKind::TimedOut`] when JetStream does not answer in time.
     pub async fn show(&self, id: u64) -> Result<DlqEntry, chorus_broker_adapter::Error> {
         let stored = self.js.get_message(&self.stream, id).await?;
         let letter = DeadLetter::from_stored(&stored.headers, stored.payload).map_err(|e| {
@@ -319,6 +332,11 @@ impl DeadLetterQueue {
     /// Publishes entry `id`'s original message to its original subject again, as a new
     /// message (so its delivery count starts over) carrying `Chorus-Replay-Of`, then removes
     /// the entry. Durable subjects go through JetStream and return its ack.
+    ///
+    /// # Errors
+    /// Those of [`show`](DeadLetterQueue::show); [`ErrorKind::InvalidInput`] when the original was
+    /// too large to keep; the publish's ([`ErrorKind::NotFound`], [`ErrorKind::TooLarge`],
+    /// [`ErrorKind::TimedOut`], [`ErrorKind::Broker`]), the entry then kept.
     pub async fn replay(&self, id: u64) -> Result<Option<PubAck>, chorus_broker_adapter::Error> {
         let entry = self.show(id).await?;
         if let Some(size) = entry.letter.omitted {
@@ -380,11 +398,19 @@ impl DeadLetterQueue {
     }
 
     /// Removes entry `id`; `false` if it was not there.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the bus has no dead-letter stream; [`ErrorKind::TimedOut`] when
+    /// JetStream does not answer in time; [`ErrorKind::Broker`] when the server fails the delete.
     pub async fn remove(&self, id: u64) -> Result<bool, chorus_broker_adapter::Error> {
         self.js.delete_message(&self.stream, id).await
     }
 
     /// Removes every entry; returns how many.
+    ///
+    /// # Errors
+    /// [`ErrorKind::TimedOut`] when JetStream does not answer in time; [`ErrorKind::Broker`] when
+    /// the server fails the purge. A bus without a dead-letter stream purges 0.
     pub async fn purge(&self) -> Result<u64, chorus_broker_adapter::Error> {
         match self.js.purge_stream(&self.stream).await {
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(0),
@@ -393,6 +419,10 @@ impl DeadLetterQueue {
     }
 
     /// How many entries there are.
+    ///
+    /// # Errors
+    /// [`ErrorKind::TimedOut`] when JetStream does not answer in time; [`ErrorKind::Broker`] when
+    /// JetStream cannot be reached. A bus without a dead-letter stream has depth 0.
     pub async fn depth(&self) -> Result<u64, chorus_broker_adapter::Error> {
         match self.js.stream_state(&self.stream).await {
             Ok(s) => Ok(s.messages),

@@ -38,6 +38,9 @@ impl MetricsServer {
     /// Serves the process registry on `addr` (port 0 picks a free port). `ready` answers
     /// `/readyz`; `/healthz` answers 200 while the process runs; `routes` are served beside
     /// them (an empty `Router` for none).
+    ///
+    /// # Errors
+    /// The I/O error when `addr` cannot be bound: in use, or not an address of this machine.
     pub async fn start(
         addr: SocketAddr,
         ready: ReadinessCheck,

@@ -101,6 +101,11 @@ impl Coordinator {
     /// Connects, makes sure the streams and buckets exist, publishes the retry policies and
     /// starts every task. `serve_metrics` starts the `/metrics` listener on the configured
     /// address.
+    ///
+    /// # Errors
+    /// A configuration error when the settings or the signing key cannot work, a connection error
+    /// when NATS is out of reach, a broker error when a stream, bucket or subscription cannot be
+    /// set up, a listen error when an address is taken, an I/O error for an unreadable JWT key.
     pub async fn start(config: CoordinatorConfig, serve_metrics: bool) -> Result<Coordinator> {
         config.validate()?;
         let identity = config.signing_identity()?;

@@ -21,10 +21,7 @@ fn distinct(seen: &Mutex<Vec<u32>>) -> usize {
 async fn a_node_killed_under_at_least_once_traffic_loses_no_acknowledged_message() {
     let mut cluster = Cluster::start();
     let urls = cluster.urls();
-    let replicated = InboxLimits {
-        replicas: 3,
-        ..InboxLimits::default()
-    };
+    let replicated = InboxLimits::default().replicas(3);
     // The worker knows every node, as a deployed agent does; the node it is on is the one
     // killed below, and the sender is on another, so every message crosses nodes.
     // JetStream needs its meta leader before a replicated stream can be made.

@@ -299,7 +299,7 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
                 .claims;
                 (claims["sub"] == json!(env.from))
                     .then_some(())
-                    .ok_or_else(|| "the token is for someone else".to_owned())
+                    .ok_or_else(|| "the token is for someone else".into())
             })
             .connect(),
     )

@@ -167,10 +167,7 @@ async fn a_damaged_missing_or_oversized_object_is_refused_with_5006() {
     let (seen, mut sightings) = mpsc::unbounded_channel();
     // A reader that takes at most 1 MiB, by reference or not.
     let small = agent_options(&server, "small")
-        .payload_limits(PayloadLimits {
-            max_bytes: 1024 * 1024,
-            ..PayloadLimits::default()
-        })
+        .payload_limits(PayloadLimits::default().max_bytes(1024 * 1024))
         .connect()
         .await
         .expect("small");
@@ -195,10 +192,7 @@ async fn a_damaged_missing_or_oversized_object_is_refused_with_5006() {
 
     // A sender refuses what is over its own limit at once.
     let strict = agent_options(&server, "strict")
-        .payload_limits(PayloadLimits {
-            max_bytes: 1024 * 1024,
-            ..PayloadLimits::default()
-        })
+        .payload_limits(PayloadLimits::default().max_bytes(1024 * 1024))
         .connect()
         .await
         .expect("strict");
@@ -272,10 +266,7 @@ async fn a_compressible_payload_is_compressed_for_a_reader_of_zstd_and_plain_for
         .await
         .expect("echo");
     let legacy = agent_options(&server, "legacy")
-        .payload_limits(PayloadLimits {
-            accept_compressed: false,
-            ..PayloadLimits::default()
-        })
+        .payload_limits(PayloadLimits::default().accept_compressed(false))
         .connect()
         .await
         .expect("legacy");
@@ -378,10 +369,7 @@ async fn an_object_is_removed_once_its_message_has_expired() {
     let sink = agent(&server, "sink").await;
     sink.handle_command("echo", Echo(seen)).await.expect("echo");
     let client = agent_options(&server, "client")
-        .payload_limits(PayloadLimits {
-            keep_after_expiry: Duration::ZERO,
-            ..PayloadLimits::default()
-        })
+        .payload_limits(PayloadLimits::default().keep_after_expiry(Duration::ZERO))
         .connect()
         .await
         .expect("client");

@@ -98,11 +98,11 @@ async fn a_durable_message_with_no_room_for_its_dead_letter_is_refused_before_it
     let calls = Arc::new(AtomicUsize::new(0));
     let _worker = strict_agent(&server, &calls).await;
     let sender = agent_options(&server, "client")
-        .payload_limits(chorus_sdk::payload::PayloadLimits {
-            compress_above: None,
-            inline_max: Some(usize::MAX),
-            ..Default::default()
-        })
+        .payload_limits(
+            chorus_sdk::payload::PayloadLimits::default()
+                .compress_above(None)
+                .inline_max(Some(usize::MAX)),
+        )
         .connect()
         .await
         .expect("client");

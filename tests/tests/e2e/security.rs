@@ -771,11 +771,7 @@ async fn tls_listeners_refuse_plain_and_unverified_clients_and_serve_verified_on
         .expect_err("a client without the CA connected");
     assert_tls_refusal(&untrusting);
     // One that trusts it can, and the SDK works over it.
-    let tls = || TlsOptions {
-        required: true,
-        ca_file: Some(certs.ca.clone()),
-        ..TlsOptions::default()
-    };
+    let tls = || TlsOptions::required().ca_file(certs.ca.clone());
     let worker = agent_options(&server, "tls-worker")
         .broker(BrokerOptions::new([server.url()]).tls(tls()))
         .connect()
@@ -808,10 +804,7 @@ async fn tls_listeners_refuse_plain_and_unverified_clients_and_serve_verified_on
         .expect_err("a client without a certificate connected to the mutual-TLS listener");
     assert_tls_refusal(&no_cert);
     let with_cert = BrokerOptions::new([mtls.url()])
-        .tls(TlsOptions {
-            client_cert: Some((certs.client_cert.clone(), certs.client_key.clone())),
-            ..tls()
-        })
+        .tls(tls().client_cert(certs.client_cert.clone(), certs.client_key.clone()))
         .connect()
         .await;
     assert!(with_cert.is_ok(), "{:?}", with_cert.err());

@@ -62,15 +62,11 @@ fn snippet_options(
         .broker(
             BrokerOptions::new([url])
                 .credentials(Credentials::NKeySeed(seed.trim().into()))
-                .tls(TlsOptions {
-                    required: true,
-                    ca_file: Some(dir.join(".tls/ca.pem")),
-                    client_cert: Some((
-                        dir.join(".tls/client.pem"),
-                        dir.join(".tls/client-key.pem"),
-                    )),
-                    ..Default::default()
-                }),
+                .tls(
+                    TlsOptions::required()
+                        .ca_file(dir.join(".tls/ca.pem"))
+                        .client_cert(dir.join(".tls/client.pem"), dir.join(".tls/client-key.pem")),
+                ),
         )
         .identity(Identity::generate())
         .verify_signatures(SignaturePolicy {
@@ -294,12 +290,11 @@ async fn walkthrough_running_with_security_on_works_as_documented_and_refuses_ea
                     .trim()
                     .into(),
             ))
-            .tls(TlsOptions {
-                required: true,
-                ca_file: Some(dir.join(".tls/ca.pem")),
-                client_cert: Some((dir.join(".tls/client.pem"), dir.join(".tls/client-key.pem"))),
-                ..Default::default()
-            })
+            .tls(
+                TlsOptions::required()
+                    .ca_file(dir.join(".tls/ca.pem"))
+                    .client_cert(dir.join(".tls/client.pem"), dir.join(".tls/client-key.pem")),
+            )
             .inbox_prefix("_INBOX.ops")
             .connect(),
     )

@@ -6,12 +6,13 @@
 use std::sync::Arc;
 
 use super::{Inbound, Layer};
+use crate::error::Rejection;
 use crate::inbound::outcome::Failure;
 use crate::protocol::envelope::Envelope;
 use crate::protocol::status::StatusCode;
 
 /// The function that judges a token, given it and its message: `Err` says why not.
-type Judge = dyn Fn(&str, &Envelope) -> Result<(), String> + Send + Sync;
+type Judge = dyn Fn(&str, &Envelope) -> Result<(), Rejection> + Send + Sync;
 
 /// Decides whether a message's token is good.
 #[derive(Clone)]
@@ -20,7 +21,7 @@ pub(crate) struct TokenCheck(Arc<Judge>);
 impl TokenCheck {
     /// A check made by `f`, given the token and the message it came with.
     pub(crate) fn new(
-        f: impl Fn(&str, &Envelope) -> Result<(), String> + Send + Sync + 'static,
+        f: impl Fn(&str, &Envelope) -> Result<(), Rejection> + Send + Sync + 'static,
     ) -> Self {
         TokenCheck(Arc::new(f))
     }
