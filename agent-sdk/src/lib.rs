@@ -46,6 +46,7 @@ pub mod durable;
 mod error;
 mod handler;
 mod inbound;
+mod link;
 pub mod metrics;
 pub mod negotiate;
 mod outbound;

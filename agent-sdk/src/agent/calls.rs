@@ -153,11 +153,11 @@ impl Agent {
         timeout: Duration,
     ) -> Result<BroadcastReport, SdkError> {
         validate_token("command name", command)?;
-        let subject = self.inner.out.subjects.broadcast(target)?;
+        let subject = self.inner.link.subjects.broadcast(target)?;
         let mut env = Envelope::new(
             Kind::Command,
             Performative::Request,
-            self.inner.out.id.as_str(),
+            self.inner.link.id.as_str(),
         );
         env.name = Some(command.to_owned());
         env.content_type = CONTENT_TYPE_MSGPACK.into();

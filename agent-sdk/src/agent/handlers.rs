@@ -45,7 +45,7 @@ impl Agent {
     /// them in time.
     pub async fn handle_command(&self, name: &str, handler: impl Handler) -> Result<(), SdkError> {
         let inner = &self.inner;
-        let subject = inner.out.subjects.command(&inner.out.id, name)?;
+        let subject = inner.link.subjects.command(&inner.link.id, name)?;
         let endpoint = Arc::new(Endpoint::new(
             name.to_owned(),
             subject,
@@ -54,7 +54,7 @@ impl Agent {
             Arc::new(handler),
         ));
         if inner.endpoints.add_command(endpoint) {
-            tracing::warn!(agent = %inner.out.id, command = name, "command handler replaced");
+            tracing::warn!(agent = %inner.link.id, command = name, "command handler replaced");
         }
         inner.presence.changed.notify_one();
         self.receive_commands().await
@@ -70,7 +70,7 @@ impl Agent {
     /// or the server does not confirm them in time.
     pub async fn handle_other_commands(&self, handler: impl Handler) -> Result<(), SdkError> {
         let inner = &self.inner;
-        let subject = inner.out.subjects.agent_inbound(&inner.out.id)?;
+        let subject = inner.link.subjects.agent_inbound(&inner.link.id)?;
         let endpoint = Arc::new(Endpoint::new(
             "*".to_owned(),
             subject,
@@ -79,7 +79,7 @@ impl Agent {
             Arc::new(handler),
         ));
         if inner.endpoints.set_other_commands(endpoint) {
-            tracing::warn!(agent = %inner.out.id, "handler of other commands replaced");
+            tracing::warn!(agent = %inner.link.id, "handler of other commands replaced");
         }
         self.receive_commands().await
     }
@@ -92,9 +92,9 @@ impl Agent {
         }
         let mut subscribed = inner.commands_subscribed.lock().await;
         if !*subscribed {
-            let subject = inner.out.subjects.agent_inbound(&inner.out.id)?;
-            let sub = inner.out.broker.subscribe(&subject).await?;
-            inner.out.broker.sync(SYNC_TIMEOUT).await?;
+            let subject = inner.link.subjects.agent_inbound(&inner.link.id)?;
+            let sub = inner.link.broker.subscribe(&subject).await?;
+            inner.link.broker.sync(SYNC_TIMEOUT).await?;
             inner.dispatcher.spawn(sub, Route::Commands);
             *subscribed = true;
         }
@@ -128,20 +128,24 @@ impl Agent {
         handler: impl Handler,
     ) -> Result<(), SdkError> {
         let inner = &self.inner;
-        let subject = inner.out.subjects.capability(capability)?;
-        let sub = inner.out.broker.queue_subscribe(&subject, &subject).await?;
+        let subject = inner.link.subjects.capability(capability)?;
+        let sub = inner
+            .link
+            .broker
+            .queue_subscribe(&subject, &subject)
+            .await?;
         // Its own access point too, for callers that must reach this holder.
         let own = inner
-            .out
+            .link
             .broker
             .subscribe(
                 &inner
-                    .out
+                    .link
                     .subjects
-                    .capability_at(&inner.out.id, capability)?,
+                    .capability_at(&inner.link.id, capability)?,
             )
             .await?;
-        inner.out.broker.sync(SYNC_TIMEOUT).await?;
+        inner.link.broker.sync(SYNC_TIMEOUT).await?;
         inner.presence.add_capability(capability);
         let endpoint = Arc::new(Endpoint::new(
             capability.to_owned(),
@@ -186,7 +190,7 @@ impl Agent {
         pattern: &str,
         handler: impl EventHandler,
     ) -> Result<(), SdkError> {
-        let subject = self.inner.out.subjects.event_pattern(pattern)?;
+        let subject = self.inner.link.subjects.event_pattern(pattern)?;
         let events = self.inner.events_connection().await?;
         let sub = events.subscribe(&subject).await?;
         events.sync(SYNC_TIMEOUT).await?;
@@ -204,7 +208,7 @@ impl Agent {
     /// the events connection cannot be opened, or the subscription cannot be made or is not
     /// confirmed in time.
     pub async fn subscribe(&self, pattern: &str) -> Result<EventStream, SdkError> {
-        let subject = self.inner.out.subjects.event_pattern(pattern)?;
+        let subject = self.inner.link.subjects.event_pattern(pattern)?;
         let events = self.inner.events_connection().await?;
         let sub = events.subscribe(&subject).await?;
         events.sync(SYNC_TIMEOUT).await?;
@@ -230,10 +234,10 @@ impl Agent {
         let inner = &self.inner;
         chorus_broker_adapter::validate_subject(subject, chorus_broker_adapter::Wildcards::Allow)?;
         let sub = match queue_group {
-            Some(group) => inner.out.broker.queue_subscribe(subject, group).await?,
-            None => inner.out.broker.subscribe(subject).await?,
+            Some(group) => inner.link.broker.queue_subscribe(subject, group).await?,
+            None => inner.link.broker.subscribe(subject).await?,
         };
-        inner.out.broker.sync(SYNC_TIMEOUT).await?;
+        inner.link.broker.sync(SYNC_TIMEOUT).await?;
         let endpoint = Arc::new(Endpoint::new(
             subject.to_owned(),
             subject.to_owned(),
@@ -259,7 +263,7 @@ impl Agent {
         handler: impl EventHandler,
     ) -> Result<(), SdkError> {
         chorus_broker_adapter::validate_subject(pattern, chorus_broker_adapter::Wildcards::Allow)?;
-        let broker = &self.inner.out.broker;
+        let broker = &self.inner.link.broker;
         let sub = broker.subscribe(pattern).await?;
         broker.sync(SYNC_TIMEOUT).await?;
         self.inner

@@ -65,7 +65,7 @@ pub struct Agent {
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Agent")
-            .field("id", &self.inner.out.id)
+            .field("id", &self.inner.link.id)
             .finish()
     }
 }
@@ -82,6 +82,9 @@ impl Drop for StopOnDrop {
 /// The parts of one agent. Every task any of them spawns is tracked by `tracker` and stops
 /// on `stop`.
 pub(crate) struct Inner {
+    /// Identity, subjects, connection and counters, as every part shares them.
+    pub(crate) link: Arc<crate::link::Link>,
+    /// What only sending needs.
     pub(crate) out: Arc<Outbound>,
     pub(crate) pipeline: Arc<Pipeline>,
     pub(crate) dispatcher: Arc<Dispatcher>,
@@ -139,11 +142,15 @@ impl Agent {
         // Wakes the heartbeat loop when the manifest changes (a capability, the load, a
         // circuit breaker).
         let changed = Arc::new(tokio::sync::Notify::new());
-        let out = Arc::new(Outbound {
+        let link = Arc::new(crate::link::Link {
             id: options.id.clone(),
             subjects,
             broker,
             js,
+            counters,
+        });
+        let out = Arc::new(Outbound {
+            link: Arc::clone(&link),
             wire: crate::outbound::Wire::new(options.encoding),
             hop_limit: options.hop_limit,
             request_timeout: options.request_timeout,
@@ -153,7 +160,6 @@ impl Agent {
             encryption_keys: std::sync::RwLock::new(
                 options.encryption_trust.iter().cloned().collect(),
             ),
-            counters,
             encode_chunk: std::sync::Mutex::new(bytes::BytesMut::new()),
             sequencer: Default::default(),
             routing: options.routing,
@@ -187,7 +193,7 @@ impl Agent {
             token: options.token.clone(),
             access: Arc::clone(&access),
             exactly_once: ExactlyOnce::new(
-                Arc::clone(&out),
+                Arc::clone(&link),
                 options.idempotency_ttl,
                 options.inbox_limits.replicas,
                 instance.clone(),
@@ -198,7 +204,7 @@ impl Agent {
                 .filter(|_| options.persist_seen_ids)
                 .map(|policy| {
                     crate::inbound::seen::SeenIds::new(
-                        Arc::clone(&out),
+                        Arc::clone(&link),
                         policy.tolerance,
                         options.inbox_limits.replicas,
                     )
@@ -260,6 +266,7 @@ impl Agent {
             stop.clone(),
         ));
         let inner = Arc::new(Inner {
+            link,
             sender: Sender::new(Arc::clone(&out)),
             tasks,
             rounds: tokio::sync::broadcast::channel(ROUND_RESULTS).0,
@@ -279,7 +286,7 @@ impl Agent {
             broker_options,
         });
         inner.start(&options, verifier).await?;
-        tracing::info!(agent = %inner.out.id, "agent connected");
+        tracing::info!(agent = %inner.link.id, "agent connected");
         Ok(Agent {
             inner,
             _guard: Arc::new(StopOnDrop(stop)),
@@ -288,17 +295,17 @@ impl Agent {
 
     /// The agent's id.
     pub fn id(&self) -> &str {
-        &self.inner.out.id
+        &self.inner.link.id
     }
 
     /// The subject builder this agent uses.
     pub fn subjects(&self) -> &Subjects {
-        &self.inner.out.subjects
+        &self.inner.link.subjects
     }
 
     /// The underlying broker connection.
     pub fn broker(&self) -> &Broker {
-        &self.inner.out.broker
+        &self.inner.link.broker
     }
 
     /// The agent's counters.
@@ -316,7 +323,7 @@ impl Agent {
     /// timeout), sends their replies, and drains the connection.
     pub async fn shutdown(&self) -> ShutdownReport {
         let inner = &self.inner;
-        let id = &inner.out.id;
+        let id = &inner.link.id;
         tracing::info!(agent = %id, "agent shutting down");
         inner.stop.cancel();
         inner.tracker.close();
@@ -327,10 +334,10 @@ impl Agent {
         if !completed {
             tracing::warn!(agent = %id, abandoned, "handlers still running at the shutdown deadline");
         }
-        if let Err(err) = inner.out.broker.flush().await {
+        if let Err(err) = inner.link.broker.flush().await {
             tracing::debug!(agent = %id, error = %err, "flush at shutdown failed");
         }
-        if let Err(err) = inner.out.broker.drain().await {
+        if let Err(err) = inner.link.broker.drain().await {
             tracing::debug!(agent = %id, error = %err, "drain at shutdown failed");
         }
         if let Some(events) = inner.events_broker.get()
@@ -365,7 +372,7 @@ impl Inner {
         crate::metrics::track(weak);
         if options.service_discovery {
             for subject in self.presence.service_subjects()? {
-                let sub = self.out.broker.subscribe(&subject).await?;
+                let sub = self.link.broker.subscribe(&subject).await?;
                 self.presence.serve_discovery(&self.tracker, sub);
             }
         }
@@ -379,14 +386,18 @@ impl Inner {
             self.tracker.spawn(Arc::clone(&self.presence).run());
         }
         if self.out.wire.follows_bus() {
-            let sub = self.out.broker.subscribe(&self.out.subjects.wire()).await?;
+            let sub = self
+                .link
+                .broker
+                .subscribe(&self.link.subjects.wire())
+                .await?;
             self.tracker.spawn(crate::presence::follow_wire(
                 Arc::clone(&self.out),
                 sub,
                 self.stop.clone(),
             ));
         }
-        self.out.broker.sync(SYNC_TIMEOUT).await?;
+        self.link.broker.sync(SYNC_TIMEOUT).await?;
         Ok(())
     }
 
@@ -397,7 +408,7 @@ impl Inner {
             .get_or_try_init(|| {
                 self.broker_options
                     .clone()
-                    .name(format!("{}-events", self.out.id))
+                    .name(format!("{}-events", self.link.id))
                     .connect()
             })
             .await?;
@@ -407,11 +418,11 @@ impl Inner {
 
 impl StatsSource for Inner {
     fn agent_id(&self) -> &str {
-        &self.out.id
+        &self.link.id
     }
 
     fn agent_stats(&self) -> AgentStats {
-        let mut stats = self.out.counters.snapshot();
+        let mut stats = self.link.counters.snapshot();
         // Events the client dropped before the SDK's queue saw them.
         if let Some(events) = self.events_broker.get() {
             stats.dropped += events.undelivered();
@@ -420,7 +431,7 @@ impl StatsSource for Inner {
     }
 
     fn broker_stats(&self) -> chorus_broker_adapter::StatsSnapshot {
-        self.out.broker.stats()
+        self.link.broker.stats()
     }
 
     fn in_flight(&self) -> usize {

@@ -118,9 +118,9 @@ impl Agent {
         T: DeserializeOwned + Send + 'static,
     {
         let inner = &self.inner;
-        let subject = inner.out.subjects.bid(&inner.out.id, capability)?;
-        let sub = inner.out.broker.subscribe(&subject).await?;
-        inner.out.broker.sync(SYNC_TIMEOUT).await?;
+        let subject = inner.link.subjects.bid(&inner.link.id, capability)?;
+        let sub = inner.link.broker.subscribe(&subject).await?;
+        inner.link.broker.sync(SYNC_TIMEOUT).await?;
         let bid: Arc<BidFn<T>> = Arc::new(move |ctx, args| Box::pin(f(ctx, args)));
         let endpoint = Arc::new(Endpoint::new(
             format!("bid.{capability}"),
@@ -177,7 +177,7 @@ impl Agent {
                 .await?
                 .into_iter()
                 .map(|r| r.manifest.agent)
-                .filter(|a| *a != out.id)
+                .filter(|a| *a != out.link.id)
                 .collect()
         } else {
             round.bidders.clone()
@@ -291,7 +291,7 @@ impl Agent {
         let settlement = Settlement {
             round: id,
             capability: capability.clone(),
-            requester: out.id.clone(),
+            requester: out.link.id.clone(),
             winner: winner.agent.clone(),
             proposal: proposal.clone(),
             task: task.id(),
@@ -339,7 +339,7 @@ impl Agent {
         payload: bytes::Bytes,
     ) -> Answer {
         let out = &self.inner.out;
-        let subject = match out.subjects.bid(bidder, &negotiation.capability) {
+        let subject = match out.link.subjects.bid(bidder, &negotiation.capability) {
             Ok(subject) => subject,
             Err(err) => {
                 return Answer::Refused {
@@ -384,7 +384,7 @@ impl Agent {
     /// Tells a proposer the round's outcome (one way: nothing is awaited).
     async fn tell(&self, round: uuid::Uuid, capability: &str, agent: &str, won: bool) {
         let out = &self.inner.out;
-        let Ok(subject) = out.subjects.bid(agent, capability) else {
+        let Ok(subject) = out.link.subjects.bid(agent, capability) else {
             return;
         };
         let performative = if won {
@@ -392,7 +392,7 @@ impl Agent {
         } else {
             Performative::Refuse
         };
-        let mut env = Envelope::new(Kind::Command, performative, out.id.as_str());
+        let mut env = Envelope::new(Kind::Command, performative, out.link.id.as_str());
         env.correlation_id = Some(round);
         env.to = vec![agent.to_owned()];
         env.capability = Some(capability.to_owned());
@@ -400,6 +400,7 @@ impl Agent {
         out.seal(&subject, &mut env);
         let sent = match out.encode(&subject, &env) {
             Ok(bytes) => out
+                .link
                 .broker
                 .publish(&subject, bytes)
                 .await

@@ -171,7 +171,7 @@ impl Agent {
         let mut round = Round::default();
         while let Some(stored) = messages.next().await {
             let stored = stored?;
-            let Some((_, kind)) = self.inner.out.subjects.task_of(&stored.subject) else {
+            let Some((_, kind)) = self.inner.link.subjects.task_of(&stored.subject) else {
                 continue;
             };
             let env = decode(&stored)?;
@@ -341,7 +341,7 @@ impl Agent {
                         if let Some(next) = holders
                             .into_iter()
                             .map(|r| r.manifest.agent)
-                            .find(|a| untried(a) && *a != self.inner.out.id)
+                            .find(|a| untried(a) && *a != self.inner.link.id)
                         {
                             return Some(next);
                         }
@@ -372,8 +372,8 @@ impl Agent {
             return Err(SdkError::TaskNotFound(task.id()));
         };
         let subject = match (&submission.capability, &submission.name) {
-            (Some(capability), _) => out.subjects.capability_at(agent, capability)?,
-            (None, Some(name)) => out.subjects.command(agent, name)?,
+            (Some(capability), _) => out.link.subjects.capability_at(agent, capability)?,
+            (None, Some(name)) => out.link.subjects.command(agent, name)?,
             (None, None) => {
                 return Err(SdkError::InvalidCall(
                     "the submission names no command or capability".into(),
@@ -384,7 +384,7 @@ impl Agent {
         let fresh = uuid::Uuid::now_v7();
         again.id = fresh;
         again.timestamp_ms = (fresh.as_u128() >> 80) as u64;
-        again.from = out.id.as_str().into();
+        again.from = out.link.id.as_str().into();
         again.to = vec![agent.to_owned()];
         again.signature = None;
         again.reason = why.map(|w| format!("{w}; reassigned to {agent}"));
@@ -414,7 +414,7 @@ impl Agent {
     /// [`SdkError::Broker`] when the task stream cannot be read (a missing stream is no tasks).
     pub async fn tasks(&self, max: usize) -> Result<Vec<TaskSummary>, SdkError> {
         let store = &self.inner.tasks.store;
-        let subjects = &self.inner.out.subjects;
+        let subjects = &self.inner.link.subjects;
         let mut out = Vec::new();
         for stored in store.latest_states(max).await? {
             let Some((id, _)) = subjects.task_of(&stored.subject) else {

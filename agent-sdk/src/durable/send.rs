@@ -51,9 +51,10 @@ impl Sender {
         self.inbox_ready
             .get_or_try_init(|| async {
                 self.out
+                    .link
                     .js
                     .ensure_stream_exists(&inbox_stream(
-                        &self.out.subjects,
+                        &self.out.link.subjects,
                         &InboxLimits::default(),
                     ))
                     .await
@@ -90,13 +91,13 @@ impl Sender {
             &opentelemetry::Context::current(),
             env.trace.as_ref(),
             || format!("chorus.send {}", env.name.as_deref().unwrap_or_default()),
-            || crate::trace::attributes(&self.out.id, &env),
+            || crate::trace::attributes(&self.out.link.id, &env),
         );
         env.trace = Some(trace);
         crate::trace::finish(span.as_ref(), None);
         let subject = match durable_target {
             None => core_subject,
-            Some((agent, command)) => self.out.subjects.durable(&agent, &command, high)?,
+            Some((agent, command)) => self.out.link.subjects.durable(&agent, &command, high)?,
         };
         Ok((subject, env))
     }
@@ -119,9 +120,9 @@ impl Sender {
         self.out.fit(&mut env).await?;
         self.out.seal(&subject, &mut env);
         let bytes = self.out.encode(&subject, &env)?;
-        AgentCounters::bump(&self.out.counters.requests_sent);
+        AgentCounters::bump(&self.out.link.counters.requests_sent);
         if class == DeliveryClass::AtMostOnce {
-            self.out.broker.publish(&subject, bytes).await?;
+            self.out.link.broker.publish(&subject, bytes).await?;
             return Ok(Receipt {
                 id: env.id,
                 delivery: class,
@@ -137,13 +138,14 @@ impl Sender {
             attempt += 1;
             match self
                 .out
+                .link
                 .js
                 .publish(&subject, None, msg_id.as_deref(), None, bytes.clone())
                 .await
             {
                 Ok(ack) => break ack,
                 Err(e) if e.kind() == ErrorKind::TimedOut && attempt < PUBLISH_ATTEMPTS => {
-                    tracing::debug!(agent = %self.out.id, id = %env.id, "durable publish ack lost; resending");
+                    tracing::debug!(agent = %self.out.link.id, id = %env.id, "durable publish ack lost; resending");
                 }
                 Err(e) => return Err(SdkError::Broker(e)),
             }
@@ -187,9 +189,9 @@ impl Sender {
                     continue;
                 }
             };
-            AgentCounters::bump(&self.out.counters.requests_sent);
+            AgentCounters::bump(&self.out.link.counters.requests_sent);
             if class == DeliveryClass::AtMostOnce {
-                let sent = self.out.broker.publish(&subject, bytes).await;
+                let sent = self.out.link.broker.publish(&subject, bytes).await;
                 core_sent = true;
                 results.push(Some(sent.map_err(SdkError::Broker).map(|()| Receipt {
                     id,
@@ -209,15 +211,20 @@ impl Sender {
                 });
             }
         }
-        if core_sent && let Err(e) = self.out.broker.flush().await {
-            tracing::debug!(agent = %self.out.id, error = %e, "flush after batch failed");
+        if core_sent && let Err(e) = self.out.link.broker.flush().await {
+            tracing::debug!(agent = %self.out.link.id, error = %e, "flush after batch failed");
         }
         if !batch.is_empty()
             && let Err(e) = self.ensure_inbox().await
         {
-            tracing::debug!(agent = %self.out.id, error = %e, "inbox stream not ensured; publishing anyway");
+            tracing::debug!(agent = %self.out.link.id, error = %e, "inbox stream not ensured; publishing anyway");
         }
-        let acks = self.out.js.publish_batch(batch, BATCH_ACKS_IN_FLIGHT).await;
+        let acks = self
+            .out
+            .link
+            .js
+            .publish_batch(batch, BATCH_ACKS_IN_FLIGHT)
+            .await;
         for ((slot, id, class), ack) in durable.into_iter().zip(acks) {
             results[slot] = Some(ack.map_err(SdkError::Broker).map(|a| Receipt {
                 id,
@@ -239,6 +246,7 @@ impl Sender {
     fn leaves_room_for_a_dead_letter(&self, size: usize) -> Result<(), SdkError> {
         let limit = self
             .out
+            .link
             .broker
             .max_payload()
             .saturating_sub(DEAD_LETTER_HEADROOM);

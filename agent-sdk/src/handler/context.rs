@@ -28,7 +28,7 @@ pub struct Context {
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
-            .field("agent", &self.out.id)
+            .field("agent", &self.out.link.id)
             .field("message", &self.request.id)
             .finish()
     }
@@ -66,7 +66,7 @@ impl Context {
 
     /// The id of the agent handling it.
     pub fn agent_id(&self) -> &str {
-        &self.out.id
+        &self.out.link.id
     }
 
     /// The sender's agent id.

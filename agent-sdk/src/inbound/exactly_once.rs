@@ -20,7 +20,7 @@ use uuid::Uuid;
 use super::outcome::{Failure, Outcome, Retry};
 use crate::error::HandlerError;
 use crate::handler::Output;
-use crate::outbound::Outbound;
+use crate::link::Link;
 use crate::protocol::envelope::{ContentType, Envelope, bytes_field, now_ms};
 use crate::protocol::status::StatusCode;
 use crate::stats::AgentCounters;
@@ -85,7 +85,7 @@ pub(crate) enum Before {
 
 /// One agent's idempotency records, the bucket opened on first use.
 pub(crate) struct ExactlyOnce {
-    out: Arc<Outbound>,
+    link: Arc<Link>,
     ttl: Duration,
     replicas: usize,
     instance: String,
@@ -96,14 +96,9 @@ pub(crate) struct ExactlyOnce {
 impl ExactlyOnce {
     /// Records kept `ttl`, in a bucket of `replicas` copies (the inbox's: 3 on a cluster, so
     /// the records outlive a node as the messages do).
-    pub(crate) fn new(
-        out: Arc<Outbound>,
-        ttl: Duration,
-        replicas: usize,
-        instance: String,
-    ) -> Self {
+    pub(crate) fn new(link: Arc<Link>, ttl: Duration, replicas: usize, instance: String) -> Self {
         ExactlyOnce {
-            out,
+            link,
             ttl,
             replicas,
             instance,
@@ -115,17 +110,17 @@ impl ExactlyOnce {
     async fn kv(&self) -> Result<&Kv, chorus_broker_adapter::Error> {
         self.kv
             .get_or_try_init(|| async {
-                let mut spec = KvSpec::new(self.out.subjects.bucket_name(IDEMPOTENCY_BUCKET));
+                let mut spec = KvSpec::new(self.link.subjects.bucket_name(IDEMPOTENCY_BUCKET));
                 spec.max_age = self.ttl;
                 spec.replicas = self.replicas;
                 spec.description = "Chorus exactly-once records: handled message ids".into();
-                self.out.js.ensure_kv(&spec).await
+                self.link.js.ensure_kv(&spec).await
             })
             .await
     }
 
     fn key(&self, env: &Envelope) -> String {
-        format!("{}.{}", self.out.id, env.id)
+        format!("{}.{}", self.link.id, env.id)
     }
 
     fn local(&self, id: Uuid) -> Option<Local> {
@@ -145,7 +140,7 @@ impl ExactlyOnce {
     pub(crate) async fn before(&self, env: &Envelope) -> Before {
         let kv = match self.kv().await {
             Ok(kv) => kv,
-            Err(err) => return Before::Settled(unavailable(&self.out.id, &err)),
+            Err(err) => return Before::Settled(unavailable(&self.link.id, &err)),
         };
         let key = self.key(env);
         let claim = IdempotencyRecord::Claimed {
@@ -153,7 +148,7 @@ impl ExactlyOnce {
             claimed_ms: now_ms(),
         };
         let Ok(value) = serde_json::to_vec(&claim) else {
-            return Before::Settled(unavailable(&self.out.id, &"claim does not encode"));
+            return Before::Settled(unavailable(&self.link.id, &"claim does not encode"));
         };
         let value = Bytes::from(value);
         match kv.create(&key, value.clone()).await {
@@ -166,12 +161,12 @@ impl ExactlyOnce {
                 // The claim may have been stored with its answer lost (a failover): nothing
                 // ran here, so a copy finding this instance's claim may take it over.
                 self.remember(env.id, Some(Local::NotRun));
-                return Before::Settled(unavailable(&self.out.id, &err));
+                return Before::Settled(unavailable(&self.link.id, &err));
             }
         }
         let found = match kv.get(&key).await {
             Ok(found) => found,
-            Err(err) => return Before::Settled(unavailable(&self.out.id, &err)),
+            Err(err) => return Before::Settled(unavailable(&self.link.id, &err)),
         };
         let record = found
             .as_ref()
@@ -217,7 +212,7 @@ impl ExactlyOnce {
                     self.remember(env.id, Some(Local::Running));
                     Before::Run(Claim { revision })
                 }
-                Err(err) => Before::Settled(unavailable(&self.out.id, &err)),
+                Err(err) => Before::Settled(unavailable(&self.link.id, &err)),
             },
             (
                 Some((
@@ -229,7 +224,7 @@ impl ExactlyOnce {
                 )),
                 _,
             ) => {
-                tracing::error!(agent = %self.out.id, id = %env.id, claimed_by = %instance, claimed_ms, "exactly-once message claimed by a run that never finished; not run again");
+                tracing::error!(agent = %self.link.id, id = %env.id, claimed_by = %instance, claimed_ms, "exactly-once message claimed by a run that never finished; not run again");
                 Before::Settled(Outcome::Failed(Failure {
                     status: StatusCode::UNCERTAIN,
                     reason: format!(
@@ -246,7 +241,7 @@ impl ExactlyOnce {
             })),
         };
         if matches!(before, Before::Settled(Outcome::Repeated(_))) {
-            AgentCounters::bump(&self.out.counters.duplicates_suppressed);
+            AgentCounters::bump(&self.link.counters.duplicates_suppressed);
         }
         before
     }
@@ -295,16 +290,16 @@ impl ExactlyOnce {
                     return;
                 }
                 Err(e) if e.kind() == ErrorKind::Conflict => {
-                    tracing::warn!(agent = %self.out.id, id = %env.id, "idempotency claim taken over meanwhile; left as it is");
+                    tracing::warn!(agent = %self.link.id, id = %env.id, "idempotency claim taken over meanwhile; left as it is");
                     return;
                 }
                 Err(e) => {
-                    tracing::debug!(agent = %self.out.id, id = %env.id, attempt, error = %e, "idempotency record not written yet");
+                    tracing::debug!(agent = %self.link.id, id = %env.id, attempt, error = %e, "idempotency record not written yet");
                     tokio::time::sleep(RECORD_RETRY_DELAY).await;
                 }
             }
         }
-        tracing::warn!(agent = %self.out.id, id = %env.id, "idempotency record not written; a copy reaching another instance will be reported uncertain");
+        tracing::warn!(agent = %self.link.id, id = %env.id, "idempotency record not written; a copy reaching another instance will be reported uncertain");
     }
 }
 

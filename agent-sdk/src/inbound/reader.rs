@@ -39,6 +39,7 @@ impl Route {
             Route::Commands => {
                 let endpoint = pipeline
                     .out
+                    .link
                     .subjects
                     .command_name(subject)
                     .and_then(|name| pipeline.endpoints.command(name));
@@ -165,7 +166,7 @@ impl Dispatcher {
         if let (Route::Event(_), Outcome::Failed(failure)) = (route, &processed.outcome)
             && failure.retry == Retry::Policy
         {
-            tracing::warn!(agent = %pipeline.out.id, subject = msg.subject(), status = %failure.status, reason = %failure.reason, "event handler failed");
+            tracing::warn!(agent = %pipeline.out.link.id, subject = msg.subject(), status = %failure.status, reason = %failure.reason, "event handler failed");
         }
         if let Some(reply_to) = msg.reply() {
             reply::send(
@@ -191,7 +192,7 @@ impl Dispatcher {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                     + 1;
                 if n.is_power_of_two() {
-                    tracing::warn!(agent = %self.pipeline.out.id, subject = msg.subject(), dropped_total = n, "slow subscriber: messages dropped on a full queue");
+                    tracing::warn!(agent = %self.pipeline.out.link.id, subject = msg.subject(), dropped_total = n, "slow subscriber: messages dropped on a full queue");
                 }
             }
             (_, Some(reply_to)) => {
@@ -200,7 +201,7 @@ impl Dispatcher {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                     + 1;
                 if n.is_power_of_two() {
-                    tracing::warn!(agent = %self.pipeline.out.id, shed_total = n, "overloaded: requests refused with 5019");
+                    tracing::warn!(agent = %self.pipeline.out.link.id, shed_total = n, "overloaded: requests refused with 5019");
                 }
                 let failure = Failure::refused(
                     StatusCode::UNAVAILABLE,

@@ -25,12 +25,12 @@ pub(crate) async fn send(
         .as_ref()
         .map_or_else(|e| e.status, |_| StatusCode::OK);
     let mut reply = match request {
-        Some(request) => request.reply(out.id.as_str(), status),
+        Some(request) => request.reply(out.link.id.as_str(), status),
         None => {
             // Bytes that never decoded: there is no sender to name or message to answer.
             let mut blank = Envelope::new(Kind::Response, Performative::Refuse, "");
             blank.content_type = encoding.content_type().into();
-            let mut reply = blank.reply(out.id.as_str(), status);
+            let mut reply = blank.reply(out.link.id.as_str(), status);
             reply.to.clear();
             reply.in_reply_to = None;
             reply.correlation_id = None;
@@ -53,7 +53,7 @@ pub(crate) async fn send(
     }
     if let Err(err) = out.fit(&mut reply).await {
         // Too large even by reference, or the object store refused it: tell the caller.
-        tracing::debug!(agent = %out.id, error = %err, "reply payload does not fit");
+        tracing::debug!(agent = %out.link.id, error = %err, "reply payload does not fit");
         reply.status = Some(err.status());
         reply.performative = Performative::Failure;
         reply.payload = bytes::Bytes::new();
@@ -72,10 +72,10 @@ pub(crate) async fn send(
         sent = publish(out, reply_to, &reply, encoding).await;
     }
     match sent {
-        Ok(()) => AgentCounters::bump(&out.counters.replies_sent),
+        Ok(()) => AgentCounters::bump(&out.link.counters.replies_sent),
         Err(err) => {
-            AgentCounters::bump(&out.counters.reply_failures);
-            tracing::warn!(agent = %out.id, error = %err, "reply not sent");
+            AgentCounters::bump(&out.link.counters.reply_failures);
+            tracing::warn!(agent = %out.link.id, error = %err, "reply not sent");
         }
     }
 }
@@ -112,5 +112,5 @@ async fn publish(
                 e,
             )
         })?;
-    out.broker.publish(reply_to, bytes).await
+    out.link.broker.publish(reply_to, bytes).await
 }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use chorus_broker_adapter::{ErrorKind, Kv, KvSpec};
 
 use super::outcome::{Failure, Retry};
-use crate::outbound::Outbound;
+use crate::link::Link;
 use crate::protocol::envelope::Envelope;
 use crate::protocol::status::StatusCode;
 use crate::security::SEEN_BUCKET;
@@ -22,7 +22,7 @@ const STORE_UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// One agent's persistent seen-id records, the bucket opened on first use.
 pub(crate) struct SeenIds {
-    out: Arc<Outbound>,
+    link: Arc<Link>,
     /// The signature tolerance: how long an id must be remembered.
     window: Duration,
     replicas: usize,
@@ -31,9 +31,9 @@ pub(crate) struct SeenIds {
 
 impl SeenIds {
     /// With `replicas` copies of the bucket (the inbox's: 3 on a cluster).
-    pub(crate) fn new(out: Arc<Outbound>, window: Duration, replicas: usize) -> Self {
+    pub(crate) fn new(link: Arc<Link>, window: Duration, replicas: usize) -> Self {
         SeenIds {
-            out,
+            link,
             window,
             replicas,
             kv: tokio::sync::OnceCell::new(),
@@ -43,12 +43,12 @@ impl SeenIds {
     async fn kv(&self) -> Result<&Kv, chorus_broker_adapter::Error> {
         self.kv
             .get_or_try_init(|| async {
-                let mut spec = KvSpec::new(self.out.subjects.bucket_name(SEEN_BUCKET));
+                let mut spec = KvSpec::new(self.link.subjects.bucket_name(SEEN_BUCKET));
                 // Expiry needs a positive age; a zero tolerance keeps ids a second.
                 spec.max_age = self.window.max(Duration::from_secs(1));
                 spec.replicas = self.replicas;
                 spec.description = "Chorus replay protection: verified message ids".into();
-                self.out.js.ensure_kv(&spec).await
+                self.link.js.ensure_kv(&spec).await
             })
             .await
     }
@@ -56,7 +56,7 @@ impl SeenIds {
     /// Records `env`'s id; 5015 if it was recorded before (a replay, perhaps across a
     /// restart), 5019 (retried) if the bucket cannot be written: failing closed.
     pub(crate) async fn record(&self, env: &Envelope) -> Result<(), Failure> {
-        let key = format!("{}.{}", self.out.id, env.id);
+        let key = format!("{}.{}", self.link.id, env.id);
         let stored = match self.kv().await {
             Ok(kv) => kv.create(&key, Bytes::new()).await,
             Err(e) => Err(e),
@@ -64,15 +64,15 @@ impl SeenIds {
         match stored {
             Ok(_) => Ok(()),
             Err(e) if e.kind() == ErrorKind::Conflict => {
-                AgentCounters::bump(&self.out.counters.security_refused);
-                tracing::warn!(agent = %self.out.id, from = %env.from, id = %env.id, "replay refused: id already seen");
+                AgentCounters::bump(&self.link.counters.security_refused);
+                tracing::warn!(agent = %self.link.id, from = %env.from, id = %env.id, "replay refused: id already seen");
                 Err(Failure::refused(
                     StatusCode::REPLAY,
                     format!("message {} was already received", env.id),
                 ))
             }
             Err(e) => {
-                tracing::warn!(agent = %self.out.id, id = %env.id, error = %e, "seen-id record unavailable");
+                tracing::warn!(agent = %self.link.id, id = %env.id, error = %e, "seen-id record unavailable");
                 Err(Failure {
                     status: StatusCode::UNAVAILABLE,
                     reason: "replay protection store unavailable".into(),

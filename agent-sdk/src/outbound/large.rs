@@ -84,7 +84,7 @@ impl Outbound {
         // The server's limit is read only for a payload that could pass it (reading it copies
         // the server's info, which the hot paths do not pay for).
         len <= ALWAYS_INLINE && limits.inline_max.is_none_or(|max| len <= max)
-            || len <= limits.inline_max_for(self.broker.max_payload())
+            || len <= limits.inline_max_for(self.link.broker.max_payload())
     }
 
     /// Makes `env`'s payload fit the wire for its reader (its one recipient, or its
@@ -97,7 +97,7 @@ impl Outbound {
             return Ok(());
         }
         let limits = self.payload_limits;
-        let inline_max = limits.inline_max_for(self.broker.max_payload());
+        let inline_max = limits.inline_max_for(self.link.broker.max_payload());
         let compress_above = limits.compress_above.unwrap_or(usize::MAX);
         if len > limits.max_bytes {
             return Err(SdkError::Codec(CodecError::TooLarge {
@@ -120,7 +120,7 @@ impl Outbound {
                 payload::compress(&payload)
             };
             if let Some(packed) = packed {
-                tracing::trace!(agent = %self.id, from = len, to = packed.len(), "payload compressed");
+                tracing::trace!(agent = %self.link.id, from = len, to = packed.len(), "payload compressed");
                 env.payload = packed;
                 env.content_encoding = Some(ZSTD.to_owned());
             }
@@ -128,9 +128,9 @@ impl Outbound {
         if env.payload.len() > inline_max {
             let grace = u64::try_from(limits.keep_after_expiry.as_millis()).unwrap_or(u64::MAX);
             let expires = env.expires_at_ms().map(|t| t.saturating_add(grace));
-            let chunk = payload::PayloadLimits::chunk_for(self.broker.max_payload());
-            payload::store(&self.js, &self.subjects, env, expires, chunk).await?;
-            AgentCounters::bump(&self.counters.payloads_stored);
+            let chunk = payload::PayloadLimits::chunk_for(self.link.broker.max_payload());
+            payload::store(&self.link.js, &self.link.subjects, env, expires, chunk).await?;
+            AgentCounters::bump(&self.link.counters.payloads_stored);
         }
         Ok(())
     }
@@ -143,10 +143,10 @@ impl Outbound {
         if env.content_encoding.is_none() && !by_reference {
             return Ok(());
         }
-        let counters = &self.counters;
+        let counters = &self.link.counters;
         let opened = async {
             if by_reference {
-                payload::fetch(&self.js, env, self.payload_limits.max_bytes).await?;
+                payload::fetch(&self.link.js, env, self.payload_limits.max_bytes).await?;
                 AgentCounters::bump(&counters.payloads_fetched);
             }
             if env.content_encoding.is_some() {
@@ -194,8 +194,9 @@ impl Outbound {
     async fn registered(&self, agent: &str) -> Option<AgentRecord> {
         let lookup = async {
             let kv = self
+                .link
                 .js
-                .open_kv(&self.subjects.bucket_name(REGISTRY_BUCKET))
+                .open_kv(&self.link.subjects.bucket_name(REGISTRY_BUCKET))
                 .await
                 .ok()?;
             let entry = kv.get(agent).await.ok()??;

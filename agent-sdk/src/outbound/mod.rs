@@ -14,8 +14,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use chorus_broker_adapter::{Broker, JetStream};
-
 pub(crate) use breaker::Breakers;
 pub use breaker::{
     BreakerPolicy, CircuitState, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_OPEN_FOR,
@@ -26,11 +24,11 @@ pub(crate) use route::Router;
 pub use route::{DEFAULT_ROUTING_REFRESH, Routing};
 
 use crate::error::SdkError;
+use crate::link::Link;
 use crate::protocol::codec::Encoding;
 use crate::protocol::envelope::{DeliveryClass, Envelope};
 use crate::security::Identity;
 use crate::stats::AgentCounters;
-use crate::subject::Subjects;
 use crate::sync::{read, write};
 
 /// The message being handled when a handler sends: its envelope (for correlation, hops,
@@ -83,12 +81,10 @@ impl Wire {
 /// The size of the chunks encoded messages are sliced from.
 const ENCODE_CHUNK: usize = 16 * 1024;
 
-/// What every outgoing message of one agent shares.
+/// What only sending needs, beside the [`Link`] every part shares.
 pub(crate) struct Outbound {
-    pub(crate) id: String,
-    pub(crate) subjects: Subjects,
-    pub(crate) broker: Broker,
-    pub(crate) js: JetStream,
+    /// Identity, subjects, connection and counters, shared with the parts that do not send.
+    pub(crate) link: Arc<Link>,
     /// The form of what it sends: fixed, or the bus's.
     pub(crate) wire: Wire,
     pub(crate) hop_limit: u8,
@@ -98,7 +94,6 @@ pub(crate) struct Outbound {
     pub(crate) identity: Option<Arc<Identity>>,
     /// Recipients' public encryption keys: configured ones, then the registry's.
     pub(crate) encryption_keys: RwLock<HashMap<String, String>>,
-    pub(crate) counters: Arc<AgentCounters>,
     /// The chunk encoded messages are sliced from ([`Outbound::encode`]).
     pub(crate) encode_chunk: std::sync::Mutex<bytes::BytesMut>,
     /// Each published subject's count, stamped in its events.
@@ -132,7 +127,7 @@ impl Outbound {
             let encoding = self.wire.encoding();
             // Only the compact form leaves anything to the subject.
             let implied = if encoding == Encoding::Compact {
-                self.subjects.implied(subject)
+                self.link.subjects.implied(subject)
             } else {
                 crate::subject::Implied::default()
             };
@@ -214,14 +209,14 @@ impl Outbound {
         env.hop_limit = parent.hop_limit.min(self.hop_limit);
         env.hops = parent.hops.saturating_add(1);
         if env.hops > env.hop_limit {
-            AgentCounters::bump(&self.counters.loop_refused);
+            AgentCounters::bump(&self.link.counters.loop_refused);
             return Err(SdkError::LoopDetected {
                 hops: env.hops,
                 limit: env.hop_limit,
             });
         }
         if parent.is_expired() {
-            AgentCounters::bump(&self.counters.expired);
+            AgentCounters::bump(&self.link.counters.expired);
             return Err(SdkError::Expired);
         }
         env.deadline_ms = parent.expires_at_ms();

@@ -20,7 +20,7 @@ impl Outbound {
         let content_type = self.wire.encoding().content_type();
         let payload = encode_payload(value, content_type)?;
         if parent.is_none() && self.direct() && self.fits_inline(payload.len()) {
-            let subject = self.subjects.event(topic)?;
+            let subject = self.link.subjects.event(topic)?;
             return self.publish_direct(subject, content_type, &payload).await;
         }
         let (subject, mut env) = self.event(topic, content_type)?;
@@ -38,7 +38,7 @@ impl Outbound {
         content_type: &str,
     ) -> Result<(), SdkError> {
         if self.direct() && self.fits_inline(payload.len()) {
-            let subject = self.subjects.event(topic)?;
+            let subject = self.link.subjects.event(topic)?;
             return self.publish_direct(subject, content_type, &payload).await;
         }
         let (subject, mut env) = self.event(topic, content_type)?;
@@ -68,7 +68,7 @@ impl Outbound {
         let mut counter = counter.lock().await;
         let parts = EventParts {
             id: uuid::Uuid::now_v7(),
-            from: &self.id,
+            from: &self.link.id,
             hop_limit: self.hop_limit,
             seq: counter.peek(),
             trace: crate::trace::fresh(),
@@ -80,23 +80,23 @@ impl Outbound {
             encode_event(&parts, out);
             Ok::<_, SdkError>(())
         })?;
-        let sent = self.broker.publish_built(subject, bytes).await;
+        let sent = self.link.broker.publish_built(subject, bytes).await;
         if sent.is_ok() {
             counter.advance();
         }
         drop(counter);
         sent?;
-        AgentCounters::bump(&self.counters.events_published);
+        AgentCounters::bump(&self.link.counters.events_published);
         Ok(())
     }
 
     /// An event's subject and envelope, without its payload.
     fn event(&self, topic: &str, content_type: &str) -> Result<(String, Envelope), SdkError> {
-        let subject = self.subjects.event(topic)?;
+        let subject = self.link.subjects.event(topic)?;
         let mut env = Envelope::new_typed(
             Kind::Event,
             Performative::Inform,
-            self.id.as_str(),
+            self.link.id.as_str(),
             content_type.into(),
         );
         env.topic = Some(topic.into());
@@ -120,7 +120,7 @@ impl Outbound {
                     env.topic.as_deref().unwrap_or(&subject)
                 )
             },
-            || crate::trace::attributes(&self.id, &env),
+            || crate::trace::attributes(&self.link.id, &env),
         );
         env.trace = Some(trace);
         // A large payload is stored first (an event's readers are unknown: never compressed).
@@ -135,14 +135,14 @@ impl Outbound {
         env.seq = Some(counter.peek());
         self.seal(&subject, &mut env);
         let bytes = self.encode(&subject, &env)?;
-        let sent = self.broker.publish_built(subject, bytes).await;
+        let sent = self.link.broker.publish_built(subject, bytes).await;
         if sent.is_ok() {
             counter.advance();
         }
         drop(counter);
         crate::trace::finish(span.as_ref(), sent.as_ref().err().map(|e| e.to_string()));
         sent?;
-        AgentCounters::bump(&self.counters.events_published);
+        AgentCounters::bump(&self.link.counters.events_published);
         Ok(())
     }
 }

@@ -24,21 +24,21 @@ impl Outbound {
         call: Call,
         parent: Option<&Envelope>,
     ) -> Result<(String, Envelope, Duration), SdkError> {
-        let mut env = Envelope::new(call.kind, Performative::Request, self.id.as_str());
+        let mut env = Envelope::new(call.kind, Performative::Request, self.link.id.as_str());
         let subject = match call.target {
             Target::Agent(agent) => {
                 let name = call.name.as_deref().unwrap_or_default();
-                let subject = self.subjects.command(&agent, name)?;
+                let subject = self.link.subjects.command(&agent, name)?;
                 env.to = vec![agent];
                 subject
             }
             Target::Capability(capability) => {
-                let subject = self.subjects.capability(&capability)?;
+                let subject = self.link.subjects.capability(&capability)?;
                 env.capability = Some(capability);
                 subject
             }
             Target::CapabilityAt { agent, capability } => {
-                let subject = self.subjects.capability_at(&agent, &capability)?;
+                let subject = self.link.subjects.capability_at(&agent, &capability)?;
                 env.to = vec![agent];
                 env.capability = Some(capability);
                 subject
@@ -105,8 +105,8 @@ impl Outbound {
                 let pause = policy.as_ref().map_or(Duration::ZERO, |p| {
                     p.delay(attempt, crate::retry::random_fraction())
                 });
-                AgentCounters::bump(&self.counters.retries);
-                tracing::debug!(agent = %self.id, %id, attempt, %status, ?pause, "request failed: retrying with the same id");
+                AgentCounters::bump(&self.link.counters.retries);
+                tracing::debug!(agent = %self.link.id, %id, attempt, %status, ?pause, "request failed: retrying with the same id");
                 tokio::time::sleep(pause).await;
                 attempt += 1;
                 continue;
@@ -162,13 +162,19 @@ impl Outbound {
                 source: None,
                 omitted: None,
             };
-            write_dead_letter(&self.js, &self.subjects, &letter, self.broker.max_payload()).await?;
+            write_dead_letter(
+                &self.link.js,
+                &self.link.subjects,
+                &letter,
+                self.link.broker.max_payload(),
+            )
+            .await?;
             Ok::<_, SdkError>(())
         };
         match written.await {
-            Ok(()) => AgentCounters::bump(&self.counters.dead_lettered),
+            Ok(()) => AgentCounters::bump(&self.link.counters.dead_lettered),
             Err(e) => {
-                tracing::warn!(agent = %self.id, %id, error = %e, "a failed request could not be dead-lettered");
+                tracing::warn!(agent = %self.link.id, %id, error = %e, "a failed request could not be dead-lettered");
             }
         }
     }
@@ -207,7 +213,7 @@ impl Outbound {
             match result {
                 // The holder has gone since discovery said otherwise: the queue group serves.
                 Err(e) if e.status() == StatusCode::NO_RESPONDERS => {
-                    tracing::debug!(agent = %self.id, %capability, holder = %subject, "the chosen holder has gone: the queue group serves");
+                    tracing::debug!(agent = %self.link.id, %capability, holder = %subject, "the chosen holder has gone: the queue group serves");
                     self.router.forget(capability);
                 }
                 done => return done,
@@ -231,7 +237,7 @@ impl Outbound {
             {
                 Ok(records) => self.router.learn(capability, &records),
                 Err(err) => {
-                    tracing::debug!(agent = %self.id, %capability, error = %err, "no registry to route by: the queue group serves");
+                    tracing::debug!(agent = %self.link.id, %capability, error = %err, "no registry to route by: the queue group serves");
                     self.router.learn(capability, &[]);
                 }
             }
@@ -245,10 +251,10 @@ impl Outbound {
         query: &DiscoverQuery,
         timeout: Duration,
     ) -> Result<Vec<AgentRecord>, SdkError> {
-        let mut env = Envelope::new(Kind::Request, Performative::Discover, self.id.as_str());
+        let mut env = Envelope::new(Kind::Request, Performative::Discover, self.link.id.as_str());
         env.content_type = CONTENT_TYPE_MSGPACK.into();
         env.payload = codec::encode_payload(query, CONTENT_TYPE_MSGPACK)?;
-        let subject = self.subjects.discover();
+        let subject = self.link.subjects.discover();
         let reply = self
             .exchange(&subject, env, timeout, &opentelemetry::Context::current())
             .await?;
@@ -276,13 +282,13 @@ impl Outbound {
                         .unwrap_or(subject)
                 )
             },
-            || crate::trace::attributes(&self.id, &env),
+            || crate::trace::attributes(&self.link.id, &env),
         );
         env.trace = Some(trace);
         self.fit(&mut env).await?;
         self.seal(subject, &mut env);
         let bytes = self.encode(subject, &env)?;
-        AgentCounters::bump(&self.counters.requests_sent);
+        AgentCounters::bump(&self.link.counters.requests_sent);
         let started = std::time::Instant::now();
         let result = self.request_reply(subject, bytes, timeout).await;
         let status = match &result {
@@ -291,7 +297,7 @@ impl Outbound {
         };
         sdk_metrics()
             .request_seconds
-            .with_label_values(&[self.id.as_str(), status.label()])
+            .with_label_values(&[self.link.id.as_str(), status.label()])
             .observe(started.elapsed().as_secs_f64());
         crate::trace::finish(span.as_ref(), result.as_ref().err().map(|e| e.to_string()));
         result
@@ -304,6 +310,7 @@ impl Outbound {
         timeout: Duration,
     ) -> Result<Reply, SdkError> {
         let msg = self
+            .link
             .broker
             .request(subject, None, bytes, timeout)
             .await

@@ -16,9 +16,9 @@ pub(crate) async fn watch_registered_keys(
     verifier: Option<Arc<Verifier>>,
     stop: CancellationToken,
 ) {
-    let bucket = out.subjects.bucket_name(REGISTRY_BUCKET);
-    let Ok(kv) = out.js.open_kv(&bucket).await else {
-        tracing::debug!(agent = %out.id, "no registry bucket: only explicitly trusted keys are known");
+    let bucket = out.link.subjects.bucket_name(REGISTRY_BUCKET);
+    let Ok(kv) = out.link.js.open_kv(&bucket).await else {
+        tracing::debug!(agent = %out.link.id, "no registry bucket: only explicitly trusted keys are known");
         return;
     };
     let Ok(mut watch) = kv.watch().await else {

@@ -100,7 +100,7 @@ impl Presence {
         commands.sort();
         let (load, availability) = self.load_and_availability();
         Manifest {
-            agent: self.out.id.clone(),
+            agent: self.out.link.id.clone(),
             instance: self.instance.clone(),
             capabilities,
             commands,
@@ -132,10 +132,10 @@ impl Presence {
     async fn send(&self, kind: Performative) -> Result<(), SdkError> {
         let out = &self.out;
         let subject = match kind {
-            Performative::Health => out.subjects.heartbeat(&out.id),
-            _ => out.subjects.goodbye(&out.id),
+            Performative::Health => out.link.subjects.heartbeat(&out.link.id),
+            _ => out.link.subjects.goodbye(&out.link.id),
         }?;
-        let mut env = Envelope::new(Kind::Heartbeat, kind, out.id.as_str());
+        let mut env = Envelope::new(Kind::Heartbeat, kind, out.link.id.as_str());
         if kind == Performative::Done {
             // AIXP: an orderly disconnection.
             env.status = Some(crate::StatusCode::DISCONNECTED);
@@ -144,7 +144,7 @@ impl Presence {
         env.payload = codec::encode_payload(&self.manifest(), CONTENT_TYPE_MSGPACK)?;
         out.seal(&subject, &mut env);
         let bytes = out.encode(&subject, &env)?;
-        Ok(out.broker.publish(&subject, bytes).await?)
+        Ok(out.link.broker.publish(&subject, bytes).await?)
     }
 
     /// Heartbeats every interval (and at once when the manifest changes) until the agent
@@ -152,7 +152,7 @@ impl Presence {
     pub(crate) async fn run(self: Arc<Self>) {
         loop {
             if let Err(err) = self.send(Performative::Health).await {
-                tracing::debug!(agent = %self.out.id, error = %err, "heartbeat not sent");
+                tracing::debug!(agent = %self.out.link.id, error = %err, "heartbeat not sent");
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.heartbeat_interval) => {}
@@ -161,7 +161,7 @@ impl Presence {
             }
         }
         if let Err(err) = self.send(Performative::Done).await {
-            tracing::debug!(agent = %self.out.id, error = %err, "goodbye not sent");
+            tracing::debug!(agent = %self.out.link.id, error = %err, "goodbye not sent");
         }
     }
 }

@@ -27,8 +27,9 @@ impl Presence {
     /// The `$SRV` subjects this agent answers on.
     pub(crate) fn service_subjects(&self) -> Result<[String; 3], SubjectError> {
         self.out
+            .link
             .subjects
-            .service_discovery(&self.out.id, &self.instance)
+            .service_discovery(&self.out.link.id, &self.instance)
     }
 
     /// Answers a `$SRV.PING|INFO|STATS` request with the micro-service JSON of ADR-32.
@@ -36,11 +37,11 @@ impl Presence {
         let Some(reply) = msg.reply() else { return };
         let verb = msg.subject().split('.').nth(1).unwrap_or_default();
         let mut body = json!({
-            "name": self.out.id,
+            "name": self.out.link.id,
             "id": self.instance,
             "version": env!("CARGO_PKG_VERSION"),
             "metadata": {
-                "chorus.root": self.out.subjects.root(),
+                "chorus.root": self.out.link.subjects.root(),
                 "chorus.capabilities": lock(&self.capabilities).join(","),
             },
         });
@@ -49,7 +50,7 @@ impl Presence {
             "PING" => body["type"] = json!("io.nats.micro.v1.ping_response"),
             "INFO" => {
                 body["type"] = json!("io.nats.micro.v1.info_response");
-                body["description"] = json!(format!("Chorus agent {}", self.out.id));
+                body["description"] = json!(format!("Chorus agent {}", self.out.link.id));
                 body["endpoints"] = endpoints
                     .iter()
                     .map(|e| {
@@ -86,8 +87,8 @@ impl Presence {
             _ => return,
         }
         let bytes = Bytes::from(body.to_string());
-        if let Err(err) = self.out.broker.publish(reply, bytes).await {
-            tracing::debug!(agent = %self.out.id, error = %err, "service discovery answer not sent");
+        if let Err(err) = self.out.link.broker.publish(reply, bytes).await {
+            tracing::debug!(agent = %self.out.link.id, error = %err, "service discovery answer not sent");
         }
     }
 }

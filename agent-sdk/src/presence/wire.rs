@@ -26,12 +26,12 @@ pub(crate) async fn follow_wire(
             Some(level) => {
                 let compact = level.major >= 2;
                 if compact != (out.wire.encoding() == codec::Encoding::Compact) {
-                    tracing::debug!(agent = %out.id, major = level.major, "following the bus's protocol");
+                    tracing::debug!(agent = %out.link.id, major = level.major, "following the bus's protocol");
                 }
                 out.wire.set_bus_compact(compact);
             }
             None => {
-                tracing::debug!(agent = %out.id, "an announcement on the wire subject did not decode");
+                tracing::debug!(agent = %out.link.id, "an announcement on the wire subject did not decode");
             }
         }
     }

@@ -179,7 +179,7 @@ impl TaskHandle {
         Ok(TaskUpdates {
             follow: Some(follow),
             closing: None,
-            subjects: self.store.out.subjects.clone(),
+            subjects: self.store.out.link.subjects.clone(),
             seen: Arc::clone(&self.seen),
             done: false,
         })
@@ -226,6 +226,7 @@ impl TaskHandle {
         let kind = self
             .store
             .out
+            .link
             .subjects
             .task_of(&stored.subject)
             .map_or(TaskMessage::Status, |(_, kind)| kind);
@@ -246,8 +247,9 @@ impl TaskHandle {
         // will not finish.
         let out = &self.store.out;
         let mut departures = out
+            .link
             .broker
-            .subscribe(&out.subjects.event(REGISTRY_LEFT)?)
+            .subscribe(&out.link.subjects.event(REGISTRY_LEFT)?)
             .await?;
         // Its states alone (not its chunks); a verified task's reports are folded in at the end.
         let mut states = self

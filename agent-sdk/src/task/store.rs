@@ -77,7 +77,7 @@ impl TaskStore {
         tracker: tokio_util::task::TaskTracker,
     ) -> Self {
         TaskStore {
-            stream: out.subjects.stream_name(TASK_STREAM),
+            stream: out.link.subjects.stream_name(TASK_STREAM),
             out,
             replicas,
             ready: tokio::sync::OnceCell::new(),
@@ -94,10 +94,11 @@ impl TaskStore {
     /// Records a new task: its submission, as the first state of its status subject (refused
     /// as [`SdkError::TaskState`] if the task exists already).
     pub(crate) async fn create(&self, id: Uuid, mut env: Envelope) -> Result<u64, SdkError> {
-        let subject = self.out.subjects.task(&id, TaskMessage::Status);
+        let subject = self.out.link.subjects.task(&id, TaskMessage::Status);
         let bytes = self.seal(&subject, &mut env)?;
         match self
             .out
+            .link
             .js
             .publish_if_last(&subject, Some(&env.id.to_string()), 0, bytes)
             .await
@@ -119,8 +120,9 @@ impl TaskStore {
         self.ready
             .get_or_try_init(|| async {
                 self.out
+                    .link
                     .js
-                    .ensure_stream_exists(&task_stream(&self.out.subjects, self.replicas))
+                    .ensure_stream_exists(&task_stream(&self.out.link.subjects, self.replicas))
                     .await
                     .map_err(SdkError::from)
             })
@@ -130,7 +132,7 @@ impl TaskStore {
 
     /// A new message of task `id` from this agent.
     pub(crate) fn message(&self, id: Uuid, kind: Kind, performative: Performative) -> Envelope {
-        let mut env = Envelope::new(kind, performative, self.out.id.as_str());
+        let mut env = Envelope::new(kind, performative, self.out.link.id.as_str());
         env.correlation_id = Some(id);
         env
     }
@@ -165,11 +167,12 @@ impl TaskStore {
         kind: TaskMessage,
         mut env: Envelope,
     ) -> Result<u64, SdkError> {
-        let subject = self.out.subjects.task(&id, kind);
+        let subject = self.out.link.subjects.task(&id, kind);
         let bytes = self.seal(&subject, &mut env)?;
         let msg_id = env.id.to_string();
         let ack = self
             .out
+            .link
             .js
             .publish(&subject, None, Some(&msg_id), None, bytes)
             .await?;
@@ -178,8 +181,14 @@ impl TaskStore {
 
     /// The task's last status message and its sequence, if it has one.
     pub(crate) async fn last_status(&self, id: Uuid) -> Result<Option<(u64, Envelope)>, SdkError> {
-        let subject = self.out.subjects.task(&id, TaskMessage::Status);
-        match self.out.js.last_on_subject(&self.stream, &subject).await? {
+        let subject = self.out.link.subjects.task(&id, TaskMessage::Status);
+        match self
+            .out
+            .link
+            .js
+            .last_on_subject(&self.stream, &subject)
+            .await?
+        {
             Some(stored) => Ok(Some((stored.sequence, decode(&stored)?))),
             None => Ok(None),
         }
@@ -196,7 +205,7 @@ impl TaskStore {
         mut env: Envelope,
     ) -> Result<u64, SdkError> {
         let to = state_of(&env);
-        let subject = self.out.subjects.task(&id, TaskMessage::Status);
+        let subject = self.out.link.subjects.task(&id, TaskMessage::Status);
         let bytes = self.seal(&subject, &mut env)?;
         let msg_id = env.id.to_string();
         let mut known = known;
@@ -211,6 +220,7 @@ impl TaskStore {
             transition(from, to).map_err(|illegal| SdkError::TaskState { task: id, illegal })?;
             match self
                 .out
+                .link
                 .js
                 .publish_if_last(&subject, Some(&msg_id), last_seq, bytes.clone())
                 .await
@@ -236,14 +246,19 @@ impl TaskStore {
         after: u64,
     ) -> Result<Follow, SdkError> {
         let filters: Vec<String> = if kinds.is_empty() {
-            vec![self.out.subjects.task_all(&id)]
+            vec![self.out.link.subjects.task_all(&id)]
         } else {
             kinds
                 .iter()
-                .map(|kind| self.out.subjects.task(&id, *kind))
+                .map(|kind| self.out.link.subjects.task(&id, *kind))
                 .collect()
         };
-        Ok(self.out.js.follow(&self.stream, &filters, after).await?)
+        Ok(self
+            .out
+            .link
+            .js
+            .follow(&self.stream, &filters, after)
+            .await?)
     }
 
     /// The task's first status message: its submission (input, target, deadline).
@@ -267,15 +282,21 @@ impl TaskStore {
         id: Uuid,
         kind: TaskMessage,
     ) -> Result<Option<StoredMessage>, SdkError> {
-        let subject = self.out.subjects.task(&id, kind);
-        Ok(self.out.js.last_on_subject(&self.stream, &subject).await?)
+        let subject = self.out.link.subjects.task(&id, kind);
+        Ok(self
+            .out
+            .link
+            .js
+            .last_on_subject(&self.stream, &subject)
+            .await?)
     }
 
     /// The last status message of every task (at most `max`), oldest first.
     pub(crate) async fn latest_states(&self, max: usize) -> Result<Vec<StoredMessage>, SdkError> {
-        let filter = self.out.subjects.tasks_of_kind(TaskMessage::Status);
+        let filter = self.out.link.subjects.tasks_of_kind(TaskMessage::Status);
         match self
             .out
+            .link
             .js
             .last_per_subject(&self.stream, &filter, max)
             .await

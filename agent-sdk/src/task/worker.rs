@@ -205,14 +205,16 @@ impl Tasks {
     ) -> Result<(), SdkError> {
         let out = &self.store.out;
         let mut cancels = out
+            .link
             .broker
-            .subscribe(&out.subjects.task(&run.id, TaskMessage::Cancel))
+            .subscribe(&out.link.subjects.task(&run.id, TaskMessage::Cancel))
             .await?;
         let mut answers = out
+            .link
             .broker
-            .subscribe(&out.subjects.task(&run.id, TaskMessage::Input))
+            .subscribe(&out.link.subjects.task(&run.id, TaskMessage::Input))
             .await?;
-        out.broker.sync(LISTEN_TIMEOUT).await?;
+        out.link.broker.sync(LISTEN_TIMEOUT).await?;
         if self
             .store
             .last_of(run.id, TaskMessage::Cancel)

@@ -194,15 +194,18 @@ impl DurableInbox {
     /// Ensures the inbox, dead-letter and advisory streams the durable inbox needs.
     pub(crate) async fn prepare(&self, limits: &InboxLimits) -> Result<(), SdkError> {
         let out = &self.pipeline.out;
-        out.js
-            .ensure_stream(&inbox_stream(&out.subjects, limits))
+        out.link
+            .js
+            .ensure_stream(&inbox_stream(&out.link.subjects, limits))
             .await?;
-        out.js
-            .ensure_stream(&dlq_stream(&out.subjects, limits.replicas))
+        out.link
+            .js
+            .ensure_stream(&dlq_stream(&out.link.subjects, limits.replicas))
             .await?;
         // Captures the server's advisories even while no coordinator runs.
-        out.js
-            .ensure_stream(&advisory_stream(&out.subjects, limits.replicas))
+        out.link
+            .js
+            .ensure_stream(&advisory_stream(&out.link.subjects, limits.replicas))
             .await?;
         Ok(())
     }
@@ -210,8 +213,8 @@ impl DurableInbox {
     /// Reads the retry policies the coordinator published; keeps the defaults if none.
     pub(crate) async fn load_retry_policies(&self) {
         let out = &self.pipeline.out;
-        let bucket = out.subjects.bucket_name(CONFIG_BUCKET);
-        let Ok(kv) = out.js.open_kv(&bucket).await else {
+        let bucket = out.link.subjects.bucket_name(CONFIG_BUCKET);
+        let Ok(kv) = out.link.js.open_kv(&bucket).await else {
             return;
         };
         let policies = match kv.get(RETRY_KEY).await {
@@ -224,7 +227,7 @@ impl DurableInbox {
         match policies {
             Ok(p) => *write(&self.retry_policies) = p,
             Err(err) => {
-                tracing::warn!(agent = %out.id, error = %err, "published retry policies unusable; using defaults");
+                tracing::warn!(agent = %out.link.id, error = %err, "published retry policies unusable; using defaults");
             }
         }
     }
@@ -248,8 +251,8 @@ impl DurableInbox {
         if let InboxConsumers::OnDemand { recheck, .. } = self.consumers {
             // Bells heard before the look, so a command stored after it rings.
             for high in [false, true] {
-                let subject = out.subjects.lane_bells(&out.id, high)?;
-                heard[usize::from(high)] = Some(out.broker.subscribe(&subject).await?);
+                let subject = out.link.subjects.lane_bells(&out.link.id, high)?;
+                heard[usize::from(high)] = Some(out.link.broker.subscribe(&subject).await?);
                 bell_subjects[usize::from(high)] = Some(subject);
             }
             let (normal_tx, normal) = tokio::sync::mpsc::channel(1);
@@ -266,7 +269,7 @@ impl DurableInbox {
             };
             let lane = LaneConsumer {
                 spec: self.consumer_spec(high)?,
-                filter: out.subjects.durable_inbox(&out.id, high)?,
+                filter: out.link.subjects.durable_inbox(&out.link.id, high)?,
                 senders: self.spawn_lanes(lanes),
                 bell: bells[usize::from(high)].take(),
                 bells: heard[usize::from(high)].take(),
@@ -290,12 +293,12 @@ impl DurableInbox {
     fn consumer_spec(&self, high: bool) -> Result<ConsumerSpec, SdkError> {
         let out = &self.pipeline.out;
         let durable = if high {
-            format!("{}_high", out.id)
+            format!("{}_high", out.link.id)
         } else {
-            out.id.clone()
+            out.link.id.clone()
         };
         let mut spec = ConsumerSpec::new(durable);
-        spec.filter_subjects = vec![out.subjects.durable_inbox(&out.id, high)?];
+        spec.filter_subjects = vec![out.link.subjects.durable_inbox(&out.link.id, high)?];
         spec.ack_wait = self.ack_wait;
         spec.max_deliver = i64::from(read(&self.retry_policies).max_attempts());
         spec.max_ack_pending = i64::try_from(self.max_in_flight).unwrap_or(i64::MAX);
@@ -304,7 +307,7 @@ impl DurableInbox {
         }
         spec.description = format!(
             "durable inbox of agent {} ({} priority)",
-            out.id,
+            out.link.id,
             if high { "high" } else { "normal" }
         );
         Ok(spec)
@@ -313,8 +316,8 @@ impl DurableInbox {
     /// Creates or updates the consumer and starts pulling from it.
     async fn open(&self, spec: &ConsumerSpec) -> Result<Deliveries, chorus_broker_adapter::Error> {
         let out = &self.pipeline.out;
-        let stream = out.subjects.stream_name(INBOX_STREAM);
-        let consumer = out.js.ensure_consumer(&stream, spec).await?;
+        let stream = out.link.subjects.stream_name(INBOX_STREAM);
+        let consumer = out.link.js.ensure_consumer(&stream, spec).await?;
         consumer
             .messages(self.max_in_flight.min(MAX_PULL_BATCH))
             .await
