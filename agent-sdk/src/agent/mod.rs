@@ -221,6 +221,7 @@ impl Agent {
             stop: stop.clone(),
         });
         let presence = Arc::new(Presence {
+            link: Arc::clone(&link),
             out: Arc::clone(&out),
             endpoints: Arc::clone(&endpoints),
             dispatcher: Arc::clone(&dispatcher),

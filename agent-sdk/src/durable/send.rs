@@ -33,6 +33,8 @@ pub struct Receipt {
 
 /// Sends one-way messages for one agent.
 pub(crate) struct Sender {
+    /// The agent's identity, subjects, connection and counters.
+    pub(crate) link: Arc<crate::link::Link>,
     pub(crate) out: Arc<Outbound>,
     inbox_ready: tokio::sync::OnceCell<()>,
 }
@@ -40,6 +42,7 @@ pub(crate) struct Sender {
 impl Sender {
     pub(crate) fn new(out: Arc<Outbound>) -> Self {
         Sender {
+            link: Arc::clone(&out.link),
             out,
             inbox_ready: tokio::sync::OnceCell::new(),
         }
@@ -50,11 +53,10 @@ impl Sender {
     async fn ensure_inbox(&self) -> Result<(), chorus_broker_adapter::Error> {
         self.inbox_ready
             .get_or_try_init(|| async {
-                self.out
-                    .link
+                self.link
                     .js
                     .ensure_stream_exists(&inbox_stream(
-                        &self.out.link.subjects,
+                        &self.link.subjects,
                         &InboxLimits::default(),
                     ))
                     .await
@@ -91,13 +93,13 @@ impl Sender {
             &opentelemetry::Context::current(),
             env.trace.as_ref(),
             || format!("chorus.send {}", env.name.as_deref().unwrap_or_default()),
-            || crate::trace::attributes(&self.out.link.id, &env),
+            || crate::trace::attributes(&self.link.id, &env),
         );
         env.trace = Some(trace);
         crate::trace::finish(span.as_ref(), None);
         let subject = match durable_target {
             None => core_subject,
-            Some((agent, command)) => self.out.link.subjects.durable(&agent, &command, high)?,
+            Some((agent, command)) => self.link.subjects.durable(&agent, &command, high)?,
         };
         Ok((subject, env))
     }
@@ -120,9 +122,9 @@ impl Sender {
         self.out.fit(&mut env).await?;
         self.out.seal(&subject, &mut env);
         let bytes = self.out.encode(&subject, &env)?;
-        AgentCounters::bump(&self.out.link.counters.requests_sent);
+        AgentCounters::bump(&self.link.counters.requests_sent);
         if class == DeliveryClass::AtMostOnce {
-            self.out.link.broker.publish(&subject, bytes).await?;
+            self.link.broker.publish(&subject, bytes).await?;
             return Ok(Receipt {
                 id: env.id,
                 delivery: class,
@@ -137,7 +139,6 @@ impl Sender {
         let ack = loop {
             attempt += 1;
             match self
-                .out
                 .link
                 .js
                 .publish(&subject, None, msg_id.as_deref(), None, bytes.clone())
@@ -145,7 +146,7 @@ impl Sender {
             {
                 Ok(ack) => break ack,
                 Err(e) if e.kind() == ErrorKind::TimedOut && attempt < PUBLISH_ATTEMPTS => {
-                    tracing::debug!(agent = %self.out.link.id, id = %env.id, "durable publish ack lost; resending");
+                    tracing::debug!(agent = %self.link.id, id = %env.id, "durable publish ack lost; resending");
                 }
                 Err(e) => return Err(SdkError::Broker(e)),
             }
@@ -189,9 +190,9 @@ impl Sender {
                     continue;
                 }
             };
-            AgentCounters::bump(&self.out.link.counters.requests_sent);
+            AgentCounters::bump(&self.link.counters.requests_sent);
             if class == DeliveryClass::AtMostOnce {
-                let sent = self.out.link.broker.publish(&subject, bytes).await;
+                let sent = self.link.broker.publish(&subject, bytes).await;
                 core_sent = true;
                 results.push(Some(sent.map_err(SdkError::Broker).map(|()| Receipt {
                     id,
@@ -211,16 +212,15 @@ impl Sender {
                 });
             }
         }
-        if core_sent && let Err(e) = self.out.link.broker.flush().await {
-            tracing::debug!(agent = %self.out.link.id, error = %e, "flush after batch failed");
+        if core_sent && let Err(e) = self.link.broker.flush().await {
+            tracing::debug!(agent = %self.link.id, error = %e, "flush after batch failed");
         }
         if !batch.is_empty()
             && let Err(e) = self.ensure_inbox().await
         {
-            tracing::debug!(agent = %self.out.link.id, error = %e, "inbox stream not ensured; publishing anyway");
+            tracing::debug!(agent = %self.link.id, error = %e, "inbox stream not ensured; publishing anyway");
         }
         let acks = self
-            .out
             .link
             .js
             .publish_batch(batch, BATCH_ACKS_IN_FLIGHT)
@@ -245,7 +245,6 @@ impl Sender {
     /// for its dead letter's headers: every stored command can then be dead-lettered whole.
     fn leaves_room_for_a_dead_letter(&self, size: usize) -> Result<(), SdkError> {
         let limit = self
-            .out
             .link
             .broker
             .max_payload()

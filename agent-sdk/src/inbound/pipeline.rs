@@ -71,6 +71,8 @@ pub(crate) struct PipelineParts {
 
 /// The inbound pipeline of one agent.
 pub(crate) struct Pipeline {
+    /// The agent's identity, subjects, connection and counters.
+    pub(crate) link: Arc<crate::link::Link>,
     pub(crate) out: Arc<Outbound>,
     pub(crate) endpoints: Arc<Endpoints>,
     layers: Vec<Box<dyn Layer>>,
@@ -132,6 +134,7 @@ impl Pipeline {
             }),
         ];
         Pipeline {
+            link: Arc::clone(&out.link),
             out,
             endpoints,
             layers,
@@ -153,7 +156,7 @@ impl Pipeline {
     }
 
     pub(crate) fn counters(&self) -> &AgentCounters {
-        &self.out.link.counters
+        &self.link.counters
     }
 
     pub(crate) fn verifies(&self) -> bool {
@@ -170,7 +173,7 @@ impl Pipeline {
     ) -> Result<(Envelope, Encoding), Refused> {
         let mut decoded = admit::decode(payload, self.limits(), self.counters());
         if let Ok((env, Encoding::Compact)) = &mut decoded {
-            self.out.link.subjects.implied(subject).restore(env);
+            self.link.subjects.implied(subject).restore(env);
         }
         decoded
     }
@@ -257,7 +260,7 @@ impl Pipeline {
         ) {
             Ok(admitted) => admitted,
             Err(refusal) => {
-                tracing::debug!(agent = %self.out.link.id, status = %refusal.failure.status, reason = %refusal.failure.reason, "message refused");
+                tracing::debug!(agent = %self.link.id, status = %refusal.failure.status, reason = %refusal.failure.reason, "message refused");
                 return refused(refusal);
             }
         };
@@ -344,10 +347,10 @@ impl Pipeline {
 
     /// Fetches a payload that came by reference, its size and digest checked.
     async fn fetch_payload(&self, env: &mut Envelope) -> Result<(), Failure> {
-        crate::payload::fetch(&self.out.link.js, env, self.out.payload_limits.max_bytes)
+        crate::payload::fetch(&self.link.js, env, self.out.payload_limits.max_bytes)
             .await
             .map_err(|(status, reason)| {
-                tracing::debug!(agent = %self.out.link.id, %status, %reason, "payload by reference refused");
+                tracing::debug!(agent = %self.link.id, %status, %reason, "payload by reference refused");
                 Failure {
                     status,
                     reason,
@@ -376,13 +379,13 @@ impl Pipeline {
         let (name, result) = match target {
             Target::Unknown(subject) => {
                 AgentCounters::bump(&counters.unknown_command);
-                return Outcome::Failed(unknown_command(&self.out.link.id, &subject));
+                return Outcome::Failed(unknown_command(&self.link.id, &subject));
             }
             Target::Event(handler) => {
                 let topic = request.topic.as_deref().unwrap_or_default();
                 let ctx = self.context(request, subject, via, topic);
                 let otel = ctx.otel.clone();
-                let result = guarded(&self.out.link.id, topic, || handler.call(ctx))
+                let result = guarded(&self.link.id, topic, || handler.call(ctx))
                     .await
                     .map(|()| Output::default());
                 crate::trace::finish(Some(&otel), result.as_ref().err().map(|e| e.to_string()));
@@ -394,12 +397,12 @@ impl Pipeline {
                 let started = std::time::Instant::now();
                 let span = tracing::info_span!(
                     "chorus.handle",
-                    agent = %self.out.link.id,
+                    agent = %self.link.id,
                     command = %endpoint.name,
                     message_id = %request.id,
                     correlation_id = %request.conversation(),
                 );
-                let result = guarded(&self.out.link.id, &endpoint.name, || {
+                let result = guarded(&self.link.id, &endpoint.name, || {
                     tracing::Instrument::instrument(endpoint.handler.call(ctx), span)
                 })
                 .await;
@@ -427,7 +430,7 @@ impl Pipeline {
             }
             Err(err) => {
                 AgentCounters::bump(&self.counters().handler_errors);
-                tracing::debug!(agent = %self.out.link.id, handler = name, id = %request.id, correlation = %request.conversation(), error = %err, "handler returned an error");
+                tracing::debug!(agent = %self.link.id, handler = name, id = %request.id, correlation = %request.conversation(), error = %err, "handler returned an error");
                 Outcome::Failed(Failure::from(err))
             }
         }
@@ -439,7 +442,7 @@ impl Pipeline {
             via.span,
             request,
             || format!("chorus.handle {name}"),
-            || crate::trace::attributes(&self.out.link.id, request),
+            || crate::trace::attributes(&self.link.id, request),
         );
         Context {
             out: Arc::clone(&self.out),
@@ -454,7 +457,7 @@ impl Pipeline {
     pub(crate) fn record_handled(&self, kind: Kind, status: StatusCode) {
         sdk_metrics()
             .handled
-            .with_label_values(&[self.out.link.id.as_str(), kind.as_str(), status.label()])
+            .with_label_values(&[self.link.id.as_str(), kind.as_str(), status.label()])
             .inc();
     }
 }

@@ -32,6 +32,8 @@ pub const DEFAULT_CAPABILITY_VERSION: &str = "1.0";
 
 /// What an agent announces about itself.
 pub(crate) struct Presence {
+    /// The agent's identity, subjects, connection and counters.
+    pub(crate) link: Arc<crate::link::Link>,
     pub(crate) out: Arc<Outbound>,
     pub(crate) endpoints: Arc<Endpoints>,
     pub(crate) dispatcher: Arc<Dispatcher>,
@@ -100,7 +102,7 @@ impl Presence {
         commands.sort();
         let (load, availability) = self.load_and_availability();
         Manifest {
-            agent: self.out.link.id.clone(),
+            agent: self.link.id.clone(),
             instance: self.instance.clone(),
             capabilities,
             commands,
@@ -152,7 +154,7 @@ impl Presence {
     pub(crate) async fn run(self: Arc<Self>) {
         loop {
             if let Err(err) = self.send(Performative::Health).await {
-                tracing::debug!(agent = %self.out.link.id, error = %err, "heartbeat not sent");
+                tracing::debug!(agent = %self.link.id, error = %err, "heartbeat not sent");
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.heartbeat_interval) => {}
@@ -161,7 +163,7 @@ impl Presence {
             }
         }
         if let Err(err) = self.send(Performative::Done).await {
-            tracing::debug!(agent = %self.out.link.id, error = %err, "goodbye not sent");
+            tracing::debug!(agent = %self.link.id, error = %err, "goodbye not sent");
         }
     }
 }

@@ -26,10 +26,9 @@ impl Presence {
 
     /// The `$SRV` subjects this agent answers on.
     pub(crate) fn service_subjects(&self) -> Result<[String; 3], SubjectError> {
-        self.out
-            .link
+        self.link
             .subjects
-            .service_discovery(&self.out.link.id, &self.instance)
+            .service_discovery(&self.link.id, &self.instance)
     }
 
     /// Answers a `$SRV.PING|INFO|STATS` request with the micro-service JSON of ADR-32.
@@ -37,11 +36,11 @@ impl Presence {
         let Some(reply) = msg.reply() else { return };
         let verb = msg.subject().split('.').nth(1).unwrap_or_default();
         let mut body = json!({
-            "name": self.out.link.id,
+            "name": self.link.id,
             "id": self.instance,
             "version": env!("CARGO_PKG_VERSION"),
             "metadata": {
-                "chorus.root": self.out.link.subjects.root(),
+                "chorus.root": self.link.subjects.root(),
                 "chorus.capabilities": lock(&self.capabilities).join(","),
             },
         });
@@ -50,7 +49,7 @@ impl Presence {
             "PING" => body["type"] = json!("io.nats.micro.v1.ping_response"),
             "INFO" => {
                 body["type"] = json!("io.nats.micro.v1.info_response");
-                body["description"] = json!(format!("Chorus agent {}", self.out.link.id));
+                body["description"] = json!(format!("Chorus agent {}", self.link.id));
                 body["endpoints"] = endpoints
                     .iter()
                     .map(|e| {
@@ -87,8 +86,8 @@ impl Presence {
             _ => return,
         }
         let bytes = Bytes::from(body.to_string());
-        if let Err(err) = self.out.link.broker.publish(reply, bytes).await {
-            tracing::debug!(agent = %self.out.link.id, error = %err, "service discovery answer not sent");
+        if let Err(err) = self.link.broker.publish(reply, bytes).await {
+            tracing::debug!(agent = %self.link.id, error = %err, "service discovery answer not sent");
         }
     }
 }

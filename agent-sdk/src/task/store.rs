@@ -62,6 +62,8 @@ pub(crate) fn state_of(env: &Envelope) -> TaskState {
 
 /// Reads and writes tasks for one agent.
 pub(crate) struct TaskStore {
+    /// The agent's identity, subjects, connection and counters.
+    pub(crate) link: Arc<crate::link::Link>,
     pub(crate) out: Arc<Outbound>,
     pub(crate) stream: String,
     replicas: usize,
@@ -78,6 +80,7 @@ impl TaskStore {
     ) -> Self {
         TaskStore {
             stream: out.link.subjects.stream_name(TASK_STREAM),
+            link: Arc::clone(&out.link),
             out,
             replicas,
             ready: tokio::sync::OnceCell::new(),
@@ -94,10 +97,9 @@ impl TaskStore {
     /// Records a new task: its submission, as the first state of its status subject (refused
     /// as [`SdkError::TaskState`] if the task exists already).
     pub(crate) async fn create(&self, id: Uuid, mut env: Envelope) -> Result<u64, SdkError> {
-        let subject = self.out.link.subjects.task(&id, TaskMessage::Status);
+        let subject = self.link.subjects.task(&id, TaskMessage::Status);
         let bytes = self.seal(&subject, &mut env)?;
         match self
-            .out
             .link
             .js
             .publish_if_last(&subject, Some(&env.id.to_string()), 0, bytes)
@@ -119,10 +121,9 @@ impl TaskStore {
     pub(crate) async fn ensure(&self) -> Result<(), SdkError> {
         self.ready
             .get_or_try_init(|| async {
-                self.out
-                    .link
+                self.link
                     .js
-                    .ensure_stream_exists(&task_stream(&self.out.link.subjects, self.replicas))
+                    .ensure_stream_exists(&task_stream(&self.link.subjects, self.replicas))
                     .await
                     .map_err(SdkError::from)
             })
@@ -132,7 +133,7 @@ impl TaskStore {
 
     /// A new message of task `id` from this agent.
     pub(crate) fn message(&self, id: Uuid, kind: Kind, performative: Performative) -> Envelope {
-        let mut env = Envelope::new(kind, performative, self.out.link.id.as_str());
+        let mut env = Envelope::new(kind, performative, self.link.id.as_str());
         env.correlation_id = Some(id);
         env
     }
@@ -167,11 +168,10 @@ impl TaskStore {
         kind: TaskMessage,
         mut env: Envelope,
     ) -> Result<u64, SdkError> {
-        let subject = self.out.link.subjects.task(&id, kind);
+        let subject = self.link.subjects.task(&id, kind);
         let bytes = self.seal(&subject, &mut env)?;
         let msg_id = env.id.to_string();
         let ack = self
-            .out
             .link
             .js
             .publish(&subject, None, Some(&msg_id), None, bytes)
@@ -181,14 +181,8 @@ impl TaskStore {
 
     /// The task's last status message and its sequence, if it has one.
     pub(crate) async fn last_status(&self, id: Uuid) -> Result<Option<(u64, Envelope)>, SdkError> {
-        let subject = self.out.link.subjects.task(&id, TaskMessage::Status);
-        match self
-            .out
-            .link
-            .js
-            .last_on_subject(&self.stream, &subject)
-            .await?
-        {
+        let subject = self.link.subjects.task(&id, TaskMessage::Status);
+        match self.link.js.last_on_subject(&self.stream, &subject).await? {
             Some(stored) => Ok(Some((stored.sequence, decode(&stored)?))),
             None => Ok(None),
         }
@@ -205,7 +199,7 @@ impl TaskStore {
         mut env: Envelope,
     ) -> Result<u64, SdkError> {
         let to = state_of(&env);
-        let subject = self.out.link.subjects.task(&id, TaskMessage::Status);
+        let subject = self.link.subjects.task(&id, TaskMessage::Status);
         let bytes = self.seal(&subject, &mut env)?;
         let msg_id = env.id.to_string();
         let mut known = known;
@@ -219,7 +213,6 @@ impl TaskStore {
             };
             transition(from, to).map_err(|illegal| SdkError::TaskState { task: id, illegal })?;
             match self
-                .out
                 .link
                 .js
                 .publish_if_last(&subject, Some(&msg_id), last_seq, bytes.clone())
@@ -246,19 +239,14 @@ impl TaskStore {
         after: u64,
     ) -> Result<Follow, SdkError> {
         let filters: Vec<String> = if kinds.is_empty() {
-            vec![self.out.link.subjects.task_all(&id)]
+            vec![self.link.subjects.task_all(&id)]
         } else {
             kinds
                 .iter()
-                .map(|kind| self.out.link.subjects.task(&id, *kind))
+                .map(|kind| self.link.subjects.task(&id, *kind))
                 .collect()
         };
-        Ok(self
-            .out
-            .link
-            .js
-            .follow(&self.stream, &filters, after)
-            .await?)
+        Ok(self.link.js.follow(&self.stream, &filters, after).await?)
     }
 
     /// The task's first status message: its submission (input, target, deadline).
@@ -282,20 +270,14 @@ impl TaskStore {
         id: Uuid,
         kind: TaskMessage,
     ) -> Result<Option<StoredMessage>, SdkError> {
-        let subject = self.out.link.subjects.task(&id, kind);
-        Ok(self
-            .out
-            .link
-            .js
-            .last_on_subject(&self.stream, &subject)
-            .await?)
+        let subject = self.link.subjects.task(&id, kind);
+        Ok(self.link.js.last_on_subject(&self.stream, &subject).await?)
     }
 
     /// The last status message of every task (at most `max`), oldest first.
     pub(crate) async fn latest_states(&self, max: usize) -> Result<Vec<StoredMessage>, SdkError> {
-        let filter = self.out.link.subjects.tasks_of_kind(TaskMessage::Status);
+        let filter = self.link.subjects.tasks_of_kind(TaskMessage::Status);
         match self
-            .out
             .link
             .js
             .last_per_subject(&self.stream, &filter, max)

@@ -16,20 +16,16 @@ impl DurableInbox {
     /// One look at the stream for commands stored for this agent: which lanes (normal, high)
     /// have some. One request for both lanes.
     pub(super) async fn look(&self) -> Result<[bool; 2], chorus_broker_adapter::Error> {
-        let out = &self.pipeline.out;
-        let stream = out.link.subjects.stream_name(INBOX_STREAM);
-        let filter = out
-            .link
-            .subjects
-            .durable_agent_all(&out.link.id)
-            .map_err(|e| {
-                chorus_broker_adapter::Error::new(
-                    chorus_broker_adapter::ErrorKind::InvalidInput,
-                    e.to_string(),
-                )
-            })?;
+        let link = &self.link;
+        let stream = link.subjects.stream_name(INBOX_STREAM);
+        let filter = link.subjects.durable_agent_all(&link.id).map_err(|e| {
+            chorus_broker_adapter::Error::new(
+                chorus_broker_adapter::ErrorKind::InvalidInput,
+                e.to_string(),
+            )
+        })?;
         let mut waiting = [false, false];
-        for (subject, count) in out.link.js.subject_counts(&stream, &filter).await? {
+        for (subject, count) in link.js.subject_counts(&stream, &filter).await? {
             if count > 0 {
                 let high = subject.split('.').rev().nth(1) == Some("high");
                 waiting[usize::from(high)] = true;
@@ -45,7 +41,7 @@ impl DurableInbox {
     /// bell would. The only place an on-demand inbox looks again after a failure.
     pub(super) fn spawn_looker(self: &Arc<Self>, rings: Rings, recheck: Duration) {
         let inbox = Arc::clone(self);
-        let mut events = Some(self.pipeline.out.link.broker.events());
+        let mut events = Some(self.link.broker.events());
         self.tracker.spawn(async move {
             let mut look_in = recheck;
             loop {
@@ -71,7 +67,7 @@ impl DurableInbox {
                         recheck
                     }
                     Err(err) => {
-                        tracing::debug!(agent = %inbox.pipeline.out.link.id, error = %err, "durable inbox: stored commands not looked for; looking again soon");
+                        tracing::debug!(agent = %inbox.link.id, error = %err, "durable inbox: stored commands not looked for; looking again soon");
                         recheck.min(LOOK_RETRY)
                     }
                 };
@@ -88,8 +84,8 @@ impl DurableInbox {
         mut opened: Option<Deliveries>,
         waiting: bool,
     ) {
-        let out = &self.pipeline.out;
-        let stream = out.link.subjects.stream_name(INBOX_STREAM);
+        let link = &self.link;
+        let stream = link.subjects.stream_name(INBOX_STREAM);
         let counters = self.pipeline.counters();
         let on_demand = self.consumers != InboxConsumers::Always;
         // On demand: whether the lane looks at its own commands before waiting for its bell.
@@ -119,14 +115,14 @@ impl DurableInbox {
                         Err(err) => {
                             failed_opens += 1;
                             if failed_opens >= MAX_OPEN_ATTEMPTS {
-                                tracing::error!(agent = %out.link.id, consumer = %lane.spec.durable, error = %err, attempts = failed_opens, "durable inbox: consumer cannot be opened; {}", if on_demand { "trying again at the next bell or look" } else { "this lane takes no more deliveries" });
+                                tracing::error!(agent = %link.id, consumer = %lane.spec.durable, error = %err, attempts = failed_opens, "durable inbox: consumer cannot be opened; {}", if on_demand { "trying again at the next bell or look" } else { "this lane takes no more deliveries" });
                                 if !on_demand {
                                     return;
                                 }
                                 failed_opens = 0;
                                 continue;
                             }
-                            tracing::warn!(agent = %out.link.id, consumer = %lane.spec.durable, error = %err, "durable inbox: consumer not opened; trying again");
+                            tracing::warn!(agent = %link.id, consumer = %lane.spec.durable, error = %err, "durable inbox: consumer not opened; trying again");
                             if !self.pause(REOPEN_DELAY * 2u32.pow(failed_opens - 1)).await {
                                 return;
                             }
@@ -148,7 +144,7 @@ impl DurableInbox {
                 Ended::Closed => {
                     // Always held: opened again. On demand (another instance released it): a
                     // look decides.
-                    tracing::debug!(agent = %out.link.id, consumer = %lane.spec.durable, "durable inbox: the server ended the pull");
+                    tracing::debug!(agent = %link.id, consumer = %lane.spec.durable, "durable inbox: the server ended the pull");
                     look_now = true;
                 }
                 Ended::Quiet => {
@@ -191,7 +187,7 @@ impl DurableInbox {
         stream: &str,
         lane: &LaneConsumer,
     ) -> Result<bool, chorus_broker_adapter::Error> {
-        let js = &self.pipeline.out.link.js;
+        let js = &self.link.js;
         let state = js.consumer_state(stream, &lane.spec.durable).await?;
         if state.pending > 0
             || state.ack_pending > 0
@@ -217,13 +213,13 @@ impl DurableInbox {
             look_now = true;
         }
         if look_now {
-            let out = &self.pipeline.out;
-            let stream = out.link.subjects.stream_name(INBOX_STREAM);
-            match out.link.js.has_messages(&stream, &lane.filter).await {
+            let link = &self.link;
+            let stream = link.subjects.stream_name(INBOX_STREAM);
+            match link.js.has_messages(&stream, &lane.filter).await {
                 Ok(true) => return true,
                 Ok(false) => {}
                 Err(err) => {
-                    tracing::debug!(agent = %out.link.id, error = %err, "durable inbox: stored commands not looked for; the looker looks again");
+                    tracing::debug!(agent = %link.id, error = %err, "durable inbox: stored commands not looked for; the looker looks again");
                     self.look_soon.notify_one();
                 }
             }
@@ -247,10 +243,10 @@ impl DurableInbox {
         let (None, Some(subject)) = (&lane.bells, &lane.bell_subject) else {
             return;
         };
-        match self.pipeline.out.link.broker.subscribe(subject).await {
+        match self.link.broker.subscribe(subject).await {
             Ok(sub) => lane.bells = Some(sub),
             Err(err) => {
-                tracing::warn!(agent = %self.pipeline.out.link.id, error = %err, "durable inbox: bells not heard; stored commands are found by looks");
+                tracing::warn!(agent = %self.link.id, error = %err, "durable inbox: bells not heard; stored commands are found by looks");
             }
         }
     }

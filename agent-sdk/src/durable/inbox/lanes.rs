@@ -34,7 +34,7 @@ impl DurableInbox {
                 let held: Vec<Arc<Delivery>> = inbox.held().values().cloned().collect();
                 for delivery in held {
                     if let Err(err) = delivery.in_progress().await {
-                        tracing::debug!(agent = %inbox.pipeline.out.link.id, error = %err, "in-progress ack not sent");
+                        tracing::debug!(agent = %inbox.link.id, error = %err, "in-progress ack not sent");
                     }
                 }
             }
@@ -88,7 +88,7 @@ impl DurableInbox {
             let delivery = match next {
                 Some(Ok(d)) => d,
                 Some(Err(err)) => {
-                    tracing::debug!(agent = %self.pipeline.out.link.id, error = %err, "durable inbox: pull interrupted");
+                    tracing::debug!(agent = %self.link.id, error = %err, "durable inbox: pull interrupted");
                     continue;
                 }
                 None => return Ended::Closed,
@@ -120,8 +120,6 @@ impl DurableInbox {
             AgentCounters::bump(&counters.redelivered);
         }
         let target = match self
-            .pipeline
-            .out
             .link
             .subjects
             .durable_command(delivery.subject())
@@ -151,7 +149,7 @@ impl DurableInbox {
             processed.outcome,
         );
         if let Settle::Nak(delay) = &settle {
-            tracing::debug!(agent = %self.pipeline.out.link.id, seq = delivery.stream_seq(), delivered = delivery.delivered(), ?delay, "durable attempt failed; retrying");
+            tracing::debug!(agent = %self.link.id, seq = delivery.stream_seq(), delivered = delivery.delivered(), ?delay, "durable attempt failed; retrying");
         }
         let message_id = processed.request.as_ref().map(|r| r.id);
         self.apply(&delivery, settle, message_id).await;

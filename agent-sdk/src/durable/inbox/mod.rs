@@ -31,6 +31,8 @@ use crate::sync::{read, write};
 
 use settle::{Recent, Settle};
 
+use crate::link::Link;
+
 /// How long a durable delivery may go without an ack or progress report before the server
 /// redelivers it. Every delivery an instance holds, running or waiting its turn, is kept alive
 /// by a progress report every third of this; so this is also the longest a crashed instance's
@@ -132,6 +134,8 @@ type Decoded = Result<(Envelope, Encoding), Refused>;
 
 /// What the durable inbox needs of its agent.
 pub(crate) struct DurableInbox {
+    /// The agent's identity, subjects, connection and counters.
+    link: Arc<Link>,
     pub(crate) pipeline: Arc<Pipeline>,
     pub(crate) retry_policies: RwLock<RetryPolicies>,
     pub(crate) ack_wait: Duration,
@@ -174,6 +178,7 @@ impl DurableInbox {
         stop: CancellationToken,
     ) -> Self {
         DurableInbox {
+            link: Arc::clone(&pipeline.out.link),
             pipeline,
             retry_policies: RwLock::new(retry_policies),
             ack_wait: taking.ack_wait,
@@ -193,28 +198,25 @@ impl DurableInbox {
 
     /// Ensures the inbox, dead-letter and advisory streams the durable inbox needs.
     pub(crate) async fn prepare(&self, limits: &InboxLimits) -> Result<(), SdkError> {
-        let out = &self.pipeline.out;
-        out.link
-            .js
-            .ensure_stream(&inbox_stream(&out.link.subjects, limits))
+        let link = &self.link;
+        link.js
+            .ensure_stream(&inbox_stream(&link.subjects, limits))
             .await?;
-        out.link
-            .js
-            .ensure_stream(&dlq_stream(&out.link.subjects, limits.replicas))
+        link.js
+            .ensure_stream(&dlq_stream(&link.subjects, limits.replicas))
             .await?;
         // Captures the server's advisories even while no coordinator runs.
-        out.link
-            .js
-            .ensure_stream(&advisory_stream(&out.link.subjects, limits.replicas))
+        link.js
+            .ensure_stream(&advisory_stream(&link.subjects, limits.replicas))
             .await?;
         Ok(())
     }
 
     /// Reads the retry policies the coordinator published; keeps the defaults if none.
     pub(crate) async fn load_retry_policies(&self) {
-        let out = &self.pipeline.out;
-        let bucket = out.link.subjects.bucket_name(CONFIG_BUCKET);
-        let Ok(kv) = out.link.js.open_kv(&bucket).await else {
+        let link = &self.link;
+        let bucket = link.subjects.bucket_name(CONFIG_BUCKET);
+        let Ok(kv) = link.js.open_kv(&bucket).await else {
             return;
         };
         let policies = match kv.get(RETRY_KEY).await {
@@ -227,7 +229,7 @@ impl DurableInbox {
         match policies {
             Ok(p) => *write(&self.retry_policies) = p,
             Err(err) => {
-                tracing::warn!(agent = %out.link.id, error = %err, "published retry policies unusable; using defaults");
+                tracing::warn!(agent = %link.id, error = %err, "published retry policies unusable; using defaults");
             }
         }
     }
@@ -243,7 +245,7 @@ impl DurableInbox {
         if *started {
             return Ok(());
         }
-        let out = &self.pipeline.out;
+        let link = &self.link;
         let mut bells = [None, None];
         let mut bell_subjects = [None, None];
         let mut heard = [None, None];
@@ -251,8 +253,8 @@ impl DurableInbox {
         if let InboxConsumers::OnDemand { recheck, .. } = self.consumers {
             // Bells heard before the look, so a command stored after it rings.
             for high in [false, true] {
-                let subject = out.link.subjects.lane_bells(&out.link.id, high)?;
-                heard[usize::from(high)] = Some(out.link.broker.subscribe(&subject).await?);
+                let subject = link.subjects.lane_bells(&link.id, high)?;
+                heard[usize::from(high)] = Some(link.broker.subscribe(&subject).await?);
                 bell_subjects[usize::from(high)] = Some(subject);
             }
             let (normal_tx, normal) = tokio::sync::mpsc::channel(1);
@@ -269,7 +271,7 @@ impl DurableInbox {
             };
             let lane = LaneConsumer {
                 spec: self.consumer_spec(high)?,
-                filter: out.link.subjects.durable_inbox(&out.link.id, high)?,
+                filter: link.subjects.durable_inbox(&link.id, high)?,
                 senders: self.spawn_lanes(lanes),
                 bell: bells[usize::from(high)].take(),
                 bells: heard[usize::from(high)].take(),
@@ -291,14 +293,14 @@ impl DurableInbox {
 
     /// The consumer of one priority lane.
     fn consumer_spec(&self, high: bool) -> Result<ConsumerSpec, SdkError> {
-        let out = &self.pipeline.out;
+        let link = &self.link;
         let durable = if high {
-            format!("{}_high", out.link.id)
+            format!("{}_high", link.id)
         } else {
-            out.link.id.clone()
+            link.id.clone()
         };
         let mut spec = ConsumerSpec::new(durable);
-        spec.filter_subjects = vec![out.link.subjects.durable_inbox(&out.link.id, high)?];
+        spec.filter_subjects = vec![link.subjects.durable_inbox(&link.id, high)?];
         spec.ack_wait = self.ack_wait;
         spec.max_deliver = i64::from(read(&self.retry_policies).max_attempts());
         spec.max_ack_pending = i64::try_from(self.max_in_flight).unwrap_or(i64::MAX);
@@ -307,7 +309,7 @@ impl DurableInbox {
         }
         spec.description = format!(
             "durable inbox of agent {} ({} priority)",
-            out.link.id,
+            link.id,
             if high { "high" } else { "normal" }
         );
         Ok(spec)
@@ -315,9 +317,9 @@ impl DurableInbox {
 
     /// Creates or updates the consumer and starts pulling from it.
     async fn open(&self, spec: &ConsumerSpec) -> Result<Deliveries, chorus_broker_adapter::Error> {
-        let out = &self.pipeline.out;
-        let stream = out.link.subjects.stream_name(INBOX_STREAM);
-        let consumer = out.link.js.ensure_consumer(&stream, spec).await?;
+        let link = &self.link;
+        let stream = link.subjects.stream_name(INBOX_STREAM);
+        let consumer = link.js.ensure_consumer(&stream, spec).await?;
         consumer
             .messages(self.max_in_flight.min(MAX_PULL_BATCH))
             .await

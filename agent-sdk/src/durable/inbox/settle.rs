@@ -34,11 +34,11 @@ impl DurableInbox {
         settle: Settle,
         message_id: Option<uuid::Uuid>,
     ) {
-        let out = &self.pipeline.out;
+        let link = &self.link;
         let counters = self.pipeline.counters();
         let sent = match settle {
             Settle::Ack if self.fault_skip_ack() => {
-                tracing::debug!(agent = %out.link.id, seq = delivery.stream_seq(), "fault injection: ack withheld");
+                tracing::debug!(agent = %link.id, seq = delivery.stream_seq(), "fault injection: ack withheld");
                 Ok(())
             }
             Settle::Ack | Settle::AckRepeated => delivery.ack().await,
@@ -51,7 +51,7 @@ impl DurableInbox {
                     reason: note.reason,
                     status: note.status,
                     detail: note.detail.clone(),
-                    agent: out.link.id.clone(),
+                    agent: link.id.clone(),
                     subject: delivery.subject().to_owned(),
                     envelope: delivery.payload().clone(),
                     headers: delivery
@@ -64,30 +64,28 @@ impl DurableInbox {
                     stored_ms: delivery.published_ms(),
                     dead_lettered_ms: now_ms(),
                     source: Some((
-                        out.link.subjects.stream_name(INBOX_STREAM),
+                        link.subjects.stream_name(INBOX_STREAM),
                         delivery.stream_seq(),
                     )),
                     omitted: None,
                 };
-                let max_payload = out.link.broker.max_payload();
-                match write_dead_letter(&out.link.js, &out.link.subjects, &letter, max_payload)
-                    .await
-                {
+                let max_payload = link.broker.max_payload();
+                match write_dead_letter(&link.js, &link.subjects, &letter, max_payload).await {
                     Ok(_) => {
                         AgentCounters::bump(&counters.dead_lettered);
-                        tracing::warn!(agent = %out.link.id, seq = delivery.stream_seq(), %note, "durable message dead-lettered");
+                        tracing::warn!(agent = %link.id, seq = delivery.stream_seq(), %note, "durable message dead-lettered");
                         delivery.term(&note.to_string()).await
                     }
                     // Not stored in the DLQ: keep the message and try again later.
                     Err(write_err) => {
-                        tracing::error!(agent = %out.link.id, error = %write_err, "dead letter not written; will retry");
+                        tracing::error!(agent = %link.id, error = %write_err, "dead letter not written; will retry");
                         delivery.nak(Some(DEAD_LETTER_RETRY_DELAY)).await
                     }
                 }
             }
         };
         if let Err(err) = sent {
-            tracing::warn!(agent = %out.link.id, seq = delivery.stream_seq(), error = %err, "ack not sent; the server will redeliver");
+            tracing::warn!(agent = %link.id, seq = delivery.stream_seq(), error = %err, "ack not sent; the server will redeliver");
         }
     }
 
