@@ -70,7 +70,7 @@ pub use agent::{
     DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, JETSTREAM_TIMEOUT, ShutdownReport,
     TaskSummary,
 };
-pub use chorus_broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, TlsOptions};
+pub use chorus_broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, Report, TlsOptions};
 pub use codec::{CodecError, Encoding};
 pub use durable::Receipt;
 pub use envelope::TaskState;

@@ -9,6 +9,7 @@
 //! [`AgentOptions::metrics_url`](crate::AgentOptions::metrics_url), so the coordinator's
 //! service discovery (`/sd/agents`) hands it to Prometheus.
 
+use crate::Report;
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock, Weak};
 
@@ -29,7 +30,7 @@ pub fn registry() -> &'static Registry {
         if let Err(err) = reg.register(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
         )) {
-            tracing::warn!(error = %err, "process metrics not registered");
+            tracing::warn!(error = %Report(&err), "process metrics not registered");
         }
         reg
     })
@@ -96,7 +97,7 @@ pub(crate) fn sdk_metrics() -> &'static SdkMetrics {
             Box::new(AgentsCollector::new()),
         ] {
             if let Err(err) = reg.register(c) {
-                tracing::warn!(error = %err, "agent metrics not registered");
+                tracing::warn!(error = %Report(&err), "agent metrics not registered");
             }
         }
         SdkMetrics {
@@ -307,7 +308,7 @@ impl Collector for AgentsCollector {
 pub fn render(registry: &Registry) -> String {
     let mut out = String::new();
     if let Err(err) = prometheus::TextEncoder::new().encode_utf8(&registry.gather(), &mut out) {
-        tracing::error!(error = %err, "metrics did not encode");
+        tracing::error!(error = %Report(&err), "metrics did not encode");
     }
     out
 }

@@ -1,5 +1,6 @@
 //! The broker handle: a cheap clone in front of one NATS connection.
 
+use crate::Report;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -482,7 +483,7 @@ impl Subscription {
                 msg = futures::StreamExt::next(self) => return msg,
                 () = stop => {
                     if let Err(err) = self.drain().await {
-                        tracing::debug!(error = %err, "subscription drain failed");
+                        tracing::debug!(error = %Report(&err), "subscription drain failed");
                         return None;
                     }
                     self.draining = true;

@@ -85,8 +85,8 @@ impl Kind for ErrorKind {
 /// underlying cause as [`source`](std::error::Error::source).
 ///
 /// Its text is the context, then the kind where [`Kind::in_text`] says so, then the cause's own
-/// text; a reporter walking the [`source`](std::error::Error::source) chain skips a cause whose
-/// text is already shown.
+/// text; the cause is also its [`source`](std::error::Error::source), and [`Report`] prints the
+/// chain with each cause once.
 pub struct Error<K = ErrorKind> {
     kind: K,
     context: String,
@@ -143,6 +143,9 @@ impl<K: Kind> fmt::Debug for Error<K> {
 }
 
 impl<K: Kind> fmt::Display for Error<K> {
+    /// The context, the kind where [`Kind::in_text`] says so, and the cause's own text: a
+    /// message complete on its own. [`Report`] prints the rest of the chain without repeating
+    /// it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.context)?;
         match (&self.source, self.kind.in_text()) {
@@ -151,6 +154,57 @@ impl<K: Kind> fmt::Display for Error<K> {
             (Some(source), false) => write!(f, ": {source}"),
             (None, false) => Ok(()),
         }
+    }
+}
+
+/// An error and its causes on one line, each once. An error's text may already hold its cause
+/// (this crate's do, as async-nats's do, so a message read alone is complete) while the cause
+/// is also its [`source`](std::error::Error::source), kept for matching on its type: a reporter
+/// walking the chain would print it twice. This one prints a cause only when the line does not
+/// hold its text yet. Logs and the `chorus` command print errors with it.
+///
+/// ```
+/// use chorus_broker_adapter::error::{Error, ErrorKind, Report};
+/// let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+/// let err: Error = Error::with_source(ErrorKind::Broker, "cannot connect to NATS", refused);
+/// assert_eq!(err.to_string(), "cannot connect to NATS: broker (connection refused)");
+/// assert!(std::error::Error::source(&err).is_some());
+/// assert_eq!(Report(&err).to_string(), err.to_string());
+///
+/// // An error that names its cause only as its source: the cause is added, once.
+/// #[derive(Debug)]
+/// struct Unsent(Error);
+/// impl std::fmt::Display for Unsent {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("the order was not sent")
+///     }
+/// }
+/// impl std::error::Error for Unsent {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+///         Some(&self.0)
+///     }
+/// }
+/// assert_eq!(
+///     Report(&Unsent(err)).to_string(),
+///     "the order was not sent: cannot connect to NATS: broker (connection refused)"
+/// );
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Report<'a, E: ?Sized>(pub &'a E);
+
+impl<E: std::error::Error + ?Sized> fmt::Display for Report<'_, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut line = self.0.to_string();
+        let mut next = self.0.source();
+        while let Some(cause) = next {
+            let text = cause.to_string();
+            if !text.is_empty() && !line.contains(&text) {
+                line.push_str(": ");
+                line.push_str(&text);
+            }
+            next = cause.source();
+        }
+        f.write_str(&line)
     }
 }
 

@@ -29,7 +29,7 @@ mod subject;
 /// the bytes the client read.
 pub use async_nats::Subject;
 pub use client::{Broker, Subscription};
-pub use error::{Error, ErrorKind, PermissionViolation, Result};
+pub use error::{Error, ErrorKind, PermissionViolation, Report, Result};
 pub use events::{ConnectionEvent, ConnectionStats, StatsSnapshot};
 pub use jetstream::{
     BatchMessage, Consumer, ConsumerSpec, ConsumerState, Deliveries, Delivery, Follow, JetStream,

@@ -1,6 +1,7 @@
 //! The senders: agents sending numbered commands in batches, at a steady pace, each result
 //! recorded in the [`Ledger`] as it comes, until told to stop.
 
+use chorus_sdk::Report;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,7 +77,7 @@ impl Traffic {
         for mut task in std::mem::take(&mut self.tasks) {
             match tokio::time::timeout(STOP_DEADLINE, &mut task).await {
                 Ok(Ok(agent)) => agents.push(agent),
-                Ok(Err(e)) => tracing::warn!(error = %e, "a sender task failed"),
+                Ok(Err(e)) => tracing::warn!(error = %Report(&e), "a sender task failed"),
                 Err(_) => {
                     tracing::warn!("a sender did not stop within {STOP_DEADLINE:?}; aborted");
                     task.abort();

@@ -83,19 +83,11 @@ pub(crate) fn output_failed(e: std::io::Error) -> ! {
     std::process::exit(1);
 }
 
-/// An error and its causes on one line, each cause once: the adapter's, the SDK's and the
-/// coordinator's errors already name their source in their own text, so a cause whose text is
-/// already there is left out rather than repeated.
+/// An error and its causes on one line, each cause once, as the library crates' logs print
+/// them ([`chorus_sdk::Report`]).
 fn error_chain(err: &anyhow::Error) -> String {
-    let mut out = err.to_string();
-    for cause in err.chain().skip(1) {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-    }
-    out
+    let err: &(dyn std::error::Error + 'static) = err.as_ref();
+    chorus_sdk::Report(err).to_string()
 }
 
 /// Ctrl-C and SIGTERM, caught from the moment this is made: one that arrives while the command

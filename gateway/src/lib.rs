@@ -22,6 +22,7 @@ mod sap;
 mod tasks;
 mod ws;
 
+use chorus_sdk::Report;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -276,7 +277,7 @@ impl Gateway {
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
                 .await;
             if let Err(err) = served {
-                tracing::error!(error = %err, "gateway listener failed");
+                tracing::error!(error = %Report(&err), "gateway listener failed");
             }
         });
         tracing::info!(%addr, identities = state.edges.len(), "gateway listening");

@@ -20,6 +20,7 @@
 //! Heartbeats go to `agents.hb.<agent>.<owner>.<session>` when it starts and every
 //! `heartbeat_interval_s` after.
 
+use chorus_sdk::Report;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -287,7 +288,7 @@ impl Binding {
 
     async fn publish(&self, subject: &str, headers: Option<Headers>, body: Bytes) {
         if let Err(err) = self.broker.publish_with(subject, None, headers, body).await {
-            tracing::debug!(sap = %self.name(), %subject, error = %err, "SAP message not sent");
+            tracing::debug!(sap = %self.name(), %subject, error = %Report(&err), "SAP message not sent");
         }
     }
 
@@ -466,7 +467,7 @@ impl Binding {
             .insert("Nats-Service-Error-Code", &http)
             .and_then(|()| headers.insert("Nats-Service-Error", &one_line));
         if let Err(err) = set {
-            tracing::debug!(error = %err, "SAP error headers not set");
+            tracing::debug!(error = %Report(&err), "SAP error headers not set");
         }
         let body = ApiError::new(failure.status, failure.reason.clone()).body();
         self.publish(reply, Some(headers), Bytes::from(body.to_string()))
@@ -524,7 +525,7 @@ impl Binding {
                 if failure.status == StatusCode::TIMEOUT
                     && let Err(err) = handle.cancel().await
                 {
-                    tracing::debug!(task = %handle.id(), error = %err, "overdue SAP task not cancelled");
+                    tracing::debug!(task = %handle.id(), error = %Report(&err), "overdue SAP task not cancelled");
                 }
                 Err(failure)
             }
@@ -609,7 +610,7 @@ impl Prompt<'_> {
                 }
             }
             Err(err) => {
-                tracing::debug!(task = %self.task, error = %err, "SAP question not asked");
+                tracing::debug!(task = %self.task, error = %Report(&err), "SAP question not asked");
                 return;
             }
         }
@@ -635,7 +636,7 @@ impl Prompt<'_> {
             let _ = question.unsubscribe().await;
         }
         if let Err(err) = handle.respond(&text).await {
-            tracing::debug!(task = %self.task, error = %err, "SAP answer not passed on");
+            tracing::debug!(task = %self.task, error = %Report(&err), "SAP answer not passed on");
         }
     }
 

@@ -11,6 +11,7 @@ mod options;
 mod tasks;
 pub use tasks::TaskSummary;
 
+use crate::Report;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -336,15 +337,15 @@ impl Agent {
             tracing::warn!(agent = %id, abandoned, "handlers still running at the shutdown deadline");
         }
         if let Err(err) = inner.link.broker.flush().await {
-            tracing::debug!(agent = %id, error = %err, "flush at shutdown failed");
+            tracing::debug!(agent = %id, error = %Report(&err), "flush at shutdown failed");
         }
         if let Err(err) = inner.link.broker.drain().await {
-            tracing::debug!(agent = %id, error = %err, "drain at shutdown failed");
+            tracing::debug!(agent = %id, error = %Report(&err), "drain at shutdown failed");
         }
         if let Some(events) = inner.events_broker.get()
             && let Err(err) = events.drain().await
         {
-            tracing::debug!(agent = %id, error = %err, "events connection drain failed");
+            tracing::debug!(agent = %id, error = %Report(&err), "events connection drain failed");
         }
         ShutdownReport {
             completed,

@@ -1,5 +1,6 @@
 //! Contract-net from the agent's side: bidding, and running a round.
 
+use crate::Report;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -258,7 +259,7 @@ impl Agent {
                     break;
                 }
                 Err(err) => {
-                    tracing::info!(round = %id, agent = %winner.agent, error = %err, "award not taken; trying the next proposal");
+                    tracing::info!(round = %id, agent = %winner.agent, error = %Report(&err), "award not taken; trying the next proposal");
                 }
             }
         }
@@ -304,7 +305,7 @@ impl Agent {
             countered,
         };
         if let Err(err) = self.publish(SETTLED_TOPIC, &settlement).await {
-            tracing::warn!(round = %id, error = %err, "settlement not published");
+            tracing::warn!(round = %id, error = %Report(&err), "settlement not published");
         }
         Ok(Award {
             round: id,
@@ -408,7 +409,7 @@ impl Agent {
             Err(err) => Err(err.into()),
         };
         if let Err(err) = sent {
-            tracing::debug!(%round, %agent, error = %err, "round outcome not sent");
+            tracing::debug!(%round, %agent, error = %Report(&err), "round outcome not sent");
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Tasks from the agent's side: serving task handlers, submitting tasks, looking them up.
 
+use crate::Report;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -347,7 +348,7 @@ impl Agent {
                         }
                     }
                     Err(err) => {
-                        tracing::warn!(task = %task.id(), error = %err, "no holders to reassign to: discovery failed");
+                        tracing::warn!(task = %task.id(), error = %Report(&err), "no holders to reassign to: discovery failed");
                     }
                 }
             }
@@ -428,7 +429,9 @@ impl Agent {
                     updated_ms: env.timestamp_ms,
                     reason: env.reason,
                 }),
-                Err(err) => tracing::debug!(task = %id, error = %err, "task state does not decode"),
+                Err(err) => {
+                    tracing::debug!(task = %id, error = %Report(&err), "task state does not decode")
+                }
             }
         }
         Ok(out)

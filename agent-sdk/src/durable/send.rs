@@ -1,6 +1,7 @@
 //! Sending in a delivery class: at most once on core NATS, at least once and exactly once into
 //! the recipient's durable inbox (JetStream), with the publish retried when its ack is lost.
 
+use crate::Report;
 use std::sync::Arc;
 
 use chorus_broker_adapter::{BatchMessage, ErrorKind};
@@ -213,12 +214,12 @@ impl Sender {
             }
         }
         if core_sent && let Err(e) = self.link.broker.flush().await {
-            tracing::debug!(agent = %self.link.id, error = %e, "flush after batch failed");
+            tracing::debug!(agent = %self.link.id, error = %Report(&e), "flush after batch failed");
         }
         if !batch.is_empty()
             && let Err(e) = self.ensure_inbox().await
         {
-            tracing::debug!(agent = %self.link.id, error = %e, "inbox stream not ensured; publishing anyway");
+            tracing::debug!(agent = %self.link.id, error = %Report(&e), "inbox stream not ensured; publishing anyway");
         }
         let acks = self
             .link

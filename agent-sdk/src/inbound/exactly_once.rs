@@ -8,6 +8,7 @@
 //! again: it fails with 5023 `uncertain`, and a durable one is dead-lettered as `uncertain` for
 //! a person to decide. Records expire after the agent's idempotency TTL.
 
+use crate::Report;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -294,7 +295,7 @@ impl ExactlyOnce {
                     return;
                 }
                 Err(e) => {
-                    tracing::debug!(agent = %self.link.id, id = %env.id, attempt, error = %e, "idempotency record not written yet");
+                    tracing::debug!(agent = %self.link.id, id = %env.id, attempt, error = %Report(&e), "idempotency record not written yet");
                     tokio::time::sleep(RECORD_RETRY_DELAY).await;
                 }
             }

@@ -8,6 +8,7 @@
 //! The caller turns the outcome into a reply (`inbound::reply`) or an ack, nak or dead letter
 //! (`durable::inbox`), each in one place.
 
+use crate::Report;
 use std::sync::Arc;
 
 use chorus_broker_adapter::Subject;
@@ -430,7 +431,7 @@ impl Pipeline {
             }
             Err(err) => {
                 AgentCounters::bump(&self.counters().handler_errors);
-                tracing::debug!(agent = %self.link.id, handler = name, id = %request.id, correlation = %request.conversation(), error = %err, "handler returned an error");
+                tracing::debug!(agent = %self.link.id, handler = name, id = %request.id, correlation = %request.conversation(), error = %Report(&err), "handler returned an error");
                 Outcome::Failed(Failure::from(err))
             }
         }

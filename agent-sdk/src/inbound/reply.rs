@@ -2,6 +2,7 @@
 //! the encoding the request came in, signed when the agent signs. The coordinator answers
 //! through the same function.
 
+use crate::Report;
 use chorus_broker_adapter::ErrorKind;
 
 use crate::error::HandlerError;
@@ -53,7 +54,7 @@ pub(crate) async fn send(
     }
     if let Err(err) = out.fit(&mut reply).await {
         // Too large even by reference, or the object store refused it: tell the caller.
-        tracing::debug!(agent = %out.link.id, error = %err, "reply payload does not fit");
+        tracing::debug!(agent = %out.link.id, error = %Report(&err), "reply payload does not fit");
         reply.status = Some(err.status());
         reply.performative = Performative::Failure;
         reply.payload = bytes::Bytes::new();
@@ -75,7 +76,7 @@ pub(crate) async fn send(
         Ok(()) => AgentCounters::bump(&out.link.counters.replies_sent),
         Err(err) => {
             AgentCounters::bump(&out.link.counters.reply_failures);
-            tracing::warn!(agent = %out.link.id, error = %err, "reply not sent");
+            tracing::warn!(agent = %out.link.id, error = %Report(&err), "reply not sent");
         }
     }
 }

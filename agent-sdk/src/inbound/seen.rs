@@ -4,6 +4,7 @@
 //! agent still refuses, with 5015, a copy it accepted before the restart. Past the tolerance
 //! the timestamp check refuses it anyway.
 
+use crate::Report;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,7 +73,7 @@ impl SeenIds {
                 ))
             }
             Err(e) => {
-                tracing::warn!(agent = %self.link.id, id = %env.id, error = %e, "seen-id record unavailable");
+                tracing::warn!(agent = %self.link.id, id = %env.id, error = %Report(&e), "seen-id record unavailable");
                 Err(Failure {
                     status: StatusCode::UNAVAILABLE,
                     reason: "replay protection store unavailable".into(),

@@ -1,5 +1,6 @@
 //! Requests: a call's envelope and subject, sent and its reply awaited.
 
+use crate::Report;
 use std::time::Duration;
 
 use chorus_broker_adapter::ErrorKind;
@@ -174,7 +175,7 @@ impl Outbound {
         match written.await {
             Ok(()) => AgentCounters::bump(&self.link.counters.dead_lettered),
             Err(e) => {
-                tracing::warn!(agent = %self.link.id, %id, error = %e, "a failed request could not be dead-lettered");
+                tracing::warn!(agent = %self.link.id, %id, error = %Report(&e), "a failed request could not be dead-lettered");
             }
         }
     }
@@ -237,7 +238,7 @@ impl Outbound {
             {
                 Ok(records) => self.router.learn(capability, &records),
                 Err(err) => {
-                    tracing::debug!(agent = %self.link.id, %capability, error = %err, "no registry to route by: the queue group serves");
+                    tracing::debug!(agent = %self.link.id, %capability, error = %Report(&err), "no registry to route by: the queue group serves");
                     self.router.learn(capability, &[]);
                 }
             }

@@ -6,6 +6,7 @@ mod keys;
 mod service;
 mod wire;
 
+use crate::Report;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -154,7 +155,7 @@ impl Presence {
     pub(crate) async fn run(self: Arc<Self>) {
         loop {
             if let Err(err) = self.send(Performative::Health).await {
-                tracing::debug!(agent = %self.link.id, error = %err, "heartbeat not sent");
+                tracing::debug!(agent = %self.link.id, error = %Report(&err), "heartbeat not sent");
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.heartbeat_interval) => {}
@@ -163,7 +164,7 @@ impl Presence {
             }
         }
         if let Err(err) = self.send(Performative::Done).await {
-            tracing::debug!(agent = %self.link.id, error = %err, "goodbye not sent");
+            tracing::debug!(agent = %self.link.id, error = %Report(&err), "goodbye not sent");
         }
     }
 }

@@ -2,6 +2,7 @@
 //! micro-service JSON of ADR-32), so standard NATS tooling (`nats micro ls`) lists Chorus
 //! agents.
 
+use crate::Report;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -87,7 +88,7 @@ impl Presence {
         }
         let bytes = Bytes::from(body.to_string());
         if let Err(err) = self.link.broker.publish(reply, bytes).await {
-            tracing::debug!(agent = %self.link.id, error = %err, "service discovery answer not sent");
+            tracing::debug!(agent = %self.link.id, error = %Report(&err), "service discovery answer not sent");
         }
     }
 }

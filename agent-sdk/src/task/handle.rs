@@ -2,6 +2,7 @@
 //! nothing the task stream does not: dropped and made again from the id (in another process,
 //! after a restart), it sees the same task.
 
+use crate::Report;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -104,7 +105,7 @@ pub(crate) async fn submit(
             Ok(_) => return Err(err),
             Err(SdkError::TaskState { .. }) => {}
             Err(other) => {
-                tracing::warn!(task = %id, error = %other, "task refusal not recorded");
+                tracing::warn!(task = %id, error = %Report(&other), "task refusal not recorded");
                 return Err(err);
             }
         }

@@ -4,6 +4,7 @@
 //! requester so at once, and the work runs on as a task of the agent, reporting through the
 //! task stream until it writes its terminal state.
 
+use crate::Report;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -234,7 +235,7 @@ impl Tasks {
                     m = futures::StreamExt::next(&mut answers) => match m {
                         Some(m) => match codec::decode_shared(m.payload()) {
                             Ok((env, _)) => { let _ = inputs.send(env); }
-                            Err(err) => tracing::debug!(task = %run.id, error = %err, "task input does not decode"),
+                            Err(err) => tracing::debug!(task = %run.id, error = %Report(&err), "task input does not decode"),
                         },
                         None => break,
                     },
@@ -255,7 +256,7 @@ impl Tasks {
         if !started {
             let working = self.store.state_message(id, TaskState::Working);
             if let Err(err) = run.set_state(working).await {
-                tracing::debug!(task = %id, error = %err, "task not started");
+                tracing::debug!(task = %id, error = %Report(&err), "task not started");
                 run.finished.cancel();
                 return;
             }
@@ -333,7 +334,7 @@ impl Tasks {
             run.set_state(end).await
         };
         if let Err(err) = written {
-            tracing::debug!(task = %id, error = %err, "task's end not written");
+            tracing::debug!(task = %id, error = %Report(&err), "task's end not written");
         }
         run.finished.cancel();
     }

@@ -11,6 +11,7 @@
 //! - [`JetStream::last_per_subject`]: the newest message of each matching subject, for
 //!   listings.
 
+use crate::Report;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -156,7 +157,7 @@ impl Follow {
     pub async fn close(self) {
         drop(self.inner);
         if let Err(err) = self.stream.delete_consumer(&self.name).await {
-            tracing::debug!(consumer = %self.name, error = %err, "follow consumer not removed");
+            tracing::debug!(consumer = %self.name, error = %Report(&err), "follow consumer not removed");
         }
     }
 }

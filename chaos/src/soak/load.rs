@@ -3,6 +3,7 @@
 //! requester; each paced in ticks of [`TICK`], a tick missed (a send blocked by an outage)
 //! skipped rather than caught up in a burst.
 
+use chorus_sdk::Report;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -149,7 +150,7 @@ impl Load {
             match tokio::time::timeout(STOP_DEADLINE, &mut task).await {
                 Ok(Ok(agent)) => agents.push(Some(agent)),
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "a soak traffic task failed");
+                    tracing::warn!(error = %Report(&e), "a soak traffic task failed");
                     agents.push(None);
                 }
                 Err(_) => {

@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use chorus_broker_adapter::ErrorKind;
+use chorus_sdk::Report;
 use chorus_sdk::codec::{self, encode_payload};
 use chorus_sdk::durable::{DeadLetter, DeadLetterReason, write_dead_letter};
 use chorus_sdk::envelope::now_ms;
@@ -252,7 +253,7 @@ async fn deliver(
                 }
                 Ok(_) => {}
                 Err(err) => {
-                    tracing::warn!(agent, error = %err, "undeliverable broadcast not dead-lettered")
+                    tracing::warn!(agent, error = %Report(&err), "undeliverable broadcast not dead-lettered")
                 }
             }
             line(Outcome::Failed, status, Some(e.to_string()))

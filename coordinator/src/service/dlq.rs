@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 use chorus_broker_adapter::{Broker, Delivery, ErrorKind, Headers, JetStream, PubAck};
+use chorus_sdk::Report;
 use chorus_sdk::codec;
 use chorus_sdk::durable::{
     DLQ_STREAM, DeadLetter, DeadLetterNote, DeadLetterReason, IDEMPOTENCY_BUCKET, INBOX_STREAM,
@@ -66,18 +67,18 @@ pub(crate) async fn on_advisory(shared: &Shared, delivery: &Delivery) {
         Ok(()) => delivery.ack().await,
         Err(err) if delivery.delivered() >= ADVISORY_MAX_ATTEMPTS => {
             metrics().advisories_abandoned.inc();
-            tracing::error!(error = %err, attempts = delivery.delivered(), "advisory given up: the message it names stays in the inbox stream, not dead-lettered");
+            tracing::error!(error = %Report(&err), attempts = delivery.delivered(), "advisory given up: the message it names stays in the inbox stream, not dead-lettered");
             delivery.term("given up after its attempts").await
         }
         Err(err) => {
-            tracing::warn!(error = %err, attempt = delivery.delivered(), "advisory not processed; will retry");
+            tracing::warn!(error = %Report(&err), attempt = delivery.delivered(), "advisory not processed; will retry");
             delivery
                 .nak(Some(advisory_retry_delay(delivery.delivered())))
                 .await
         }
     };
     if let Err(err) = ack {
-        tracing::debug!(error = %err, "advisory ack not sent");
+        tracing::debug!(error = %Report(&err), "advisory ack not sent");
     }
 }
 

@@ -5,6 +5,7 @@
 //! ([`chorus_sdk::metrics::registry`]), so a process running the coordinator and agents (as
 //! `chorus up` does) has one `/metrics`.
 
+use chorus_sdk::Report;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -79,7 +80,7 @@ impl MetricsServer {
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
                 .await;
             if let Err(err) = served {
-                tracing::error!(error = %err, "metrics listener failed");
+                tracing::error!(error = %Report(&err), "metrics listener failed");
             }
         });
         Ok(MetricsServer {

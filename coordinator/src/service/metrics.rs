@@ -1,5 +1,6 @@
 //! The coordinator's metrics, in the process-wide registry the SDK serves.
 
+use chorus_sdk::Report;
 use std::sync::OnceLock;
 
 use chorus_sdk::durable::DeadLetterReason;
@@ -149,7 +150,7 @@ pub fn metrics() -> &'static CoordinatorMetrics {
         ];
         for c in collectors {
             if let Err(err) = reg.register(c) {
-                tracing::warn!(error = %err, "coordinator metric not registered");
+                tracing::warn!(error = %Report(&err), "coordinator metric not registered");
             }
         }
         m

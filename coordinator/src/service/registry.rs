@@ -7,6 +7,7 @@
 //! announces it. Nothing here is lost when a coordinator restarts: the bucket is reloaded and
 //! live agents heartbeat again within one interval.
 
+use chorus_sdk::Report;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
@@ -266,7 +267,7 @@ impl Registry {
             Err(e) if e.kind() == ErrorKind::Conflict => {
                 self.agents().mark_registered(key);
             }
-            Err(e) => tracing::warn!(agent = key, error = %e, "registry write failed"),
+            Err(e) => tracing::warn!(agent = key, error = %Report(&e), "registry write failed"),
         }
     }
 
@@ -318,7 +319,7 @@ impl Registry {
             Ok(Some(entry)) => entry,
             Ok(None) => return,
             Err(e) => {
-                tracing::warn!(agent = key, error = %e, "registry read failed");
+                tracing::warn!(agent = key, error = %Report(&e), "registry read failed");
                 return;
             }
         };
@@ -336,7 +337,7 @@ impl Registry {
                 self.announce("registry.left", manifest, reason).await;
             }
             Err(e) if e.kind() == ErrorKind::Conflict => {}
-            Err(e) => tracing::warn!(agent = key, error = %e, "registry delete failed"),
+            Err(e) => tracing::warn!(agent = key, error = %Report(&e), "registry delete failed"),
         }
     }
 
@@ -366,7 +367,7 @@ impl Registry {
         if let Ok(bytes) = codec::encode(&env, codec::Encoding::MsgPack)
             && let Err(e) = self.broker.publish(&subject, bytes).await
         {
-            tracing::warn!(topic, error = %e, "registry event not published");
+            tracing::warn!(topic, error = %Report(&e), "registry event not published");
         }
     }
 

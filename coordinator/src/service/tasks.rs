@@ -1,6 +1,7 @@
 //! The coordinator's tasks, one spawn function each. Every task runs in the coordinator's
 //! [`TaskTracker`](tokio_util::task::TaskTracker) and ends when its stop token is cancelled.
 
+use chorus_sdk::Report;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,7 +39,7 @@ pub(super) async fn spawn_registry_watch(shared: &Arc<Shared>, kv: &Kv) -> Resul
             tokio::select! {
                 change = watch.next() => match change {
                     Some(Ok(entry)) => s.registry.apply_kv(entry),
-                    Some(Err(e)) => tracing::debug!(error = %e, "registry watch"),
+                    Some(Err(e)) => tracing::debug!(error = %Report(&e), "registry watch"),
                     None => break,
                 },
                 _ = s.stop.cancelled() => break,
@@ -95,7 +96,7 @@ pub(super) fn spawn_payload_sweeper(shared: &Arc<Shared>) {
                     metrics().payloads_removed.inc_by(n as u64);
                     tracing::debug!(removed = n, "expired payloads removed");
                 }
-                Err(err) => tracing::debug!(error = %err, "payload sweep failed"),
+                Err(err) => tracing::debug!(error = %Report(&err), "payload sweep failed"),
             }
         }
     });
@@ -143,7 +144,7 @@ async fn announce_wire(shared: &Shared, major: u16) -> bool {
     match shared.broker.publish(&subject, bytes).await {
         Ok(()) => true,
         Err(err) => {
-            tracing::debug!(error = %err, "protocol level not announced");
+            tracing::debug!(error = %Report(&err), "protocol level not announced");
             false
         }
     }
@@ -190,7 +191,7 @@ pub(super) async fn spawn_dead_letter_worker(shared: &Arc<Shared>) -> Result<()>
             };
             match next {
                 Some(Ok(delivery)) => dlq::on_advisory(&s, &delivery).await,
-                Some(Err(e)) => tracing::debug!(error = %e, "advisory pull interrupted"),
+                Some(Err(e)) => tracing::debug!(error = %Report(&e), "advisory pull interrupted"),
                 None => break,
             }
         }

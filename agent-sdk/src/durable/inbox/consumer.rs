@@ -1,6 +1,7 @@
 //! A lane's consumer: opened when commands wait (rung by the stream's bells or found by a
 //! look) or held always, its deliveries taken in pulls, and released after a quiet spell.
 
+use crate::Report;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,7 +68,7 @@ impl DurableInbox {
                         recheck
                     }
                     Err(err) => {
-                        tracing::debug!(agent = %inbox.link.id, error = %err, "durable inbox: stored commands not looked for; looking again soon");
+                        tracing::debug!(agent = %inbox.link.id, error = %Report(&err), "durable inbox: stored commands not looked for; looking again soon");
                         recheck.min(LOOK_RETRY)
                     }
                 };
@@ -115,14 +116,14 @@ impl DurableInbox {
                         Err(err) => {
                             failed_opens += 1;
                             if failed_opens >= MAX_OPEN_ATTEMPTS {
-                                tracing::error!(agent = %link.id, consumer = %lane.spec.durable, error = %err, attempts = failed_opens, "durable inbox: consumer cannot be opened; {}", if on_demand { "trying again at the next bell or look" } else { "this lane takes no more deliveries" });
+                                tracing::error!(agent = %link.id, consumer = %lane.spec.durable, error = %Report(&err), attempts = failed_opens, "durable inbox: consumer cannot be opened; {}", if on_demand { "trying again at the next bell or look" } else { "this lane takes no more deliveries" });
                                 if !on_demand {
                                     return;
                                 }
                                 failed_opens = 0;
                                 continue;
                             }
-                            tracing::warn!(agent = %link.id, consumer = %lane.spec.durable, error = %err, "durable inbox: consumer not opened; trying again");
+                            tracing::warn!(agent = %link.id, consumer = %lane.spec.durable, error = %Report(&err), "durable inbox: consumer not opened; trying again");
                             if !self.pause(REOPEN_DELAY * 2u32.pow(failed_opens - 1)).await {
                                 return;
                             }
@@ -219,7 +220,7 @@ impl DurableInbox {
                 Ok(true) => return true,
                 Ok(false) => {}
                 Err(err) => {
-                    tracing::debug!(agent = %link.id, error = %err, "durable inbox: stored commands not looked for; the looker looks again");
+                    tracing::debug!(agent = %link.id, error = %Report(&err), "durable inbox: stored commands not looked for; the looker looks again");
                     self.look_soon.notify_one();
                 }
             }
@@ -246,7 +247,7 @@ impl DurableInbox {
         match self.link.broker.subscribe(subject).await {
             Ok(sub) => lane.bells = Some(sub),
             Err(err) => {
-                tracing::warn!(agent = %self.link.id, error = %err, "durable inbox: bells not heard; stored commands are found by looks");
+                tracing::warn!(agent = %self.link.id, error = %Report(&err), "durable inbox: bells not heard; stored commands are found by looks");
             }
         }
     }

@@ -2,6 +2,7 @@
 //! the keeper that reports progress on every delivery held, so none is redelivered while it
 //! waits its turn.
 
+use crate::Report;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,7 +35,7 @@ impl DurableInbox {
                 let held: Vec<Arc<Delivery>> = inbox.held().values().cloned().collect();
                 for delivery in held {
                     if let Err(err) = delivery.in_progress().await {
-                        tracing::debug!(agent = %inbox.link.id, error = %err, "in-progress ack not sent");
+                        tracing::debug!(agent = %inbox.link.id, error = %Report(&err), "in-progress ack not sent");
                     }
                 }
             }
@@ -88,7 +89,7 @@ impl DurableInbox {
             let delivery = match next {
                 Some(Ok(d)) => d,
                 Some(Err(err)) => {
-                    tracing::debug!(agent = %self.link.id, error = %err, "durable inbox: pull interrupted");
+                    tracing::debug!(agent = %self.link.id, error = %Report(&err), "durable inbox: pull interrupted");
                     continue;
                 }
                 None => return Ended::Closed,

@@ -1,6 +1,7 @@
 //! The one place a durable delivery's outcome becomes an ack, a nak with the retry policy's
 //! delay, or a dead letter: `settle()` decides (pure, unit-tested), `apply()` acts.
 
+use crate::Report;
 use std::time::Duration;
 
 use chorus_broker_adapter::Delivery;
@@ -78,14 +79,14 @@ impl DurableInbox {
                     }
                     // Not stored in the DLQ: keep the message and try again later.
                     Err(write_err) => {
-                        tracing::error!(agent = %link.id, error = %write_err, "dead letter not written; will retry");
+                        tracing::error!(agent = %link.id, error = %Report(&write_err), "dead letter not written; will retry");
                         delivery.nak(Some(DEAD_LETTER_RETRY_DELAY)).await
                     }
                 }
             }
         };
         if let Err(err) = sent {
-            tracing::warn!(agent = %link.id, seq = delivery.stream_seq(), error = %err, "ack not sent; the server will redeliver");
+            tracing::warn!(agent = %link.id, seq = delivery.stream_seq(), error = %Report(&err), "ack not sent; the server will redeliver");
         }
     }
 
