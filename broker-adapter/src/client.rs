@@ -40,6 +40,19 @@ struct Shared {
 impl Broker {
     /// Connects with `options`.
     ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use chorus_broker_adapter::{Broker, BrokerOptions};
+    ///
+    /// # async fn run() -> chorus_broker_adapter::Result<()> {
+    /// let broker = Broker::connect(BrokerOptions::new(["nats://127.0.0.1:4222"]).name("reader")).await?;
+    /// let mut sub = broker.subscribe("doc.>").await?;
+    /// broker.sync(Duration::from_secs(5)).await?; // the server has the subscription
+    /// broker.publish("doc.ready", "page 1".into()).await?;
+    /// # let _ = futures::StreamExt::next(&mut sub).await;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`ErrorKind::Refused`] when the server rejects the credentials,
     /// [`ErrorKind::ConnectionLimit`] when it has all the connections its `max_connections` allows,

@@ -179,6 +179,20 @@ impl Gateway {
     /// Connects every edge identity to `bus`, registers the SAP agents of `gateway.sap` and
     /// listens on `gateway.listen` if set (port 0 picks a free one).
     ///
+    /// ```no_run
+    /// use chorus_gateway::config::EdgeIdentity;
+    /// use chorus_gateway::{Bus, Gateway, GatewayConfig};
+    ///
+    /// # async fn run() -> chorus_gateway::Result<()> {
+    /// let mut config = GatewayConfig::default();
+    /// config.listen = Some("127.0.0.1:8080".parse().expect("an address"));
+    /// config.identities = vec![EdgeIdentity { id: "web-ui".into(), nkey_seed_file: None }];
+    /// let gateway = Gateway::start(&Bus::new("nats://127.0.0.1:4222"), &config).await?;
+    /// println!("gateway at {:?}", gateway.local_addr());
+    /// gateway.stop().await;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// A configuration error when the gateway has nothing to do or its settings cannot work,
     /// a connection error when an identity cannot reach NATS, a listen error when the

@@ -102,6 +102,18 @@ impl Coordinator {
     /// starts every task. `serve_metrics` starts the `/metrics` listener on the configured
     /// address.
     ///
+    /// ```no_run
+    /// use chorus_coordinator::{Coordinator, CoordinatorConfig};
+    ///
+    /// # async fn run() -> chorus_coordinator::Result<()> {
+    /// let config = CoordinatorConfig::load(Some("chorus.toml".as_ref()))?; // or ::default()
+    /// let coordinator = Coordinator::start(config, true).await?;
+    /// println!("metrics at {:?}", coordinator.metrics_addr());
+    /// // ... until SIGTERM:
+    /// coordinator.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// A configuration error when the settings or the signing key cannot work, a connection error
     /// when NATS is out of reach, a broker error when a stream, bucket or subscription cannot be
