@@ -75,6 +75,57 @@ pub trait Kind: Copy + fmt::Debug + fmt::Display + Send + Sync + 'static {
     }
 }
 
+/// Declares an error kind for [`Error`]: the enum (`Copy`, `#[non_exhaustive]`), its stable
+/// names (`as_str`, `Display`) and its [`Kind`] implementation, so a crate above the adapter
+/// has its own kinds over the one error type without writing the boilerplate again.
+///
+/// ```
+/// chorus_broker_adapter::error_kind! {
+///     /// What went wrong in my service.
+///     pub enum MyKind {
+///         /// The configuration cannot work.
+///         Config = "config",
+///         /// A file could not be read.
+///         Io = "io",
+///     }
+/// }
+/// let err = chorus_broker_adapter::error::Error::new(MyKind::Io, "cannot read a.toml");
+/// assert_eq!(err.kind().as_str(), "io");
+/// ```
+#[macro_export]
+macro_rules! error_kind {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident {
+            $( $(#[$vdoc:meta])* $variant:ident = $text:literal, )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        $vis enum $name {
+            $( $(#[$vdoc])* $variant, )*
+        }
+
+        impl $name {
+            /// A short stable name, used in logs.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $( $name::$variant => $text, )*
+                }
+            }
+        }
+
+        impl ::core::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl $crate::error::Kind for $name {}
+    };
+}
+
 impl Kind for ErrorKind {
     fn in_text(self) -> bool {
         true

@@ -4,57 +4,30 @@
 //! saying what was being done, and the cause kept as
 //! [`source`](std::error::Error::source). The `chorus` binary turns it into an exit code.
 
-use std::fmt;
-
-/// What went wrong, coarse enough to decide what to do next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// The configuration cannot work: a bad value, an unknown key, a missing file.
-    Config,
-    /// NATS did not answer, or refused the connection.
-    Connect,
-    /// A NATS operation failed after connecting: a stream, bucket, consumer or subscription
-    /// could not be set up, or a request to the server failed.
-    Broker,
-    /// A listener (the metrics endpoint) could not bind its address.
-    Listen,
-    /// A file could not be read or written.
-    Io,
-    /// A certificate or key could not be generated.
-    Certificate,
-    /// An argument cannot work: an invalid agent id, capability or topic, a malformed role.
-    InvalidInput,
-    /// The local `nats-server` is not installed, or did not start.
-    NatsServer,
-    /// The span exporter could not be set up.
-    Telemetry,
-}
-
-impl ErrorKind {
-    /// A short stable name, used in logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::Config => "config",
-            ErrorKind::Connect => "connect",
-            ErrorKind::Broker => "broker",
-            ErrorKind::Listen => "listen",
-            ErrorKind::Io => "io",
-            ErrorKind::Certificate => "certificate",
-            ErrorKind::InvalidInput => "invalid_input",
-            ErrorKind::NatsServer => "nats_server",
-            ErrorKind::Telemetry => "telemetry",
-        }
+chorus_broker_adapter::error_kind! {
+    /// What went wrong, coarse enough to decide what to do next.
+    pub enum ErrorKind {
+        /// The configuration cannot work: a bad value, an unknown key, a missing file.
+        Config = "config",
+        /// NATS did not answer, or refused the connection.
+        Connect = "connect",
+        /// A NATS operation failed after connecting: a stream, bucket, consumer or subscription
+        /// could not be set up, or a request to the server failed.
+        Broker = "broker",
+        /// A listener (the metrics endpoint) could not bind its address.
+        Listen = "listen",
+        /// A file could not be read or written.
+        Io = "io",
+        /// A certificate or key could not be generated.
+        Certificate = "certificate",
+        /// An argument cannot work: an invalid agent id, capability or topic, a malformed role.
+        InvalidInput = "invalid_input",
+        /// The local `nats-server` is not installed, or did not start.
+        NatsServer = "nats_server",
+        /// The span exporter could not be set up.
+        Telemetry = "telemetry",
     }
 }
-
-impl fmt::Display for ErrorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl chorus_broker_adapter::error::Kind for ErrorKind {}
 
 /// A coordinator error: its [`kind`](Error::kind), what was being done, and the cause. The
 /// same error type as the adapter's, over the coordinator's own [`ErrorKind`].
