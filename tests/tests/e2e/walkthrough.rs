@@ -202,8 +202,9 @@ async fn walkthrough_running_with_security_on_works_as_documented_and_refuses_ea
     let snippet = fenced(section, "rust");
     for fragment in [
         ".credentials(Credentials::NKeySeed(",
-        "ca_file: Some(\".tls/ca.pem\".into())",
-        "client_cert: Some((\".tls/client.pem\".into(), \".tls/client-key.pem\".into()))",
+        "TlsOptions::required()",
+        ".ca_file(\".tls/ca.pem\")",
+        ".client_cert(\".tls/client.pem\", \".tls/client-key.pem\")",
         ".identity(Identity::generate())",
         "require_signed: true",
         ".persist_seen_ids(true)",
