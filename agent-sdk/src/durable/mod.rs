@@ -66,8 +66,8 @@ pub const DLQ_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How long captured advisories are kept: 7 days.
 pub const ADVISORY_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// Limits of the inbox stream. Start from the defaults and change what differs
-/// (`InboxLimits::default().replicas(3)`).
+/// Limits of the inbox stream. Start from the defaults and change what differs: the fields
+/// directly, or the replicas with `InboxLimits::default().replicas(3)`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
@@ -105,18 +105,6 @@ impl InboxLimits {
     /// Stream replicas (1 on one server, 3 on a cluster).
     pub fn replicas(mut self, replicas: usize) -> Self {
         self.replicas = replicas;
-        self
-    }
-
-    /// Oldest command kept, in seconds.
-    pub fn max_age_secs(mut self, secs: u64) -> Self {
-        self.max_age_secs = secs;
-        self
-    }
-
-    /// Most bytes kept across all inboxes.
-    pub fn max_bytes(mut self, bytes: i64) -> Self {
-        self.max_bytes = bytes;
         self
     }
 }

@@ -111,7 +111,7 @@ pub fn metrics() -> &'static CoordinatorMetrics {
                     "Always 1: the coordinator's version and the git revision it was built from.",
                 )
                 .const_label("version", env!("CARGO_PKG_VERSION"))
-                .const_label("revision", env!("CHORUS_GIT_REVISION")),
+                .const_label("revision", crate::REVISION),
             )
             .expect("static metric definition"),
         };
