@@ -34,7 +34,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .request::<_, i64>("adder", "add", &(i64::MAX, 1))
         .await
     {
-        Err(SdkError::Remote { status, reason }) => {
+        Err(SdkError::Remote { status, reason, .. }) => {
             println!("request_reply: i64::MAX + 1 refused with {status}: {reason}");
         }
         other => return Err(format!("expected a refusal, got {other:?}").into()),

@@ -24,6 +24,9 @@ pub enum SdkError {
         status: StatusCode,
         /// The reason given with it.
         reason: String,
+        /// Who answered with it (the reply's `from`), when a reply did; `None` when this
+        /// side found the failure (a task's state, a round without an award).
+        from: Option<String>,
     },
     /// Forwarding would pass the hop limit; nothing was sent.
     #[error("loop detected: hop {hops} is past the limit of {limit}")]

@@ -111,6 +111,9 @@ pub(crate) struct EventSink {
     pub(crate) stats: ConnectionStats,
     pub(crate) tx: broadcast::Sender<ConnectionEvent>,
     name: String,
+    /// Between a disconnect and the reconnect: each failed attempt is then a client error
+    /// that says nothing new, logged at debug only (the loss was logged once).
+    away: std::sync::atomic::AtomicBool,
 }
 
 impl EventSink {
@@ -120,6 +123,7 @@ impl EventSink {
             stats: ConnectionStats::default(),
             tx,
             name,
+            away: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -134,12 +138,14 @@ impl EventSink {
                     ConnectionEvent::Connected
                 } else {
                     bump(&self.stats.reconnects);
+                    self.away.store(false, Ordering::Relaxed);
                     tracing::info!(connection = name, "reconnected to NATS");
                     ConnectionEvent::Reconnected
                 }
             }
             Event::Disconnected => {
                 bump(&self.stats.disconnects);
+                self.away.store(true, Ordering::Relaxed);
                 tracing::warn!(connection = name, "disconnected from NATS; reconnecting");
                 ConnectionEvent::Disconnected
             }
@@ -175,7 +181,11 @@ impl EventSink {
             }
             Event::ClientError(err) => {
                 bump(&self.stats.client_errors);
-                tracing::error!(connection = name, error = %err, "client error");
+                if self.away.load(Ordering::Relaxed) {
+                    tracing::debug!(connection = name, error = %err, "reconnect attempt failed");
+                } else {
+                    tracing::error!(connection = name, error = %err, "client error");
+                }
                 ConnectionEvent::ClientError(err.to_string())
             }
             Event::LameDuckMode => {

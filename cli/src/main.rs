@@ -41,7 +41,10 @@ async fn main() -> ExitCode {
     let default_filter = match cli.command {
         cli::Command::Up(_) => "error",
         cli::Command::Chaos(_) => "off,chorus_chaos=warn",
-        _ => "warn",
+        cli::Command::Serve(_) | cli::Command::Bench(_) => "warn",
+        // A client command says in plain words when it loses and regains the bus
+        // ([`cli::connection_notices`]); the connection's own log lines would say it twice.
+        _ => "warn,chorus_broker_adapter::events=error",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| default_filter.into());
@@ -62,13 +65,7 @@ async fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("chorus: {}", error_chain(&err));
-            if err.downcast_ref::<cli::Unreachable>().is_some() {
-                ExitCode::from(cli::exit::UNREACHABLE)
-            } else if err.downcast_ref::<cli::PermissionDenied>().is_some() {
-                ExitCode::from(cli::exit::REFUSED)
-            } else {
-                ExitCode::FAILURE
-            }
+            ExitCode::from(cli::exit_code(&err))
         }
     }
 }

@@ -24,6 +24,8 @@ pub const JETSTREAM_ALL: &str = "$JS.>";
 pub const KV_ALL: &str = "$KV.>";
 /// Every object store bucket's chunks and metadata (the payload sweep removes objects).
 pub const OBJECTS_ALL: &str = "$O.>";
+/// Every reply subject of every client (`chorus tap` shows replies).
+pub const ALL_REPLIES: &str = "_INBOX.>";
 /// The service API (`$SRV.PING`, `$SRV.INFO`, ...) every agent answers.
 pub const SERVICE_API: &str = "$SRV.>";
 
@@ -48,6 +50,12 @@ pub struct Role {
     /// `agent` (`chorus --id <agent>`), but never registers, so it has no heartbeat, goodbye,
     /// command subject, capability access points or service-discovery rights.
     pub cli: bool,
+    /// It reads and acts on the dead-letter queue (`chorus dlq`): the JetStream API, and the
+    /// exactly-once records a replay of an uncertain message clears.
+    pub dlq: bool,
+    /// It watches all traffic (`chorus tap`): every subject under the root, and every reply
+    /// (`_INBOX.>`). For an operator: it reads what every agent sends and receives.
+    pub tap: bool,
     /// Synadia Agent Protocol agents it registers (a gateway edge identity with
     /// `[[gateway.sap]]` bindings), each `<agent>.<owner>.<session>`: their `prompt` and
     /// `status` subjects, their heartbeat subject, and answers of many messages per prompt.
@@ -185,11 +193,25 @@ fn permissions_of(
         publish.push(subjects.bucket_keys(SEEN_BUCKET, id)?);
         subscribe.push(JETSTREAM_EVENTS.to_owned());
     }
+    if role.dlq {
+        if !role.durable && !role.tasks {
+            publish.push(JETSTREAM_API.to_owned());
+        }
+        // A replayed uncertain message's interrupted claim, of any agent.
+        publish.push(format!(
+            "$KV.{}.>",
+            subjects.bucket_name(IDEMPOTENCY_BUCKET)
+        ));
+    }
+    if role.tap {
+        subscribe.push(subjects.everything());
+        subscribe.push(ALL_REPLIES.to_owned());
+    }
     if role.tasks {
         // The task stream's API and every task subject: a submission, a state, progress, a
         // chunk, an answer or a cancel may come from either side of a task, and task ids are
         // not known in advance (signatures tell the writers apart, SECURITY.md).
-        if !role.durable {
+        if !role.durable && !role.dlq {
             publish.push(JETSTREAM_API.to_owned());
         }
         publish.push(subjects.tasks_all());

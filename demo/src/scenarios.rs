@@ -173,7 +173,7 @@ impl Demo {
                 // The demo repeats every few seconds: it keeps only its newest dead letter, so
                 // the queue (and its alert) shows what others leave, not one per round.
                 for old in dlq.list(DEAD_LETTER_PAGE).await.map_err(SdkError::Broker)? {
-                    if old.id != newest && is_demos(&old.letter) {
+                    if old.id != newest && is_demos(&old.letter, o.subjects()) {
                         dlq.remove(old.id).await.map_err(SdkError::Broker)?;
                     }
                 }
@@ -330,8 +330,11 @@ impl Demo {
 }
 
 /// Whether a dead letter is one the demo left: its poison posting from its own orchestrator.
-fn is_demos(letter: &chorus_sdk::durable::DeadLetter) -> bool {
+/// The envelope is read with what its subject implies: a compact one leaves out the command's
+/// name, which its subject carries.
+fn is_demos(letter: &chorus_sdk::durable::DeadLetter, subjects: &chorus_sdk::Subjects) -> bool {
+    let implied = subjects.implied(&letter.subject);
     letter.agent == "ledger"
-        && chorus_sdk::codec::decode(&letter.envelope)
+        && chorus_sdk::codec::decode_on(&letter.envelope, &implied)
             .is_ok_and(|(env, _)| env.from == ORCHESTRATOR && env.name.as_deref() == Some("post"))
 }

@@ -282,6 +282,7 @@ impl Agent {
                     "no proposal for {capability} was awarded: {}",
                     summary.join(", ")
                 ),
+                from: None,
             });
         };
         for bid in &proposals {
@@ -377,7 +378,7 @@ impl Agent {
                     reason: format!("the proposal does not decode: {err}"),
                 },
             },
-            Err(SdkError::Remote { status, reason }) => Answer::Refused { status, reason },
+            Err(SdkError::Remote { status, reason, .. }) => Answer::Refused { status, reason },
             Err(_) => Answer::Silent,
         }
     }

@@ -157,7 +157,11 @@ impl Outbound {
         };
         opened
             .await
-            .map_err(|(status, reason): (StatusCode, String)| SdkError::Remote { status, reason })
+            .map_err(|(status, reason): (StatusCode, String)| SdkError::Remote {
+                status,
+                reason,
+                from: None,
+            })
     }
 
     /// Whether `reader` reads zstd, by its manifest; `false` when it cannot be known.

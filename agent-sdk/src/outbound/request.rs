@@ -325,6 +325,7 @@ impl Outbound {
             Some(status) if !status.is_success() => Err(SdkError::Remote {
                 status,
                 reason: reply.reason.unwrap_or_default(),
+                from: Some(reply.from.to_string()),
             }),
             _ => {
                 self.open_reply(&mut reply).await?;

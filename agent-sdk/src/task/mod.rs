@@ -192,6 +192,7 @@ impl TaskReport {
                         .map(|r| format!(": {r}"))
                         .unwrap_or_default()
                 ),
+                from: None,
             });
         }
         Ok(decode_payload(&self.output, &self.content_type)?)

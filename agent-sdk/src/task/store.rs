@@ -227,6 +227,7 @@ impl TaskStore {
         Err(SdkError::Remote {
             status: StatusCode::TASK_STATE,
             reason: format!("task {id}: state kept changing under {STATE_WRITE_ATTEMPTS} writes"),
+            from: None,
         })
     }
 

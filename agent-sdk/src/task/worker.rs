@@ -613,6 +613,7 @@ impl TaskContext {
                 _ => SdkError::Remote {
                     status: StatusCode::CANCELLED,
                     reason: "cancelled while waiting for input".into(),
+                    from: None,
                 },
             });
         };

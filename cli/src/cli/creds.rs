@@ -33,9 +33,16 @@ pub(crate) struct Args {
     /// It has a durable inbox.
     #[arg(long)]
     durable: bool,
-    /// It submits, works on or watches tasks.
+    /// It submits, works on or watches tasks (`chorus task`).
     #[arg(long)]
     tasks: bool,
+    /// It reads, replays and purges dead letters (`chorus dlq`): for an operator.
+    #[arg(long)]
+    dlq: bool,
+    /// It may watch all traffic, every agent's messages and replies (`chorus tap`): for an
+    /// operator.
+    #[arg(long)]
+    tap: bool,
     /// It registers this Synadia Agent Protocol agent, `<agent>.<owner>.<session>` (a gateway
     /// identity with an `[[gateway.sap]]` binding; repeat for several).
     #[arg(long, value_name = "AGENT.OWNER.SESSION")]
@@ -69,6 +76,8 @@ pub(crate) fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode>
             listens: args.listens,
             durable: args.durable,
             tasks: args.tasks,
+            dlq: args.dlq,
+            tap: args.tap,
             cli: args.cli,
             sap: args.sap,
         };

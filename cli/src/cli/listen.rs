@@ -29,6 +29,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     } = args;
     let agent = conn.agent().await?;
     let mut events = agent.subscribe(&pattern).await?;
+    let _notices = super::connection_notices(agent.broker(), conn.url());
     // `chorus bench` waits for this line on stderr: the subscription is in place.
     eprintln!("listening on {pattern} at {} (Ctrl-C to stop)", conn.url());
     let mut seen = 0;

@@ -265,6 +265,7 @@ impl ConnectionArgs {
 
     /// Broker options for the server, secured as asked.
     pub(crate) fn broker_options(&self) -> anyhow::Result<BrokerOptions> {
+        check_server_urls(self.url())?;
         let mut options = self.security.apply(BrokerOptions::new([self.url()]))?;
         if let Some(domain) = &self.js_domain {
             chorus_sdk::subject::validate_token("JetStream domain", domain)?;
@@ -290,16 +291,21 @@ impl ConnectionArgs {
         if let Some(identity) = self.security.identity()? {
             options = options.identity(identity);
         }
-        let agent = options.connect().await.map_err(|e| {
+        let agent = match options.connect().await {
+            Ok(agent) => agent,
             // A subject refused while connecting (the inbox) is a permission, not reach.
-            if let Some(refused) = find_cause::<chorus_broker_adapter::PermissionViolation>(&e) {
-                return self.permission_denied(&refused.0);
+            Err(e) => {
+                if let Some(refused) = find_cause::<chorus_broker_adapter::PermissionViolation>(&e)
+                {
+                    return Err(self.permission_denied(&refused.0));
+                }
+                return Err(Unreachable(format!(
+                    "cannot reach the bus at {server}: {e}{}",
+                    connect_hint(&e, server).await
+                ))
+                .into());
             }
-            anyhow::Error::from(Unreachable(format!(
-                "cannot reach the bus at {server}: {e}{}",
-                connect_hint(&e)
-            )))
-        })?;
+        };
         self.permissions.watch(agent.broker());
         Ok(agent)
     }
@@ -354,19 +360,77 @@ impl ConnectionArgs {
     }
 
     /// A plain connection (no agent) for operator commands, named `name`.
+    ///
+    /// Its replies come to the inbox prefix of its id (`_INBOX.<id>`, as an agent's do), which
+    /// the id's `chorus creds` entry grants: a random `_INBOX.…` subject would be refused on a
+    /// server with permissions.
     pub(crate) async fn broker(&self, name: &str) -> anyhow::Result<chorus_broker_adapter::Broker> {
         let url = self.url();
-        let broker = self
+        let inbox = self.subjects()?.inbox_prefix(&self.agent_id())?;
+        let broker = match self
             .broker_options()?
             .name(name)
+            .inbox_prefix(inbox)
             .connect()
             .await
-            .map_err(|e| {
-                anyhow::Error::from(Unreachable(format!("cannot reach the bus at {url}: {e}")))
-            })?;
+        {
+            Ok(broker) => broker,
+            Err(e) => {
+                let hint = broker_hint(Some(&e), &e, url).await;
+                return Err(
+                    Unreachable(format!("cannot reach the bus at {url}: {e}{hint}")).into(),
+                );
+            }
+        };
         self.permissions.watch(&broker);
         Ok(broker)
     }
+}
+
+/// Refuses a server URL of another protocol before dialling it: `http://` is the coordinator's
+/// metrics or the gateway, not NATS.
+fn check_server_urls(urls: &str) -> Result<(), Usage> {
+    for url in urls.split(',').map(str::trim) {
+        if let Some((scheme, _)) = url.split_once("://")
+            && !["nats", "tls", "ws", "wss"].contains(&scheme.to_ascii_lowercase().as_str())
+        {
+            return Err(Usage(format!(
+                "--server {url}: a NATS server URL starts with nats://, tls://, ws:// or wss:// \
+                 (an {scheme}:// address is something else, such as the coordinator's metrics \
+                 or the HTTP gateway)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Says once, in plain words on standard error, when `broker` loses the bus at `url` and once
+/// when it is back, for as long as the returned handle is kept (`listen`, `tap`).
+pub(crate) fn connection_notices(
+    broker: &chorus_broker_adapter::Broker,
+    url: &str,
+) -> tokio_util::task::AbortOnDropHandle<()> {
+    use chorus_broker_adapter::ConnectionEvent;
+    use tokio::sync::broadcast::error::RecvError;
+    let mut events = broker.events();
+    let url = url.to_owned();
+    tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+        let mut away = false;
+        loop {
+            match events.recv().await {
+                Ok(ConnectionEvent::Disconnected) if !away => {
+                    away = true;
+                    eprintln!("chorus: lost the bus at {url}; reconnecting (Ctrl-C to stop)");
+                }
+                Ok(ConnectionEvent::Reconnected) if away => {
+                    away = false;
+                    eprintln!("chorus: reconnected to the bus at {url}");
+                }
+                Ok(_) | Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => break,
+            }
+        }
+    }))
 }
 
 /// How long a command waits, after a publish with no answer, for the server to report that
@@ -435,6 +499,41 @@ impl PermissionWatch {
 #[error("{0}")]
 pub(crate) struct PermissionDenied(pub(crate) String);
 
+/// A value the command cannot use (a payload that is not JSON, a malformed topic, a server URL
+/// of another protocol): exits with [`exit::USAGE`], as clap's own usage errors do.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Usage(pub(crate) String);
+
+/// The exit code for a command's error: the one table, docs/OPERATIONS.md's, that a test holds
+/// to the CLI.
+pub(crate) fn exit_code(err: &anyhow::Error) -> u8 {
+    let err: &(dyn std::error::Error + 'static) = err.as_ref();
+    if find_cause::<Unreachable>(err).is_some() {
+        return exit::UNREACHABLE;
+    }
+    if find_cause::<PermissionDenied>(err).is_some() {
+        return exit::REFUSED;
+    }
+    if find_cause::<Usage>(err).is_some()
+        || find_cause::<chorus_sdk::subject::SubjectError>(err).is_some()
+    {
+        return exit::USAGE;
+    }
+    match find_cause::<SdkError>(err) {
+        Some(SdkError::Subject(_) | SdkError::InvalidCall(_)) => exit::USAGE,
+        Some(
+            SdkError::Remote { .. }
+            | SdkError::Timeout(_)
+            | SdkError::NoResponders(_)
+            | SdkError::TaskState { .. }
+            | SdkError::TaskNotFound(_)
+            | SdkError::CircuitOpen { .. },
+        ) => exit::REFUSED,
+        _ => exit::FAILED,
+    }
+}
+
 /// The bus could not be reached: exits with [`exit::UNREACHABLE`].
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -444,6 +543,11 @@ pub(crate) struct Unreachable(pub(crate) String);
 /// 0 done, 1 failed on this side, 2 a usage error (a bad flag or value: clap's own code), and
 /// these.
 pub(crate) mod exit {
+    /// Failed on this side: a file that cannot be read, a payload over the limit, an
+    /// unexpected error.
+    pub(crate) const FAILED: u8 = 1;
+    /// A usage error: a bad flag or value (clap's own code for its errors).
+    pub(crate) const USAGE: u8 = 2;
     /// The bus could not be reached (nothing listening, TLS or credentials refused).
     pub(crate) const UNREACHABLE: u8 = 3;
     /// The bus answered with a failure: a coded refusal or error, a timeout, no responders.
@@ -474,31 +578,51 @@ fn find_cause<'e, T: std::error::Error + 'static>(
     causes(err).find_map(|c| c.downcast_ref::<T>())
 }
 
-/// What to do about a failed connection, when the error's kind or cause says.
-fn connect_hint(err: &chorus_sdk::SdkError) -> &'static str {
-    if let chorus_sdk::SdkError::Broker(e) = err {
-        match e.kind() {
-            chorus_broker_adapter::ErrorKind::Refused => {
-                return "\n  the server refused these credentials: check --nkey-file \
-                        (CHORUS_NKEY_FILE) and --id (CHORUS_ID)";
-            }
-            chorus_broker_adapter::ErrorKind::Tls => {
-                return "\n  TLS could not be set up: --tls-ca (CHORUS_TLS_CA) names the CA that \
-                        signed the server's certificate; a server that asks for client \
-                        certificates needs --tls-cert and --tls-key (CHORUS_TLS_CERT, \
-                        CHORUS_TLS_KEY); a server without TLS needs neither";
-            }
-            _ => {}
+/// What to do about a failed connection to `url`, when the error's kind or cause says, or
+/// what answers there when it is not NATS.
+async fn connect_hint(err: &chorus_sdk::SdkError, url: &str) -> String {
+    let broker = match err {
+        chorus_sdk::SdkError::Broker(e) => Some(e),
+        _ => None,
+    };
+    broker_hint(broker, err, url).await
+}
+
+/// [`connect_hint`] for the broker's error (`broker`, when the failure is one) within `err`.
+async fn broker_hint(
+    broker: Option<&chorus_broker_adapter::Error>,
+    err: &(dyn std::error::Error + 'static),
+    url: &str,
+) -> String {
+    use chorus_broker_adapter::ErrorKind;
+    match broker.map(chorus_broker_adapter::Error::kind) {
+        Some(ErrorKind::Refused) => {
+            return "\n  the server refused these credentials: check --nkey-file \
+                    (CHORUS_NKEY_FILE) and --id (CHORUS_ID)"
+                .to_owned();
         }
+        Some(ErrorKind::Tls) => {
+            return "\n  TLS could not be set up: --tls-ca (CHORUS_TLS_CA) names the CA that \
+                    signed the server's certificate; a server that asks for client \
+                    certificates needs --tls-cert and --tls-key (CHORUS_TLS_CERT, \
+                    CHORUS_TLS_KEY); a server without TLS needs neither"
+                .to_owned();
+        }
+        _ => {}
     }
     let refused = causes(err)
         .filter_map(|c| c.downcast_ref::<std::io::Error>())
         .any(|io| io.kind() == std::io::ErrorKind::ConnectionRefused);
     if refused {
         return "\n  nothing listens there: `scripts/up` starts a local bus, or name the \
-                server with --server (CHORUS_NATS_URL)";
+                server with --server (CHORUS_NATS_URL)"
+            .to_owned();
     }
-    ""
+    // Something may listen there without speaking NATS (a metrics or HTTP port): say what.
+    match chorus_cli::probe::not_nats(url).await {
+        Some(what) => format!("\n  {what}"),
+        None => String::new(),
+    }
 }
 
 /// A payload given on the command line (none: null): JSON text, `-` to read it from standard
@@ -519,7 +643,12 @@ fn parse_json(text: Option<&str>) -> anyhow::Result<serde_json::Value> {
             None => t.to_owned(),
         },
     };
-    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("payload is not JSON: {e}"))
+    serde_json::from_str(&text).map_err(|e| {
+        Usage(format!(
+            "the payload is not JSON: {e} (a string is quoted: '\"text\"')"
+        ))
+        .into()
+    })
 }
 
 /// Refuses a payload the SDK would not send, before sending it, naming both sizes (one over
@@ -580,19 +709,67 @@ async fn print_reply(
             Ok(ExitCode::SUCCESS)
         }
         Err(err @ (SdkError::Remote { .. } | SdkError::Timeout(_) | SdkError::NoResponders(_))) => {
+            let (from, reason) = match &err {
+                SdkError::Remote { reason, from, .. } => (from.as_deref(), reason.clone()),
+                other => (None, other.to_string()),
+            };
             if json {
                 print_json(&ReplyLine {
                     status: err.status().0,
                     label: err.status().label(),
-                    from: None,
+                    from,
                     payload: None,
-                    reason: Some(err.to_string()),
+                    reason: Some(reason),
                 })?;
             } else {
-                eprintln!("status {}: {err}", err.status());
+                eprintln!("{}", refusal_line(err.status(), from, &reason));
             }
             Ok(ExitCode::from(exit::REFUSED))
         }
         Err(err) => Err(err.into()),
+    }
+}
+
+/// A failure as the CLI prints it, the code once: `status 5018 invalid_argument from
+/// calculator: division by zero`.
+pub(crate) fn refusal_line(
+    status: chorus_sdk::StatusCode,
+    from: Option<&str>,
+    reason: &str,
+) -> String {
+    let from = from.map(|f| format!(" from {f}")).unwrap_or_default();
+    if reason.is_empty() {
+        format!("status {status}{from}")
+    } else {
+        format!("status {status}{from}: {reason}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exit;
+
+    /// The constants are the codes docs/OPERATIONS.md's table gives for these meanings.
+    #[test]
+    fn exit_codes_match_the_operations_table() {
+        let doc = include_str!("../../../docs/OPERATIONS.md");
+        let row = |code: u8| {
+            doc.lines()
+                .find(|l| l.starts_with(&format!("| {code} |")))
+                .unwrap_or_else(|| panic!("no row for {code}"))
+                .to_owned()
+        };
+        assert!(row(exit::FAILED).contains("failed on this side"));
+        assert!(row(exit::USAGE).contains("usage error"));
+        assert!(row(exit::UNREACHABLE).contains("could not be reached"));
+        assert!(row(exit::REFUSED).contains("answered with a failure"));
+        assert!(row(exit::GUARANTEE_BROKEN).contains("chorus chaos"));
+    }
+
+    #[test]
+    fn a_server_url_of_another_protocol_is_a_usage_error() {
+        assert!(super::check_server_urls("nats://a:1,tls://b:2,ws://c,wss://d,e:4222").is_ok());
+        let err = super::check_server_urls("nats://a:1,http://b:9464").expect_err("http");
+        assert!(err.0.contains("http://b:9464"), "{}", err.0);
     }
 }

@@ -124,7 +124,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     }
     agent.shutdown().await;
     Ok(match &result {
-        Some(r) if !r.is_completed() => ExitCode::FAILURE,
+        Some(r) if !r.is_completed() => ExitCode::from(super::exit::REFUSED),
         _ => ExitCode::SUCCESS,
     })
 }

@@ -9,6 +9,7 @@ use chorus_sdk::Call;
 use super::{ConnectionArgs, check_payload_size, parse_json, print_reply};
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["to", "capability"])))]
 pub(crate) struct Args {
     /// Agent to ask.
     #[arg(long, requires = "command", conflicts_with = "capability")]
@@ -17,7 +18,7 @@ pub(crate) struct Args {
     #[arg(long, requires = "to")]
     command: Option<String>,
     /// Capability to ask (any one agent serving it answers).
-    #[arg(long, required_unless_present = "to")]
+    #[arg(long)]
     capability: Option<String>,
     /// The payload, as JSON (default: null); `-` reads it from standard input, `@file` from a
     /// file.

@@ -15,7 +15,9 @@ const CONNECTION_NAME: &str = "chorus-tap";
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// Subject pattern under the bus's root (`*` one token, `>` the rest): `agent.calc.>`
-    /// for one agent's commands, `event.>` for events. Replies are shown with any pattern.
+    /// for one agent's commands and requests, `evt.>` for events, `cap.>` for capability
+    /// requests. With `>` every reply is shown too; with another pattern, only the replies to
+    /// requests it showed.
     #[arg(default_value = ">")]
     pattern: String,
     /// Print each message as one JSON line.
@@ -50,6 +52,8 @@ struct Line<'a> {
     trace_id: Option<String>,
     delivery: &'a str,
     timestamp_ms: u64,
+    /// The timestamp as RFC 3339 (UTC).
+    time: String,
     size: usize,
 }
 
@@ -74,6 +78,7 @@ impl<'a> Line<'a> {
             }),
             delivery: env.delivery.as_str(),
             timestamp_ms: env.timestamp_ms,
+            time: rfc3339(env.timestamp_ms),
             size,
         }
     }
@@ -82,23 +87,33 @@ impl<'a> Line<'a> {
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
     let subjects = conn.subjects()?;
     chorus_sdk::subject::validate_pattern(&args.pattern)?;
+    let everything = args.pattern == ">";
     let pattern = format!("{}.{}", subjects.root(), args.pattern);
     let broker = conn.broker(CONNECTION_NAME).await?;
     let mut bus = broker.subscribe(&pattern).await?;
     // Replies travel on each requester's inbox, outside the root.
     let mut replies = broker.subscribe("_INBOX.>").await?;
     broker.flush().await?;
-    eprintln!(
-        "tapping {pattern} and replies at {} (Ctrl-C to stop)",
-        conn.url()
-    );
+    let _notices = super::connection_notices(&broker, conn.url());
+    if everything {
+        eprintln!(
+            "tapping {pattern} and every reply at {} (Ctrl-C to stop)",
+            conn.url()
+        );
+    } else {
+        eprintln!(
+            "tapping {pattern} and the replies to its requests at {} (Ctrl-C to stop)",
+            conn.url()
+        );
+    }
     let stop = crate::shutdown_signal();
     tokio::pin!(stop);
+    let mut asked = Asked::default();
     let mut seen = 0usize;
     loop {
-        let msg = tokio::select! {
-            m = bus.next() => m,
-            m = replies.next() => m,
+        let (msg, reply) = tokio::select! {
+            m = bus.next() => (m, false),
+            m = replies.next() => (m, true),
             _ = &mut stop => break,
         };
         let Some(msg) = msg else { break };
@@ -108,13 +123,21 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         let Ok((env, _)) = chorus_sdk::codec::decode_on(msg.payload(), &implied) else {
             continue;
         };
+        if reply {
+            // A reply to a request the pattern did not show is other traffic.
+            if !everything && !env.in_reply_to.is_some_and(|id| asked.contains(&id)) {
+                continue;
+            }
+        } else if !everything && msg.reply().is_some() {
+            asked.insert(env.id);
+        }
         let line = Line::of(msg.subject(), &env, msg.payload().len());
         if args.json {
             print_json(&line)?;
         } else {
             outln!(
                 "{} {:<9} {:<10} {} -> {} {} id={} corr={} hops={}{}{}",
-                line.timestamp_ms,
+                clock(env.timestamp_ms),
                 line.kind,
                 line.performative,
                 line.from,
@@ -144,8 +167,82 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     Ok(ExitCode::SUCCESS)
 }
 
+/// The ids of the requests shown whose replies are still to come, the oldest forgotten first
+/// beyond [`Asked::LIMIT`] (a request never answered must not hold memory for ever).
+#[derive(Default)]
+struct Asked {
+    ids: std::collections::HashSet<uuid::Uuid>,
+    order: std::collections::VecDeque<uuid::Uuid>,
+}
+
+impl Asked {
+    const LIMIT: usize = 10_000;
+
+    fn insert(&mut self, id: uuid::Uuid) {
+        if self.ids.insert(id) {
+            self.order.push_back(id);
+        }
+        while self.order.len() > Self::LIMIT {
+            if let Some(old) = self.order.pop_front() {
+                self.ids.remove(&old);
+            }
+        }
+    }
+
+    /// Whether `id` was asked (a stream of replies to one request shows each of them).
+    fn contains(&self, id: &uuid::Uuid) -> bool {
+        self.ids.contains(id)
+    }
+}
+
 /// The last 12 hex digits of an id: the random part of a UUIDv7, enough to follow one by eye.
 fn short(id: &uuid::Uuid) -> String {
     let s = id.simple().to_string();
     s[s.len() - 12..].to_owned()
+}
+
+/// A timestamp as the time of day, UTC, to the millisecond (`17:45:07.123Z`).
+fn clock(ms: u64) -> String {
+    const FORMAT: &[time::format_description::FormatItem<'static>] =
+        time::macros::format_description!("[hour]:[minute]:[second].[subsecond digits:3]Z");
+    at(ms)
+        .and_then(|t| t.format(FORMAT).ok())
+        .unwrap_or_else(|| ms.to_string())
+}
+
+/// A timestamp as RFC 3339, UTC (`2026-11-26T17:45:07.123Z`).
+fn rfc3339(ms: u64) -> String {
+    at(ms)
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| ms.to_string())
+}
+
+fn at(ms: u64) -> Option<time::OffsetDateTime> {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_read_as_times() {
+        assert_eq!(clock(1_764_179_107_123), "17:45:07.123Z");
+        assert_eq!(rfc3339(1_764_179_107_123), "2025-11-26T17:45:07.123Z");
+    }
+
+    #[test]
+    fn asked_ids_are_bounded() {
+        let mut asked = Asked::default();
+        let first = uuid::Uuid::now_v7();
+        asked.insert(first);
+        for _ in 0..Asked::LIMIT {
+            asked.insert(uuid::Uuid::now_v7());
+        }
+        assert!(!asked.contains(&first));
+        assert_eq!(asked.ids.len(), Asked::LIMIT);
+    }
 }

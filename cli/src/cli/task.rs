@@ -25,6 +25,7 @@ pub(crate) struct Args {
 enum Action {
     /// Submit a task to an agent (--to, --command) or a capability, print its id, and (with
     /// --watch) follow it to its end.
+    #[command(group(clap::ArgGroup::new("target").required(true).args(["to", "capability"])))]
     Submit {
         /// Agent to give it to.
         #[arg(long, requires = "command", conflicts_with = "capability")]
@@ -33,7 +34,7 @@ enum Action {
         #[arg(long, requires = "to")]
         command: Option<String>,
         /// Capability to give it to (one of its holders takes it).
-        #[arg(long, required_unless_present = "to")]
+        #[arg(long)]
         capability: Option<String>,
         /// The input, as JSON (default: null); `-` reads standard input, `@file` a file.
         #[arg(value_name = "PAYLOAD")]
@@ -61,12 +62,14 @@ enum Action {
     /// Print a task's report: state, code, requester, target, attempts, result.
     Show {
         /// The task's id.
+        #[arg(value_parser = task_id)]
         id: uuid::Uuid,
     },
     /// Print a task's updates as they come (states, progress, chunks, questions) until it
-    /// ends; exits 0 if it completed, 1 otherwise.
+    /// ends; exits 0 if it completed, 4 otherwise.
     Watch {
         /// The task's id.
+        #[arg(value_parser = task_id)]
         id: uuid::Uuid,
         /// Start after this stream sequence (the `seq` of the last update seen).
         #[arg(long, default_value_t = 0)]
@@ -75,11 +78,13 @@ enum Action {
     /// Cancel a task and print its report once it has stopped.
     Cancel {
         /// The task's id.
+        #[arg(value_parser = task_id)]
         id: uuid::Uuid,
     },
     /// Answer the question of a task that is input_required.
     Respond {
         /// The task's id.
+        #[arg(value_parser = task_id)]
         id: uuid::Uuid,
         /// The answer, as JSON; `-` reads standard input, `@file` a file.
         #[arg(value_name = "PAYLOAD")]
@@ -126,7 +131,12 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         Action::Ls { max, state } => {
             let wanted = state.as_deref().map(str::parse::<TaskState>).transpose()?;
             if wanted == Some(TaskState::Unknown) {
-                anyhow::bail!("{:?} is not a task state", state.unwrap_or_default());
+                return Err(super::Usage(format!(
+                    "{:?} is not a task state (submitted, accepted, working, input_required, \
+                     completed, failed, cancelled, rejected, expired)",
+                    state.unwrap_or_default()
+                ))
+                .into());
             }
             let tasks: Vec<_> = agent
                 .tasks(max)
@@ -177,7 +187,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
                 ExitCode::SUCCESS
             } else {
                 eprintln!("the task had already ended: {}", report.state);
-                ExitCode::FAILURE
+                ExitCode::from(super::exit::REFUSED)
             }
         }
         Action::Respond { id, payload } => {
@@ -209,7 +219,7 @@ async fn follow(task: &chorus_sdk::TaskHandle, after: u64, json: bool) -> anyhow
     Ok(if last == Some(TaskState::Completed) {
         ExitCode::SUCCESS
     } else {
-        ExitCode::FAILURE
+        ExitCode::from(super::exit::REFUSED)
     })
 }
 
@@ -360,4 +370,11 @@ fn print_report(report: &TaskReport, json: bool) -> anyhow::Result<()> {
         outln!("output    {output}");
     }
     Ok(())
+}
+
+/// A task id from the command line: a malformed one is no task's id, said as such.
+fn task_id(text: &str) -> Result<uuid::Uuid, String> {
+    uuid::Uuid::parse_str(text).map_err(|_| {
+        format!("no task with id {text:?}: task ids are UUIDs, as `chorus task ls` lists them")
+    })
 }

@@ -25,8 +25,12 @@ pub(crate) struct Args {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     interval: Duration,
     /// Where the coordinator serves /metrics (with --join: where the demo agents serve theirs).
-    #[arg(long, default_value = "127.0.0.1:9464")]
+    #[arg(long, env = "CHORUS_METRICS_ADDR", default_value = "127.0.0.1:9464")]
     metrics_addr: SocketAddr,
+    /// The monitoring port of the NATS server `chorus up` starts [default: the config file's,
+    /// 8222 in nats.conf]. Its client port is --server's (4222 by default).
+    #[arg(long, env = "CHORUS_MONITOR_PORT")]
+    monitor_port: Option<u16>,
     /// Run only the demo agents, on a bus that is already running (its NATS server and a
     /// coordinator): their metrics are served on --metrics-addr and announced to the
     /// coordinator's Prometheus service discovery (/sd/agents).
@@ -53,6 +57,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         once,
         interval,
         metrics_addr,
+        monitor_port,
         join,
         metrics_url,
         python,
@@ -69,7 +74,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         };
         return run_joined(conn, metrics_addr, metrics_url, python, rounds).await;
     }
-    let nats = ensure_nats(conn.url(), &config).await?;
+    let nats = ensure_nats(conn.url(), &config, monitor_port).await?;
     match &nats {
         LocalNats::Existing(url) => outln!("chorus up: using the NATS server at {url}"),
         LocalNats::Started(server) => outln!(
@@ -314,6 +319,7 @@ fn taken_port_hint(err: chorus_coordinator::Error, addr: SocketAddr) -> anyhow::
 fn taken_port_error(addr: SocketAddr) -> anyhow::Error {
     anyhow::anyhow!(
         "the metrics address {addr} is taken (another `chorus up` or `chorus serve`?): \
-         pass --metrics-addr with another, or 127.0.0.1:0 for any free port"
+         pass --metrics-addr (or set CHORUS_METRICS_ADDR) with another, or 127.0.0.1:0 \
+         for any free port"
     )
 }

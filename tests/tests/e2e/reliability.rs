@@ -434,7 +434,7 @@ async fn a_panicking_handler_fails_its_message_and_its_lane_goes_on() {
     )
     .await;
     match reply {
-        Err(SdkError::Remote { status, reason }) => {
+        Err(SdkError::Remote { status, reason, .. }) => {
             assert_eq!(status, StatusCode::INTERNAL);
             assert!(reason.contains("step 1 is a bug"), "{reason}");
         }
