@@ -64,6 +64,7 @@ pub mod trace;
 
 pub use protocol::{codec, envelope, registry, status};
 pub use security::encryption;
+pub use sequence::EventNumbers;
 
 pub use agent::{
     Agent, AgentOptions, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_QUEUE_CAPACITY,

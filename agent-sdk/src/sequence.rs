@@ -68,6 +68,40 @@ impl Sequencer {
     }
 }
 
+/// The event numbering of a publisher that is not an [`Agent`](crate::Agent), such as the
+/// coordinator: each subject its own count under a random epoch, as an agent numbers its events
+/// (PROTOCOL.md section 7.9), so subscribers count what they missed of its events too.
+#[derive(Debug, Default)]
+pub struct EventNumbers {
+    sequencer: Sequencer,
+}
+
+impl EventNumbers {
+    /// Sets `env.seq` to the next number on `subject` and runs `publish` with it. The count is
+    /// held until `publish` returns, so concurrent publishers on one subject send their numbers
+    /// in order, and it advances only when `publish` succeeds (a number is never skipped).
+    ///
+    /// # Errors
+    /// What `publish` returns.
+    pub async fn publish<F, Fut, T, E>(
+        &self,
+        subject: &str,
+        env: &mut crate::Envelope,
+        publish: F,
+    ) -> Result<T, E>
+    where
+        F: FnOnce(&crate::Envelope) -> Fut,
+        Fut: std::future::Future<Output = Result<T, E>>,
+    {
+        let counter = self.sequencer.counter(subject);
+        let mut counter = counter.lock().await;
+        env.seq = Some(counter.peek());
+        let sent = publish(env).await?;
+        counter.advance();
+        Ok(sent)
+    }
+}
+
 /// What one subscription has seen of each publisher's count on each subject.
 #[derive(Debug, Default)]
 pub(crate) struct Gaps {
@@ -129,6 +163,41 @@ fn peek(payload: &[u8]) -> Option<(std::borrow::Cow<'_, str>, Sequence)> {
 
 #[cfg(test)]
 mod tests {
+    #[tokio::test]
+    async fn event_numbers_count_each_subject_and_skip_none_on_failure() {
+        let numbers = super::EventNumbers::default();
+        let mut env = crate::Envelope::new(
+            crate::Kind::Event,
+            crate::Performative::Inform,
+            "coordinator",
+        );
+        let mut seen = Vec::new();
+        for subject in ["a", "a", "b", "a"] {
+            let seq = numbers
+                .publish(subject, &mut env, |e| {
+                    let seq = e.seq;
+                    async move { Ok::<_, ()>(seq) }
+                })
+                .await
+                .expect("sent")
+                .expect("numbered");
+            seen.push((subject, seq.n));
+        }
+        assert_eq!(seen, [("a", 1), ("a", 2), ("b", 1), ("a", 3)]);
+        // A failed publish leaves its number to the next message.
+        let failed = numbers
+            .publish("a", &mut env, |_| async { Err::<(), _>("down") })
+            .await;
+        assert_eq!(failed, Err("down"));
+        numbers
+            .publish("a", &mut env, |e| {
+                assert_eq!(e.seq.map(|s| s.n), Some(4));
+                async { Ok::<_, ()>(()) }
+            })
+            .await
+            .expect("sent");
+    }
+
     use super::*;
     use crate::protocol::codec::encode;
     use crate::protocol::envelope::{Envelope, Kind, Performative};

@@ -81,10 +81,15 @@ pub(crate) fn admit_decoded(
     }
 }
 
-/// The encoding to answer bytes in that may not decode: JSON when they start like JSON (so a
-/// JSON-only client can read why), else `default`.
+/// The encoding to answer bytes in that may not decode: the form they start like (so their
+/// sender can read why: JSON, named or compact MessagePack), and for bytes that start like none
+/// of them, `default` unless that is the compact form, which a protocol-1 sender cannot read:
+/// the named form then, which every reader reads.
 pub(crate) fn reply_encoding(payload: &[u8], default: Encoding) -> Encoding {
-    Encoding::sniff(payload).unwrap_or(default)
+    Encoding::sniff(payload).unwrap_or(match default {
+        Encoding::Compact => Encoding::MsgPack,
+        other => other,
+    })
 }
 
 /// Counts a refusal by [`check`] under its reason.
@@ -125,6 +130,42 @@ pub(crate) fn check(env: &Envelope, hop_limit: u8, now_ms: u64) -> Option<Failur
 mod tests {
     use super::*;
     use crate::protocol::envelope::Performative;
+
+    /// Issue 32, item 14: a compact map whose first key is not 0 is a malformed compact
+    /// envelope, answered compact with the compact reason; garbage is answered in a form every
+    /// reader reads, whatever the bus level.
+    #[test]
+    fn bytes_are_answered_in_the_form_they_start_like() {
+        // {1: ...}: an integer first key that is not the version.
+        let bad_compact = [0x81, 0x01, 0xc0];
+        assert_eq!(Encoding::sniff(&bad_compact), Some(Encoding::Compact));
+        let err = crate::codec::decode(&bad_compact).expect_err("malformed");
+        assert!(
+            err.to_string()
+                .contains("the first key is not 0 (the version)"),
+            "{err}"
+        );
+        assert_eq!(
+            reply_encoding(&bad_compact, Encoding::Json),
+            Encoding::Compact
+        );
+        // A named map stays named.
+        let named = [0x81, 0xa2, b'i', b'd', 0xc0];
+        assert_eq!(Encoding::sniff(&named), Some(Encoding::MsgPack));
+        assert_eq!(
+            reply_encoding(b" {\"x\"", Encoding::Compact),
+            Encoding::Json
+        );
+        // Garbage: never the compact form a protocol-1 sender cannot read.
+        assert_eq!(
+            reply_encoding(b"\x00garbage", Encoding::Compact),
+            Encoding::MsgPack
+        );
+        assert_eq!(
+            reply_encoding(b"\x00garbage", Encoding::Json),
+            Encoding::Json
+        );
+    }
 
     const LIMITS: Limits = Limits {
         max_message_bytes: 1024,

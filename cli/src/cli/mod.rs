@@ -147,7 +147,8 @@ pub(crate) enum Command {
     Certs(certs::Args),
     /// Inspect and act on the dead-letter queue.
     Dlq(dlq::Args),
-    /// Submit, list, show, watch, cancel and answer tasks (long work with progress).
+    /// Submit, list, show, watch and cancel tasks (long work with progress), and respond to a
+    /// task's question (`respond`).
     Task(task::Args),
     /// Run a contract-net round: call for proposals on a capability, award the best by a
     /// policy, and print the bids and the winner's task.

@@ -64,6 +64,8 @@ pub(crate) struct Shared {
     /// Checks broadcast requests: a signed one must verify against its sender's key, and an
     /// unsigned one is refused where `require_signed_broadcasts` says so.
     pub(crate) broadcast_verifier: chorus_sdk::security::Verifier,
+    /// The numbers (`seq`) of its protocol-level announcements on `<root>.sys.wire`.
+    pub(crate) wire_numbers: chorus_sdk::EventNumbers,
     /// The coordinator as an agent of the bus: its endpoints go through the SDK's inbound
     /// pipeline, and its connection is the one every task uses.
     agent: Agent,
@@ -179,6 +181,7 @@ impl Coordinator {
             registry,
             identity,
             broadcast_verifier,
+            wire_numbers: chorus_sdk::EventNumbers::default(),
             agent,
             stop: CancellationToken::new(),
             tracker: TaskTracker::new(),

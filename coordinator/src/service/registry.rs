@@ -148,6 +148,8 @@ impl Table {
 pub(crate) struct Registry {
     subjects: chorus_sdk::Subjects,
     broker: Broker,
+    /// The registry events' numbers (`seq`), per topic.
+    numbers: chorus_sdk::EventNumbers,
     kv: Kv,
     missed: u32,
     agents: Mutex<Table>,
@@ -158,6 +160,7 @@ impl Registry {
         Registry {
             subjects,
             broker,
+            numbers: chorus_sdk::EventNumbers::default(),
             kv,
             missed,
             agents: Mutex::new(Table::default()),
@@ -364,10 +367,21 @@ impl Registry {
             return;
         };
         env.payload = payload;
-        if let Ok(bytes) = codec::encode(&env, codec::Encoding::MsgPack)
-            && let Err(e) = self.broker.publish(&subject, bytes).await
-        {
-            tracing::warn!(topic, error = %Report(&e), "registry event not published");
+        let sent = self
+            .numbers
+            .publish(&subject, &mut env, |env| {
+                let bytes = codec::encode(env, codec::Encoding::MsgPack);
+                async {
+                    let bytes = bytes.map_err(|e| e.to_string())?;
+                    self.broker
+                        .publish(&subject, bytes)
+                        .await
+                        .map_err(|e| Report(&e).to_string())
+                }
+            })
+            .await;
+        if let Err(e) = sent {
+            tracing::warn!(topic, error = %e, "registry event not published");
         }
     }
 

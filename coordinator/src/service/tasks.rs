@@ -135,16 +135,28 @@ async fn announce_wire(shared: &Shared, major: u16) -> bool {
         return false;
     };
     env.payload = payload;
-    if let Some(identity) = &shared.identity {
-        identity.sign(&subject, &mut env);
-    }
-    let Ok(bytes) = codec::encode(&env, Encoding::MsgPack) else {
-        return false;
-    };
-    match shared.broker.publish(&subject, bytes).await {
+    let sent = shared
+        .wire_numbers
+        .publish(&subject, &mut env, |env| {
+            let mut env = env.clone();
+            if let Some(identity) = &shared.identity {
+                identity.sign(&subject, &mut env);
+            }
+            let bytes = codec::encode(&env, Encoding::MsgPack);
+            async {
+                let bytes = bytes.map_err(|e| e.to_string())?;
+                shared
+                    .broker
+                    .publish(&subject, bytes)
+                    .await
+                    .map_err(|e| Report(&e).to_string())
+            }
+        })
+        .await;
+    match sent {
         Ok(()) => true,
         Err(err) => {
-            tracing::debug!(error = %Report(&err), "protocol level not announced");
+            tracing::debug!(error = %err, "protocol level not announced");
             false
         }
     }

@@ -1056,3 +1056,67 @@ async fn a_killed_coordinators_advisories_come_back_to_another_and_each_dead_let
     );
     other.shutdown().await;
 }
+
+/// Issue 32, item 10: every event the coordinator publishes carries `seq` (PROTOCOL.md section
+/// 7.9), numbered from 1 on each subject under one epoch: the registry's `joined` and `left`
+/// and its protocol-level announcements on `sys.wire`.
+#[tokio::test]
+async fn every_event_the_coordinator_publishes_is_numbered() {
+    let server = server();
+    let raw = raw_broker(&server).await;
+    let mut all = raw.subscribe("chorus.>").await.expect("subscribe");
+    raw.flush().await.expect("flush");
+    let coordinator = coordinator(&server, false).await;
+    let subjects = chorus_sdk::Subjects::new("chorus").expect("root");
+    // Two agents come and go: two joins, two departures, and the level announced.
+    for id in ["numbered-a", "numbered-b"] {
+        let a = agent(&server, id).await;
+        eventually(WAIT, "listed", || async {
+            coordinator
+                .discover(&chorus_sdk::DiscoverQuery::default())
+                .iter()
+                .any(|r| r.manifest.agent == id)
+                .then_some(())
+        })
+        .await;
+        a.shutdown().await;
+    }
+    let mut by_subject: HashMap<String, Vec<chorus_sdk::envelope::Sequence>> = HashMap::new();
+    let wanted = |m: &HashMap<String, Vec<_>>| {
+        m.get("chorus.evt.registry.joined").map_or(0, Vec::len) >= 2
+            && m.get("chorus.evt.registry.left").map_or(0, Vec::len) >= 2
+            && m.get("chorus.sys.wire").map_or(0, Vec::len) >= 1
+    };
+    let deadline = Instant::now() + WAIT;
+    while !wanted(&by_subject) {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .unwrap_or_else(|| panic!("coordinator events seen: {by_subject:?}"));
+        let Ok(Some(msg)) = tokio::time::timeout(left, all.next()).await else {
+            panic!("coordinator events seen: {by_subject:?}");
+        };
+        let implied = subjects.implied(msg.subject());
+        let Ok((env, _)) = chorus_sdk::codec::decode_on(msg.payload(), &implied) else {
+            continue;
+        };
+        if env.from == "coordinator" && env.kind == chorus_sdk::Kind::Event {
+            let seq = env
+                .seq
+                .unwrap_or_else(|| panic!("an unnumbered event on {}", msg.subject()));
+            by_subject
+                .entry(msg.subject().to_owned())
+                .or_default()
+                .push(seq);
+        }
+    }
+    for (subject, seqs) in &by_subject {
+        let numbers: Vec<u64> = seqs.iter().map(|s| s.n).collect();
+        let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
+        assert_eq!(numbers, expected, "{subject}");
+        assert!(
+            seqs.iter().all(|s| s.epoch == seqs[0].epoch),
+            "{subject}: {seqs:?}"
+        );
+    }
+    coordinator.shutdown().await;
+}

@@ -64,7 +64,8 @@ mod key {
 const CT_JSON: u64 = 1;
 const CT_ENCRYPTED: u64 = 2;
 
-/// Whether `bytes` are in the compact form: a map whose first key is the integer 0.
+/// Whether `bytes` are in the compact form: a map whose first key is an integer (0 in a
+/// well-formed one).
 pub(crate) fn is_compact(bytes: &[u8]) -> bool {
     let key_at = match bytes.first() {
         Some(0x80..=0x8f) => 1,
@@ -72,7 +73,12 @@ pub(crate) fn is_compact(bytes: &[u8]) -> bool {
         Some(0xdf) => 5,
         _ => return false,
     };
-    bytes.get(key_at) == Some(&0x00)
+    // The named form's keys are strings; a map keyed by an integer is the compact form, and
+    // one whose first key is not 0 is a malformed compact envelope, not a named one.
+    matches!(
+        bytes.get(key_at),
+        Some(0x00..=0x7f | 0xcc..=0xd3 | 0xe0..=0xff)
+    )
 }
 
 /// The millisecond timestamp of a UUIDv7, if `id` is one.
