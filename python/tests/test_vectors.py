@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from chorus_sdk.codec import Encoding, decode, encode
+from chorus_sdk.codec import DecodeError, Encoding, decode, encode
 from chorus_sdk.subjects import Subjects
 
 VECTORS = Path(__file__).resolve().parents[2] / "tests" / "vectors"
@@ -19,6 +19,7 @@ SUBJECTS = {
     "03-event": "chorus.evt.doc.text.extracted",
     "05-command-secured": "chorus.cap.code.review",
     "16-payload-reference": "chorus.agent.archivist.store",
+    "20-request-rerouted": "chorus.agent.reviewer-02.review",
 }
 
 
@@ -27,7 +28,7 @@ def hex_file(path: Path) -> bytes:
 
 
 def test_there_are_vectors() -> None:
-    assert len(NAMES) >= 17, NAMES
+    assert len(NAMES) >= 22, NAMES
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -56,3 +57,44 @@ def test_compact_vector_round_trips_on_its_subject(name: str) -> None:
     assert encoding is Encoding.COMPACT
     assert env == decode(hex_file(VECTORS / f"{name}.msgpack.hex"))[0]
     assert encode(env, Encoding.COMPACT, implied) == data
+
+
+DECODE = VECTORS / "decode"
+DECODE_NAMES = sorted(p.stem for p in DECODE.glob("*.hex"))
+
+
+def test_there_are_decoding_cases() -> None:
+    assert len(DECODE_NAMES) >= 15, DECODE_NAMES
+
+
+@pytest.mark.parametrize("name", DECODE_NAMES)
+def test_decoding_case_is_read_or_refused_as_rust_does(name: str) -> None:
+    """tests/vectors/decode: bytes no encoder writes, each read to the envelope in NAME.json
+    (as written in JSON) or refused with the 5006 reason in NAME.error, word for word."""
+    data = hex_file(DECODE / f"{name}.hex")
+    implied = Subjects("chorus").implied("_INBOX.planner.a1b2c3")
+    expected_json = DECODE / f"{name}.json"
+    if expected_json.exists():
+        env, encoding = decode(data, implied)
+        assert encoding is Encoding.COMPACT
+        assert encode(env, Encoding.JSON) + b"\n" == expected_json.read_bytes()
+    else:
+        reason = (DECODE / f"{name}.error").read_text().strip()
+        with pytest.raises(DecodeError) as refused:
+            decode(data, implied)
+        assert str(refused.value) == reason
+
+
+def test_json_floats_are_written_as_rust_writes_them() -> None:
+    """tests/vectors/floats.txt: 32-bit floats and their JSON text as the Rust SDK writes
+    them (PROTOCOL.md section 3.2's rule), every one the same here."""
+    import struct
+
+    from chorus_sdk._wire import f32_text
+
+    lines = (VECTORS / "floats.txt").read_text().splitlines()
+    assert len(lines) > 1900
+    for line in lines:
+        bits, text = line.split(" ")
+        (x,) = struct.unpack(">f", bytes.fromhex(bits))
+        assert f32_text(x) == text, line

@@ -326,6 +326,49 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
     compressed.content_encoding = Some("zstd".into());
     compressed.payload = Bytes::from(hex::decode(COMPRESSED_LIST).expect("the frame is hex"));
 
+    // 18. The requester's answer to a task's question (section 7.4), on `.input`: a reply to
+    //     the `input_required` status message, in JSON as the question was.
+    let mut input = base(Kind::Response, Performative::Inform, "orchestrator", 18);
+    input.correlation_id = Some(task);
+    input.in_reply_to = Some(id(17));
+    input.content_type = CONTENT_TYPE_JSON.into();
+    input.payload = Bytes::from_static(b"\"short\"");
+
+    // 19. A worker's report of one attempt, on `.report`, for a requester that verifies
+    //     results itself (section 7.4): `done`, the status and the result.
+    let mut report = base(Kind::Response, Performative::Done, "writer", 19);
+    report.correlation_id = Some(task);
+    report.status = Some(StatusCode::OK);
+    report.payload = encode_payload(&14u32, CONTENT_TYPE_MSGPACK).expect("the count encodes");
+
+    // 20. A request on the reviewer's command subject whose fields the subject does not all
+    //     carry: its `timestamp_ms` is not its id's time (compact key 5), its `to` is another
+    //     agent than the subject's (key 8), and its traceparent is of a later version than 00
+    //     (key 25, a string).
+    let mut rerouted = base(Kind::Request, Performative::Request, "planner", 20);
+    rerouted.timestamp_ms = T0 + 20 + 1_500;
+    rerouted.to = vec!["auditor".into()];
+    rerouted.name = Some("review".into());
+    rerouted.trace = Some(TraceContext {
+        traceparent: "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+        tracestate: None,
+    });
+
+    // 21. A reply with `in_reply_to` and no `correlation_id` (compact key 6 nil), and a
+    //     status code no table lists, carried as it is.
+    let mut unknown_status = base(Kind::Response, Performative::Failure, "builder-01", 21);
+    unknown_status.in_reply_to = Some(id(5));
+    unknown_status.status = Some(StatusCode(5999));
+    unknown_status.reason = Some("a code from a later protocol".into());
+
+    // 22. Progress with a fraction JSON writes in exponent form (`1e-7`, section 3.2).
+    let mut tiny = base(Kind::Event, Performative::Progress, "writer", 22);
+    tiny.correlation_id = Some(task);
+    tiny.progress = Some(Progress {
+        state: TaskState::Working,
+        fraction: Some(1e-7),
+    });
+
     vec![
         ("01-request", request),
         ("02-response", response),
@@ -344,6 +387,11 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
         ("15-negotiate-counter", counter),
         ("16-payload-reference", by_reference),
         ("17-payload-compressed", compressed),
+        ("18-task-input", input),
+        ("19-task-report", report),
+        ("20-request-rerouted", rerouted),
+        ("21-reply-unknown-status", unknown_status),
+        ("22-progress-tiny-fraction", tiny),
     ]
 }
 
@@ -367,7 +415,10 @@ pub fn subject(name: &str) -> String {
         "03-event" => "chorus.evt.doc.text.extracted".into(),
         "05-command-secured" => "chorus.cap.code.review".into(),
         "07-task-submitted" | "10-task-completed" => task("status"),
-        "08-task-progress" => task("progress"),
+        "08-task-progress" | "22-progress-tiny-fraction" => task("progress"),
+        "18-task-input" => task("input"),
+        "19-task-report" => task("report"),
+        "20-request-rerouted" => "chorus.agent.reviewer-02.review".into(),
         "09-task-chunk" => task("chunk"),
         "11-task-cancel" => task("cancel"),
         "12-negotiate-call" | "15-negotiate-counter" => {
@@ -377,4 +428,197 @@ pub fn subject(name: &str) -> String {
         "14-negotiate-lost" => "chorus.agent.summarizer-fast.bid.summarize".into(),
         _ => "_INBOX.planner.a1b2c3".into(),
     }
+}
+
+/// One value in a hand-built compact map ([`decode_cases`]).
+enum V {
+    Uint(u64),
+    Int(i64),
+    Str(&'static str),
+    Bin(Vec<u8>),
+    Nil,
+    Array(Vec<V>),
+}
+
+fn write_value(out: &mut Vec<u8>, value: &V) {
+    use rmp::encode;
+    match value {
+        V::Uint(n) => {
+            encode::write_uint(out, *n).expect("vec");
+        }
+        V::Int(n) => {
+            // A signed format on purpose, even for a non-negative value.
+            encode::write_i8(out, i8::try_from(*n).expect("small")).expect("vec");
+        }
+        V::Str(s) => encode::write_str(out, s).expect("vec"),
+        V::Bin(b) => encode::write_bin(out, b).expect("vec"),
+        V::Nil => encode::write_nil(out).expect("vec"),
+        V::Array(items) => {
+            encode::write_array_len(out, u32::try_from(items.len()).expect("small")).expect("vec");
+            for item in items {
+                write_value(out, item);
+            }
+        }
+    }
+}
+
+/// A compact map of `entries`, in the order given.
+fn compact(entries: &[(u64, V)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    rmp::encode::write_map_len(&mut out, u32::try_from(entries.len()).expect("small"))
+        .expect("vec");
+    for (key, value) in entries {
+        rmp::encode::write_uint(&mut out, *key).expect("vec");
+        write_value(&mut out, value);
+    }
+    out
+}
+
+/// A decoding case: bytes no encoder writes, and what a reader makes of them
+/// (`tests/vectors/decode/NAME.hex`, with `NAME.json` for what it decodes to or `NAME.error` for
+/// the 5006 reason it refuses it with; docs/PROTOCOL.md section 9).
+#[derive(Debug)]
+pub struct DecodeCase {
+    /// The file name.
+    pub name: &'static str,
+    /// The subject the bytes arrive on.
+    pub subject: &'static str,
+    /// The bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// The decoding cases: what a reader accepts that no writer writes, and each malformed shape
+/// with its reason.
+pub fn decode_cases() -> Vec<DecodeCase> {
+    let id1 = || V::Bin(id(1).as_bytes().to_vec());
+    // A well-formed reply's fields: {0: 2, 1: id, 2: "calculator", 3: response, 4: inform}.
+    let head = |kind: u64| {
+        vec![
+            (0, V::Uint(2)),
+            (1, id1()),
+            (2, V::Str("calculator")),
+            (3, V::Uint(kind)),
+            (4, V::Uint(2)),
+        ]
+    };
+    let with = |extra: Vec<(u64, V)>| {
+        let mut entries = head(2);
+        entries.extend(extra);
+        compact(&entries)
+    };
+    let inbox = "_INBOX.planner.a1b2c3";
+    let mut cases = vec![
+        // Accepted.
+        DecodeCase {
+            name: "d01-minor-version",
+            subject: inbox,
+            bytes: with(vec![(34, V::Uint(3))]),
+        },
+        DecodeCase {
+            name: "d02-unknown-kind-code",
+            subject: inbox,
+            bytes: compact(&head(99)),
+        },
+        DecodeCase {
+            name: "d03-unknown-key",
+            subject: inbox,
+            bytes: with(vec![(60, V::Str("from a later minor"))]),
+        },
+        DecodeCase {
+            name: "d04-signed-integer",
+            subject: inbox,
+            bytes: with(vec![(14, V::Int(2))]),
+        },
+        DecodeCase {
+            name: "d05-uuid-variant",
+            subject: inbox,
+            bytes: {
+                let mut other = *id(1).as_bytes();
+                // The variant bits (the top two of byte 8) are 11, not 10.
+                other[8] |= 0xc0;
+                compact(&[
+                    (0, V::Uint(2)),
+                    (1, V::Bin(other.to_vec())),
+                    (2, V::Str("calculator")),
+                    (3, V::Uint(2)),
+                    (4, V::Uint(2)),
+                ])
+            },
+        },
+        // Refused with 5006, each with its own reason.
+        DecodeCase {
+            name: "d10-first-key-not-0",
+            subject: inbox,
+            bytes: compact(&[(1, id1()), (0, V::Uint(2)), (2, V::Str("calculator"))]),
+        },
+        DecodeCase {
+            name: "d11-repeated-key",
+            subject: inbox,
+            bytes: with(vec![(22, V::Str("a")), (22, V::Str("b"))]),
+        },
+        DecodeCase {
+            name: "d12-no-id",
+            subject: inbox,
+            bytes: compact(&[
+                (0, V::Uint(2)),
+                (2, V::Str("calculator")),
+                (3, V::Uint(2)),
+                (4, V::Uint(2)),
+            ]),
+        },
+        DecodeCase {
+            name: "d13-nil-where-no-nil",
+            subject: inbox,
+            bytes: with(vec![(22, V::Nil)]),
+        },
+        DecodeCase {
+            name: "d14-unknown-content-type-code",
+            subject: inbox,
+            bytes: with(vec![(29, V::Uint(7))]),
+        },
+        DecodeCase {
+            name: "d15-trailing-bytes",
+            subject: inbox,
+            bytes: {
+                let mut b = compact(&head(2));
+                b.push(0xc0);
+                b
+            },
+        },
+        DecodeCase {
+            name: "d16-tracestate-alone",
+            subject: inbox,
+            bytes: with(vec![(24, V::Str("congo=t61rcWkgMzE"))]),
+        },
+        DecodeCase {
+            name: "d17-not-a-uuidv7",
+            subject: inbox,
+            bytes: compact(&[
+                (0, V::Uint(2)),
+                (
+                    1,
+                    V::Bin(
+                        Uuid::from_u128(0x0123_4567_89ab_4def_8123_4567_89ab_cdef)
+                            .as_bytes()
+                            .to_vec(),
+                    ),
+                ),
+                (2, V::Str("calculator")),
+                (3, V::Uint(2)),
+                (4, V::Uint(2)),
+            ]),
+        },
+        DecodeCase {
+            name: "d18-major-3",
+            subject: inbox,
+            bytes: compact(&[(0, V::Uint(3)), (1, id1())]),
+        },
+        DecodeCase {
+            name: "d19-seq-not-a-pair",
+            subject: inbox,
+            bytes: with(vec![(18, V::Array(vec![V::Uint(1)]))]),
+        },
+    ];
+    cases.sort_by_key(|c| c.name);
+    cases
 }

@@ -97,7 +97,8 @@ def to_f32(x: float) -> float:
 
 def f32_text(x: float) -> str:
     """The shortest decimal that reads back as the same 32-bit float, written as the Rust SDK
-    writes it in JSON (``0.25``, ``0.0``, ``1e-7``); ``null`` when not finite."""
+    writes it in JSON (``0.25``, ``0.0``, ``1e-7``, ``1e+14``; PROTOCOL.md section 3.2's rule);
+    ``null`` when not finite."""
     if x != x or x in (float("inf"), float("-inf")):
         return "null"
     x = to_f32(x)
@@ -121,7 +122,7 @@ def f32_text(x: float) -> str:
     elif -6 < point <= 0:
         out = "0." + "0" * (-point) + digits
     elif length == 1:
-        out = f"{digits}e{point - 1}"
+        out = f"{digits}e{point - 1:+d}"
     else:
-        out = f"{digits[0]}.{digits[1:]}e{point - 1}"
+        out = f"{digits[0]}.{digits[1:]}e{point - 1:+d}"
     return sign + out

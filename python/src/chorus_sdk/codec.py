@@ -86,7 +86,9 @@ def sniff(data: bytes) -> Encoding | None:
         return Encoding.JSON
     if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF):
         header = 1 if first <= 0x8F else (3 if first == 0xDE else 5)
-        if len(data) > header and data[header] == 0x00:
+        # The named form's keys are strings; a map keyed by an integer is the compact form
+        # (malformed unless that first key is 0).
+        if len(data) > header and (data[header] <= 0x7F or 0xCC <= data[header] <= 0xD3 or data[header] >= 0xE0):
             return Encoding.COMPACT
         return Encoding.MSGPACK
     if first in b" \t\r\n":
@@ -846,26 +848,31 @@ _KNOWN = {
 }
 
 
-def _map_header(data: bytes) -> int:
-    """The number of entries the map at the start of ``data`` announces."""
-    first = data[0]
-    if first <= 0x8F:
-        return first & 0x0F
-    if first == 0xDE:
-        return int.from_bytes(data[1:3], "big")
-    return int.from_bytes(data[1:5], "big")
-
-
 def _unpack_map(data: bytes, what: str) -> dict[Any, Any]:
     """A whole MessagePack map (nothing after it), its keys each once."""
+    # The first key each map repeats, innermost maps first: the last is the outer map's.
+    repeated: list[Any] = []
+
+    def pairs(items: list[tuple[Any, Any]]) -> dict[Any, Any]:
+        out: dict[Any, Any] = {}
+        first = None
+        for k, v in items:
+            if k in out and first is None:
+                first = k
+            out[k] = v
+        repeated.append(first)
+        return out
+
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData, RecursionError) as e:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=False, object_pairs_hook=pairs)
+    except msgpack.ExtraData as e:
+        raise _malformed(f"{what}bytes after the envelope") from e
+    except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as e:
         raise _malformed(f"{what}{e or type(e).__name__}") from e
     if not isinstance(raw, dict):
         raise _malformed(f"{what}not a map")
-    if len(raw) != _map_header(data):
-        raise _malformed(f"{what}a key repeated")
+    if repeated and repeated[-1] is not None:
+        raise _malformed(f"{what}key {repeated[-1]} repeated")
     return raw
 
 
@@ -1024,6 +1031,8 @@ def _decode_compact(data: bytes) -> Envelope:
     # The hot path of every message received: one pass over the map, the common keys read
     # inline, the rest by table.
     raw = _unpack_map(data, _PREFIX)
+    if next(iter(raw), None) != 0:
+        raise _malformed(_PREFIX + "the first key is not 0 (the version)")
     major = raw.get(0)
     if type(major) is not int or major < 0:
         raise _malformed(_PREFIX + "key 0 does not read")

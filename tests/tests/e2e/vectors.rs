@@ -702,3 +702,158 @@ fn the_negotiation_vectors_read_as_one_round() {
     assert_eq!(lost.performative, Performative::Refuse);
     assert_eq!(lost.correlation_id, Some(round));
 }
+
+/// Issue 32, item 18: the decoding cases (`tests/vectors/decode/`): bytes no encoder writes,
+/// each either read (`NAME.json`: the envelope, as the SDK writes it in JSON) or refused with
+/// 5006 and its own reason (`NAME.error`), as the generator and the SDK say today; with
+/// `CHORUS_WRITE_VECTORS=1` they are rewritten. The reasons are docs/PROTOCOL.md's.
+#[test]
+fn the_decoding_cases_are_read_or_refused_as_committed() {
+    let write = std::env::var_os("CHORUS_WRITE_VECTORS").is_some();
+    let dir = vectors_dir().join("decode");
+    let subjects = chorus_sdk::Subjects::default();
+    let doc = protocol_doc();
+    let cases = chorus_tests::vectors::decode_cases();
+    assert!(cases.len() >= 15);
+    let mut reasons = std::collections::BTreeSet::new();
+    for case in &cases {
+        let implied = subjects.implied(case.subject);
+        let hex_text = hex::encode(&case.bytes) + "\n";
+        let (file, outcome) = match codec::decode_on(&case.bytes, &implied) {
+            Ok((env, encoding)) => {
+                assert_eq!(encoding, Encoding::Compact, "{}", case.name);
+                let json = codec::encode(&env, Encoding::Json).expect("json");
+                (
+                    format!("{}.json", case.name),
+                    String::from_utf8(json.to_vec()).expect("utf-8") + "\n",
+                )
+            }
+            Err(err) => {
+                // Every codec error is answered with 5006 (section 3.1).
+                let reason = err.to_string();
+                assert!(
+                    reasons.insert(reason.clone()),
+                    "{} repeats {reason:?}",
+                    case.name
+                );
+                assert!(
+                    write || doc.contains(&format!("`{reason}`")),
+                    "docs/PROTOCOL.md does not give the reason {reason:?} ({})",
+                    case.name
+                );
+                (format!("{}.error", case.name), reason + "\n")
+            }
+        };
+        if write {
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            std::fs::write(dir.join(format!("{}.hex", case.name)), &hex_text).expect("write");
+            std::fs::write(dir.join(&file), &outcome).expect("write");
+        } else {
+            let read = |f: &str| {
+                std::fs::read_to_string(dir.join(f))
+                    .unwrap_or_else(|e| panic!("tests/vectors/decode/{f}: {e}"))
+            };
+            assert_eq!(
+                read(&format!("{}.hex", case.name)),
+                hex_text,
+                "{}",
+                case.name
+            );
+            assert_eq!(read(&file), outcome, "{}", case.name);
+        }
+    }
+    // Nothing committed that the generator does not make.
+    let mut committed: Vec<String> = std::fs::read_dir(&dir)
+        .expect("tests/vectors/decode")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    committed.sort();
+    assert_eq!(committed.len(), cases.len() * 2, "{committed:?}");
+}
+
+/// docs/PROTOCOL.md section 3.2's rule for a `float 32` in JSON, applied to the shortest
+/// digits, is what the SDK writes: over 200,000 values across the whole range.
+#[test]
+fn the_json_float_rule_is_what_the_sdk_writes() {
+    fn by_rule(x: f32) -> String {
+        if x == 0.0 {
+            return if x.is_sign_negative() { "-0.0" } else { "0.0" }.into();
+        }
+        let sign = if x < 0.0 { "-" } else { "" };
+        // The fewest digits that read back, rounded from the exact value (ties to even).
+        let sci = (1..=9)
+            .map(|digits| format!("{:.*e}", digits - 1, f64::from(x.abs())))
+            .find(|t| t.parse::<f32>().ok() == Some(x.abs()))
+            .expect("9 digits always read back");
+        let (mantissa, exp) = sci.split_once('e').expect("exponent form");
+        let d: String = mantissa.chars().filter(|c| *c != '.').collect();
+        let d = d.trim_end_matches('0').to_owned();
+        let d = if d.is_empty() { "0".to_owned() } else { d };
+        let n = d.len() as i32;
+        let p = exp.parse::<i32>().expect("exponent") + 1;
+        let text = if n <= p && p <= 13 {
+            format!("{d}{}.0", "0".repeat((p - n) as usize))
+        } else if 0 < p && p < n && p <= 13 {
+            format!("{}.{}", &d[..p as usize], &d[p as usize..])
+        } else if -6 < p && p <= 0 {
+            format!("0.{}{d}", "0".repeat((-p) as usize))
+        } else if n == 1 {
+            format!("{d}e{:+}", p - 1)
+        } else {
+            format!("{}.{}e{:+}", &d[..1], &d[1..], p - 1)
+        };
+        format!("{sign}{text}")
+    }
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut checked = 0;
+    for i in 0..200_000u32 {
+        let x = match i % 4 {
+            // Every bit pattern, so every exponent.
+            0 | 1 => f32::from_bits(next() as u32),
+            // Fractions, the envelope's own floats.
+            2 => (next() % 1_000_001) as f32 / 1_000_000.0,
+            _ => (next() % 100_000) as f32 / 10f32.powi((next() % 12) as i32),
+        };
+        if !x.is_finite() {
+            continue;
+        }
+        assert_eq!(
+            serde_json::to_string(&x).expect("json"),
+            by_rule(x),
+            "{x:e}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 190_000);
+
+    // A sample for other implementations (`tests/vectors/floats.txt`: the value's bits in hex,
+    // then its JSON text), which the Python SDK's tests read.
+    let mut sample = String::new();
+    for i in 0..2_000u32 {
+        let x = match i % 2 {
+            0 => f32::from_bits(next() as u32),
+            _ => (next() % 1_000_001) as f32 / 1_000_000.0,
+        };
+        if x.is_finite() {
+            let text = serde_json::to_string(&x).expect("json");
+            sample.push_str(&format!("{:08x} {text}\n", x.to_bits()));
+        }
+    }
+    let path = vectors_dir().join("floats.txt");
+    if std::env::var_os("CHORUS_WRITE_VECTORS").is_some() {
+        std::fs::write(&path, &sample).expect("write");
+    } else {
+        assert_eq!(
+            std::fs::read_to_string(&path).expect("tests/vectors/floats.txt"),
+            sample,
+            "CHORUS_WRITE_VECTORS=1 rewrites it"
+        );
+    }
+}

@@ -592,7 +592,7 @@ fn read_field(
         }
         key::CONTENT_TYPE => {
             env.content_type = match r.peek()? {
-                0x00..=0x7f | 0xcc..=0xcf => match r.uint()? {
+                0x00..=0x7f | 0xcc..=0xd3 => match r.uint()? {
                     CT_JSON => CONTENT_TYPE_JSON.into(),
                     CT_ENCRYPTED => CONTENT_TYPE_ENCRYPTED.into(),
                     _ => return None,

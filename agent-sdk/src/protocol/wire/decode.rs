@@ -355,6 +355,12 @@ impl<'a> Reader<'a> {
             0xcd => self.be(2),
             0xce => self.be(4),
             0xcf => self.be(8),
+            // A signed format holding a value that is not negative (section 3.2: a receiver
+            // takes any format of the right family).
+            0xd0 => u64::try_from(self.be(1)? as u8 as i8).ok(),
+            0xd1 => u64::try_from(self.be(2)? as u16 as i16).ok(),
+            0xd2 => u64::try_from(self.be(4)? as u32 as i32).ok(),
+            0xd3 => u64::try_from(self.be(8)? as i64).ok(),
             _ => None,
         }
     }
