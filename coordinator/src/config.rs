@@ -73,6 +73,9 @@ pub struct CoordinatorConfig {
     /// Public keys of broadcast senders that never register (a `chorus --id` CLI user), by
     /// agent id; they take precedence over the registry's.
     pub trusted_keys: std::collections::BTreeMap<String, String>,
+    /// The same from files, by agent id: each file holds one public key (`chorus creds`
+    /// writes `<id>.pub` beside the seed). Read at start; a key in `trusted_keys` wins.
+    pub trusted_key_files: std::collections::BTreeMap<String, std::path::PathBuf>,
     /// The edge gateway: HTTP when `gateway.listen` is set, SAP agents when `gateway.sap` names
     /// any; off otherwise. See `docs/INTEROP.md`.
     pub gateway: GatewayConfig,
@@ -100,6 +103,7 @@ impl Default for CoordinatorConfig {
             signing_seed_file: None,
             require_signed_broadcasts: false,
             trusted_keys: std::collections::BTreeMap::new(),
+            trusted_key_files: std::collections::BTreeMap::new(),
             gateway: GatewayConfig::default(),
             circuit_breaker: None,
         }
@@ -107,6 +111,37 @@ impl Default for CoordinatorConfig {
 }
 
 impl CoordinatorConfig {
+    /// `trusted_keys` with the keys of `trusted_key_files` read in (those given inline win).
+    ///
+    /// # Errors
+    /// A configuration error naming the file that cannot be read or holds no user public key.
+    pub fn read_trusted_keys(&mut self) -> Result<()> {
+        for (agent, file) in &self.trusted_key_files {
+            let text = std::fs::read_to_string(file).map_err(Error::wrap(
+                ErrorKind::Config,
+                format!(
+                    "trusted_key_files: cannot read {} (for {agent})",
+                    file.display()
+                ),
+            ))?;
+            let key = text.trim();
+            if !(key.len() == 56 && key.starts_with('U')) {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "trusted_key_files: {} (for {agent}) does not hold a user public key \
+                         (U..., 56 characters, as `chorus creds` writes to <id>.pub)",
+                        file.display()
+                    ),
+                ));
+            }
+            self.trusted_keys
+                .entry(agent.clone())
+                .or_insert_with(|| key.to_owned());
+        }
+        Ok(())
+    }
+
     /// The key broadcast copies are signed with: `signing_seed_file`, else the nkey seed the
     /// coordinator connects with, else none.
     ///

@@ -71,7 +71,8 @@ class NatsServer:
                     raise RuntimeError("nats-server did not start") from None
                 time.sleep(0.02)
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Stops the server, keeping its port and store: :meth:`start` brings it back."""
         if self._proc is not None:
             self._proc.terminate()
             try:
@@ -79,6 +80,10 @@ class NatsServer:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+            self._proc = None
+
+    def stop(self) -> None:
+        self.halt()
         self._dir.cleanup()
 
 
@@ -106,7 +111,7 @@ class RustPeer:
         )
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.monotonic() + DEADLINE
-        seen = []
+        seen: list[str] = []
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -50,7 +50,7 @@ async def test_request_reply_in_every_encoding_and_errors_carry_their_code(serve
             a, b = ctx.data()
             if b == 0:
                 raise ChorusError(StatusCode.INVALID_ARGUMENT, "division by zero")
-            return a / b
+            return float(a / b)
 
         @calc.command("crash")
         async def crash(ctx: Context) -> None:
@@ -136,6 +136,28 @@ async def test_events_reach_every_matching_subscriber_and_gaps_are_counted(serve
             await publisher.publish("doc.deleted", "again")
             await asyncio.wait_for(got.get(), WAIT)
             assert listener.stats.lost == 2
+
+
+async def test_an_event_handler_gets_the_topic_it_matched_in_every_encoding(server: Any) -> None:
+    got: asyncio.Queue[str | None] = asyncio.Queue()
+    async with Agent("py-topics", servers=server.url, heartbeat_interval=0) as listener:
+
+        @listener.event("doc.>")
+        async def on_doc(ctx: Context) -> None:
+            await got.put(ctx.topic)
+
+        @listener.command("which")
+        async def which(ctx: Context) -> str | None:
+            return ctx.topic
+
+        await listener.flush()
+        for encoding in Encoding:
+            async with Agent(f"py-topic-{encoding.value}", servers=server.url, heartbeat_interval=0, encoding=encoding) as publisher:
+                # The compact form leaves the topic out of the envelope: it is the subject's.
+                await publisher.publish(f"doc.{encoding.value}.created", {"n": 1})
+                assert await asyncio.wait_for(got.get(), WAIT) == f"doc.{encoding.value}.created"
+                # A command has no topic.
+                assert await publisher.request("py-topics", "which") is None
 
 
 async def raw_request(url: str, subject: str, data: bytes) -> Envelope:

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// Directory to write ca.pem, server.pem, server-key.pem, client.pem, client-key.pem.
+    /// Directory to write ca.pem, server.pem, server-key.pem, client.pem, client-key.pem, and
+    /// nats-tls.conf (the server's tls block, for `include` in its config).
     #[arg(long, default_value = ".tls")]
     out: PathBuf,
     /// Names and addresses the server certificate is for.
@@ -15,6 +16,9 @@ pub(crate) struct Args {
     #[arg(long, default_value = "chorus-client")]
     client: String,
 }
+
+/// The file, in the output directory, that holds the server's tls block.
+const TLS_CONF: &str = "nats-tls.conf";
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let files = chorus_cli::certs::generate(&args.out, &args.hosts, &args.client)?;
@@ -29,11 +33,23 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         files.client_cert.display(),
         files.client_key.display()
     );
-    outln!(
-        "nats.conf:\n  tls {{\n    cert_file: \"{}\"\n    key_file: \"{}\"\n    ca_file: \"{}\"\n    verify: true   # mutual TLS: clients must present a certificate from this CA\n  }}",
+    let block = format!(
+        "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true   # mutual TLS: clients must present a certificate from this CA\n}}\n",
         files.server_cert.display(),
         files.server_key.display(),
         files.ca.display()
     );
+    // The server's tls block as a file of its own, for `include` in a server config (its
+    // paths are relative to the directory the server runs in, as printed).
+    let conf = args.out.join(TLS_CONF);
+    std::fs::write(&conf, &block)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", conf.display()))?;
+    outln!(
+        "nats.conf: include \"{}\", or paste this block:",
+        conf.display()
+    );
+    for line in block.lines() {
+        outln!("  {line}");
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -47,7 +47,8 @@ pub(crate) struct Args {
     /// identity with an `[[gateway.sap]]` binding; repeat for several).
     #[arg(long, value_name = "AGENT.OWNER.SESSION")]
     sap: Vec<String>,
-    /// Directory for the seed file `<agent>.nk` (written with mode 0600).
+    /// Directory for the seed file `<agent>.nk` (written with mode 0600) and the public key
+    /// `<agent>.pub`.
     #[arg(long, default_value = ".")]
     out: PathBuf,
 }
@@ -65,6 +66,11 @@ pub(crate) fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode>
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", args.out.display()))?;
     let path = args.out.join(format!("{}.nk", args.agent));
     write_secret(&path, &seed)?;
+    // The public key beside it, for whoever trusts this identity's signatures
+    // (`AgentOptions::trust`, the coordinator's `trusted_keys`).
+    let public = args.out.join(format!("{}.pub", args.agent));
+    std::fs::write(&public, format!("{}\n", identity.public_key()))
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", public.display()))?;
     let entry = if args.coordinator {
         chorus_coordinator::creds::coordinator_entry(&subjects, &identity.public_key())
     } else {
@@ -85,15 +91,18 @@ pub(crate) fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode>
     };
     if args.cli {
         eprintln!(
-            "seed written to {} (keep it secret; use it as `chorus --id {} --nkey-file {}`)",
+            "seed written to {} (keep it secret; use it as `chorus --id {} --nkey-file {}`), \
+             public key to {}",
             path.display(),
             args.agent,
-            path.display()
+            path.display(),
+            public.display()
         );
     } else {
         eprintln!(
-            "seed written to {} (keep it secret; the agent connects with it)",
-            path.display()
+            "seed written to {} (keep it secret; the agent connects with it), public key to {}",
+            path.display(),
+            public.display()
         );
     }
     outln!("{entry}");

@@ -120,8 +120,9 @@ impl Coordinator {
     /// A configuration error when the settings or the signing key cannot work, a connection error
     /// when NATS is out of reach, a broker error when a stream, bucket or subscription cannot be
     /// set up, a listen error when an address is taken, an I/O error for an unreadable JWT key.
-    pub async fn start(config: CoordinatorConfig, serve_metrics: bool) -> Result<Coordinator> {
+    pub async fn start(mut config: CoordinatorConfig, serve_metrics: bool) -> Result<Coordinator> {
         config.validate()?;
+        config.read_trusted_keys()?;
         let identity = config.signing_identity()?;
         let broadcast_verifier =
             chorus_sdk::security::Verifier::new(chorus_sdk::security::SignaturePolicy {

@@ -18,6 +18,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 
+from ._connection import Connection
 from .codec import Encoding
 from .context import Context
 from .durable import DurableInbox, InboxOptions
@@ -44,6 +45,9 @@ Payload = Union[bytes, Any]
 DEFAULT_QUEUE_CAPACITY = 4096
 # The most subjects an agent keeps event counts for (section 4.1, `seq`).
 MAX_SEQ_SUBJECTS = 4096
+# How many times an agent tries to reach each server before its first connection fails with
+# Unreachable (about 2 s apart, nats-py's reconnect wait).
+DEFAULT_CONNECT_ATTEMPTS = 3
 
 
 
@@ -95,6 +99,8 @@ class AgentState:
         inbox: InboxOptions | None = None,
         default_delivery: Delivery = Delivery.AT_LEAST_ONCE,
         shutdown_timeout: float = 10.0,
+        connect_attempts: int | None = DEFAULT_CONNECT_ATTEMPTS,
+        reconnect_attempts: int | None = None,
         nats_options: dict[str, Any] | None = None,
     ) -> None:
         self.id = validate_token("agent id", id)
@@ -121,6 +127,12 @@ class AgentState:
         self.reconnect_hooks: list[Callable[[], None]] = []
         self.default_delivery = default_delivery
         self.shutdown_timeout = shutdown_timeout
+        if connect_attempts is not None and connect_attempts < 1:
+            raise ValueError("connect_attempts must be 1 or more (None: keep trying)")
+        if reconnect_attempts is not None and reconnect_attempts < 0:
+            raise ValueError("reconnect_attempts must be 0 or more (None: keep trying)")
+        self.connect_attempts = connect_attempts
+        self.reconnect_attempts = reconnect_attempts
         self.nats_options = dict(nats_options or {})
         self.instance = uuid7().hex
         self.started_ms = now_ms()
@@ -130,6 +142,7 @@ class AgentState:
         self._capabilities: dict[str, Handler] = {}
         self._events: dict[str, EventHandler] = {}
         self._nc: NATS | None = None
+        self._connection: Connection | None = None
         self._subs: list[Any] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -158,6 +171,8 @@ class AgentState:
     def nc(self) -> NATS:
         if self._nc is None:
             raise Unreachable(f"agent {self.id} is not connected")
+        if self._connection is not None and self._connection.lost is not None:
+            raise Unreachable(self._connection.lost.reason)
         return self._nc
 
     def spawn(self, coro: Awaitable[Any], name: str = "chorus-setup") -> asyncio.Task[Any]:

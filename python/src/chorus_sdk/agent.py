@@ -10,17 +10,21 @@ import asyncio
 import uuid
 from typing import Any
 
-import nats
-import nats.errors
-
+from ._connection import Connection
 from .context import Context, Reply
 from . import service
 from .tasks import Check, TaskHandle, TaskResult
 from .tasks import verify as verify_task
 from .tasks import submit as submit_task
 
-from ._state import Payload, Stats
+from ._keys import RegisteredKeys
+from ._state import Payload, Stats, log
+from .status import Unreachable
 from .handlers import Handlers
+
+
+# The task that follows the registry's keys: stopped at shutdown, not waited for.
+KEYS_TASK = "chorus-keys"
 
 
 class Agent(Handlers):
@@ -42,23 +46,27 @@ class Agent(Handlers):
         await self.shutdown()
 
     async def connect(self) -> Agent:
-        """Connects, subscribes every handler registered so far, and announces the agent."""
+        """Connects, subscribes every handler registered so far, and announces the agent.
+
+        Raises :class:`Unreachable` when the bus cannot be reached in ``connect_attempts``
+        tries of each server (saying where it tried and why it failed)."""
         options: dict[str, Any] = {"name": self.id, "inbox_prefix": self.subjects.reply_prefix(self.id).encode()}
         options.update(self.nats_options)
-        # Bells may be lost while the connection is down: the durable inbox looks after it.
-        user_reconnected = options.get("reconnected_cb")
+        connection = Connection(self.id, self.servers, self.connect_attempts, self.reconnect_attempts, self._reconnected)
+        self._connection = connection
+        self._nc = await connection.open(options)
+        try:
+            await self._start()
+        except BaseException:
+            # Cancelled (Ctrl-C) or failed half way: nothing is left running.
+            await self._abandon()
+            raise
+        return self
 
-        async def reconnected() -> None:
-            for hook in list(self.reconnect_hooks):
-                hook()
-            if user_reconnected is not None:
-                await user_reconnected()
-
-        options["reconnected_cb"] = reconnected
-        self._nc = await nats.connect(self.servers, **options)
+    async def _start(self) -> None:
+        nc = self.nc
         if self.max_message_bytes is None:
-            self.max_message_bytes = self._nc.max_payload
-        nc = self._nc
+            self.max_message_bytes = nc.max_payload
         self._subs.append(await nc.subscribe(self.subjects.agent_inbound(self.id), cb=self._inbound("command")))
         for capability in list(self._capabilities):
             await self._subscribe_capability(capability)
@@ -69,12 +77,57 @@ class Agent(Handlers):
             for subject in service.subjects(self.id, self.instance):
                 self._subs.append(await nc.subscribe(subject, cb=self._on_service))
         await nc.flush()
+        if self.verifier is not None or self.encryption_key is not None:
+            # Signing and encryption keys announced in the registry, as the Rust SDK learns
+            # them; the entries already there are read before the agent starts taking work.
+            keys = RegisteredKeys(self.id, self.subjects, self.verifier, self._encryption_trust)
+            if await keys.open(nc):
+                self.spawn(keys.follow(), name=KEYS_TASK)
+                try:
+                    await asyncio.wait_for(keys.ready.wait(), timeout=self.request_timeout)
+                except asyncio.TimeoutError:
+                    log.warning("agent %s: the registry's keys were not all read within %.1f s", self.id, self.request_timeout)
         if self._commands and self.durable_inbox:
             await self._start_durable()
         if self.heartbeat_interval > 0:
             await self._heartbeat()
             self.spawn(self._heartbeats(), name="chorus-heartbeats")
-        return self
+
+    async def _reconnected(self) -> None:
+        # Bells may be lost while the connection is down: the durable inbox looks after it.
+        for hook in list(self.reconnect_hooks):
+            hook()
+
+    async def _abandon(self) -> None:
+        """Stops what a connect that did not finish started, and closes its connection."""
+        nc, self._nc = self._nc, None
+        if self._connection is not None:
+            self._connection.closing()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=1.0)
+        if nc is not None:
+            try:
+                await nc.close()
+            except Exception:  # noqa: BLE001 - closing what may never have opened
+                pass
+
+    async def serve_forever(self) -> None:
+        """Serves until the agent shuts down. Raises :class:`Unreachable` if its connection is
+        lost for good (after ``reconnect_attempts`` failed tries); cancelling it (Ctrl-C under
+        ``asyncio.run``) ends it as any other wait."""
+        connection = self._connection
+        if self._nc is None or connection is None:
+            raise Unreachable(f"agent {self.id} is not connected")
+        waits = [asyncio.ensure_future(self._stopped.wait()), asyncio.ensure_future(connection.closed.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if connection.lost is not None:
+            raise Unreachable(connection.lost.reason)
 
     async def flush(self) -> None:
         """Waits until what this agent sent, and subscriptions made by late registrations,
@@ -86,15 +139,21 @@ class Agent(Handlers):
 
     async def shutdown(self) -> None:
         """Says goodbye, stops taking messages, waits for running handlers (up to
-        ``shutdown_timeout``), then closes the connection."""
+        ``shutdown_timeout``), then closes the connection; cancelled half way, it still
+        closes the connection."""
         if self._nc is None or self._stopping:
             return
         self._stopping = True
         self._stopped.set()
         nc = self._nc
+        if self._connection is not None:
+            self._connection.closing()
         try:
             if nc.is_connected and self.heartbeat_interval > 0:
-                await self._send_presence(goodbye=True)
+                try:
+                    await self._send_presence(goodbye=True)
+                except Exception as e:  # noqa: BLE001 - leaving all the same
+                    log.debug("agent %s: goodbye not sent: %s", self.id, e)
             for sub in self._subs:
                 try:
                     await sub.unsubscribe()
@@ -104,7 +163,7 @@ class Agent(Handlers):
                 await self._durable.stop()
             current = asyncio.current_task()
             for task in self._tasks:
-                if task.get_name() == "chorus-heartbeats":
+                if task.get_name() in ("chorus-heartbeats", KEYS_TASK):
                     task.cancel()
             running = [t for t in self._tasks if t is not current]
             if running:
@@ -115,10 +174,19 @@ class Agent(Handlers):
                     await asyncio.wait(late, timeout=1.0)
         finally:
             try:
-                await nc.drain()
-            except Exception:  # noqa: BLE001
-                await nc.close()
-            self._nc = None
+                if nc.is_connected:
+                    await nc.drain()
+                else:
+                    await nc.close()
+            except BaseException as e:
+                try:
+                    await nc.close()
+                except Exception:  # noqa: BLE001 - closed as far as it can be
+                    pass
+                if not isinstance(e, Exception):
+                    raise
+            finally:
+                self._nc = None
 
     # -----------------------------------------------------------------------------------------
     # Tasks

@@ -37,6 +37,15 @@ class Context:
         return self.envelope.from_
 
     @property
+    def topic(self) -> str | None:
+        """An event's topic (``doc.created``), the part of the subject after ``<root>.evt.``:
+        which one of a pattern's matched (as ``Event::topic`` in the Rust SDK); ``None`` for
+        a message that is not an event."""
+        if self.envelope.topic is not None:
+            return self.envelope.topic
+        return self.agent.subjects.implied(self.subject).topic
+
+    @property
     def payload(self) -> bytes:
         return self.envelope.payload
 

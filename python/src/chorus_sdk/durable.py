@@ -17,6 +17,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, RePublish, RetentionPolicy, StorageType, StreamConfig
 
+from ._connection import CONNECTION_GONE, describe
 from ._host import Host
 from .codec import DecodeError, decode
 from .envelope import Envelope, Kind, now_ms
@@ -516,6 +517,8 @@ class DurableInbox:
                 await self._process(msg, decoded)
             except asyncio.CancelledError:
                 raise
+            except CONNECTION_GONE as e:
+                log.warning("durable delivery not settled, the connection is gone (%s); the server will redeliver it", describe(e))
             except Exception:  # noqa: BLE001 - never lose the lane
                 log.exception("durable delivery not settled; the server will redeliver it")
 

@@ -17,6 +17,10 @@ from ._state import EventHandler, Handler, log
 from .presence import Presence
 
 
+# What the decorators take: a handler, as a coroutine function or a plain one.
+H = TypeVar("H", bound=Callable[[Context], Any])
+
+
 class Handlers(Presence):
     """The serving layer of an agent."""
 
@@ -42,28 +46,29 @@ class Handlers(Presence):
         self._events[pattern] = handler
         self._changed(pattern=pattern)
 
-    def command(self, name: str) -> Callable[[Handler], Handler]:
-        """Decorator form of :meth:`on_command`: ``@agent.command("add")``."""
+    def command(self, name: str) -> Callable[[H], H]:
+        """Decorator form of :meth:`on_command`: ``@agent.command("add")`` (on a coroutine
+        function or a plain one)."""
 
-        def register(f: Handler) -> Handler:
+        def register(f: H) -> H:
             self.on_command(name, _as_async(f))
             return f
 
         return register
 
-    def capability(self, capability: str) -> Callable[[Handler], Handler]:
+    def capability(self, capability: str) -> Callable[[H], H]:
         """Decorator form of :meth:`on_capability`."""
 
-        def register(f: Handler) -> Handler:
+        def register(f: H) -> H:
             self.on_capability(capability, _as_async(f))
             return f
 
         return register
 
-    def event(self, pattern: str) -> Callable[[EventHandler], EventHandler]:
+    def event(self, pattern: str) -> Callable[[H], H]:
         """Decorator form of :meth:`on_event`."""
 
-        def register(f: EventHandler) -> EventHandler:
+        def register(f: H) -> H:
             self.on_event(pattern, _as_async(f))
             return f
 

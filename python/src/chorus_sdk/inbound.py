@@ -17,6 +17,7 @@ from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJE
 from .service import EndpointStats
 from .status import ChorusError, StatusCode, reply_performative
 
+from ._connection import CONNECTION_GONE, describe
 from ._state import MAX_SEQ_SUBJECTS, log
 from .outbound import Outbound, unreadable_payload
 
@@ -102,6 +103,8 @@ class Inbound(Outbound):
                     self._busy -= 1
         except asyncio.CancelledError:
             raise
+        except CONNECTION_GONE as e:
+            log.warning("agent %s: message on %s not answered: the connection is gone (%s)", self.id, msg.subject, describe(e))
         except Exception:  # noqa: BLE001 - a handler's crash must not end the agent
             log.exception("agent %s: message on %s not handled", self.id, msg.subject)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import os
 import threading
 import uuid
@@ -76,8 +77,18 @@ def _public_key_bytes(public_key: str) -> bytes | None:
     return bytes(raw[1:33])
 
 
+def _quoted(text: str) -> str:
+    """``text`` in double quotes, escaped, as the Rust SDK writes it in a reason (``{:?}``)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
 class Verifier:
-    """Checks signatures against registered keys and remembers recent ids to refuse replays."""
+    """Checks signatures against registered keys and remembers recent ids to refuse replays.
+
+    The keys are those given to :meth:`trust` and, for an agent built with this verifier,
+    those the registry announces (each agent's manifest carries its ``public_key``): the agent
+    follows the registry bucket as the Rust SDK does, a key registered there replacing one
+    given by hand, and an agent that leaves the registry being forgotten."""
 
     def __init__(self, require_signed: bool = False, tolerance_ms: int = DEFAULT_TOLERANCE_MS) -> None:
         self.require_signed = require_signed
@@ -94,7 +105,14 @@ class Verifier:
             raise ValueError(f"{public_key!r} is not a user nkey public key")
         self._keys[agent] = (public_key, nacl.signing.VerifyKey(raw))
 
+    def forget(self, agent: str) -> None:
+        """Forgets ``agent``'s key (its messages are then refused with 5004 until one is
+        registered again)."""
+        self._keys.pop(agent, None)
+
     def key_of(self, agent: str) -> str | None:
+        """The key registered for ``agent``: given to :meth:`trust`, or learned from the
+        registry by an agent this verifier serves."""
         entry = self._keys.get(agent)
         return entry[0] if entry else None
 
@@ -107,12 +125,12 @@ class Verifier:
                 raise ChorusError(StatusCode.UNAUTHORIZED, "unsigned messages are refused here")
             return
         if sig.alg != SIGNATURE_ALG:
-            raise ChorusError(StatusCode.UNAUTHORIZED, f"unsupported signature algorithm {sig.alg!r}")
+            raise ChorusError(StatusCode.UNAUTHORIZED, f"unsupported signature algorithm {_quoted(sig.alg)}")
         entry = self._keys.get(env.from_)
         if entry is None:
-            raise ChorusError(StatusCode.IDENTITY, f"no key is registered for {env.from_!r}")
+            raise ChorusError(StatusCode.IDENTITY, f"no key is registered for {_quoted(env.from_)}")
         if entry[0] != sig.key:
-            raise ChorusError(StatusCode.IDENTITY, f"signed with a key that is not {env.from_!r}'s")
+            raise ChorusError(StatusCode.IDENTITY, f"signed with a key that is not {_quoted(env.from_)}'s")
         drift = abs(env.timestamp_ms - now)
         if drift > self.tolerance_ms:
             raise ChorusError(

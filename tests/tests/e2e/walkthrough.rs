@@ -1,106 +1,157 @@
-//! docs/SECURITY.md "Running with security on", followed as written: the `sh` block's commands
-//! are read from the document at test time and run with the real `chorus` binary, `nats.conf`
-//! is what the block's comment says (the printed tls block and the users.conf entries), the
-//! coordinator runs as `chorus serve` with the document's config file, the agents connect as
-//! the Rust snippet does, and the CLI runs the document's example. Then a spoofed `from`, a
-//! replay across a restart and a forged broadcast are each refused with their code.
+//! docs/SECURITY.md "Running with security on", run as written in an empty directory: the
+//! first `sh` block's commands with the real `chorus`, `secure.conf` (the `conf` block) under a
+//! real `nats-server`, `chorus serve` with the `toml` block, ocr-agent as the Rust block (which
+//! is `agent-sdk/examples/secure_ocr_agent.rs`, run as its built binary), nlp-agent as the
+//! Python block (run with the interpreter `scripts/test` installs the SDK into), and the
+//! operator's `sh` block and `tap` command. The one change: the port, `4222` in the document,
+//! is one the OS picks, so tests run side by side. Then a spoofed `from`, a replay across a
+//! restart and a forged broadcast are each refused with their code.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use chorus_broker_adapter::TlsOptions;
 use chorus_sdk::codec::{self, Encoding};
-use chorus_sdk::security::{Identity, SignaturePolicy};
-use chorus_sdk::{
-    AgentOptions, BrokerOptions, Context, Credentials, Envelope, HandlerError, Kind, Performative,
-    StatusCode,
-};
-use chorus_tests::{Processes, WAIT, chorus_binary, eventually, within};
+use chorus_sdk::security::Identity;
+use chorus_sdk::{BrokerOptions, Credentials, Envelope, Kind, Performative, StatusCode};
+use chorus_tests::{WAIT, chorus_binary, eventually, within};
+
+/// The address the document uses; the test puts its own port in its place.
+const DOC_ADDRESS: &str = "127.0.0.1:4222";
 
 fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
 }
 
-/// The first fenced block of language `lang` in `section`.
-fn fenced<'a>(section: &'a str, lang: &str) -> &'a str {
+/// The `n`th fenced block (from 0) of language `lang` in `section`.
+fn fenced<'a>(section: &'a str, lang: &str, n: usize) -> &'a str {
     let open = format!("```{lang}\n");
     let start = section
-        .find(&open)
-        .unwrap_or_else(|| panic!("no {lang} block"))
+        .match_indices(&open)
+        .nth(n)
+        .unwrap_or_else(|| panic!("no {lang} block {n}"))
+        .0
         + open.len();
     let len = section[start..].find("```").expect("block end");
     &section[start..start + len]
 }
 
-/// The `nats.conf` user entries `chorus creds` printed, by the last word of their comment
-/// (`# the coordinator`, `# agent ocr-agent`, `# CLI user ops`): name to nkey.
-fn entry_keys(users: &str) -> BTreeMap<String, String> {
-    let mut keys = BTreeMap::new();
-    let mut name = None;
-    for line in users.lines() {
-        if let Some(comment) = line.trim().strip_prefix('#') {
-            name = comment.split_whitespace().last().map(str::to_owned);
-        } else if let (Some(n), Some(rest)) = (name.take(), line.split("nkey: \"").nth(1)) {
-            keys.insert(n, rest.split('"').next().expect("key").to_owned());
+/// A free loopback port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A process of the walkthrough (an agent, the coordinator), its output lines kept.
+struct Running {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    name: &'static str,
+}
+
+impl Running {
+    fn start(name: &'static str, mut command: Command) -> Running {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("run {name}: {e}"));
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        for stream in [
+            Box::new(child.stdout.take().expect("stdout")) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().expect("stderr")),
+        ] {
+            let lines = Arc::clone(&lines);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    lines.lock().expect("lines").push(line);
+                }
+            });
+        }
+        Running { child, lines, name }
+    }
+
+    fn output(&self) -> String {
+        self.lines.lock().expect("lines").join("\n")
+    }
+
+    fn count(&self, text: &str) -> usize {
+        self.lines
+            .lock()
+            .expect("lines")
+            .iter()
+            .filter(|l| l.contains(text))
+            .count()
+    }
+
+    /// Waits (up to [`WAIT`]) for `n` lines containing `text`.
+    fn wait_for(&mut self, text: &str, n: usize) {
+        let deadline = Instant::now() + WAIT;
+        while self.count(text) < n {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("{} exited ({status}): {}", self.name, self.output());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: no {n} line(s) with {text:?} within {WAIT:?}: {}",
+                self.name,
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
-    keys
-}
 
-/// Agent options as the document's snippet builds them, for agent `id`.
-fn snippet_options(
-    dir: &Path,
-    url: &str,
-    id: &str,
-    keys: &BTreeMap<String, String>,
-) -> AgentOptions {
-    let seed = std::fs::read_to_string(dir.join(format!(".keys/{id}.nk"))).expect("seed");
-    AgentOptions::new(id)
-        .broker(
-            BrokerOptions::new([url])
-                .credentials(Credentials::NKeySeed(seed.trim().into()))
-                .tls(
-                    TlsOptions::required()
-                        .ca_file(dir.join(".tls/ca.pem"))
-                        .client_cert(dir.join(".tls/client.pem"), dir.join(".tls/client-key.pem")),
-                ),
-        )
-        .identity(Identity::generate())
-        .verify_signatures(SignaturePolicy {
-            require_signed: true,
-            ..Default::default()
-        })
-        .persist_seen_ids(true)
-        .trust("coordinator", keys["coordinator"].clone())
-        .trust("ops", keys["ops"].clone())
-}
-
-/// ocr-agent: its `ocr` command asks the `nlp.analyze` capability and reports the answer.
-async fn ocr_agent(options: AgentOptions) -> chorus_sdk::Agent {
-    let agent = within(WAIT, "ocr-agent connect", options.connect())
-        .await
-        .expect("ocr-agent connects over mutual TLS with its nkey");
-    let caller = agent.clone();
-    agent
-        .on_command("ocr", move |ctx: Context, text: String| {
-            let caller = caller.clone();
-            async move {
-                let words: u32 = caller.request_capability("nlp.analyze", &text).await?;
-                Ok::<_, HandlerError>(format!("{words} words for {}", ctx.from()))
+    /// Ctrl-C, and the process's end (within [`WAIT`]).
+    fn stop(mut self) -> String {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + WAIT;
+        while self.child.try_wait().expect("wait").is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("{} did not stop on Ctrl-C: {}", self.name, self.output());
             }
-        })
-        .await
-        .expect("register ocr");
-    agent
-        .on_command("reload", |_ctx: Context, (): ()| async move {
-            Ok::<_, HandlerError>(())
-        })
-        .await
-        .expect("register reload");
-    agent
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.output()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The built `secure_ocr_agent` example, beside this test's binary.
+fn ocr_example() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir")
+        .join("examples/secure_ocr_agent");
+    assert!(
+        path.is_file(),
+        "{} is not built: `cargo build -p chorus-sdk --examples` (scripts/test builds it)",
+        path.display()
+    );
+    path
+}
+
+fn start_ocr(dir: &Path, url: &str) -> Running {
+    let mut command = Command::new(ocr_example());
+    command.current_dir(dir).env("CHORUS_NATS_URL", url);
+    let mut ocr = Running::start("ocr-agent", command);
+    ocr.wait_for("ocr-agent: serving", 1);
+    ocr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,166 +164,183 @@ async fn walkthrough_running_with_security_on_works_as_documented_and_refuses_ea
         .expect("the section");
     let section = &doc[start..];
     let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let python = std::env::var_os("CHORUS_TEST_PYTHON").expect(
+        "CHORUS_TEST_PYTHON names a Python with the SDK installed (scripts/test sets it: \
+         scripts/install-python-sdk prints one)",
+    );
     let chorus = chorus_binary();
     let work = tempfile::tempdir().expect("tempdir");
     let dir = work.path();
-    let mut procs = Processes::default();
-
-    // The shell steps, as written, with `chorus` on the PATH.
-    let steps = fenced(section, "sh");
+    let address = format!("127.0.0.1:{}", free_port());
+    let url = format!("tls://{address}");
+    let ported = |text: &str| text.replace(DOC_ADDRESS, &address);
     let path = std::env::join_paths(
-        std::iter::once(chorus.parent().expect("bin dir").to_owned()).chain(std::env::split_paths(
+        [
+            chorus.parent().expect("bin dir").to_owned(),
+            chorus_nats_server::find_binary()
+                .expect("nats-server installed")
+                .parent()
+                .expect("its dir")
+                .to_owned(),
+        ]
+        .into_iter()
+        .chain(std::env::split_paths(
             &std::env::var_os("PATH").unwrap_or_default(),
         )),
     )
     .expect("PATH");
-    let out = Command::new("sh")
-        .args(["-e", "-c", steps])
-        .current_dir(dir)
-        .env("PATH", path)
-        .output()
-        .expect("run the steps");
-    assert!(out.status.success(), "{steps}\n{}", text(&out));
-    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    let sh = |script: &str| {
+        Command::new("sh")
+            .args(["-e", "-c", script])
+            .current_dir(dir)
+            .env("PATH", &path)
+            .env_remove("CHORUS_NATS_URL")
+            .output()
+            .expect("run sh")
+    };
 
-    // nats.conf: the tls block `chorus certs` printed, and the users.conf entries.
-    let tls_block: String = printed
-        .split_once("nats.conf:\n")
-        .expect("chorus certs printed a nats.conf block")
-        .1
-        .lines()
-        .scan(false, |done, line| {
-            if *done {
-                return None;
-            }
-            *done = line.trim() == "}";
-            Some(format!("{line}\n"))
-        })
-        .collect();
-    assert!(tls_block.contains("verify: true"), "{tls_block}");
-    let users = std::fs::read_to_string(dir.join("users.conf")).expect("users.conf");
-    let keys = entry_keys(&users);
-    for who in ["coordinator", "ocr-agent", "nlp-agent", "ops"] {
-        assert!(keys.contains_key(who), "no entry for {who}: {users}");
+    // 1. Certificates, identities, the server's users.
+    let steps = fenced(section, "sh", 0);
+    let out = sh(steps);
+    assert!(out.status.success(), "{steps}\n{}", text(&out));
+    for file in [
+        ".tls/nats-tls.conf",
+        ".keys/ops.pub",
+        ".keys/coordinator.pub",
+        "authorization.conf",
+    ] {
+        assert!(dir.join(file).is_file(), "{file} not written");
     }
-    let conf = dir.join("nats.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen: \"127.0.0.1:-1\"\njetstream {{ store_dir: \"{}\" }}\n{tls_block}authorization {{\n  users = [\n{users}\n  ]\n}}\n",
-            dir.join("js").display()
-        ),
-    )
-    .expect("write nats.conf");
+
+    // 2. The server, from secure.conf as the document gives it.
+    std::fs::write(dir.join("secure.conf"), ported(fenced(section, "conf", 0)))
+        .expect("write secure.conf");
+    let out = sh("nats-server -t -c secure.conf");
+    assert!(out.status.success(), "{}", text(&out));
     let server = chorus_tests::ServerBuilder::default()
-        .config(&conf)
+        .config(dir.join("secure.conf"))
         .current_dir(dir)
         .start()
-        .expect("the secured server starts");
-    let url = server.url().replacen("nats://", "tls://", 1);
+        .expect("nats-server -c secure.conf starts");
 
-    // The coordinator: `chorus serve` with the document's config file, its placeholder filled.
-    let toml =
-        fenced(section, "toml").replace("<the nkey of ops's entry in users.conf>", &keys["ops"]);
-    std::fs::write(dir.join("chorus.toml"), toml).expect("write chorus.toml");
-    let mut serve = Command::new(&chorus)
-        .args(["--server", &url, "serve", "--config", "chorus.toml"])
+    // 3. The coordinator, `chorus serve --config chorus.toml` (its metrics on a free port).
+    std::fs::write(dir.join("chorus.toml"), ported(fenced(section, "toml", 0)))
+        .expect("write chorus.toml");
+    assert!(section.contains("`chorus serve --config chorus.toml`"));
+    let mut serve = Command::new(&chorus);
+    serve
+        .args(["serve", "--config", "chorus.toml"])
         .current_dir(dir)
-        .env("CHORUS_SERVE__METRICS_ADDR", "127.0.0.1:0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("run chorus serve");
-    let stdout = serve.stdout.take().expect("stdout");
-    procs.0.push(serve);
-    let (line_tx, line_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let ready = line_rx
-        .recv_timeout(WAIT)
-        .unwrap_or_else(|e| panic!("chorus serve did not start: {e}\n{}", server.log()));
-    assert!(ready.starts_with("chorus serve: coordinator"), "{ready}");
+        .env("CHORUS_SERVE__METRICS_ADDR", "127.0.0.1:0");
+    let mut coordinator = Running::start("chorus serve", serve);
+    coordinator.wait_for("chorus serve: coordinator", 1);
 
-    // The agents, as the snippet builds them.
-    let snippet = fenced(section, "rust");
-    for fragment in [
-        ".credentials(Credentials::NKeySeed(",
-        "TlsOptions::required()",
-        ".ca_file(\".tls/ca.pem\")",
-        ".client_cert(\".tls/client.pem\", \".tls/client-key.pem\")",
-        ".identity(Identity::generate())",
-        "require_signed: true",
-        ".persist_seen_ids(true)",
-        ".trust(\"coordinator\",",
-        ".trust(\"ops\",",
-    ] {
-        assert!(snippet.contains(fragment), "the snippet lost {fragment}");
-    }
-    let mut ocr = ocr_agent(snippet_options(dir, &url, "ocr-agent", &keys)).await;
-    let nlp = within(
-        WAIT,
-        "nlp-agent connect",
-        snippet_options(dir, &url, "nlp-agent", &keys).connect(),
-    )
-    .await
-    .expect("nlp-agent connects over mutual TLS with its nkey");
-    nlp.on_capability("nlp.analyze", |_ctx: Context, text: String| async move {
-        Ok::<_, HandlerError>(u32::try_from(text.split_whitespace().count()).unwrap_or(0))
-    })
-    .await
-    .expect("register nlp.analyze");
-    nlp.on_command("reload", |_ctx: Context, (): ()| async move {
-        Ok::<_, HandlerError>(())
-    })
-    .await
-    .expect("register reload");
+    // 4. The agents: the Rust block is the example's code, run as built; the Python block is
+    //    saved as nlp_agent.py and run.
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../agent-sdk/examples/secure_ocr_agent.rs"
+    ))
+    .expect("the example");
+    let code = &example[example.find("use chorus_sdk").expect("its code")..];
+    assert_eq!(
+        fenced(section, "rust", 0),
+        code,
+        "SECURITY.md's Rust block is agent-sdk/examples/secure_ocr_agent.rs below its comment"
+    );
+    let mut ocr = start_ocr(dir, &url);
+    std::fs::write(dir.join("nlp_agent.py"), fenced(section, "python", 0)).expect("write");
+    assert!(section.contains("`python nlp_agent.py`"));
+    let mut nlp_command = Command::new(&python);
+    nlp_command
+        .arg("nlp_agent.py")
+        .current_dir(dir)
+        .env("CHORUS_NATS_URL", &url);
+    let mut nlp = Running::start("nlp-agent", nlp_command);
+    nlp.wait_for("nlp-agent: serving", 1);
 
-    // The CLI, as the document's example: `chorus --id ops ... agents`, then a request.
-    let example = section
-        .split('`')
-        .find(|s| s.starts_with("chorus --id ops") && s.ends_with(" agents"))
-        .expect("the CLI example");
-    let cli_args: Vec<&str> = example.split_whitespace().skip(1).collect();
-    let cli = |extra: &[&str]| {
-        let args: Vec<&str> = cli_args[..cli_args.len() - 1]
-            .iter()
-            .chain(extra)
-            .copied()
-            .collect();
+    // 5. The operator's commands, once both agents are registered and know each other's keys
+    //    (each learns the other's from the registry).
+    let ops_env = [
+        ("CHORUS_NATS_URL", url.as_str()),
+        ("CHORUS_ID", "ops"),
+        ("CHORUS_NKEY_FILE", ".keys/ops.nk"),
+        ("CHORUS_TLS_CA", ".tls/ca.pem"),
+        ("CHORUS_TLS_CERT", ".tls/client.pem"),
+        ("CHORUS_TLS_KEY", ".tls/client-key.pem"),
+    ];
+    let as_ops = |args: &[&str]| {
         let out = Command::new(&chorus)
-            .args(&args)
+            .args(args)
             .current_dir(dir)
-            .env("CHORUS_NATS_URL", &url)
+            .envs(ops_env)
             .output()
             .expect("run chorus");
         (out.status.success(), text(&out))
     };
-    let listed = eventually(WAIT, "both agents listed by chorus agents", || async {
-        let (ok, out) = tokio::task::block_in_place(|| cli(&["agents"]));
-        (ok && out.contains("ocr-agent") && out.contains("nlp-agent")).then_some(out)
+    eventually(WAIT, "ocr-agent answers through nlp-agent", || async {
+        let (ok, out) = tokio::task::block_in_place(|| {
+            as_ops(&[
+                "request",
+                "--to",
+                "ocr-agent",
+                "--command",
+                "ocr",
+                "\"warm up\"",
+            ])
+        });
+        (ok && out.contains("2 words for ops")).then_some(())
     })
     .await;
-    assert!(listed.contains("2 live agent(s)"), "{listed}");
-    // ocr-agent verifies ops's signature, asks nlp-agent (which verifies ocr-agent's), answers.
-    let request = [
+    let operator = ported(fenced(section, "sh", 1));
+    let out = sh(&operator);
+    let said = text(&out);
+    assert!(out.status.success(), "{operator}\n{said}");
+    assert!(said.contains("2 live agent(s)"), "{said}");
+    assert!(said.contains("3 words for ops"), "{said}");
+    assert!(said.contains("2 delivered"), "{said}");
+    assert!(!said.contains("permission denied"), "{said}");
+    ocr.wait_for("ocr-agent: reload from coordinator", 1);
+    nlp.wait_for("nlp-agent: reload from coordinator", 1);
+
+    // `chorus tap`, as the document runs it beside a request.
+    let tap_command = section
+        .split('`')
+        .find(|s| s.starts_with("chorus tap "))
+        .expect("the tap command");
+    let mut tap_args = tap_command
+        .split_whitespace()
+        .skip(1)
+        .map(|a| a.trim_matches('\''));
+    let mut tap = Command::new(&chorus);
+    tap.args(tap_args.by_ref()).current_dir(dir).envs(ops_env);
+    let mut tapping = Running::start("chorus tap", tap);
+    tapping.wait_for("tapping chorus.agent.ocr-agent.>", 1);
+    let (ok, out) = as_ops(&[
         "request",
         "--to",
         "ocr-agent",
         "--command",
         "ocr",
-        "\"one two three\"",
-    ];
-    let answered = eventually(WAIT, "chorus request answered", || async {
-        let (ok, out) = tokio::task::block_in_place(|| cli(&request));
-        ok.then_some(out)
-    })
-    .await;
-    assert!(answered.contains("3 words for ops"), "{answered}");
+        "\"tapped\"",
+    ]);
+    assert!(ok, "{out}");
+    tapping.wait_for("response", 1);
+    let tapped = tapping.stop();
+    assert!(
+        tapped.contains("chorus.agent.ocr-agent.ocr") && tapped.contains("ops -> ocr-agent"),
+        "{tapped}"
+    );
+
+    // Without --id the CLI is cli-<pid>, whose inbox no entry allows: refused, exit 4.
+    let out = Command::new(&chorus)
+        .args(["request", "--to", "ocr-agent", "--command", "ocr", "\"x\""])
+        .current_dir(dir)
+        .envs(ops_env.iter().filter(|(k, _)| *k != "CHORUS_ID").copied())
+        .output()
+        .expect("run chorus");
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(text(&out).contains("permission denied"), "{}", text(&out));
 
     // An attacker with ops's credentials, on the wire.
     let ops_key = Identity::from_seed(
@@ -342,21 +410,23 @@ async fn walkthrough_running_with_security_on_works_as_documented_and_refuses_ea
         "{unsigned:?}"
     );
 
-    // A replay across a restart: ops's signed request, accepted, ocr-agent restarted (a new
-    // process would run the snippet again), the same bytes again.
+    // A replay across a restart: ops's signed request, accepted; ocr-agent stopped and run
+    // again; the same bytes again.
     let (subject, captured) = ocr_request("ops", Some(&ops_key));
     let first = ask(subject.clone(), captured.clone()).await;
     assert_eq!(first.status, Some(StatusCode::OK), "{first:?}");
-    within(WAIT, "ocr-agent shutdown", ocr.shutdown()).await;
-    ocr = ocr_agent(snippet_options(dir, &url, "ocr-agent", &keys)).await;
+    ocr.stop();
+    ocr = start_ocr(dir, &url);
     let replay = ask(subject, captured).await;
     assert_eq!(replay.status, Some(StatusCode::REPLAY), "{replay:?}");
-    assert_eq!(ocr.stats().security_refused, 1);
-    assert_eq!(ocr.stats().handled_ok, 0);
 
     // A forged broadcast claiming to be ocr-agent, refused by the coordinator: unsigned (5014)
-    // and signed by another key (5004). A real one, from ops through the CLI, reaches both.
-    let handled_before = ocr.stats().handled_ok + nlp.stats().handled_ok;
+    // and signed by another key (5004). Then a real one from ops: each agent gets exactly one
+    // copy more, so no forged copy reached it.
+    let (ocr_before, nlp_before) = (
+        ocr.count("reload from coordinator"),
+        nlp.count("reload from coordinator"),
+    );
     let forged = |signer: Option<&Identity>| {
         let subject = "chorus.bcast.all".to_owned();
         let mut env = Envelope::new(Kind::Request, Performative::Request, "ocr-agent");
@@ -377,14 +447,9 @@ async fn walkthrough_running_with_security_on_works_as_documented_and_refuses_ea
     let (subject, env) = forged(Some(&ops_key));
     let refused = ask(subject, env).await;
     assert_eq!(refused.status, Some(StatusCode::IDENTITY), "{refused:?}");
-    assert_eq!(
-        ocr.stats().handled_ok + nlp.stats().handled_ok,
-        handled_before,
-        "a forged broadcast was delivered"
-    );
     let broadcast = eventually(WAIT, "a broadcast delivered to both agents", || async {
         let (ok, out) =
-            tokio::task::block_in_place(|| cli(&["broadcast", "--all", "--command", "reload"]));
+            tokio::task::block_in_place(|| as_ops(&["broadcast", "--all", "--command", "reload"]));
         (ok && out.contains("2 delivered")).then_some(out)
     })
     .await;
@@ -392,10 +457,17 @@ async fn walkthrough_running_with_security_on_works_as_documented_and_refuses_ea
         broadcast.contains("ocr-agent") && broadcast.contains("nlp-agent"),
         "{broadcast}"
     );
+    ocr.wait_for("reload from coordinator", ocr_before + 1);
+    nlp.wait_for("reload from coordinator", nlp_before + 1);
+    assert_eq!(ocr.count("reload from coordinator"), ocr_before + 1);
+    assert_eq!(nlp.count("reload from coordinator"), nlp_before + 1);
 
     drop(raw);
-    within(WAIT, "nlp-agent shutdown", nlp.shutdown()).await;
-    within(WAIT, "ocr-agent shutdown", ocr.shutdown()).await;
-    drop(procs);
+    // Both agents stop on Ctrl-C without a traceback or a panic.
+    let nlp_said = nlp.stop();
+    assert!(!nlp_said.contains("Traceback"), "{nlp_said}");
+    let ocr_said = ocr.stop();
+    assert!(!ocr_said.contains("panicked"), "{ocr_said}");
+    coordinator.stop();
     drop(server);
 }

@@ -1,0 +1,283 @@
+"""An agent's life as its user sees it, in a process of its own: no bus, a bus that goes away
+and comes back, Ctrl-C. What it prints is one line per change of the connection's state and
+never a traceback; bounded tries end in one clear error. The programs run are the README's
+greeter (taken from python/README.md as written there) and small variants of it."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from chorus_sdk import Agent, DecodeError, Refused, StatusCode, Subjects, decode, decode_payload
+
+from .conftest import REPO, NatsServer, _free_port
+
+WAIT = 30.0
+README = REPO / "python" / "README.md"
+README_URL = "nats://127.0.0.1:4222"
+
+
+def readme_greeter() -> str:
+    """The program of the README's "A first agent", as written there."""
+    text = README.read_text()
+    section = text[text.index("## A first agent") :]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match is not None, "no Python program under 'A first agent'"
+    program = match.group(1)
+    assert README_URL in program
+    return program
+
+
+class Program:
+    """A Python program run on its own, its standard output and error read line by line."""
+
+    def __init__(self, path: Path, source: str) -> None:
+        path.write_text(source)
+        self.out: queue.Queue[str] = queue.Queue()
+        self.err: queue.Queue[str] = queue.Queue()
+        self.stderr: list[str] = []
+        self.stdout: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            # Ctrl-C as a terminal sends it: a shell may have started the tests with SIGINT ignored.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.out, self.stdout), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err, self.stderr), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: Any, lines: queue.Queue[str], kept: list[str]) -> None:
+        for line in stream:
+            kept.append(line.rstrip("\n"))
+            lines.put(line.rstrip("\n"))
+
+    def line(self, where: queue.Queue[str], pattern: str, wait: float = WAIT) -> str:
+        """The next line on ``where`` that contains ``pattern``, within ``wait`` seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no line with {pattern!r} within {wait} s; stderr: {self.stderr}")
+            try:
+                line = where.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if pattern in line:
+                return line
+
+    def wait(self, timeout: float = WAIT) -> int:
+        """Its exit code, within ``timeout`` seconds."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"still running after {timeout} s; stderr: {self.stderr}") from None
+        return code
+
+    def interrupt(self) -> int:
+        """Ctrl-C, and its exit code."""
+        self.proc.send_signal(signal.SIGINT)
+        return self.wait()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stderr_lines(self) -> list[str]:
+        """What it wrote on standard error, once it has exited (its pipes read to the end,
+        within a deadline)."""
+        for reader in self._readers:
+            reader.join(timeout=5)
+        return [line for line in self.stderr if line.strip()]
+
+
+@pytest.fixture
+def programs(tmp_path: Path) -> Iterator[Any]:
+    started: list[Program] = []
+
+    def run(source: str, name: str = "agent.py") -> Program:
+        program = Program(tmp_path / name, source)
+        started.append(program)
+        return program
+
+    yield run
+    for program in started:
+        program.kill()
+
+
+async def answers(url: str, agent: str = "greeter") -> None:
+    """Waits (within a deadline) until ``agent`` answers its ``hello`` (refused without a
+    name: the answer shows it serves)."""
+    deadline = time.monotonic() + WAIT
+    async with Agent("py-asker", servers=url, heartbeat_interval=0, durable_inbox=False) as asker:
+        while True:
+            try:
+                await asker.request(agent, "hello", "", timeout=1.0)
+                return
+            except Refused as e:
+                assert e.status == StatusCode.INVALID_ARGUMENT and e.reason == "whom should I greet?"
+                return
+            except Exception:  # noqa: BLE001 - not there yet
+                if time.monotonic() > deadline:
+                    raise
+
+
+class Heartbeats:
+    """The heartbeats of agent ``agent`` on a bus, from now on."""
+
+    def __init__(self, url: str, agent: str = "greeter") -> None:
+        self.url = url
+        self.agent = agent
+        self.beats: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._nc: Any = None
+
+    async def __aenter__(self) -> Heartbeats:
+        self._nc = await nats.connect(self.url)
+
+        async def beat(msg: Any) -> None:
+            try:
+                env = decode(msg.data, Subjects().implied(msg.subject))[0]
+                manifest = decode_payload(env.payload, env.content_type)
+            except DecodeError:
+                return
+            if isinstance(manifest, dict):
+                await self.beats.put(manifest)
+
+        await self._nc.subscribe(Subjects().heartbeat(self.agent), cb=beat)
+        await self._nc.flush()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._nc.close()
+
+    async def serving(self, command: str = "hello") -> None:
+        """Waits (within a deadline) for a heartbeat announcing ``command``: the agent sends it
+        once that command is served, its durable inbox started."""
+        deadline = asyncio.get_running_loop().time() + WAIT
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            assert remaining > 0, f"no heartbeat of {self.agent} announcing {command} within {WAIT} s"
+            manifest = await asyncio.wait_for(self.beats.get(), remaining)
+            if command in manifest.get("commands", []):
+                return
+
+
+def no_traceback(lines: list[str]) -> None:
+    assert not any("Traceback" in line for line in lines), "\n".join(lines)
+
+
+async def test_without_a_bus_the_readme_greeter_says_so_in_a_line_and_stops(programs: Any) -> None:
+    url = f"nats://127.0.0.1:{_free_port()}"
+    started = time.monotonic()
+    greeter = programs(readme_greeter().replace(README_URL, url))
+    code = greeter.wait()
+    lines = greeter.stderr_lines()
+    no_traceback(lines)
+    # One line for the first failure, one for the error it ends with; within the deadline.
+    assert code == 1 and len(lines) <= 2, lines
+    assert time.monotonic() - started < WAIT
+    assert f"cannot connect to {url}" in lines[0], lines
+    assert f"cannot reach the bus at {url} after 3 attempts" in lines[-1], lines
+    assert "5019" in lines[-1] and "scripts/up" in lines[-1], lines
+
+
+async def test_told_to_keep_trying_it_says_so_once_and_ctrl_c_ends_it_quietly(programs: Any) -> None:
+    url = f"nats://127.0.0.1:{_free_port()}"
+    program = readme_greeter().replace(README_URL, url)
+    # Keeps trying (connect_attempts=None), and shows each try on its standard output.
+    program = program.replace(
+        f'servers="{url}"',
+        f'servers="{url}", connect_attempts=None, nats_options={{"error_cb": tried, "reconnect_time_wait": 0.2}}',
+    )
+    program = program.replace("async def main", 'async def tried(e: Exception) -> None:\n    print("tried", flush=True)\n\nasync def main', 1)
+    greeter = programs(program)
+    for _ in range(5):
+        greeter.line(greeter.out, "tried")
+    assert greeter.interrupt() == 0
+    lines = greeter.stderr_lines()
+    no_traceback(lines)
+    assert len(lines) == 1 and f"cannot connect to {url}" in lines[0] and "keeps trying" in lines[0], lines
+
+
+async def test_a_lost_bus_is_said_once_and_its_return_once(programs: Any) -> None:
+    server = NatsServer()
+    server.start()
+    try:
+        async with Heartbeats(server.url) as heartbeats:
+            greeter = programs(readme_greeter().replace(README_URL, server.url))
+            # Everything started (its durable inbox too) before the server goes.
+            await heartbeats.serving()
+        server.halt()
+        greeter.line(greeter.err, "disconnected from")
+        server.start()
+        greeter.line(greeter.err, "reconnected to")
+        await answers(server.url)
+        assert greeter.interrupt() == 0
+        lines = greeter.stderr_lines()
+        no_traceback(lines)
+        assert len(lines) == 2, lines
+        assert lines[0] == f"agent greeter: disconnected from {server.url} (nats: unexpected EOF); reconnecting"
+        assert lines[1].startswith(f"agent greeter: reconnected to {server.url} (after ")
+    finally:
+        server.stop()
+
+
+async def test_with_bounded_reconnects_a_lost_bus_ends_serve_forever_with_unreachable(programs: Any) -> None:
+    server = NatsServer()
+    server.start()
+    try:
+        program = readme_greeter().replace(README_URL, server.url)
+        program = program.replace(
+            f'servers="{server.url}"',
+            f'servers="{server.url}", reconnect_attempts=2, nats_options={{"reconnect_time_wait": 0.2}}',
+        )
+        async with Heartbeats(server.url) as heartbeats:
+            greeter = programs(program)
+            await heartbeats.serving()
+        server.halt()
+        code = greeter.wait()
+        lines = greeter.stderr_lines()
+        no_traceback(lines)
+        assert code == 1, lines
+        gave_up = f"agent greeter lost its connection to {server.url} and gave up reconnecting after 2 attempts"
+        # The disconnect, the giving up (logged), and the program's exit with that error.
+        assert len(lines) == 3, lines
+        assert lines[0].startswith(f"agent greeter: disconnected from {server.url}")
+        assert lines[1].startswith(gave_up) and lines[2].startswith(f"5019 unavailable: {gave_up}"), lines
+    finally:
+        server.stop()
+
+
+async def test_ctrl_c_on_the_readme_greeter_ends_it_quietly(server: Any, programs: Any) -> None:
+    greeter = programs(readme_greeter().replace(README_URL, server.url))
+    await answers(server.url)
+    assert greeter.interrupt() == 0
+    lines = greeter.stderr_lines()
+    no_traceback(lines)
+    assert lines == []
+    # It said goodbye: nobody serves it any more.
+    async with Agent("py-after", servers=server.url, heartbeat_interval=0, durable_inbox=False) as after:
+        with pytest.raises(Exception) as gone:
+            await after.request("greeter", "hello", "", timeout=1.0)
+        assert getattr(gone.value, "status", None) in (StatusCode.NO_RESPONDERS, StatusCode.TIMEOUT)
