@@ -963,6 +963,18 @@ async fn client_commands_print_json_a_script_can_read() {
     let refused = json_of(&out);
     assert_eq!(refused["status"], 5006);
     assert!(refused["reason"].as_str().is_some_and(|r| !r.is_empty()));
+    // Who refused is said, in JSON and in the text form, and the code once.
+    assert_eq!(refused["from"], "calc", "{refused}");
+    let out = run(argv(&["request", "--to", "calc", "--command", "poison"]))
+        .await
+        .expect("join");
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(4), "{said}");
+    assert!(
+        said.contains("status 5018 invalid_argument from calc: never"),
+        "{said}"
+    );
+    assert_eq!(said.matches("5018").count(), 1, "{said}");
 
     let agents = eventually_json(&run, argv(&["agents", "--json"]), |v| {
         v.as_array()
@@ -1912,12 +1924,19 @@ async fn an_operator_runs_dlq_tap_tasks_and_durable_sends_on_a_secured_bus() {
     let tap_args: Vec<&str> = tap_args.iter().map(String::as_str).collect();
     let mut tap = Running::start(&tap_args);
     tap.wait_for("tapping chorus.agent.echo.>");
+    // Traffic outside the pattern, a request and its reply, is not shown and not counted.
+    let (code, t) = run("ops", &["agents"]);
+    assert_eq!(code, Some(0), "{t}");
     let (code, t) = run("ops", &["request", "--to", "echo", "--command", "hello"]);
     assert_eq!(code, Some(0), "{t}");
     tap.wait_for("response");
     let (status, tapped) = tap.interrupt();
     assert!(status.success(), "{tapped}");
     assert!(tapped.contains("chorus.agent.echo.hello"), "{tapped}");
+    assert!(
+        !tapped.contains("from coordinator") && !tapped.contains("coordinator ->"),
+        "{tapped}"
+    );
 
     for args in [
         &["send", "--durable", "--to", "echo", "--command", "hello"][..],
@@ -1948,4 +1967,109 @@ async fn an_operator_runs_dlq_tap_tasks_and_durable_sends_on_a_secured_bus() {
 
     echo.shutdown().await;
     coordinator.shutdown().await;
+}
+
+/// Runs `script` with `sh` in `dir`, `chorus` first on the PATH and `envs` set, within 60 s.
+fn sh_in(dir: &std::path::Path, script: &str, envs: &[(&str, &str)]) -> Output {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_chorus"))
+        .parent()
+        .expect("bin dir")
+        .to_owned();
+    let path = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .expect("PATH");
+    let mut child = Command::new("sh")
+        .args(["-c", script])
+        .current_dir(dir)
+        .env("PATH", path)
+        .envs(envs.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sh");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{script:?} did not finish within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// The README's tour, each line as written (the ports aside: the bus runs on free ones),
+/// against `chorus up`: every command succeeds but the one the README shows refused, which
+/// prints the line the README gives under it; `ID` is the id the line before printed.
+#[test]
+fn the_readme_tour_runs_as_written() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let tour = &readme[readme.find("## A short tour").expect("the tour")..];
+    let start = tour.find("```sh\n").expect("its block") + "```sh\n".len();
+    let block = &tour[start..start + tour[start..].find("```").expect("block end")];
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("nats.conf");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../nats.conf"), &conf)
+        .expect("copy nats.conf");
+    let url = format!("nats://127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let monitor = free_port().to_string();
+    let conf = conf.to_str().expect("utf-8 path");
+    let mut up = Running::start(&[
+        "--server",
+        &url,
+        "up",
+        "--config",
+        conf,
+        "--interval",
+        "2s",
+        "--metrics-addr",
+        &metrics,
+        "--monitor-port",
+        &monitor,
+    ]);
+    up.wait_for("scenarios complete");
+
+    let envs = [("CHORUS_NATS_URL", url.as_str())];
+    let mut lines = block.lines().peekable();
+    let mut last_printed = String::new();
+    let mut ran = 0;
+    while let Some(line) = lines.next() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with("alias ") {
+            continue;
+        }
+        let command = line.split(" #").next().expect("a command").trim();
+        let command = command
+            .replace(" ID", &format!(" {}", last_printed.trim()))
+            .replace("127.0.0.1:9464", &metrics);
+        let out = sh_in(dir.path(), &command, &envs);
+        let said = text(&out);
+        // A line under the command that starts `#   ` is what it prints.
+        match lines.peek().map(|l| l.trim()) {
+            Some(shown) if shown.starts_with("#   ") => {
+                let shown = shown.trim_start_matches('#').trim();
+                assert_eq!(out.status.code(), Some(4), "{command}: {said}");
+                assert!(
+                    said.contains(shown),
+                    "{command} should print {shown:?}: {said}"
+                );
+                lines.next();
+            }
+            _ => assert!(out.status.success(), "{command}: {said}"),
+        }
+        assert!(!said.contains("panicked"), "{command}: {said}");
+        if command.contains("--policy confident") {
+            // The README: the most confident summarizer wins.
+            assert!(said.contains("awarded to summarizer-careful"), "{said}");
+        }
+        last_printed = String::from_utf8_lossy(&out.stdout).into_owned();
+        ran += 1;
+    }
+    assert!(ran >= 15, "{ran} commands ran");
+    let (status, out) = up.interrupt();
+    assert!(status.success(), "{out}");
 }
