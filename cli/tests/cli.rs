@@ -377,15 +377,78 @@ fn creds(keys: &std::path::Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A server whose users are the `chorus creds` entries given, the coordinator connected with
+/// its seed (`keys/coordinator.nk` under `dir`), and `echo` connected with `keys/echo.nk`,
+/// answering `hello` with `hi <sender>`.
+struct SecuredBus {
+    server: chorus_tests::NatsServer,
+    coordinator: chorus_coordinator::Coordinator,
+    echo: chorus_sdk::Agent,
+}
+
+impl SecuredBus {
+    async fn start(dir: &std::path::Path, entries: &[&str]) -> SecuredBus {
+        use chorus_broker_adapter::{BrokerOptions, Credentials};
+        use chorus_sdk::{Context, HandlerError};
+        let keys = dir.join("keys");
+        let conf = dir.join("secure.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listen: \"127.0.0.1:-1\"\njetstream {{ store_dir: \"{}\" }}\nauthorization {{\n  users = [\n{}\n  ]\n}}\n",
+                dir.join("js").display(),
+                entries.join("\n"),
+            ),
+        )
+        .expect("write conf");
+        let server = chorus_tests::ServerBuilder::default()
+            .config(&conf)
+            .start()
+            .expect("secured server");
+        let coordinator = chorus_coordinator::Coordinator::start(
+            chorus_coordinator::CoordinatorConfig {
+                servers: server.url().to_owned(),
+                metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                reap_interval_ms: 50,
+                security: chorus_sdk::security::ConnectionSecurity {
+                    nkey_seed_file: Some(keys.join("coordinator.nk")),
+                    ..Default::default()
+                },
+                ..chorus_coordinator::CoordinatorConfig::default()
+            },
+            false,
+        )
+        .await
+        .expect("coordinator connects with its key");
+        let seed = std::fs::read_to_string(keys.join("echo.nk")).expect("echo seed");
+        let echo = chorus_tests::agent_options(&server, "echo")
+            .broker(
+                BrokerOptions::new([server.url()])
+                    .credentials(Credentials::NKeySeed(seed.trim().to_owned())),
+            )
+            .connect()
+            .await
+            .expect("echo connects with its key");
+        echo.on_command("hello", |ctx: Context, (): ()| async move {
+            Ok::<_, HandlerError>(format!("hi {}", ctx.from()))
+        })
+        .await
+        .expect("register");
+        SecuredBus {
+            server,
+            coordinator,
+            echo,
+        }
+    }
+}
+
 /// SECURITY.md: on a server whose users are the entries `chorus creds` prints, the CLI
 /// connects as its own user (`chorus creds ops --cli`, then `--id ops --nkey-file`), and
 /// `chorus agents` and `chorus request` work without a single permission violation; without
 /// `--id` it is nobody the server's permissions know and its request fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_works_as_its_own_user_on_a_server_with_nkeys_and_permissions() {
-    use chorus_broker_adapter::{BrokerOptions, Credentials};
-    use chorus_sdk::{Context, HandlerError};
-    use chorus_tests::{WAIT, agent_options, eventually};
+    use chorus_tests::{WAIT, eventually};
     let dir = tempfile::tempdir().expect("tempdir");
     let keys = dir.path().join("keys");
     let coordinator_entry = creds(&keys, &["coordinator", "--coordinator"]);
@@ -393,48 +456,11 @@ async fn the_cli_works_as_its_own_user_on_a_server_with_nkeys_and_permissions() 
     let cli_entry = creds(&keys, &["ops", "--cli", "--calls", "agent:echo"]);
     assert!(cli_entry.contains("# CLI user ops"), "{cli_entry}");
     assert!(!cli_entry.contains("heartbeat"), "{cli_entry}");
-    let conf = dir.path().join("secure.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen: \"127.0.0.1:-1\"\njetstream {{ store_dir: \"{}\" }}\nauthorization {{\n  users = [\n{coordinator_entry}\n{echo_entry}\n{cli_entry}\n  ]\n}}\n",
-            dir.path().join("js").display(),
-        ),
-    )
-    .expect("write conf");
-    let server = chorus_tests::ServerBuilder::default()
-        .config(&conf)
-        .start()
-        .expect("secured server");
-    let coordinator = chorus_coordinator::Coordinator::start(
-        chorus_coordinator::CoordinatorConfig {
-            servers: server.url().to_owned(),
-            metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            reap_interval_ms: 50,
-            security: chorus_sdk::security::ConnectionSecurity {
-                nkey_seed_file: Some(keys.join("coordinator.nk")),
-                ..Default::default()
-            },
-            ..chorus_coordinator::CoordinatorConfig::default()
-        },
-        false,
-    )
-    .await
-    .expect("coordinator connects with its key");
-    let seed = std::fs::read_to_string(keys.join("echo.nk")).expect("echo seed");
-    let echo = agent_options(&server, "echo")
-        .broker(
-            BrokerOptions::new([server.url()])
-                .credentials(Credentials::NKeySeed(seed.trim().to_owned())),
-        )
-        .connect()
-        .await
-        .expect("echo connects with its key");
-    echo.on_command("hello", |ctx: Context, (): ()| async move {
-        Ok::<_, HandlerError>(format!("hi {}", ctx.from()))
-    })
-    .await
-    .expect("register");
+    let SecuredBus {
+        server,
+        coordinator,
+        echo,
+    } = SecuredBus::start(dir.path(), &[&coordinator_entry, &echo_entry, &cli_entry]).await;
     let cli_seed = keys.join("ops.nk");
     let cli_seed = cli_seed.to_str().expect("utf-8 path");
     let as_ops = ["--id", "ops", "--nkey-file", cli_seed];
@@ -1829,9 +1855,7 @@ fn up_starts_its_server_on_the_ports_it_is_given_and_names_a_taken_one() {
 /// subject named.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_runs_dlq_tap_tasks_and_durable_sends_on_a_secured_bus() {
-    use chorus_broker_adapter::{BrokerOptions, Credentials};
-    use chorus_sdk::{Context, HandlerError};
-    use chorus_tests::{WAIT, agent_options, eventually};
+    use chorus_tests::{WAIT, eventually};
     let dir = tempfile::tempdir().expect("tempdir");
     let keys = dir.path().join("keys");
     let entries = [
@@ -1843,49 +1867,12 @@ async fn an_operator_runs_dlq_tap_tasks_and_durable_sends_on_a_secured_bus() {
         ),
         creds(&keys, &["viewer", "--cli"]),
     ];
-    let conf = dir.path().join("secure.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen: \"127.0.0.1:-1\"\njetstream {{ store_dir: \"{}\" }}\nauthorization {{\n  users = [\n{}\n  ]\n}}\n",
-            dir.path().join("js").display(),
-            entries.join("\n"),
-        ),
-    )
-    .expect("write conf");
-    let server = chorus_tests::ServerBuilder::default()
-        .config(&conf)
-        .start()
-        .expect("secured server");
-    let coordinator = chorus_coordinator::Coordinator::start(
-        chorus_coordinator::CoordinatorConfig {
-            servers: server.url().to_owned(),
-            metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            reap_interval_ms: 50,
-            security: chorus_sdk::security::ConnectionSecurity {
-                nkey_seed_file: Some(keys.join("coordinator.nk")),
-                ..Default::default()
-            },
-            ..chorus_coordinator::CoordinatorConfig::default()
-        },
-        false,
-    )
-    .await
-    .expect("coordinator connects with its key");
-    let seed = std::fs::read_to_string(keys.join("echo.nk")).expect("echo seed");
-    let echo = agent_options(&server, "echo")
-        .broker(
-            BrokerOptions::new([server.url()])
-                .credentials(Credentials::NKeySeed(seed.trim().to_owned())),
-        )
-        .connect()
-        .await
-        .expect("echo connects with its key");
-    echo.on_command("hello", |ctx: Context, (): ()| async move {
-        Ok::<_, HandlerError>(format!("hi {}", ctx.from()))
-    })
-    .await
-    .expect("register");
+    let refs: Vec<&str> = entries.iter().map(String::as_str).collect();
+    let SecuredBus {
+        server,
+        coordinator,
+        echo,
+    } = SecuredBus::start(dir.path(), &refs).await;
     let as_user = |user: &str| {
         let seed = keys.join(format!("{user}.nk"));
         vec![

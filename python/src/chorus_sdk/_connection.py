@@ -69,10 +69,7 @@ class Connection:
         reconnect_attempts: int | None,
         on_reconnected: Callable[[], Awaitable[None]],
     ) -> None:
-        if connect_attempts is not None and connect_attempts < 1:
-            raise ValueError("connect_attempts must be 1 or more (None: keep trying)")
-        if reconnect_attempts is not None and reconnect_attempts < 0:
-            raise ValueError("reconnect_attempts must be 0 or more (None: keep trying)")
+        # The attempts are checked where they are given, in the agent's constructor.
         self.agent = agent
         self.servers = servers
         self.connect_attempts = connect_attempts

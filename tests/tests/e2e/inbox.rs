@@ -287,3 +287,52 @@ async fn a_command_the_consumer_gave_up_on_keeps_it_so_it_is_not_delivered_all_o
     assert_eq!(worker.stats().inbox_consumers_released, 0);
     worker.shutdown().await;
 }
+
+/// The coordinator's inbox settings are the bus's: an agent with a durable inbox and limits
+/// of its own, connecting later, leaves the existing streams as they are (PROTOCOL.md section
+/// 7.12; it once updated them to its own, replicas and ages included).
+#[tokio::test]
+async fn an_agent_leaves_the_coordinators_streams_as_they_are() {
+    let server = server();
+    let mut hour = InboxLimits::default();
+    hour.max_age_secs = 3_600;
+    let mut minute = InboxLimits::default();
+    minute.max_age_secs = 60;
+    let config = chorus_coordinator::CoordinatorConfig {
+        servers: server.url().to_owned(),
+        metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        inbox: hour,
+        ..chorus_coordinator::CoordinatorConfig::default()
+    };
+    let coordinator = chorus_coordinator::Coordinator::start(config, false)
+        .await
+        .expect("coordinator");
+    let worker = agent_options(&server, "worker")
+        .durable_inbox(true)
+        .inbox_limits(minute)
+        .connect()
+        .await
+        .expect("worker connects");
+    worker
+        .on_command("work", |_ctx: Context, (): ()| async {
+            Ok::<_, HandlerError>(())
+        })
+        .await
+        .expect("register");
+    let raw = chorus_tests::raw_broker(&server).await;
+    let name = chorus_sdk::Subjects::default().stream_name(INBOX_STREAM);
+    let info = raw
+        .request(
+            &format!("$JS.API.STREAM.INFO.{name}"),
+            None,
+            bytes::Bytes::new(),
+            WAIT,
+        )
+        .await
+        .expect("stream info");
+    let info: serde_json::Value = serde_json::from_slice(info.payload()).expect("json");
+    // Nanoseconds: the coordinator's hour, not the worker's minute.
+    assert_eq!(info["config"]["max_age"], 3_600_000_000_000u64, "{info}");
+    worker.shutdown().await;
+    coordinator.shutdown().await;
+}

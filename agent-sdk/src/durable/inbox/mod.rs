@@ -199,15 +199,17 @@ impl DurableInbox {
     /// Ensures the inbox, dead-letter and advisory streams the durable inbox needs.
     pub(crate) async fn prepare(&self, limits: &InboxLimits) -> Result<(), SdkError> {
         let link = &self.link;
+        // Created when missing, never changed: a stream that exists is its owner's (the
+        // coordinator's, configured for the bus), which an agent's limits must not overwrite.
         link.js
-            .ensure_stream(&inbox_stream(&link.subjects, limits))
+            .ensure_stream_exists(&inbox_stream(&link.subjects, limits))
             .await?;
         link.js
-            .ensure_stream(&dlq_stream(&link.subjects, limits.replicas))
+            .ensure_stream_exists(&dlq_stream(&link.subjects, limits.replicas))
             .await?;
         // Captures the server's advisories even while no coordinator runs.
         link.js
-            .ensure_stream(&advisory_stream(&link.subjects, limits.replicas))
+            .ensure_stream_exists(&advisory_stream(&link.subjects, limits.replicas))
             .await?;
         Ok(())
     }
