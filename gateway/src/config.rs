@@ -75,6 +75,12 @@ pub const DEFAULT_SAP_MAX_PROMPT_MS: u64 = 600_000;
 pub struct GatewayConfig {
     /// Where the HTTP gateway listens (for example `127.0.0.1:8480`); unset: no gateway.
     pub listen: Option<SocketAddr>,
+    /// HTTPS and WSS instead of plain HTTP. Without it, `listen` must be a loopback address
+    /// unless `allow_plain_http` says otherwise.
+    pub tls: Option<GatewayTls>,
+    /// Plain HTTP on an address off loopback: API keys, tokens and payloads then cross the
+    /// network in clear (a warning is logged). For a gateway behind a TLS-terminating proxy.
+    pub allow_plain_http: bool,
     /// The longest request body, in bytes (413 and 5006 beyond it).
     pub max_body_bytes: usize,
     /// The longest a poll (`GET /v1/messages?wait_ms=`) waits, in milliseconds.
@@ -103,6 +109,21 @@ pub struct GatewayConfig {
     pub jwt: Option<JwtConfig>,
     /// Chorus agents (or capabilities) offered as Synadia Agent Protocol 0.3 agents.
     pub sap: Vec<SapBinding>,
+}
+
+/// The gateway's certificate, and optionally the CA whose client certificates it requires
+/// (`[gateway.tls]`; `chorus certs --host <name>` makes a development CA and certificate).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayTls {
+    /// PEM file of the certificate chain, the gateway's own first.
+    pub cert_file: PathBuf,
+    /// PEM file of its private key.
+    pub key_file: PathBuf,
+    /// PEM file of the CA that signs callers' client certificates: when set, a caller without
+    /// one is refused during the handshake (mutual TLS).
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
 }
 
 /// One Synadia Agent Protocol 0.3 agent the gateway registers (an `agents` micro service
@@ -259,6 +280,8 @@ impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
             listen: None,
+            tls: None,
+            allow_plain_http: false,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_wait_ms: DEFAULT_MAX_WAIT_MS,
             request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
@@ -304,6 +327,17 @@ impl GatewayConfig {
             return Err(invalid(
                 "hold_ms and inbox_capacity must be positive".into(),
             ));
+        }
+        if let Some(listen) = self.listen
+            && self.tls.is_none()
+            && !listen.ip().is_loopback()
+            && !self.allow_plain_http
+        {
+            return Err(invalid(format!(
+                "listen {listen} is off loopback without TLS: add [gateway.tls] with cert_file \
+                 and key_file (`chorus certs --host <name>` makes a development certificate), or \
+                 set allow_plain_http = true behind a proxy that terminates TLS"
+            )));
         }
         if self.identities.is_empty() {
             return Err(invalid(
@@ -402,6 +436,39 @@ mod tests {
         to = "writer"
         command = "draft"
     "#;
+
+    /// Plain HTTP only on loopback, unless asked for in so many words; TLS anywhere.
+    #[test]
+    fn off_loopback_the_gateway_speaks_tls_unless_plain_http_is_allowed() {
+        let with = |listen: &str, extra: &str| {
+            parse(&format!(
+                "[gateway]\nlisten = \"{listen}\"\n{extra}\n[[gateway.identities]]\nid = \"edge\"\n[[gateway.api_keys]]\nidentity = \"edge\"\nsha256 = \"{}\"\n",
+                "0".repeat(64)
+            ))
+        };
+        with("127.0.0.1:8480", "").validate().expect("loopback");
+        with("[::1]:8480", "").validate().expect("loopback");
+        let err = with("0.0.0.0:8480", "")
+            .validate()
+            .expect_err("plain off loopback");
+        let text = err.to_string();
+        assert!(
+            text.contains("0.0.0.0:8480")
+                && text.contains("[gateway.tls]")
+                && text.contains("allow_plain_http"),
+            "{text}"
+        );
+        with("0.0.0.0:8480", "allow_plain_http = true")
+            .validate()
+            .expect("allowed");
+        let tls = with(
+            "0.0.0.0:8480",
+            "[gateway.tls]\ncert_file = \"gw.pem\"\nkey_file = \"gw-key.pem\"",
+        );
+        tls.validate().expect("TLS");
+        let tls = tls.tls.expect("tls table");
+        assert_eq!(tls.client_ca_file, None);
+    }
 
     #[test]
     fn sap_agents_alone_run_a_gateway_without_http_or_keys() {

@@ -20,6 +20,7 @@ mod limits;
 mod openapi;
 mod sap;
 mod tasks;
+mod tls;
 mod ws;
 
 use chorus_sdk::Report;
@@ -275,6 +276,8 @@ impl Gateway {
             ))
             .layer(axum::extract::DefaultBodyLimit::max(gateway.max_body_bytes))
             .with_state(Arc::clone(&state));
+        // Read before binding: a bad certificate stops the start with the file named.
+        let tls = gateway.tls.as_ref().map(tls::server_config).transpose()?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(Error::wrap(
@@ -286,15 +289,29 @@ impl Gateway {
             .map_err(Error::wrap(ErrorKind::Listen, "gateway: no local address"))?;
         let shutdown = stop.clone();
         // Owned by the `Gateway`: `stop` waits for it.
-        tracker.spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { shutdown.cancelled().await })
-                .await;
-            if let Err(err) = served {
-                tracing::error!(error = %Report(&err), "gateway listener failed");
+        match tls {
+            Some(config) => {
+                let listener = tls::TlsListener::new(listener, config, stop.clone(), &tracker)
+                    .map_err(Error::wrap(ErrorKind::Listen, "gateway: no local address"))?;
+                tracker.spawn(serve(listener, app, shutdown));
             }
-        });
-        tracing::info!(%addr, identities = state.edges.len(), "gateway listening");
+            None => {
+                if !addr.ip().is_loopback() {
+                    tracing::warn!(
+                        %addr,
+                        "gateway serves plain HTTP off loopback (allow_plain_http): keys, \
+                         tokens and payloads cross the network in clear"
+                    );
+                }
+                tracker.spawn(serve(listener, app, shutdown));
+            }
+        }
+        tracing::info!(
+            %addr,
+            tls = gateway.tls.is_some(),
+            identities = state.edges.len(),
+            "gateway listening"
+        );
         started.addr = Some(addr);
         Ok(started)
     }
@@ -322,5 +339,19 @@ impl Drop for Gateway {
         for edge in self.state.edges.values() {
             edge.agent.stop();
         }
+    }
+}
+
+/// Serves `app` on `listener` (plain or TLS) until `stop`.
+async fn serve<L>(listener: L, app: axum::Router, stop: CancellationToken)
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await;
+    if let Err(err) = served {
+        tracing::error!(error = %Report(&err), "gateway listener failed");
     }
 }

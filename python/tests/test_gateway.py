@@ -103,11 +103,14 @@ def test_the_openapi_document_holds_under_a_schema_driven_fuzzer(server: Any, tm
 
 async def _frame(ws: Any, kind: str) -> dict[str, Any]:
     """The next frame of type ``kind`` (others are skipped), within WAIT seconds."""
-    async with asyncio.timeout(WAIT):
+
+    async def next_of_kind() -> dict[str, Any]:
         while True:
             frame = json.loads(await ws.recv())
             if frame["type"] == kind:
                 return dict(frame)
+
+    return await asyncio.wait_for(next_of_kind(), WAIT)
 
 
 async def test_a_websocket_agent_answers_a_rust_agent_and_asks_one(server: Any, rust_peer: Any, tmp_path: Path) -> None:
