@@ -47,12 +47,132 @@ struct JwtKey {
     validation: Validation,
 }
 
+/// The keys of a JSON Web Key Set file, by `kid`, read again when the file changes.
+struct Jwks {
+    path: std::path::PathBuf,
+    issuer: String,
+    audience: String,
+    leeway: u64,
+    state: std::sync::Mutex<JwksState>,
+}
+
+#[derive(Default)]
+struct JwksState {
+    /// The file's modification time and length when it was last read.
+    stamp: Option<(std::time::SystemTime, u64)>,
+    keys: std::collections::HashMap<String, std::sync::Arc<JwtKey>>,
+}
+
+impl Jwks {
+    /// The key `kid` names, from the file as it is now (a changed file is read again; one that
+    /// no longer reads keeps the keys read before, and says why once).
+    fn key(&self, kid: &str) -> Option<std::sync::Arc<JwtKey>> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let stamp = std::fs::metadata(&self.path)
+            .ok()
+            .map(|m| (m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len()));
+        if stamp.is_some() && stamp != state.stamp {
+            state.stamp = stamp;
+            match self.read() {
+                Ok(keys) => {
+                    tracing::info!(file = %self.path.display(), keys = keys.len(), "gateway: JWKS read");
+                    state.keys = keys;
+                }
+                Err(e) => {
+                    tracing::warn!(file = %self.path.display(), error = %e, "gateway: JWKS unreadable; keeping the keys read before");
+                }
+            }
+        }
+        state.keys.get(kid).cloned()
+    }
+
+    fn read(
+        &self,
+    ) -> std::result::Result<std::collections::HashMap<String, std::sync::Arc<JwtKey>>, String>
+    {
+        let bytes = std::fs::read(&self.path).map_err(|e| e.to_string())?;
+        let set: jsonwebtoken::jwk::JwkSet =
+            serde_json::from_slice(&bytes).map_err(|e| format!("not a JWK set: {e}"))?;
+        let mut keys = std::collections::HashMap::new();
+        for jwk in &set.keys {
+            let Some(kid) = jwk.common.key_id.clone() else {
+                continue;
+            };
+            let Some(alg) = jwk_algorithm(jwk) else {
+                tracing::warn!(
+                    kid,
+                    "gateway: JWKS key of an algorithm not accepted; skipped"
+                );
+                continue;
+            };
+            let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {kid}: {e}"))?;
+            keys.insert(
+                kid,
+                std::sync::Arc::new(JwtKey {
+                    key,
+                    validation: validation(&self.issuer, &self.audience, self.leeway, alg),
+                }),
+            );
+        }
+        Ok(keys)
+    }
+}
+
+/// The one algorithm a published key may verify: its `alg`, or the one its type implies.
+/// Symmetric (`oct`) keys are refused: a shared secret has no place in a published key set.
+fn jwk_algorithm(jwk: &jsonwebtoken::jwk::Jwk) -> Option<Algorithm> {
+    use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve};
+    let implied = match &jwk.algorithm {
+        AlgorithmParameters::RSA(_) => Algorithm::RS256,
+        AlgorithmParameters::EllipticCurve(ec) => match ec.curve {
+            EllipticCurve::P256 => Algorithm::ES256,
+            EllipticCurve::P384 => Algorithm::ES384,
+            _ => return None,
+        },
+        AlgorithmParameters::OctetKeyPair(_) => Algorithm::EdDSA,
+        // Symmetric keys, and kinds a later version adds.
+        _ => return None,
+    };
+    let Some(named) = jwk.common.key_algorithm else {
+        return Some(implied);
+    };
+    let alg: Algorithm = named.to_string().parse().ok()?;
+    // The named algorithm must be one the key's type can verify.
+    let family = |a: Algorithm| match a {
+        Algorithm::RS256
+        | Algorithm::RS384
+        | Algorithm::RS512
+        | Algorithm::PS256
+        | Algorithm::PS384
+        | Algorithm::PS512 => 1,
+        Algorithm::ES256 | Algorithm::ES384 => 2,
+        Algorithm::EdDSA => 3,
+        _ => 0,
+    };
+    (family(alg) != 0 && family(alg) == family(implied)).then_some(alg)
+}
+
+/// What a token must carry to be accepted with algorithm `alg`.
+fn validation(issuer: &str, audience: &str, leeway: u64, alg: Algorithm) -> Validation {
+    let mut v = Validation::new(alg);
+    v.set_issuer(&[issuer]);
+    v.set_audience(&[audience]);
+    v.set_required_spec_claims(&["exp", "sub", "iss", "aud"]);
+    v.leeway = leeway;
+    v.validate_nbf = true;
+    v
+}
+
 /// Checks credentials against the gateway's configuration.
 pub(crate) struct Authenticator {
     /// SHA-256 of each key, with its identity.
     api_keys: Vec<([u8; 32], String)>,
     hs256: Option<JwtKey>,
     eddsa: Option<JwtKey>,
+    jwks: Option<Jwks>,
     identities: HashSet<String>,
 }
 
@@ -62,6 +182,10 @@ impl std::fmt::Debug for Authenticator {
             .field("api_keys", &self.api_keys.len())
             .field("hs256", &self.hs256.is_some())
             .field("eddsa", &self.eddsa.is_some())
+            .field(
+                "jwks",
+                &self.jwks.as_ref().map(|j| j.path.display().to_string()),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -87,17 +211,33 @@ impl Authenticator {
             })?;
             api_keys.push((digest, key.identity.clone()));
         }
-        let (mut hs256, mut eddsa) = (None, None);
+        let (mut hs256, mut eddsa, mut jwks) = (None, None, None);
         if let Some(jwt) = &config.jwt {
-            let validation = |alg: Algorithm| {
-                let mut v = Validation::new(alg);
-                v.set_issuer(&[jwt.issuer.as_str()]);
-                v.set_audience(&[jwt.audience.as_str()]);
-                v.set_required_spec_claims(&["exp", "sub", "iss", "aud"]);
-                v.leeway = jwt.leeway_secs;
-                v.validate_nbf = true;
-                v
-            };
+            let validation =
+                |alg: Algorithm| validation(&jwt.issuer, &jwt.audience, jwt.leeway_secs, alg);
+            if let Some(path) = &jwt.jwks_file {
+                let set = Jwks {
+                    path: path.clone(),
+                    issuer: jwt.issuer.clone(),
+                    audience: jwt.audience.clone(),
+                    leeway: jwt.leeway_secs,
+                    state: std::sync::Mutex::default(),
+                };
+                // Read once at start: a file that does not read stops the start, named.
+                let keys = set.read().map_err(|e| {
+                    Error::new(
+                        ErrorKind::Config,
+                        format!("gateway: jwt.jwks_file {}: {e}", path.display()),
+                    )
+                })?;
+                let stamp = std::fs::metadata(path)
+                    .ok()
+                    .map(|m| (m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len()));
+                *set.state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = JwksState { stamp, keys };
+                jwks = Some(set);
+            }
             if let Some(path) = &jwt.hs256_secret_file {
                 let mut secret = read_file(path, "HS256 secret")?;
                 while secret.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
@@ -138,6 +278,7 @@ impl Authenticator {
             api_keys,
             hs256,
             eddsa,
+            jwks,
             identities: config.identities.iter().map(|i| i.id.clone()).collect(),
         })
     }
@@ -198,14 +339,39 @@ impl Authenticator {
     fn jwt(&self, token: &str) -> std::result::Result<Caller, AuthError> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|e| AuthError::InvalidToken(e.to_string()))?;
-        let key = match header.alg {
-            Algorithm::HS256 => self.hs256.as_ref(),
-            Algorithm::EdDSA => self.eddsa.as_ref(),
+        // A token that names its key (`kid`) is checked against the key set; the configured
+        // single keys take the others.
+        let published = match (&header.kid, &self.jwks) {
+            (Some(kid), Some(jwks)) => Some(jwks.key(kid).ok_or_else(|| {
+                AuthError::InvalidToken(format!("no key {kid:?} in the gateway's key set"))
+            })?),
             _ => None,
+        };
+        let key = match &published {
+            Some(key) => Some(key.as_ref()),
+            None => match header.alg {
+                Algorithm::HS256 => self.hs256.as_ref(),
+                Algorithm::EdDSA => self.eddsa.as_ref(),
+                _ => None,
+            },
         }
         .ok_or_else(|| {
-            AuthError::InvalidToken(format!("algorithm {:?} is not accepted", header.alg))
+            AuthError::InvalidToken(format!(
+                "algorithm {:?} is not accepted{}",
+                header.alg,
+                if self.jwks.is_some() {
+                    " without a key id (kid) from the key set"
+                } else {
+                    ""
+                }
+            ))
         })?;
+        if key.validation.algorithms != [header.alg] {
+            return Err(AuthError::InvalidToken(format!(
+                "algorithm {:?} is not the key's",
+                header.alg
+            )));
+        }
         let data = jsonwebtoken::decode::<Claims>(token, &key.key, &key.validation).map_err(
             |e| match e.kind() {
                 jsonwebtoken::errors::ErrorKind::ExpiredSignature => AuthError::Expired,
@@ -220,5 +386,37 @@ impl Authenticator {
             identity,
             token: Some(token.to_owned()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn jwk(value: serde_json::Value) -> jsonwebtoken::jwk::Jwk {
+        serde_json::from_value(value).expect("a JWK")
+    }
+
+    /// A published key verifies one algorithm: the one it names, if its type can, else the
+    /// one its type implies; never a shared secret.
+    #[test]
+    fn a_published_key_verifies_the_algorithm_its_type_allows() {
+        let rsa = |alg: Option<&str>| {
+            let mut v = serde_json::json!({"kty": "RSA", "n": "sXch", "e": "AQAB", "kid": "r"});
+            if let Some(alg) = alg {
+                v["alg"] = alg.into();
+            }
+            jwk(v)
+        };
+        assert_eq!(jwk_algorithm(&rsa(None)), Some(Algorithm::RS256));
+        assert_eq!(jwk_algorithm(&rsa(Some("PS384"))), Some(Algorithm::PS384));
+        assert_eq!(jwk_algorithm(&rsa(Some("ES256"))), None);
+        assert_eq!(jwk_algorithm(&rsa(Some("HS256"))), None);
+        let ec = jwk(serde_json::json!({"kty": "EC", "crv": "P-384", "x": "AA", "y": "AA"}));
+        assert_eq!(jwk_algorithm(&ec), Some(Algorithm::ES384));
+        let ed = jwk(serde_json::json!({"kty": "OKP", "crv": "Ed25519", "x": "AA"}));
+        assert_eq!(jwk_algorithm(&ed), Some(Algorithm::EdDSA));
+        let oct = jwk(serde_json::json!({"kty": "oct", "k": "c2VjcmV0", "alg": "HS256"}));
+        assert_eq!(jwk_algorithm(&oct), None);
     }
 }

@@ -267,6 +267,12 @@ pub struct JwtConfig {
     /// PEM file of the Ed25519 public key EdDSA tokens are checked with.
     #[serde(default)]
     pub eddsa_public_key_file: Option<PathBuf>,
+    /// A JSON Web Key Set file, as an OAuth 2 / OIDC provider publishes its signing keys
+    /// (RS256/384/512, PS256/384/512, ES256/384 and EdDSA public keys, each with its `kid`): a
+    /// token names its key in its header's `kid`. The file is read again when it changes, so
+    /// rotating keys needs no restart.
+    #[serde(default)]
+    pub jwks_file: Option<PathBuf>,
     /// Clock skew allowed on `exp` and `nbf`, in seconds.
     #[serde(default = "default_leeway")]
     pub leeway_secs: u64,
@@ -369,9 +375,10 @@ impl GatewayConfig {
         if let Some(jwt) = &self.jwt
             && jwt.hs256_secret_file.is_none()
             && jwt.eddsa_public_key_file.is_none()
+            && jwt.jwks_file.is_none()
         {
             return Err(invalid(
-                "jwt: set hs256_secret_file or eddsa_public_key_file".into(),
+                "jwt: set hs256_secret_file, eddsa_public_key_file or jwks_file".into(),
             ));
         }
         let mut sap = std::collections::HashSet::new();

@@ -138,6 +138,7 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
                 audience: AUDIENCE.into(),
                 hs256_secret_file: Some(secret_file),
                 eddsa_public_key_file: Some(public_file),
+                jwks_file: None,
                 leeway_secs: 5,
             }),
             ..GatewayConfig::default()
@@ -1294,4 +1295,134 @@ async fn the_sap_binding_works_under_generated_credentials() {
     );
     writer.shutdown().await;
     assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
+}
+
+/// A JWK for `key`'s public half (ES256 on P-256, or EdDSA on Ed25519), named `kid`.
+fn jwk(key: &rcgen::KeyPair, kid: &str) -> Value {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let raw = key.public_key_raw();
+    if raw.len() == 65 {
+        // An uncompressed P-256 point: 0x04, x, y.
+        json!({"kty": "EC", "crv": "P-256", "x": b64(&raw[1..33]), "y": b64(&raw[33..]),
+               "kid": kid, "alg": "ES256", "use": "sig"})
+    } else {
+        json!({"kty": "OKP", "crv": "Ed25519", "x": b64(raw), "kid": kid, "use": "sig"})
+    }
+}
+
+/// A token for `sub` signed by `key` (`alg`), naming `kid`, with these expiry and audience.
+fn signed(alg: Algorithm, key: &rcgen::KeyPair, kid: &str, exp: u64, audience: &str) -> String {
+    let claims = json!({"sub": "web-ui", "iss": ISSUER, "aud": audience, "exp": exp});
+    let mut header = Header::new(alg);
+    header.kid = Some(kid.to_owned());
+    let pem = key.serialize_pem();
+    let encoding = match alg {
+        Algorithm::ES256 => EncodingKey::from_ec_pem(pem.as_bytes()),
+        _ => EncodingKey::from_ed_pem(pem.as_bytes()),
+    }
+    .expect("private key");
+    format!(
+        "Authorization: Bearer {}",
+        jsonwebtoken::encode(&header, &claims, &encoding).expect("sign")
+    )
+}
+
+/// Issue 33, item 2 (first part): bearer JWTs checked against a JSON Web Key Set file, as an
+/// OAuth 2 / OIDC provider publishes its keys: ES256 and EdDSA tokens naming their key are
+/// served; an expired one, one for another audience, one signed by a key not in the set and
+/// one whose `alg` is not its key's are 401 with a body that says which; the set rotated on
+/// disk (a new key in, the old one out) takes effect without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_checked_against_a_rotating_key_set() {
+    let server = server();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let es = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("P-256 key");
+    let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("Ed25519 key");
+    let next = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("P-256 key");
+    let stranger = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("P-256 key");
+    let jwks_file = dir.path().join("jwks.json");
+    let write_set = |keys: Vec<Value>| {
+        // Written whole and renamed, as a key-publishing job does: never half a file.
+        let tmp = dir.path().join("jwks.json.new");
+        std::fs::write(&tmp, json!({ "keys": keys }).to_string()).expect("write");
+        std::fs::rename(&tmp, &jwks_file).expect("rename");
+    };
+    write_set(vec![jwk(&es, "es-1"), jwk(&ed, "ed-1")]);
+    let config = chorus_coordinator::CoordinatorConfig {
+        servers: server.url().to_owned(),
+        metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        gateway: GatewayConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            identities: vec![EdgeIdentity {
+                id: "web-ui".into(),
+                nkey_seed_file: None,
+            }],
+            jwt: Some(JwtConfig {
+                issuer: ISSUER.into(),
+                audience: AUDIENCE.into(),
+                hs256_secret_file: None,
+                eddsa_public_key_file: None,
+                jwks_file: Some(jwks_file.clone()),
+                leeway_secs: 5,
+            }),
+            ..GatewayConfig::default()
+        },
+        ..chorus_coordinator::CoordinatorConfig::default()
+    };
+    let coordinator = within(
+        WAIT,
+        "coordinator start",
+        chorus_coordinator::Coordinator::start(config, false),
+    )
+    .await
+    .expect("coordinator with a gateway");
+    let gw = coordinator.gateway_addr().expect("the gateway listens");
+    let later = now() + 300;
+    let get = |auth: String| async move { curl(gw, "GET", "/v1/agents", &[&auth], None).await };
+
+    for token in [
+        signed(Algorithm::ES256, &es, "es-1", later, AUDIENCE),
+        signed(Algorithm::EdDSA, &ed, "ed-1", later, AUDIENCE),
+    ] {
+        let a = get(token).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+    }
+    let refused = |a: &Answer, says: &str| {
+        assert_eq!(a.status, 401, "{}", a.body);
+        assert_eq!(a.body["status"], 5014, "{}", a.body);
+        let reason = a.body["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains(says), "{says:?} not in {reason:?}");
+    };
+    refused(
+        &get(signed(Algorithm::ES256, &es, "es-1", now() - 600, AUDIENCE)).await,
+        "expired",
+    );
+    refused(
+        &get(signed(Algorithm::ES256, &es, "es-1", later, "someone-else")).await,
+        "not valid",
+    );
+    refused(
+        &get(signed(Algorithm::ES256, &stranger, "es-1", later, AUDIENCE)).await,
+        "not valid",
+    );
+    refused(
+        &get(signed(Algorithm::ES256, &es, "es-9", later, AUDIENCE)).await,
+        "no key \"es-9\"",
+    );
+    // An EdDSA signature presented under the ES256 key's id.
+    refused(
+        &get(signed(Algorithm::EdDSA, &ed, "es-1", later, AUDIENCE)).await,
+        "is not the key's",
+    );
+
+    // Rotation: the provider publishes es-2 and retires es-1.
+    write_set(vec![jwk(&next, "es-2"), jwk(&ed, "ed-1")]);
+    let a = get(signed(Algorithm::ES256, &next, "es-2", later, AUDIENCE)).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    refused(
+        &get(signed(Algorithm::ES256, &es, "es-1", later, AUDIENCE)).await,
+        "no key \"es-1\"",
+    );
+    coordinator.shutdown().await;
 }
