@@ -290,8 +290,68 @@ fn input_of(message: &Value) -> Result<Value, RpcError> {
     })
 }
 
+/// What the card says about authentication (A2A 1.0 `securitySchemes` and
+/// `securityRequirements`): exactly the credentials the gateway takes. Any one of an API key
+/// (`X-API-Key`) or a bearer JWT is enough; a client certificate, when the gateway requires one,
+/// is needed beside it.
+fn security(config: &crate::config::GatewayConfig) -> (Value, Value) {
+    let mut schemes = serde_json::Map::new();
+    let mut alternatives = Vec::new();
+    if !config.api_keys.is_empty() {
+        schemes.insert(
+            "apiKey".into(),
+            json!({"apiKeySecurityScheme": {
+                "location": "header",
+                "name": "X-API-Key",
+                "description": "An API key of the gateway's (also taken as Authorization: Bearer <key>).",
+            }}),
+        );
+        alternatives.push("apiKey");
+    }
+    if config.jwt.is_some() {
+        schemes.insert(
+            "bearer".into(),
+            json!({"httpAuthSecurityScheme": {
+                "scheme": "Bearer",
+                "bearerFormat": "JWT",
+                "description": "A JWT from the gateway's issuer, for its audience; the sub claim names the identity.",
+            }}),
+        );
+        alternatives.push("bearer");
+    }
+    let mtls = config
+        .tls
+        .as_ref()
+        .is_some_and(|tls| tls.client_ca_file.is_some());
+    if mtls {
+        schemes.insert(
+            "mtls".into(),
+            json!({"mtlsSecurityScheme": {
+                "description": "A client certificate from the CA the gateway trusts, in the TLS handshake.",
+            }}),
+        );
+    }
+    let requirements: Vec<Value> = alternatives
+        .iter()
+        .map(|name| {
+            let mut needed = serde_json::Map::new();
+            needed.insert((*name).into(), json!({"list": []}));
+            if mtls {
+                needed.insert("mtls".into(), json!({"list": []}));
+            }
+            json!({ "schemes": needed })
+        })
+        .collect();
+    (Value::Object(schemes), Value::Array(requirements))
+}
+
 /// The card of `target`, with its interface at `base` (this gateway, as the caller reached it).
-async fn card(edge: &Edge, target: &Target, base: &str) -> Result<Value, ApiError> {
+async fn card(
+    edge: &Edge,
+    target: &Target,
+    base: &str,
+    config: &crate::config::GatewayConfig,
+) -> Result<Value, ApiError> {
     let records = edge
         .agent
         .discover(&chorus_sdk::DiscoverQuery::default())
@@ -332,10 +392,13 @@ async fn card(edge: &Edge, target: &Target, base: &str) -> Result<Value, ApiErro
             )
         }
     };
+    let (schemes, requirements) = security(config);
     Ok(json!({
         "name": name,
         "description": description,
         "version": env!("CARGO_PKG_VERSION"),
+        "securitySchemes": schemes,
+        "securityRequirements": requirements,
         "supportedInterfaces": [{
             "url": format!("{base}{}/", target.path()),
             "protocolBinding": "JSONRPC",
@@ -348,8 +411,8 @@ async fn card(edge: &Edge, target: &Target, base: &str) -> Result<Value, ApiErro
     }))
 }
 
-/// `http://<host>` as the caller reached the gateway.
-fn base_url(headers: &HeaderMap) -> String {
+/// `http://<host>` (`https://` when the gateway serves TLS) as the caller reached the gateway.
+fn base_url(headers: &HeaderMap, tls: bool) -> String {
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
@@ -359,7 +422,25 @@ fn base_url(headers: &HeaderMap) -> String {
                     .all(|c| c.is_ascii_alphanumeric() || ".-:[]".contains(c))
         })
         .unwrap_or("127.0.0.1");
-    format!("http://{host}")
+    let scheme = if tls { "https" } else { "http" };
+    format!("{scheme}://{host}")
+}
+
+/// The edge identity a card is looked up as: the caller's, or with `public_cards` and no
+/// credentials, the gateway's first identity (a card says nothing a caller could not learn
+/// from the card itself; every call still needs credentials).
+fn card_edge<'a>(state: &'a GatewayState, headers: &HeaderMap) -> Result<&'a Edge, ApiError> {
+    let anonymous =
+        !headers.contains_key("x-api-key") && !headers.contains_key(header::AUTHORIZATION);
+    if state.config.public_cards && anonymous {
+        return state
+            .config
+            .identities
+            .first()
+            .and_then(|i| state.edges.get(&i.id))
+            .ok_or_else(|| ApiError::new(StatusCode::UNAVAILABLE, "the gateway has no identity"));
+    }
+    Ok(api::edge(state, headers)?.0)
 }
 
 fn agent_target(agent: String, command: String) -> Result<Target, ApiError> {
@@ -378,9 +459,10 @@ pub(crate) async fn agent_card(
     headers: HeaderMap,
     Path((agent, command)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let (edge, _) = api::edge(&state, &headers)?;
+    let edge = card_edge(&state, &headers)?;
     let target = agent_target(agent, command)?;
-    Ok(Json(card(edge, &target, &base_url(&headers)).await?))
+    let base = base_url(&headers, state.config.tls.is_some());
+    Ok(Json(card(edge, &target, &base, &state.config).await?))
 }
 
 /// `GET /a2a/capabilities/{capability}/.well-known/agent-card.json`.
@@ -389,9 +471,10 @@ pub(crate) async fn capability_card(
     headers: HeaderMap,
     Path(capability): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let (edge, _) = api::edge(&state, &headers)?;
+    let edge = card_edge(&state, &headers)?;
     let target = capability_target(capability)?;
-    Ok(Json(card(edge, &target, &base_url(&headers)).await?))
+    let base = base_url(&headers, state.config.tls.is_some());
+    Ok(Json(card(edge, &target, &base, &state.config).await?))
 }
 
 /// `POST /a2a/agents/{agent}/{command}/`.

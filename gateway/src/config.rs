@@ -81,6 +81,9 @@ pub struct GatewayConfig {
     /// Plain HTTP on an address off loopback: API keys, tokens and payloads then cross the
     /// network in clear (a warning is logged). For a gateway behind a TLS-terminating proxy.
     pub allow_plain_http: bool,
+    /// A2A agent cards served without credentials (every call still needs them), so a client
+    /// can read from a card how to authenticate.
+    pub public_cards: bool,
     /// The longest request body, in bytes (413 and 5006 beyond it).
     pub max_body_bytes: usize,
     /// The longest a poll (`GET /v1/messages?wait_ms=`) waits, in milliseconds.
@@ -288,6 +291,7 @@ impl Default for GatewayConfig {
             listen: None,
             tls: None,
             allow_plain_http: false,
+            public_cards: false,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_wait_ms: DEFAULT_MAX_WAIT_MS,
             request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,

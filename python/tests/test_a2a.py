@@ -97,3 +97,37 @@ async def test_the_a2a_sdk_client_runs_streams_answers_and_cancels_tasks_of_a_ru
                 assert started.task.status.state in (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
                 cancelled = await client.cancel_task(CancelTaskRequest(id=started.task.id))
                 assert cancelled.status.state == TaskState.TASK_STATE_CANCELED, cancelled
+
+
+async def test_the_card_says_how_to_authenticate_and_can_be_read_without_credentials(
+    server: Any, rust_peer: Any, tmp_path: Path
+) -> None:
+    """Issue 33, item 3: the card declares the schemes the gateway enforces (an API key in
+    X-API-Key, a bearer JWT), parsed by the official client's card resolver; with
+    `public_cards` it is served without credentials, and a call without them is still 401."""
+    from a2a.client import A2ACardResolver
+
+    rust_peer()
+    secret = tmp_path / "hs256.secret"
+    secret.write_text("a-shared-hs256-secret-of-at-least-32-bytes\n")
+    extra = (
+        "public_cards = true\n"
+        '[gateway.jwt]\nissuer = "https://auth.example.test"\naudience = "chorus-gateway"\n'
+        f'hs256_secret_file = "{secret}"\n'
+    )
+    with gateway(server, tmp_path, "a2a-card", extra) as port:
+        base = f"http://127.0.0.1:{port}/a2a/agents/rust-peer/draft"
+        await _until_card(base)
+        async with httpx.AsyncClient(timeout=WAIT) as anonymous:
+            card = await A2ACardResolver(httpx_client=anonymous, base_url=base).get_agent_card()
+            key = card.security_schemes["apiKey"].api_key_security_scheme
+            assert (key.location, key.name) == ("header", "X-API-Key")
+            bearer = card.security_schemes["bearer"].http_auth_security_scheme
+            assert (bearer.scheme, bearer.bearer_format) == ("Bearer", "JWT")
+            alternatives = [sorted(r.schemes.keys()) for r in card.security_requirements]
+            assert alternatives == [["apiKey"], ["bearer"]], alternatives
+            assert card.supported_interfaces[0].url == f"{base}/"
+            # The card is public; the agent is not.
+            call = await anonymous.post(f"{base}/", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask",
+                                                          "params": {"id": "x"}})
+            assert call.status_code == 401, call.text
