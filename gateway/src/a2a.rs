@@ -519,6 +519,17 @@ async fn rpc(
         Err(e) => return rpc_err(&Value::Null, &RpcError::new(code::PARSE, e.to_string())),
     };
     let id = request.get("id").cloned().unwrap_or(Value::Null);
+    // JSON-RPC 2.0: an id is a string, a number or null; with another, the request is
+    // invalid and the error's id is null.
+    if !matches!(id, Value::String(_) | Value::Number(_) | Value::Null) {
+        return rpc_err(
+            &Value::Null,
+            &RpcError::new(
+                code::INVALID_REQUEST,
+                "id: a string, a number or null (JSON-RPC 2.0)",
+            ),
+        );
+    }
     let (Some(method), Some("2.0")) = (
         request.get("method").and_then(Value::as_str),
         request.get("jsonrpc").and_then(Value::as_str),
@@ -545,6 +556,9 @@ async fn rpc(
         );
     }
     let params = request.get("params").cloned().unwrap_or_else(|| json!({}));
+    if let Err(e) = check_params(&params) {
+        return rpc_err(&id, &e);
+    }
     let token = token.as_deref();
     let done = match method {
         "SendMessage" => send_message(&state, edge, token, &target, &params)
@@ -596,9 +610,45 @@ async fn rpc(
     done.unwrap_or_else(|e| rpc_err(&id, &e))
 }
 
+/// What every method's params must be: an object; a `historyLength`, where given, a whole
+/// number not below 0; a message, where given, with its `messageId`.
+fn check_params(params: &Value) -> Result<(), RpcError> {
+    let invalid = |what: &str| Err(RpcError::new(code::INVALID_PARAMS, what.to_owned()));
+    if !params.is_object() {
+        return invalid("params: an object");
+    }
+    for pointer in ["/historyLength", "/configuration/historyLength"] {
+        if let Some(length) = params.pointer(pointer)
+            && !length.as_u64().is_some_and(|n| n <= i32::MAX as u64)
+        {
+            return invalid("historyLength: a whole number, 0 or more");
+        }
+    }
+    if let Some(message) = params.get("message")
+        && !message
+            .get("messageId")
+            .and_then(Value::as_str)
+            .is_some_and(|m| !m.is_empty())
+    {
+        return invalid("message.messageId: a non-empty string is required");
+    }
+    Ok(())
+}
+
 /// The task `params.id` names, if this identity submitted it.
 async fn owned(edge: &Edge, params: &Value) -> Result<(TaskHandle, TaskReport), RpcError> {
-    let id = params.get("id").and_then(Value::as_str).unwrap_or("");
+    let id = match params.get("id") {
+        Some(Value::String(id)) => id.as_str(),
+        Some(_) => {
+            return Err(RpcError::new(
+                code::INVALID_PARAMS,
+                "params.id: a task id, as a string",
+            ));
+        }
+        None => {
+            return Err(RpcError::new(code::INVALID_PARAMS, "params.id is required"));
+        }
+    };
     super::tasks::owned(edge, id)
         .await
         .map_err(|_| RpcError::new(code::TASK_NOT_FOUND, format!("no task {id}")))

@@ -1426,3 +1426,92 @@ async fn tokens_are_checked_against_a_rotating_key_set() {
     );
     coordinator.shutdown().await;
 }
+
+/// Issue 33, item 9: JSON-RPC's own rules at the A2A endpoint: an `id` that is an object is an
+/// invalid request (-32600, answered with a null id); a wrong-typed or missing task id, a
+/// negative `historyLength`, a message without `messageId` and params that are not an object
+/// are invalid params (-32602), not "no such task"; a task id that is a string but no task is
+/// still -32001.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_a2a_endpoint_refuses_malformed_json_rpc_with_the_codes_the_spec_gives() {
+    let server = server();
+    let config = chorus_coordinator::CoordinatorConfig {
+        servers: server.url().to_owned(),
+        metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        gateway: GatewayConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            identities: vec![EdgeIdentity {
+                id: "web-ui".into(),
+                nkey_seed_file: None,
+            }],
+            api_keys: vec![ApiKey {
+                identity: "web-ui".into(),
+                sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
+            }],
+            ..GatewayConfig::default()
+        },
+        ..chorus_coordinator::CoordinatorConfig::default()
+    };
+    let coordinator = within(
+        WAIT,
+        "coordinator start",
+        chorus_coordinator::Coordinator::start(config, false),
+    )
+    .await
+    .expect("coordinator with a gateway");
+    let gw = coordinator.gateway_addr().expect("the gateway listens");
+    let key = format!("X-API-Key: {API_KEY}");
+    let headers = [key.as_str(), "A2A-Version: 1.0"];
+    let message = json!({"role": "ROLE_USER", "parts": [{"text": "hi"}]});
+    let cases = [
+        (
+            json!({"jsonrpc": "2.0", "id": {"a": 1}, "method": "GetTask", "params": {"id": "x"}}),
+            -32600,
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": 12345}}),
+            -32602,
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 2, "method": "GetTask", "params": {}}),
+            -32602,
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 3, "method": "GetTask",
+                   "params": {"id": "01234567-89ab-7def-8123-456789abcdef", "historyLength": -1}}),
+            -32602,
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 4, "method": "SendMessage", "params": {"message": message}}),
+            -32602,
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 5, "method": "GetTask", "params": ["x"]}),
+            -32602,
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": "six", "method": "GetTask",
+                   "params": {"id": "01234567-89ab-7def-8123-456789abcdef"}}),
+            -32001,
+        ),
+    ];
+    for (request, code) in cases {
+        let a = curl(
+            gw,
+            "POST",
+            "/a2a/agents/writer/draft/",
+            &headers,
+            Some(&request),
+        )
+        .await;
+        assert_eq!(a.status, 200, "{request}: {}", a.body);
+        assert_eq!(a.body["error"]["code"], code, "{request}: {}", a.body);
+        let id = if code == -32600 {
+            Value::Null
+        } else {
+            request["id"].clone()
+        };
+        assert_eq!(a.body["id"], id, "{request}: {}", a.body);
+    }
+    coordinator.shutdown().await;
+}
