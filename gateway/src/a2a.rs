@@ -619,16 +619,16 @@ fn check_params(params: &Value) -> Result<(), RpcError> {
     }
     for pointer in ["/historyLength", "/configuration/historyLength"] {
         if let Some(length) = params.pointer(pointer)
-            && !length.as_u64().is_some_and(|n| n <= i32::MAX as u64)
+            && length.as_u64().is_none_or(|n| n > i32::MAX as u64)
         {
             return invalid("historyLength: a whole number, 0 or more");
         }
     }
     if let Some(message) = params.get("message")
-        && !message
+        && message
             .get("messageId")
             .and_then(Value::as_str)
-            .is_some_and(|m| !m.is_empty())
+            .is_none_or(str::is_empty)
     {
         return invalid("message.messageId: a non-empty string is required");
     }
