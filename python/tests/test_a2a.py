@@ -131,3 +131,29 @@ async def test_the_card_says_how_to_authenticate_and_can_be_read_without_credent
             call = await anonymous.post(f"{base}/", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask",
                                                           "params": {"id": "x"}})
             assert call.status_code == 401, call.text
+
+
+async def test_a_plain_command_offered_as_an_a2a_agent_completes_with_its_reply(
+    server: Any, rust_peer: Any, tmp_path: Path
+) -> None:
+    """Issue 33, item 7: a command that is not a task handler (the Rust peer's `echo`),
+    offered as an A2A agent, answers a blocking send at once: the task completes with the
+    command's reply as its result, instead of staying submitted until the client gives up."""
+    from a2a.helpers import get_artifact_text
+    from a2a.types import GetTaskRequest, TaskState
+
+    rust_peer()
+    with gateway(server, tmp_path, "a2a-plain") as port:
+        base = f"http://127.0.0.1:{port}/a2a/agents/rust-peer/echo"
+        await _until_card(base)
+
+        async def send() -> Any:
+            async with await _client(base, streaming=False) as client:
+                [answer] = [r async for r in client.send_message(_request("plain words"))]
+                fetched = await client.get_task(GetTaskRequest(id=answer.task.id))
+                return answer.task, fetched
+
+        task, fetched = await asyncio.wait_for(send(), 15)
+        assert task.status.state == TaskState.TASK_STATE_COMPLETED, task
+        assert get_artifact_text(task.artifacts[-1]) == "plain words", task.artifacts
+        assert fetched.status.state == TaskState.TASK_STATE_COMPLETED

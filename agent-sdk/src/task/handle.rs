@@ -95,7 +95,13 @@ pub(crate) async fn submit(
     store.create(id, env.clone()).await?;
     let handle = TaskHandle::new(Arc::clone(store), id);
     let otel = opentelemetry::Context::current();
-    if let Err(err) = out.exchange(&subject, env, timeout, &otel).await {
+    let answered = out.exchange(&subject, env, timeout, &otel).await;
+    if let Ok(reply) = &answered
+        && !confirm
+    {
+        complete_if_plain(store, id, reply).await;
+    }
+    if let Err(err) = answered {
         // Nobody took it: record why, unless it was taken meanwhile (an answer lost on the
         // way back is no refusal).
         let mut rejected = store.state_message(id, TaskState::Rejected);
@@ -111,6 +117,43 @@ pub(crate) async fn submit(
         }
     }
     Ok(handle)
+}
+
+/// A task worker records `accepted` before it answers a submission, so a submission answered
+/// while its task is still `submitted` was answered by a plain command handler (PROTOCOL.md
+/// section 7.4): its answer is the task's result, which the requester records (`accepted`,
+/// `working`, then `completed` with the answer), so the task ends instead of waiting for a
+/// worker that will never come.
+async fn complete_if_plain(store: &Arc<TaskStore>, id: Uuid, reply: &crate::Reply) {
+    let Ok(Some((seq, last))) = store.last_status(id).await else {
+        return;
+    };
+    if state_of(&last) != TaskState::Submitted {
+        return;
+    }
+    let mut completed = store.state_message(id, TaskState::Completed);
+    completed.payload = reply.envelope.payload.clone();
+    completed.content_type = reply.envelope.content_type.clone();
+    completed.reason = Some(format!(
+        "answered by {} as a command, not a task",
+        reply.envelope.from
+    ));
+    let mut known = Some((seq, TaskState::Submitted));
+    for env in [
+        store.state_message(id, TaskState::Accepted),
+        store.state_message(id, TaskState::Working),
+        completed,
+    ] {
+        let state = state_of(&env);
+        match store.transition(id, known, env).await {
+            Ok(seq) => known = Some((seq, state)),
+            Err(e) => {
+                // A worker came after all (or the task moved on): its states stand.
+                tracing::debug!(task = %id, error = %Report(&e), "a command's answer not recorded as the task's result");
+                return;
+            }
+        }
+    }
 }
 
 /// A task seen from the requester (or anyone allowed to read it): its updates as a stream,
