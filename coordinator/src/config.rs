@@ -264,7 +264,7 @@ mod tests {
             .validate()
             .expect("defaults are valid");
         let dir = tempfile_dir();
-        let file = dir.join("chorus.toml");
+        let file = dir.path().join("chorus.toml");
         std::fs::write(
             &file,
             "root = \"acme\"\n[retry.default]\nmax_attempts = 3\ninitial_backoff_ms = 100\n",
@@ -283,7 +283,7 @@ mod tests {
     #[test]
     fn bad_values_are_refused_with_the_key_named() {
         let dir = tempfile_dir();
-        let file = dir.join("bad.toml");
+        let file = dir.path().join("bad.toml");
         std::fs::write(&file, "[retry.default]\nmax_attempts = 0\n").expect("write");
         let err = CoordinatorConfig::load(Some(&file)).expect_err("invalid");
         assert!(err.to_string().contains("max_attempts"), "{err}");
@@ -293,7 +293,7 @@ mod tests {
         std::fs::write(&file, "no_such_key = 1\n").expect("write");
         let err = CoordinatorConfig::load(Some(&file)).expect_err("unknown key");
         assert!(err.to_string().contains("no_such_key"), "{err}");
-        let missing = dir.join("missing.toml");
+        let missing = dir.path().join("missing.toml");
         assert!(CoordinatorConfig::load(Some(&missing)).is_err());
     }
 
@@ -301,7 +301,7 @@ mod tests {
     fn circuit_breakers_are_off_unless_configured_and_take_defaults() {
         assert_eq!(CoordinatorConfig::default().circuit_breaker, None);
         let dir = tempfile_dir();
-        let file = dir.join("breaker.toml");
+        let file = dir.path().join("breaker.toml");
         std::fs::write(&file, "[circuit_breaker]\nfailures = 2\n").expect("write");
         let cfg = CoordinatorConfig::load(Some(&file)).expect("loads");
         let breaker = cfg.circuit_breaker.expect("configured");
@@ -315,9 +315,11 @@ mod tests {
         assert!(err.to_string().contains("circuit_breaker"), "{err}");
     }
 
-    fn tempfile_dir() -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("chorus-config-test-{}", uuid::Uuid::now_v7()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        dir
+    /// A directory of its own, removed when dropped.
+    fn tempfile_dir() -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix("chorus-config-test-")
+            .tempdir()
+            .expect("temp dir")
     }
 }

@@ -252,8 +252,15 @@ async fn walkthrough_running_with_security_on_works_as_documented_and_refuses_ea
     std::fs::write(dir.join("nlp_agent.py"), fenced(section, "python", 0)).expect("write");
     assert!(section.contains("`python nlp_agent.py`"));
     let mut nlp_command = Command::new(&python);
+    // The file as written, with Ctrl-C as a terminal delivers it: a process started in the
+    // background of a script (as CI may run the tests) inherits SIGINT ignored, and Python
+    // keeps it so.
     nlp_command
-        .arg("nlp_agent.py")
+        .args([
+            "-c",
+            "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); \
+             runpy.run_path('nlp_agent.py', run_name='__main__')",
+        ])
         .current_dir(dir)
         .env("CHORUS_NATS_URL", &url);
     let mut nlp = Running::start("nlp-agent", nlp_command);
