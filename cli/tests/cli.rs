@@ -670,98 +670,15 @@ fn a_bus_that_is_not_there_is_met_with_what_to_do() {
     assert!(t.contains("--server"), "{t}");
 }
 
-/// A `chorus up` running until a signal, its stdout read line by line on a thread.
-struct RunningUp {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl RunningUp {
-    fn start(server: &str, extra: &[&str]) -> RunningUp {
-        use std::io::{BufRead, BufReader};
-        let mut child = Command::new(env!("CARGO_BIN_EXE_chorus"))
-            .args(["--server", server, "up", "--interval", "60s"])
-            .args(["--metrics-addr", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run chorus up");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        RunningUp {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits (up to 60 s) for a line containing `text`.
-    fn wait_for(&mut self, text: &str) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            match self.lines.recv_timeout(Duration::from_millis(100)) {
-                Ok(line) => {
-                    let found = line.contains(text);
-                    self.seen.push(line);
-                    if found {
-                        return;
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        let _ = self.child.kill();
-        panic!("no line with {text:?} within 60 s: {:?}", self.seen);
-    }
-
-    fn signal(&self, name: &str) {
-        let sent = Command::new("kill")
-            .args([&format!("-{name}"), &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(sent.success());
-    }
-
-    /// Waits (up to `limit`) for the process to end; its status and every line it printed.
-    fn wait(mut self, limit: Duration) -> (std::process::ExitStatus, String) {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                self.seen.extend(self.lines.try_iter());
-                return (status, self.seen.join("\n"));
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!(
-                    "chorus up still running {limit:?} after the signal: {:?}",
-                    self.seen
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 /// Issue 19, defect 1: a signal that arrives while a round of scenarios runs stops `chorus up`
 /// at once (it used to be lost, or to kill the process without a clean stop).
 #[test]
 fn up_stops_cleanly_on_a_signal_during_a_round() {
     let server = chorus_tests::server();
-    let mut up = RunningUp::start(server.url(), &[]);
+    let mut up = up_running(server.url());
     // The first round starts right after this line.
     up.wait_for("agents online");
-    up.signal("TERM");
-    let (status, out) = up.wait(Duration::from_secs(20));
+    let (status, out) = up.stop("TERM");
     assert!(status.success(), "{status:?}: {out}");
     assert!(out.contains("chorus up: stopped"), "{out}");
     assert!(
@@ -775,7 +692,7 @@ fn up_stops_cleanly_on_a_signal_during_a_round() {
 #[test]
 fn a_second_up_says_the_bus_runs_and_a_taken_port_names_its_flag() {
     let server = chorus_tests::server();
-    let mut first = RunningUp::start(server.url(), &[]);
+    let mut first = up_running(server.url());
     first.wait_for("scenarios complete");
     let second = chorus(
         server.url(),
@@ -785,8 +702,7 @@ fn a_second_up_says_the_bus_runs_and_a_taken_port_names_its_flag() {
     assert!(!second.status.success(), "{t}");
     assert!(t.contains("a Chorus bus is already running"), "{t}");
     // The first is unharmed: it still stops cleanly.
-    first.signal("INT");
-    let (status, out) = first.wait(Duration::from_secs(20));
+    let (status, out) = first.stop("INT");
     assert!(status.success(), "{status:?}: {out}");
 
     let other = chorus_tests::server();
@@ -1634,6 +1550,19 @@ fn exit_codes_are_the_operations_table() {
     );
 }
 
+/// `chorus up` against `server`, its rounds a minute apart, its metrics on a free port.
+fn up_running(server: &str) -> Running {
+    Running::start(&[
+        "--server",
+        server,
+        "up",
+        "--interval",
+        "60s",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ])
+}
+
 /// A `chorus` command left running, its standard output and error read line by line.
 struct Running {
     child: std::process::Child,
@@ -1720,11 +1649,14 @@ impl Running {
         false
     }
 
-    /// Sends SIGINT and waits (up to 20 s) for the end: its status and every line printed.
-    fn interrupt(mut self) -> (std::process::ExitStatus, String) {
-        let _ = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status();
+    /// Sends `signal` (`INT`, `TERM`) and waits (up to 20 s) for the end: its status and every
+    /// line printed.
+    fn stop(mut self, signal: &str) -> (std::process::ExitStatus, String) {
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
@@ -1736,7 +1668,10 @@ impl Running {
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
-                panic!("chorus still running 20 s after SIGINT: {:?}", self.seen);
+                panic!(
+                    "chorus still running 20 s after SIG{signal}: {:?}",
+                    self.seen
+                );
             }
             self.seen.extend(self.lines.try_iter());
             std::thread::sleep(Duration::from_millis(20));
@@ -1777,7 +1712,7 @@ fn listen_says_once_that_it_lost_the_bus_and_once_that_it_is_back() {
             listen.seen
         );
     }
-    let (_, out) = listen.interrupt();
+    let (_, out) = listen.stop("INT");
     assert_eq!(out.matches("lost the bus").count(), 1, "{out}");
     assert_eq!(out.matches("reconnected to the bus").count(), 1, "{out}");
     assert!(!out.contains("ERROR") && !out.contains("WARN"), "{out}");
@@ -1917,7 +1852,7 @@ async fn an_operator_runs_dlq_tap_tasks_and_durable_sends_on_a_secured_bus() {
     let (code, t) = run("ops", &["request", "--to", "echo", "--command", "hello"]);
     assert_eq!(code, Some(0), "{t}");
     tap.wait_for("response");
-    let (status, tapped) = tap.interrupt();
+    let (status, tapped) = tap.stop("INT");
     assert!(status.success(), "{tapped}");
     assert!(tapped.contains("chorus.agent.echo.hello"), "{tapped}");
     assert!(
@@ -2057,6 +1992,6 @@ fn the_readme_tour_runs_as_written() {
         ran += 1;
     }
     assert!(ran >= 15, "{ran} commands ran");
-    let (status, out) = up.interrupt();
+    let (status, out) = up.stop("INT");
     assert!(status.success(), "{out}");
 }

@@ -113,11 +113,9 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
     std::fs::write(&public_file, ed.public_key_pem()).expect("write public key");
     let private_pem = ed.serialize_pem();
 
-    let config = chorus_coordinator::CoordinatorConfig {
-        servers: server.url().to_owned(),
-        metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        reap_interval_ms: 50,
-        gateway: GatewayConfig {
+    let (coordinator, gw) = with_gateway(
+        &server,
+        GatewayConfig {
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             identities: vec![
                 EdgeIdentity {
@@ -143,16 +141,8 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
             }),
             ..GatewayConfig::default()
         },
-        ..chorus_coordinator::CoordinatorConfig::default()
-    };
-    let coordinator = within(
-        WAIT,
-        "coordinator start",
-        chorus_coordinator::Coordinator::start(config, false),
     )
-    .await
-    .expect("coordinator with a gateway");
-    let gw = coordinator.gateway_addr().expect("the gateway listens");
+    .await;
 
     // A Rust agent on the bus: a calculator that counts what reaches it.
     let handled = Arc::new(AtomicU64::new(0));
@@ -780,10 +770,9 @@ async fn the_interop_try_it_runs_as_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edge_callers_submit_follow_and_cancel_tasks() {
     let server = server();
-    let config = chorus_coordinator::CoordinatorConfig {
-        servers: server.url().to_owned(),
-        metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        gateway: GatewayConfig {
+    let (coordinator, gw) = with_gateway(
+        &server,
+        GatewayConfig {
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             identities: vec![
                 EdgeIdentity {
@@ -807,16 +796,8 @@ async fn edge_callers_submit_follow_and_cancel_tasks() {
             ],
             ..GatewayConfig::default()
         },
-        ..chorus_coordinator::CoordinatorConfig::default()
-    };
-    let coordinator = within(
-        WAIT,
-        "coordinator start",
-        chorus_coordinator::Coordinator::start(config, false),
     )
-    .await
-    .expect("coordinator with a gateway");
-    let gw = coordinator.gateway_addr().expect("the gateway listens");
+    .await;
     let writer = agent(&server, "writer").await;
     writer
         .on_task(
@@ -976,10 +957,9 @@ async fn grants_and_the_gateways_rate_apply_to_edge_callers() {
             format!("{k}-key-0123456789").as_bytes(),
         )),
     };
-    let config = chorus_coordinator::CoordinatorConfig {
-        servers: server.url().to_owned(),
-        metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        gateway: GatewayConfig {
+    let (coordinator, gw) = with_gateway(
+        &server,
+        GatewayConfig {
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             identities: vec![
                 EdgeIdentity {
@@ -997,16 +977,8 @@ async fn grants_and_the_gateways_rate_apply_to_edge_callers() {
             rate_burst: 4.0,
             ..GatewayConfig::default()
         },
-        ..chorus_coordinator::CoordinatorConfig::default()
-    };
-    let coordinator = within(
-        WAIT,
-        "coordinator start",
-        chorus_coordinator::Coordinator::start(config, false),
     )
-    .await
-    .expect("coordinator with a gateway");
-    let gw = coordinator.gateway_addr().expect("the gateway listens");
+    .await;
     let vault = within(
         WAIT,
         "vault",
@@ -1349,10 +1321,9 @@ async fn tokens_are_checked_against_a_rotating_key_set() {
         std::fs::rename(&tmp, &jwks_file).expect("rename");
     };
     write_set(vec![jwk(&es, "es-1"), jwk(&ed, "ed-1")]);
-    let config = chorus_coordinator::CoordinatorConfig {
-        servers: server.url().to_owned(),
-        metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        gateway: GatewayConfig {
+    let (coordinator, gw) = with_gateway(
+        &server,
+        GatewayConfig {
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             identities: vec![EdgeIdentity {
                 id: "web-ui".into(),
@@ -1368,16 +1339,8 @@ async fn tokens_are_checked_against_a_rotating_key_set() {
             }),
             ..GatewayConfig::default()
         },
-        ..chorus_coordinator::CoordinatorConfig::default()
-    };
-    let coordinator = within(
-        WAIT,
-        "coordinator start",
-        chorus_coordinator::Coordinator::start(config, false),
     )
-    .await
-    .expect("coordinator with a gateway");
-    let gw = coordinator.gateway_addr().expect("the gateway listens");
+    .await;
     let later = now() + 300;
     let get = |auth: String| async move { curl(gw, "GET", "/v1/agents", &[&auth], None).await };
 
@@ -1435,10 +1398,9 @@ async fn tokens_are_checked_against_a_rotating_key_set() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_a2a_endpoint_refuses_malformed_json_rpc_with_the_codes_the_spec_gives() {
     let server = server();
-    let config = chorus_coordinator::CoordinatorConfig {
-        servers: server.url().to_owned(),
-        metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        gateway: GatewayConfig {
+    let (coordinator, gw) = with_gateway(
+        &server,
+        GatewayConfig {
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             identities: vec![EdgeIdentity {
                 id: "web-ui".into(),
@@ -1450,16 +1412,8 @@ async fn the_a2a_endpoint_refuses_malformed_json_rpc_with_the_codes_the_spec_giv
             }],
             ..GatewayConfig::default()
         },
-        ..chorus_coordinator::CoordinatorConfig::default()
-    };
-    let coordinator = within(
-        WAIT,
-        "coordinator start",
-        chorus_coordinator::Coordinator::start(config, false),
     )
-    .await
-    .expect("coordinator with a gateway");
-    let gw = coordinator.gateway_addr().expect("the gateway listens");
+    .await;
     let key = format!("X-API-Key: {API_KEY}");
     let headers = [key.as_str(), "A2A-Version: 1.0"];
     let message = json!({"role": "ROLE_USER", "parts": [{"text": "hi"}]});
@@ -1514,4 +1468,28 @@ async fn the_a2a_endpoint_refuses_malformed_json_rpc_with_the_codes_the_spec_giv
         assert_eq!(a.body["id"], id, "{request}: {}", a.body);
     }
     coordinator.shutdown().await;
+}
+
+/// An in-process coordinator on `server` serving `gateway` (registry sweeps every 50 ms,
+/// metrics on a free port), and the address the gateway listens on.
+async fn with_gateway(
+    server: &chorus_tests::NatsServer,
+    gateway: GatewayConfig,
+) -> (chorus_coordinator::Coordinator, SocketAddr) {
+    let config = chorus_coordinator::CoordinatorConfig {
+        servers: server.url().to_owned(),
+        metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        reap_interval_ms: 50,
+        gateway,
+        ..chorus_coordinator::CoordinatorConfig::default()
+    };
+    let coordinator = within(
+        WAIT,
+        "coordinator start",
+        chorus_coordinator::Coordinator::start(config, false),
+    )
+    .await
+    .expect("coordinator with a gateway");
+    let gw = coordinator.gateway_addr().expect("the gateway listens");
+    (coordinator, gw)
 }
