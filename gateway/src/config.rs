@@ -84,6 +84,10 @@ pub struct GatewayConfig {
     /// A2A agent cards served without credentials (every call still needs them), so a client
     /// can read from a card how to authenticate.
     pub public_cards: bool,
+    /// The A2A agent whose card the gateway's own `/.well-known/agent-card.json` serves (the
+    /// spec's well-known URI): `agents/<agent>/<command>` or `capabilities/<capability>`, as
+    /// under `/a2a/`. Unset: that URI is 404 and only the per-agent cards exist.
+    pub a2a_default: Option<String>,
     /// The longest request body, in bytes (413 and 5006 beyond it).
     pub max_body_bytes: usize,
     /// The longest a poll (`GET /v1/messages?wait_ms=`) waits, in milliseconds.
@@ -292,6 +296,7 @@ impl Default for GatewayConfig {
             tls: None,
             allow_plain_http: false,
             public_cards: false,
+            a2a_default: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_wait_ms: DEFAULT_MAX_WAIT_MS,
             request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
@@ -324,6 +329,9 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<()> {
         if !self.enabled() {
             return Ok(());
+        }
+        if let Some(default) = &self.a2a_default {
+            a2a_path(default).map_err(|e| invalid(format!("a2a_default {default:?}: {e}")))?;
         }
         if self.max_body_bytes < 1024 {
             return Err(invalid("max_body_bytes must be at least 1024".into()));
@@ -419,6 +427,36 @@ impl GatewayConfig {
     }
 }
 
+/// An A2A endpoint under `/a2a/`, as `a2a_default` names it: the agent and command, or the
+/// capability.
+pub(crate) fn a2a_path(path: &str) -> std::result::Result<A2aPath, String> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["agents", agent, command] => {
+            chorus_sdk::subject::validate_token("agent", agent)
+                .and_then(|()| chorus_sdk::subject::validate_token("command", command))
+                .map_err(|e| e.to_string())?;
+            Ok(A2aPath::Command {
+                agent: (*agent).to_owned(),
+                command: (*command).to_owned(),
+            })
+        }
+        ["capabilities", capability] => {
+            chorus_sdk::subject::validate_dotted("capability", capability)
+                .map_err(|e| e.to_string())?;
+            Ok(A2aPath::Capability((*capability).to_owned()))
+        }
+        _ => Err("give agents/<agent>/<command> or capabilities/<capability>".into()),
+    }
+}
+
+/// What [`a2a_path`] reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum A2aPath {
+    Command { agent: String, command: String },
+    Capability(String),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -493,6 +531,34 @@ mod tests {
         assert_eq!(sap.heartbeat_interval_s, DEFAULT_SAP_HEARTBEAT_SECS);
         assert_eq!(sap.max_prompt_ms, DEFAULT_SAP_MAX_PROMPT_MS);
         assert!(!GatewayConfig::default().enabled());
+    }
+
+    #[test]
+    fn the_default_a2a_agent_is_an_endpoint_under_a2a() {
+        assert_eq!(
+            a2a_path("agents/tck/chat"),
+            Ok(A2aPath::Command {
+                agent: "tck".into(),
+                command: "chat".into()
+            })
+        );
+        assert_eq!(
+            a2a_path("/capabilities/text.summarize/"),
+            Ok(A2aPath::Capability("text.summarize".into()))
+        );
+        for bad in [
+            "agents/tck",
+            "tck/chat",
+            "agents/t*k/chat",
+            "capabilities/a b",
+            "",
+        ] {
+            assert!(a2a_path(bad).is_err(), "{bad}");
+        }
+        let mut gateway = parse(SAP_ONLY);
+        gateway.a2a_default = Some("agent/tck".into());
+        let err = gateway.validate().expect_err("refused").to_string();
+        assert!(err.contains("a2a_default"), "{err}");
     }
 
     #[test]

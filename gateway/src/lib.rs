@@ -85,6 +85,8 @@ pub(crate) struct GatewayState {
     /// Cancelled when the gateway stops: open WebSockets close.
     stop: CancellationToken,
     limits: limits::Limits,
+    /// The bus's tasks, for A2A's `ListTasks`.
+    a2a_index: a2a::TaskIndex,
 }
 
 /// A running gateway. [`Gateway::stop`] stops it and waits; dropping it stops the listener
@@ -221,6 +223,7 @@ impl Gateway {
             edges,
             stop: stop.clone(),
             limits: limits::Limits::new(gateway),
+            a2a_index: a2a::TaskIndex::default(),
         });
         let tracker = TaskTracker::new();
         let mut started = Gateway {
@@ -267,6 +270,7 @@ impl Gateway {
             )
             .route("/a2a/capabilities/{capability}/", post(a2a::capability_rpc))
             .route("/a2a/capabilities/{capability}", post(a2a::capability_rpc))
+            .route("/.well-known/agent-card.json", get(a2a::default_card))
             .route("/agent/message", post(api::agentify))
             .route("/openapi.json", get(api::openapi))
             .fallback(api::not_found)

@@ -5,6 +5,7 @@ and chunks to its result, a question answered, a running task cancelled."""
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,12 @@ async def test_the_a2a_sdk_client_runs_streams_answers_and_cancels_tasks_of_a_ru
                 [answer] = [r async for r in client.send_message(_request("gateways"))]
                 task = answer.task
                 assert task.status.state == TaskState.TASK_STATE_COMPLETED, task
-                assert get_artifact_text(task.artifacts[0]) == "a short draft about gateways"
+                # Issue 33, item 4: what the task streamed is there for a blocking client too,
+                # as its own artifact, in order, before the result.
+                assert [a.name for a in task.artifacts] == ["stream", "result"], task.artifacts
+                streamed = [p.text for p in task.artifacts[0].parts]
+                assert streamed == ["a", "short", "draft", "about", "gateways"], streamed
+                assert get_artifact_text(task.artifacts[1]) == "a short draft about gateways"
                 fetched = await client.get_task(GetTaskRequest(id=task.id))
                 assert fetched.status.state == TaskState.TASK_STATE_COMPLETED
                 with pytest.raises(TaskNotFoundError):
@@ -89,7 +95,7 @@ async def test_the_a2a_sdk_client_runs_streams_answers_and_cancels_tasks_of_a_ru
                 assert "which colour?" in asked.task.status.message.parts[0].text
                 [answered] = [r async for r in client.send_message(_request("blue", task_id=asked.task.id))]
                 assert answered.task.status.state == TaskState.TASK_STATE_COMPLETED, answered.task
-                assert get_artifact_text(answered.task.artifacts[0]) == "painted blue"
+                assert get_artifact_text(answered.task.artifacts[-1]) == "painted blue"
 
             # Cancel a task that runs until cancelled.
             async with await _client(f"{agents}/slow", streaming=False) as client:
@@ -157,3 +163,134 @@ async def test_a_plain_command_offered_as_an_a2a_agent_completes_with_its_reply(
         assert task.status.state == TaskState.TASK_STATE_COMPLETED, task
         assert get_artifact_text(task.artifacts[-1]) == "plain words", task.artifacts
         assert fetched.status.state == TaskState.TASK_STATE_COMPLETED
+
+
+async def _rpc(http: httpx.AsyncClient, url: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """One raw JSON-RPC call (for what the client cannot express), its whole response."""
+    r = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def _message(text: str, **fields: Any) -> dict[str, Any]:
+    import uuid
+
+    return {"messageId": str(uuid.uuid4()), "role": "ROLE_USER", "parts": [{"text": text}], **fields}
+
+
+async def test_a_json_result_reads_as_text_and_a_context_groups_tasks_with_their_history(
+    server: Any, rust_peer: Any, tmp_path: Path
+) -> None:
+    """Issue 33, items 5 and 8: a JSON result has a text part beside its data part (the
+    official client's text helper reads it); a client's contextId is kept, a follow-up in it
+    is a new task of the same context, and GetTask returns the history, cut by historyLength."""
+    import json
+
+    from a2a.helpers import get_artifact_text
+    from a2a.types import GetTaskRequest, Part, TaskState
+    from google.protobuf import struct_pb2
+
+    rust_peer()
+    with gateway(server, tmp_path, "a2a-context") as port:
+        base = f"http://127.0.0.1:{port}/a2a/agents/rust-peer/echo"
+        await _until_card(base)
+        async with asyncio.timeout(30), await _client(base, streaming=False) as client:
+            # A data part in, the same JSON out: as data, and as text beside it.
+            request = _request("unused")
+            value = struct_pb2.Value()
+            value.struct_value.update({"n": 3, "words": ["a", "b"]})
+            del request.message.parts[:]
+            request.message.parts.append(Part(data=value))
+            request.message.context_id = "conversation-7"
+            [answer] = [r async for r in client.send_message(request)]
+            task = answer.task
+            assert task.status.state == TaskState.TASK_STATE_COMPLETED, task
+            assert json.loads(get_artifact_text(task.artifacts[-1])) == {"n": 3, "words": ["a", "b"]}
+            assert task.context_id == "conversation-7", task
+
+            # A follow-up in the same context: a new task there.
+            follow = _request("and again")
+            follow.message.context_id = "conversation-7"
+            [again] = [r async for r in client.send_message(follow)]
+            assert again.task.context_id == "conversation-7"
+            assert again.task.id != task.id
+
+            # History: the user's message (its own messageId), whole or cut.
+            fetched = await client.get_task(GetTaskRequest(id=again.task.id))
+            users = [m for m in fetched.history if m.role == 1]
+            assert [m.message_id for m in users] == [follow.message.message_id], fetched.history
+            short = await client.get_task(GetTaskRequest(id=again.task.id, history_length=0))
+            assert len(short.history) == 0
+
+        # A contextId that is not the task's is refused.
+        async with httpx.AsyncClient(headers={"X-API-Key": API_KEY, "A2A-Version": "1.0"}, timeout=WAIT) as http:
+            wrong = await _rpc(http, f"{base}/", "SendMessage",
+                               {"message": _message("x", taskId=task.id, contextId="another")})
+            assert wrong["error"]["code"] == -32602, wrong
+
+
+async def test_list_tasks_pages_through_every_task_and_filters_on_the_server(
+    server: Any, rust_peer: Any, tmp_path: Path
+) -> None:
+    """Issue 33, item 6: ListTasks pages through every task (420 of them, past the ~400 the
+    old listing could see), newest first, each once, with nextPageToken and the true
+    totalSize; filters on context and state run on the server; 50 by default, no artifacts
+    unless asked; bad parameters are -32602."""
+    rust_peer()
+    # Past the default rate of 100 requests a second: 420 sends come faster than that.
+    with gateway(server, tmp_path, "a2a-list", "rate_per_second = 5000.0\nrate_burst = 500.0\n") as port:
+        echo = f"http://127.0.0.1:{port}/a2a/agents/rust-peer/echo/"
+        question = f"http://127.0.0.1:{port}/a2a/agents/rust-peer/question/"
+        await _until_card(echo.rstrip("/"))
+        headers = {"X-API-Key": API_KEY, "A2A-Version": "1.0"}
+        async with httpx.AsyncClient(headers=headers, timeout=WAIT) as http, asyncio.timeout(240):
+            limit = asyncio.Semaphore(8)
+
+            async def send(url: str, text: str, context: str) -> str:
+                async with limit:
+                    r = await _rpc(http, url, "SendMessage", {"message": _message(text, contextId=context)})
+                    assert "result" in r, r
+                    task_id: str = r["result"]["task"]["id"]
+                    return task_id
+
+            many = await asyncio.gather(*(send(echo, f"n{i}", "bulk") for i in range(420)))
+            asked = await asyncio.gather(*(send(question, "paint", "asking") for _ in range(3)))
+
+            seen: list[str] = []
+            stamps: list[datetime] = []
+            token = ""
+            pages = 0
+            while True:
+                params: dict[str, Any] = {"contextId": "bulk", "pageSize": 100}
+                if token:
+                    params["pageToken"] = token
+                r = (await _rpc(http, echo, "ListTasks", params))["result"]
+                pages += 1
+                assert r["totalSize"] == 420, r["totalSize"]
+                assert r["pageSize"] == len(r["tasks"])
+                seen += [t["id"] for t in r["tasks"]]
+                stamps += [datetime.fromisoformat(t["status"]["timestamp"]) for t in r["tasks"]]
+                assert all("artifacts" not in t for t in r["tasks"])
+                token = r["nextPageToken"]
+                if not token:
+                    break
+            assert pages == 5
+            assert sorted(seen) == sorted(many) and len(set(seen)) == 420
+            # Newest first (by the last change of state), across pages.
+            assert stamps == sorted(stamps, reverse=True)
+
+            default = (await _rpc(http, echo, "ListTasks", {}))["result"]
+            assert len(default["tasks"]) == 50 and default["totalSize"] == 420
+            # A state filter: the questions wait for input; the echoes do not.
+            waiting = (await _rpc(http, question, "ListTasks", {"status": "TASK_STATE_INPUT_REQUIRED"}))["result"]
+            assert sorted(t["id"] for t in waiting["tasks"]) == sorted(asked)
+            none = (await _rpc(http, echo, "ListTasks", {"status": "TASK_STATE_INPUT_REQUIRED"}))["result"]
+            assert none["tasks"] == [] and none["totalSize"] == 0
+            with_artifacts = (await _rpc(http, echo, "ListTasks", {"pageSize": 1, "includeArtifacts": True}))["result"]
+            assert with_artifacts["tasks"][0]["artifacts"], with_artifacts
+
+            for bad in ({"pageSize": 0}, {"pageSize": -1}, {"pageSize": 101}, {"pageToken": "x"},
+                        {"statusTimestampAfter": "yesterday"}, {"historyLength": -1}, {"status": "DONE"}):
+                refused = await _rpc(http, echo, "ListTasks", bad)
+                assert refused.get("error", {}).get("code") == -32602, (bad, refused)

@@ -409,6 +409,39 @@ impl Agent {
         TaskHandle::lookup(&self.inner.tasks.store, id).await
     }
 
+    /// Every change of state of every task recorded after stream sequence `after` (0: from
+    /// the start; at most `max`), oldest first, each with its task's id: what an index of
+    /// tasks reads to stay current (read again after the last `seq` seen). A task's first
+    /// change is its submission (`from` its requester, carrying its session).
+    ///
+    /// # Errors
+    /// [`SdkError::Broker`] when the task stream cannot be read (a missing stream is no
+    /// change); [`SdkError::Codec`] when a change does not decode.
+    pub async fn task_changes(
+        &self,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<(Uuid, TaskUpdate)>, SdkError> {
+        let store = &self.inner.tasks.store;
+        let subjects = &self.inner.link.subjects;
+        let mut out = Vec::new();
+        for stored in store.states_after(after, max).await? {
+            let Some((id, kind)) = subjects.task_of(&stored.subject) else {
+                continue;
+            };
+            out.push((
+                id,
+                TaskUpdate {
+                    seq: stored.sequence,
+                    stored_ms: stored.stored_ms,
+                    kind,
+                    envelope: decode(&stored)?,
+                },
+            ));
+        }
+        Ok(out)
+    }
+
     /// The latest state of each task recorded (at most `max`), oldest change first.
     ///
     /// # Errors

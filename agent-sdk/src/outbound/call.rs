@@ -60,6 +60,8 @@ pub struct Call {
     pub(crate) routing: Option<super::Routing>,
     pub(crate) retry: Option<crate::retry::RetryPolicy>,
     pub(crate) dead_letter: bool,
+    pub(crate) session: Option<String>,
+    pub(crate) customer: Option<String>,
 }
 
 impl Call {
@@ -104,6 +106,8 @@ impl Call {
             routing: None,
             retry: None,
             dead_letter: false,
+            session: None,
+            customer: None,
         }
     }
 
@@ -235,6 +239,22 @@ impl Call {
     /// Priority.
     pub fn priority(mut self, priority: Priority) -> Self {
         self.priority = priority;
+        self
+    }
+
+    /// The session (a conversation: an A2A context, a chat) this call belongs to, as the
+    /// envelope's `session_id` (a task keeps it in its submission). Replies carry it back,
+    /// and a call made while handling a message inherits that message's session unless it
+    /// names its own.
+    pub fn session(mut self, session: impl Into<String>) -> Self {
+        self.session = Some(session.into());
+        self
+    }
+
+    /// The customer (or tenant) this call is made for, as the envelope's `customer_id`,
+    /// carried along as [`Call::session`] is.
+    pub fn customer(mut self, customer: impl Into<String>) -> Self {
+        self.customer = Some(customer.into());
         self
     }
 

@@ -67,6 +67,12 @@ impl Outbound {
         env.payload = call.payload;
         env.delivery = call.delivery.unwrap_or_default();
         env.token = call.token;
+        if call.session.is_some() {
+            env.session_id = call.session;
+        }
+        if call.customer.is_some() {
+            env.customer_id = call.customer;
+        }
         if let Some(id) = call.id {
             env.id = id;
         }

@@ -229,6 +229,34 @@ impl TaskHandle {
         })
     }
 
+    /// Every message of the task stored so far (at most `max`), oldest first, without
+    /// waiting for more: its submission (the input), states, progress, chunks, answers and
+    /// cancels, what a view of its whole history (an A2A task's history and artifacts) is
+    /// made from.
+    ///
+    /// # Errors
+    /// [`SdkError::TaskNotFound`] when the task has no message; [`SdkError::Broker`] or
+    /// [`SdkError::Codec`] when they cannot be read.
+    pub async fn history(&self, max: usize) -> Result<Vec<TaskUpdate>, SdkError> {
+        let subjects = &self.store.out.link.subjects;
+        let mut out = Vec::new();
+        for stored in self.store.messages(self.id, max).await? {
+            let Some((_, kind)) = subjects.task_of(&stored.subject) else {
+                continue;
+            };
+            out.push(TaskUpdate {
+                seq: stored.sequence,
+                stored_ms: stored.stored_ms,
+                kind,
+                envelope: decode(&stored)?,
+            });
+        }
+        if out.is_empty() {
+            return Err(SdkError::TaskNotFound(self.id));
+        }
+        Ok(out)
+    }
+
     /// Where the task stands now.
     ///
     /// # Errors

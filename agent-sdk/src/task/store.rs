@@ -275,6 +275,40 @@ impl TaskStore {
         Ok(self.link.js.last_on_subject(&self.stream, &subject).await?)
     }
 
+    /// Every message of task `id` stored so far (at most `max`), oldest first.
+    pub(crate) async fn messages(
+        &self,
+        id: Uuid,
+        max: usize,
+    ) -> Result<Vec<StoredMessage>, SdkError> {
+        let filter = self.link.subjects.task_all(&id);
+        Ok(self
+            .link
+            .js
+            .scan(&self.stream, Some(&filter), 1, max)
+            .await?)
+    }
+
+    /// Every change of state of every task stored after sequence `after` (at most `max`),
+    /// oldest first.
+    pub(crate) async fn states_after(
+        &self,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<StoredMessage>, SdkError> {
+        let filter = self.link.subjects.tasks_of_kind(TaskMessage::Status);
+        match self
+            .link
+            .js
+            .scan(&self.stream, Some(&filter), after.saturating_add(1), max)
+            .await
+        {
+            Ok(list) => Ok(list),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The last status message of every task (at most `max`), oldest first.
     pub(crate) async fn latest_states(&self, max: usize) -> Result<Vec<StoredMessage>, SdkError> {
         let filter = self.link.subjects.tasks_of_kind(TaskMessage::Status);

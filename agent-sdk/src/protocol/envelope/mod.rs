@@ -345,7 +345,7 @@ impl Envelope {
     }
 
     /// A reply to this message, from `from`, with `status`: same correlation, `in_reply_to`
-    /// set, same content type, hop count carried over.
+    /// set, same content type, session and customer, hop count carried over.
     pub fn reply(&self, from: impl Into<Name>, status: StatusCode) -> Envelope {
         let performative = if status.is_success() {
             Performative::Inform
@@ -370,6 +370,8 @@ impl Envelope {
         reply.hops = self.hops;
         reply.hop_limit = self.hop_limit;
         reply.trace = self.trace.clone();
+        reply.session_id = self.session_id.clone();
+        reply.customer_id = self.customer_id.clone();
         reply.content_type = self.content_type.clone();
         reply.status = Some(status);
         reply

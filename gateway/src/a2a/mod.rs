@@ -1,0 +1,853 @@
+//! The A2A 1.0 binding (JSON-RPC over HTTP, server-sent events for streams): any agent's
+//! command, or any capability, answers as an A2A agent, and every A2A task is a Chorus task
+//! in the bus's task stream.
+//!
+//! - `GET /a2a/agents/{agent}/{command}/.well-known/agent-card.json` and
+//!   `GET /a2a/capabilities/{capability}/.well-known/agent-card.json`: the card, made from the
+//!   registry's manifest; its one interface is the JSON-RPC endpoint beside it (`.../`).
+//! - `SendMessage` submits a task with the message as its input (one data part: its value; text
+//!   parts: the text) and answers when the task finishes or asks for input
+//!   (`returnImmediately`: at once); a message with a `taskId` answers that task's question.
+//!   `SendStreamingMessage` and `SubscribeToTask` stream the task's updates: progress as
+//!   `statusUpdate` (working, with its text), chunks as one appended `artifactUpdate`
+//!   (`stream`), the result as the `result` artifact, then the final state, and close.
+//!   `GetTask` and `CancelTask` read and cancel the task; `ListTasks` pages through the
+//!   gateway's index of the bus's tasks (`list.rs`).
+//! - `GET /.well-known/agent-card.json`: the card of the agent `a2a_default` names.
+//!
+//! A task as A2A sees it is made from its messages in the task stream (`view.rs`): states,
+//! history, artifacts, and the context (the submission's session). A caller sees only the
+//! tasks its own identity submitted to the endpoint it calls.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use chorus_sdk::task::{TaskHandle, TaskMessage, TaskUpdate};
+use chorus_sdk::{Call, Envelope, StatusCode, TaskState};
+use futures::{Stream, StreamExt};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::api::{self, ApiError};
+use super::{Edge, GatewayState};
+use view::{Folded, is_terminal, stops};
+
+mod list;
+mod view;
+
+pub(crate) use list::TaskIndex;
+
+/// JSON-RPC and A2A error codes.
+mod code {
+    pub(super) const PARSE: i64 = -32700;
+    pub(super) const INVALID_REQUEST: i64 = -32600;
+    pub(super) const METHOD_NOT_FOUND: i64 = -32601;
+    pub(super) const INVALID_PARAMS: i64 = -32602;
+    pub(super) const INTERNAL: i64 = -32603;
+    pub(super) const TASK_NOT_FOUND: i64 = -32001;
+    pub(super) const TASK_NOT_CANCELABLE: i64 = -32002;
+    pub(super) const PUSH_NOT_SUPPORTED: i64 = -32003;
+    pub(super) const UNSUPPORTED: i64 = -32004;
+    pub(super) const VERSION: i64 = -32009;
+}
+
+/// What an A2A endpoint stands for: one agent's command, or a capability.
+#[derive(Debug, Clone)]
+pub(super) enum Target {
+    Command { agent: String, command: String },
+    Capability(String),
+}
+
+impl Target {
+    fn call(&self) -> Result<Call, ApiError> {
+        match self {
+            Target::Command { agent, command } => api::call_to(Some(agent), Some(command), None),
+            Target::Capability(c) => api::call_to(None, None, Some(c)),
+        }
+    }
+
+    /// The target a task submitted here records (`agent.command`, or the capability).
+    fn chorus_target(&self) -> String {
+        match self {
+            Target::Command { agent, command } => format!("{agent}.{command}"),
+            Target::Capability(c) => c.clone(),
+        }
+    }
+
+    /// Whether `submission` was submitted to this endpoint.
+    fn submitted_here(&self, submission: &Envelope) -> bool {
+        match self {
+            Target::Command { agent, command } => {
+                submission.capability.is_none()
+                    && submission.to.first().is_some_and(|to| to == agent)
+                    && submission.name.as_deref() == Some(command.as_str())
+            }
+            Target::Capability(c) => submission.capability.as_deref() == Some(c.as_str()),
+        }
+    }
+
+    fn path(&self) -> String {
+        match self {
+            Target::Command { agent, command } => format!("/a2a/agents/{agent}/{command}"),
+            Target::Capability(c) => format!("/a2a/capabilities/{c}"),
+        }
+    }
+}
+
+/// A JSON-RPC error: always HTTP 200 (the client reads the code only then).
+#[derive(Debug)]
+pub(super) struct RpcError {
+    pub(super) code: i64,
+    pub(super) message: String,
+}
+
+impl RpcError {
+    fn new(code: i64, message: impl Into<String>) -> Self {
+        RpcError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<ApiError> for RpcError {
+    fn from(e: ApiError) -> Self {
+        let body = e.body();
+        let status = body["status"].as_u64().unwrap_or(0);
+        let label = body["label"].as_str().unwrap_or("");
+        let reason = body["reason"].as_str().unwrap_or("");
+        let code = match u16::try_from(status).map(StatusCode) {
+            Ok(StatusCode::INVALID_ARGUMENT | StatusCode::DATA_FORMAT) => code::INVALID_PARAMS,
+            _ => code::INTERNAL,
+        };
+        RpcError::new(code, format!("{status} {label}: {reason}"))
+    }
+}
+
+impl From<chorus_sdk::SdkError> for RpcError {
+    fn from(e: chorus_sdk::SdkError) -> Self {
+        RpcError::from(ApiError::from(e))
+    }
+}
+
+fn rpc_ok(id: &Value, result: Value) -> Response {
+    Json(json!({"jsonrpc": "2.0", "id": id, "result": result})).into_response()
+}
+
+fn rpc_err(id: &Value, e: &RpcError) -> Response {
+    Json(json!({"jsonrpc": "2.0", "id": id, "error": {"code": e.code, "message": e.message}}))
+        .into_response()
+}
+
+/// The input a message carries: one data part's value, the text of text parts, else the
+/// parts as they came.
+fn input_of(message: &Value) -> Result<Value, RpcError> {
+    let parts = message
+        .get("parts")
+        .and_then(Value::as_array)
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| RpcError::new(code::INVALID_PARAMS, "message.parts: at least one part"))?;
+    if let [only] = parts.as_slice()
+        && let Some(data) = only.get("data")
+    {
+        return Ok(data.clone());
+    }
+    let texts: Option<Vec<&str>> = parts
+        .iter()
+        .map(|p| p.get("text").and_then(Value::as_str))
+        .collect();
+    Ok(match texts {
+        Some(t) => Value::String(t.join("\n")),
+        None => Value::Array(parts.clone()),
+    })
+}
+
+/// What the card says about authentication (A2A 1.0 `securitySchemes` and
+/// `securityRequirements`): exactly the credentials the gateway takes. Any one of an API key
+/// (`X-API-Key`) or a bearer JWT is enough; a client certificate, when the gateway requires one,
+/// is needed beside it.
+fn security(config: &crate::config::GatewayConfig) -> (Value, Value) {
+    let mut schemes = serde_json::Map::new();
+    let mut alternatives = Vec::new();
+    if !config.api_keys.is_empty() {
+        schemes.insert(
+            "apiKey".into(),
+            json!({"apiKeySecurityScheme": {
+                "location": "header",
+                "name": "X-API-Key",
+                "description": "An API key of the gateway's (also taken as Authorization: Bearer <key>).",
+            }}),
+        );
+        alternatives.push("apiKey");
+    }
+    if config.jwt.is_some() {
+        schemes.insert(
+            "bearer".into(),
+            json!({"httpAuthSecurityScheme": {
+                "scheme": "Bearer",
+                "bearerFormat": "JWT",
+                "description": "A JWT from the gateway's issuer, for its audience; the sub claim names the identity.",
+            }}),
+        );
+        alternatives.push("bearer");
+    }
+    let mtls = config
+        .tls
+        .as_ref()
+        .is_some_and(|tls| tls.client_ca_file.is_some());
+    if mtls {
+        schemes.insert(
+            "mtls".into(),
+            json!({"mtlsSecurityScheme": {
+                "description": "A client certificate from the CA the gateway trusts, in the TLS handshake.",
+            }}),
+        );
+    }
+    let requirements: Vec<Value> = alternatives
+        .iter()
+        .map(|name| {
+            let mut needed = serde_json::Map::new();
+            needed.insert((*name).into(), json!({"list": []}));
+            if mtls {
+                needed.insert("mtls".into(), json!({"list": []}));
+            }
+            json!({ "schemes": needed })
+        })
+        .collect();
+    (Value::Object(schemes), Value::Array(requirements))
+}
+
+/// The card of `target`, with its interface at `base` (this gateway, as the caller reached it).
+async fn card(
+    edge: &Edge,
+    target: &Target,
+    base: &str,
+    config: &crate::config::GatewayConfig,
+) -> Result<Value, ApiError> {
+    let records = edge
+        .agent
+        .discover(&chorus_sdk::DiscoverQuery::default())
+        .await?;
+    let (name, description, skill) = match target {
+        Target::Command { agent, command } => {
+            let record = records
+                .iter()
+                .find(|r| &r.manifest.agent == agent)
+                .ok_or_else(|| {
+                    ApiError::new(StatusCode::NO_RESPONDERS, format!("no live agent {agent}"))
+                })?;
+            if !record.manifest.commands.iter().any(|c| c == command) {
+                return Err(ApiError::new(
+                    StatusCode::UNKNOWN_COMMAND,
+                    format!("{agent} has no command {command}"),
+                ));
+            }
+            (
+                format!("{agent} {command}"),
+                format!("The command {command} of the Chorus agent {agent}, run as a task."),
+                command.clone(),
+            )
+        }
+        Target::Capability(c) => {
+            if !records.iter().any(|r| r.manifest.offers(c)) {
+                return Err(ApiError::new(
+                    StatusCode::NO_RESPONDERS,
+                    format!("no live agent offers {c}"),
+                ));
+            }
+            (
+                c.clone(),
+                format!(
+                    "The capability {c} on a Chorus bus: any agent offering it takes the task."
+                ),
+                c.clone(),
+            )
+        }
+    };
+    let (schemes, requirements) = security(config);
+    Ok(json!({
+        "name": name,
+        "description": description,
+        "version": env!("CARGO_PKG_VERSION"),
+        "securitySchemes": schemes,
+        "securityRequirements": requirements,
+        "supportedInterfaces": [{
+            "url": format!("{base}{}/", target.path()),
+            "protocolBinding": "JSONRPC",
+            "protocolVersion": "1.0",
+        }],
+        "capabilities": {"streaming": true, "pushNotifications": false},
+        "defaultInputModes": ["text/plain", "application/json"],
+        "defaultOutputModes": ["text/plain", "application/json"],
+        "skills": [{"id": skill, "name": skill, "description": description, "tags": ["chorus"]}],
+    }))
+}
+
+/// `http://<host>` (`https://` when the gateway serves TLS) as the caller reached the gateway.
+fn base_url(headers: &HeaderMap, tls: bool) -> String {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| {
+            !h.is_empty()
+                && h.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".-:[]".contains(c))
+        })
+        .unwrap_or("127.0.0.1");
+    let scheme = if tls { "https" } else { "http" };
+    format!("{scheme}://{host}")
+}
+
+/// The edge identity a card is looked up as: the caller's, or with `public_cards` and no
+/// credentials, the gateway's first identity (a card says nothing a caller could not learn
+/// from the card itself; every call still needs credentials).
+fn card_edge<'a>(state: &'a GatewayState, headers: &HeaderMap) -> Result<&'a Edge, ApiError> {
+    let anonymous =
+        !headers.contains_key("x-api-key") && !headers.contains_key(header::AUTHORIZATION);
+    if state.config.public_cards && anonymous {
+        return state
+            .config
+            .identities
+            .first()
+            .and_then(|i| state.edges.get(&i.id))
+            .ok_or_else(|| ApiError::new(StatusCode::UNAVAILABLE, "the gateway has no identity"));
+    }
+    Ok(api::edge(state, headers)?.0)
+}
+
+/// `GET /.well-known/agent-card.json`: the card of the agent `a2a_default` names (404 when
+/// none is configured).
+pub(crate) async fn default_card(
+    State(state): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let Some(default) = &state.config.a2a_default else {
+        return Err(ApiError::new(
+            StatusCode::INVALID_ARGUMENT,
+            "no default A2A agent here (a2a_default is unset): cards are under /a2a/",
+        )
+        .with_http(axum::http::StatusCode::NOT_FOUND));
+    };
+    let target = match crate::config::a2a_path(default) {
+        Ok(crate::config::A2aPath::Command { agent, command }) => {
+            Target::Command { agent, command }
+        }
+        Ok(crate::config::A2aPath::Capability(c)) => Target::Capability(c),
+        // Checked when the configuration was loaded.
+        Err(e) => return Err(ApiError::new(StatusCode::INTERNAL, e)),
+    };
+    let edge = card_edge(&state, &headers)?;
+    let base = base_url(&headers, state.config.tls.is_some());
+    Ok(Json(card(edge, &target, &base, &state.config).await?))
+}
+
+fn agent_target(agent: String, command: String) -> Result<Target, ApiError> {
+    api::call_to(Some(&agent), Some(&command), None)?;
+    Ok(Target::Command { agent, command })
+}
+
+fn capability_target(capability: String) -> Result<Target, ApiError> {
+    api::call_to(None, None, Some(&capability))?;
+    Ok(Target::Capability(capability))
+}
+
+/// `GET /a2a/agents/{agent}/{command}/.well-known/agent-card.json`.
+pub(crate) async fn agent_card(
+    State(state): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+    Path((agent, command)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let edge = card_edge(&state, &headers)?;
+    let target = agent_target(agent, command)?;
+    let base = base_url(&headers, state.config.tls.is_some());
+    Ok(Json(card(edge, &target, &base, &state.config).await?))
+}
+
+/// `GET /a2a/capabilities/{capability}/.well-known/agent-card.json`.
+pub(crate) async fn capability_card(
+    State(state): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+    Path(capability): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let edge = card_edge(&state, &headers)?;
+    let target = capability_target(capability)?;
+    let base = base_url(&headers, state.config.tls.is_some());
+    Ok(Json(card(edge, &target, &base, &state.config).await?))
+}
+
+/// `POST /a2a/agents/{agent}/{command}/`.
+pub(crate) async fn agent_rpc(
+    State(state): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+    Path((agent, command)): Path<(String, String)>,
+    bytes: Bytes,
+) -> Response {
+    match agent_target(agent, command) {
+        Ok(target) => rpc(state, headers, target, bytes).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /a2a/capabilities/{capability}/`.
+pub(crate) async fn capability_rpc(
+    State(state): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+    Path(capability): Path<String>,
+    bytes: Bytes,
+) -> Response {
+    match capability_target(capability) {
+        Ok(target) => rpc(state, headers, target, bytes).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// What a method answers: one result, or a stream of them (each a `StreamResponse`).
+pub(super) enum Answer {
+    One(Value),
+    Stream(Pin<Box<dyn Stream<Item = Result<Value, RpcError>> + Send>>),
+}
+
+/// The A2A version the caller speaks (A2A 1.0: a missing header means 0.3), refused unless 1.x.
+fn check_version(headers: &HeaderMap) -> Result<(), RpcError> {
+    let version = headers
+        .get("a2a-version")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("0.3");
+    if version.starts_with('1') {
+        Ok(())
+    } else {
+        Err(RpcError::new(
+            code::VERSION,
+            format!("A2A version {version}: this server speaks 1.0"),
+        ))
+    }
+}
+
+async fn rpc(
+    state: Arc<GatewayState>,
+    headers: HeaderMap,
+    target: Target,
+    bytes: Bytes,
+) -> Response {
+    // Credentials first: an unknown caller gets HTTP 401, as at every other route.
+    let (edge, token) = match api::edge(&state, &headers) {
+        Ok(found) => found,
+        Err(e) => return e.into_response(),
+    };
+    let request: Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(e) => return rpc_err(&Value::Null, &RpcError::new(code::PARSE, e.to_string())),
+    };
+    let id = request.get("id").cloned().unwrap_or(Value::Null);
+    // JSON-RPC 2.0: an id is a string, a number or null; with another, the request is
+    // invalid and the error's id is null.
+    if !matches!(id, Value::String(_) | Value::Number(_) | Value::Null) {
+        return rpc_err(
+            &Value::Null,
+            &RpcError::new(
+                code::INVALID_REQUEST,
+                "id: a string, a number or null (JSON-RPC 2.0)",
+            ),
+        );
+    }
+    let (Some(method), Some("2.0")) = (
+        request.get("method").and_then(Value::as_str),
+        request.get("jsonrpc").and_then(Value::as_str),
+    ) else {
+        return rpc_err(
+            &id,
+            &RpcError::new(
+                code::INVALID_REQUEST,
+                "a JSON-RPC 2.0 request with a method",
+            ),
+        );
+    };
+    if let Err(e) = check_version(&headers) {
+        return rpc_err(&id, &e);
+    }
+    let params = request.get("params").cloned().unwrap_or_else(|| json!({}));
+    let call = Method {
+        state: &state,
+        edge,
+        token: token.as_deref(),
+        target: &target,
+    };
+    match call.run(method, &params).await {
+        Ok(Answer::One(result)) => rpc_ok(&id, result),
+        Ok(Answer::Stream(events)) => {
+            let events = events.map(move |item| {
+                let body = match item {
+                    Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+                    Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": {"code": e.code, "message": e.message}}),
+                };
+                Ok::<_, Infallible>(Event::default().data(body.to_string()))
+            });
+            Sse::new(events)
+                .keep_alive(KeepAlive::default())
+                .into_response()
+        }
+        Err(e) => rpc_err(&id, &e),
+    }
+}
+
+/// What every method's params must be: an object; a `historyLength`, where given, a whole
+/// number not below 0; a message, where given, with its `messageId`.
+fn check_params(params: &Value) -> Result<(), RpcError> {
+    let invalid = |what: &str| Err(RpcError::new(code::INVALID_PARAMS, what.to_owned()));
+    if !params.is_object() {
+        return invalid("params: an object");
+    }
+    for pointer in ["/historyLength", "/configuration/historyLength"] {
+        if let Some(length) = params.pointer(pointer)
+            && !length.is_null()
+            && length.as_u64().is_none_or(|n| n > i32::MAX as u64)
+        {
+            return invalid("historyLength: a whole number, 0 or more");
+        }
+    }
+    if let Some(message) = params.get("message")
+        && message
+            .get("messageId")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+    {
+        return invalid("message.messageId: a non-empty string is required");
+    }
+    Ok(())
+}
+
+/// How many of a task's messages a view reads at most.
+const MAX_TASK_MESSAGES: usize = 10_000;
+
+/// A task this identity submitted to this endpoint, with its messages folded.
+struct Owned {
+    handle: TaskHandle,
+    updates: Vec<TaskUpdate>,
+    folded: Folded,
+}
+
+impl Owned {
+    /// The task as it stood at sequence `seq`: where a stream that reports what came after
+    /// begins.
+    fn at(mut self, seq: u64) -> Self {
+        self.updates.retain(|u| u.seq <= seq);
+        self.folded = Folded::new(self.folded.id, &self.updates);
+        self
+    }
+}
+
+/// How a message started: the task, whether the caller asked to be answered at once, and,
+/// when the message answered a question, the sequence of the state that asked it (the task
+/// reads input-required until its worker moves on: that state is not where to stop, a later
+/// one is).
+struct Started {
+    task: Owned,
+    at_once: bool,
+    answered: Option<u64>,
+}
+
+impl Folded {
+    /// Whether this is where a send or a stream stops: a final state or a question, other
+    /// than the question just answered.
+    fn settled(&self, answered: Option<u64>) -> bool {
+        stops(self.state) && answered.is_none_or(|asked| self.state_seq > asked)
+    }
+}
+
+/// One call of a method, by one caller, on one endpoint.
+pub(super) struct Method<'a> {
+    pub(super) state: &'a GatewayState,
+    pub(super) edge: &'a Edge,
+    pub(super) token: Option<&'a str>,
+    pub(super) target: &'a Target,
+}
+
+impl Method<'_> {
+    /// Runs `method` with `params` (JSON-RPC's names; the REST binding maps its routes here).
+    pub(super) async fn run(&self, method: &str, params: &Value) -> Result<Answer, RpcError> {
+        check_params(params)?;
+        let history = params
+            .get("historyLength")
+            .or_else(|| params.pointer("/configuration/historyLength"))
+            .and_then(Value::as_u64)
+            .and_then(|n| usize::try_from(n).ok());
+        match method {
+            "SendMessage" => self.send_message(params, history).await.map(Answer::One),
+            "SendStreamingMessage" => {
+                // From the message on: the submission, or the question it answered.
+                let started = self.start(params).await?;
+                let from = started
+                    .answered
+                    .or_else(|| started.task.updates.first().map(|u| u.seq))
+                    .unwrap_or(0);
+                Ok(self.stream(started.task.at(from), started.answered))
+            }
+            "SubscribeToTask" => {
+                let task = self.owned(params).await?;
+                if is_terminal(task.folded.state) {
+                    return Err(RpcError::new(
+                        code::UNSUPPORTED,
+                        format!(
+                            "task {} is {}: nothing more to stream",
+                            task.folded.id,
+                            task.folded.state.as_str()
+                        ),
+                    ));
+                }
+                Ok(self.stream(task, None))
+            }
+            "GetTask" => {
+                let task = self.owned(params).await?;
+                Ok(Answer::One(task.folded.task(history, true)))
+            }
+            "CancelTask" => {
+                let task = self.owned(params).await?;
+                if is_terminal(task.folded.state) {
+                    return Err(RpcError::new(
+                        code::TASK_NOT_CANCELABLE,
+                        format!(
+                            "task {} is {} already",
+                            task.folded.id,
+                            task.folded.state.as_str()
+                        ),
+                    ));
+                }
+                task.handle.cancel().await?;
+                let task = self.load(task.handle).await?;
+                Ok(Answer::One(task.folded.task(None, true)))
+            }
+            "ListTasks" => self.list(params).await.map(Answer::One),
+            m if m.contains("PushNotificationConfig") => Err(RpcError::new(
+                code::PUSH_NOT_SUPPORTED,
+                "push notifications are not supported",
+            )),
+            other => Err(RpcError::new(
+                code::METHOD_NOT_FOUND,
+                format!("no method {other}"),
+            )),
+        }
+    }
+
+    /// Task `id`'s messages, if this identity submitted it to this endpoint (any other task
+    /// is not found, as if it did not exist).
+    async fn load(&self, handle: TaskHandle) -> Result<Owned, RpcError> {
+        let id = handle.id();
+        let not_found = || RpcError::new(code::TASK_NOT_FOUND, format!("no task {id}"));
+        let updates = match handle.history(MAX_TASK_MESSAGES).await {
+            Ok(u) => u,
+            Err(chorus_sdk::SdkError::TaskNotFound(_)) => return Err(not_found()),
+            Err(e) => return Err(e.into()),
+        };
+        let submission = &updates[0].envelope;
+        if submission.from.as_str() != self.edge.agent.id()
+            || !self.target.submitted_here(submission)
+        {
+            return Err(not_found());
+        }
+        Ok(Owned {
+            handle,
+            folded: Folded::new(id, &updates),
+            updates,
+        })
+    }
+
+    /// The task `params.id` names, if this identity submitted it here.
+    async fn owned(&self, params: &Value) -> Result<Owned, RpcError> {
+        match params.get("id") {
+            Some(Value::String(id)) => self.owned_id(id).await,
+            Some(_) => Err(RpcError::new(
+                code::INVALID_PARAMS,
+                "params.id: a task id, as a string",
+            )),
+            None => Err(RpcError::new(code::INVALID_PARAMS, "params.id is required")),
+        }
+    }
+
+    async fn owned_id(&self, id: &str) -> Result<Owned, RpcError> {
+        let not_found = || RpcError::new(code::TASK_NOT_FOUND, format!("no task {id}"));
+        let id: Uuid = id.parse().map_err(|_| not_found())?;
+        match self.edge.agent.task(id).await {
+            Ok(handle) => self.load(handle).await,
+            Err(chorus_sdk::SdkError::TaskNotFound(_)) => Err(not_found()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Submits the message's task, or answers the question of the task it names.
+    async fn start(&self, params: &Value) -> Result<Started, RpcError> {
+        let message = params
+            .get("message")
+            .filter(|m| m.is_object())
+            .ok_or_else(|| RpcError::new(code::INVALID_PARAMS, "params.message is required"))?;
+        let input = input_of(message)?;
+        let text = |name: &str| match message.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.as_str())),
+            Some(_) => Err(RpcError::new(
+                code::INVALID_PARAMS,
+                format!("message.{name}: a non-empty string"),
+            )),
+        };
+        let context = text("contextId")?;
+        let at_once = params
+            .pointer("/configuration/returnImmediately")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        if let Some(task) = text("taskId")? {
+            let owned = self.owned_id(task).await?;
+            if context.is_some_and(|c| c != owned.folded.context) {
+                return Err(RpcError::new(
+                    code::INVALID_PARAMS,
+                    format!(
+                        "message.contextId: task {task} is in context {}",
+                        owned.folded.context
+                    ),
+                ));
+            }
+            if owned.folded.state != TaskState::InputRequired {
+                return Err(RpcError::new(
+                    code::UNSUPPORTED,
+                    format!(
+                        "task {task} is {}, not waiting for input",
+                        owned.folded.state.as_str()
+                    ),
+                ));
+            }
+            let asked = owned.folded.state_seq;
+            owned.handle.respond(&input).await?;
+            let task = self.load(owned.handle).await?;
+            return Ok(Started {
+                task,
+                at_once,
+                answered: Some(asked),
+            });
+        }
+        // The id is chosen here, so a task its target refused is still there to report; a
+        // message without a context starts one named after its task.
+        let id = Uuid::now_v7();
+        let message_id = text("messageId")?.unwrap_or_default();
+        let call = api::with_token(self.target.call().map_err(RpcError::from)?, self.token)
+            .id(id)
+            .session(context.map_or_else(|| id.to_string(), str::to_owned))
+            .header(view::MESSAGE_ID_HEADER, message_id)
+            .json_payload(&input)
+            .map_err(RpcError::from)?;
+        let handle = match self.edge.agent.submit(call).await {
+            Ok(handle) => handle,
+            Err(refused) => self
+                .edge
+                .agent
+                .task(id)
+                .await
+                .map_err(|_| RpcError::from(refused))?,
+        };
+        Ok(Started {
+            task: self.load(handle).await?,
+            at_once,
+            answered: None,
+        })
+    }
+
+    async fn send_message(
+        &self,
+        params: &Value,
+        history: Option<usize>,
+    ) -> Result<Value, RpcError> {
+        let Started {
+            task,
+            at_once,
+            answered,
+        } = self.start(params).await?;
+        if at_once || task.folded.settled(answered) {
+            return Ok(json!({"task": task.folded.task(history, true)}));
+        }
+        // Blocking: until it finishes or asks, within the longest request timeout.
+        let wait = Duration::from_millis(self.state.config.max_request_timeout_ms);
+        let mut updates = task.handle.updates_after(task.folded.last_seq).await?;
+        let _ = tokio::time::timeout(wait, async {
+            while let Some(Ok(u)) = updates.next().await {
+                if u.state().is_some_and(stops) {
+                    break;
+                }
+            }
+        })
+        .await;
+        // Left before its end (at a question, or on time): its consumer goes now.
+        updates.close().await;
+        let task = self.load(task.handle).await?;
+        Ok(json!({"task": task.folded.task(history, true)}))
+    }
+
+    async fn list(&self, params: &Value) -> Result<Value, RpcError> {
+        let query = list::Query::parse(params)?;
+        let page = self
+            .state
+            .a2a_index
+            .page(&self.edge.agent, &self.target.chorus_target(), &query)
+            .await?;
+        let mut tasks = Vec::with_capacity(page.entries.len());
+        for entry in &page.entries {
+            let handle = match self.edge.agent.task(entry.id).await {
+                Ok(handle) => handle,
+                // Gone from the stream since the index read it.
+                Err(chorus_sdk::SdkError::TaskNotFound(_)) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            match self.load(handle).await {
+                Ok(task) => tasks.push(task.folded.task(query.history, query.artifacts)),
+                Err(e) if e.code == code::TASK_NOT_FOUND => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(list::response(tasks, &page))
+    }
+
+    /// The task's events: its snapshot first, then each new message's events, ending after a
+    /// final state or a question (not the one just `answered`).
+    fn stream(&self, task: Owned, answered: Option<u64>) -> Answer {
+        let Owned {
+            handle, mut folded, ..
+        } = task;
+        let first = json!({"task": folded.task(None, true)});
+        if folded.settled(answered) {
+            return Answer::Stream(Box::pin(futures::stream::once(async move { Ok(first) })));
+        }
+        let stop = self.state.stop.clone();
+        let after = folded.last_seq;
+        let rest = futures::stream::once(async move { handle.updates_after(after).await })
+            .flat_map(move |opened| match opened {
+                Ok(updates) => updates.left_stream(),
+                Err(e) => futures::stream::once(async move { Err(e) }).right_stream(),
+            })
+            .take_until(async move { stop.cancelled().await })
+            .scan(false, move |done, update| {
+                if *done {
+                    return futures::future::ready(None);
+                }
+                let events: Vec<Result<Value, RpcError>> = match update {
+                    Ok(u) => {
+                        let events = folded.apply(&u);
+                        *done = folded.settled(answered) && u.kind == TaskMessage::Status;
+                        events.into_iter().map(Ok).collect()
+                    }
+                    Err(e) => {
+                        *done = true;
+                        vec![Err(RpcError::from(e))]
+                    }
+                };
+                futures::future::ready(Some(futures::stream::iter(events)))
+            })
+            .flatten();
+        Answer::Stream(Box::pin(
+            futures::stream::once(async move { Ok(first) }).chain(rest),
+        ))
+    }
+}
