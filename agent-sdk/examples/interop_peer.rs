@@ -190,6 +190,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok::<_, HandlerError>(text)
     })
     .await?;
+    // Streams its input back in pieces of three characters, spaces and all.
+    peer.on_task("spell", |task: TaskContext, text: String| async move {
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(3) {
+            task.chunk(&piece.iter().collect::<String>()).await?;
+        }
+        Ok::<_, HandlerError>(text)
+    })
+    .await?;
     peer.on_task("slow", |task: TaskContext, _v: Value| async move {
         task.progress(None, "waiting to be cancelled").await?;
         let why = task.cancelled().await;

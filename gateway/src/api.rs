@@ -44,6 +44,11 @@ impl ApiError {
         }
     }
 
+    /// The HTTP status it answers with.
+    pub(crate) fn http(&self) -> Http {
+        self.http
+    }
+
     fn bad_request(reason: impl Into<String>) -> Self {
         ApiError::new(StatusCode::INVALID_ARGUMENT, reason)
     }

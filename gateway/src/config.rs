@@ -88,6 +88,9 @@ pub struct GatewayConfig {
     /// spec's well-known URI): `agents/<agent>/<command>` or `capabilities/<capability>`, as
     /// under `/a2a/`. Unset: that URI is 404 and only the per-agent cards exist.
     pub a2a_default: Option<String>,
+    /// A2A push notifications: webhooks the gateway posts task updates to. Unset: none (the
+    /// push methods answer -32003).
+    pub push: Option<PushConfig>,
     /// The longest request body, in bytes (413 and 5006 beyond it).
     pub max_body_bytes: usize,
     /// The longest a poll (`GET /v1/messages?wait_ms=`) waits, in milliseconds.
@@ -131,6 +134,73 @@ pub struct GatewayTls {
     /// one is refused during the handshake (mutual TLS).
     #[serde(default)]
     pub client_ca_file: Option<PathBuf>,
+}
+
+/// `[gateway.push]`: where A2A push notifications may go, and how hard the gateway tries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PushConfig {
+    /// Webhook URLs a client may register, as prefixes (`https://hooks.example.com/a2a/`):
+    /// a webhook must have the same scheme, host and port and a path under one. Nothing else
+    /// is ever requested (no internal addresses a client names).
+    pub allow: Vec<String>,
+    /// Deliveries of one update before it is dead-lettered.
+    pub max_attempts: u32,
+    /// The wait before the second delivery, in milliseconds; it doubles each time.
+    pub first_backoff_ms: u64,
+    /// The longest wait between deliveries, in milliseconds.
+    pub max_backoff_ms: u64,
+    /// How long one delivery may take, in milliseconds.
+    pub timeout_ms: u64,
+    /// A file holding the secret deliveries are signed with (HMAC-SHA256 of
+    /// `<timestamp>.<body>` in `X-Chorus-Signature: sha256=<hex>`, with
+    /// `X-Chorus-Timestamp`). Unset: deliveries are not signed.
+    pub signing_secret_file: Option<PathBuf>,
+    /// PEM file of CAs trusted for `https` webhooks besides the system's.
+    pub ca_file: Option<PathBuf>,
+    /// Push configs one task may have.
+    pub max_configs_per_task: usize,
+}
+
+impl Default for PushConfig {
+    fn default() -> Self {
+        PushConfig {
+            allow: Vec::new(),
+            max_attempts: 5,
+            first_backoff_ms: 500,
+            max_backoff_ms: 30_000,
+            timeout_ms: 10_000,
+            signing_secret_file: None,
+            ca_file: None,
+            max_configs_per_task: 10,
+        }
+    }
+}
+
+impl PushConfig {
+    fn validate(&self) -> Result<()> {
+        if self.allow.is_empty() {
+            return Err(invalid(
+                "[gateway.push] allow: give the webhook URL prefixes clients may register".into(),
+            ));
+        }
+        for prefix in &self.allow {
+            crate::a2a::push::Webhook::prefix(prefix)
+                .map_err(|e| invalid(format!("[gateway.push] allow {prefix:?}: {e}")))?;
+        }
+        if self.max_attempts == 0 || self.timeout_ms == 0 || self.max_configs_per_task == 0 {
+            return Err(invalid(
+                "[gateway.push] max_attempts, timeout_ms and max_configs_per_task must be positive"
+                    .into(),
+            ));
+        }
+        if self.first_backoff_ms > self.max_backoff_ms {
+            return Err(invalid(
+                "[gateway.push] first_backoff_ms must be at most max_backoff_ms".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One Synadia Agent Protocol 0.3 agent the gateway registers (an `agents` micro service
@@ -297,6 +367,7 @@ impl Default for GatewayConfig {
             allow_plain_http: false,
             public_cards: false,
             a2a_default: None,
+            push: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_wait_ms: DEFAULT_MAX_WAIT_MS,
             request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
@@ -329,6 +400,9 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<()> {
         if !self.enabled() {
             return Ok(());
+        }
+        if let Some(push) = &self.push {
+            push.validate()?;
         }
         if let Some(default) = &self.a2a_default {
             a2a_path(default).map_err(|e| invalid(format!("a2a_default {default:?}: {e}")))?;

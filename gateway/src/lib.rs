@@ -29,7 +29,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use chorus_sdk::BrokerOptions;
 use chorus_sdk::{Agent, AgentOptions, Subjects};
 use tokio_util::sync::CancellationToken;
@@ -37,7 +37,7 @@ use tokio_util::task::TaskTracker;
 
 use chorus_sdk::security::ConnectionSecurity;
 
-pub use config::{CircuitBreakerConfig, GatewayConfig};
+pub use config::{CircuitBreakerConfig, GatewayConfig, PushConfig};
 pub use error::{Error, ErrorKind, Result};
 use inbox::{EdgeHandler, EdgeInbox};
 
@@ -87,6 +87,8 @@ pub(crate) struct GatewayState {
     limits: limits::Limits,
     /// The bus's tasks, for A2A's `ListTasks`.
     a2a_index: a2a::TaskIndex,
+    /// A2A push notifications, when `[gateway.push]` is set.
+    push: Option<Arc<a2a::push::Push>>,
 }
 
 /// A running gateway. [`Gateway::stop`] stops it and waits; dropping it stops the listener
@@ -217,6 +219,14 @@ impl Gateway {
             let edge = connect_edge(bus, gateway, &subjects, identity, &stop).await?;
             edges.insert(identity.id.clone(), edge);
         }
+        let tracker = TaskTracker::new();
+        let push = match &gateway.push {
+            Some(push) => Some(Arc::new(
+                a2a::push::Push::new(push, tracker.clone(), stop.child_token())
+                    .map_err(|e| Error::new(ErrorKind::Config, format!("gateway.push: {e}")))?,
+            )),
+            None => None,
+        };
         let state = Arc::new(GatewayState {
             config: gateway.clone(),
             auth,
@@ -224,8 +234,8 @@ impl Gateway {
             stop: stop.clone(),
             limits: limits::Limits::new(gateway),
             a2a_index: a2a::TaskIndex::default(),
+            push,
         });
-        let tracker = TaskTracker::new();
         let mut started = Gateway {
             addr: None,
             stop: stop.clone(),
@@ -265,11 +275,19 @@ impl Gateway {
             .route("/a2a/agents/{agent}/{command}/", post(a2a::agent_rpc))
             .route("/a2a/agents/{agent}/{command}", post(a2a::agent_rpc))
             .route(
+                "/a2a/agents/{agent}/{command}/{*rest}",
+                any(a2a::rest::agent_rest),
+            )
+            .route(
                 "/a2a/capabilities/{capability}/.well-known/agent-card.json",
                 get(a2a::capability_card),
             )
             .route("/a2a/capabilities/{capability}/", post(a2a::capability_rpc))
             .route("/a2a/capabilities/{capability}", post(a2a::capability_rpc))
+            .route(
+                "/a2a/capabilities/{capability}/{*rest}",
+                any(a2a::rest::capability_rest),
+            )
             .route("/.well-known/agent-card.json", get(a2a::default_card))
             .route("/agent/message", post(api::agentify))
             .route("/openapi.json", get(api::openapi))

@@ -13,8 +13,9 @@
 //!   none), a question as a `query` chunk whose reply continues the task, then the terminator,
 //!   an empty message without headers. A task that fails, is refused, cancelled or runs out of
 //!   time ends in one error message (headers `Nats-Service-Error-Code`, the HTTP status that
-//!   says what its Chorus code says, and `Nats-Service-Error`; the body `{status, label,
-//!   reason}` as at the HTTP routes) before the terminator.
+//!   says what its Chorus code says, or the nearest of SAP's codes, and `Nats-Service-Error`;
+//!   the body `{"error": label, "message": reason, "chorus_status": code}` as SAP section 9.1
+//!   writes it) before the terminator.
 //! - `status` (`agents.status.<agent>.<owner>.<session>`): one heartbeat payload.
 //!
 //! Heartbeats go to `agents.hb.<agent>.<owner>.<session>` when it starts and every
@@ -225,6 +226,17 @@ fn prompt_text(body: &[u8]) -> std::result::Result<String, String> {
 }
 
 /// A payload as response text: a string as it is, other JSON as its text, nothing as "".
+/// The SAP status code (its section 9.2 allows 400, 401, 403, 404, 409, 429 and 500 only) for
+/// a Chorus code: the HTTP status the gateway's routes give, or the nearest the table has.
+fn sap_code(status: StatusCode) -> u16 {
+    match api::http_status(status).as_u16() {
+        code @ (400 | 401 | 403 | 404 | 409 | 429) => code,
+        410 => 404,
+        413 | 415 | 422 => 400,
+        _ => 500,
+    }
+}
+
 fn text_of(value: &Value) -> String {
     match value {
         Value::Null => String::new(),
@@ -455,7 +467,7 @@ impl Binding {
 
     /// The error message, then the terminator.
     async fn fail(&self, reply: &str, failure: &Failure) {
-        let http = api::http_status(failure.status).as_u16().to_string();
+        let http = sap_code(failure.status).to_string();
         let mut headers = Headers::new();
         let described = format!("{} {}", failure.status.0, failure.reason);
         // The reason is the caller's to read; a line break would end the header.
@@ -469,7 +481,11 @@ impl Binding {
         if let Err(err) = set {
             tracing::debug!(error = %Report(&err), "SAP error headers not set");
         }
-        let body = ApiError::new(failure.status, failure.reason.clone()).body();
+        let body = json!({
+            "error": failure.status.label(),
+            "message": failure.reason,
+            "chorus_status": failure.status.0,
+        });
         self.publish(reply, Some(headers), Bytes::from(body.to_string()))
             .await;
         self.terminate(reply).await;
@@ -722,6 +738,20 @@ mod tests {
         ] {
             assert!(prompt_text(bad).is_err(), "{bad:?} was accepted");
         }
+    }
+
+    #[test]
+    fn every_chorus_code_maps_to_one_sap_allows() {
+        for code in 5000..5100 {
+            let sap = sap_code(StatusCode(code));
+            assert!(
+                [400, 401, 403, 404, 409, 429, 500].contains(&sap),
+                "{code} -> {sap}"
+            );
+        }
+        assert_eq!(sap_code(StatusCode::RATE_LIMITED), 429);
+        assert_eq!(sap_code(StatusCode::NO_RESPONDERS), 404);
+        assert_eq!(sap_code(StatusCode::INVALID_ARGUMENT), 400);
     }
 
     #[test]

@@ -294,3 +294,61 @@ async def test_list_tasks_pages_through_every_task_and_filters_on_the_server(
                         {"statusTimestampAfter": "yesterday"}, {"historyLength": -1}, {"status": "DONE"}):
                 refused = await _rpc(http, echo, "ListTasks", bad)
                 assert refused.get("error", {}).get("code") == -32602, (bad, refused)
+
+
+async def test_the_rest_binding_serves_the_official_client_as_json_rpc_does(
+    server: Any, rust_peer: Any, tmp_path: Path
+) -> None:
+    """Issue 33, item 11: the card lists HTTP+JSON beside JSON-RPC, and the official client,
+    told to prefer HTTP+JSON, sends, streams, gets, lists and cancels over it; a task that is
+    not there is the SDK's TaskNotFoundError; errors are problem details (RFC 9457)."""
+    from a2a.client import ClientConfig, create_client
+    from a2a.helpers import get_artifact_text
+    from a2a.types import CancelTaskRequest, GetTaskRequest, ListTasksRequest, TaskNotFoundError, TaskState
+
+    rust_peer()
+    with gateway(server, tmp_path, "a2a-rest") as port:
+        base = f"http://127.0.0.1:{port}/a2a/agents/rust-peer"
+        await _until_card(f"{base}/draft")
+        async with httpx.AsyncClient(headers={"X-API-Key": API_KEY}, timeout=WAIT) as http:
+            card = (await http.get(f"{base}/draft/.well-known/agent-card.json")).json()
+            bindings = {i["protocolBinding"]: i["url"] for i in card["supportedInterfaces"]}
+            assert bindings == {"JSONRPC": f"{base}/draft/", "HTTP+JSON": f"{base}/draft"}, bindings
+
+            async def client(command: str, streaming: bool) -> Any:
+                config = ClientConfig(streaming=streaming, httpx_client=http,
+                                      supported_protocol_bindings=["HTTP+JSON"], use_client_preference=True)
+                return await create_client(f"{base}/{command}", client_config=config)
+
+            async with asyncio.timeout(60):
+                rest = await client("draft", streaming=False)
+                [answer] = [r async for r in rest.send_message(_request("rest"))]
+                task = answer.task
+                assert task.status.state == TaskState.TASK_STATE_COMPLETED, task
+                assert get_artifact_text(task.artifacts[-1]) == "a short draft about rest"
+                fetched = await rest.get_task(GetTaskRequest(id=task.id, history_length=1))
+                assert fetched.id == task.id and len(fetched.history) == 1
+                listed = await rest.list_tasks(ListTasksRequest(page_size=10))
+                assert [t.id for t in listed.tasks] == [task.id] and listed.total_size == 1
+                with pytest.raises(TaskNotFoundError):
+                    await rest.get_task(GetTaskRequest(id="01234567-89ab-7def-8123-456789abcdef"))
+
+                streaming = await client("draft", streaming=True)
+                kinds = [e.WhichOneof("payload") async for e in streaming.send_message(_request("streams"))]
+                assert kinds[0] == "task" and "artifact_update" in kinds and kinds[-1] == "status_update", kinds
+
+                slow = await client("slow", streaming=False)
+                [started] = [r async for r in slow.send_message(_request("wait", return_immediately=True))]
+                cancelled = await slow.cancel_task(CancelTaskRequest(id=started.task.id))
+                assert cancelled.status.state == TaskState.TASK_STATE_CANCELED, cancelled
+
+        # Below the client (which set its own headers on the one above): the version header is
+        # required, and errors are problem details.
+        async with httpx.AsyncClient(headers={"X-API-Key": API_KEY}, timeout=WAIT) as http:
+            old = await http.get(f"{base}/draft/tasks/{task.id}")
+            assert old.status_code == 400 and old.headers["content-type"] == "application/problem+json"
+            assert old.json()["type"] == "https://a2a-protocol.org/errors/version-not-supported", old.text
+            finished = await http.post(f"{base}/draft/tasks/{task.id}:cancel", headers={"A2A-Version": "1.0"}, json={})
+            assert finished.status_code == 409, finished.text
+            bad = await http.get(f"{base}/draft/tasks", params={"pageSize": "0"}, headers={"A2A-Version": "1.0"})
+            assert bad.status_code == 400 and "pageSize" in bad.json()["detail"], bad.text

@@ -31,6 +31,13 @@ heartbeat_interval_s = 1
 
 BINDINGS = DRAFTER + """
 [[gateway.sap]]
+agent = "speller"
+owner = "chorus"
+identity = "sap-user"
+to = "rust-peer"
+command = "spell"
+
+[[gateway.sap]]
 agent = "painter"
 owner = "chorus"
 session = "studio"
@@ -86,6 +93,12 @@ async def test_the_sap_client_discovers_prompts_and_streams_a_rust_agent(
                 words = [m.text for m in stream if isinstance(m, ResponseChunk)]
                 assert words == "a short draft about gateways".split(), stream
 
+                # Chunks go out as the task streamed them, spaces and all.
+                speller = await _discover(agents, "speller")
+                pieces = [m.text async for m in speller.prompt("keep the spaces", timeout=WAIT)
+                          if isinstance(m, ResponseChunk)]
+                assert pieces == ["kee", "p t", "he ", "spa", "ces"], pieces
+
                 # The status endpoint and the heartbeats carry the same instance.
                 status = await drafter.status()
                 assert (status.agent, status.owner, status.session) == ("drafter", "chorus", "default")
@@ -118,7 +131,10 @@ async def test_the_sap_client_discovers_prompts_and_streams_a_rust_agent(
                 await nc.publish(drafter.prompt_endpoint.subject, b"", reply=inbox)
                 error = await sub.next_msg(timeout=WAIT)
                 assert error.headers is not None and error.headers["Nats-Service-Error-Code"] == "400", error
-                assert json.loads(error.data)["label"] == "invalid_argument", error.data
+                # The body as SAP 0.3 section 9.1 writes it: a snake_case code and a message.
+                body = json.loads(error.data)
+                assert body["error"] == "invalid_argument" and body["message"], body
+                assert set(body) == {"error", "message", "chorus_status"}, body
                 end = await sub.next_msg(timeout=WAIT)
                 assert end.data == b"" and not end.headers
                 await sub.unsubscribe()

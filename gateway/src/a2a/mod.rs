@@ -41,6 +41,8 @@ use super::{Edge, GatewayState};
 use view::{Folded, is_terminal, stops};
 
 mod list;
+pub(crate) mod push;
+pub(crate) mod rest;
 mod view;
 
 pub(crate) use list::TaskIndex;
@@ -56,6 +58,7 @@ mod code {
     pub(super) const TASK_NOT_CANCELABLE: i64 = -32002;
     pub(super) const PUSH_NOT_SUPPORTED: i64 = -32003;
     pub(super) const UNSUPPORTED: i64 = -32004;
+    pub(super) const EXTENDED_CARD: i64 = -32007;
     pub(super) const VERSION: i64 = -32009;
 }
 
@@ -107,6 +110,9 @@ impl Target {
 pub(super) struct RpcError {
     pub(super) code: i64,
     pub(super) message: String,
+    /// The HTTP status the gateway's other routes give for the Chorus refusal behind it, if
+    /// one is (the REST binding answers with it).
+    pub(super) http: Option<u16>,
 }
 
 impl RpcError {
@@ -114,6 +120,7 @@ impl RpcError {
         RpcError {
             code,
             message: message.into(),
+            http: None,
         }
     }
 }
@@ -128,7 +135,9 @@ impl From<ApiError> for RpcError {
             Ok(StatusCode::INVALID_ARGUMENT | StatusCode::DATA_FORMAT) => code::INVALID_PARAMS,
             _ => code::INTERNAL,
         };
-        RpcError::new(code, format!("{status} {label}: {reason}"))
+        let mut rpc = RpcError::new(code, format!("{status} {label}: {reason}"));
+        rpc.http = Some(e.http().as_u16());
+        rpc
     }
 }
 
@@ -279,12 +288,19 @@ async fn card(
         "version": env!("CARGO_PKG_VERSION"),
         "securitySchemes": schemes,
         "securityRequirements": requirements,
-        "supportedInterfaces": [{
-            "url": format!("{base}{}/", target.path()),
-            "protocolBinding": "JSONRPC",
-            "protocolVersion": "1.0",
-        }],
-        "capabilities": {"streaming": true, "pushNotifications": false},
+        "supportedInterfaces": [
+            {
+                "url": format!("{base}{}/", target.path()),
+                "protocolBinding": "JSONRPC",
+                "protocolVersion": "1.0",
+            },
+            {
+                "url": format!("{base}{}", target.path()),
+                "protocolBinding": "HTTP+JSON",
+                "protocolVersion": "1.0",
+            },
+        ],
+        "capabilities": {"streaming": true, "pushNotifications": config.push.is_some()},
         "defaultInputModes": ["text/plain", "application/json"],
         "defaultOutputModes": ["text/plain", "application/json"],
         "skills": [{"id": skill, "name": skill, "description": description, "tags": ["chorus"]}],
@@ -499,7 +515,8 @@ async fn rpc(
 }
 
 /// What every method's params must be: an object; a `historyLength`, where given, a whole
-/// number not below 0; a message, where given, with its `messageId`.
+/// number not below 0; a message, where given, with its `messageId`, `role` and `parts` (a
+/// message MUST have all three).
 fn check_params(params: &Value) -> Result<(), RpcError> {
     let invalid = |what: &str| Err(RpcError::new(code::INVALID_PARAMS, what.to_owned()));
     if !params.is_object() {
@@ -513,13 +530,27 @@ fn check_params(params: &Value) -> Result<(), RpcError> {
             return invalid("historyLength: a whole number, 0 or more");
         }
     }
-    if let Some(message) = params.get("message")
-        && message
+    if let Some(message) = params.get("message") {
+        if message
             .get("messageId")
             .and_then(Value::as_str)
             .is_none_or(str::is_empty)
-    {
-        return invalid("message.messageId: a non-empty string is required");
+        {
+            return invalid("message.messageId: a non-empty string is required");
+        }
+        if !matches!(
+            message.get("role").and_then(Value::as_str),
+            Some("ROLE_USER" | "ROLE_AGENT")
+        ) {
+            return invalid("message.role: ROLE_USER or ROLE_AGENT is required");
+        }
+        if message
+            .get("parts")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
+        {
+            return invalid("message.parts: at least one part is required");
+        }
     }
     Ok(())
 }
@@ -625,15 +656,62 @@ impl Method<'_> {
                 Ok(Answer::One(task.folded.task(None, true)))
             }
             "ListTasks" => self.list(params).await.map(Answer::One),
-            m if m.contains("PushNotificationConfig") => Err(RpcError::new(
-                code::PUSH_NOT_SUPPORTED,
-                "push notifications are not supported",
+            "GetExtendedAgentCard" => Err(RpcError::new(
+                code::EXTENDED_CARD,
+                "this agent has no extended card: its card is the same for every caller",
             )),
+            m if m.contains("PushNotificationConfig") => self.push_method(m, params).await,
             other => Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
                 format!("no method {other}"),
             )),
         }
+    }
+
+    /// The push notification config methods.
+    async fn push_method(&self, method: &str, params: &Value) -> Result<Answer, RpcError> {
+        let Some(push) = &self.state.push else {
+            return Err(RpcError::new(
+                code::PUSH_NOT_SUPPORTED,
+                "push notifications are not enabled on this gateway ([gateway.push])",
+            ));
+        };
+        let task_id = match params.get("taskId") {
+            Some(Value::String(id)) => id.as_str(),
+            Some(_) => {
+                return Err(RpcError::new(
+                    code::INVALID_PARAMS,
+                    "taskId: a task id, as a string",
+                ));
+            }
+            None => return Err(RpcError::new(code::INVALID_PARAMS, "taskId is required")),
+        };
+        let task = self.owned_id(task_id).await?;
+        let id = task.folded.id;
+        let config_id = || match params.get("id") {
+            Some(Value::String(c)) if !c.is_empty() => Ok(c.as_str()),
+            _ => Err(RpcError::new(
+                code::INVALID_PARAMS,
+                "id: the config's id is required",
+            )),
+        };
+        Ok(Answer::One(match method {
+            "CreateTaskPushNotificationConfig" => {
+                push.create(&self.edge.agent, task.handle, task.folded, params)?
+            }
+            "GetTaskPushNotificationConfig" => push.get(id, config_id()?)?,
+            "ListTaskPushNotificationConfigs" => push.list(id),
+            "DeleteTaskPushNotificationConfig" => {
+                push.delete(id, config_id()?);
+                json!({})
+            }
+            other => {
+                return Err(RpcError::new(
+                    code::METHOD_NOT_FOUND,
+                    format!("no method {other}"),
+                ));
+            }
+        }))
     }
 
     /// Task `id`'s messages, if this identity submitted it to this endpoint (any other task
@@ -730,6 +808,22 @@ impl Method<'_> {
                 answered: Some(asked),
             });
         }
+        // A push config given with the message is checked before anything is submitted.
+        let push_config = params
+            .pointer("/configuration/taskPushNotificationConfig")
+            .filter(|c| !c.is_null());
+        if let Some(config) = push_config {
+            self.state
+                .push
+                .as_ref()
+                .ok_or_else(|| {
+                    RpcError::new(
+                        code::PUSH_NOT_SUPPORTED,
+                        "push notifications are not enabled on this gateway ([gateway.push])",
+                    )
+                })?
+                .check(config)?;
+        }
         // The id is chosen here, so a task its target refused is still there to report; a
         // message without a context starts one named after its task.
         let id = Uuid::now_v7();
@@ -749,8 +843,18 @@ impl Method<'_> {
                 .await
                 .map_err(|_| RpcError::from(refused))?,
         };
+        let task = self.load(handle).await?;
+        if let (Some(config), Some(push)) = (push_config, &self.state.push) {
+            let handle = self.edge.agent.task(id).await?;
+            push.create(
+                &self.edge.agent,
+                handle,
+                Folded::new(id, &task.updates),
+                config,
+            )?;
+        }
         Ok(Started {
-            task: self.load(handle).await?,
+            task,
             at_once,
             answered: None,
         })

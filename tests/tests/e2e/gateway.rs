@@ -24,15 +24,15 @@ const AUDIENCE: &str = "chorus-gateway";
 
 /// What a `curl` call returned: the HTTP status, the body as JSON (null if it is not) and
 /// the response headers.
-struct Answer {
-    status: u16,
-    body: Value,
-    headers: String,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) body: Value,
+    pub(crate) headers: String,
 }
 
 /// Runs `curl` against the gateway: `method` on `path`, with `auth` as extra header
 /// arguments and `body` as a JSON body.
-async fn curl(
+pub(crate) async fn curl(
     addr: SocketAddr,
     method: &str,
     path: &str,
@@ -1472,7 +1472,7 @@ async fn the_a2a_endpoint_refuses_malformed_json_rpc_with_the_codes_the_spec_giv
 
 /// An in-process coordinator on `server` serving `gateway` (registry sweeps every 50 ms,
 /// metrics on a free port), and the address the gateway listens on.
-async fn with_gateway(
+pub(crate) async fn with_gateway(
     server: &chorus_tests::NatsServer,
     gateway: GatewayConfig,
 ) -> (chorus_coordinator::Coordinator, SocketAddr) {

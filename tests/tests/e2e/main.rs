@@ -1,5 +1,6 @@
 //! End-to-end tests. Each test starts its own `nats-server` (see `chorus_tests::server`).
 
+mod a2a_push;
 mod broker;
 mod cluster;
 mod compact;

@@ -1,0 +1,300 @@
+//! A2A push notifications (issue 33, item 12): a client registers a webhook for its task and
+//! the gateway posts the task's updates there, signed; configs are created, read, listed and
+//! deleted; a webhook outside the allow-list is refused; a webhook that stays down gets its
+//! bounded retries and the update lands in the dead-letter queue.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use chorus_coordinator::service::dlq::DeadLetterQueue;
+use chorus_gateway::config::{ApiKey, EdgeIdentity};
+use chorus_gateway::{GatewayConfig, PushConfig};
+use chorus_sdk::durable::DeadLetterReason;
+use chorus_sdk::{HandlerError, TaskContext};
+use chorus_tests::{WAIT, agent, eventually, server, within};
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Digest;
+use tokio::sync::{Notify, mpsc};
+
+use super::gateway::{curl, with_gateway};
+
+const API_KEY: &str = "k-push-7d1e3b5c9a2f4e6d8c0b1a3e5f7d9b2c";
+const SIGNING_SECRET: &str = "a-push-signing-secret-of-32-bytes-or-more";
+
+/// How many deliveries the webhook's down route refused.
+#[derive(Default)]
+struct Hook {
+    refused: Mutex<u32>,
+}
+
+/// The webhook's state: the refusals, and where each taken delivery (headers, body) goes.
+type Webhook = (Arc<Hook>, mpsc::UnboundedSender<(HeaderMap, Value)>);
+
+async fn ok(State((_, seen)): State<Webhook>, headers: HeaderMap, body: String) -> StatusCode {
+    let value = serde_json::from_str(&body).unwrap_or(Value::String(body));
+    let _ = seen.send((headers, value));
+    StatusCode::NO_CONTENT
+}
+
+async fn down(State((hook, _)): State<Webhook>) -> StatusCode {
+    *hook.refused.lock().expect("count") += 1;
+    StatusCode::SERVICE_UNAVAILABLE
+}
+
+fn verify(headers: &HeaderMap, body: &Value) {
+    let at = headers["x-chorus-timestamp"].to_str().expect("a timestamp");
+    let signature = headers["x-chorus-signature"].to_str().expect("a signature");
+    let mut mac =
+        <Hmac<sha2::Sha256> as Mac>::new_from_slice(SIGNING_SECRET.as_bytes()).expect("key");
+    mac.update(format!("{at}.{body}").as_bytes());
+    let expected = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+    assert_eq!(signature, expected, "the signature of {body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_notifications_reach_an_allowed_webhook_signed_and_a_dead_one_ends_in_the_dlq() {
+    let server = server();
+    // The webhook: /hooks/ok takes every delivery, /hooks/down refuses every one.
+    let hook = Arc::new(Hook::default());
+    let (seen_tx, mut seen) = mpsc::unbounded_channel();
+    let app = axum::Router::new()
+        .route("/hooks/ok", axum::routing::post(ok))
+        .route("/hooks/down", axum::routing::post(down))
+        .with_state((Arc::clone(&hook), seen_tx));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hook_addr: SocketAddr = listener.local_addr().expect("addr");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone();
+    let webhook = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stopped.cancelled().await })
+            .await
+    });
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret = dir.path().join("push.secret");
+    std::fs::write(&secret, SIGNING_SECRET).expect("secret");
+    let (coordinator, gw) = with_gateway(
+        &server,
+        GatewayConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            identities: vec![EdgeIdentity {
+                id: "hooked".into(),
+                nkey_seed_file: None,
+            }],
+            api_keys: vec![ApiKey {
+                identity: "hooked".into(),
+                sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
+            }],
+            push: Some(PushConfig {
+                allow: vec![format!("http://{hook_addr}/hooks")],
+                max_attempts: 3,
+                first_backoff_ms: 20,
+                max_backoff_ms: 100,
+                signing_secret_file: Some(secret),
+                ..PushConfig::default()
+            }),
+            ..GatewayConfig::default()
+        },
+    )
+    .await;
+
+    // A writer whose task streams two chunks once the test says go.
+    let go = Arc::new(Notify::new());
+    let writer = agent(&server, "writer").await;
+    let gate = Arc::clone(&go);
+    writer
+        .on_task("draft", move |task: TaskContext, topic: String| {
+            let gate = Arc::clone(&gate);
+            async move {
+                gate.notified().await;
+                task.chunk(&"about ").await?;
+                task.last_chunk(&topic).await?;
+                Ok::<_, HandlerError>(format!("about {topic}"))
+            }
+        })
+        .await
+        .expect("serve draft");
+    let base = "/a2a/agents/writer/draft/";
+    let key = format!("X-API-Key: {API_KEY}");
+    let headers = [key.as_str(), "A2A-Version: 1.0"];
+    let rpc = |method: &'static str, params: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let headers = headers.map(str::to_owned);
+        async move {
+            let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+            let a = curl(gw, "POST", base, &headers, Some(&body)).await;
+            assert_eq!(a.status, 200, "{method}: {}", a.body);
+            a.body
+        }
+    };
+    eventually(WAIT, "the writer registered", || async {
+        let card = curl(
+            gw,
+            "GET",
+            "/a2a/agents/writer/draft/.well-known/agent-card.json",
+            &headers,
+            None,
+        )
+        .await;
+        (card.body["capabilities"]["pushNotifications"] == json!(true)).then_some(())
+    })
+    .await;
+    let message = |text: &str| json!({"messageId": uuid::Uuid::now_v7().to_string(), "role": "ROLE_USER", "parts": [{"text": text}]});
+
+    // A webhook outside the allow-list is refused before anything is submitted.
+    for url in [
+        "http://169.254.169.254/latest",
+        &format!("http://{hook_addr}/elsewhere"),
+        "file:///etc/passwd",
+    ] {
+        let refused = rpc(
+            "SendMessage",
+            json!({"message": message("x"), "configuration": {
+            "returnImmediately": true, "taskPushNotificationConfig": {"url": url}}}),
+        )
+        .await;
+        assert_eq!(refused["error"]["code"], -32602, "{url}: {refused}");
+    }
+
+    // A task with its webhook given in the message, and a second config added after.
+    let sent = rpc("SendMessage", json!({"message": message("pushes"), "configuration": {
+        "returnImmediately": true,
+        "taskPushNotificationConfig": {"id": "first", "url": format!("http://{hook_addr}/hooks/ok"),
+            "token": "t-123", "authentication": {"scheme": "Bearer", "credentials": "hook-secret"}}}})).await;
+    let task = sent["result"]["task"]["id"]
+        .as_str()
+        .expect("a task")
+        .to_owned();
+    let second = rpc(
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": task, "id": "second",
+        "url": format!("http://{hook_addr}/hooks/ok?copy=2")}),
+    )
+    .await;
+    assert_eq!(second["result"]["id"], "second", "{second}");
+    let got = rpc(
+        "GetTaskPushNotificationConfig",
+        json!({"taskId": task, "id": "first"}),
+    )
+    .await;
+    assert_eq!(got["result"]["token"], "t-123", "{got}");
+    assert!(
+        got["result"]["authentication"].get("credentials").is_none(),
+        "credentials are not shown: {got}"
+    );
+    let listed = rpc("ListTaskPushNotificationConfigs", json!({"taskId": task})).await;
+    assert_eq!(
+        listed["result"]["configs"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+    rpc(
+        "DeleteTaskPushNotificationConfig",
+        json!({"taskId": task, "id": "second"}),
+    )
+    .await;
+    rpc(
+        "DeleteTaskPushNotificationConfig",
+        json!({"taskId": task, "id": "second"}),
+    )
+    .await;
+    let listed = rpc("ListTaskPushNotificationConfigs", json!({"taskId": task})).await;
+    assert_eq!(
+        listed["result"]["configs"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    let missing = rpc(
+        "GetTaskPushNotificationConfig",
+        json!({"taskId": task, "id": "second"}),
+    )
+    .await;
+    assert_eq!(missing["error"]["code"], -32001, "{missing}");
+
+    // Go: every update reaches the webhook, in order, signed, with the config's credentials.
+    go.notify_one();
+    let mut kinds = Vec::new();
+    loop {
+        let (headers, body) = within(WAIT, "a push delivery", seen.recv())
+            .await
+            .expect("a delivery");
+        verify(&headers, &body);
+        assert_eq!(headers["authorization"], "Bearer hook-secret");
+        assert_eq!(headers["x-a2a-notification-token"], "t-123");
+        let kind = body
+            .as_object()
+            .and_then(|o| o.keys().next().cloned())
+            .expect("one member");
+        let done =
+            body.pointer("/statusUpdate/status/state") == Some(&json!("TASK_STATE_COMPLETED"));
+        kinds.push((kind, body));
+        if done {
+            break;
+        }
+    }
+    let chunks: Vec<&Value> = kinds
+        .iter()
+        .filter(|(_, b)| b.pointer("/artifactUpdate/artifact/name") == Some(&json!("stream")))
+        .map(|(_, b)| &b["artifactUpdate"]["artifact"]["parts"][0]["text"])
+        .collect();
+    assert_eq!(chunks, [&json!("about "), &json!("pushes")], "{kinds:?}");
+    assert!(
+        kinds
+            .iter()
+            .any(|(_, b)| b.pointer("/artifactUpdate/artifact/name") == Some(&json!("result")))
+    );
+
+    // A webhook that stays down: three attempts, then the update is a dead letter.
+    let sent = rpc(
+        "SendMessage",
+        json!({"message": message("nobody"), "configuration": {
+        "returnImmediately": true,
+        "taskPushNotificationConfig": {"url": format!("http://{hook_addr}/hooks/down")}}}),
+    )
+    .await;
+    let dead_task = sent["result"]["task"]["id"]
+        .as_str()
+        .expect("a task")
+        .to_owned();
+    go.notify_one();
+    let dlq = DeadLetterQueue::new(writer.broker().clone(), writer.subjects().clone());
+    let letter = eventually(WAIT, "the push dead letter", || async {
+        dlq.list(100)
+            .await
+            .expect("dlq")
+            .into_iter()
+            .find(|e| e.letter.agent == "hooked" && e.letter.detail.contains("/hooks/down"))
+    })
+    .await;
+    assert_eq!(letter.letter.reason, DeadLetterReason::MaxAttempts);
+    assert_eq!(letter.letter.attempts, 3);
+    assert_eq!(
+        *hook.refused.lock().expect("count"),
+        3,
+        "exactly the attempts allowed"
+    );
+    let (env, _) =
+        chorus_sdk::codec::decode(&letter.letter.envelope).expect("the update as an envelope");
+    assert_eq!(
+        env.correlation_id.map(|u| u.to_string()),
+        Some(dead_task.clone())
+    );
+    // The config is dropped after its dead letter: no more attempts.
+    let listed = rpc(
+        "ListTaskPushNotificationConfigs",
+        json!({"taskId": dead_task}),
+    )
+    .await;
+    assert_eq!(listed["result"]["configs"], json!([]), "{listed}");
+
+    writer.shutdown().await;
+    coordinator.shutdown().await;
+    stop.cancel();
+    let _ = within(WAIT, "webhook stop", webhook).await;
+}
