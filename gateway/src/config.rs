@@ -353,6 +353,48 @@ pub struct JwtConfig {
     /// Clock skew allowed on `exp` and `nbf`, in seconds.
     #[serde(default = "default_leeway")]
     pub leeway_secs: u64,
+    /// Where a client gets a token (an OAuth 2 client-credentials token endpoint, `https`):
+    /// the cards then declare an `oauth2` scheme with this flow beside the bearer scheme.
+    #[serde(default)]
+    pub token_url: Option<String>,
+    /// The issuer's OAuth 2 authorization server metadata (RFC 8414, `https`), declared in
+    /// the `oauth2` scheme as `oauth2MetadataUrl`.
+    #[serde(default)]
+    pub metadata_url: Option<String>,
+}
+
+impl Default for JwtConfig {
+    fn default() -> Self {
+        JwtConfig {
+            issuer: String::new(),
+            audience: String::new(),
+            hs256_secret_file: None,
+            eddsa_public_key_file: None,
+            jwks_file: None,
+            leeway_secs: DEFAULT_JWT_LEEWAY_SECS,
+            token_url: None,
+            metadata_url: None,
+        }
+    }
+}
+
+impl JwtConfig {
+    /// The OAuth 2 URLs, when given, are `https` URLs.
+    fn validate(&self) -> Result<()> {
+        for (name, url) in [
+            ("token_url", &self.token_url),
+            ("metadata_url", &self.metadata_url),
+        ] {
+            if let Some(url) = url
+                && !url::Url::parse(url).is_ok_and(|u| u.scheme() == "https" && u.host().is_some())
+            {
+                return Err(invalid(format!(
+                    "[gateway.jwt] {name} {url:?}: an https URL"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn default_leeway() -> u64 {
@@ -403,6 +445,9 @@ impl GatewayConfig {
         }
         if let Some(push) = &self.push {
             push.validate()?;
+        }
+        if let Some(jwt) = &self.jwt {
+            jwt.validate()?;
         }
         if let Some(default) = &self.a2a_default {
             a2a_path(default).map_err(|e| invalid(format!("a2a_default {default:?}: {e}")))?;
@@ -605,6 +650,33 @@ mod tests {
         assert_eq!(sap.heartbeat_interval_s, DEFAULT_SAP_HEARTBEAT_SECS);
         assert_eq!(sap.max_prompt_ms, DEFAULT_SAP_MAX_PROMPT_MS);
         assert!(!GatewayConfig::default().enabled());
+    }
+
+    #[test]
+    fn push_notifications_need_an_allow_list_of_webhook_prefixes() {
+        let with = |push: &str| parse(&format!("{SAP_ONLY}\n[gateway.push]\n{push}"));
+        let gateway = with(
+            "allow = [\"https://hooks.example.com/a2a/\"]\nmax_attempts = 3\nfirst_backoff_ms = 100",
+        );
+        gateway.validate().expect("valid");
+        let push = gateway.push.expect("push");
+        assert_eq!((push.max_attempts, push.first_backoff_ms), (3, 100));
+        assert_eq!(push.max_backoff_ms, PushConfig::default().max_backoff_ms);
+        for (bad, named) in [
+            ("allow = []", "allow"),
+            ("allow = [\"ftp://x/\"]", "allow"),
+            (
+                "allow = [\"https://h/a\"]\nmax_attempts = 0",
+                "max_attempts",
+            ),
+            (
+                "allow = [\"https://h/a\"]\nfirst_backoff_ms = 9\nmax_backoff_ms = 1",
+                "first_backoff_ms",
+            ),
+        ] {
+            let err = with(bad).validate().expect_err(bad).to_string();
+            assert!(err.contains(named), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -208,6 +208,23 @@ fn security(config: &crate::config::GatewayConfig) -> (Value, Value) {
         );
         alternatives.push("bearer");
     }
+    if let Some(jwt) = config
+        .jwt
+        .as_ref()
+        .filter(|j| j.token_url.is_some() || j.metadata_url.is_some())
+    {
+        let mut scheme = json!({
+            "description": "An OAuth 2 access token (a JWT from the gateway's issuer), sent as a bearer token.",
+        });
+        if let Some(token_url) = &jwt.token_url {
+            scheme["flows"] = json!({"clientCredentials": {"tokenUrl": token_url, "scopes": {}}});
+        }
+        if let Some(metadata) = &jwt.metadata_url {
+            scheme["oauth2MetadataUrl"] = json!(metadata);
+        }
+        schemes.insert("oauth2".into(), json!({ "oauth2SecurityScheme": scheme }));
+        alternatives.push("oauth2");
+    }
     let mtls = config
         .tls
         .as_ref()

@@ -138,6 +138,7 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
                 eddsa_public_key_file: Some(public_file),
                 jwks_file: None,
                 leeway_secs: 5,
+                ..JwtConfig::default()
             }),
             ..GatewayConfig::default()
         },
@@ -1336,6 +1337,7 @@ async fn tokens_are_checked_against_a_rotating_key_set() {
                 eddsa_public_key_file: None,
                 jwks_file: Some(jwks_file.clone()),
                 leeway_secs: 5,
+                ..JwtConfig::default()
             }),
             ..GatewayConfig::default()
         },
