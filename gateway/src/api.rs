@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use super::auth::AuthError;
 use super::inbox::{EdgeReply, PolledMessage};
+use super::scopes::{Grants, Route};
 use super::{Edge, GatewayState};
 
 /// A refusal: the HTTP status, the Chorus code and why.
@@ -125,26 +126,92 @@ pub(crate) fn http_status(code: StatusCode) -> Http {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-/// The caller's edge identity, from its credentials, and the token to relay.
-pub(crate) fn edge<'a>(
-    state: &'a GatewayState,
-    headers: &HeaderMap,
-) -> ApiResult<(&'a Edge, Option<String>)> {
-    let caller = state.auth.authenticate(headers)?;
-    match state.edges.get(&caller.identity) {
-        Some(edge) => {
-            state.limits.admit(&caller.identity)?;
-            Ok((edge, caller.token))
+/// What a caller's credentials carry past the door: the token to relay (a JWT; an API key is
+/// never relayed) and what its scopes grant (`None`: the gateway has no scopes).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Credential {
+    token: Option<String>,
+    grants: Option<Arc<Grants>>,
+}
+
+fn out_of_scope(what: String) -> ApiError {
+    ApiError::new(StatusCode::ACCESS, what)
+}
+
+impl Credential {
+    /// Whether its scopes grant route group `route` (403 saying which if not).
+    pub(crate) fn route(&self, route: Route) -> ApiResult<()> {
+        match &self.grants {
+            Some(g) if !g.route(route) => Err(out_of_scope(format!(
+                "the credentials' scopes ({}) do not grant the {} routes",
+                g.names(),
+                route.name()
+            ))),
+            _ => Ok(()),
         }
-        None => Err(ApiError::from(AuthError::UnknownIdentity(caller.identity))),
+    }
+
+    /// Whether its scopes grant a call to `to`'s `command`, or to `capability` (403 saying
+    /// which if not).
+    pub(crate) fn target(
+        &self,
+        to: Option<&str>,
+        command: Option<&str>,
+        capability: Option<&str>,
+    ) -> ApiResult<()> {
+        let Some(g) = &self.grants else {
+            return Ok(());
+        };
+        match (to, command, capability) {
+            (_, _, Some(c)) if !g.capability(c) => Err(out_of_scope(format!(
+                "the credentials' scopes ({}) do not grant the capability {c}",
+                g.names()
+            ))),
+            (Some(agent), Some(_), None) if !g.agent(agent) => Err(out_of_scope(format!(
+                "the credentials' scopes ({}) do not grant calls to {agent}",
+                g.names()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// `call` with the token, if there is one.
+    pub(crate) fn on(&self, call: Call) -> Call {
+        match &self.token {
+            Some(t) => call.token(t),
+            None => call,
+        }
     }
 }
 
-/// `call` with the caller's token, if it came with one.
-pub(crate) fn with_token(call: Call, token: Option<&str>) -> Call {
-    match token {
-        Some(t) => call.token(t),
-        None => call,
+/// The caller's edge identity, from its credentials, if its scopes grant `route`: the
+/// identity's edge and what the credentials carry.
+pub(crate) fn edge<'a>(
+    state: &'a GatewayState,
+    headers: &HeaderMap,
+    route: Route,
+) -> ApiResult<(&'a Edge, Credential)> {
+    let caller = state.auth.authenticate(headers)?;
+    caller_edge(state, caller, route)
+}
+
+/// The edge of an authenticated `caller`, if its scopes grant `route`.
+pub(crate) fn caller_edge(
+    state: &GatewayState,
+    caller: crate::auth::Caller,
+    route: Route,
+) -> ApiResult<(&Edge, Credential)> {
+    let credential = Credential {
+        token: caller.token,
+        grants: state.scopes.grants(&caller.scopes),
+    };
+    credential.route(route)?;
+    match state.edges.get(&caller.identity) {
+        Some(edge) => {
+            state.limits.admit(&caller.identity)?;
+            Ok((edge, credential))
+        }
+        None => Err(ApiError::from(AuthError::UnknownIdentity(caller.identity))),
     }
 }
 
@@ -207,7 +274,7 @@ pub(crate) async fn agents(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<AgentsBody>> {
-    let (edge, _) = edge(&state, &headers)?;
+    let (edge, _) = edge(&state, &headers, Route::Agents)?;
     let q: AgentsQuery = query(raw)?;
     if let Some(c) = &q.capability {
         dotted("capability", c)?;
@@ -304,17 +371,18 @@ pub(crate) async fn send(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> ApiResult<(Http, Json<SentBody>)> {
-    let (edge, token) = edge(&state, &headers)?;
+    let (edge, credential) = edge(&state, &headers, Route::Messages)?;
     let b: SendBody = body(&bytes)?;
-    Ok((
-        Http::ACCEPTED,
-        Json(send_as(edge, token.as_deref(), b).await?),
-    ))
+    Ok((Http::ACCEPTED, Json(send_as(edge, &credential, b).await?)))
 }
 
-/// Sends what `b` describes as `edge`: an event, or a command in a delivery class (with
-/// `token`, if the caller came with one).
-pub(crate) async fn send_as(edge: &Edge, token: Option<&str>, b: SendBody) -> ApiResult<SentBody> {
+/// Sends what `b` describes as `edge`: an event, or a command in a delivery class (with the
+/// credential's token, if the caller came with one, and if its scopes grant the target).
+pub(crate) async fn send_as(
+    edge: &Edge,
+    credential: &Credential,
+    b: SendBody,
+) -> ApiResult<SentBody> {
     match (b.topic.as_deref(), b.to.as_deref(), b.command.as_deref()) {
         (Some(topic), None, None) => {
             if b.delivery.is_some() || b.ttl_ms.is_some() {
@@ -333,8 +401,10 @@ pub(crate) async fn send_as(edge: &Edge, token: Option<&str>, b: SendBody) -> Ap
             })
         }
         (None, Some(to), Some(command)) => {
+            credential.target(Some(to), Some(command), None)?;
             let call = Call::agent(name("to", to)?, name("command", command)?);
-            let mut call = with_token(call, token)
+            let mut call = credential
+                .on(call)
                 .json_payload(&b.payload)?
                 .delivery(delivery(b.delivery.as_deref())?)
                 .priority(priority(b.priority.as_deref())?);
@@ -383,7 +453,7 @@ pub(crate) async fn poll(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<PolledBody>> {
-    let (edge, _) = edge(&state, &headers)?;
+    let (edge, _) = edge(&state, &headers, Route::Messages)?;
     let q: PollQuery = query(raw)?;
     if let Some(recipient) = &q.recipient
         && recipient != edge.agent.id()
@@ -433,7 +503,7 @@ pub(crate) async fn reply(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> ApiResult<(Http, Json<RepliedBody>)> {
-    let (edge, _) = edge(&state, &headers)?;
+    let (edge, _) = edge(&state, &headers, Route::Messages)?;
     let b: ReplyBody = body(&bytes)?;
     reply_as(edge, b)?;
     Ok((Http::ACCEPTED, Json(RepliedBody { delivered: true })))
@@ -529,9 +599,9 @@ pub(crate) async fn request(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> ApiResult<Json<ReplyView>> {
-    let (edge, token) = edge(&state, &headers)?;
+    let (edge, credential) = edge(&state, &headers, Route::Requests)?;
     let b: RequestBody = body(&bytes)?;
-    Ok(Json(request_as(&state, edge, token.as_deref(), b).await?))
+    Ok(Json(request_as(&state, edge, &credential, b).await?))
 }
 
 /// The call `to` with `command`, or `capability` (at `to` if given), names.
@@ -559,15 +629,17 @@ pub(crate) fn call_to(
 pub(crate) async fn request_as(
     state: &GatewayState,
     edge: &Edge,
-    token: Option<&str>,
+    credential: &Credential,
     b: RequestBody,
 ) -> ApiResult<ReplyView> {
-    let call = call_to(
+    let (to, command, capability) = (
         b.to.as_deref(),
         b.command.as_deref(),
         b.capability.as_deref(),
-    )?;
-    let call = with_token(call, token).timeout(timeout(state, b.timeout_ms)?);
+    );
+    let call = call_to(to, command, capability)?;
+    credential.target(to, command, capability)?;
+    let call = credential.on(call).timeout(timeout(state, b.timeout_ms)?);
     ask(edge, call, &b.payload).await
 }
 
@@ -609,7 +681,7 @@ pub(crate) async fn agentify(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> ApiResult<Json<AgentifyReply>> {
-    let (edge, token) = edge(&state, &headers)?;
+    let (edge, credential) = edge(&state, &headers, Route::Agentify)?;
     let m: AgentifyMessage = body(&bytes)?;
     let me = edge.agent.id();
     if let Some(sender) = &m.sender {
@@ -631,8 +703,10 @@ pub(crate) async fn agentify(
         return Err(ApiError::bad_request("to: exactly one recipient"));
     };
     let (agent, command) = agentify_target(to, &m.intent)?;
-    let call =
-        with_token(Call::agent(agent, command), token.as_deref()).timeout(timeout(&state, None)?);
+    credential.target(Some(agent), Some(command), None)?;
+    let call = credential
+        .on(Call::agent(agent, command))
+        .timeout(timeout(&state, None)?);
     let reply = ask(edge, call, &m.payload).await?;
     Ok(Json(AgentifyReply {
         kind: "inform",

@@ -18,6 +18,8 @@ use crate::error::{Error, ErrorKind, Result};
 pub(crate) struct Caller {
     pub(crate) identity: String,
     pub(crate) token: Option<String>,
+    /// The scopes the credentials carry (a JWT's `scope`/`scp` claims, an API key's `scopes`).
+    pub(crate) scopes: Vec<String>,
 }
 
 /// Why a request was refused before it reached the bus (401 with 5014, or 5004 for an
@@ -39,6 +41,10 @@ pub(crate) enum AuthError {
 #[derive(Debug, Deserialize)]
 struct Claims {
     sub: String,
+    #[serde(default)]
+    scope: Option<serde_json::Value>,
+    #[serde(default)]
+    scp: Option<serde_json::Value>,
 }
 
 /// One kind of JWT the gateway accepts.
@@ -169,7 +175,7 @@ fn validation(issuer: &str, audience: &str, leeway: u64, alg: Algorithm) -> Vali
 /// Checks credentials against the gateway's configuration.
 pub(crate) struct Authenticator {
     /// SHA-256 of each key, with its identity.
-    api_keys: Vec<([u8; 32], String)>,
+    api_keys: Vec<([u8; 32], String, Vec<String>)>,
     hs256: Option<JwtKey>,
     eddsa: Option<JwtKey>,
     jwks: Option<Jwks>,
@@ -209,7 +215,7 @@ impl Authenticator {
                     format!("gateway: api key of {} is not hex", key.identity),
                 )
             })?;
-            api_keys.push((digest, key.identity.clone()));
+            api_keys.push((digest, key.identity.clone(), key.scopes.clone()));
         }
         let (mut hs256, mut eddsa, mut jwks) = (None, None, None);
         if let Some(jwt) = &config.jwt {
@@ -318,20 +324,21 @@ impl Authenticator {
         let digest: [u8; 32] = Sha256::digest(key).into();
         // Every configured key is compared, all of its bytes, whichever matches.
         let mut found = None;
-        for (known, identity) in &self.api_keys {
+        for (known, identity, scopes) in &self.api_keys {
             let same = known
                 .iter()
                 .zip(digest.iter())
                 .fold(0u8, |acc, (a, b)| acc | (a ^ b))
                 == 0;
             if same {
-                found = Some(identity);
+                found = Some((identity, scopes));
             }
         }
         found
-            .map(|identity| Caller {
+            .map(|(identity, scopes)| Caller {
                 identity: identity.clone(),
                 token: None,
+                scopes: scopes.clone(),
             })
             .ok_or(AuthError::UnknownKey)
     }
@@ -378,6 +385,8 @@ impl Authenticator {
                 _ => AuthError::InvalidToken(e.to_string()),
             },
         )?;
+        let scopes =
+            crate::scopes::from_claims(data.claims.scope.as_ref(), data.claims.scp.as_ref());
         let identity = data.claims.sub;
         if !self.identities.contains(&identity) {
             return Err(AuthError::UnknownIdentity(identity));
@@ -385,6 +394,7 @@ impl Authenticator {
         Ok(Caller {
             identity,
             token: Some(token.to_owned()),
+            scopes,
         })
     }
 }

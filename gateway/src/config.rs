@@ -117,6 +117,8 @@ pub struct GatewayConfig {
     pub api_keys: Vec<ApiKey>,
     /// Bearer JWTs accepted, if any.
     pub jwt: Option<JwtConfig>,
+    /// Scopes credentials can carry; none: credentials reach everything.
+    pub scopes: Vec<ScopeConfig>,
     /// Chorus agents (or capabilities) offered as Synadia Agent Protocol 0.3 agents.
     pub sap: Vec<SapBinding>,
 }
@@ -185,7 +187,7 @@ impl PushConfig {
             ));
         }
         for prefix in &self.allow {
-            crate::a2a::push::Webhook::prefix(prefix)
+            crate::webhook::Webhook::prefix(prefix)
                 .map_err(|e| invalid(format!("[gateway.push] allow {prefix:?}: {e}")))?;
         }
         if self.max_attempts == 0 || self.timeout_ms == 0 || self.max_configs_per_task == 0 {
@@ -326,7 +328,13 @@ pub struct ApiKey {
     pub identity: String,
     /// The key's SHA-256, 64 hex digits.
     pub sha256: String,
+    /// The scopes the key carries (names of `[[gateway.scopes]]`); checked only when the
+    /// gateway has scopes.
+    #[serde(default)]
+    pub scopes: Vec<String>,
 }
+
+pub use crate::scopes::ScopeConfig;
 
 /// Which JWTs the gateway accepts as bearer tokens: signed with HS256 by the shared secret or
 /// with EdDSA (Ed25519) by the public key's private half, from `issuer` for `audience`,
@@ -422,6 +430,7 @@ impl Default for GatewayConfig {
             max_websockets: DEFAULT_MAX_WEBSOCKETS,
             identities: Vec::new(),
             api_keys: Vec::new(),
+            scopes: Vec::new(),
             jwt: None,
             sap: Vec::new(),
         }
@@ -448,6 +457,41 @@ impl GatewayConfig {
         }
         if let Some(jwt) = &self.jwt {
             jwt.validate()?;
+        }
+        let mut names = std::collections::HashSet::new();
+        for scope in &self.scopes {
+            if scope.name.is_empty() || scope.name.chars().any(char::is_whitespace) {
+                return Err(invalid(format!(
+                    "[[gateway.scopes]] name {:?}: one word, as a token's scope claim carries it",
+                    scope.name
+                )));
+            }
+            if !names.insert(scope.name.as_str()) {
+                return Err(invalid(format!(
+                    "[[gateway.scopes]] {} is given twice",
+                    scope.name
+                )));
+            }
+            let known = crate::scopes::Route::ALL.map(crate::scopes::Route::name);
+            if let Some(route) = scope
+                .routes
+                .iter()
+                .find(|r| *r != "*" && !known.contains(&r.as_str()))
+            {
+                return Err(invalid(format!(
+                    "[[gateway.scopes]] {}: route {route:?} is not one of {}, or *",
+                    scope.name,
+                    known.join(", ")
+                )));
+            }
+        }
+        for key in &self.api_keys {
+            if let Some(unknown) = key.scopes.iter().find(|s| !names.contains(s.as_str())) {
+                return Err(invalid(format!(
+                    "api key of {}: scope {unknown:?} is not in [[gateway.scopes]]",
+                    key.identity
+                )));
+            }
         }
         if let Some(default) = &self.a2a_default {
             a2a_path(default).map_err(|e| invalid(format!("a2a_default {default:?}: {e}")))?;

@@ -19,8 +19,10 @@ mod inbox;
 mod limits;
 mod openapi;
 mod sap;
+mod scopes;
 mod tasks;
 mod tls;
+mod webhook;
 mod ws;
 
 use chorus_sdk::Report;
@@ -37,7 +39,7 @@ use tokio_util::task::TaskTracker;
 
 use chorus_sdk::security::ConnectionSecurity;
 
-pub use config::{CircuitBreakerConfig, GatewayConfig, PushConfig};
+pub use config::{CircuitBreakerConfig, GatewayConfig, PushConfig, ScopeConfig};
 pub use error::{Error, ErrorKind, Result};
 use inbox::{EdgeHandler, EdgeInbox};
 
@@ -89,6 +91,8 @@ pub(crate) struct GatewayState {
     a2a_index: a2a::TaskIndex,
     /// A2A push notifications, when `[gateway.push]` is set.
     push: Option<Arc<a2a::push::Push>>,
+    /// What each scope grants.
+    scopes: scopes::Scopes,
 }
 
 /// A running gateway. [`Gateway::stop`] stops it and waits; dropping it stops the listener
@@ -235,6 +239,7 @@ impl Gateway {
             limits: limits::Limits::new(gateway),
             a2a_index: a2a::TaskIndex::default(),
             push,
+            scopes: scopes::Scopes::new(&gateway.scopes),
         });
         let mut started = Gateway {
             addr: None,

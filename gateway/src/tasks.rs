@@ -20,6 +20,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::api::{self, ApiError};
+use super::scopes::Route;
 use super::{Edge, GatewayState};
 
 /// A task as the gateway shows it.
@@ -134,15 +135,17 @@ pub(crate) async fn owned(edge: &Edge, id: &str) -> Result<(TaskHandle, TaskRepo
 /// Submits a task as `edge`; returns its handle once its target took it (or refused it).
 pub(crate) async fn submit_as(
     edge: &Edge,
-    token: Option<&str>,
+    credential: &api::Credential,
     b: SubmitBody,
 ) -> Result<TaskHandle, ApiError> {
-    let call = api::call_to(
+    let (to, command, capability) = (
         b.to.as_deref(),
         b.command.as_deref(),
         b.capability.as_deref(),
-    )?;
-    let mut call = api::with_token(call, token).json_payload(&b.payload)?;
+    );
+    let call = api::call_to(to, command, capability)?;
+    credential.target(to, command, capability)?;
+    let mut call = credential.on(call).json_payload(&b.payload)?;
     if let Some(ms) = b.deadline_ms {
         if ms == 0 {
             return Err(ApiError::new(
@@ -161,9 +164,9 @@ pub(crate) async fn submit(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> Result<(Http, Json<TaskView>), ApiError> {
-    let (edge, token) = api::edge(&state, &headers)?;
+    let (edge, credential) = api::edge(&state, &headers, Route::Tasks)?;
     let b: SubmitBody = api::body(&bytes)?;
-    let handle = submit_as(edge, token.as_deref(), b).await?;
+    let handle = submit_as(edge, &credential, b).await?;
     let report = handle.report().await?;
     Ok((Http::ACCEPTED, Json(TaskView::from(&report))))
 }
@@ -174,7 +177,7 @@ pub(crate) async fn get(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
-    let (edge, _) = api::edge(&state, &headers)?;
+    let (edge, _) = api::edge(&state, &headers, Route::Tasks)?;
     let (_, report) = owned(edge, &id).await?;
     Ok(Json(TaskView::from(&report)))
 }
@@ -185,7 +188,7 @@ pub(crate) async fn cancel(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
-    let (edge, _) = api::edge(&state, &headers)?;
+    let (edge, _) = api::edge(&state, &headers, Route::Tasks)?;
     let (handle, _) = owned(edge, &id).await?;
     let report = handle.cancel().await?;
     Ok(Json(TaskView::from(&report)))
@@ -205,7 +208,7 @@ pub(crate) async fn input(
     Path(id): Path<String>,
     bytes: Bytes,
 ) -> Result<(Http, Json<Value>), ApiError> {
-    let (edge, _) = api::edge(&state, &headers)?;
+    let (edge, _) = api::edge(&state, &headers, Route::Tasks)?;
     let b: InputBody = api::body(&bytes)?;
     let (handle, _) = owned(edge, &id).await?;
     handle.respond(&b.payload).await?;
@@ -237,7 +240,7 @@ pub(crate) async fn events(
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let (edge, _) = api::edge(&state, &headers)?;
+    let (edge, _) = api::edge(&state, &headers, Route::Tasks)?;
     let q: EventsQuery = api::query(raw)?;
     let (handle, _) = owned(edge, &id).await?;
     let updates = updates_of(&handle, q.after).await?;

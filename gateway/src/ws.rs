@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::GatewayState;
 use super::api::{self, ApiError};
 use super::inbox::EdgeInbox;
+use super::scopes::Route;
 
 /// Subscriptions one connection may hold.
 pub(crate) const MAX_SUBSCRIPTIONS: usize = 64;
@@ -58,11 +59,9 @@ pub(crate) async fn upgrade(
         Some(token) => state.auth.bearer(&token)?,
         None => state.auth.authenticate(&headers)?,
     };
-    let (identity, token) = (caller.identity, caller.token);
-    if !state.edges.contains_key(&identity) {
-        return Err(super::auth::AuthError::UnknownIdentity(identity).into());
-    }
-    state.limits.admit(&identity)?;
+    let identity = caller.identity.clone();
+    // The scopes must grant the WebSocket; the identity must be served (admitted by its rate).
+    let (_, token) = api::caller_edge(&state, caller, Route::Ws)?;
     let place = state.limits.websocket()?;
     let stop = state.stop.child_token();
     Ok(ws
@@ -90,7 +89,7 @@ async fn serve(
     socket: WebSocket,
     state: Arc<GatewayState>,
     identity: String,
-    token: Option<String>,
+    token: api::Credential,
     stop: CancellationToken,
 ) {
     let Some(edge) = state.edges.get(&identity) else {
@@ -110,7 +109,7 @@ async fn serve(
         tokio::select! {
             frame = stream.next() => match frame {
                 Some(Ok(Message::Text(text))) => {
-                    let conn = Connection { state: &state, identity: &identity, token: token.as_deref(), out: &out, stop: &stop };
+                    let conn = Connection { state: &state, identity: &identity, token: &token, out: &out, stop: &stop };
                     handle(&conn, text.as_str(), &mut tasks, &mut subscriptions).await;
                 }
                 Some(Ok(Message::Binary(_))) => {
@@ -154,7 +153,7 @@ struct Connection<'a> {
     state: &'a Arc<GatewayState>,
     identity: &'a str,
     /// The JWT the connection was opened with, relayed on what it sends.
-    token: Option<&'a str>,
+    token: &'a api::Credential,
     out: &'a mpsc::Sender<String>,
     stop: &'a CancellationToken,
 }
@@ -204,11 +203,11 @@ async fn handle(
         "send" | "request" => {
             // Run beside the connection: a slow reply must not hold up the other frames.
             let state = Arc::clone(conn.state);
-            let (identity, token) = (conn.identity.to_owned(), conn.token.map(str::to_owned));
+            let (identity, token) = (conn.identity.to_owned(), conn.token.clone());
             let out = conn.out.clone();
             tasks.spawn(async move {
                 let edge = &state.edges[&identity];
-                let token = token.as_deref();
+                let token = &token;
                 let result = if kind == "send" {
                     match serde_json::from_value(frame) {
                         Ok(b) => api::send_as(edge, token, b).await.map(|r| json!(r)),

@@ -142,6 +142,7 @@ impl CoordinatorLauncher for InProcess {
                     api_keys: vec![ApiKey {
                         identity: "bench-edge".into(),
                         sha256: hex::encode(sha2::Sha256::digest(key.as_bytes())),
+                        scopes: Vec::new(),
                     }],
                     // The scenario measures latency, not the gateway's rate limit.
                     rate_per_second: 1e9,

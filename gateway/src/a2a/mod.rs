@@ -37,6 +37,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::api::{self, ApiError};
+use super::scopes::Route;
 use super::{Edge, GatewayState};
 use view::{Folded, is_terminal, stops};
 
@@ -74,6 +75,16 @@ impl Target {
         match self {
             Target::Command { agent, command } => api::call_to(Some(agent), Some(command), None),
             Target::Capability(c) => api::call_to(None, None, Some(c)),
+        }
+    }
+
+    /// Whether the caller's scopes grant this endpoint (403 saying which if not).
+    fn allowed(&self, credential: &api::Credential) -> Result<(), ApiError> {
+        match self {
+            Target::Command { agent, command } => {
+                credential.target(Some(agent), Some(command), None)
+            }
+            Target::Capability(c) => credential.target(None, None, Some(c)),
         }
     }
 
@@ -353,7 +364,7 @@ fn card_edge<'a>(state: &'a GatewayState, headers: &HeaderMap) -> Result<&'a Edg
             .and_then(|i| state.edges.get(&i.id))
             .ok_or_else(|| ApiError::new(StatusCode::UNAVAILABLE, "the gateway has no identity"));
     }
-    Ok(api::edge(state, headers)?.0)
+    Ok(api::edge(state, headers, Route::A2a)?.0)
 }
 
 /// `GET /.well-known/agent-card.json`: the card of the agent `a2a_default` names (404 when
@@ -471,10 +482,13 @@ async fn rpc(
     bytes: Bytes,
 ) -> Response {
     // Credentials first: an unknown caller gets HTTP 401, as at every other route.
-    let (edge, token) = match api::edge(&state, &headers) {
+    let (edge, credential) = match api::edge(&state, &headers, Route::A2a) {
         Ok(found) => found,
         Err(e) => return e.into_response(),
     };
+    if let Err(e) = target.allowed(&credential) {
+        return e.into_response();
+    }
     let request: Value = match serde_json::from_slice(&bytes) {
         Ok(v) => v,
         Err(e) => return rpc_err(&Value::Null, &RpcError::new(code::PARSE, e.to_string())),
@@ -510,7 +524,7 @@ async fn rpc(
     let call = Method {
         state: &state,
         edge,
-        token: token.as_deref(),
+        credential: &credential,
         target: &target,
     };
     match call.run(method, &params).await {
@@ -614,7 +628,7 @@ impl Folded {
 pub(super) struct Method<'a> {
     pub(super) state: &'a GatewayState,
     pub(super) edge: &'a Edge,
-    pub(super) token: Option<&'a str>,
+    pub(super) credential: &'a api::Credential,
     pub(super) target: &'a Target,
 }
 
@@ -845,7 +859,9 @@ impl Method<'_> {
         // message without a context starts one named after its task.
         let id = Uuid::now_v7();
         let message_id = text("messageId")?.unwrap_or_default();
-        let call = api::with_token(self.target.call().map_err(RpcError::from)?, self.token)
+        let call = self
+            .credential
+            .on(self.target.call().map_err(RpcError::from)?)
             .id(id)
             .session(context.map_or_else(|| id.to_string(), str::to_owned))
             .header(view::MESSAGE_ID_HEADER, message_id)

@@ -270,10 +270,13 @@ async fn serve(
     query: Option<String>,
     body: Bytes,
 ) -> Response {
-    let (edge, token) = match api::edge(&state, &headers) {
+    let (edge, credential) = match api::edge(&state, &headers, crate::scopes::Route::A2a) {
         Ok(found) => found,
         Err(e) => return e.into_response(),
     };
+    if let Err(e) = target.allowed(&credential) {
+        return e.into_response();
+    }
     if let Err(e) = check_version(&headers) {
         return problem(&e);
     }
@@ -284,7 +287,7 @@ async fn serve(
     let call = Method {
         state: &state,
         edge,
-        token: token.as_deref(),
+        credential: &credential,
         target: &target,
     };
     match call.run(&name, &params).await {

@@ -90,6 +90,7 @@ async fn push_notifications_reach_an_allowed_webhook_signed_and_a_dead_one_ends_
             api_keys: vec![ApiKey {
                 identity: "hooked".into(),
                 sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
+                scopes: Vec::new(),
             }],
             push: Some(PushConfig {
                 allow: vec![format!("http://{hook_addr}/hooks")],

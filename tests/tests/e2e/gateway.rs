@@ -130,6 +130,7 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
             api_keys: vec![ApiKey {
                 identity: "web-ui".into(),
                 sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
+                scopes: Vec::new(),
             }],
             jwt: Some(JwtConfig {
                 issuer: ISSUER.into(),
@@ -789,10 +790,12 @@ async fn edge_callers_submit_follow_and_cancel_tasks() {
                 ApiKey {
                     identity: "web-ui".into(),
                     sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
+                    scopes: Vec::new(),
                 },
                 ApiKey {
                     identity: "ops".into(),
                     sha256: hex::encode(sha2::Sha256::digest(b"ops-key-1f2e3d4c5b6a7980")),
+                    scopes: Vec::new(),
                 },
             ],
             ..GatewayConfig::default()
@@ -957,6 +960,7 @@ async fn grants_and_the_gateways_rate_apply_to_edge_callers() {
         sha256: hex::encode(sha2::Sha256::digest(
             format!("{k}-key-0123456789").as_bytes(),
         )),
+        scopes: Vec::new(),
     };
     let (coordinator, gw) = with_gateway(
         &server,
@@ -1411,6 +1415,7 @@ async fn the_a2a_endpoint_refuses_malformed_json_rpc_with_the_codes_the_spec_giv
             api_keys: vec![ApiKey {
                 identity: "web-ui".into(),
                 sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
+                scopes: Vec::new(),
             }],
             ..GatewayConfig::default()
         },
@@ -1494,4 +1499,176 @@ pub(crate) async fn with_gateway(
     .expect("coordinator with a gateway");
     let gw = coordinator.gateway_addr().expect("the gateway listens");
     (coordinator, gw)
+}
+
+/// A JWT for `sub` carrying `claims` besides the usual ones, signed with SECRET.
+fn hs256_with(sub: &str, claims: Value) -> String {
+    let mut all = json!({"sub": sub, "iss": ISSUER, "aud": AUDIENCE, "exp": now() + 300});
+    if let (Some(all), Some(extra)) = (all.as_object_mut(), claims.as_object()) {
+        all.extend(extra.clone());
+    }
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &all,
+        &EncodingKey::from_secret(SECRET.as_bytes()),
+    )
+    .expect("sign HS256")
+}
+
+/// Issue 33, item 2: scopes grant route groups and targets. An API key and a JWT (`scope` or
+/// `scp`) carry scopes; a caller reaches what the union of its scopes grants, and anything else
+/// is 403 with a JSON body naming what was refused, before it reaches the bus; credentials with
+/// no scope the gateway knows reach nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scopes_grant_routes_and_agents_and_refuse_the_rest_saying_which() {
+    let server = server();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let secret_file = dir.path().join("hs256.secret");
+    std::fs::write(&secret_file, SECRET).expect("write secret");
+    let key = |k: &str, scopes: &[&str]| ApiKey {
+        identity: "web-ui".into(),
+        sha256: hex::encode(sha2::Sha256::digest(k.as_bytes())),
+        scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+    };
+    let scope = |name: &str, routes: &[&str], agents: &[&str], capabilities: &[&str]| {
+        let owned = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect();
+        chorus_gateway::ScopeConfig {
+            name: name.into(),
+            routes: owned(routes),
+            agents: owned(agents),
+            capabilities: owned(capabilities),
+        }
+    };
+    let (coordinator, gw) = with_gateway(
+        &server,
+        GatewayConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            identities: vec![EdgeIdentity {
+                id: "web-ui".into(),
+                nkey_seed_file: None,
+            }],
+            api_keys: vec![
+                key("k-drafts-0123456789abcdef", &["drafts"]),
+                key("k-nothing-0123456789abcdef", &[]),
+            ],
+            jwt: Some(JwtConfig {
+                issuer: ISSUER.into(),
+                audience: AUDIENCE.into(),
+                hs256_secret_file: Some(secret_file),
+                ..JwtConfig::default()
+            }),
+            scopes: vec![
+                scope("drafts", &["tasks", "a2a"], &["writer"], &[]),
+                scope("ask", &["requests"], &[], &["text.*"]),
+            ],
+            ..GatewayConfig::default()
+        },
+    )
+    .await;
+    let writer = agent(&server, "writer").await;
+    writer
+        .on_task(
+            "draft",
+            |_task: chorus_sdk::TaskContext, topic: String| async move {
+                Ok::<_, HandlerError>(format!("about {topic}"))
+            },
+        )
+        .await
+        .expect("serve draft");
+
+    let drafts = "X-API-Key: k-drafts-0123456789abcdef";
+    let nothing = "X-API-Key: k-nothing-0123456789abcdef";
+    let ask = format!(
+        "Authorization: Bearer {}",
+        hs256_with("web-ui", json!({"scope": "ask other"}))
+    );
+    let scp = format!(
+        "Authorization: Bearer {}",
+        hs256_with("web-ui", json!({"scp": ["drafts"]}))
+    );
+    let draft = json!({"to": "writer", "command": "draft", "payload": "scopes"});
+    let refused = |a: &Answer, what: &str| {
+        assert_eq!(a.status, 403, "{what}: {}", a.body);
+        assert_eq!(a.body["label"], "access", "{what}: {}", a.body);
+        assert!(
+            a.body["reason"].as_str().is_some_and(|r| r.contains(what)),
+            "{what}: {}",
+            a.body
+        );
+    };
+
+    // The drafts scope, from an API key or a JWT's scp: tasks for the writer, nothing else.
+    for credential in [drafts, scp.as_str()] {
+        let a = eventually(WAIT, "the task is taken", || async {
+            let a = curl(gw, "POST", "/v1/tasks", &[credential], Some(&draft)).await;
+            (a.status == 202).then_some(a)
+        })
+        .await;
+        assert_eq!(a.body["target"], "writer.draft", "{}", a.body);
+        let other = json!({"to": "reader", "command": "draft", "payload": "x"});
+        refused(
+            &curl(gw, "POST", "/v1/tasks", &[credential], Some(&other)).await,
+            "calls to reader",
+        );
+        let request = json!({"capability": "text.upper", "payload": "x"});
+        refused(
+            &curl(gw, "POST", "/v1/requests", &[credential], Some(&request)).await,
+            "requests routes",
+        );
+        refused(
+            &curl(gw, "GET", "/v1/agents", &[credential], None).await,
+            "agents routes",
+        );
+    }
+    // The ask scope, from a JWT's scope claim: requests for text capabilities only.
+    let granted = json!({"capability": "text.upper", "payload": "x", "timeout_ms": 200});
+    let a = curl(gw, "POST", "/v1/requests", &[ask.as_str()], Some(&granted)).await;
+    assert_ne!(
+        a.status, 403,
+        "granted, whatever the bus then says: {}",
+        a.body
+    );
+    let image = json!({"capability": "image.resize", "payload": "x"});
+    refused(
+        &curl(gw, "POST", "/v1/requests", &[ask.as_str()], Some(&image)).await,
+        "capability image.resize",
+    );
+    refused(
+        &curl(gw, "POST", "/v1/tasks", &[ask.as_str()], Some(&draft)).await,
+        "tasks routes",
+    );
+    // A2A at an endpoint the scopes do not grant.
+    let a2a = json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}});
+    refused(
+        &curl(
+            gw,
+            "POST",
+            "/a2a/agents/reader/draft/",
+            &[drafts, "A2A-Version: 1.0"],
+            Some(&a2a),
+        )
+        .await,
+        "calls to reader",
+    );
+    // No scope the gateway knows: nothing.
+    refused(
+        &curl(gw, "POST", "/v1/tasks", &[nothing], Some(&draft)).await,
+        "none this gateway knows",
+    );
+    // A bad token is still 401, saying why.
+    let expired = format!(
+        "Authorization: Bearer {}",
+        hs256("web-ui", now() - 3600, SECRET, AUDIENCE)
+    );
+    let a = curl(gw, "POST", "/v1/tasks", &[expired.as_str()], Some(&draft)).await;
+    assert_eq!(a.status, 401, "{}", a.body);
+    assert!(
+        a.body["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("expired")),
+        "{}",
+        a.body
+    );
+    writer.shutdown().await;
+    coordinator.shutdown().await;
 }
