@@ -34,6 +34,9 @@ pub fn from_env() -> Result<Option<OtelGuard>> {
 #[cfg(feature = "otlp")]
 fn install(endpoint: &str) -> Result<OtelGuard> {
     use opentelemetry_otlp::WithExportConfig;
+    // reqwest, under the exporter, has rustls without a provider of its own: ring, as the NATS
+    // client uses (already installed is fine).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')))

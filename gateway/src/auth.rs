@@ -53,14 +53,34 @@ struct JwtKey {
     validation: Validation,
 }
 
-/// The keys of a JSON Web Key Set file, by `kid`, read again when the file changes.
-struct Jwks {
-    path: std::path::PathBuf,
+/// Where a key set comes from.
+enum JwksSource {
+    /// A file, read again when it changes.
+    File(std::path::PathBuf),
+    /// A URL, fetched by [`Jwks::refresh`] (a task the gateway runs) now and then, and soon
+    /// after a token names a key the set lacks.
+    Url {
+        url: url::Url,
+        client: reqwest::Client,
+        every: std::time::Duration,
+        /// Woken when a token names a key the set lacks.
+        wanted: tokio::sync::Notify,
+    },
+}
+
+/// The keys of a JSON Web Key Set, by `kid`.
+pub(crate) struct Jwks {
+    source: JwksSource,
     issuer: String,
     audience: String,
     leeway: u64,
     state: std::sync::Mutex<JwksState>,
 }
+
+/// The longest key set document fetched.
+const MAX_JWKS_BYTES: usize = 1 << 20;
+/// The shortest wait between two fetches a token asked for.
+const MIN_REFETCH: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Default)]
 struct JwksState {
@@ -73,35 +93,123 @@ impl Jwks {
     /// The key `kid` names, from the file as it is now (a changed file is read again; one that
     /// no longer reads keeps the keys read before, and says why once).
     fn key(&self, kid: &str) -> Option<std::sync::Arc<JwtKey>> {
+        let path = match &self.source {
+            JwksSource::File(path) => path,
+            JwksSource::Url { wanted, .. } => {
+                let found = self
+                    .state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .keys
+                    .get(kid)
+                    .cloned();
+                if found.is_none() {
+                    // A key the set lacks: perhaps rotated in; fetch again soon.
+                    wanted.notify_one();
+                }
+                return found;
+            }
+        };
         let mut state = self
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let stamp = std::fs::metadata(&self.path)
+        let stamp = std::fs::metadata(path)
             .ok()
             .map(|m| (m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len()));
         if stamp.is_some() && stamp != state.stamp {
             state.stamp = stamp;
-            match self.read() {
+            match std::fs::read(path)
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| self.parse(&bytes))
+            {
                 Ok(keys) => {
-                    tracing::info!(file = %self.path.display(), keys = keys.len(), "gateway: JWKS read");
+                    tracing::info!(file = %path.display(), keys = keys.len(), "gateway: JWKS read");
                     state.keys = keys;
                 }
                 Err(e) => {
-                    tracing::warn!(file = %self.path.display(), error = %e, "gateway: JWKS unreadable; keeping the keys read before");
+                    tracing::warn!(file = %path.display(), error = %e, "gateway: JWKS unreadable; keeping the keys read before");
                 }
             }
         }
         state.keys.get(kid).cloned()
     }
 
-    fn read(
+    /// Fetches the key set at its URL now and then until `stop`: at once, every `every`, and
+    /// when a token names a key the set lacks (at most once every [`MIN_REFETCH`]). A fetch
+    /// that fails keeps the keys fetched before, and says why.
+    pub(crate) async fn refresh(
+        self: std::sync::Arc<Self>,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        let JwksSource::Url {
+            url,
+            client,
+            every,
+            wanted,
+        } = &self.source
+        else {
+            return;
+        };
+        loop {
+            match self.fetch(client, url).await {
+                Ok(keys) => {
+                    tracing::debug!(%url, keys = keys.len(), "gateway: JWKS fetched");
+                    self.state
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .keys = keys;
+                }
+                Err(e) => {
+                    tracing::warn!(%url, error = %e, "gateway: JWKS not fetched; keeping the keys fetched before");
+                }
+            }
+            // Not again before MIN_REFETCH, whatever tokens ask; then at `every`, or sooner
+            // when a token names an unknown key.
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(MIN_REFETCH.min(*every)) => {}
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(every.saturating_sub(MIN_REFETCH)) => {}
+                () = wanted.notified() => {}
+            }
+        }
+    }
+
+    async fn fetch(
         &self,
+        client: &reqwest::Client,
+        url: &url::Url,
     ) -> std::result::Result<std::collections::HashMap<String, std::sync::Arc<JwtKey>>, String>
     {
-        let bytes = std::fs::read(&self.path).map_err(|e| e.to_string())?;
+        let mut answer = client
+            .get(url.clone())
+            .header("accept", "application/json")
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !answer.status().is_success() {
+            return Err(format!("HTTP {}", answer.status()));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = answer.chunk().await.map_err(|e| e.to_string())? {
+            if body.len() + chunk.len() > MAX_JWKS_BYTES {
+                return Err(format!("larger than {MAX_JWKS_BYTES} bytes"));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        self.parse(&body)
+    }
+
+    fn parse(
+        &self,
+        bytes: &[u8],
+    ) -> std::result::Result<std::collections::HashMap<String, std::sync::Arc<JwtKey>>, String>
+    {
         let set: jsonwebtoken::jwk::JwkSet =
-            serde_json::from_slice(&bytes).map_err(|e| format!("not a JWK set: {e}"))?;
+            serde_json::from_slice(bytes).map_err(|e| format!("not a JWK set: {e}"))?;
         let mut keys = std::collections::HashMap::new();
         for jwk in &set.keys {
             let Some(kid) = jwk.common.key_id.clone() else {
@@ -178,7 +286,7 @@ pub(crate) struct Authenticator {
     api_keys: Vec<([u8; 32], String, Vec<String>)>,
     hs256: Option<JwtKey>,
     eddsa: Option<JwtKey>,
-    jwks: Option<Jwks>,
+    jwks: Option<std::sync::Arc<Jwks>>,
     identities: HashSet<String>,
 }
 
@@ -190,7 +298,10 @@ impl std::fmt::Debug for Authenticator {
             .field("eddsa", &self.eddsa.is_some())
             .field(
                 "jwks",
-                &self.jwks.as_ref().map(|j| j.path.display().to_string()),
+                &self.jwks.as_ref().map(|j| match &j.source {
+                    JwksSource::File(path) => path.display().to_string(),
+                    JwksSource::Url { url, .. } => url.to_string(),
+                }),
             )
             .finish_non_exhaustive()
     }
@@ -221,28 +332,55 @@ impl Authenticator {
         if let Some(jwt) = &config.jwt {
             let validation =
                 |alg: Algorithm| validation(&jwt.issuer, &jwt.audience, jwt.leeway_secs, alg);
+            if let Some(url) = &jwt.jwks_url {
+                let url = url::Url::parse(url).map_err(|e| {
+                    Error::new(ErrorKind::Config, format!("gateway: jwt.jwks_url: {e}"))
+                })?;
+                let client = crate::https::client(
+                    jwt.jwks_ca_file.as_deref(),
+                    std::time::Duration::from_secs(10),
+                )
+                .map_err(|e| {
+                    Error::new(ErrorKind::Config, format!("gateway: jwt.jwks_ca_file {e}"))
+                })?;
+                jwks = Some(std::sync::Arc::new(Jwks {
+                    source: JwksSource::Url {
+                        url,
+                        client,
+                        every: std::time::Duration::from_secs(jwt.jwks_refresh_secs),
+                        wanted: tokio::sync::Notify::new(),
+                    },
+                    issuer: jwt.issuer.clone(),
+                    audience: jwt.audience.clone(),
+                    leeway: jwt.leeway_secs,
+                    state: std::sync::Mutex::default(),
+                }));
+            }
             if let Some(path) = &jwt.jwks_file {
                 let set = Jwks {
-                    path: path.clone(),
+                    source: JwksSource::File(path.clone()),
                     issuer: jwt.issuer.clone(),
                     audience: jwt.audience.clone(),
                     leeway: jwt.leeway_secs,
                     state: std::sync::Mutex::default(),
                 };
                 // Read once at start: a file that does not read stops the start, named.
-                let keys = set.read().map_err(|e| {
-                    Error::new(
-                        ErrorKind::Config,
-                        format!("gateway: jwt.jwks_file {}: {e}", path.display()),
-                    )
-                })?;
+                let keys = std::fs::read(path)
+                    .map_err(|e| e.to_string())
+                    .and_then(|bytes| set.parse(&bytes))
+                    .map_err(|e| {
+                        Error::new(
+                            ErrorKind::Config,
+                            format!("gateway: jwt.jwks_file {}: {e}", path.display()),
+                        )
+                    })?;
                 let stamp = std::fs::metadata(path)
                     .ok()
                     .map(|m| (m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len()));
                 *set.state
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = JwksState { stamp, keys };
-                jwks = Some(set);
+                jwks = Some(std::sync::Arc::new(set));
             }
             if let Some(path) = &jwt.hs256_secret_file {
                 let mut secret = read_file(path, "HS256 secret")?;
@@ -287,6 +425,17 @@ impl Authenticator {
             jwks,
             identities: config.identities.iter().map(|i| i.id.clone()).collect(),
         })
+    }
+
+    /// The task that keeps a key set URL's keys current (none for a file), to run until
+    /// `stop`.
+    pub(crate) fn jwks_refresh(
+        &self,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        let jwks = self.jwks.as_ref()?;
+        matches!(jwks.source, JwksSource::Url { .. })
+            .then(|| std::sync::Arc::clone(jwks).refresh(stop))
     }
 
     /// The caller named by `headers`' credentials.

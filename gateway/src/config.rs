@@ -119,6 +119,8 @@ pub struct GatewayConfig {
     pub jwt: Option<JwtConfig>,
     /// Scopes credentials can carry; none: credentials reach everything.
     pub scopes: Vec<ScopeConfig>,
+    /// Tenants: isolated parts of the bus, each under its own root.
+    pub tenants: Vec<Tenant>,
     /// Chorus agents (or capabilities) offered as Synadia Agent Protocol 0.3 agents.
     pub sap: Vec<SapBinding>,
 }
@@ -318,6 +320,23 @@ pub struct EdgeIdentity {
     /// unsigned messages.
     #[serde(default)]
     pub nkey_seed_file: Option<PathBuf>,
+    /// The tenant it belongs to (a `[[gateway.tenants]]` name): it then lives under the
+    /// tenant's root, and its callers reach that tenant's agents and tasks only.
+    #[serde(default)]
+    pub tenant: Option<String>,
+}
+
+/// `[[gateway.tenants]]`: an isolated part of the bus, as A2A's `tenant` names it. A tenant
+/// has its own subject root, so its own registry, tasks and streams (its agents run under that
+/// root, with a coordinator of their own for discovery); the identities that belong to it reach
+/// nothing outside it, and nothing outside reaches in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenant {
+    /// Its name, as A2A requests carry it (`tenant`, or the REST path's first segment).
+    pub name: String,
+    /// Its subject root.
+    pub root: String,
 }
 
 /// An API key: only its SHA-256 is configured (`printf %s "$KEY" | sha256sum`).
@@ -358,6 +377,17 @@ pub struct JwtConfig {
     /// rotating keys needs no restart.
     #[serde(default)]
     pub jwks_file: Option<PathBuf>,
+    /// The identity provider's key set URL (its `jwks_uri`; `https`, or `http` on loopback):
+    /// fetched at start, again every `jwks_refresh_secs`, and soon after a token names a key
+    /// it does not have (a rotation), at most once every ten seconds.
+    #[serde(default)]
+    pub jwks_url: Option<String>,
+    /// How often the key set at `jwks_url` is fetched again, in seconds.
+    #[serde(default = "default_jwks_refresh")]
+    pub jwks_refresh_secs: u64,
+    /// PEM file of CAs trusted for `jwks_url` besides the system's.
+    #[serde(default)]
+    pub jwks_ca_file: Option<PathBuf>,
     /// Clock skew allowed on `exp` and `nbf`, in seconds.
     #[serde(default = "default_leeway")]
     pub leeway_secs: u64,
@@ -379,6 +409,9 @@ impl Default for JwtConfig {
             hs256_secret_file: None,
             eddsa_public_key_file: None,
             jwks_file: None,
+            jwks_url: None,
+            jwks_refresh_secs: DEFAULT_JWKS_REFRESH_SECS,
+            jwks_ca_file: None,
             leeway_secs: DEFAULT_JWT_LEEWAY_SECS,
             token_url: None,
             metadata_url: None,
@@ -387,8 +420,34 @@ impl Default for JwtConfig {
 }
 
 impl JwtConfig {
-    /// The OAuth 2 URLs, when given, are `https` URLs.
+    /// The OAuth 2 URLs, when given, are `https` URLs; a key set URL is `https`, or `http` on
+    /// a loopback address; one key set source at most.
     fn validate(&self) -> Result<()> {
+        if let Some(url) = &self.jwks_url {
+            if self.jwks_file.is_some() {
+                return Err(invalid(
+                    "[gateway.jwt] give jwks_file or jwks_url, not both".into(),
+                ));
+            }
+            let parsed = url::Url::parse(url)
+                .map_err(|e| invalid(format!("[gateway.jwt] jwks_url {url:?}: {e}")))?;
+            let loopback = match parsed.host() {
+                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                Some(url::Host::Domain(d)) => d == "localhost",
+                None => false,
+            };
+            if !(parsed.scheme() == "https" || (parsed.scheme() == "http" && loopback)) {
+                return Err(invalid(format!(
+                    "[gateway.jwt] jwks_url {url:?}: https (plain http only on loopback)"
+                )));
+            }
+            if self.jwks_refresh_secs == 0 {
+                return Err(invalid(
+                    "[gateway.jwt] jwks_refresh_secs must be positive".into(),
+                ));
+            }
+        }
         for (name, url) in [
             ("token_url", &self.token_url),
             ("metadata_url", &self.metadata_url),
@@ -407,6 +466,13 @@ impl JwtConfig {
 
 fn default_leeway() -> u64 {
     DEFAULT_JWT_LEEWAY_SECS
+}
+
+/// How often a key set URL is fetched again unless a token asks sooner, in seconds.
+pub const DEFAULT_JWKS_REFRESH_SECS: u64 = 300;
+
+fn default_jwks_refresh() -> u64 {
+    DEFAULT_JWKS_REFRESH_SECS
 }
 
 impl Default for GatewayConfig {
@@ -431,6 +497,7 @@ impl Default for GatewayConfig {
             identities: Vec::new(),
             api_keys: Vec::new(),
             scopes: Vec::new(),
+            tenants: Vec::new(),
             jwt: None,
             sap: Vec::new(),
         }
@@ -457,6 +524,34 @@ impl GatewayConfig {
         }
         if let Some(jwt) = &self.jwt {
             jwt.validate()?;
+        }
+        let mut tenants = std::collections::HashSet::new();
+        for tenant in &self.tenants {
+            chorus_sdk::subject::validate_token("tenant", &tenant.name)
+                .map_err(|e| invalid(format!("[[gateway.tenants]] {:?}: {e}", tenant.name)))?;
+            chorus_sdk::Subjects::new(&tenant.root).map_err(|e| {
+                invalid(format!(
+                    "[[gateway.tenants]] {}: root {:?}: {e}",
+                    tenant.name, tenant.root
+                ))
+            })?;
+            if !tenants.insert(tenant.name.as_str()) {
+                return Err(invalid(format!(
+                    "[[gateway.tenants]] {} is given twice",
+                    tenant.name
+                )));
+            }
+        }
+        if let Some(identity) = self
+            .identities
+            .iter()
+            .find(|i| i.tenant.as_deref().is_some_and(|t| !tenants.contains(t)))
+        {
+            return Err(invalid(format!(
+                "identity {}: tenant {:?} is not in [[gateway.tenants]]",
+                identity.id,
+                identity.tenant.as_deref().unwrap_or_default()
+            )));
         }
         let mut names = std::collections::HashSet::new();
         for scope in &self.scopes {
@@ -551,9 +646,10 @@ impl GatewayConfig {
             && jwt.hs256_secret_file.is_none()
             && jwt.eddsa_public_key_file.is_none()
             && jwt.jwks_file.is_none()
+            && jwt.jwks_url.is_none()
         {
             return Err(invalid(
-                "jwt: set hs256_secret_file, eddsa_public_key_file or jwks_file".into(),
+                "jwt: set hs256_secret_file, eddsa_public_key_file, jwks_file or jwks_url".into(),
             ));
         }
         let mut sap = std::collections::HashSet::new();
@@ -694,6 +790,37 @@ mod tests {
         assert_eq!(sap.heartbeat_interval_s, DEFAULT_SAP_HEARTBEAT_SECS);
         assert_eq!(sap.max_prompt_ms, DEFAULT_SAP_MAX_PROMPT_MS);
         assert!(!GatewayConfig::default().enabled());
+    }
+
+    #[test]
+    fn a_tenant_has_a_name_and_a_root_and_its_identities_name_it() {
+        let with = |extra: &str| parse(&format!("{SAP_ONLY}\n{extra}"));
+        let mut gateway = with("[[gateway.tenants]]\nname = \"acme\"\nroot = \"acme\"");
+        gateway.identities[0].tenant = Some("acme".into());
+        gateway.validate().expect("valid");
+        gateway.identities[0].tenant = Some("globex".into());
+        let err = gateway
+            .validate()
+            .expect_err("an unknown tenant")
+            .to_string();
+        assert!(err.contains("globex"), "{err}");
+        for (bad, named) in [
+            (
+                "[[gateway.tenants]]\nname = \"a b\"\nroot = \"acme\"",
+                "a b",
+            ),
+            (
+                "[[gateway.tenants]]\nname = \"acme\"\nroot = \"no root\"",
+                "root",
+            ),
+            (
+                "[[gateway.tenants]]\nname = \"acme\"\nroot = \"a\"\n[[gateway.tenants]]\nname = \"acme\"\nroot = \"b\"",
+                "twice",
+            ),
+        ] {
+            let err = with(bad).validate().expect_err(bad).to_string();
+            assert!(err.contains(named), "{bad}: {err}");
+        }
     }
 
     #[test]

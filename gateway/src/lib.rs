@@ -15,6 +15,7 @@ mod api;
 mod auth;
 pub mod config;
 pub mod error;
+mod https;
 mod inbox;
 mod limits;
 mod openapi;
@@ -39,7 +40,7 @@ use tokio_util::task::TaskTracker;
 
 use chorus_sdk::security::ConnectionSecurity;
 
-pub use config::{CircuitBreakerConfig, GatewayConfig, PushConfig, ScopeConfig};
+pub use config::{CircuitBreakerConfig, GatewayConfig, PushConfig, ScopeConfig, Tenant};
 pub use error::{Error, ErrorKind, Result};
 use inbox::{EdgeHandler, EdgeInbox};
 
@@ -77,6 +78,8 @@ impl Bus {
 pub(crate) struct Edge {
     agent: Agent,
     inbox: Arc<EdgeInbox>,
+    /// The tenant the identity belongs to, if any (its agent lives under the tenant's root).
+    tenant: Option<String>,
 }
 
 /// What the routes share.
@@ -143,8 +146,23 @@ async fn connect_edge(
             ErrorKind::Config,
             format!("gateway: identity {}", identity.id),
         ))?;
+    // A tenant's identity lives under its tenant's root: its own registry, tasks and streams.
+    let root = match &identity.tenant {
+        Some(name) => gateway
+            .tenants
+            .iter()
+            .find(|t| &t.name == name)
+            .map(|t| t.root.as_str())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Config,
+                    format!("gateway: identity {}: no tenant {name}", identity.id),
+                )
+            })?,
+        None => bus.root.as_str(),
+    };
     let mut options = AgentOptions::new(identity.id.clone())
-        .root(&bus.root)
+        .root(root)
         .broker(broker)
         .heartbeat_interval(Duration::ZERO)
         .service_discovery(false)
@@ -181,7 +199,11 @@ async fn connect_edge(
             ErrorKind::Broker,
             format!("gateway: cannot receive commands for {}", identity.id),
         ))?;
-    Ok(Edge { agent, inbox })
+    Ok(Edge {
+        agent,
+        inbox,
+        tenant: identity.tenant.clone(),
+    })
 }
 
 impl Gateway {
@@ -195,7 +217,7 @@ impl Gateway {
     /// # async fn run() -> chorus_gateway::Result<()> {
     /// let mut config = GatewayConfig::default();
     /// config.listen = Some("127.0.0.1:8080".parse().expect("an address"));
-    /// config.identities = vec![EdgeIdentity { id: "web-ui".into(), nkey_seed_file: None }];
+    /// config.identities = vec![EdgeIdentity { id: "web-ui".into(), nkey_seed_file: None, tenant: None }];
     /// let gateway = Gateway::start(&Bus::new("nats://127.0.0.1:4222"), &config).await?;
     /// println!("gateway at {:?}", gateway.local_addr());
     /// gateway.stop().await;
@@ -247,6 +269,10 @@ impl Gateway {
             tracker: tracker.clone(),
             state: Arc::clone(&state),
         };
+        // Owned by the gateway from here: a start that fails below stops it as it drops.
+        if let Some(refresh) = state.auth.jwks_refresh(stop.child_token()) {
+            tracker.spawn(refresh);
+        }
         for binding in &gateway.sap {
             let edge = &state.edges[&binding.identity];
             sap::start(

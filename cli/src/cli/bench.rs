@@ -138,6 +138,7 @@ impl CoordinatorLauncher for InProcess {
                     identities: vec![EdgeIdentity {
                         id: "bench-edge".into(),
                         nkey_seed_file: None,
+                        tenant: None,
                     }],
                     api_keys: vec![ApiKey {
                         identity: "bench-edge".into(),

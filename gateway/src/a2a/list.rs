@@ -43,10 +43,11 @@ struct Index {
     tasks: HashMap<Uuid, Entry>,
 }
 
-/// The gateway's index of the bus's tasks.
+/// The gateway's index of the bus's tasks, one per subject root (a tenant's tasks are in its
+/// own root's stream).
 #[derive(Debug, Default)]
 pub(crate) struct TaskIndex {
-    inner: Mutex<Index>,
+    inner: Mutex<HashMap<String, Index>>,
 }
 
 /// What a `ListTasks` asks for, checked.
@@ -210,8 +211,9 @@ impl TaskIndex {
         target: &str,
         query: &Query,
     ) -> Result<Page, RpcError> {
-        let mut index = self.inner.lock().await;
-        self.catch_up(agent, &mut index).await?;
+        let mut roots = self.inner.lock().await;
+        let index = roots.entry(agent.subjects().root().to_owned()).or_default();
+        self.catch_up(agent, index).await?;
         let requester = agent.id();
         let mut matching: Vec<&Entry> = index
             .tasks

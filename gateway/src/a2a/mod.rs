@@ -310,7 +310,7 @@ async fn card(
         }
     };
     let (schemes, requirements) = security(config);
-    Ok(json!({
+    let mut card = json!({
         "name": name,
         "description": description,
         "version": env!("CARGO_PKG_VERSION"),
@@ -332,7 +332,16 @@ async fn card(
         "defaultInputModes": ["text/plain", "application/json"],
         "defaultOutputModes": ["text/plain", "application/json"],
         "skills": [{"id": skill, "name": skill, "description": description, "tags": ["chorus"]}],
-    }))
+    });
+    // A tenant's caller addresses its tenant in every call.
+    if let (Some(tenant), Some(interfaces)) =
+        (&edge.tenant, card["supportedInterfaces"].as_array_mut())
+    {
+        for interface in interfaces {
+            interface["tenant"] = json!(tenant);
+        }
+    }
+    Ok(card)
 }
 
 /// `http://<host>` (`https://` when the gateway serves TLS) as the caller reached the gateway.
@@ -636,6 +645,7 @@ impl Method<'_> {
     /// Runs `method` with `params` (JSON-RPC's names; the REST binding maps its routes here).
     pub(super) async fn run(&self, method: &str, params: &Value) -> Result<Answer, RpcError> {
         check_params(params)?;
+        self.check_tenant(params.get("tenant"))?;
         let history = params
             .get("historyLength")
             .or_else(|| params.pointer("/configuration/historyLength"))
@@ -696,6 +706,25 @@ impl Method<'_> {
                 code::METHOD_NOT_FOUND,
                 format!("no method {other}"),
             )),
+        }
+    }
+
+    /// A2A's `tenant`, where given, must be the caller's own: its identity's tenant (none:
+    /// the bus's own root). Another is refused alike whether it exists or not.
+    pub(super) fn check_tenant(&self, tenant: Option<&Value>) -> Result<(), RpcError> {
+        let asked = match tenant {
+            None | Some(Value::Null) => return Ok(()),
+            Some(Value::String(t)) if t.is_empty() => return Ok(()),
+            Some(Value::String(t)) => t.as_str(),
+            Some(_) => return Err(RpcError::new(code::INVALID_PARAMS, "tenant: a string")),
+        };
+        if self.edge.tenant.as_deref() == Some(asked) {
+            Ok(())
+        } else {
+            Err(RpcError::new(
+                code::INVALID_PARAMS,
+                format!("tenant {asked}: not one these credentials reach"),
+            ))
         }
     }
 

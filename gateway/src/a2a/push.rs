@@ -36,8 +36,6 @@ use super::view::{Folded, is_terminal};
 use super::{RpcError, code};
 use crate::config::PushConfig;
 use crate::webhook::Webhook;
-use tokio_rustls::rustls::pki_types::CertificateDer;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
 
 /// Most tasks with push configs at once.
 const MAX_TASKS: usize = 10_000;
@@ -139,7 +137,11 @@ impl Push {
             }
             None => None,
         };
-        let client = Self::client(config)?;
+        let client = crate::https::client(
+            config.ca_file.as_deref(),
+            Duration::from_millis(config.timeout_ms),
+        )
+        .map_err(|e| format!("ca_file {e}"))?;
         Ok(Push {
             config: config.clone(),
             allow,
@@ -149,34 +151,6 @@ impl Push {
             tracker,
             stop,
         })
-    }
-
-    /// An HTTP client trusting the system's CAs and `ca_file`'s, with rustls on ring.
-    fn client(config: &PushConfig) -> Result<reqwest::Client, String> {
-        let mut roots = tokio_rustls::rustls::RootCertStore::empty();
-        for cert in rustls_native_certs::load_native_certs().certs {
-            let _ = roots.add(cert);
-        }
-        if let Some(path) = &config.ca_file {
-            let what = |e: &dyn std::fmt::Display| format!("ca_file {}: {e}", path.display());
-            for cert in CertificateDer::pem_file_iter(path).map_err(|e| what(&e))? {
-                roots
-                    .add(cert.map_err(|e| what(&e))?)
-                    .map_err(|e| what(&e))?;
-            }
-        }
-        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-        let tls = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        reqwest::Client::builder()
-            .tls_backend_preconfigured(tls)
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_millis(config.timeout_ms))
-            .build()
-            .map_err(|e| e.to_string())
     }
 
     fn tasks(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, TaskPush>> {

@@ -260,6 +260,9 @@ fn route(
     }
 }
 
+/// The first path segments of the routes themselves (anything else first is a tenant).
+const ROUTES: [&str; 2] = ["tasks", "extendedAgentCard"];
+
 /// Serves one REST route of `target`.
 async fn serve(
     state: Arc<GatewayState>,
@@ -280,15 +283,25 @@ async fn serve(
     if let Err(e) = check_version(&headers) {
         return problem(&e);
     }
-    let (name, params) = match route(&verb, &rest, query.as_deref(), &body) {
-        Ok(found) => found,
-        Err(e) => return problem(&e),
-    };
     let call = Method {
         state: &state,
         edge,
         credential: &credential,
         target: &target,
+    };
+    // `/{tenant}/...`: a first segment that is not a route of its own names the tenant.
+    let rest = match rest.split_once('/') {
+        Some((first, after)) if !ROUTES.contains(&first) && !first.starts_with("message:") => {
+            if let Err(e) = call.check_tenant(Some(&Value::String(first.to_owned()))) {
+                return problem(&e);
+            }
+            after.to_owned()
+        }
+        _ => rest,
+    };
+    let (name, params) = match route(&verb, &rest, query.as_deref(), &body) {
+        Ok(found) => found,
+        Err(e) => return problem(&e),
     };
     match call.run(&name, &params).await {
         Ok(Answer::One(result)) => axum::Json(result).into_response(),

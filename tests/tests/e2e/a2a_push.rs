@@ -86,6 +86,7 @@ async fn push_notifications_reach_an_allowed_webhook_signed_and_a_dead_one_ends_
             identities: vec![EdgeIdentity {
                 id: "hooked".into(),
                 nkey_seed_file: None,
+                tenant: None,
             }],
             api_keys: vec![ApiKey {
                 identity: "hooked".into(),
@@ -298,4 +299,221 @@ async fn push_notifications_reach_an_allowed_webhook_signed_and_a_dead_one_ends_
     coordinator.shutdown().await;
     stop.cancel();
     let _ = within(WAIT, "webhook stop", webhook).await;
+}
+
+/// Issue 33, item 13: A2A tenants. Each tenant is its own subject root (its own agents, task
+/// stream and registry); a tenant's identity reaches only its tenant. Two tenants on one bus,
+/// each with a writer of its own: a task one tenant submits is done by its own writer, and the
+/// other tenant can neither get, list, cancel nor subscribe to it, nor name the first tenant
+/// in a call, over JSON-RPC or REST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_on_one_bus_never_see_each_others_tasks() {
+    let server = server();
+    let key = |k: &str, identity: &str| ApiKey {
+        identity: identity.into(),
+        sha256: hex::encode(sha2::Sha256::digest(k.as_bytes())),
+        scopes: Vec::new(),
+    };
+    let identity = |id: &str, tenant: &str| EdgeIdentity {
+        id: id.into(),
+        nkey_seed_file: None,
+        tenant: Some(tenant.into()),
+    };
+    let (coordinator, gw) = with_gateway(
+        &server,
+        GatewayConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            tenants: vec![
+                chorus_gateway::Tenant {
+                    name: "acme".into(),
+                    root: "acme".into(),
+                },
+                chorus_gateway::Tenant {
+                    name: "globex".into(),
+                    root: "globex".into(),
+                },
+            ],
+            identities: vec![identity("acme-ui", "acme"), identity("globex-ui", "globex")],
+            api_keys: vec![
+                key("k-acme-0123456789abcdef", "acme-ui"),
+                key("k-globex-0123456789abcdef", "globex-ui"),
+            ],
+            ..GatewayConfig::default()
+        },
+    )
+    .await;
+    // Each tenant's writer, under its tenant's root, says whose it is.
+    let mut writers = Vec::new();
+    for tenant in ["acme", "globex"] {
+        let writer = within(
+            WAIT,
+            "writer connect",
+            chorus_tests::agent_options(&server, "writer")
+                .root(tenant)
+                .connect(),
+        )
+        .await
+        .expect("writer connects");
+        let name = tenant.to_owned();
+        writer
+            .on_task("draft", move |task: TaskContext, topic: String| {
+                let name = name.clone();
+                async move {
+                    if topic == "wait" {
+                        let _ = task.cancelled().await;
+                        return Err(HandlerError::new(
+                            chorus_sdk::StatusCode::CANCELLED,
+                            "cancelled",
+                        ));
+                    }
+                    Ok::<_, HandlerError>(format!("{name}'s writer on {topic}"))
+                }
+            })
+            .await
+            .expect("serve draft");
+        writers.push(writer);
+    }
+    let acme = ["X-API-Key: k-acme-0123456789abcdef", "A2A-Version: 1.0"];
+    let globex = ["X-API-Key: k-globex-0123456789abcdef", "A2A-Version: 1.0"];
+    let base = "/a2a/agents/writer/draft/";
+    let rpc = |headers: [&'static str; 2], method: &'static str, params: Value| async move {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let a = curl(gw, "POST", base, &headers, Some(&body)).await;
+        assert_eq!(a.status, 200, "{method}: {}", a.body);
+        a.body
+    };
+    let message = |text: &str| json!({"messageId": uuid::Uuid::now_v7().to_string(), "role": "ROLE_USER", "parts": [{"text": text}]});
+
+    // Acme's task, done by acme's writer; a long one left running to try to cancel.
+    let done = rpc(
+        acme,
+        "SendMessage",
+        json!({"message": message("plans"), "tenant": "acme"}),
+    )
+    .await;
+    let done_task = &done["result"]["task"];
+    assert_eq!(
+        done_task["status"]["state"], "TASK_STATE_COMPLETED",
+        "{done}"
+    );
+    assert_eq!(
+        done_task["artifacts"][0]["parts"][0]["text"], "acme's writer on plans",
+        "{done}"
+    );
+    let done_id = done_task["id"].as_str().expect("id").to_owned();
+    let running = rpc(
+        acme,
+        "SendMessage",
+        json!({"message": message("wait"), "configuration": {"returnImmediately": true}}),
+    )
+    .await;
+    let running_id = running["result"]["task"]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+
+    // Globex sees none of it, and cannot name acme.
+    for id in [&done_id, &running_id] {
+        for method in ["GetTask", "CancelTask", "SubscribeToTask"] {
+            let refused = rpc(globex, method, json!({"id": id})).await;
+            assert_eq!(refused["error"]["code"], -32001, "{method}: {refused}");
+            let named = rpc(globex, method, json!({"id": id, "tenant": "acme"})).await;
+            assert_eq!(
+                named["error"]["code"], -32602,
+                "{method} naming acme: {named}"
+            );
+        }
+    }
+    let listed = rpc(globex, "ListTasks", json!({})).await;
+    assert_eq!(listed["result"]["totalSize"], 0, "{listed}");
+    let listed = rpc(globex, "ListTasks", json!({"tenant": "acme"})).await;
+    assert_eq!(listed["error"]["code"], -32602, "{listed}");
+    // Globex's own task is its writer's, in its own list.
+    let own = rpc(globex, "SendMessage", json!({"message": message("plans")})).await;
+    assert_eq!(
+        own["result"]["task"]["artifacts"][0]["parts"][0]["text"], "globex's writer on plans",
+        "{own}"
+    );
+    let listed = rpc(globex, "ListTasks", json!({"tenant": "globex"})).await;
+    assert_eq!(listed["result"]["totalSize"], 1, "{listed}");
+    // Acme lists its two, over REST too, with its tenant in the path.
+    let a = curl(
+        gw,
+        "GET",
+        "/a2a/agents/writer/draft/acme/tasks",
+        &acme,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (a.status, a.body["totalSize"].clone()),
+        (200, json!(2)),
+        "{}",
+        a.body
+    );
+    let a = curl(
+        gw,
+        "GET",
+        &format!("/a2a/agents/writer/draft/tasks/{done_id}"),
+        &globex,
+        None,
+    )
+    .await;
+    assert_eq!(a.status, 404, "{}", a.body);
+    let a = curl(
+        gw,
+        "GET",
+        &format!("/a2a/agents/writer/draft/acme/tasks/{done_id}"),
+        &globex,
+        None,
+    )
+    .await;
+    assert_eq!(a.status, 400, "{}", a.body);
+    // The running task is still acme's to cancel.
+    let cancelled = rpc(acme, "CancelTask", json!({"id": running_id})).await;
+    assert_eq!(
+        cancelled["result"]["status"]["state"], "TASK_STATE_CANCELED",
+        "{cancelled}"
+    );
+    // The card (from acme's own registry: a coordinator under acme's root) tells the caller
+    // its tenant.
+    let acme_coordinator = within(
+        WAIT,
+        "acme's coordinator",
+        chorus_coordinator::Coordinator::start(
+            chorus_coordinator::CoordinatorConfig {
+                servers: server.url().to_owned(),
+                root: "acme".into(),
+                metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+                reap_interval_ms: 50,
+                ..chorus_coordinator::CoordinatorConfig::default()
+            },
+            false,
+        ),
+    )
+    .await
+    .expect("acme's coordinator");
+    let card = eventually(WAIT, "acme's card", || async {
+        let card = curl(
+            gw,
+            "GET",
+            "/a2a/agents/writer/draft/.well-known/agent-card.json",
+            &acme,
+            None,
+        )
+        .await;
+        (card.status == 200).then_some(card)
+    })
+    .await;
+    assert_eq!(
+        card.body["supportedInterfaces"][0]["tenant"], "acme",
+        "{}",
+        card.body
+    );
+    acme_coordinator.shutdown().await;
+
+    for writer in writers {
+        writer.shutdown().await;
+    }
+    coordinator.shutdown().await;
 }

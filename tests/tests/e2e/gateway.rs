@@ -121,10 +121,12 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
                 EdgeIdentity {
                     id: "web-ui".into(),
                     nkey_seed_file: None,
+                    tenant: None,
                 },
                 EdgeIdentity {
                     id: "ops".into(),
                     nkey_seed_file: None,
+                    tenant: None,
                 },
             ],
             api_keys: vec![ApiKey {
@@ -780,10 +782,12 @@ async fn edge_callers_submit_follow_and_cancel_tasks() {
                 EdgeIdentity {
                     id: "web-ui".into(),
                     nkey_seed_file: None,
+                    tenant: None,
                 },
                 EdgeIdentity {
                     id: "ops".into(),
                     nkey_seed_file: None,
+                    tenant: None,
                 },
             ],
             api_keys: vec![
@@ -970,10 +974,12 @@ async fn grants_and_the_gateways_rate_apply_to_edge_callers() {
                 EdgeIdentity {
                     id: "teller".into(),
                     nkey_seed_file: Some(seed_file),
+                    tenant: None,
                 },
                 EdgeIdentity {
                     id: "visitor".into(),
                     nkey_seed_file: None,
+                    tenant: None,
                 },
             ],
             api_keys: vec![key("teller"), key("visitor")],
@@ -1153,6 +1159,7 @@ async fn the_sap_binding_works_under_generated_credentials() {
             identities: vec![EdgeIdentity {
                 id: "web-ui".into(),
                 nkey_seed_file: Some(seed_file("web-ui", &edge_key)),
+                tenant: None,
             }],
             sap: vec![SapBinding {
                 agent: "drafter".into(),
@@ -1333,6 +1340,7 @@ async fn tokens_are_checked_against_a_rotating_key_set() {
             identities: vec![EdgeIdentity {
                 id: "web-ui".into(),
                 nkey_seed_file: None,
+                tenant: None,
             }],
             jwt: Some(JwtConfig {
                 issuer: ISSUER.into(),
@@ -1411,6 +1419,7 @@ async fn the_a2a_endpoint_refuses_malformed_json_rpc_with_the_codes_the_spec_giv
             identities: vec![EdgeIdentity {
                 id: "web-ui".into(),
                 nkey_seed_file: None,
+                tenant: None,
             }],
             api_keys: vec![ApiKey {
                 identity: "web-ui".into(),
@@ -1546,6 +1555,7 @@ async fn scopes_grant_routes_and_agents_and_refuse_the_rest_saying_which() {
             identities: vec![EdgeIdentity {
                 id: "web-ui".into(),
                 nkey_seed_file: None,
+                tenant: None,
             }],
             api_keys: vec![
                 key("k-drafts-0123456789abcdef", &["drafts"]),
@@ -1671,4 +1681,96 @@ async fn scopes_grant_routes_and_agents_and_refuse_the_rest_saying_which() {
     );
     writer.shutdown().await;
     coordinator.shutdown().await;
+}
+
+/// Issue 33, item 2: the identity provider's key set fetched from its URL (`jwks_url`), cached
+/// (many tokens, not a fetch each), and fetched again to follow a rotation: a token signed by a
+/// key published after the gateway started is served once the set is fetched again, and one
+/// signed by the key taken out is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_checked_against_a_key_set_fetched_from_its_url() {
+    use axum::extract::State;
+    let server = server();
+    let old = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("P-256 key");
+    let new = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("Ed25519 key");
+    // The provider: its key set, and how many times it was fetched.
+    let published = Arc::new(std::sync::Mutex::new(json!({"keys": [jwk(&old, "old")]})));
+    let fetches = Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new()
+        .route(
+            "/jwks.json",
+            axum::routing::get(
+                |State((set, count)): State<(Arc<std::sync::Mutex<Value>>, Arc<AtomicU64>)>| async move {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    axum::Json(set.lock().expect("set").clone())
+                },
+            ),
+        )
+        .with_state((Arc::clone(&published), Arc::clone(&fetches)));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let provider = listener.local_addr().expect("addr");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone();
+    let idp = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stopped.cancelled().await })
+            .await
+    });
+    let (coordinator, gw) = with_gateway(
+        &server,
+        GatewayConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            identities: vec![EdgeIdentity {
+                id: "web-ui".into(),
+                nkey_seed_file: None,
+                tenant: None,
+            }],
+            jwt: Some(JwtConfig {
+                issuer: ISSUER.into(),
+                audience: AUDIENCE.into(),
+                jwks_url: Some(format!("http://{provider}/jwks.json")),
+                jwks_refresh_secs: 2,
+                ..JwtConfig::default()
+            }),
+            ..GatewayConfig::default()
+        },
+    )
+    .await;
+    let exp = now() + 300;
+    let with_old = signed(Algorithm::ES256, &old, "old", exp, AUDIENCE);
+    let with_new = signed(Algorithm::EdDSA, &new, "new", exp, AUDIENCE);
+    let status = |header: String| async move {
+        curl(gw, "GET", "/v1/agents", &[header.as_str()], None)
+            .await
+            .status
+    };
+    eventually(WAIT, "the key set fetched", || async {
+        (status(with_old.clone()).await == 200).then_some(())
+    })
+    .await;
+    // Cached: twenty calls, not twenty fetches.
+    let before = fetches.load(Ordering::SeqCst);
+    for _ in 0..20 {
+        assert_eq!(status(with_old.clone()).await, 200);
+    }
+    assert!(
+        fetches.load(Ordering::SeqCst) <= before + 2,
+        "fetched per call: {fetches:?}"
+    );
+    // The provider rotates: the new key in, the old one out.
+    let a = curl(gw, "GET", "/v1/agents", &[with_new.as_str()], None).await;
+    assert_eq!(a.status, 401, "a key not yet fetched: {}", a.body);
+    *published.lock().expect("set") = json!({"keys": [jwk(&new, "new")]});
+    eventually(WAIT, "the rotated set fetched", || async {
+        (status(with_new.clone()).await == 200).then_some(())
+    })
+    .await;
+    let a = curl(gw, "GET", "/v1/agents", &[with_old.as_str()], None).await;
+    assert_eq!(a.status, 401, "the retired key: {}", a.body);
+    assert_eq!(a.body["label"], "unauthorized", "{}", a.body);
+    coordinator.shutdown().await;
+    stop.cancel();
+    let _ = within(WAIT, "provider stop", idp).await;
 }
