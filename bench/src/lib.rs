@@ -48,9 +48,13 @@ pub trait CoordinatorLauncher: Send + Sync + std::fmt::Debug {
         url: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Box<dyn RunningCoordinator>>>;
 
-    /// The same with its HTTP gateway on a free loopback port and one edge identity.
-    fn start_with_gateway<'a>(&'a self, url: &'a str)
-    -> BoxFuture<'a, anyhow::Result<WithGateway>>;
+    /// The same with its HTTP gateway on a free loopback port and one edge identity; with
+    /// `tls`, the gateway serves HTTPS with a certificate from a CA of this run.
+    fn start_with_gateway<'a>(
+        &'a self,
+        url: &'a str,
+        tls: bool,
+    ) -> BoxFuture<'a, anyhow::Result<WithGateway>>;
 }
 
 /// A coordinator with its HTTP gateway, for the gateway scenario.
@@ -61,6 +65,8 @@ pub struct WithGateway {
     pub addr: std::net::SocketAddr,
     /// The API key of its one edge identity.
     pub api_key: String,
+    /// The CA (PEM) that signed the gateway's certificate, when it serves HTTPS.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for WithGateway {
@@ -436,7 +442,8 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             coordinator,
             addr,
             api_key: key,
-        } = opts.coordinator.start_with_gateway(&url).await?;
+            ..
+        } = opts.coordinator.start_with_gateway(&url, false).await?;
         let (mut nats_l, mut http_l) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             let (nats, http) = scenarios::gateway_latency(&bus, addr, &key, n, 128).await?;
@@ -473,6 +480,37 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
                 gw_l,
             ));
         }
+        // The same requests over HTTPS and over plain HTTP, to two gateways side by side (a
+        // gateway serves one or the other), alternating call by call.
+        progress(&format!(
+            "request-reply through the gateway, HTTPS and plain HTTP x {n}"
+        ));
+        let plain = opts.coordinator.start_with_gateway(&url, false).await?;
+        let tls = opts.coordinator.start_with_gateway(&url, true).await?;
+        let ca = tls
+            .ca_pem
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("the HTTPS gateway came without its CA"))?;
+        let (mut plain_l, mut tls_l) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let (p, t) = scenarios::gateway_https(
+                &bus,
+                (plain.addr, &plain.api_key),
+                (tls.addr, &tls.api_key, &ca),
+                n,
+                128,
+            )
+            .await?;
+            plain_l.extend(p);
+            tls_l.extend(t);
+        }
+        plain.coordinator.shutdown().await;
+        tls.coordinator.shutdown().await;
+        rows.extend(reported_latencies(
+            "request-reply {} through the gateway over HTTPS (raw: the same over plain HTTP)",
+            plain_l,
+            tls_l,
+        ));
     }
 
     if want("routing") {

@@ -217,6 +217,56 @@ pub(crate) async fn gateway_latency(
     Ok((nats, web))
 }
 
+/// Request-reply through two gateways, alternating call by call on one kept-alive connection
+/// each: one serving plain HTTP (the first list), one HTTPS (the second, its certificate
+/// signed by `ca_pem`), to the same echo agent.
+pub(crate) async fn gateway_https(
+    bus: &Bus<'_>,
+    plain: (std::net::SocketAddr, &str),
+    tls: (std::net::SocketAddr, &str, &[u8]),
+    n: usize,
+    size: usize,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let echo = echo_agent(bus, "bench-tls-echo").await?;
+    let text = "x".repeat(size.saturating_sub(2));
+    let body = serde_json::to_vec(
+        &serde_json::json!({"to": "bench-tls-echo", "command": "echo", "payload": text}),
+    )?;
+    let plain_header = format!("x-api-key: {}", plain.1);
+    let tls_header = format!("x-api-key: {}", tls.1);
+    let mut to_plain = crate::http::HttpClient::connect(plain.0).await?;
+    let mut to_tls = crate::http::HttpClient::connect_tls(tls.0, tls.2).await?;
+    let (mut plain_l, mut tls_l) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n + WARM_UP {
+        let t = Instant::now();
+        let (status, answer) = to_plain
+            .post_json("/v1/requests", &plain_header, &body)
+            .await?;
+        let over_plain = t.elapsed();
+        if status != 200 {
+            anyhow::bail!(
+                "the plain gateway answered {status}: {}",
+                String::from_utf8_lossy(&answer)
+            );
+        }
+        let t = Instant::now();
+        let (status, answer) = to_tls.post_json("/v1/requests", &tls_header, &body).await?;
+        let over_tls = t.elapsed();
+        if status != 200 {
+            anyhow::bail!(
+                "the HTTPS gateway answered {status}: {}",
+                String::from_utf8_lossy(&answer)
+            );
+        }
+        if i >= WARM_UP {
+            plain_l.push(over_plain);
+            tls_l.push(over_tls);
+        }
+    }
+    echo.shutdown().await;
+    Ok((plain_l, tls_l))
+}
+
 /// A2A `SendMessage` (blocking) two ways, alternating call by call on one kept-alive
 /// connection each: to the official a2a-sdk server at `reference` (the first list) and to the
 /// gateway's binding of a Rust agent's echo task (the second). Both answer with the completed

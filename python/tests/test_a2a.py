@@ -71,12 +71,15 @@ async def test_the_a2a_sdk_client_runs_streams_answers_and_cancels_tasks_of_a_ru
 
             # Streaming: progress, the chunks appended to one artifact, the result, completed.
             async with await _client(f"{agents}/draft", streaming=True) as client:
-                kinds, states, chunks, result = [], [], [], None
+                kinds, states, chunks, result, stamps = [], [], [], None, []
                 async for event in client.send_message(_request("streams")):
                     kind = event.WhichOneof("payload")
                     kinds.append(kind)
+                    if kind == "task":
+                        stamps.append(event.task.status.timestamp.ToDatetime())
                     if kind == "status_update":
                         states.append(TaskState.Name(event.status_update.status.state))
+                        stamps.append(event.status_update.status.timestamp.ToDatetime())
                     elif kind == "artifact_update":
                         artifact = event.artifact_update.artifact
                         if artifact.name == "stream":
@@ -86,6 +89,8 @@ async def test_the_a2a_sdk_client_runs_streams_answers_and_cancels_tasks_of_a_ru
                 assert kinds[0] == "task", kinds
                 assert "TASK_STATE_WORKING" in states and states[-1] == "TASK_STATE_COMPLETED", states
                 assert " ".join(chunks) == "a short draft about streams", chunks
+                # Issue 33, item 9: a stream's timestamps never run backwards.
+                assert stamps == sorted(stamps), stamps
                 assert result == "a short draft about streams"
 
             # A question: the task stops at input-required; the answer continues it.
@@ -137,6 +142,28 @@ async def test_the_card_says_how_to_authenticate_and_can_be_read_without_credent
             call = await anonymous.post(f"{base}/", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask",
                                                           "params": {"id": "x"}})
             assert call.status_code == 401, call.text
+
+
+async def test_the_gateways_own_well_known_card_is_the_default_agents(
+    server: Any, rust_peer: Any, tmp_path: Path
+) -> None:
+    """Issue 33, item 10: with `a2a_default`, the gateway's root `/.well-known/agent-card.json`
+    (the spec's well-known URI) is that agent's card, read by the official resolver from the
+    gateway's bare address; without it, that URI is 404."""
+    from a2a.client import A2ACardResolver
+
+    rust_peer()
+    with gateway(server, tmp_path, "a2a-root", 'a2a_default = "agents/rust-peer/draft"\n') as port:
+        root = f"http://127.0.0.1:{port}"
+        await _until_card(f"{root}/a2a/agents/rust-peer/draft")
+        async with httpx.AsyncClient(headers={"X-API-Key": API_KEY}, timeout=WAIT) as http:
+            card = await A2ACardResolver(httpx_client=http, base_url=root).get_agent_card()
+            assert card.name == "rust-peer draft", card
+            assert card.supported_interfaces[0].url == f"{root}/a2a/agents/rust-peer/draft/"
+    with gateway(server, tmp_path, "a2a-noroot") as port:
+        async with httpx.AsyncClient(headers={"X-API-Key": API_KEY}, timeout=WAIT) as http:
+            missing = await http.get(f"http://127.0.0.1:{port}/.well-known/agent-card.json")
+            assert missing.status_code == 404, missing.text
 
 
 async def test_a_plain_command_offered_as_an_a2a_agent_completes_with_its_reply(

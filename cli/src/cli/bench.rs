@@ -121,8 +121,23 @@ impl CoordinatorLauncher for InProcess {
     fn start_with_gateway<'a>(
         &'a self,
         url: &'a str,
+        tls: bool,
     ) -> BoxFuture<'a, anyhow::Result<WithGateway>> {
         Box::pin(async move {
+            // HTTPS: a CA and a certificate for 127.0.0.1 of this run, in a directory that
+            // lives while the gateway does (the files are read at its start).
+            let certs = match tls {
+                true => {
+                    let dir = tempfile::tempdir()?;
+                    let made = chorus_cli::certs::generate(
+                        dir.path(),
+                        &["127.0.0.1".into()],
+                        "bench-client",
+                    )?;
+                    Some((dir, made))
+                }
+                false => None,
+            };
             use sha2::Digest;
             // A key of this run only: the gateway listens on loopback while the scenario runs.
             let key = format!(
@@ -148,6 +163,13 @@ impl CoordinatorLauncher for InProcess {
                     // The scenario measures latency, not the gateway's rate limit.
                     rate_per_second: 1e9,
                     rate_burst: 1e9,
+                    tls: certs
+                        .as_ref()
+                        .map(|(_, made)| chorus_gateway::config::GatewayTls {
+                            cert_file: made.server_cert.clone(),
+                            key_file: made.server_key.clone(),
+                            client_ca_file: None,
+                        }),
                     ..GatewayConfig::default()
                 },
                 ..CoordinatorConfig::default()
@@ -156,10 +178,15 @@ impl CoordinatorLauncher for InProcess {
             let addr = coordinator
                 .gateway_addr()
                 .ok_or_else(|| anyhow::anyhow!("the gateway did not start"))?;
+            let ca_pem = match &certs {
+                Some((_, made)) => Some(std::fs::read(&made.ca)?),
+                None => None,
+            };
             Ok(WithGateway {
                 coordinator: Box::new(Started(coordinator)),
                 addr,
                 api_key: key,
+                ca_pem,
             })
         })
     }
