@@ -215,6 +215,32 @@ pub(crate) fn caller_edge(
     }
 }
 
+/// Whole numbers as JSON Schema counts them: `5010.0` is the integer 5010, as the document's
+/// `integer` allows; a fraction or a negative is refused.
+pub(crate) mod whole {
+    use serde::{Deserialize, Deserializer, de::Error as _};
+
+    fn read(n: &serde_json::Number) -> Option<u64> {
+        n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0)
+                .and_then(|f| format!("{f:.0}").parse().ok())
+        })
+    }
+
+    pub(crate) fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        Option::<serde_json::Number>::deserialize(d)?
+            .map(|n| read(&n).ok_or_else(|| D::Error::custom(format!("{n} is not a whole number"))))
+            .transpose()
+    }
+
+    pub(crate) fn opt_u16<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u16>, D::Error> {
+        opt_u64(d)?
+            .map(|n| u16::try_from(n).map_err(|_| D::Error::custom(format!("{n} is too large"))))
+            .transpose()
+    }
+}
+
 pub(crate) fn body<T: DeserializeOwned>(bytes: &Bytes) -> ApiResult<T> {
     serde_json::from_slice(bytes)
         .map_err(|e| ApiError::new(StatusCode::DATA_FORMAT, format!("the body: {e}")))
@@ -329,6 +355,7 @@ pub(crate) struct SendBody {
     payload: serde_json::Value,
     delivery: Option<String>,
     priority: Option<String>,
+    #[serde(default, deserialize_with = "whole::opt_u64")]
     ttl_ms: Option<u64>,
 }
 
@@ -489,6 +516,7 @@ pub(crate) struct ReplyBody {
     in_reply_to: Uuid,
     #[serde(default)]
     payload: serde_json::Value,
+    #[serde(default, deserialize_with = "whole::opt_u16")]
     status: Option<u16>,
     reason: Option<String>,
 }
@@ -551,6 +579,7 @@ pub(crate) struct RequestBody {
     capability: Option<String>,
     #[serde(default)]
     payload: serde_json::Value,
+    #[serde(default, deserialize_with = "whole::opt_u64")]
     timeout_ms: Option<u64>,
 }
 
@@ -719,10 +748,10 @@ pub(crate) async fn agentify(
 }
 
 /// `GET /openapi.json`.
-pub(crate) async fn openapi() -> impl IntoResponse {
+pub(crate) async fn openapi(State(state): State<Arc<GatewayState>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "application/json")],
-        super::openapi::document(),
+        state.openapi.clone(),
     )
 }
 

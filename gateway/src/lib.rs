@@ -96,6 +96,8 @@ pub(crate) struct GatewayState {
     push: Option<Arc<a2a::push::Push>>,
     /// What each scope grants.
     scopes: scopes::Scopes,
+    /// The OpenAPI document, with this gateway's limits.
+    openapi: String,
 }
 
 /// A running gateway. [`Gateway::stop`] stops it and waits; dropping it stops the listener
@@ -262,6 +264,7 @@ impl Gateway {
             a2a_index: a2a::TaskIndex::default(),
             push,
             scopes: scopes::Scopes::new(&gateway.scopes),
+            openapi: openapi::document(gateway),
         });
         let mut started = Gateway {
             addr: None,

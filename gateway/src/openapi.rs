@@ -1,9 +1,13 @@
 //! The gateway's OpenAPI 3.1 document, served at `/openapi.json`: what `api` accepts and
 //! answers, checked against the running gateway by a schema-driven fuzzer in the tests.
 
-use std::sync::OnceLock;
-
 use serde_json::{Value, json};
+
+use crate::config::GatewayConfig;
+
+/// The largest integer every JSON reader keeps exactly (2^53 - 1): the bound of counts and
+/// durations the document allows.
+const MAX_SAFE: u64 = (1 << 53) - 1;
 
 fn error_response(description: &str) -> Value {
     json!({
@@ -50,9 +54,22 @@ fn ok(description: &str, schema: &str) -> Value {
     })
 }
 
-fn build() -> Value {
-    let name = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]+$", "maxLength": 128});
-    let dotted = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)*$", "maxLength": 255});
+/// Where a call goes, as the server takes it: an agent's command (`to` with `command`), or a
+/// capability (with `to` for one holder of it), never both.
+fn one_target() -> Value {
+    json!([
+        {"required": ["to", "command"], "not": {"required": ["capability"]}},
+        {"required": ["capability"], "not": {"required": ["command"]}}
+    ])
+}
+
+fn build(config: &GatewayConfig) -> Value {
+    // A name is one subject token (1 to 64 characters); a dotted name 1 to 16 of them.
+    let name = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"});
+    let dotted =
+        json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}(\\.[A-Za-z0-9_-]{1,64}){0,15}$"});
+    let max_wait = config.max_wait_ms;
+    let max_timeout = config.max_request_timeout_ms;
     let security = json!([{"bearer": []}, {"apiKey": []}]);
     let task_id =
         json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}});
@@ -87,7 +104,7 @@ fn build() -> Value {
                     "summary": "Take messages sent to the caller's identity, waiting up to wait_ms for one",
                     "parameters": [
                         {"name": "recipient", "in": "query", "schema": name},
-                        {"name": "wait_ms", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": 30000}},
+                        {"name": "wait_ms", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": max_wait}},
                         {"name": "max", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}}
                     ],
                     "responses": with_refusals("200", ok("The messages taken (none when the wait ended)", "Polled"))
@@ -133,7 +150,7 @@ fn build() -> Value {
             "/v1/tasks/{id}/events": {"get": {
                 "operationId": "taskEvents",
                 "summary": "A task's updates as server-sent events, ending after its terminal state",
-                "parameters": [task_id, {"name": "after", "in": "query", "schema": {"type": "integer", "minimum": 0}}],
+                "parameters": [task_id, {"name": "after", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_SAFE}}],
                 "responses": with_refusals("200", json!({
                     "description": "One event per update: event is its kind, id its sequence, data the update as JSON",
                     "content": {"text/event-stream": {"schema": {"type": "string"}}}
@@ -182,6 +199,13 @@ fn build() -> Value {
                 "Send": {
                     "type": "object",
                     "additionalProperties": false,
+                    "oneOf": [
+                        {"required": ["topic"], "not": {"anyOf": [
+                            {"required": ["to"]}, {"required": ["command"]},
+                            {"required": ["delivery"]}, {"required": ["ttl_ms"]}
+                        ]}},
+                        {"required": ["to", "command"], "not": {"required": ["topic"]}}
+                    ],
                     "properties": {
                         "to": name,
                         "command": name,
@@ -189,7 +213,7 @@ fn build() -> Value {
                         "payload": {},
                         "delivery": {"enum": ["at_most_once", "at_least_once", "exactly_once"]},
                         "priority": {"enum": ["low", "normal", "high", "critical"]},
-                        "ttl_ms": {"type": "integer", "minimum": 1}
+                        "ttl_ms": {"type": "integer", "minimum": 1, "maximum": MAX_SAFE}
                     }
                 },
                 "Sent": {
@@ -242,12 +266,13 @@ fn build() -> Value {
                 "Request": {
                     "type": "object",
                     "additionalProperties": false,
+                    "oneOf": one_target(),
                     "properties": {
                         "to": name,
                         "command": name,
                         "capability": dotted,
                         "payload": {},
-                        "timeout_ms": {"type": "integer", "minimum": 1, "maximum": 60000}
+                        "timeout_ms": {"type": "integer", "minimum": 1, "maximum": max_timeout}
                     }
                 },
                 "ReplyView": {
@@ -263,12 +288,13 @@ fn build() -> Value {
                 "SubmitTask": {
                     "type": "object",
                     "additionalProperties": false,
+                    "oneOf": one_target(),
                     "properties": {
                         "to": name,
                         "command": name,
                         "capability": dotted,
                         "payload": {},
-                        "deadline_ms": {"type": "integer", "minimum": 1}
+                        "deadline_ms": {"type": "integer", "minimum": 1, "maximum": MAX_SAFE}
                     }
                 },
                 "TaskInput": {
@@ -296,10 +322,14 @@ fn build() -> Value {
                     "type": "object",
                     "required": ["type", "to", "intent"],
                     "properties": {
-                        "type": {"type": "string"},
-                        "sender": {"type": "string"},
-                        "to": {"type": "array", "items": {"type": "string"}},
-                        "intent": {"type": "string"},
+                        "type": {"const": "request"},
+                        "sender": {"type": "string", "description": "The caller's own identity (agent.<id>), if given"},
+                        "to": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+                            "type": "string",
+                            "description": "agent.<agent> (the intent is the command) or <agent>.<command>",
+                            "pattern": "^(agent\\.)?[A-Za-z0-9_-]{1,64}(\\.[A-Za-z0-9_-]{1,64})?$"
+                        }},
+                        "intent": name,
                         "payload": {}
                     }
                 },
@@ -320,8 +350,7 @@ fn build() -> Value {
     })
 }
 
-/// The document, as served.
-pub(crate) fn document() -> String {
-    static DOC: OnceLock<String> = OnceLock::new();
-    DOC.get_or_init(|| build().to_string()).clone()
+/// The document, as served by a gateway configured as `config` (its wait and timeout limits).
+pub(crate) fn document(config: &GatewayConfig) -> String {
+    build(config).to_string()
 }

@@ -109,6 +109,7 @@ pub(crate) struct SubmitBody {
     #[serde(default)]
     pub(crate) payload: Value,
     /// How long the task may run, in milliseconds.
+    #[serde(default, deserialize_with = "api::whole::opt_u64")]
     pub(crate) deadline_ms: Option<u64>,
 }
 
