@@ -175,12 +175,20 @@ impl Credential {
         }
     }
 
-    /// `call` with the token, if there is one.
-    pub(crate) fn on(&self, call: Call) -> Call {
-        match &self.token {
+    /// The call to `to`'s `command`, or to `capability` (and `to` for one holder of it), if
+    /// the names are valid and the scopes grant it, carrying the token if there is one.
+    pub(crate) fn call(
+        &self,
+        to: Option<&str>,
+        command: Option<&str>,
+        capability: Option<&str>,
+    ) -> ApiResult<Call> {
+        let call = call_to(to, command, capability)?;
+        self.target(to, command, capability)?;
+        Ok(match &self.token {
             Some(t) => call.token(t),
             None => call,
-        }
+        })
     }
 }
 
@@ -428,10 +436,8 @@ pub(crate) async fn send_as(
             })
         }
         (None, Some(to), Some(command)) => {
-            credential.target(Some(to), Some(command), None)?;
-            let call = Call::agent(name("to", to)?, name("command", command)?);
             let mut call = credential
-                .on(call)
+                .call(Some(to), Some(command), None)?
                 .json_payload(&b.payload)?
                 .delivery(delivery(b.delivery.as_deref())?)
                 .priority(priority(b.priority.as_deref())?);
@@ -666,9 +672,9 @@ pub(crate) async fn request_as(
         b.command.as_deref(),
         b.capability.as_deref(),
     );
-    let call = call_to(to, command, capability)?;
-    credential.target(to, command, capability)?;
-    let call = credential.on(call).timeout(timeout(state, b.timeout_ms)?);
+    let call = credential
+        .call(to, command, capability)?
+        .timeout(timeout(state, b.timeout_ms)?);
     ask(edge, call, &b.payload).await
 }
 
@@ -732,9 +738,8 @@ pub(crate) async fn agentify(
         return Err(ApiError::bad_request("to: exactly one recipient"));
     };
     let (agent, command) = agentify_target(to, &m.intent)?;
-    credential.target(Some(agent), Some(command), None)?;
     let call = credential
-        .on(Call::agent(agent, command))
+        .call(Some(agent), Some(command), None)?
         .timeout(timeout(&state, None)?);
     let reply = ask(edge, call, &m.payload).await?;
     Ok(Json(AgentifyReply {

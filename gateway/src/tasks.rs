@@ -144,9 +144,9 @@ pub(crate) async fn submit_as(
         b.command.as_deref(),
         b.capability.as_deref(),
     );
-    let call = api::call_to(to, command, capability)?;
-    credential.target(to, command, capability)?;
-    let mut call = credential.on(call).json_payload(&b.payload)?;
+    let mut call = credential
+        .call(to, command, capability)?
+        .json_payload(&b.payload)?;
     if let Some(ms) = b.deadline_ms {
         if ms == 0 {
             return Err(ApiError::new(

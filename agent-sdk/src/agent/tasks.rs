@@ -423,23 +423,10 @@ impl Agent {
         max: usize,
     ) -> Result<Vec<(Uuid, TaskUpdate)>, SdkError> {
         let store = &self.inner.tasks.store;
-        let subjects = &self.inner.link.subjects;
-        let mut out = Vec::new();
-        for stored in store.states_after(after, max).await? {
-            let Some((id, kind)) = subjects.task_of(&stored.subject) else {
-                continue;
-            };
-            out.push((
-                id,
-                TaskUpdate {
-                    seq: stored.sequence,
-                    stored_ms: stored.stored_ms,
-                    kind,
-                    envelope: decode(&stored)?,
-                },
-            ));
-        }
-        Ok(out)
+        TaskUpdate::read_all(
+            &self.inner.link.subjects,
+            store.states_after(after, max).await?,
+        )
     }
 
     /// The latest state of each task recorded (at most `max`), oldest change first.

@@ -239,18 +239,10 @@ impl TaskHandle {
     /// [`SdkError::Codec`] when they cannot be read.
     pub async fn history(&self, max: usize) -> Result<Vec<TaskUpdate>, SdkError> {
         let subjects = &self.store.out.link.subjects;
-        let mut out = Vec::new();
-        for stored in self.store.messages(self.id, max).await? {
-            let Some((_, kind)) = subjects.task_of(&stored.subject) else {
-                continue;
-            };
-            out.push(TaskUpdate {
-                seq: stored.sequence,
-                stored_ms: stored.stored_ms,
-                kind,
-                envelope: decode(&stored)?,
-            });
-        }
+        let out = TaskUpdate::read_all(subjects, self.store.messages(self.id, max).await?)?
+            .into_iter()
+            .map(|(_, update)| update)
+            .collect::<Vec<_>>();
         if out.is_empty() {
             return Err(SdkError::TaskNotFound(self.id));
         }

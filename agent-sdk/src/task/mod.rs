@@ -46,6 +46,30 @@ pub struct TaskUpdate {
 }
 
 impl TaskUpdate {
+    /// Stored task messages as updates, each with its task's id, in order (a message on a
+    /// subject that is not a task's is skipped).
+    pub(crate) fn read_all(
+        subjects: &crate::Subjects,
+        stored: Vec<chorus_broker_adapter::StoredMessage>,
+    ) -> Result<Vec<(Uuid, TaskUpdate)>, SdkError> {
+        let mut out = Vec::with_capacity(stored.len());
+        for stored in stored {
+            let Some((id, kind)) = subjects.task_of(&stored.subject) else {
+                continue;
+            };
+            out.push((
+                id,
+                TaskUpdate {
+                    seq: stored.sequence,
+                    stored_ms: stored.stored_ms,
+                    kind,
+                    envelope: store::decode(&stored)?,
+                },
+            ));
+        }
+        Ok(out)
+    }
+
     /// The state a status message moves the task to.
     pub fn state(&self) -> Option<TaskState> {
         (self.kind == TaskMessage::Status).then(|| store::state_of(&self.envelope))

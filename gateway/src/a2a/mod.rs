@@ -31,7 +31,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use chorus_sdk::task::{TaskHandle, TaskMessage, TaskUpdate};
-use chorus_sdk::{Call, Envelope, StatusCode, TaskState};
+use chorus_sdk::{Envelope, StatusCode, TaskState};
 use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -71,21 +71,18 @@ pub(super) enum Target {
 }
 
 impl Target {
-    fn call(&self) -> Result<Call, ApiError> {
+    /// Its names as the gateway's routes take them: `to`, `command`, `capability`.
+    fn names(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
         match self {
-            Target::Command { agent, command } => api::call_to(Some(agent), Some(command), None),
-            Target::Capability(c) => api::call_to(None, None, Some(c)),
+            Target::Command { agent, command } => (Some(agent), Some(command), None),
+            Target::Capability(c) => (None, None, Some(c)),
         }
     }
 
     /// Whether the caller's scopes grant this endpoint (403 saying which if not).
     fn allowed(&self, credential: &api::Credential) -> Result<(), ApiError> {
-        match self {
-            Target::Command { agent, command } => {
-                credential.target(Some(agent), Some(command), None)
-            }
-            Target::Capability(c) => credential.target(None, None, Some(c)),
-        }
+        let (to, command, capability) = self.names();
+        credential.target(to, command, capability)
     }
 
     /// The target a task submitted here records (`agent.command`, or the capability).
@@ -888,9 +885,11 @@ impl Method<'_> {
         // message without a context starts one named after its task.
         let id = Uuid::now_v7();
         let message_id = text("messageId")?.unwrap_or_default();
+        let (to, command, capability) = self.target.names();
         let call = self
             .credential
-            .on(self.target.call().map_err(RpcError::from)?)
+            .call(to, command, capability)
+            .map_err(RpcError::from)?
             .id(id)
             .session(context.map_or_else(|| id.to_string(), str::to_owned))
             .header(view::MESSAGE_ID_HEADER, message_id)

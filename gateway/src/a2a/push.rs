@@ -228,6 +228,17 @@ impl Push {
     ) -> Result<Value, RpcError> {
         let config = self.config_of(params)?;
         let task = folded.id;
+        // A finished task has no update left to send: a config for it would never be used,
+        // and nothing would ever remove it.
+        if is_terminal(folded.state) {
+            return Err(RpcError::new(
+                code::UNSUPPORTED,
+                format!(
+                    "task {task} is {}: no update will follow",
+                    folded.state.as_str()
+                ),
+            ));
+        }
         let answer = config.json(task);
         let start = {
             let mut tasks = self.tasks();
@@ -247,7 +258,7 @@ impl Push {
                 )));
             }
             entry.configs.insert(config.id.clone(), config);
-            let start = !entry.watched && !is_terminal(folded.state);
+            let start = !entry.watched;
             entry.watched |= start;
             start
         };

@@ -251,6 +251,18 @@ async fn push_notifications_reach_an_allowed_webhook_signed_and_a_dead_one_ends_
             .iter()
             .any(|(_, b)| b.pointer("/artifactUpdate/artifact/name") == Some(&json!("result")))
     );
+    // Once the task has ended its configs are gone, and a new one is refused: no update follows.
+    eventually(WAIT, "the ended task's configs removed", || async {
+        let listed = rpc("ListTaskPushNotificationConfigs", json!({"taskId": task})).await;
+        (listed["result"]["configs"] == json!([])).then_some(())
+    })
+    .await;
+    let late = rpc(
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": task, "url": format!("http://{hook_addr}/hooks/ok")}),
+    )
+    .await;
+    assert_eq!(late["error"]["code"], -32004, "{late}");
 
     // A webhook that stays down: three attempts, then the update is a dead letter.
     let sent = rpc(
