@@ -688,14 +688,14 @@ impl GatewayConfig {
 
 /// An A2A endpoint under `/a2a/`, as `a2a_default` names it: the agent and command, or the
 /// capability.
-pub(crate) fn a2a_path(path: &str) -> std::result::Result<A2aPath, String> {
+pub(crate) fn a2a_path(path: &str) -> std::result::Result<A2aTarget, String> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     match parts.as_slice() {
         ["agents", agent, command] => {
             chorus_sdk::subject::validate_token("agent", agent)
                 .and_then(|()| chorus_sdk::subject::validate_token("command", command))
                 .map_err(|e| e.to_string())?;
-            Ok(A2aPath::Command {
+            Ok(A2aTarget::Command {
                 agent: (*agent).to_owned(),
                 command: (*command).to_owned(),
             })
@@ -703,15 +703,16 @@ pub(crate) fn a2a_path(path: &str) -> std::result::Result<A2aPath, String> {
         ["capabilities", capability] => {
             chorus_sdk::subject::validate_dotted("capability", capability)
                 .map_err(|e| e.to_string())?;
-            Ok(A2aPath::Capability((*capability).to_owned()))
+            Ok(A2aTarget::Capability((*capability).to_owned()))
         }
         _ => Err("give agents/<agent>/<command> or capabilities/<capability>".into()),
     }
 }
 
-/// What [`a2a_path`] reads.
+/// What an A2A endpoint under `/a2a/` stands for: one agent's command, or a capability (what
+/// [`a2a_path`] reads, and what the A2A binding serves).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum A2aPath {
+pub(crate) enum A2aTarget {
     Command { agent: String, command: String },
     Capability(String),
 }
@@ -854,14 +855,14 @@ mod tests {
     fn the_default_a2a_agent_is_an_endpoint_under_a2a() {
         assert_eq!(
             a2a_path("agents/tck/chat"),
-            Ok(A2aPath::Command {
+            Ok(A2aTarget::Command {
                 agent: "tck".into(),
                 command: "chat".into()
             })
         );
         assert_eq!(
             a2a_path("/capabilities/text.summarize/"),
-            Ok(A2aPath::Capability("text.summarize".into()))
+            Ok(A2aTarget::Capability("text.summarize".into()))
         );
         for bad in [
             "agents/tck",

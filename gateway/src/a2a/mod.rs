@@ -39,6 +39,7 @@ use uuid::Uuid;
 use super::api::{self, ApiError};
 use super::scopes::Route;
 use super::{Edge, GatewayState};
+use crate::config::A2aTarget as Target;
 use view::{Folded, is_terminal, stops};
 
 mod list;
@@ -61,13 +62,6 @@ mod code {
     pub(super) const UNSUPPORTED: i64 = -32004;
     pub(super) const EXTENDED_CARD: i64 = -32007;
     pub(super) const VERSION: i64 = -32009;
-}
-
-/// What an A2A endpoint stands for: one agent's command, or a capability.
-#[derive(Debug, Clone)]
-pub(super) enum Target {
-    Command { agent: String, command: String },
-    Capability(String),
 }
 
 impl Target {
@@ -387,10 +381,7 @@ pub(crate) async fn default_card(
         .with_http(axum::http::StatusCode::NOT_FOUND));
     };
     let target = match crate::config::a2a_path(default) {
-        Ok(crate::config::A2aPath::Command { agent, command }) => {
-            Target::Command { agent, command }
-        }
-        Ok(crate::config::A2aPath::Capability(c)) => Target::Capability(c),
+        Ok(target) => target,
         // Checked when the configuration was loaded.
         Err(e) => return Err(ApiError::new(StatusCode::INTERNAL, e)),
     };
