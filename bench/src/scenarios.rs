@@ -198,15 +198,7 @@ pub(crate) async fn gateway_latency(
         let t = Instant::now();
         client.call(call).await?;
         let over_nats = t.elapsed();
-        let t = Instant::now();
-        let (status, answer) = http.post_json("/v1/requests", &header, &body).await?;
-        let over_http = t.elapsed();
-        if status != 200 {
-            anyhow::bail!(
-                "the gateway answered {status}: {}",
-                String::from_utf8_lossy(&answer)
-            );
-        }
+        let over_http = timed_request(&mut http, "the gateway", &header, &body).await?;
         if i >= WARM_UP {
             nats.push(over_nats);
             web.push(over_http);
@@ -215,6 +207,25 @@ pub(crate) async fn gateway_latency(
     client.shutdown().await;
     echo.shutdown().await;
     Ok((nats, web))
+}
+
+/// How long one `POST /v1/requests` of `body` takes on `http`, which must answer 200.
+async fn timed_request(
+    http: &mut crate::http::HttpClient,
+    what: &str,
+    header: &str,
+    body: &[u8],
+) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let (status, answer) = http.post_json("/v1/requests", header, body).await?;
+    let took = t.elapsed();
+    if status != 200 {
+        anyhow::bail!(
+            "{what} answered {status}: {}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    Ok(took)
 }
 
 /// Request-reply through two gateways, alternating call by call on one kept-alive connection
@@ -238,26 +249,9 @@ pub(crate) async fn gateway_https(
     let mut to_tls = crate::http::HttpClient::connect_tls(tls.0, tls.2).await?;
     let (mut plain_l, mut tls_l) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n + WARM_UP {
-        let t = Instant::now();
-        let (status, answer) = to_plain
-            .post_json("/v1/requests", &plain_header, &body)
-            .await?;
-        let over_plain = t.elapsed();
-        if status != 200 {
-            anyhow::bail!(
-                "the plain gateway answered {status}: {}",
-                String::from_utf8_lossy(&answer)
-            );
-        }
-        let t = Instant::now();
-        let (status, answer) = to_tls.post_json("/v1/requests", &tls_header, &body).await?;
-        let over_tls = t.elapsed();
-        if status != 200 {
-            anyhow::bail!(
-                "the HTTPS gateway answered {status}: {}",
-                String::from_utf8_lossy(&answer)
-            );
-        }
+        let over_plain =
+            timed_request(&mut to_plain, "the plain gateway", &plain_header, &body).await?;
+        let over_tls = timed_request(&mut to_tls, "the HTTPS gateway", &tls_header, &body).await?;
         if i >= WARM_UP {
             plain_l.push(over_plain);
             tls_l.push(over_tls);
