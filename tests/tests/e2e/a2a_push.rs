@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use sha2::Digest;
 use tokio::sync::{Notify, mpsc};
 
-use super::gateway::{curl, with_gateway};
+use super::gateway::{LocalHttp, curl, with_gateway};
 
 const API_KEY: &str = "k-push-7d1e3b5c9a2f4e6d8c0b1a3e5f7d9b2c";
 const SIGNING_SECRET: &str = "a-push-signing-secret-of-32-bytes-or-more";
@@ -64,17 +64,8 @@ async fn push_notifications_reach_an_allowed_webhook_signed_and_a_dead_one_ends_
         .route("/hooks/ok", axum::routing::post(ok))
         .route("/hooks/down", axum::routing::post(down))
         .with_state((Arc::clone(&hook), seen_tx));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let hook_addr: SocketAddr = listener.local_addr().expect("addr");
-    let stop = tokio_util::sync::CancellationToken::new();
-    let stopped = stop.clone();
-    let webhook = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stopped.cancelled().await })
-            .await
-    });
+    let webhook = LocalHttp::serve(app).await;
+    let hook_addr = webhook.addr;
 
     let dir = tempfile::tempdir().expect("tempdir");
     let secret = dir.path().join("push.secret");
@@ -309,8 +300,7 @@ async fn push_notifications_reach_an_allowed_webhook_signed_and_a_dead_one_ends_
 
     writer.shutdown().await;
     coordinator.shutdown().await;
-    stop.cancel();
-    let _ = within(WAIT, "webhook stop", webhook).await;
+    webhook.stop().await;
 }
 
 /// Issue 33, item 13: A2A tenants. Each tenant is its own subject root (its own agents, task

@@ -1707,17 +1707,8 @@ async fn tokens_are_checked_against_a_key_set_fetched_from_its_url() {
             ),
         )
         .with_state((Arc::clone(&published), Arc::clone(&fetches)));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let provider = listener.local_addr().expect("addr");
-    let stop = tokio_util::sync::CancellationToken::new();
-    let stopped = stop.clone();
-    let idp = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stopped.cancelled().await })
-            .await
-    });
+    let idp = LocalHttp::serve(app).await;
+    let provider = idp.addr;
     let (coordinator, gw) = with_gateway(
         &server,
         GatewayConfig {
@@ -1771,6 +1762,35 @@ async fn tokens_are_checked_against_a_key_set_fetched_from_its_url() {
     assert_eq!(a.status, 401, "the retired key: {}", a.body);
     assert_eq!(a.body["label"], "unauthorized", "{}", a.body);
     coordinator.shutdown().await;
-    stop.cancel();
-    let _ = within(WAIT, "provider stop", idp).await;
+    idp.stop().await;
+}
+
+/// An HTTP server of the test's own on a loopback port (a webhook, an identity provider),
+/// stopped by [`LocalHttp::stop`].
+pub(crate) struct LocalHttp {
+    pub(crate) addr: SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl LocalHttp {
+    pub(crate) async fn serve(app: axum::Router) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stopped.cancelled().await })
+                .await
+        });
+        LocalHttp { addr, stop, task }
+    }
+
+    pub(crate) async fn stop(self) {
+        self.stop.cancel();
+        let _ = within(WAIT, "the test's HTTP server stops", self.task).await;
+    }
 }
