@@ -13,6 +13,7 @@
 //!   that never gets a 2xx is dead-lettered (reason `max_attempts`, the update as the payload
 //!   of an event envelope from the caller's identity, the webhook named in its headers) and the
 //!   config is dropped: the rest of that task's updates are not sent to it.
+//! - A task's configs go when it ends; one asked for an ended task is refused (-32004).
 //! - Configs live in the gateway's memory: a gateway that restarts forgets them (a client
 //!   registers again, or reads the task).
 
