@@ -77,6 +77,7 @@ pub use durable::Receipt;
 pub use envelope::TaskState;
 pub use envelope::{ContentType, DeliveryClass, Envelope, Kind, Name, Performative, Priority};
 pub use error::{HandlerError, Rejection, SdkError};
+pub use handler::endpoint::Description;
 pub use handler::{BoxFuture, Context, EventHandler, Handler, Output, Typed};
 pub use inbound::{Event, EventStream};
 pub use outbound::{
@@ -84,7 +85,8 @@ pub use outbound::{
     DEFAULT_ROUTING_REFRESH, Reply, Routing, Target,
 };
 pub use registry::{
-    AgentRecord, Availability, BroadcastReport, BroadcastTarget, DiscoverQuery, Manifest, Outcome,
+    AgentRecord, Availability, BroadcastReport, BroadcastTarget, DiscoverQuery, EndpointInfo,
+    EndpointRole, Manifest, Outcome,
 };
 pub use retry::{RetryPolicies, RetryPolicy};
 pub use security::access::RateLimit;

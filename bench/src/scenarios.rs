@@ -728,6 +728,7 @@ pub(crate) async fn publish_fake_heartbeats(
             wire_versions: vec![1, 2],
             open_circuits: Vec::new(),
             content_encodings: Vec::new(),
+            endpoints: Vec::new(),
         };
         let mut env = Envelope::new(Kind::Heartbeat, Performative::Health, id.as_str());
         env.payload = codec::encode_payload(&manifest, CONTENT_TYPE_MSGPACK)?;

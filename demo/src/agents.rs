@@ -1,6 +1,8 @@
 //! The demo's agents: who they are and what each does with a message.
 
-use chorus_sdk::{AgentOptions, Context, HandlerError, RetryPolicies, RetryPolicy, SdkError};
+use chorus_sdk::{
+    AgentOptions, Context, Description, HandlerError, RetryPolicies, RetryPolicy, SdkError,
+};
 use tokio::sync::{Mutex, mpsc};
 
 use super::model::{Calculation, OcrReport, Posting, ScannedDocument};
@@ -84,6 +86,19 @@ impl Demo {
                 calculate(&c)
             })
             .await?;
+        calculator.describe(
+            "calculation",
+            Description::new("Applies an operation to the operands, left to right.").input_schema(
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "operation": {"enum": ["add", "subtract", "multiply", "divide"]},
+                        "operands": {"type": "array", "items": {"type": "number"}, "minItems": 1},
+                    },
+                    "required": ["operation", "operands"],
+                }),
+            ),
+        )?;
 
         // Two agents that relay to each other: a loop the hop limit cuts.
         let mut relays = Vec::new();
@@ -169,6 +184,11 @@ impl Demo {
                 Ok::<_, HandlerError>(n)
             })
             .await?;
+        writer.describe(
+            "draft",
+            Description::new("Drafts a haiku on a topic, streamed word by word; answers its length.")
+                .input_schema(serde_json::json!({"type": "string", "minLength": 1})),
+        )?;
         let researcher = connect("researcher").await?;
         researcher
             .on_task("research", move |task: TaskContext, question: String| async move {
@@ -189,6 +209,11 @@ impl Demo {
                 Ok(format!("{RESEARCH_STEPS} sources on {question:?}"))
             })
             .await?;
+        researcher.describe(
+            "research",
+            Description::new("Researches a question, one source at a time, until done or cancelled.")
+                .input_schema(serde_json::json!({"type": "string", "minLength": 1})),
+        )?;
         let mut summarizers = Vec::new();
         for (id, careful) in [("summarizer-fast", false), ("summarizer-careful", true)] {
             let summarizer = connect(id).await?;

@@ -123,6 +123,50 @@ pub struct GatewayConfig {
     pub tenants: Vec<Tenant>,
     /// Chorus agents (or capabilities) offered as Synadia Agent Protocol 0.3 agents.
     pub sap: Vec<SapBinding>,
+    /// The MCP server at `/mcp`.
+    pub mcp: McpConfig,
+}
+
+/// The longest an MCP `tools/call` follows a task before answering that it still runs.
+pub const DEFAULT_MCP_MAX_TASK_WAIT_MS: u64 = 600_000;
+/// MCP sessions open at once.
+pub const DEFAULT_MCP_MAX_SESSIONS: usize = 1024;
+/// How long an unused MCP session is kept.
+pub const DEFAULT_MCP_SESSION_IDLE_SECS: u64 = 3600;
+
+/// `[gateway.mcp]`: the MCP server at `/mcp` (on whenever the gateway listens).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpConfig {
+    /// Browser origins (`https://app.example.com`) allowed to call it besides this machine's
+    /// own (`localhost`, loopback addresses); any other `Origin` is refused 403.
+    pub allowed_origins: Vec<String>,
+    /// Sessions open at once; an `initialize` beyond it is answered 503.
+    pub max_sessions: usize,
+    /// How long an unused session is kept, in seconds.
+    pub session_idle_secs: u64,
+    /// The longest a `tools/call` follows a task before answering that it still runs (the
+    /// task goes on), in milliseconds.
+    pub max_task_wait_ms: u64,
+    /// The identity an MCP client without credentials acts as, for a local MCP host on this
+    /// machine (a desktop assistant, an IDE). Only on a loopback listener; unset: every
+    /// client needs credentials, as at every other route.
+    pub anonymous_identity: Option<String>,
+    /// The scopes such a client holds, when `[[gateway.scopes]]` are configured.
+    pub anonymous_scopes: Vec<String>,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        McpConfig {
+            allowed_origins: Vec::new(),
+            max_sessions: DEFAULT_MCP_MAX_SESSIONS,
+            session_idle_secs: DEFAULT_MCP_SESSION_IDLE_SECS,
+            max_task_wait_ms: DEFAULT_MCP_MAX_TASK_WAIT_MS,
+            anonymous_identity: None,
+            anonymous_scopes: Vec::new(),
+        }
+    }
 }
 
 /// The gateway's certificate, and optionally the CA whose client certificates it requires
@@ -500,6 +544,7 @@ impl Default for GatewayConfig {
             tenants: Vec::new(),
             jwt: None,
             sap: Vec::new(),
+            mcp: McpConfig::default(),
         }
     }
 }
@@ -521,6 +566,29 @@ impl GatewayConfig {
         }
         if let Some(push) = &self.push {
             push.validate()?;
+        }
+        if self.mcp.max_sessions == 0
+            || self.mcp.session_idle_secs == 0
+            || self.mcp.max_task_wait_ms == 0
+        {
+            return Err(invalid(
+                "[gateway.mcp] max_sessions, session_idle_secs and max_task_wait_ms are positive"
+                    .into(),
+            ));
+        }
+        if let Some(anonymous) = &self.mcp.anonymous_identity {
+            if !self.identities.iter().any(|i| &i.id == anonymous) {
+                return Err(invalid(format!(
+                    "[gateway.mcp] anonymous_identity {anonymous:?} is not one of [[gateway.identities]]"
+                )));
+            }
+            if !self.listen.is_some_and(|a| a.ip().is_loopback()) {
+                return Err(invalid(
+                    "[gateway.mcp] anonymous_identity needs a loopback listen address: clients \
+                     without credentials are taken only from this machine"
+                        .into(),
+                ));
+            }
         }
         if let Some(jwt) = &self.jwt {
             jwt.validate()?;

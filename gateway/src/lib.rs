@@ -18,6 +18,7 @@ pub mod error;
 mod https;
 mod inbox;
 mod limits;
+mod mcp;
 mod openapi;
 mod sap;
 mod scopes;
@@ -40,7 +41,7 @@ use tokio_util::task::TaskTracker;
 
 use chorus_sdk::security::ConnectionSecurity;
 
-pub use config::{CircuitBreakerConfig, GatewayConfig, PushConfig, ScopeConfig, Tenant};
+pub use config::{CircuitBreakerConfig, GatewayConfig, McpConfig, PushConfig, ScopeConfig, Tenant};
 pub use error::{Error, ErrorKind, Result};
 use inbox::{EdgeHandler, EdgeInbox};
 
@@ -98,6 +99,10 @@ pub(crate) struct GatewayState {
     scopes: scopes::Scopes,
     /// The OpenAPI document, with this gateway's limits.
     openapi: String,
+    /// The MCP server's sessions, calls in flight and tool tables.
+    mcp: mcp::Mcp,
+    /// Owns the tasks routes start that outlive a request (MCP's tool list watchers).
+    tracker: TaskTracker,
 }
 
 /// A running gateway. [`Gateway::stop`] stops it and waits; dropping it stops the listener
@@ -265,6 +270,8 @@ impl Gateway {
             push,
             scopes: scopes::Scopes::new(&gateway.scopes),
             openapi: openapi::document(gateway),
+            mcp: mcp::Mcp::new(&gateway.mcp),
+            tracker: tracker.clone(),
         });
         let mut started = Gateway {
             addr: None,
@@ -324,6 +331,7 @@ impl Gateway {
             )
             .route("/.well-known/agent-card.json", get(a2a::default_card))
             .route("/agent/message", post(api::agentify))
+            .route("/mcp", post(mcp::post).get(mcp::get).delete(mcp::delete))
             .route("/openapi.json", get(api::openapi))
             .fallback(api::not_found)
             .layer(axum::middleware::from_fn_with_state(

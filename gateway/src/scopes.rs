@@ -1,5 +1,5 @@
 //! Scopes: what a caller's credentials reach. `[[gateway.scopes]]` names each scope and what it
-//! grants: route groups (`agents`, `messages`, `requests`, `tasks`, `ws`, `a2a`, `agentify`),
+//! grants: route groups (`agents`, `messages`, `requests`, `tasks`, `ws`, `a2a`, `agentify`, `mcp`),
 //! the agents whose commands it may call, and the capabilities it may ask for (`*` for any; a
 //! capability pattern ending in `.*` for every capability under it). A JWT carries its scopes
 //! in the OAuth 2 `scope` claim (space-separated) or `scp` (an array, or a space-separated
@@ -22,7 +22,7 @@ pub struct ScopeConfig {
     /// Its name, as tokens carry it (`scope` or `scp` claim) and API keys list it.
     pub name: String,
     /// Route groups it grants: `agents`, `messages`, `requests`, `tasks`, `ws`, `a2a`,
-    /// `agentify`, or `*`.
+    /// `agentify`, `mcp`, or `*`.
     #[serde(default)]
     pub routes: Vec<String>,
     /// Agents whose commands it may call, or `*`.
@@ -50,11 +50,13 @@ pub(crate) enum Route {
     A2a,
     /// `/agent/message`.
     Agentify,
+    /// `/mcp`.
+    Mcp,
 }
 
 impl Route {
     /// Every route group.
-    pub(crate) const ALL: [Route; 7] = [
+    pub(crate) const ALL: [Route; 8] = [
         Route::Agents,
         Route::Messages,
         Route::Requests,
@@ -62,6 +64,7 @@ impl Route {
         Route::Ws,
         Route::A2a,
         Route::Agentify,
+        Route::Mcp,
     ];
 
     /// Its name in `routes`.
@@ -74,6 +77,7 @@ impl Route {
             Route::Ws => "ws",
             Route::A2a => "a2a",
             Route::Agentify => "agentify",
+            Route::Mcp => "mcp",
         }
     }
 }

@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use super::Agent;
 use crate::durable::Receipt;
 use crate::error::SdkError;
+use crate::handler::endpoint::Description;
 use crate::outbound::{Call, Reply};
 use crate::protocol::codec::encode_payload;
 use crate::protocol::envelope::{
@@ -233,6 +234,39 @@ impl Agent {
     /// stands: always closed without [`AgentOptions::circuit_breaker`](crate::AgentOptions::circuit_breaker).
     pub fn circuit(&self, destination: &str) -> crate::outbound::CircuitState {
         self.inner.out.breakers.state(destination)
+    }
+
+    /// Describes command or capability `name` in the manifest, for callers that list tools
+    /// (MCP hosts through the gateway): what it does, the JSON Schema its payload follows,
+    /// how its reply reads. Register its handler first; announced at once.
+    ///
+    /// ```no_run
+    /// # async fn run(agent: chorus_sdk::Agent) -> Result<(), chorus_sdk::SdkError> {
+    /// use chorus_sdk::Description;
+    /// agent.describe(
+    ///     "calculation",
+    ///     Description::new("Adds, subtracts, multiplies or divides two numbers.").input_schema(
+    ///         serde_json::json!({"type": "object", "required": ["op", "a", "b"]}),
+    ///     ),
+    /// )?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`SdkError::InvalidCall`] when the agent has no command or capability `name`, or the
+    /// description is too long, the schema no JSON object, too large or not JSON Schema, or
+    /// the reply format unknown.
+    pub fn describe(&self, name: &str, description: Description) -> Result<(), SdkError> {
+        description
+            .check()
+            .map_err(|e| SdkError::InvalidCall(format!("describe {name}: {e}")))?;
+        if !self.inner.endpoints.describe(name, &description) {
+            return Err(SdkError::InvalidCall(format!(
+                "describe {name}: no command or capability {name} here (register its handler first)"
+            )));
+        }
+        self.inner.presence.changed.notify_one();
+        Ok(())
     }
 
     /// The agent's current capability manifest.

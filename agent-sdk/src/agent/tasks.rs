@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use super::Agent;
 use crate::error::{HandlerError, SdkError};
+use crate::handler::endpoint::EndpointKind;
 use crate::outbound::Call;
 use crate::protocol::envelope::Performative;
 use crate::protocol::envelope::TaskState;
@@ -82,7 +83,9 @@ impl Agent {
         let tasks = &self.inner.tasks;
         tasks.store.ensure().await?;
         let endpoint = TaskEndpoint::new(Arc::clone(tasks), Arc::new(handler));
-        self.handle_command(name, endpoint).await
+        self.handle_command(name, endpoint).await?;
+        self.inner.endpoints.mark_task(name, EndpointKind::Command);
+        Ok(())
     }
 
     /// Serves tasks submitted to `capability` ([`Call::capability`]), shared among every
@@ -106,7 +109,11 @@ impl Agent {
         let tasks = &self.inner.tasks;
         tasks.store.ensure().await?;
         let endpoint = TaskEndpoint::new(Arc::clone(tasks), Arc::new(TypedTask::new(f)));
-        self.handle_capability(capability, endpoint).await
+        self.handle_capability(capability, endpoint).await?;
+        self.inner
+            .endpoints
+            .mark_task(capability, EndpointKind::Capability);
+        Ok(())
     }
 
     /// Submits `call` as a task and returns its handle once an agent has taken it. The task

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use super::Handler;
+use crate::registry::{EndpointInfo, EndpointRole};
 use crate::stats::AgentCounters;
 use crate::sync::{lock, read, write};
 
@@ -31,10 +32,95 @@ pub(crate) struct Endpoint {
     pub(crate) handler: Arc<dyn Handler>,
     /// Permissions a sender must hold to be served here.
     pub(crate) required: RwLock<Vec<String>>,
+    /// What the manifest says of it (`EndpointInfo`).
+    said: RwLock<Said>,
     requests: AtomicU64,
     errors: AtomicU64,
     processing_ns: AtomicU64,
     last_error: Mutex<String>,
+}
+
+/// What an endpoint says of itself in the manifest: [`Agent::describe`](crate::Agent::describe)
+/// sets the description, a task handler marks it a task.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Said {
+    description: Option<String>,
+    input_schema: Option<serde_json::Value>,
+    reply: Option<String>,
+    task: bool,
+}
+
+/// What an endpoint does, as [`Agent::describe`](crate::Agent::describe) announces it in the
+/// manifest: a sentence or two, the JSON Schema its payload follows, and how its reply reads
+/// when it is not plain JSON. The gateway's MCP server lists it as a tool with these.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Description {
+    text: String,
+    input_schema: Option<serde_json::Value>,
+    reply: Option<String>,
+}
+
+/// The longest description, in bytes.
+pub const MAX_DESCRIPTION_BYTES: usize = 1024;
+/// The largest input schema, in bytes of JSON: the manifest goes out in every heartbeat.
+pub const MAX_INPUT_SCHEMA_BYTES: usize = 16 * 1024;
+
+impl Description {
+    /// What the command or capability does.
+    pub fn new(text: impl Into<String>) -> Self {
+        Description {
+            text: text.into(),
+            ..Description::default()
+        }
+    }
+
+    /// The JSON Schema (a JSON object) its payload follows.
+    #[must_use]
+    pub fn input_schema(mut self, schema: serde_json::Value) -> Self {
+        self.input_schema = Some(schema);
+        self
+    }
+
+    /// How its reply's payload reads when not as plain JSON:
+    /// [`REPLY_MCP_TOOL_RESULT`](crate::registry::REPLY_MCP_TOOL_RESULT), an MCP tool result.
+    #[must_use]
+    pub fn reply_format(mut self, format: impl Into<String>) -> Self {
+        self.reply = Some(format.into());
+        self
+    }
+
+    /// Checks it: a description of at most [`MAX_DESCRIPTION_BYTES`], a schema that is a JSON
+    /// object of at most [`MAX_INPUT_SCHEMA_BYTES`] and compiles as JSON Schema.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.text.len() > MAX_DESCRIPTION_BYTES {
+            return Err(format!(
+                "a description is at most {MAX_DESCRIPTION_BYTES} bytes, this one {}",
+                self.text.len()
+            ));
+        }
+        if let Some(schema) = &self.input_schema {
+            if !schema.is_object() {
+                return Err("an input schema is a JSON object".to_owned());
+            }
+            let size = serde_json::to_vec(schema).map_or(usize::MAX, |b| b.len());
+            if size > MAX_INPUT_SCHEMA_BYTES {
+                return Err(format!(
+                    "an input schema is at most {MAX_INPUT_SCHEMA_BYTES} bytes of JSON, this one {size}"
+                ));
+            }
+            jsonschema::validator_for(schema)
+                .map_err(|e| format!("the input schema does not compile: {e}"))?;
+        }
+        if let Some(reply) = &self.reply
+            && reply != crate::registry::REPLY_MCP_TOOL_RESULT
+        {
+            return Err(format!(
+                "reply format {reply:?}: the one known is {}",
+                crate::registry::REPLY_MCP_TOOL_RESULT
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What `$SRV.STATS` reports of one endpoint.
@@ -60,6 +146,7 @@ impl Endpoint {
             kind,
             handler,
             required: RwLock::new(Vec::new()),
+            said: RwLock::new(Said::default()),
             requests: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             processing_ns: AtomicU64::new(0),
@@ -78,6 +165,11 @@ impl Endpoint {
             AgentCounters::bump(&self.errors);
             error.clone_into(&mut lock(&self.last_error));
         }
+    }
+
+    /// Whether the manifest lists it: a command or a capability, not a service subject.
+    fn listed(&self) -> bool {
+        matches!(self.kind, EndpointKind::Command | EndpointKind::Capability)
     }
 
     pub(crate) fn stats(&self) -> EndpointStats {
@@ -135,8 +227,91 @@ impl Endpoints {
         lock(&self.all).iter().find(|e| e.name == name).cloned()
     }
 
+    /// Sets what the commands and capabilities called `name` say of themselves; false when
+    /// there is none.
+    pub(crate) fn describe(&self, name: &str, description: &Description) -> bool {
+        let mut found = false;
+        for e in lock(&self.all)
+            .iter()
+            .filter(|e| e.listed() && e.name == name)
+        {
+            let mut said = write(&e.said);
+            said.description = Some(description.text.clone());
+            said.input_schema.clone_from(&description.input_schema);
+            said.reply.clone_from(&description.reply);
+            found = true;
+        }
+        found
+    }
+
+    /// Marks the `kind` endpoint called `name` a task.
+    pub(crate) fn mark_task(&self, name: &str, kind: EndpointKind) {
+        for e in lock(&self.all)
+            .iter()
+            .filter(|e| e.kind == kind && e.name == name)
+        {
+            write(&e.said).task = true;
+        }
+    }
+
+    /// What the manifest says of the commands and capabilities that say something.
+    pub(crate) fn info(&self) -> Vec<EndpointInfo> {
+        let mut info: Vec<EndpointInfo> = lock(&self.all)
+            .iter()
+            .filter(|e| e.listed())
+            .filter_map(|e| {
+                let said = read(&e.said).clone();
+                if said == Said::default() {
+                    return None;
+                }
+                Some(EndpointInfo {
+                    name: e.name.clone(),
+                    kind: if e.kind == EndpointKind::Command {
+                        EndpointRole::Command
+                    } else {
+                        EndpointRole::Capability
+                    },
+                    description: said.description,
+                    input_schema: said.input_schema,
+                    task: said.task,
+                    reply: said.reply,
+                })
+            })
+            .collect();
+        info.sort_by(|a, b| (a.kind as u8, &a.name).cmp(&(b.kind as u8, &b.name)));
+        info.dedup_by(|a, b| a.kind == b.kind && a.name == b.name);
+        info
+    }
+
     /// All endpoints, in registration order.
     pub(crate) fn all(&self) -> Vec<Arc<Endpoint>> {
         lock(&self.all).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptions_are_checked_before_they_are_announced() {
+        let schema = serde_json::json!({"type": "object", "properties": {"a": {"type": "number"}}});
+        assert_eq!(Description::new("adds").input_schema(schema).check(), Ok(()));
+        assert!(Description::new("x".repeat(MAX_DESCRIPTION_BYTES + 1)).check().is_err());
+        assert!(
+            Description::new("a list")
+                .input_schema(serde_json::json!([1]))
+                .check()
+                .is_err()
+        );
+        assert!(
+            Description::new("bad")
+                .input_schema(serde_json::json!({"type": 12}))
+                .check()
+                .is_err_and(|e| e.contains("does not compile"))
+        );
+        let huge = serde_json::json!({"description": "x".repeat(MAX_INPUT_SCHEMA_BYTES)});
+        assert!(Description::new("huge").input_schema(huge).check().is_err());
+        assert!(Description::new("odd").reply_format("xml").check().is_err());
     }
 }

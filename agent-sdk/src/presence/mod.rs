@@ -129,6 +129,7 @@ impl Presence {
             } else {
                 Vec::new()
             },
+            endpoints: self.endpoints.info(),
         }
     }
 

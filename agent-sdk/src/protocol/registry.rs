@@ -99,6 +99,47 @@ pub struct Manifest {
     /// for it only when this lists `zstd`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub content_encodings: Vec<String>,
+    /// The commands and capabilities the agent describes (what each does, the JSON Schema its
+    /// payload follows, whether it runs as a task), for callers that list them as tools: the
+    /// gateway's MCP server. Absent for those it does not describe and that are no tasks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<EndpointInfo>,
+}
+
+/// What a command or capability is, as a caller that lists tools (an MCP host) needs it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EndpointInfo {
+    /// The command's or the capability's name.
+    pub name: String,
+    /// Whether it is a command of the agent or a capability.
+    pub kind: EndpointRole,
+    /// What it does, in a sentence or two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The JSON Schema its payload follows (a JSON object), if the agent gives one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<serde_json::Value>,
+    /// It runs as a task: submit it (`Agent::submit`), a plain request is refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub task: bool,
+    /// How its reply's payload reads, when not as plain JSON: [`REPLY_MCP_TOOL_RESULT`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<String>,
+}
+
+/// A reply format: the payload is an MCP `CallToolResult` (`content`, `structuredContent`,
+/// `isError`), passed through as it is by the gateway's MCP server. A bridged MCP server's
+/// tools answer this way.
+pub const REPLY_MCP_TOOL_RESULT: &str = "mcp.tool_result";
+
+/// Whether an [`EndpointInfo`] is a command or a capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EndpointRole {
+    /// A command of the agent (`<root>.agent.<id>.<command>`).
+    Command,
+    /// A capability, shared by every agent serving it.
+    Capability,
 }
 
 impl Manifest {

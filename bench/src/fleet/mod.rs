@@ -129,6 +129,7 @@ fn manifest(i: usize) -> Manifest {
         wire_versions: vec![1, 2],
         open_circuits: Vec::new(),
         content_encodings: Vec::new(),
+        endpoints: Vec::new(),
     }
 }
 

@@ -1,0 +1,676 @@
+//! MCP's methods, whatever carries them (Streamable HTTP in `mod.rs`; standard input and
+//! output for `chorus mcp serve --stdio`): `initialize`, `ping`, `logging/setLevel`,
+//! `tools/list` and `tools/call`, and the notifications `initialized` and `cancelled`.
+//!
+//! A call to a tool that runs as a task submits a Chorus task and follows it: its progress
+//! becomes `notifications/progress` (when the call carries a `progressToken`) and its progress
+//! text `notifications/message` (level `info`, the worker as logger); its chunks are gathered
+//! into the result's text; `notifications/cancelled` cancels it. Any other tool is a Chorus
+//! request with the gateway's request timeout. A Chorus refusal is a tool error
+//! (`isError: true`) naming its code; an unknown tool, or params that are not MCP's, a
+//! JSON-RPC error.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use chorus_sdk::task::{TaskMessage, TaskUpdate};
+use chorus_sdk::{DiscoverQuery, SdkError, StatusCode, TaskState};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::tools::{self, Table, Tool};
+use super::{InFlight, Mcp};
+use crate::api::Credential;
+use crate::{Edge, GatewayState};
+
+/// The protocol versions spoken, newest first: `initialize` settles on one of them.
+pub(crate) const VERSIONS: [&str; 2] = ["2025-11-25", "2025-06-18"];
+
+/// The versions an `MCP-Protocol-Version` header may name: those spoken, and 2025-03-26, whose
+/// clients (the first with this transport) send it with requests that read the same (a batch,
+/// which only that version allowed, is still refused).
+pub(crate) const RECOGNIZED: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
+
+/// How many tools one `tools/list` page holds.
+const PAGE: usize = 500;
+
+/// How long a tool table is reused before the registry is asked again.
+const TABLE_TTL: Duration = Duration::from_secs(2);
+
+/// JSON-RPC and MCP error codes.
+pub(crate) mod code {
+    pub(crate) const PARSE: i64 = -32700;
+    pub(crate) const INVALID_REQUEST: i64 = -32600;
+    pub(crate) const METHOD_NOT_FOUND: i64 = -32601;
+    pub(crate) const INVALID_PARAMS: i64 = -32602;
+    pub(crate) const INTERNAL: i64 = -32603;
+    /// The request was cancelled (`notifications/cancelled`): no response is owed.
+    pub(crate) const CANCELLED: i64 = -32800;
+}
+
+/// A JSON-RPC error.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RpcError {
+    pub(crate) code: i64,
+    pub(crate) message: String,
+}
+
+impl RpcError {
+    pub(crate) fn new(code: i64, message: impl Into<String>) -> Self {
+        RpcError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// A response to request `id`.
+pub(crate) fn response(id: &Value, answer: &Result<Value, RpcError>) -> Value {
+    match answer {
+        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        Err(e) => {
+            json!({"jsonrpc": "2.0", "id": id, "error": {"code": e.code, "message": e.message}})
+        }
+    }
+}
+
+/// One message as it came.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Incoming {
+    /// A request: it is owed a response.
+    Request {
+        id: Value,
+        method: String,
+        params: Value,
+    },
+    /// A notification: nothing is answered.
+    Notification { method: String, params: Value },
+    /// A response to a request of ours (this server sends none): ignored.
+    Response,
+}
+
+/// What `message` is, or the error to answer it with (and the id to answer, null when it has
+/// none that can be read). A batch (a JSON array) is refused: MCP 2025-06-18 removed them.
+pub(crate) fn classify(message: Value) -> Result<Incoming, (Value, RpcError)> {
+    let invalid = |id: Value, why: &str| Err((id, RpcError::new(code::INVALID_REQUEST, why)));
+    let Value::Object(mut m) = message else {
+        return invalid(
+            Value::Null,
+            if message.is_array() {
+                "a batch: MCP takes one JSON-RPC message per request"
+            } else {
+                "a JSON-RPC 2.0 message is a JSON object"
+            },
+        );
+    };
+    let id = m.remove("id");
+    let answer_id = match &id {
+        Some(v @ (Value::String(_) | Value::Number(_))) => v.clone(),
+        _ => Value::Null,
+    };
+    if m.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return invalid(answer_id, "jsonrpc: \"2.0\" is required");
+    }
+    let params = m.remove("params").unwrap_or_else(|| json!({}));
+    match (m.remove("method"), id) {
+        (Some(Value::String(method)), None) => Ok(Incoming::Notification { method, params }),
+        (Some(Value::String(method)), Some(id @ (Value::String(_) | Value::Number(_)))) => {
+            if !params.is_object() {
+                return Err((
+                    id,
+                    RpcError::new(code::INVALID_PARAMS, "params: a JSON object"),
+                ));
+            }
+            Ok(Incoming::Request { id, method, params })
+        }
+        (Some(Value::String(_)), Some(_)) => {
+            invalid(Value::Null, "id: a string or a number (MCP: never null)")
+        }
+        (Some(_), _) => invalid(answer_id, "method: a string"),
+        (None, Some(_)) if m.contains_key("result") || m.contains_key("error") => {
+            Ok(Incoming::Response)
+        }
+        (None, _) => invalid(answer_id, "a request or notification has a method"),
+    }
+}
+
+/// MCP's log levels, least severe first.
+const LEVELS: [&str; 8] = [
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+];
+
+/// One client's session (`Mcp-Session-Id`; the one session of a standard-input server).
+pub(crate) struct Session {
+    pub(crate) id: String,
+    /// The identity it was opened as: another caller's requests do not find it.
+    pub(crate) identity: String,
+    /// The least severe log level the client wants (an index in `LEVELS`).
+    level: AtomicU8,
+    pub(crate) last_used: std::sync::Mutex<Instant>,
+}
+
+impl Session {
+    pub(crate) fn new(identity: &str) -> Session {
+        Session {
+            id: Uuid::now_v7().simple().to_string(),
+            identity: identity.to_owned(),
+            level: AtomicU8::new(1),
+            last_used: std::sync::Mutex::new(Instant::now()),
+        }
+    }
+
+    fn logs(&self, level: &str) -> bool {
+        let wanted = usize::from(self.level.load(Ordering::Relaxed));
+        LEVELS.iter().position(|l| *l == level).unwrap_or(0) >= wanted
+    }
+}
+
+/// Where a request's notifications go: its SSE stream, or standard output. Lossy: a client
+/// that does not read its notifications loses some rather than stalling the call.
+#[derive(Clone)]
+pub(crate) struct Out(Option<mpsc::Sender<Value>>);
+
+impl Out {
+    pub(crate) fn new(tx: mpsc::Sender<Value>) -> Out {
+        Out(Some(tx))
+    }
+
+    /// Nowhere: the response is plain JSON.
+    pub(crate) fn none() -> Out {
+        Out(None)
+    }
+
+    fn notify(&self, method: &str, params: Value) {
+        if let Some(tx) = &self.0 {
+            let _ = tx.try_send(json!({"jsonrpc": "2.0", "method": method, "params": params}));
+        }
+    }
+}
+
+/// A caller of the MCP server: its identity's edge, what its credentials grant, its session.
+#[derive(Clone)]
+pub(crate) struct Caller {
+    pub(crate) state: Arc<GatewayState>,
+    pub(crate) identity: String,
+    pub(crate) credential: Credential,
+    pub(crate) session: Option<Arc<Session>>,
+}
+
+impl Caller {
+    fn edge(&self) -> &Edge {
+        // Built from an identity the gateway has (`api::caller_edge`).
+        &self.state.edges[&self.identity]
+    }
+
+    fn mcp(&self) -> &Mcp {
+        &self.state.mcp
+    }
+
+    /// Answers request `id`.
+    pub(crate) async fn request(
+        &self,
+        id: &Value,
+        method: &str,
+        params: &Value,
+        out: &Out,
+    ) -> Result<Value, RpcError> {
+        match method {
+            "initialize" => Ok(initialize(params)),
+            "ping" => Ok(json!({})),
+            "logging/setLevel" => self.set_level(params),
+            "tools/list" => self.list(params).await,
+            "tools/call" => self.call(id, params, out).await,
+            other => Err(RpcError::new(
+                code::METHOD_NOT_FOUND,
+                format!("no method {other} (this server offers tools)"),
+            )),
+        }
+    }
+
+    /// Takes notification `method`.
+    pub(crate) fn notification(&self, method: &str, params: &Value) {
+        if method == "notifications/cancelled"
+            && let Some(id) = params.get("requestId")
+        {
+            let key = self.in_flight_key(id);
+            if let Some(cancel) = super::lock(&self.mcp().in_flight).get(&key) {
+                cancel.cancel();
+            }
+        }
+    }
+
+    fn in_flight_key(&self, id: &Value) -> InFlight {
+        InFlight {
+            identity: self.identity.clone(),
+            session: self.session.as_ref().map(|s| s.id.clone()),
+            id: id.to_string(),
+        }
+    }
+
+    fn set_level(&self, params: &Value) -> Result<Value, RpcError> {
+        let level = params
+            .get("level")
+            .and_then(Value::as_str)
+            .and_then(|l| LEVELS.iter().position(|known| *known == l))
+            .ok_or_else(|| {
+                RpcError::new(
+                    code::INVALID_PARAMS,
+                    format!("level: one of {}", LEVELS.join(", ")),
+                )
+            })?;
+        if let Some(session) = &self.session {
+            session
+                .level
+                .store(u8::try_from(level).unwrap_or(0), Ordering::Relaxed);
+        }
+        Ok(json!({}))
+    }
+
+    /// The live agents' tools (reused for a moment; `fresh` asks the registry now).
+    pub(crate) async fn table(&self, fresh: bool) -> Result<Arc<Table>, SdkError> {
+        if !fresh
+            && let Some((at, table)) = super::lock(&self.mcp().tables).get(&self.identity)
+            && at.elapsed() < TABLE_TTL
+        {
+            return Ok(Arc::clone(table));
+        }
+        let records = self
+            .edge()
+            .agent
+            .discover(&DiscoverQuery::default())
+            .await?;
+        let table = Arc::new(Table::new(&records));
+        super::lock(&self.mcp().tables)
+            .insert(self.identity.clone(), (Instant::now(), Arc::clone(&table)));
+        Ok(table)
+    }
+
+    fn may_call(&self, tool: &Tool) -> bool {
+        let (to, command, capability) = tool.target.names();
+        self.credential.target(to, command, capability).is_ok()
+    }
+
+    async fn list(&self, params: &Value) -> Result<Value, RpcError> {
+        let start = match params.get("cursor") {
+            None | Some(Value::Null) => 0,
+            Some(Value::String(c)) => c
+                .parse::<usize>()
+                .map_err(|_| RpcError::new(code::INVALID_PARAMS, "cursor: not one of ours"))?,
+            Some(_) => return Err(RpcError::new(code::INVALID_PARAMS, "cursor: a string")),
+        };
+        let table = self.table(false).await.map_err(bus_error)?;
+        let visible: Vec<Value> = table
+            .visible(|t| self.may_call(t))
+            .skip(start)
+            .take(PAGE + 1)
+            .map(Tool::listed)
+            .collect();
+        let mut page = json!({});
+        if visible.len() > PAGE {
+            page["nextCursor"] = json!((start + PAGE).to_string());
+        }
+        page["tools"] = Value::Array(visible.into_iter().take(PAGE).collect());
+        Ok(page)
+    }
+
+    async fn call(&self, id: &Value, params: &Value, out: &Out) -> Result<Value, RpcError> {
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| RpcError::new(code::INVALID_PARAMS, "name: the tool's name"))?;
+        let mut table = self.table(false).await.map_err(bus_error)?;
+        if table.get(name).is_none() {
+            // Perhaps it has just come.
+            table = self.table(true).await.map_err(bus_error)?;
+        }
+        let tool = table
+            .get(name)
+            .filter(|t| self.may_call(t))
+            .ok_or_else(|| RpcError::new(code::INVALID_PARAMS, format!("Unknown tool: {name}")))?;
+        let payload = match tool.payload(params.get("arguments")) {
+            Ok(p) => p,
+            Err(why) => return Ok(tools::refusal(StatusCode::INVALID_ARGUMENT, &why)),
+        };
+        let (to, command, capability) = tool.target.names();
+        let call = match self.credential.call(to, command, capability) {
+            Ok(call) => call,
+            Err(refused) => {
+                let body = refused.body();
+                let status = body["status"].as_u64().and_then(|s| u16::try_from(s).ok());
+                return Ok(tools::refusal(
+                    StatusCode(status.unwrap_or(StatusCode::ACCESS.0)),
+                    body["reason"].as_str().unwrap_or_default(),
+                ));
+            }
+        };
+        let progress = params.pointer("/_meta/progressToken").cloned();
+        // Registered until it ends: `notifications/cancelled` finds it here.
+        let cancel = CancellationToken::new();
+        let key = self.in_flight_key(id);
+        super::lock(&self.mcp().in_flight).insert(key.clone(), cancel.clone());
+        let _registered = Unregister {
+            mcp: &self.state.mcp,
+            key,
+        };
+        let stop = self.state.stop.clone();
+        let work = async {
+            if tool.task {
+                self.run_task(tool, call, &payload, progress, out, &cancel)
+                    .await
+            } else {
+                self.ask(tool, call, &payload).await
+            }
+        };
+        tokio::select! {
+            answer = work => answer,
+            () = cancel.cancelled(), if !tool.task => {
+                Err(RpcError::new(code::CANCELLED, "cancelled by the client"))
+            }
+            () = stop.cancelled() => Err(RpcError::new(code::INTERNAL, "the gateway is stopping")),
+        }
+    }
+
+    /// A plain Chorus request.
+    async fn ask(
+        &self,
+        tool: &Tool,
+        call: chorus_sdk::Call,
+        payload: &Value,
+    ) -> Result<Value, RpcError> {
+        let call = call
+            .timeout(Duration::from_millis(self.state.config.request_timeout_ms))
+            .json_payload(payload)
+            .map_err(|e| RpcError::new(code::INVALID_PARAMS, e.to_string()))?;
+        match self.edge().agent.call(call).await {
+            Ok(reply) => Ok(
+                match json_of(reply.payload(), &reply.envelope.content_type) {
+                    Ok(value) => tools::result(value, tool.mcp_result),
+                    Err(why) => tools::refusal(StatusCode::DATA_FORMAT, &why),
+                },
+            ),
+            Err(e) => Ok(refused(&e)),
+        }
+    }
+
+    /// A Chorus task, followed to its end (or cancelled).
+    async fn run_task(
+        &self,
+        tool: &Tool,
+        call: chorus_sdk::Call,
+        payload: &Value,
+        progress: Option<Value>,
+        out: &Out,
+        cancel: &CancellationToken,
+    ) -> Result<Value, RpcError> {
+        let call = call
+            .id(Uuid::now_v7())
+            .json_payload(payload)
+            .map_err(|e| RpcError::new(code::INVALID_PARAMS, e.to_string()))?;
+        let agent = &self.edge().agent;
+        let handle = match agent.submit(call).await {
+            Ok(handle) => handle,
+            Err(e) => return Ok(refused(&e)),
+        };
+        let mut updates = match handle.updates().await {
+            Ok(updates) => updates,
+            Err(e) => return Ok(refused(&e)),
+        };
+        let wait = Duration::from_millis(self.state.mcp.config.max_task_wait_ms);
+        let mut chunks = String::new();
+        let mut reported: Option<i64> = None;
+        let mut cancelled = false;
+        let followed = tokio::time::timeout(wait, async {
+            loop {
+                let update = tokio::select! {
+                    u = updates.next() => u,
+                    () = cancel.cancelled(), if !cancelled => {
+                        cancelled = true;
+                        if let Err(e) = handle.cancel().await {
+                            tracing::debug!(task = %handle.id(), error = %chorus_sdk::Report(&e), "cancel not recorded");
+                        }
+                        continue;
+                    }
+                };
+                let Some(Ok(update)) = update else { break };
+                match update.kind {
+                    TaskMessage::Progress => {
+                        self.progressed(&update, progress.as_ref(), &mut reported, out);
+                    }
+                    TaskMessage::Chunk => {
+                        if let Ok(Value::String(text)) =
+                            json_of(update.payload(), &update.envelope.content_type)
+                        {
+                            if !chunks.is_empty() && !text.starts_with(char::is_whitespace) {
+                                chunks.push(' ');
+                            }
+                            chunks.push_str(&text);
+                        }
+                    }
+                    TaskMessage::Status
+                        if update
+                            .state()
+                            .is_some_and(|s| s.is_terminal() || s == TaskState::InputRequired) =>
+                    {
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+        })
+        .await;
+        updates.close().await;
+        if cancelled {
+            return Err(RpcError::new(code::CANCELLED, "cancelled by the client"));
+        }
+        let report = match handle.report().await {
+            Ok(report) => report,
+            Err(e) => return Ok(refused(&e)),
+        };
+        if followed.is_err() && !report.is_finished() {
+            return Ok(tools::refusal(
+                StatusCode::TIMEOUT,
+                &format!(
+                    "task {} still runs after {} ms: follow it with chorus task watch {}",
+                    report.id,
+                    wait.as_millis(),
+                    report.id
+                ),
+            ));
+        }
+        match report.state {
+            TaskState::Completed => {
+                let value = match json_of(&report.output, &report.content_type) {
+                    Ok(v) => v,
+                    Err(why) => return Ok(tools::refusal(StatusCode::DATA_FORMAT, &why)),
+                };
+                let mut result = tools::result(value, tool.mcp_result);
+                if !chunks.is_empty()
+                    && let Some(content) = result["content"].as_array_mut()
+                {
+                    content.insert(0, json!({"type": "text", "text": chunks}));
+                }
+                Ok(result)
+            }
+            TaskState::InputRequired => Ok(tools::refusal(
+                StatusCode::TASK_STATE,
+                &format!(
+                    "task {} asks for input ({}): answer it with chorus task respond {}",
+                    report.id,
+                    report.reason.as_deref().unwrap_or("no question given"),
+                    report.id
+                ),
+            )),
+            _ => Ok(tools::refusal(
+                report.status,
+                report.reason.as_deref().unwrap_or(report.state.as_str()),
+            )),
+        }
+    }
+
+    /// A task's progress as MCP notifications: `notifications/progress` for its fraction (when
+    /// the call asked, and only as it grows), `notifications/message` for its text.
+    fn progressed(
+        &self,
+        update: &TaskUpdate,
+        token: Option<&Value>,
+        reported: &mut Option<i64>,
+        out: &Out,
+    ) {
+        if let (Some(token), Some(fraction)) = (token, update.fraction()) {
+            #[allow(clippy::cast_possible_truncation)]
+            let done = (f64::from(fraction.clamp(0.0, 1.0)) * 100.0).round() as i64;
+            if reported.is_none_or(|last| done > last) {
+                *reported = Some(done);
+                let mut params = json!({"progressToken": token, "progress": done, "total": 100});
+                if let Some(text) = update.text() {
+                    params["message"] = json!(text);
+                }
+                out.notify("notifications/progress", params);
+            }
+        }
+        if let Some(text) = update.text()
+            && self.session.as_ref().is_none_or(|s| s.logs("info"))
+        {
+            out.notify(
+                "notifications/message",
+                json!({"level": "info", "logger": update.from(), "data": text}),
+            );
+        }
+    }
+}
+
+/// Removes a call from the in-flight table when it ends, however it ends.
+struct Unregister<'a> {
+    mcp: &'a Mcp,
+    key: InFlight,
+}
+
+impl Drop for Unregister<'_> {
+    fn drop(&mut self) {
+        super::lock(&self.mcp.in_flight).remove(&self.key);
+    }
+}
+
+/// `initialize`'s result: the client's version when it is one spoken here, else the newest.
+pub(crate) fn initialize(params: &Value) -> Value {
+    let asked = params.get("protocolVersion").and_then(Value::as_str);
+    let version = asked
+        .filter(|v| VERSIONS.contains(v))
+        .unwrap_or(VERSIONS[0]);
+    json!({
+        "protocolVersion": version,
+        "capabilities": {"tools": {"listChanged": true}, "logging": {}},
+        "serverInfo": {"name": "chorus-gateway", "title": "Chorus", "version": env!("CARGO_PKG_VERSION")},
+        "instructions": "Each tool is an agent on a Chorus bus: a capability by its name (any live agent offering it answers), a command as <agent>.<command>. A refusal comes back as a tool error naming its Chorus status code.",
+    })
+}
+
+/// A payload as JSON: empty is null; JSON and MessagePack are read.
+fn json_of(
+    payload: &bytes::Bytes,
+    content_type: &chorus_sdk::ContentType,
+) -> Result<Value, String> {
+    if payload.is_empty() {
+        return Ok(Value::Null);
+    }
+    chorus_sdk::codec::decode_payload::<Value>(payload, content_type)
+        .map_err(|e| format!("the reply's payload does not read as JSON: {e}"))
+}
+
+/// A failed call as a tool error.
+fn refused(e: &SdkError) -> Value {
+    match e {
+        SdkError::Remote { status, reason, .. } => tools::refusal(*status, reason),
+        other => tools::refusal(other.status(), &other.to_string()),
+    }
+}
+
+/// The registry could not be asked: an internal error, saying why.
+fn bus_error(e: SdkError) -> RpcError {
+    RpcError::new(code::INTERNAL, format!("the bus's registry: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_classified_and_bad_ones_refused_with_the_right_code() {
+        assert_eq!(
+            classify(json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})),
+            Ok(Incoming::Request {
+                id: json!(1),
+                method: "ping".into(),
+                params: json!({})
+            })
+        );
+        assert_eq!(
+            classify(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})),
+            Ok(Incoming::Notification {
+                method: "notifications/initialized".into(),
+                params: json!({})
+            })
+        );
+        assert_eq!(
+            classify(json!({"jsonrpc": "2.0", "id": 1, "result": {}})),
+            Ok(Incoming::Response)
+        );
+        let refused = |v: Value| classify(v).expect_err("refused");
+        assert_eq!(
+            refused(json!([{"jsonrpc": "2.0", "id": 1, "method": "ping"}]))
+                .1
+                .code,
+            code::INVALID_REQUEST
+        );
+        assert_eq!(refused(json!({"id": 1, "method": "ping"})).0, json!(1));
+        assert_eq!(
+            refused(json!({"jsonrpc": "2.0", "id": null, "method": "ping"})).0,
+            Value::Null
+        );
+        assert_eq!(
+            refused(json!({"jsonrpc": "2.0", "id": {}, "method": "ping"}))
+                .1
+                .code,
+            code::INVALID_REQUEST
+        );
+        assert_eq!(
+            refused(json!({"jsonrpc": "2.0", "id": 2, "method": "ping", "params": [1]}))
+                .1
+                .code,
+            code::INVALID_PARAMS
+        );
+        assert_eq!(refused(json!("ping")).1.code, code::INVALID_REQUEST);
+    }
+
+    #[test]
+    fn initialize_answers_the_clients_version_when_spoken_here() {
+        assert_eq!(
+            initialize(&json!({"protocolVersion": "2025-06-18"}))["protocolVersion"],
+            json!("2025-06-18")
+        );
+        assert_eq!(
+            initialize(&json!({"protocolVersion": "2024-11-05"}))["protocolVersion"],
+            json!(VERSIONS[0])
+        );
+    }
+
+    #[test]
+    fn the_log_level_filters_what_a_session_is_sent() {
+        let session = Session::new("web-ui");
+        assert!(session.logs("info"));
+        session.level.store(3, Ordering::Relaxed);
+        assert!(!session.logs("info"));
+        assert!(session.logs("error"));
+    }
+}

@@ -1,0 +1,225 @@
+"""The gateway's MCP server, from the official Python MCP client (`mcp` from PyPI), against the
+demo's agents (`chorus up --join`) on a real bus: it lists their tools, calls the calculator
+(divide by zero is a tool error with 5018), runs the writer's streamed task with progress, and
+cancels the researcher's task (the researcher says it stopped). Raw HTTP checks the transport's
+answers to bad input: never a 500, never a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from .conftest import NatsServer, _free_port, rust_binary
+from .test_gateway import API_KEY, gateway
+
+WAIT = 60.0
+
+
+class Demo:
+    """`chorus up --join`: the demo's agents on the test's bus, their output read line by line."""
+
+    def __init__(self, server: NatsServer) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.proc = subprocess.Popen(
+            [rust_binary("chorus"), "--server", server.url, "up", "--join", "--interval", "3600s",
+             "--metrics-addr", f"127.0.0.1:{_free_port()}"],
+            env={**os.environ, "RUST_LOG": "warn"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip())
+
+    def wait_for(self, text: str, within: float = WAIT) -> str:
+        deadline = time.monotonic() + within
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"the demo did not print {text!r} within {within:.0f} s")
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if text in line:
+                return line
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextmanager
+def demo_with_gateway(server: NatsServer, tmp_path: Path, extra: str = "") -> Iterator[tuple[Demo, str]]:
+    """The gateway (identity `mcp-host`) and the demo's agents, after the demo's first round (so
+    its own tasks are done); yields the demo and the MCP endpoint."""
+    with gateway(server, tmp_path, "mcp-host", extra) as port:
+        demo = Demo(server)
+        try:
+            demo.wait_for("chorus up: scenarios complete", 120)
+            yield demo, f"http://127.0.0.1:{port}/mcp"
+        finally:
+            demo.stop()
+
+
+async def connect(stack: AsyncExitStack, url: str, key: str = API_KEY, **session: Any) -> ClientSession:
+    http = await stack.enter_async_context(httpx2.AsyncClient(headers={"X-API-Key": key}, timeout=WAIT))
+    read, write = await stack.enter_async_context(streamable_http_client(url, http_client=http))
+    client = await stack.enter_async_context(ClientSession(read, write, **session))
+    await asyncio.wait_for(client.initialize(), WAIT)
+    return client
+
+
+def text_of(result: Any) -> str:
+    return "\n".join(c.text for c in result.content if getattr(c, "type", "") == "text")
+
+
+def test_an_mcp_client_lists_calls_streams_and_cancels_chorus_agents(server: NatsServer, tmp_path: Path) -> None:
+    async def run(demo: Demo, url: str) -> None:
+        logs: list[str] = []
+
+        async def logged(params: Any) -> None:
+            logs.append(str(params.data))
+
+        async with AsyncExitStack() as stack:
+            client = await connect(stack, url, logging_callback=logged)
+            tools = {t.name: t for t in (await asyncio.wait_for(client.list_tools(), WAIT)).tools}
+            for name in ("calculator.calculation", "writer.draft", "researcher.research", "ocr"):
+                assert name in tools, sorted(tools)
+            calculation = tools["calculator.calculation"]
+            assert calculation.input_schema["required"] == ["operation", "operands"]
+            assert tools["writer.draft"].input_schema["properties"]["input"]["type"] == "string"
+
+            added = await asyncio.wait_for(
+                client.call_tool("calculator.calculation", {"operation": "add", "operands": [2, 3.5]}), WAIT)
+            assert not added.is_error and text_of(added) == "5.5"
+
+            by_zero = await asyncio.wait_for(
+                client.call_tool("calculator.calculation", {"operation": "divide", "operands": [1, 0]}), WAIT)
+            assert by_zero.is_error, by_zero
+            assert text_of(by_zero).startswith("5018 "), text_of(by_zero)
+            assert "division by zero" in text_of(by_zero)
+            assert by_zero.structured_content == {
+                "status": 5018, "label": "invalid_argument", "reason": "division by zero"}
+
+            # Arguments the schema refuses never reach the agent.
+            bad = await asyncio.wait_for(
+                client.call_tool("calculator.calculation", {"operation": "modulo", "operands": [1]}), WAIT)
+            assert bad.is_error and "input schema" in text_of(bad), text_of(bad)
+
+            with pytest.raises(MCPError) as unknown:
+                await asyncio.wait_for(client.call_tool("nobody.nothing", {}), WAIT)
+            assert unknown.value.error.code == -32602
+
+            progress: list[float] = []
+
+            async def progressed(done: float, total: float | None, message: str | None) -> None:
+                progress.append(done)
+
+            drafted = await asyncio.wait_for(
+                client.call_tool("writer.draft", {"input": "rivers"}, progress_callback=progressed), WAIT)
+            assert not drafted.is_error, text_of(drafted)
+            # The chunks streamed, then the result (the word count).
+            words = "rivers on the wire / each token finds its listener / the stream never gaps"
+            assert [c.text for c in drafted.content] == [words, str(len(words.split()))]
+            assert len(progress) == len(words.split()) and progress == sorted(progress), progress
+            assert progress[-1] == 100
+            assert "writing" in logs
+
+            # The researcher works until cancelled: the call is abandoned at its first progress,
+            # the client sends notifications/cancelled, and the task is cancelled on the bus.
+            started = asyncio.Event()
+
+            async def researching(done: float, total: float | None, message: str | None) -> None:
+                started.set()
+
+            call = asyncio.ensure_future(
+                client.call_tool("researcher.research", {"input": "tides"}, progress_callback=researching))
+            await asyncio.wait_for(started.wait(), WAIT)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        await asyncio.get_running_loop().run_in_executor(None, demo.wait_for, "researcher stops")
+
+    with demo_with_gateway(server, tmp_path) as (demo, url):
+        asyncio.run(run(demo, url))
+
+
+def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    request = urllib.request.Request(url, body, {
+        "Content-Type": "application/json", "Accept": "application/json",
+        "X-API-Key": API_KEY, **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=WAIT) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        return e.code, json.loads(raw) if raw else None
+
+
+def test_bad_input_gets_the_right_json_rpc_answer_never_a_500(server: NatsServer, tmp_path: Path) -> None:
+    scopes = (
+        "max_body_bytes = 4096\n"
+        '[[gateway.scopes]]\nname = "math"\nroutes = ["mcp"]\nagents = ["calculator"]\n'
+        '[[gateway.api_keys]]\nidentity = "mcp-host"\n'
+        f'sha256 = "{__import__("hashlib").sha256(b"math-key").hexdigest()}"\nscopes = ["math"]\n'
+    )
+    with demo_with_gateway(server, tmp_path, scopes) as (_, url):
+        ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode()
+        status, parsed = post(url, b"{not json")
+        assert status == 400 and parsed["error"]["code"] == -32700 and parsed["id"] is None
+        status, batch = post(url, b"[" + ping + b"]")
+        assert status == 400 and batch["error"]["code"] == -32600 and "batch" in batch["error"]["message"]
+        status, no_version = post(url, json.dumps({"id": 1, "method": "ping"}).encode())
+        assert status == 400 and no_version["error"]["code"] == -32600 and no_version["id"] == 1
+        status, null_id = post(url, json.dumps({"jsonrpc": "2.0", "id": None, "method": "ping"}).encode())
+        assert status == 400 and null_id["error"]["code"] == -32600
+        assert post(url, ping) == (200, {"jsonrpc": "2.0", "id": 1, "result": {}})
+        status, unknown = post(url, json.dumps({"jsonrpc": "2.0", "id": 2, "method": "resources/list"}).encode())
+        assert status == 200 and unknown["error"]["code"] == -32601
+        huge = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+            "name": "calculator.calculation", "arguments": {"operation": "add", "operands": [1] * 5000}}}).encode()
+        status, too_big = post(url, huge)
+        assert status == 413 and too_big["error"]["code"] == -32600, (status, too_big)
+        status, anonymous = post(url, ping, {"X-API-Key": "wrong"})
+        assert status == 401, anonymous
+        status, rebinding = post(url, ping, {"Origin": "http://evil.example"})
+        assert status == 403 and rebinding["error"]["code"] == -32600
+        status, old = post(url, ping, {"MCP-Protocol-Version": "2024-01-01"})
+        assert status == 400
+        status, gone = post(url, ping, {"Mcp-Session-Id": "no-such-session"})
+        assert status == 404
+        # A scope that grants the calculator lists and calls it only.
+        listed = json.dumps({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}).encode()
+        status, tools = post(url, listed, {"X-API-Key": "math-key"})
+        assert status == 200 and [t["name"] for t in tools["result"]["tools"]] == ["calculator.calculation"]
+        call = json.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {
+            "name": "writer.draft", "arguments": {"input": "x"}}}).encode()
+        status, refused = post(url, call, {"X-API-Key": "math-key"})
+        assert status == 200 and refused["error"]["code"] == -32602, refused
