@@ -186,8 +186,10 @@ impl Demo {
             .await?;
         writer.describe(
             "draft",
-            Description::new("Drafts a haiku on a topic, streamed word by word; answers its length.")
-                .input_schema(serde_json::json!({"type": "string", "minLength": 1})),
+            Description::new(
+                "Drafts a haiku on a topic, streamed word by word; answers its length.",
+            )
+            .input_schema(serde_json::json!({"type": "string", "minLength": 1})),
         )?;
         let researcher = connect("researcher").await?;
         researcher
@@ -211,8 +213,10 @@ impl Demo {
             .await?;
         researcher.describe(
             "research",
-            Description::new("Researches a question, one source at a time, until done or cancelled.")
-                .input_schema(serde_json::json!({"type": "string", "minLength": 1})),
+            Description::new(
+                "Researches a question, one source at a time, until done or cancelled.",
+            )
+            .input_schema(serde_json::json!({"type": "string", "minLength": 1})),
         )?;
         let mut summarizers = Vec::new();
         for (id, careful) in [("summarizer-fast", false), ("summarizer-careful", true)] {

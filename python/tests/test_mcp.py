@@ -7,6 +7,7 @@ answers to bad input: never a 500, never a hang."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import queue
@@ -30,6 +31,8 @@ from .conftest import NatsServer, _free_port, rust_binary
 from .test_gateway import API_KEY, gateway
 
 WAIT = 60.0
+# A key whose scope grants everything, where the gateway has scopes.
+ALL_KEY = "mcp-all-2b7d4f6a8c1e3b5d"
 
 
 class Demo:
@@ -173,7 +176,7 @@ def test_an_mcp_client_lists_calls_streams_and_cancels_chorus_agents(server: Nat
 def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any]:
     request = urllib.request.Request(url, body, {
         "Content-Type": "application/json", "Accept": "application/json",
-        "X-API-Key": API_KEY, **(headers or {})})
+        "X-API-Key": ALL_KEY, **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=WAIT) as r:
             raw = r.read()
@@ -184,11 +187,15 @@ def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[
 
 
 def test_bad_input_gets_the_right_json_rpc_answer_never_a_500(server: NatsServer, tmp_path: Path) -> None:
+    def key(secret: str, scope: str) -> str:
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+        return f'[[gateway.api_keys]]\nidentity = "mcp-host"\nsha256 = "{digest}"\nscopes = ["{scope}"]\n'
+
     scopes = (
         "max_body_bytes = 4096\n"
+        '[[gateway.scopes]]\nname = "all"\nroutes = ["*"]\nagents = ["*"]\ncapabilities = ["*"]\n'
         '[[gateway.scopes]]\nname = "math"\nroutes = ["mcp"]\nagents = ["calculator"]\n'
-        '[[gateway.api_keys]]\nidentity = "mcp-host"\n'
-        f'sha256 = "{__import__("hashlib").sha256(b"math-key").hexdigest()}"\nscopes = ["math"]\n'
+        + key(ALL_KEY, "all") + key("math-key", "math")
     )
     with demo_with_gateway(server, tmp_path, scopes) as (_, url):
         ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode()

@@ -296,8 +296,15 @@ mod tests {
     #[test]
     fn descriptions_are_checked_before_they_are_announced() {
         let schema = serde_json::json!({"type": "object", "properties": {"a": {"type": "number"}}});
-        assert_eq!(Description::new("adds").input_schema(schema).check(), Ok(()));
-        assert!(Description::new("x".repeat(MAX_DESCRIPTION_BYTES + 1)).check().is_err());
+        assert_eq!(
+            Description::new("adds").input_schema(schema).check(),
+            Ok(())
+        );
+        assert!(
+            Description::new("x".repeat(MAX_DESCRIPTION_BYTES + 1))
+                .check()
+                .is_err()
+        );
         assert!(
             Description::new("a list")
                 .input_schema(serde_json::json!([1]))
