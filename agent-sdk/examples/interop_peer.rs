@@ -3,7 +3,8 @@
 //!
 //! - `echo` (returns its argument), `fail` (always 5018), `ask` (`{"to", "command",
 //!   "payload"}`: asks that agent in turn and returns its answer, or fails with its code;
-//!   `ask_sealed` the same with the payload encrypted for that agent),
+//!   `ask_sealed` the same with the payload encrypted for that agent; `ask_capability`
+//!   (`{"capability", "payload"}`: asks that capability's holders and returns the answer),
 //!   `emit` (`{"topic", "payload"}`: publishes that event), `send` (`{"to", "command",
 //!   "payload", "delivery"}`: sends that command, stored unless `at_most_once`), and `record` (durable: publishes
 //!   `interop.recorded` with its argument and the attempt);
@@ -37,6 +38,13 @@ use chorus_sdk::{
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
+
+#[derive(Debug, Deserialize)]
+struct AskCapability {
+    capability: String,
+    #[serde(default)]
+    payload: Value,
+}
 
 #[derive(Debug, Deserialize)]
 struct Ask {
@@ -127,6 +135,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let answer: Value = ctx.request(&ask.to, &ask.command, &ask.payload).await?;
         Ok::<_, HandlerError>(answer)
     })
+    .await?;
+    peer.on_command(
+        "ask_capability",
+        |ctx: Context, ask: AskCapability| async move {
+            let call = Call::capability(&ask.capability).payload(&ask.payload)?;
+            let answer: Value = ctx.call(call).await?.payload_as()?;
+            Ok::<_, HandlerError>(answer)
+        },
+    )
     .await?;
     peer.on_command("ask_sealed", |ctx: Context, ask: Ask| async move {
         let call = Call::agent(&ask.to, &ask.command)

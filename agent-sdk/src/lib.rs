@@ -77,7 +77,7 @@ pub use durable::Receipt;
 pub use envelope::TaskState;
 pub use envelope::{ContentType, DeliveryClass, Envelope, Kind, Name, Performative, Priority};
 pub use error::{HandlerError, Rejection, SdkError};
-pub use handler::endpoint::Description;
+pub use handler::endpoint::{Description, MAX_DESCRIPTION_BYTES, MAX_INPUT_SCHEMA_BYTES};
 pub use handler::{BoxFuture, Context, EventHandler, Handler, Output, Typed};
 pub use inbound::{Event, EventStream};
 pub use outbound::{

@@ -214,35 +214,8 @@ async fn connect_edge(
 }
 
 impl Gateway {
-    /// Connects every edge identity to `bus`, registers the SAP agents of `gateway.sap` and
-    /// listens on `gateway.listen` if set (port 0 picks a free one).
-    ///
-    /// ```no_run
-    /// use chorus_gateway::config::EdgeIdentity;
-    /// use chorus_gateway::{Bus, Gateway, GatewayConfig};
-    ///
-    /// # async fn run() -> chorus_gateway::Result<()> {
-    /// let mut config = GatewayConfig::default();
-    /// config.listen = Some("127.0.0.1:8080".parse().expect("an address"));
-    /// config.identities = vec![EdgeIdentity { id: "web-ui".into(), nkey_seed_file: None, tenant: None }];
-    /// let gateway = Gateway::start(&Bus::new("nats://127.0.0.1:4222"), &config).await?;
-    /// println!("gateway at {:?}", gateway.local_addr());
-    /// gateway.stop().await;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// A configuration error when the gateway has nothing to do or its settings cannot work,
-    /// a connection error when an identity cannot reach NATS, a listen error when the
-    /// address is taken.
-    pub async fn start(bus: &Bus, gateway: &GatewayConfig) -> Result<Gateway> {
-        gateway.validate()?;
-        if !gateway.enabled() {
-            return Err(Error::new(
-                ErrorKind::Config,
-                "gateway: no listen address and no SAP agents",
-            ));
-        }
+    /// Connects every edge identity and builds what the routes share; nothing is served yet.
+    async fn connect(bus: &Bus, gateway: &GatewayConfig) -> Result<Gateway> {
         let auth = auth::Authenticator::new(gateway)?;
         let subjects =
             Subjects::new(&bus.root).map_err(Error::wrap(ErrorKind::Config, "invalid root"))?;
@@ -273,16 +246,87 @@ impl Gateway {
             mcp: mcp::Mcp::new(&gateway.mcp),
             tracker: tracker.clone(),
         });
-        let mut started = Gateway {
-            addr: None,
-            stop: stop.clone(),
-            tracker: tracker.clone(),
-            state: Arc::clone(&state),
-        };
-        // Owned by the gateway from here: a start that fails below stops it as it drops.
+        // Owned by the gateway from here: a start that fails later stops it as it drops.
         if let Some(refresh) = state.auth.jwks_refresh(stop.child_token()) {
             tracker.spawn(refresh);
         }
+        Ok(Gateway {
+            addr: None,
+            stop,
+            tracker,
+            state,
+        })
+    }
+
+    /// Serves the MCP server over `input` and `output` (JSON-RPC messages, one per line: MCP's
+    /// stdio transport) as the first identity of `gateway.identities`, until `input` ends; a
+    /// desktop MCP host starts it as a local command (`chorus mcp serve --stdio`). Nothing
+    /// listens on the network; what the identity may do is what its NATS credentials allow.
+    ///
+    /// # Errors
+    /// A configuration error when `gateway` names no identity; a connection error when it
+    /// cannot reach NATS; an I/O error when `input` or `output` fails.
+    pub async fn serve_mcp_stdio<R, W>(
+        bus: &Bus,
+        gateway: &GatewayConfig,
+        input: R,
+        output: W,
+    ) -> Result<()>
+    where
+        R: tokio::io::AsyncRead + Unpin + Send,
+        W: tokio::io::AsyncWrite + Unpin + Send,
+    {
+        let Some(identity) = gateway.identities.first() else {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "gateway: MCP over standard input and output needs an identity to act as",
+            ));
+        };
+        let served = Gateway::connect(bus, gateway).await?;
+        let state = Arc::clone(&served.state);
+        let outcome = mcp::stdio::serve(state, identity.id.clone(), input, output).await;
+        served.stop().await;
+        outcome.map_err(Error::wrap(
+            ErrorKind::Io,
+            "MCP over standard input and output",
+        ))
+    }
+
+    /// Connects every edge identity to `bus`, registers the SAP agents of `gateway.sap` and
+    /// listens on `gateway.listen` if set (port 0 picks a free one).
+    ///
+    /// ```no_run
+    /// use chorus_gateway::config::EdgeIdentity;
+    /// use chorus_gateway::{Bus, Gateway, GatewayConfig};
+    ///
+    /// # async fn run() -> chorus_gateway::Result<()> {
+    /// let mut config = GatewayConfig::default();
+    /// config.listen = Some("127.0.0.1:8080".parse().expect("an address"));
+    /// config.identities = vec![EdgeIdentity { id: "web-ui".into(), nkey_seed_file: None, tenant: None }];
+    /// let gateway = Gateway::start(&Bus::new("nats://127.0.0.1:4222"), &config).await?;
+    /// println!("gateway at {:?}", gateway.local_addr());
+    /// gateway.stop().await;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A configuration error when the gateway has nothing to do or its settings cannot work,
+    /// a connection error when an identity cannot reach NATS, a listen error when the
+    /// address is taken.
+    pub async fn start(bus: &Bus, gateway: &GatewayConfig) -> Result<Gateway> {
+        gateway.validate()?;
+        if !gateway.enabled() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "gateway: no listen address and no SAP agents",
+            ));
+        }
+        let mut started = Gateway::connect(bus, gateway).await?;
+        let (state, stop, tracker) = (
+            Arc::clone(&started.state),
+            started.stop.clone(),
+            started.tracker.clone(),
+        );
         for binding in &gateway.sap {
             let edge = &state.edges[&binding.identity];
             sap::start(

@@ -12,6 +12,7 @@ import json
 import os
 import queue
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -35,14 +36,13 @@ WAIT = 60.0
 ALL_KEY = "mcp-all-2b7d4f6a8c1e3b5d"
 
 
-class Demo:
-    """`chorus up --join`: the demo's agents on the test's bus, their output read line by line."""
+class Running:
+    """A `chorus` command running beside the test, its output read line by line."""
 
-    def __init__(self, server: NatsServer) -> None:
+    def __init__(self, server: NatsServer, *args: str) -> None:
         self.lines: queue.Queue[str] = queue.Queue()
         self.proc = subprocess.Popen(
-            [rust_binary("chorus"), "--server", server.url, "up", "--join", "--interval", "3600s",
-             "--metrics-addr", f"127.0.0.1:{_free_port()}"],
+            [rust_binary("chorus"), "--server", server.url, *args],
             env={**os.environ, "RUST_LOG": "warn"},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -60,7 +60,7 @@ class Demo:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AssertionError(f"the demo did not print {text!r} within {within:.0f} s")
+                raise AssertionError(f"{self.proc.args!r} did not print {text!r} within {within:.0f} s")
             try:
                 line = self.lines.get(timeout=remaining)
             except queue.Empty:
@@ -78,11 +78,11 @@ class Demo:
 
 
 @contextmanager
-def demo_with_gateway(server: NatsServer, tmp_path: Path, extra: str = "") -> Iterator[tuple[Demo, str]]:
-    """The gateway (identity `mcp-host`) and the demo's agents, after the demo's first round (so
-    its own tasks are done); yields the demo and the MCP endpoint."""
+def demo_with_gateway(server: NatsServer, tmp_path: Path, extra: str = "") -> Iterator[tuple[Running, str]]:
+    """The gateway (identity `mcp-host`) and the demo's agents (`chorus up --join`), after the
+    demo's first round (so its own tasks are done); yields the demo and the MCP endpoint."""
     with gateway(server, tmp_path, "mcp-host", extra) as port:
-        demo = Demo(server)
+        demo = Running(server, "up", "--join", "--interval", "3600s", "--metrics-addr", f"127.0.0.1:{_free_port()}")
         try:
             demo.wait_for("chorus up: scenarios complete", 120)
             yield demo, f"http://127.0.0.1:{port}/mcp"
@@ -103,7 +103,7 @@ def text_of(result: Any) -> str:
 
 
 def test_an_mcp_client_lists_calls_streams_and_cancels_chorus_agents(server: NatsServer, tmp_path: Path) -> None:
-    async def run(demo: Demo, url: str) -> None:
+    async def run(demo: Running, url: str) -> None:
         logs: list[str] = []
 
         async def logged(params: Any) -> None:
@@ -230,3 +230,65 @@ def test_bad_input_gets_the_right_json_rpc_answer_never_a_500(server: NatsServer
             "name": "writer.draft", "arguments": {"input": "x"}}}).encode()
         status, refused = post(url, call, {"X-API-Key": "math-key"})
         assert status == 200 and refused["error"]["code"] == -32602, refused
+
+
+SERVERS = Path(__file__).resolve().parent / "servers"
+
+
+def chorus(server: NatsServer, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([rust_binary("chorus"), "--server", server.url, *args], capture_output=True, text=True,
+                          timeout=WAIT, env={**os.environ, "RUST_LOG": "warn"})
+
+
+def holders(port: int, capability: str) -> list[str]:
+    """The live agents offering `capability`, as the gateway's registry route lists them."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/agents?capability={capability}",
+                                     headers={"X-API-Key": API_KEY})
+    with urllib.request.urlopen(request, timeout=WAIT) as r:
+        return [a["id"] for a in json.loads(r.read())["agents"]]
+
+
+def test_an_mcp_server_bridged_onto_the_bus_serves_dies_and_comes_back(
+        server: NatsServer, tmp_path: Path, rust_peer: Any) -> None:
+    from chorus_sdk import Agent
+
+    with gateway(server, tmp_path, "mcp-host") as port:
+        peer = rust_peer("rust-bridge-caller")
+        bridge = Running(server, "mcp", "bridge", "--agent", "mcp-math", "--",
+                         sys.executable, str(SERVERS / "mcp_math.py"))
+        try:
+            bridge.wait_for("mcp-math offers 3 tool(s)")
+            added = chorus(server, "request", "--capability", "mcp-math.add", '{"a": 2, "b": 3}')
+            assert added.returncode == 0, added.stderr
+            assert json.loads(added.stdout)["structuredContent"] == {"result": 5.0}, added.stdout
+            refused = chorus(server, "request", "--capability", "mcp-math.divide", '{"a": 1, "b": 0}')
+            assert refused.returncode != 0
+            assert "5017" in refused.stderr + refused.stdout and "division by zero" in refused.stderr + refused.stdout
+
+            async def from_rust() -> Any:
+                async with Agent("py-bridge-test", servers=server.url, heartbeat_interval=0) as py:
+                    return await py.request(peer.id, "ask_capability",
+                                            {"capability": "mcp-math.add", "payload": {"a": 1.5, "b": 2}})
+
+            assert asyncio.run(from_rust())["structuredContent"] == {"result": 3.5}
+
+            # Through the gateway's MCP server, the bridged tool is a tool again, its schema kept.
+            listed = post(f"http://127.0.0.1:{port}/mcp",
+                          json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode(), {"X-API-Key": API_KEY})
+            tool = next(t for t in listed[1]["result"]["tools"] if t["name"] == "mcp-math.add")
+            assert tool["inputSchema"]["required"] == ["a", "b"], tool
+
+            first = json.loads(chorus(server, "request", "--capability", "mcp-math.pid").stdout)["structuredContent"]["result"]
+            os.kill(first, 9)
+            killed = time.monotonic()
+            while "mcp-math" in holders(port, "mcp-math.add"):
+                assert time.monotonic() - killed < 5.0, "the bridged capability outlived its server by a heartbeat"
+                time.sleep(0.05)
+            bridge.wait_for("restarting the MCP server")
+            bridge.wait_for("mcp-math offers 3 tool(s)")
+            second = json.loads(chorus(server, "request", "--capability", "mcp-math.pid").stdout)["structuredContent"]["result"]
+            assert second != first
+            again = chorus(server, "request", "--capability", "mcp-math.add", '{"a": 4, "b": 4}')
+            assert json.loads(again.stdout)["structuredContent"] == {"result": 8.0}, again.stderr
+        finally:
+            bridge.stop()

@@ -10,6 +10,7 @@ mod context;
 mod creds;
 mod dlq;
 mod listen;
+mod mcp;
 mod negotiate;
 mod request;
 mod send;
@@ -169,6 +170,9 @@ pub(crate) enum Command {
     /// Save, select and list connection settings (server, TLS, credentials, id, root), as
     /// `nats context` does.
     Context(context::Args),
+    /// MCP both ways: `serve --stdio` offers the bus's agents as tools to a local MCP host;
+    /// `bridge` offers an MCP server's tools on the bus as capabilities.
+    Mcp(mcp::Args),
     /// Print a completion script for a shell: `chorus completions bash > /etc/bash_completion.d/chorus`.
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -182,7 +186,11 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let given = cli.given();
     let one_shot = !matches!(
         cli.command,
-        Command::Serve(_) | Command::Up(_) | Command::Bench(_) | Command::Chaos(_)
+        Command::Serve(_)
+            | Command::Up(_)
+            | Command::Bench(_)
+            | Command::Chaos(_)
+            | Command::Mcp(_)
     );
     let command = dispatch(cli.command, &conn, given);
     if !one_shot {
@@ -217,6 +225,7 @@ async fn dispatch(
         Command::Request(args) => request::run(args, conn).await,
         Command::Listen(args) => listen::run(args, conn).await,
         Command::Tap(args) => tap::run(args, conn).await,
+        Command::Mcp(args) => mcp::run(args, conn).await,
         Command::Context(args) => context::run(args, given),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();

@@ -18,6 +18,7 @@
 //! rebinding.
 
 pub(crate) mod server;
+pub(crate) mod stdio;
 pub(crate) mod tools;
 
 use std::collections::HashMap;
