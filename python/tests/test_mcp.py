@@ -292,3 +292,40 @@ def test_an_mcp_server_bridged_onto_the_bus_serves_dies_and_comes_back(
             assert json.loads(again.stdout)["structuredContent"] == {"result": 8.0}, again.stderr
         finally:
             bridge.stop()
+
+
+def test_the_tool_list_follows_agents_and_stdio_serves_the_same_tools(
+        server: NatsServer, tmp_path: Path, rust_peer: Any) -> None:
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    async def run(url: str) -> None:
+        # Streamable HTTP: GET /mcp is told when an agent comes.
+        async with httpx2.AsyncClient(headers={"X-API-Key": API_KEY}, timeout=WAIT) as http:
+            async with http.stream("GET", url, headers={"Accept": "text/event-stream"}) as stream:
+                assert stream.status_code == 200
+                await asyncio.get_running_loop().run_in_executor(None, rust_peer, "rust-newcomer")
+
+                async def changed() -> None:
+                    async for line in stream.aiter_lines():
+                        if line.startswith("data:") and "notifications/tools/list_changed" in line:
+                            return
+
+                await asyncio.wait_for(changed(), WAIT)
+        # Standard input and output: `chorus mcp serve --stdio`, as a desktop host starts it.
+        command = StdioServerParameters(
+            command=rust_binary("chorus"),
+            args=["--server", server.url, "mcp", "serve", "--stdio", "--identity", "desktop-host"],
+            env={"RUST_LOG": "warn"})
+        async with AsyncExitStack() as stack:
+            read, write = await stack.enter_async_context(stdio_client(command))
+            client = await stack.enter_async_context(ClientSession(read, write))
+            await asyncio.wait_for(client.initialize(), WAIT)
+            names = {t.name for t in (await asyncio.wait_for(client.list_tools(), WAIT)).tools}
+            assert {"rust-newcomer.echo", "interop.upper"} <= names, sorted(names)
+            echoed = await asyncio.wait_for(client.call_tool("rust-newcomer.echo", {"n": 7}), WAIT)
+            assert not echoed.is_error and echoed.structured_content == {"n": 7}, echoed
+            failed = await asyncio.wait_for(client.call_tool("rust-newcomer.fail", {}), WAIT)
+            assert failed.is_error and text_of(failed).startswith("5018 "), text_of(failed)
+
+    with gateway(server, tmp_path, "mcp-host") as port:
+        asyncio.run(run(f"http://127.0.0.1:{port}/mcp"))

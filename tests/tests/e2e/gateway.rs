@@ -601,6 +601,27 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
     assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
 }
 
+/// Runs `code` with `python`, within a minute; its standard output, once it has succeeded.
+async fn run_python(python: &std::ffi::OsStr, code: String, what: &'static str) -> String {
+    let mut cmd = std::process::Command::new(python);
+    cmd.args(["-c", &code]);
+    let out = within(
+        Duration::from_secs(60),
+        what,
+        tokio::task::spawn_blocking(move || cmd.output()),
+    )
+    .await
+    .expect("python task")
+    .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// The commands of docs/INTEROP.md's "Try it", as a user runs them: `deploy/gateway.toml`
 /// opened beside the demo's agents, then each line of the second block in a shell (its
 /// address and `chorus` pointed at this test's gateway, binary and server).
@@ -702,65 +723,43 @@ async fn the_interop_try_it_runs_as_written() {
     );
     assert_eq!(polled["messages"][0]["command"], json!("notify"));
 
-    // The A2A example (Python, the official client), with the interpreter scripts/test set up.
+    // The Python examples (the official A2A, SAP and MCP clients), with the interpreter
+    // scripts/test set up.
     match std::env::var_os("CHORUS_TEST_PYTHON") {
         Some(python) => {
-            let example = doc
-                .split("```python\n")
-                .nth(1)
-                .and_then(|b| b.split("```").next())
-                .expect("the A2A example")
-                .replace("127.0.0.1:8480", &gw.to_string());
-            let mut cmd = std::process::Command::new(&python);
-            cmd.args(["-c", &example]);
-            let out = within(
-                Duration::from_secs(60),
-                "the A2A example",
-                tokio::task::spawn_blocking(move || cmd.output()),
-            )
-            .await
-            .expect("python task")
-            .expect("python runs");
-            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-            assert!(
-                out.status.success(),
-                "{stdout} {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let example = |n: usize| {
+                doc.split("```python\n")
+                    .nth(n)
+                    .and_then(|b| b.split("```").next())
+                    .unwrap_or_else(|| panic!("python example {n}"))
+                    .replace("127.0.0.1:8480", &gw.to_string())
+                    .replace("nats://127.0.0.1:4222", server.url())
+            };
+            let stdout = run_python(&python, example(1), "the A2A example").await;
             assert!(
                 stdout.starts_with("TASK_STATE_COMPLETED") && stdout.contains("'summary'"),
                 "{stdout}"
             );
             // The SAP example (synadia-ai-agents, Python 3.11 or newer), on NATS itself.
-            let sap = doc
-                .split("```python\n")
-                .nth(2)
-                .and_then(|b| b.split("```").next())
-                .expect("the SAP example")
-                .replace("nats://127.0.0.1:4222", server.url());
-            let mut cmd = std::process::Command::new(&python);
-            cmd.args(["-c", &sap]);
-            let out = within(
-                Duration::from_secs(60),
-                "the SAP example",
-                tokio::task::spawn_blocking(move || cmd.output()),
-            )
-            .await
-            .expect("python task")
-            .expect("python runs");
-            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-            assert!(
-                out.status.success(),
-                "{stdout} {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let stdout = run_python(&python, example(2), "the SAP example").await;
             assert_eq!(
                 stdout.trim(),
                 "messages on the wire / each token finds its listener / the stream never gaps"
             );
+            // The MCP example: the tools listed, divide by zero a tool error with its code.
+            let stdout = run_python(&python, example(3), "the MCP example").await;
+            let lines: Vec<&str> = stdout.lines().collect();
+            assert!(
+                lines.len() == 2
+                    && ["'calculator.calculation'", "'ocr'", "'writer.draft'"]
+                        .iter()
+                        .all(|t| lines[0].contains(t)),
+                "{stdout}"
+            );
+            assert_eq!(lines[1], "True 5018 invalid_argument: division by zero");
         }
         None => eprintln!(
-            "CHORUS_TEST_PYTHON is not set (scripts/test sets it): the A2A example was not run"
+            "CHORUS_TEST_PYTHON is not set (scripts/test sets it): the Python examples were not run"
         ),
     }
 
