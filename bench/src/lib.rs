@@ -450,6 +450,15 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             nats_l.extend(nats);
             http_l.extend(http);
         }
+        progress(&format!(
+            "MCP tools/call through the gateway and the same native request x {n}"
+        ));
+        let (mut native_l, mut mcp_l) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let (native, mcp) = scenarios::gateway_mcp(&bus, addr, &key, n, 128).await?;
+            native_l.extend(native);
+            mcp_l.extend(mcp);
+        }
         let a2a = match &opts.python {
             Some(python) => {
                 progress(&format!(
@@ -472,6 +481,11 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             "request-reply {} through the HTTP gateway (raw: the same over NATS)",
             nats_l,
             http_l,
+        ));
+        rows.extend(reported_latencies(
+            "MCP tools/call {} through the gateway (raw: the same as a native Chorus request)",
+            native_l,
+            mcp_l,
         ));
         if let Some((ref_l, gw_l)) = a2a {
             rows.extend(reported_latencies(

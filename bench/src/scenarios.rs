@@ -261,6 +261,73 @@ pub(crate) async fn gateway_https(
     Ok((plain_l, tls_l))
 }
 
+/// An MCP `tools/call` through the gateway (JSON answered, on one kept-alive connection) and
+/// the same call as a native Chorus request, alternating call by call, to the same echo
+/// agent's command (the tool `bench-mcp-echo.echo`) with the same payload.
+pub(crate) async fn gateway_mcp(
+    bus: &Bus<'_>,
+    gateway: std::net::SocketAddr,
+    api_key: &str,
+    n: usize,
+    size: usize,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    // Registered (it heartbeats), so the MCP server lists its command as a tool.
+    let echo = bus
+        .options("bench-mcp-echo")
+        .service_discovery(false)
+        .queue_capacity(QUEUE_CAPACITY)
+        .connect()
+        .await?;
+    echo.handle_command("echo", EchoHandler).await?;
+    let client = agent(bus, "bench-mcp-client").await?;
+    let arguments = serde_json::json!({"text": "x".repeat(size.saturating_sub(11))});
+    let body = serde_json::to_vec(&serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "bench-mcp-echo.echo", "arguments": arguments},
+    }))?;
+    let header = format!("x-api-key: {api_key}\r\naccept: application/json");
+    let mut http = crate::http::HttpClient::connect(gateway).await?;
+    // The tool is listed once the echo agent's first heartbeat is in the registry.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, answer) = http.post_json("/mcp", &header, &body).await?;
+        let answer: serde_json::Value = serde_json::from_slice(&answer)?;
+        if status == 200
+            && answer["result"]["isError"] != serde_json::Value::Bool(true)
+            && answer.get("result").is_some()
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("the gateway's MCP server does not list bench-mcp-echo.echo: {answer}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (mut native, mut mcp) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n + WARM_UP {
+        let call = Call::agent("bench-mcp-echo", "echo").json_payload(&arguments)?;
+        let t = Instant::now();
+        client.call(call).await?;
+        let over_nats = t.elapsed();
+        let t = Instant::now();
+        let (status, answer) = http.post_json("/mcp", &header, &body).await?;
+        let over_mcp = t.elapsed();
+        if status != 200 || !answer.starts_with(br#"{"id":1,"jsonrpc":"2.0","result":{"content""#) {
+            anyhow::bail!(
+                "the MCP server answered {status}: {}",
+                String::from_utf8_lossy(&answer)
+            );
+        }
+        if i >= WARM_UP {
+            native.push(over_nats);
+            mcp.push(over_mcp);
+        }
+    }
+    client.shutdown().await;
+    echo.shutdown().await;
+    Ok((native, mcp))
+}
+
 /// A2A `SendMessage` (blocking) two ways, alternating call by call on one kept-alive
 /// connection each: to the official a2a-sdk server at `reference` (the first list) and to the
 /// gateway's binding of a Rust agent's echo task (the second). Both answer with the completed
