@@ -151,6 +151,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Description::new("Reports progress 0, 50 and 100 of 100.").input_schema(no_arguments()),
     )?;
     agent
+        .on_task_capability(
+            "test_reconnection",
+            |task: TaskContext, _args: Value| async move {
+                task.progress(Some(0.5), "halfway").await?;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<_, HandlerError>("Reconnection test completed successfully".to_owned())
+            },
+        )
+        .await?;
+    agent.describe(
+        "test_reconnection",
+        Description::new(
+            "A task whose call stream is resumable: a priming event, then its events with ids.",
+        )
+        .input_schema(no_arguments()),
+    )?;
+    agent
         .on_capability(
             "json_schema_2020_12_tool",
             |_ctx: Context, args: Value| async move { Ok::<_, HandlerError>(args) },

@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
@@ -329,3 +330,115 @@ def test_the_tool_list_follows_agents_and_stdio_serves_the_same_tools(
 
     with gateway(server, tmp_path, "mcp-host") as port:
         asyncio.run(run(f"http://127.0.0.1:{port}/mcp"))
+
+
+def test_long_work_runs_as_mcp_tasks_on_chorus_tasks(server: NatsServer, tmp_path: Path) -> None:
+    with demo_with_gateway(server, tmp_path) as (demo, url):
+        headers = {"X-API-Key": API_KEY}
+
+        def rpc(method: str, params: dict[str, Any]) -> Any:
+            status, answer = post(url, json.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
+                                                   "params": params}).encode(), headers)
+            assert status == 200, answer
+            return answer
+
+        init = rpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                  "clientInfo": {"name": "t", "version": "1"}})
+        assert init["result"]["capabilities"]["tasks"]["requests"] == {"tools": {"call": {}}}
+        tools = {t["name"]: t for t in rpc("tools/list", {})["result"]["tools"]}
+        assert tools["writer.draft"]["execution"] == {"taskSupport": "optional"}
+        assert "execution" not in tools["calculator.calculation"]
+
+        # A task-augmented call answers at once with the task; its id is the Chorus task's.
+        created = rpc("tools/call", {"name": "writer.draft", "arguments": {"input": "rivers"}, "task": {}})
+        task = created["result"]["task"]
+        assert task["status"] in ("working", "completed") and task["pollInterval"] > 0, task
+        shown = chorus(server, "task", "show", task["taskId"], "--json")
+        assert shown.returncode == 0 and json.loads(shown.stdout)["target"] == "writer.draft", shown.stdout
+        result = rpc("tasks/result", {"taskId": task["taskId"]})["result"]
+        assert [c["text"] for c in result["content"]][1] == "15", result
+        assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task["taskId"]}
+        done = rpc("tasks/get", {"taskId": task["taskId"]})["result"]
+        assert done["status"] == "completed" and done["createdAt"] <= done["lastUpdatedAt"], done
+
+        # A tool that is no task takes no task; an unknown task is not found.
+        assert rpc("tools/call", {"name": "calculator.calculation", "task": {},
+                                  "arguments": {"operation": "add", "operands": [1]}})["error"]["code"] == -32601
+        assert rpc("tasks/get", {"taskId": "0190d5b2-0000-7000-8000-000000000000"})["error"]["code"] == -32602
+
+        # Cancelled: on the bus too (the researcher stops), and once only.
+        research = rpc("tools/call", {"name": "researcher.research", "arguments": {"input": "tides"},
+                                      "task": {"ttl": 60000}})["result"]["task"]
+        deadline = time.monotonic() + WAIT
+        while rpc("tasks/get", {"taskId": research["taskId"]})["result"].get("statusMessage", "").find("reading") < 0:
+            assert time.monotonic() < deadline, "the researcher did not start"
+            time.sleep(0.05)
+        cancelled = rpc("tasks/cancel", {"taskId": research["taskId"]})["result"]
+        assert cancelled["status"] in ("working", "cancelled"), cancelled
+        demo.wait_for("researcher stops")
+        while rpc("tasks/get", {"taskId": research["taskId"]})["result"]["status"] != "cancelled":
+            assert time.monotonic() < deadline, "the task was not recorded cancelled"
+            time.sleep(0.05)
+        assert rpc("tasks/cancel", {"taskId": research["taskId"]})["error"]["code"] == -32602
+        failed = rpc("tasks/result", {"taskId": research["taskId"]})["result"]
+        assert failed["isError"] and failed["content"][0]["text"].startswith("50"), failed
+
+
+async def sse_events(stream: Any) -> Any:
+    """A server-sent event stream's events, each as (its id or None, its data or "")."""
+    event_id, data = None, []
+    async for line in stream.aiter_lines():
+        if line == "":
+            yield event_id, "\n".join(data)
+            event_id, data = None, []
+        elif line.startswith("id:"):
+            event_id = line[3:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
+
+
+def test_a_broken_task_stream_resumes_after_its_last_event(server: NatsServer, tmp_path: Path) -> None:
+    async def run(url: str) -> None:
+        headers = {"X-API-Key": API_KEY, "Accept": "application/json, text/event-stream"}
+        call = {"jsonrpc": "2.0", "id": "call-7", "method": "tools/call", "params": {
+            "name": "researcher.research", "arguments": {"input": "tides"}, "_meta": {"progressToken": "p"}}}
+        async with httpx2.AsyncClient(headers=headers, timeout=WAIT) as http:
+            last_id, seen, primed = None, [], False
+            async with http.stream("POST", url, json=call) as stream:
+                assert stream.status_code == 200
+                async for event_id, data in sse_events(stream):
+                    if event_id and not data:
+                        primed = True  # the priming event: an id, no data
+                    elif data and json.loads(data).get("method") == "notifications/progress":
+                        seen.append(json.loads(data)["params"]["progress"])
+                    if event_id:
+                        last_id = event_id
+                    if len(seen) == 2 and event_id:
+                        break  # the connection breaks here, after the second update's events
+            assert primed and last_id is not None and seen == sorted(seen)
+            task = last_id.split(".")[0]
+            # The client comes back after its last event: the progress goes on from there.
+            resumed: list[float] = []
+            async with http.stream("GET", url, headers={"Last-Event-ID": last_id}) as stream:
+                assert stream.status_code == 200
+                async for _, data in sse_events(stream):
+                    if not data:
+                        continue
+                    message = json.loads(data)
+                    if message.get("method") == "notifications/progress":
+                        resumed.append(message["params"]["progress"])
+                        if len(resumed) == 2:
+                            # Ended from elsewhere: the resumed stream answers the call.
+                            done = await http.post(url, json={"jsonrpc": "2.0", "id": 9, "method": "tasks/cancel",
+                                                              "params": {"taskId": str(uuid.UUID(task))}},
+                                                   headers={"Accept": "application/json"})
+                            assert done.status_code == 200, done.text
+                    elif message.get("id") == "call-7":
+                        assert message["result"]["isError"], message
+                        break
+            assert resumed[0] > seen[-1] and resumed == sorted(resumed), (seen, resumed)
+            bad = await http.get(url, headers={"Last-Event-ID": "not-ours"})
+            assert bad.status_code == 400
+
+    with demo_with_gateway(server, tmp_path) as (_, url):
+        asyncio.run(run(url))

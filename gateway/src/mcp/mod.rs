@@ -6,7 +6,10 @@
 //!   from a client that takes `text/event-stream`: its progress and log notifications, then its
 //!   response, come as server-sent events. A notification or a response is answered 202.
 //! - `GET /mcp`: server-sent events of `notifications/tools/list_changed`, sent when agents come
-//!   or go (the coordinator's `registry.joined` and `registry.left`) or change what they offer.
+//!   or go (the coordinator's `registry.joined` and `registry.left`) or change what they offer;
+//!   with `Last-Event-ID`, a task's `tools/call` stream resumed after that event (a task's
+//!   events carry its Chorus sequence in their ids, so a call survives a broken connection and
+//!   a gateway restart).
 //! - `DELETE /mcp`: ends the session its `Mcp-Session-Id` names.
 //!
 //! Stateless where the spec allows: `initialize` opens a session (`Mcp-Session-Id`), which
@@ -41,12 +44,14 @@ use super::GatewayState;
 use super::api;
 use super::scopes::Route;
 use crate::config::McpConfig;
-use server::{Caller, Incoming, Out, RpcError, Session, code, response};
+use server::{Caller, Incoming, Out, RpcError, Sent, Session, code, response};
 
 /// The session header.
 const SESSION: &str = "mcp-session-id";
 /// The protocol version header.
 const PROTOCOL_VERSION: &str = "mcp-protocol-version";
+/// The most task calls remembered for a late cancel.
+const TASK_CALLS: usize = 4096;
 /// How often the tool list is compared when no registry event says it changed.
 const LIST_RECHECK: Duration = Duration::from_secs(10);
 
@@ -67,6 +72,9 @@ pub(crate) struct Mcp {
     pub(crate) config: McpConfig,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     in_flight: Mutex<HashMap<InFlight, CancellationToken>>,
+    /// The tasks that calls in flight started, newest last (at most [`TASK_CALLS`]): a
+    /// cancel for a call whose stream has gone still finds its task.
+    task_calls: Mutex<std::collections::VecDeque<(InFlight, uuid::Uuid)>>,
     /// Each identity's tool table and when it was read.
     tables: Mutex<HashMap<String, (Instant, Arc<tools::Table>)>>,
     /// Each identity's tool list fingerprint, while a `GET /mcp` stream watches it.
@@ -79,6 +87,7 @@ impl Mcp {
             config: config.clone(),
             sessions: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashMap::new()),
+            task_calls: Mutex::default(),
             tables: Mutex::new(HashMap::new()),
             watchers: Mutex::new(HashMap::new()),
         }
@@ -98,6 +107,22 @@ impl Mcp {
         let session = Arc::new(Session::new(identity));
         sessions.insert(session.id.clone(), Arc::clone(&session));
         Some(session)
+    }
+
+    /// Remembers that the call `key` started task `task`.
+    pub(crate) fn remember_task(&self, key: InFlight, task: uuid::Uuid) {
+        let mut calls = lock(&self.task_calls);
+        if calls.len() >= TASK_CALLS {
+            calls.pop_front();
+        }
+        calls.push_back((key, task));
+    }
+
+    /// The task the call `key` started, forgotten.
+    pub(crate) fn forget_task(&self, key: &InFlight) -> Option<uuid::Uuid> {
+        let mut calls = lock(&self.task_calls);
+        let at = calls.iter().position(|(k, _)| k == key)?;
+        calls.remove(at).map(|(_, task)| task)
     }
 
     /// Session `id`, if `identity` opened it and it has not ended.
@@ -352,15 +377,31 @@ pub(crate) async fn post(
 }
 
 /// `tools/call` answered as server-sent events: its notifications as they come, then its
-/// response (none when the client cancelled it).
+/// response (none when the client cancelled it). A task's events carry ids a client resumes
+/// after (`GET /mcp` with `Last-Event-ID`).
 fn stream_call(caller: Caller, id: Value, params: Value) -> Response {
-    let (tx, rx) = mpsc::channel::<Value>(64);
+    stream_answer(id, move |request, out| async move {
+        caller.request(&request, "tools/call", &params, &out).await
+    })
+}
+
+/// How long a client waits before it reconnects to a broken stream (the priming event's
+/// `retry`).
+const RETRY: Duration = Duration::from_secs(1);
+
+/// The answer to request `id` as server-sent events: what `run` sends, then its response.
+fn stream_answer<F, Fut>(id: Value, run: F) -> Response
+where
+    F: FnOnce(Value, Out) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Value, RpcError>> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Sent>(64);
     let work = async move {
-        let out = Out::new(tx.clone());
-        let answer = caller.request(&id, "tools/call", &params, &out).await;
-        drop(out);
+        let out = Out::resumable(tx.clone(), id.clone());
+        let answer = run(id.clone(), out).await;
         if !matches!(&answer, Err(e) if e.code == code::CANCELLED) {
-            let _ = tx.send(response(&id, &answer)).await;
+            let message = Some(response(&id, &answer));
+            let _ = tx.send(Sent { id: None, message }).await;
         }
         None
     };
@@ -369,10 +410,54 @@ fn stream_call(caller: Caller, id: Value, params: Value) -> Response {
     });
     let events = futures::stream::select(sent, futures::stream::once(work))
         .filter_map(futures::future::ready)
-        .map(|v: Value| Ok::<_, Infallible>(Event::default().event("message").data(v.to_string())));
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
+        .map(|sent: Sent| Frame::Event(sent.into()))
+        .chain(futures::stream::once(futures::future::ready(Frame::End)));
+    let ticks =
+        futures::stream::unfold(tokio::time::interval(KEEP_ALIVE), |mut every| async move {
+            every.tick().await;
+            Some((Frame::Event(": keep-alive\n\n".into()), every))
+        })
+        .skip(1);
+    let body = futures::stream::select(events, ticks)
+        .take_while(|frame| futures::future::ready(!matches!(frame, Frame::End)))
+        .map(|frame| match frame {
+            Frame::Event(text) => Ok::<_, Infallible>(bytes::Bytes::from(text)),
+            Frame::End => Ok(bytes::Bytes::new()),
+        });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        axum::body::Body::from_stream(body),
+    )
         .into_response()
+}
+
+/// How often an idle event stream carries a comment, so proxies keep it open.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// What an answer's event stream carries: events as written, then its end.
+enum Frame {
+    Event(String),
+    End,
+}
+
+impl From<Sent> for String {
+    /// One server-sent event, written out: its id, and its message as one `data` line (JSON
+    /// has no raw line breaks); a priming event is its id, `retry` and an empty `data` line,
+    /// as SEP-1699 has it (which axum's `Event` cannot write: it leaves empty data out).
+    fn from(sent: Sent) -> String {
+        let mut event = String::new();
+        if let Some(id) = sent.id {
+            event.push_str(&format!("id: {id}\n"));
+        }
+        match sent.message {
+            Some(message) => event.push_str(&format!("event: message\ndata: {message}\n\n")),
+            None => event.push_str(&format!("retry: {}\ndata: \n\n", RETRY.as_millis())),
+        }
+        event
+    }
 }
 
 /// `GET /mcp`: `notifications/tools/list_changed` as server-sent events, until the gateway
@@ -384,6 +469,20 @@ pub(crate) async fn get(State(state): State<Arc<GatewayState>>, headers: HeaderM
     };
     if let Err(refused) = find_session(&mut caller, session_id.as_deref()) {
         return refused.into_response();
+    }
+    if let Some(last) = headers.get("last-event-id") {
+        // A task's call stream, resumed after the event the client last had.
+        let Some(resume) = last.to_str().ok().and_then(server::Resume::parse) else {
+            return Refused::transport(
+                Http::BAD_REQUEST,
+                "Last-Event-ID: not an event of this server's",
+            )
+            .into_response();
+        };
+        let request = resume.request.clone();
+        return stream_answer(request, move |_, out| async move {
+            caller.resume(&resume, &out).await
+        });
     }
     if !takes_event_stream(&headers) {
         return rpc_error(

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use chorus_sdk::task::{TaskMessage, TaskUpdate};
+use chorus_sdk::task::{TaskHandle, TaskMessage, TaskUpdate};
 use chorus_sdk::{DiscoverQuery, SdkError, StatusCode, TaskState};
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -37,6 +37,23 @@ pub(crate) const RECOGNIZED: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-2
 
 /// How many tools one `tools/list` page holds.
 const PAGE: usize = 500;
+
+/// How often a client is asked to poll a task (`pollInterval`), in milliseconds.
+const POLL_INTERVAL_MS: u64 = 1000;
+
+/// How many of a task's messages `tasks/get` reads at most.
+const MAX_TASK_MESSAGES: usize = 10_000;
+
+/// A Chorus task state as MCP's task status.
+fn mcp_status(state: TaskState) -> &'static str {
+    match state {
+        TaskState::InputRequired => "input_required",
+        TaskState::Completed => "completed",
+        TaskState::Cancelled => "cancelled",
+        s if s.is_terminal() => "failed",
+        _ => "working",
+    }
+}
 
 /// How long a tool table is reused before the registry is asked again.
 const TABLE_TTL: Duration = Duration::from_secs(2);
@@ -176,25 +193,115 @@ impl Session {
     }
 }
 
+/// One message out, with the event id a client resumes after (a task's stream has them); no
+/// message: a priming event (an id and empty data, SEP-1699).
+#[derive(Debug)]
+pub(crate) struct Sent {
+    pub(crate) id: Option<String>,
+    pub(crate) message: Option<Value>,
+}
+
 /// Where a request's notifications go: its SSE stream, or standard output. Lossy: a client
 /// that does not read its notifications loses some rather than stalling the call.
 #[derive(Clone)]
-pub(crate) struct Out(Option<mpsc::Sender<Value>>);
+pub(crate) struct Out {
+    tx: Option<mpsc::Sender<Sent>>,
+    /// The request a resumable stream answers: a task's events then carry ids
+    /// ([`Resume`]).
+    request: Option<Value>,
+}
 
 impl Out {
-    pub(crate) fn new(tx: mpsc::Sender<Value>) -> Out {
-        Out(Some(tx))
+    pub(crate) fn new(tx: mpsc::Sender<Sent>) -> Out {
+        Out {
+            tx: Some(tx),
+            request: None,
+        }
+    }
+
+    /// A stream that answers request `id`: resumable after any of a task's events.
+    pub(crate) fn resumable(tx: mpsc::Sender<Sent>, id: Value) -> Out {
+        Out {
+            tx: Some(tx),
+            request: Some(id),
+        }
     }
 
     /// Nowhere: the response is plain JSON.
     pub(crate) fn none() -> Out {
-        Out(None)
+        Out {
+            tx: None,
+            request: None,
+        }
+    }
+
+    fn send(&self, id: Option<String>, message: Option<Value>) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.try_send(Sent { id, message });
+        }
     }
 
     fn notify(&self, method: &str, params: Value) {
-        if let Some(tx) = &self.0 {
-            let _ = tx.try_send(json!({"jsonrpc": "2.0", "method": method, "params": params}));
+        self.send(
+            None,
+            Some(json!({"jsonrpc": "2.0", "method": method, "params": params})),
+        );
+    }
+
+    /// The id of task `task`'s event at `seq`, on a resumable stream.
+    fn event_id(&self, task: Uuid, seq: u64, progress: Option<&Value>) -> Option<String> {
+        let request = self.request.as_ref()?;
+        Resume {
+            task,
+            seq,
+            request: request.clone(),
+            progress: progress.cloned(),
         }
+        .token()
+    }
+}
+
+/// Where a task's `tools/call` stream resumes (`Last-Event-ID`): the task, the sequence of
+/// the last event the client has, the request the stream answers and its progress token.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Resume {
+    pub(crate) task: Uuid,
+    pub(crate) seq: u64,
+    pub(crate) request: Value,
+    pub(crate) progress: Option<Value>,
+}
+
+/// The longest event id made: a request id or progress token beyond it makes no resumable
+/// stream.
+const MAX_EVENT_ID: usize = 512;
+
+impl Resume {
+    /// `<task>.<seq>.<hex of [request id, progress token]>`.
+    fn token(&self) -> Option<String> {
+        let ids = serde_json::to_vec(&json!([self.request, self.progress])).ok()?;
+        let token = format!("{}.{}.{}", self.task.simple(), self.seq, hex::encode(ids));
+        (token.len() <= MAX_EVENT_ID).then_some(token)
+    }
+
+    /// An event id of ours, read back.
+    pub(crate) fn parse(token: &str) -> Option<Resume> {
+        if token.len() > MAX_EVENT_ID {
+            return None;
+        }
+        let mut parts = token.splitn(3, '.');
+        let task = parts.next()?.parse().ok()?;
+        let seq = parts.next()?.parse().ok()?;
+        let ids: Value = serde_json::from_slice(&hex::decode(parts.next()?).ok()?).ok()?;
+        let [request, progress] = <[Value; 2]>::try_from(ids.as_array()?.clone()).ok()?;
+        if !matches!(request, Value::String(_) | Value::Number(_)) {
+            return None;
+        }
+        Some(Resume {
+            task,
+            seq,
+            request,
+            progress: Some(progress).filter(|p| !p.is_null()),
+        })
     }
 }
 
@@ -231,6 +338,12 @@ impl Caller {
             "logging/setLevel" => self.set_level(params),
             "tools/list" => self.list(params).await,
             "tools/call" => self.call(id, params, out).await,
+            "tasks/get" => {
+                let handle = self.owned(params).await?;
+                self.task_view(&handle).await
+            }
+            "tasks/result" => self.task_result(params, out).await,
+            "tasks/cancel" => self.cancel_task(params).await,
             other => Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
                 format!("no method {other} (this server offers tools)"),
@@ -246,6 +359,20 @@ impl Caller {
             let key = self.in_flight_key(id);
             if let Some(cancel) = super::lock(&self.mcp().in_flight).get(&key) {
                 cancel.cancel();
+                return;
+            }
+            // A task whose call stream has gone (the client left it first): cancelled on the
+            // bus all the same.
+            if let Some(task) = self.mcp().forget_task(&key) {
+                let agent = self.edge().agent.clone();
+                // Owned by the gateway's tracker; a cancel takes one write to the task stream.
+                self.state.tracker.spawn(async move {
+                    if let Ok(handle) = agent.task(task).await
+                        && let Err(e) = handle.cancel().await
+                    {
+                        tracing::debug!(%task, error = %chorus_sdk::Report(&e), "cancel not recorded");
+                    }
+                });
             }
         }
     }
@@ -354,6 +481,23 @@ impl Caller {
                 ));
             }
         };
+        if let Some(task) = params.get("task").filter(|t| !t.is_null()) {
+            if !tool.task {
+                return Err(RpcError::new(
+                    code::METHOD_NOT_FOUND,
+                    format!(
+                        "the tool {name} does not run as a task (its execution.taskSupport is forbidden)"
+                    ),
+                ));
+            }
+            if !task.is_object() {
+                return Err(RpcError::new(code::INVALID_PARAMS, "task: an object"));
+            }
+            return match self.submit(call, &payload).await? {
+                Ok(handle) => Ok(json!({"task": self.task_view(&handle).await?})),
+                Err(refusal) => Ok(refusal),
+            };
+        }
         let progress = params.pointer("/_meta/progressToken").cloned();
         // Registered until it ends: `notifications/cancelled` finds it here.
         let cancel = CancellationToken::new();
@@ -361,12 +505,12 @@ impl Caller {
         super::lock(&self.mcp().in_flight).insert(key.clone(), cancel.clone());
         let _registered = Unregister {
             mcp: &self.state.mcp,
-            key,
+            key: key.clone(),
         };
         let stop = self.state.stop.clone();
         let work = async {
             if tool.task {
-                self.run_task(tool, call, &payload, progress, out, &cancel)
+                self.run_task(tool, call, &payload, progress, out, (&key, &cancel))
                     .await
             } else {
                 self.ask(tool, call, &payload).await
@@ -403,6 +547,132 @@ impl Caller {
         }
     }
 
+    /// The Chorus task `params.taskId` names, if this identity submitted it (any other is not
+    /// found, as if it did not exist).
+    async fn owned(&self, params: &Value) -> Result<TaskHandle, RpcError> {
+        let named = params
+            .get("taskId")
+            .and_then(Value::as_str)
+            .ok_or_else(|| RpcError::new(code::INVALID_PARAMS, "taskId: the task's id"))?;
+        let not_found = || RpcError::new(code::INVALID_PARAMS, format!("no task {named}"));
+        let id: Uuid = named.parse().map_err(|_| not_found())?;
+        let handle = match self.edge().agent.task(id).await {
+            Ok(handle) => handle,
+            Err(SdkError::TaskNotFound(_)) => return Err(not_found()),
+            Err(e) => return Err(bus_error(e)),
+        };
+        let submission = match handle.history(1).await {
+            Ok(first) => first.into_iter().next().ok_or_else(not_found)?,
+            Err(SdkError::TaskNotFound(_)) => return Err(not_found()),
+            Err(e) => return Err(bus_error(e)),
+        };
+        if submission.envelope.from.as_str() != self.identity {
+            return Err(not_found());
+        }
+        Ok(handle)
+    }
+
+    /// A task as MCP shows it (`Task`): its state, its last word, when it was made and last
+    /// moved.
+    async fn task_view(&self, handle: &TaskHandle) -> Result<Value, RpcError> {
+        let updates = handle.history(MAX_TASK_MESSAGES).await.map_err(bus_error)?;
+        let state = updates
+            .iter()
+            .rev()
+            .find_map(TaskUpdate::state)
+            .unwrap_or(TaskState::Submitted);
+        let created = updates.first().map_or(0, |u| u.stored_ms);
+        let updated = updates.last().map_or(created, |u| u.stored_ms);
+        let mut task = json!({
+            "taskId": handle.id().to_string(),
+            "status": mcp_status(state),
+            "createdAt": chorus_sdk::envelope::rfc3339(created),
+            "lastUpdatedAt": chorus_sdk::envelope::rfc3339(updated),
+            "ttl": null,
+            "pollInterval": POLL_INTERVAL_MS,
+        });
+        if let Some(text) = updates.iter().rev().find_map(|u| u.text()) {
+            task["statusMessage"] = json!(text);
+        }
+        Ok(task)
+    }
+
+    /// `tasks/result`: the task's result as its `tools/call` would have answered, once it
+    /// has ended (waiting for that, as a blocking call would).
+    async fn task_result(&self, params: &Value, out: &Out) -> Result<Value, RpcError> {
+        let handle = self.owned(params).await?;
+        let mcp_result = self.mcp_result_of(&handle).await?;
+        let mut result = self
+            .follow(&handle, mcp_result, None, out, &CancellationToken::new(), 0)
+            .await?;
+        result["_meta"] =
+            json!({"io.modelcontextprotocol/related-task": {"taskId": handle.id().to_string()}});
+        Ok(result)
+    }
+
+    /// Whether the tool a task was submitted to answers with MCP results (from the tool
+    /// table, by the submission's target).
+    async fn mcp_result_of(&self, handle: &TaskHandle) -> Result<bool, RpcError> {
+        let submission = handle
+            .history(1)
+            .await
+            .map_err(bus_error)?
+            .into_iter()
+            .next()
+            .map(|u| u.envelope);
+        let name = submission.map(|s| match s.capability {
+            Some(capability) => capability,
+            None => format!(
+                "{}.{}",
+                s.to.first().map(String::as_str).unwrap_or_default(),
+                s.name.as_deref().unwrap_or_default()
+            ),
+        });
+        let table = self.table(false).await.map_err(bus_error)?;
+        Ok(name
+            .as_deref()
+            .and_then(|n| table.get(n))
+            .is_some_and(|t| t.mcp_result))
+    }
+
+    /// `tasks/cancel`: cancels the task on the bus (a finished one cannot be, -32602).
+    async fn cancel_task(&self, params: &Value) -> Result<Value, RpcError> {
+        let handle = self.owned(params).await?;
+        let state = handle.state().await.map_err(bus_error)?;
+        if state.is_terminal() {
+            return Err(RpcError::new(
+                code::INVALID_PARAMS,
+                format!(
+                    "task {} is {} already: a finished task cannot be cancelled",
+                    handle.id(),
+                    mcp_status(state)
+                ),
+            ));
+        }
+        if let Err(e) = handle.cancel().await {
+            return Err(RpcError::new(code::INTERNAL, format!("the cancel: {e}")));
+        }
+        self.task_view(&handle).await
+    }
+
+    /// Submits a Chorus task; its handle, or the refusal as a tool error.
+    async fn submit(
+        &self,
+        call: chorus_sdk::Call,
+        payload: &Value,
+    ) -> Result<Result<TaskHandle, Value>, RpcError> {
+        let call = call
+            .id(Uuid::now_v7())
+            .json_payload(payload)
+            .map_err(|e| RpcError::new(code::INVALID_PARAMS, e.to_string()))?;
+        Ok(self
+            .edge()
+            .agent
+            .submit(call)
+            .await
+            .map_err(|e| refused(&e)))
+    }
+
     /// A Chorus task, followed to its end (or cancelled).
     async fn run_task(
         &self,
@@ -411,21 +681,45 @@ impl Caller {
         payload: &Value,
         progress: Option<Value>,
         out: &Out,
-        cancel: &CancellationToken,
+        (key, cancel): (&InFlight, &CancellationToken),
     ) -> Result<Value, RpcError> {
-        let call = call
-            .id(Uuid::now_v7())
-            .json_payload(payload)
-            .map_err(|e| RpcError::new(code::INVALID_PARAMS, e.to_string()))?;
-        let agent = &self.edge().agent;
-        let handle = match agent.submit(call).await {
-            Ok(handle) => handle,
-            Err(e) => return Ok(refused(&e)),
-        };
+        match self.submit(call, payload).await? {
+            Ok(handle) => {
+                self.mcp().remember_task(key.clone(), handle.id());
+                let answer = self
+                    .follow(&handle, tool.mcp_result, progress, out, cancel, 0)
+                    .await;
+                self.mcp().forget_task(key);
+                answer
+            }
+            Err(refusal) => Ok(refusal),
+        }
+    }
+
+    /// Follows task `handle` from its start to its end, a question, a cancel or
+    /// `max_task_wait_ms`, and answers with its result as a tool's.
+    ///
+    /// Notifications go out for what came after sequence `after` (0: everything; a resumed
+    /// stream's last event otherwise), each with the event id that resumes after it.
+    async fn follow(
+        &self,
+        handle: &TaskHandle,
+        mcp_result: bool,
+        progress: Option<Value>,
+        out: &Out,
+        cancel: &CancellationToken,
+        after: u64,
+    ) -> Result<Value, RpcError> {
         let mut updates = match handle.updates().await {
             Ok(updates) => updates,
             Err(e) => return Ok(refused(&e)),
         };
+        if after == 0 {
+            // Primes the client: it can resume from here if the stream breaks.
+            if let Some(id) = out.event_id(handle.id(), 0, progress.as_ref()) {
+                out.send(Some(id), None);
+            }
+        }
         let wait = Duration::from_millis(self.state.mcp.config.max_task_wait_ms);
         let mut chunks = String::new();
         let mut reported: Option<i64> = None;
@@ -444,8 +738,9 @@ impl Caller {
                 };
                 let Some(Ok(update)) = update else { break };
                 match update.kind {
-                    TaskMessage::Progress => {
-                        self.progressed(&update, progress.as_ref(), &mut reported, out);
+                    TaskMessage::Progress if update.seq > after => {
+                        let id = out.event_id(handle.id(), update.seq, progress.as_ref());
+                        self.progressed(&update, progress.as_ref(), &mut reported, out, id);
                     }
                     TaskMessage::Chunk => {
                         if let Ok(Value::String(text)) =
@@ -494,7 +789,7 @@ impl Caller {
                     Ok(v) => v,
                     Err(why) => return Ok(tools::refusal(StatusCode::DATA_FORMAT, &why)),
                 };
-                let mut result = tools::result(value, tool.mcp_result);
+                let mut result = tools::result(value, mcp_result);
                 if !chunks.is_empty()
                     && let Some(content) = result["content"].as_array_mut()
                 {
@@ -526,7 +821,9 @@ impl Caller {
         token: Option<&Value>,
         reported: &mut Option<i64>,
         out: &Out,
+        id: Option<String>,
     ) {
+        let mut sent = Vec::new();
         if let (Some(token), Some(fraction)) = (token, update.fraction()) {
             #[allow(clippy::cast_possible_truncation)]
             let done = (f64::from(fraction.clamp(0.0, 1.0)) * 100.0).round() as i64;
@@ -536,17 +833,56 @@ impl Caller {
                 if let Some(text) = update.text() {
                     params["message"] = json!(text);
                 }
-                out.notify("notifications/progress", params);
+                sent.push(("notifications/progress", params));
             }
         }
         if let Some(text) = update.text()
             && self.session.as_ref().is_none_or(|s| s.logs("info"))
         {
-            out.notify(
+            sent.push((
                 "notifications/message",
                 json!({"level": "info", "logger": update.from(), "data": text}),
-            );
+            ));
         }
+        // The update's event id goes on its last notification: a client that resumes after
+        // it has them all.
+        let last = sent.len().saturating_sub(1);
+        for (i, (method, params)) in sent.into_iter().enumerate() {
+            if i == last {
+                out.send(
+                    id.clone(),
+                    Some(json!({"jsonrpc": "2.0", "method": method, "params": params})),
+                );
+            } else {
+                out.notify(method, params);
+            }
+        }
+    }
+
+    /// A task's `tools/call` stream resumed after `resume`'s event: what came after it, then
+    /// the call's result.
+    pub(crate) async fn resume(&self, resume: &Resume, out: &Out) -> Result<Value, RpcError> {
+        let handle = self
+            .owned(&json!({"taskId": resume.task.to_string()}))
+            .await?;
+        let mcp_result = self.mcp_result_of(&handle).await?;
+        // The call goes on here: `notifications/cancelled` for it finds this stream.
+        let cancel = CancellationToken::new();
+        let key = self.in_flight_key(&resume.request);
+        super::lock(&self.mcp().in_flight).insert(key.clone(), cancel.clone());
+        let _registered = Unregister {
+            mcp: &self.state.mcp,
+            key,
+        };
+        self.follow(
+            &handle,
+            mcp_result,
+            resume.progress.clone(),
+            out,
+            &cancel,
+            resume.seq,
+        )
+        .await
     }
 }
 
@@ -570,7 +906,11 @@ pub(crate) fn initialize(params: &Value) -> Value {
         .unwrap_or(VERSIONS[0]);
     json!({
         "protocolVersion": version,
-        "capabilities": {"tools": {"listChanged": true}, "logging": {}},
+        "capabilities": {
+            "tools": {"listChanged": true},
+            "logging": {},
+            "tasks": {"cancel": {}, "requests": {"tools": {"call": {}}}},
+        },
         "serverInfo": {"name": "chorus-gateway", "title": "Chorus", "version": env!("CARGO_PKG_VERSION")},
         "instructions": "Each tool is an agent on a Chorus bus: a capability by its name (any live agent offering it answers), a command as <agent>.<command>. A refusal comes back as a tool error naming its Chorus status code.",
     })
@@ -651,6 +991,34 @@ mod tests {
             code::INVALID_PARAMS
         );
         assert_eq!(refused(json!("ping")).1.code, code::INVALID_REQUEST);
+    }
+
+    #[test]
+    fn event_ids_carry_where_a_task_stream_resumes() {
+        let resume = Resume {
+            task: Uuid::now_v7(),
+            seq: 42,
+            request: json!("call/1.2"),
+            progress: Some(json!(7)),
+        };
+        let token = resume.token().expect("a token");
+        assert_eq!(Resume::parse(&token), Some(resume.clone()));
+        let plain = Resume {
+            progress: None,
+            request: json!(3),
+            ..resume
+        };
+        assert_eq!(Resume::parse(&plain.token().expect("a token")), Some(plain));
+        for bad in ["", "x.1.00", "0190d5b2000070008000000000000000.x.00", "a.b"] {
+            assert_eq!(Resume::parse(bad), None, "{bad}");
+        }
+        let long = Resume {
+            task: Uuid::now_v7(),
+            seq: 1,
+            request: json!("x".repeat(600)),
+            progress: None,
+        };
+        assert_eq!(long.token(), None);
     }
 
     #[test]

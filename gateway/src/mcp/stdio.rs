@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
-use super::server::{Caller, Incoming, Out, RpcError, Session, classify, code, response};
+use super::server::{Caller, Incoming, Out, RpcError, Sent, Session, classify, code, response};
 use crate::GatewayState;
 use crate::api::Credential;
 
@@ -37,7 +37,7 @@ where
         identity,
         credential: Credential::default(),
     };
-    let (tx, mut rx) = mpsc::channel::<Value>(OUTPUT_QUEUE);
+    let (tx, mut rx) = mpsc::channel::<Sent>(OUTPUT_QUEUE);
     let read = async move {
         let mut lines = FramedRead::new(input, LinesCodec::new_with_max_length(limit));
         let mut calls = FuturesUnordered::new();
@@ -52,7 +52,7 @@ where
                             code::INVALID_REQUEST,
                             format!("a message longer than {limit} bytes (max_body_bytes)"),
                         );
-                        let _ = tx.send(response(&Value::Null, &Err(refused))).await;
+                        let _ = tx.send(Sent { id: None, message: Some(response(&Value::Null, &Err(refused))) }).await;
                     }
                     Some(Ok(line)) if line.trim().is_empty() => {}
                     Some(Ok(line)) => {
@@ -60,7 +60,7 @@ where
                             Ok(m) => m,
                             Err(e) => {
                                 let refused = RpcError::new(code::PARSE, format!("not JSON: {e}"));
-                                let _ = tx.send(response(&Value::Null, &Err(refused))).await;
+                                let _ = tx.send(Sent { id: None, message: Some(response(&Value::Null, &Err(refused))) }).await;
                                 continue;
                             }
                         };
@@ -71,7 +71,7 @@ where
                                     let out = Out::new(tx.clone());
                                     let answer = caller.request(&id, &method, &params, &out).await;
                                     if !matches!(&answer, Err(e) if e.code == code::CANCELLED) {
-                                        let _ = tx.send(response(&id, &answer)).await;
+                                        let _ = tx.send(Sent { id: None, message: Some(response(&id, &answer)) }).await;
                                     }
                                 });
                             }
@@ -80,7 +80,7 @@ where
                             }
                             Ok(Incoming::Response) => {}
                             Err((id, refused)) => {
-                                let _ = tx.send(response(&id, &Err(refused))).await;
+                                let _ = tx.send(Sent { id: None, message: Some(response(&id, &Err(refused))) }).await;
                             }
                         }
                     }
@@ -91,7 +91,11 @@ where
         Ok(())
     };
     let write = async {
-        while let Some(message) = rx.recv().await {
+        while let Some(sent) = rx.recv().await {
+            // Event ids and priming events are for streams a client resumes: not here.
+            let Some(message) = sent.message else {
+                continue;
+            };
             let mut line = message.to_string();
             line.push('\n');
             output.write_all(line.as_bytes()).await?;

@@ -70,7 +70,8 @@ impl Tool {
             "inputSchema": self.input_schema,
         });
         if self.task {
-            tool["annotations"] = json!({"openWorldHint": true});
+            // MCP tasks: the call may run as one (`tasks/get`, `tasks/result`), or block.
+            tool["execution"] = json!({"taskSupport": "optional"});
         }
         tool
     }
