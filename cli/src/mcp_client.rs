@@ -1,10 +1,12 @@
-//! An MCP client over the stdio transport, for `chorus mcp bridge`: it starts an MCP server as
-//! a child process, initializes it, lists its tools and calls them, one JSON-RPC message per
-//! line each way. Calls run concurrently, each with a deadline (a late one is cancelled with
-//! `notifications/cancelled`); the server's requests to the client are answered (`ping`) or
-//! refused (-32601: no sampling, elicitation or roots here); a line longer than
-//! [`MAX_LINE`] or not JSON is skipped. When the server exits, every pending call fails and
-//! [`McpClient::exited`] completes.
+//! An MCP client for `chorus mcp bridge`, over either transport: stdio (it starts the server
+//! as a child process, one JSON-RPC message per line each way) or Streamable HTTP (it posts
+//! each message to the server's endpoint and reads the answer as JSON or server-sent events).
+//! It initializes the server, lists its tools and calls them. Calls run concurrently, each
+//! with a deadline (a late one is cancelled with `notifications/cancelled`); the server's
+//! requests to the client are answered (`ping`) or refused (-32601: no sampling, elicitation
+//! or roots here); a message longer than [`MAX_LINE`] or not JSON is skipped. When the server
+//! exits (stdio), or stops answering pings (HTTP: three in a row), every pending call fails
+//! and [`McpClient::exited`] completes.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -59,14 +61,32 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// A running MCP server and the client speaking to it.
 pub struct McpClient {
-    stdin: Stdin,
-    pending: Pending,
+    link: Link,
     next: AtomicU64,
-    child: tokio::sync::Mutex<Child>,
-    /// Cancelled when the server's output ends.
+    /// Cancelled when the server is gone: its output ended, or it stopped answering.
     gone: CancellationToken,
     tracker: TaskTracker,
 }
+
+/// How the client reaches the server.
+enum Link {
+    Stdio {
+        stdin: Stdin,
+        pending: Pending,
+        child: tokio::sync::Mutex<Child>,
+    },
+    Http(Http),
+}
+
+/// A Streamable HTTP server: its endpoint and the session it gave.
+struct Http {
+    client: reqwest::Client,
+    url: String,
+    session: Mutex<Option<String>>,
+}
+
+/// Pings an HTTP server fails in a row before it counts as gone.
+const MISSED_PINGS: u32 = 3;
 
 impl std::fmt::Debug for McpClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -111,36 +131,105 @@ impl McpClient {
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(McpError::Io(std::io::Error::other("no pipes to the child")));
         };
+        let stdin: Stdin = Arc::new(tokio::sync::Mutex::new(stdin));
+        let pending: Pending = Arc::default();
         let client = McpClient {
-            stdin: Arc::new(tokio::sync::Mutex::new(stdin)),
-            pending: Arc::default(),
+            link: Link::Stdio {
+                stdin: Arc::clone(&stdin),
+                pending: Arc::clone(&pending),
+                child: tokio::sync::Mutex::new(child),
+            },
             next: AtomicU64::new(1),
-            child: tokio::sync::Mutex::new(child),
             gone: CancellationToken::new(),
             tracker: TaskTracker::new(),
         };
         // Owned by the client: it ends when the server's output does.
         client.tracker.spawn(read(
             FramedRead::new(stdout, LinesCodec::new_with_max_length(MAX_LINE)),
-            Arc::clone(&client.pending),
+            pending,
             client.gone.clone(),
-            Arc::clone(&client.stdin),
+            stdin,
         ));
-        client
-            .request(
-                "initialize",
-                json!({
-                    "protocolVersion": PROTOCOL_VERSION,
-                    "capabilities": {},
-                    "clientInfo": {"name": name, "version": env!("CARGO_PKG_VERSION")},
-                }),
-                timeout,
-            )
-            .await?;
-        client
-            .notify("notifications/initialized", json!({}))
-            .await?;
+        client.initialize(name, timeout).await?;
         Ok(client)
+    }
+
+    /// Connects to the Streamable HTTP server at `url` (`https` trusting the system's CAs and
+    /// `ca_file`'s) and initializes it as client `name`; it counts as gone once it misses
+    /// three pings, one every `ping_every`.
+    ///
+    /// # Errors
+    /// [`McpError::Io`] when the URL or the CA file will not do; [`McpError::Refused`],
+    /// [`McpError::Timeout`] or [`McpError::Exited`] when it does not initialize within
+    /// `timeout`.
+    pub async fn connect(
+        url: &str,
+        ca_file: Option<&std::path::Path>,
+        name: &str,
+        timeout: Duration,
+        ping_every: Duration,
+    ) -> Result<Arc<McpClient>, McpError> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| McpError::Io(std::io::Error::other(format!("{url}: {e}"))))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(McpError::Io(std::io::Error::other(format!(
+                "{url}: an http or https URL"
+            ))));
+        }
+        let client = chorus_gateway::https_client(ca_file, timeout)
+            .map_err(|e| McpError::Io(std::io::Error::other(e)))?;
+        let client = Arc::new(McpClient {
+            link: Link::Http(Http {
+                client,
+                url: url.to_owned(),
+                session: Mutex::new(None),
+            }),
+            next: AtomicU64::new(1),
+            gone: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+        });
+        client.initialize(name, timeout).await?;
+        let watched = Arc::downgrade(&client);
+        let gone = client.gone.clone();
+        // Owned by the client: it ends when the server is gone or the client is dropped.
+        client.tracker.spawn(async move {
+            let mut missed = 0;
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(ping_every) => {}
+                    () = gone.cancelled() => return,
+                }
+                let Some(client) = watched.upgrade() else {
+                    return;
+                };
+                match client
+                    .request("ping", json!({}), ping_every.max(Duration::from_secs(1)))
+                    .await
+                {
+                    Ok(_) => missed = 0,
+                    Err(_) => missed += 1,
+                }
+                if missed >= MISSED_PINGS {
+                    gone.cancel();
+                    return;
+                }
+            }
+        });
+        Ok(client)
+    }
+
+    async fn initialize(&self, name: &str, timeout: Duration) -> Result<(), McpError> {
+        self.request(
+            "initialize",
+            json!({
+                "protocolVersion": PROTOCOL_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": name, "version": env!("CARGO_PKG_VERSION")},
+            }),
+            timeout,
+        )
+        .await?;
+        self.notify("notifications/initialized", json!({})).await
     }
 
     /// The server's tools (every page).
@@ -207,25 +296,34 @@ impl McpClient {
             return Err(McpError::Exited);
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(id, tx);
-        let sent = self
-            .write(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
-            .await;
-        if let Err(e) = sent {
-            lock(&self.pending).remove(&id);
-            return Err(e);
-        }
-        match tokio::time::timeout(timeout, rx).await {
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let answered = match &self.link {
+            Link::Stdio { stdin, pending, .. } => {
+                let (tx, rx) = oneshot::channel();
+                lock(pending).insert(id, tx);
+                if let Err(e) = write(stdin, &message).await {
+                    lock(pending).remove(&id);
+                    return Err(e.into());
+                }
+                let answer = tokio::time::timeout(timeout, rx).await;
+                if answer.is_err() {
+                    lock(pending).remove(&id);
+                }
+                answer.map(|got| got.map_err(|_| McpError::Exited))
+            }
+            Link::Http(http) => tokio::time::timeout(timeout, http.post(&message, Some(id)))
+                .await
+                .map(|got| got.and_then(|answer| answer.ok_or(McpError::Exited))),
+        };
+        match answered {
             Ok(Ok(Ok(result))) => Ok(result),
             Ok(Ok(Err((code, message)))) => Err(McpError::Refused {
                 method: method.to_owned(),
                 code,
                 message,
             }),
-            Ok(Err(_)) => Err(McpError::Exited),
+            Ok(Err(e)) => Err(e),
             Err(_) => {
-                lock(&self.pending).remove(&id);
                 let _ = self
                     .notify(
                         "notifications/cancelled",
@@ -238,12 +336,11 @@ impl McpClient {
     }
 
     async fn notify(&self, method: &str, params: Value) -> Result<(), McpError> {
-        self.write(&json!({"jsonrpc": "2.0", "method": method, "params": params}))
-            .await
-    }
-
-    async fn write(&self, message: &Value) -> Result<(), McpError> {
-        Ok(write(&self.stdin, message).await?)
+        let message = json!({"jsonrpc": "2.0", "method": method, "params": params});
+        match &self.link {
+            Link::Stdio { stdin, .. } => Ok(write(stdin, &message).await?),
+            Link::Http(http) => http.post(&message, None).await.map(|_| ()),
+        }
     }
 
     /// Completes when the server's output has ended (it exited, or closed it).
@@ -253,16 +350,141 @@ impl McpClient {
 
     /// Stops the server (its input closed, then killed if it lingers) and waits for it.
     pub async fn stop(&self) {
-        let mut child = self.child.lock().await;
-        let _ = self.stdin.lock().await.shutdown().await;
-        if tokio::time::timeout(Duration::from_secs(2), child.wait())
-            .await
-            .is_err()
-        {
-            let _ = child.kill().await;
+        match &self.link {
+            Link::Stdio { stdin, child, .. } => {
+                let mut child = child.lock().await;
+                let _ = stdin.lock().await.shutdown().await;
+                if tokio::time::timeout(Duration::from_secs(2), child.wait())
+                    .await
+                    .is_err()
+                {
+                    let _ = child.kill().await;
+                }
+            }
+            Link::Http(http) => http.end().await,
         }
+        self.gone.cancel();
         self.tracker.close();
     }
+}
+
+impl Http {
+    /// Posts `message`; for a request (`id`), its answer, read from JSON or from the event
+    /// stream (`None`: the stream ended without it).
+    async fn post(
+        &self,
+        message: &Value,
+        id: Option<u64>,
+    ) -> Result<Option<Result<Value, (i64, String)>>, McpError> {
+        let io = |e: &dyn std::fmt::Display| {
+            McpError::Io(std::io::Error::other(format!("{}: {e}", self.url)))
+        };
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(
+                reqwest::header::ACCEPT,
+                "application/json, text/event-stream",
+            )
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+            .body(message.to_string());
+        if let Some(session) = lock(&self.session).clone() {
+            request = request.header("mcp-session-id", session);
+        }
+        let mut response = request.send().await.map_err(|e| io(&e))?;
+        if let Some(session) = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|s| s.to_str().ok())
+        {
+            *lock(&self.session) = Some(session.to_owned());
+        }
+        let status = response.status();
+        if status == reqwest::StatusCode::NOT_FOUND && lock(&self.session).is_some() {
+            // The session ended at the server (a restart): this client is done.
+            return Err(McpError::Exited);
+        }
+        let Some(id) = id else { return Ok(None) };
+        if !status.is_success() {
+            return Err(io(&format!("answered {status}")));
+        }
+        let streamed = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|c| c.to_str().ok())
+            .is_some_and(|c| c.starts_with("text/event-stream"));
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| io(&e))? {
+            if streamed {
+                // Events end their lines with CRLF, LF or CR: LF alone is kept (JSON has no
+                // raw CR to lose).
+                body.extend(chunk.iter().copied().filter(|b| *b != b'\r'));
+            } else {
+                body.extend_from_slice(&chunk);
+            }
+            if body.len() > MAX_LINE {
+                return Err(io(&format!("an answer over {MAX_LINE} bytes")));
+            }
+            if streamed && let Some(answer) = answer_in_events(&mut body, id) {
+                return Ok(Some(answer));
+            }
+        }
+        if streamed {
+            return Ok(None);
+        }
+        let message: Value = serde_json::from_slice(&body).map_err(|e| io(&e))?;
+        Ok(answer_of(&message, id))
+    }
+
+    /// Ends the session (best effort).
+    async fn end(&self) {
+        let session = lock(&self.session).take();
+        if let Some(session) = session {
+            let _ = self
+                .client
+                .delete(&self.url)
+                .header("mcp-session-id", session)
+                .send()
+                .await;
+        }
+    }
+}
+
+/// The answer to request `id` among the complete events at the start of `buffer` (which keeps
+/// what follows them), if one is.
+fn answer_in_events(buffer: &mut Vec<u8>, id: u64) -> Option<Result<Value, (i64, String)>> {
+    loop {
+        let text = String::from_utf8_lossy(buffer);
+        let end = text.find("\n\n")?;
+        let event = text[..end].to_owned();
+        buffer.drain(..end + 2);
+        let data: Vec<&str> = event
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim_start)
+            .collect();
+        if let Ok(message) = serde_json::from_str::<Value>(&data.join("\n"))
+            && let Some(answer) = answer_of(&message, id)
+        {
+            return Some(answer);
+        }
+    }
+}
+
+/// `message`'s answer to request `id`, if it is one.
+fn answer_of(message: &Value, id: u64) -> Option<Result<Value, (i64, String)>> {
+    if message.get("id").and_then(Value::as_u64) != Some(id) {
+        return None;
+    }
+    Some(match (message.get("result"), message.get("error")) {
+        (Some(result), _) => Ok(result.clone()),
+        (None, Some(error)) => Err((
+            error["code"].as_i64().unwrap_or(-32603),
+            error["message"].as_str().unwrap_or_default().to_owned(),
+        )),
+        (None, None) => Err((-32603, "an answer with no result and no error".into())),
+    })
 }
 
 /// Writes one message, a line, to the server.
@@ -319,15 +541,9 @@ async fn read<R: tokio::io::AsyncRead + Unpin>(
                 let Some(waiting) = id.as_u64().and_then(|id| lock(&pending).remove(&id)) else {
                     continue;
                 };
-                let outcome = match (message.get("result"), message.get("error")) {
-                    (Some(result), _) => Ok(result.clone()),
-                    (None, Some(error)) => Err((
-                        error["code"].as_i64().unwrap_or(-32603),
-                        error["message"].as_str().unwrap_or_default().to_owned(),
-                    )),
-                    (None, None) => Err((-32603, "an answer with no result and no error".into())),
-                };
-                let _ = waiting.send(outcome);
+                if let Some(outcome) = id.as_u64().and_then(|id| answer_of(&message, id)) {
+                    let _ = waiting.send(outcome);
+                }
             }
             (None, None) => {}
         }
@@ -335,4 +551,26 @@ async fn read<R: tokio::io::AsyncRead + Unpin>(
     gone.cancel();
     // Dropped senders fail their calls with `Exited`.
     lock(&pending).clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_is_found_among_events_and_the_rest_kept() {
+        let mut buffer = b"id: 1\ndata: \n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"ok\":true}}\n\ndata: {\"partial".to_vec();
+        assert_eq!(
+            answer_in_events(&mut buffer, 7),
+            Some(Ok(json!({"ok": true})))
+        );
+        assert_eq!(buffer, b"data: {\"partial");
+        let mut refused = b"data: {\"jsonrpc\":\"2.0\",\"id\":3,\"error\":{\"code\":-32602,\"message\":\"Unknown tool\"}}\n\n".to_vec();
+        assert_eq!(
+            answer_in_events(&mut refused, 3),
+            Some(Err((-32602, "Unknown tool".to_owned())))
+        );
+        let mut other = b"data: {\"jsonrpc\":\"2.0\",\"id\":4,\"result\":{}}\n\n".to_vec();
+        assert_eq!(answer_in_events(&mut other, 5), None);
+    }
 }

@@ -13,7 +13,7 @@ use tokio_rustls::rustls::pki_types::pem::PemObject;
 ///
 /// # Errors
 /// A message naming the file when `ca_file` does not read as PEM certificates.
-pub(crate) fn client(ca_file: Option<&Path>, timeout: Duration) -> Result<reqwest::Client, String> {
+pub fn client(ca_file: Option<&Path>, timeout: Duration) -> Result<reqwest::Client, String> {
     let mut roots = tokio_rustls::rustls::RootCertStore::empty();
     for cert in rustls_native_certs::load_native_certs().certs {
         // A system certificate rustls cannot use is left out, as browsers do.

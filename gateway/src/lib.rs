@@ -43,6 +43,9 @@ use chorus_sdk::security::ConnectionSecurity;
 
 pub use config::{CircuitBreakerConfig, GatewayConfig, McpConfig, PushConfig, ScopeConfig, Tenant};
 pub use error::{Error, ErrorKind, Result};
+/// The HTTP client the gateway fetches and posts with (rustls on ring, the system's CAs and a
+/// file's, no redirects), for other parts of Chorus that speak HTTP out: `chorus mcp bridge --url`.
+pub use https::client as https_client;
 use inbox::{EdgeHandler, EdgeInbox};
 
 /// How the gateway's edge identities reach the bus: the settings of the process that runs the

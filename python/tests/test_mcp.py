@@ -442,3 +442,36 @@ def test_a_broken_task_stream_resumes_after_its_last_event(server: NatsServer, t
 
     with demo_with_gateway(server, tmp_path) as (_, url):
         asyncio.run(run(url))
+
+
+def test_an_mcp_server_over_streamable_http_is_bridged_and_missed_when_it_stops(
+        server: NatsServer, tmp_path: Path) -> None:
+    port = _free_port()
+    http_server = subprocess.Popen([sys.executable, str(SERVERS / "mcp_math.py"), "--http", str(port)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with gateway(server, tmp_path, "mcp-host") as gateway_port:
+            bridge = Running(server, "mcp", "bridge", "--agent", "mcp-remote", "--heartbeat", "1s",
+                             "--url", f"http://127.0.0.1:{port}/mcp")
+            try:
+                # The server may still be starting: the bridge retries with backoff.
+                bridge.wait_for("mcp-remote offers 3 tool(s)")
+                added = chorus(server, "request", "--capability", "mcp-remote.add", '{"a": 20, "b": 22}')
+                assert added.returncode == 0, added.stderr
+                assert json.loads(added.stdout)["structuredContent"] == {"result": 42.0}
+                refused = chorus(server, "request", "--capability", "mcp-remote.divide", '{"a": 1, "b": 0}')
+                assert refused.returncode != 0 and "division by zero" in refused.stderr + refused.stdout
+                # The server stops: three missed pings (a second apart) and its tools leave.
+                http_server.terminate()
+                http_server.wait(timeout=WAIT)
+                stopped = time.monotonic()
+                bridge.wait_for("is gone; its tools are withdrawn")
+                while "mcp-remote" in holders(gateway_port, "mcp-remote.add"):
+                    assert time.monotonic() - stopped < WAIT, "the bridged capability outlived its server"
+                    time.sleep(0.1)
+            finally:
+                bridge.stop()
+    finally:
+        if http_server.poll() is None:
+            http_server.kill()
+            http_server.wait()

@@ -43,9 +43,11 @@ enum Action {
         config: Option<PathBuf>,
     },
     /// Start an MCP server (the command after `--`, speaking MCP on its standard input and
-    /// output) and offer each of its tools on the bus as capability `<prefix>.<tool>` of
-    /// agent --agent. Its death withdraws them (the agent says goodbye); it is restarted with
-    /// backoff, at most --max-restarts times in a row.
+    /// output), or connect to one (--url, Streamable HTTP), and offer each of its tools on the
+    /// bus as capability `<prefix>.<tool>` of agent --agent. Its death (or three missed pings)
+    /// withdraws them (the agent says goodbye); it is restarted (or reconnected) with backoff,
+    /// at most --max-restarts times in a row.
+    #[command(group(clap::ArgGroup::new("mcp_server").required(true).args(["url", "command"])))]
     Bridge {
         /// The agent id the tools are offered under.
         #[arg(long)]
@@ -73,8 +75,14 @@ enum Action {
         /// The agent's heartbeat interval (the registry drops it after three missed).
         #[arg(long, default_value = "5s", value_parser = parse_duration)]
         heartbeat: Duration,
+        /// The MCP server's Streamable HTTP endpoint (`https://host/mcp`), instead of a command.
+        #[arg(long)]
+        url: Option<String>,
+        /// With --url: a CA file (PEM) to trust besides the system's.
+        #[arg(long, requires = "url")]
+        ca_file: Option<PathBuf>,
         /// The MCP server's command and arguments.
-        #[arg(last = true, required = true, num_args = 1..)]
+        #[arg(last = true, num_args = 1..)]
         command: Vec<String>,
     },
 }
@@ -95,8 +103,14 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
             breaker_open,
             max_restarts,
             heartbeat,
+            url,
+            ca_file,
             command,
         } => {
+            let server = match url {
+                Some(url) => Server::Url { url, ca_file },
+                None => Server::Command(command),
+            };
             let bridge = Bridge {
                 prefix: prefix.unwrap_or_else(|| agent.clone()),
                 agent,
@@ -105,7 +119,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
                 breaker: (breaker_failures.max(1), breaker_open),
                 max_restarts,
                 heartbeat,
-                command,
+                server,
             };
             bridge.run(conn).await
         }
@@ -146,6 +160,26 @@ async fn serve(
     Ok(ExitCode::SUCCESS)
 }
 
+/// Where the bridged server is.
+enum Server {
+    /// Started here, speaking on its standard input and output.
+    Command(Vec<String>),
+    /// Reached over Streamable HTTP.
+    Url {
+        url: String,
+        ca_file: Option<PathBuf>,
+    },
+}
+
+impl Server {
+    fn name(&self) -> String {
+        match self {
+            Server::Command(command) => command.first().cloned().unwrap_or_default(),
+            Server::Url { url, .. } => url.clone(),
+        }
+    }
+}
+
 struct Bridge {
     agent: String,
     prefix: String,
@@ -154,7 +188,7 @@ struct Bridge {
     breaker: (u32, Duration),
     max_restarts: u32,
     heartbeat: Duration,
-    command: Vec<String>,
+    server: Server,
 }
 
 /// A server that ran this long is healthy: its restart count starts again.
@@ -165,16 +199,13 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 impl Bridge {
     async fn run(&self, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
         let mut signals = crate::Signals::new()?;
-        let (program, args) = self
-            .command
-            .split_first()
-            .ok_or_else(|| anyhow::anyhow!("give the MCP server's command after --"))?;
+        let program = self.server.name();
         let mut restarts = 0;
         let mut backoff = Duration::from_secs(1);
         loop {
             let started = Instant::now();
             let outcome = tokio::select! {
-                outcome = self.serve_once(conn, program, args) => outcome,
+                outcome = self.serve_once(conn, &program) => outcome,
                 _ = signals.recv() => return Ok(ExitCode::SUCCESS),
             };
             if let Err(e) = outcome {
@@ -205,14 +236,20 @@ impl Bridge {
 
     /// One life of the server: started, its tools offered, until it exits (its agent then
     /// says goodbye) or this future is dropped (both stop).
-    async fn serve_once(
-        &self,
-        conn: &ConnectionArgs,
-        program: &str,
-        args: &[String],
-    ) -> anyhow::Result<()> {
-        let client =
-            Arc::new(McpClient::start(program, args, "chorus-mcp-bridge", self.timeout).await?);
+    async fn serve_once(&self, conn: &ConnectionArgs, program: &str) -> anyhow::Result<()> {
+        let name = "chorus-mcp-bridge";
+        let client = match &self.server {
+            Server::Command(command) => {
+                let (program, args) = command
+                    .split_first()
+                    .ok_or_else(|| anyhow::anyhow!("give the MCP server's command after --"))?;
+                Arc::new(McpClient::start(program, args, name, self.timeout).await?)
+            }
+            Server::Url { url, ca_file } => {
+                McpClient::connect(url, ca_file.as_deref(), name, self.timeout, self.heartbeat)
+                    .await?
+            }
+        };
         let stopping = Stopping(Arc::clone(&client));
         let tools = client.tools(self.timeout).await?;
         let agent = AgentOptions::new(self.agent.as_str())
@@ -252,7 +289,7 @@ impl Bridge {
             offered.join(", ")
         );
         client.exited().await;
-        eprintln!("chorus mcp bridge: the MCP server ({program}) exited; its tools are withdrawn");
+        eprintln!("chorus mcp bridge: the MCP server ({program}) is gone; its tools are withdrawn");
         // The goodbye takes the capabilities off the registry at once.
         agent.shutdown().await;
         drop(stopping);
