@@ -54,6 +54,7 @@ pub mod payload;
 mod presence;
 mod protocol;
 pub mod retry;
+pub mod schema;
 pub mod security;
 mod sequence;
 mod stats;

@@ -192,21 +192,39 @@ pub(crate) async fn gateway_latency(
     )?;
     let header = format!("x-api-key: {api_key}");
     let mut http = crate::http::HttpClient::connect(gateway).await?;
-    let (mut nats, mut web) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for i in 0..n + WARM_UP {
-        let call = Call::agent("bench-gw-echo", "echo").json_payload(&text)?;
-        let t = Instant::now();
-        client.call(call).await?;
-        let over_nats = t.elapsed();
-        let over_http = timed_request(&mut http, "the gateway", &header, &body).await?;
-        if i >= WARM_UP {
-            nats.push(over_nats);
-            web.push(over_http);
-        }
-    }
+    let timed = alternating(
+        n,
+        async |_| {
+            let call = Call::agent("bench-gw-echo", "echo").json_payload(&text)?;
+            let t = Instant::now();
+            client.call(call).await?;
+            Ok(t.elapsed())
+        },
+        async |_| timed_request(&mut http, "the gateway", &header, &body).await,
+    )
+    .await;
     client.shutdown().await;
     echo.shutdown().await;
-    Ok((nats, web))
+    timed
+}
+
+/// `n` timings each of `first` and `second`, called alternately (each with the call's number),
+/// after [`WARM_UP`] untimed pairs.
+async fn alternating(
+    n: usize,
+    mut first: impl AsyncFnMut(usize) -> anyhow::Result<Duration>,
+    mut second: impl AsyncFnMut(usize) -> anyhow::Result<Duration>,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let (mut firsts, mut seconds) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n + WARM_UP {
+        let one = first(i).await?;
+        let other = second(i).await?;
+        if i >= WARM_UP {
+            firsts.push(one);
+            seconds.push(other);
+        }
+    }
+    Ok((firsts, seconds))
 }
 
 /// How long one `POST /v1/requests` of `body` takes on `http`, which must answer 200.
@@ -247,18 +265,14 @@ pub(crate) async fn gateway_https(
     let tls_header = format!("x-api-key: {}", tls.1);
     let mut to_plain = crate::http::HttpClient::connect(plain.0).await?;
     let mut to_tls = crate::http::HttpClient::connect_tls(tls.0, tls.2).await?;
-    let (mut plain_l, mut tls_l) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for i in 0..n + WARM_UP {
-        let over_plain =
-            timed_request(&mut to_plain, "the plain gateway", &plain_header, &body).await?;
-        let over_tls = timed_request(&mut to_tls, "the HTTPS gateway", &tls_header, &body).await?;
-        if i >= WARM_UP {
-            plain_l.push(over_plain);
-            tls_l.push(over_tls);
-        }
-    }
+    let timed = alternating(
+        n,
+        async |_| timed_request(&mut to_plain, "the plain gateway", &plain_header, &body).await,
+        async |_| timed_request(&mut to_tls, "the HTTPS gateway", &tls_header, &body).await,
+    )
+    .await;
     echo.shutdown().await;
-    Ok((plain_l, tls_l))
+    timed
 }
 
 /// An MCP `tools/call` through the gateway (JSON answered, on one kept-alive connection) and
@@ -303,29 +317,33 @@ pub(crate) async fn gateway_mcp(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (mut native, mut mcp) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for i in 0..n + WARM_UP {
-        let call = Call::agent("bench-mcp-echo", "echo").json_payload(&arguments)?;
-        let t = Instant::now();
-        client.call(call).await?;
-        let over_nats = t.elapsed();
-        let t = Instant::now();
-        let (status, answer) = http.post_json("/mcp", &header, &body).await?;
-        let over_mcp = t.elapsed();
-        if status != 200 || !answer.starts_with(br#"{"id":1,"jsonrpc":"2.0","result":{"content""#) {
-            anyhow::bail!(
-                "the MCP server answered {status}: {}",
-                String::from_utf8_lossy(&answer)
-            );
-        }
-        if i >= WARM_UP {
-            native.push(over_nats);
-            mcp.push(over_mcp);
-        }
-    }
+    let timed = alternating(
+        n,
+        async |_| {
+            let call = Call::agent("bench-mcp-echo", "echo").json_payload(&arguments)?;
+            let t = Instant::now();
+            client.call(call).await?;
+            Ok(t.elapsed())
+        },
+        async |_| {
+            let t = Instant::now();
+            let (status, answer) = http.post_json("/mcp", &header, &body).await?;
+            let took = t.elapsed();
+            if status != 200
+                || !answer.starts_with(br#"{"id":1,"jsonrpc":"2.0","result":{"content""#)
+            {
+                anyhow::bail!(
+                    "the MCP server answered {status}: {}",
+                    String::from_utf8_lossy(&answer)
+                );
+            }
+            Ok(took)
+        },
+    )
+    .await;
     client.shutdown().await;
     echo.shutdown().await;
-    Ok((native, mcp))
+    timed
 }
 
 /// A2A `SendMessage` (blocking) two ways, alternating call by call on one kept-alive
@@ -349,34 +367,37 @@ pub(crate) async fn gateway_a2a(
     let mut to_gateway = crate::http::HttpClient::connect(gateway).await?;
     let gateway_header = format!("x-api-key: {api_key}\r\na2a-version: 1.0");
     let text = "x".repeat(100);
-    let (mut reference_l, mut gateway_l) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for i in 0..n + WARM_UP {
-        let body = |id: usize| {
-            serde_json::to_vec(&serde_json::json!({
-                "jsonrpc": "2.0", "id": id, "method": "SendMessage",
-                "params": {"message": {"messageId": uuid::Uuid::now_v7().to_string(), "role": "ROLE_USER",
-                                       "parts": [{"text": text}]}, "configuration": {}},
-            }))
-        };
-        let t = Instant::now();
-        let (status, answer) = to_reference
-            .post_json("/", "a2a-version: 1.0", &body(i)?)
-            .await?;
-        let took_reference = t.elapsed();
-        check_completed("the a2a-sdk server", status, &answer)?;
-        let t = Instant::now();
-        let (status, answer) = to_gateway
-            .post_json("/a2a/agents/bench-a2a/echo/", &gateway_header, &body(i)?)
-            .await?;
-        let took_gateway = t.elapsed();
-        check_completed("the gateway", status, &answer)?;
-        if i >= WARM_UP {
-            reference_l.push(took_reference);
-            gateway_l.push(took_gateway);
-        }
-    }
+    let body = |id: usize| {
+        serde_json::to_vec(&serde_json::json!({
+            "jsonrpc": "2.0", "id": id, "method": "SendMessage",
+            "params": {"message": {"messageId": uuid::Uuid::now_v7().to_string(), "role": "ROLE_USER",
+                                   "parts": [{"text": text}]}, "configuration": {}},
+        }))
+    };
+    let timed = alternating(
+        n,
+        async |i| {
+            let t = Instant::now();
+            let (status, answer) = to_reference
+                .post_json("/", "a2a-version: 1.0", &body(i)?)
+                .await?;
+            let took = t.elapsed();
+            check_completed("the a2a-sdk server", status, &answer)?;
+            Ok(took)
+        },
+        async |i| {
+            let t = Instant::now();
+            let (status, answer) = to_gateway
+                .post_json("/a2a/agents/bench-a2a/echo/", &gateway_header, &body(i)?)
+                .await?;
+            let took = t.elapsed();
+            check_completed("the gateway", status, &answer)?;
+            Ok(took)
+        },
+    )
+    .await;
     worker.shutdown().await;
-    Ok((reference_l, gateway_l))
+    timed
 }
 
 fn check_completed(who: &str, status: u16, answer: &[u8]) -> anyhow::Result<()> {

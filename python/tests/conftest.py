@@ -46,6 +46,49 @@ def rust_binary(name: str, example: bool = False) -> str:
     return str(path)
 
 
+class ChorusProcess:
+    """A `chorus` command (``rust_binary("chorus") --server URL *args``) running beside a test,
+    its standard output and error read line by line into :attr:`lines`."""
+
+    def __init__(self, url: str, *args: str, **env: str) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.proc = subprocess.Popen(
+            [rust_binary("chorus"), "--server", url, *args],
+            env={**os.environ, "RUST_LOG": "warn", **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip())
+
+    def wait_for(self, text: str, within: float = 60.0) -> str:
+        """The next line that contains ``text``, within ``within`` seconds."""
+        deadline = time.monotonic() + within
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"{self.proc.args!r} did not print {text!r} within {within:.0f} s")
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if text in line:
+                return line
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 class NatsServer:
     """A nats-server with JetStream on a free loopback port, its store in a temporary dir."""
 

@@ -15,7 +15,7 @@ import nats
 
 from chorus_sdk import Agent, ChorusError, Context, Delivery, Encoding, EncryptionKey, Identity, StatusCode, Verifier, decode
 
-from .conftest import rust_binary
+from .conftest import ChorusProcess, rust_binary
 
 WAIT = 15.0
 
@@ -216,37 +216,11 @@ async def test_the_chorus_cli_asks_a_python_agent(server: Any) -> None:
         assert reply["status"] == 5002 and reply["payload"] == 5.0 and reply["from"] == "py-cli"
 
 
-class Coordinator:
+class Coordinator(ChorusProcess):
     """`chorus serve` on the module's server, until stopped."""
 
     def __init__(self, url: str) -> None:
-        import os
-        import queue
-        import threading
-
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.proc = subprocess.Popen(
-            [rust_binary("chorus"), "--server", url, "serve"],
-            env={**os.environ, "CHORUS_SERVE__METRICS_ADDR": "127.0.0.1:0", "RUST_LOG": "info"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-
-        def read() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.lines.put(line)
-
-        threading.Thread(target=read, daemon=True).start()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__(url, "serve", CHORUS_SERVE__METRICS_ADDR="127.0.0.1:0", RUST_LOG="info")
 
 
 async def eventually(what: str, check: Any, wait: float = WAIT) -> Any:

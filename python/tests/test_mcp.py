@@ -10,10 +10,8 @@ import asyncio
 import hashlib
 import json
 import os
-import queue
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,7 +27,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from .conftest import NatsServer, _free_port, rust_binary
+from .conftest import ChorusProcess, NatsServer, _free_port, rust_binary
 from .test_gateway import API_KEY, gateway
 
 WAIT = 60.0
@@ -37,53 +35,12 @@ WAIT = 60.0
 ALL_KEY = "mcp-all-2b7d4f6a8c1e3b5d"
 
 
-class Running:
-    """A `chorus` command running beside the test, its output read line by line."""
-
-    def __init__(self, server: NatsServer, *args: str) -> None:
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.proc = subprocess.Popen(
-            [rust_binary("chorus"), "--server", server.url, *args],
-            env={**os.environ, "RUST_LOG": "warn"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip())
-
-    def wait_for(self, text: str, within: float = WAIT) -> str:
-        deadline = time.monotonic() + within
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"{self.proc.args!r} did not print {text!r} within {within:.0f} s")
-            try:
-                line = self.lines.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            if text in line:
-                return line
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 @contextmanager
-def demo_with_gateway(server: NatsServer, tmp_path: Path, extra: str = "") -> Iterator[tuple[Running, str]]:
+def demo_with_gateway(server: NatsServer, tmp_path: Path, extra: str = "") -> Iterator[tuple[ChorusProcess, str]]:
     """The gateway (identity `mcp-host`) and the demo's agents (`chorus up --join`), after the
     demo's first round (so its own tasks are done); yields the demo and the MCP endpoint."""
     with gateway(server, tmp_path, "mcp-host", extra) as port:
-        demo = Running(server, "up", "--join", "--interval", "3600s", "--metrics-addr", f"127.0.0.1:{_free_port()}")
+        demo = ChorusProcess(server.url, "up", "--join", "--interval", "3600s", "--metrics-addr", f"127.0.0.1:{_free_port()}")
         try:
             demo.wait_for("chorus up: scenarios complete", 120)
             yield demo, f"http://127.0.0.1:{port}/mcp"
@@ -104,7 +61,7 @@ def text_of(result: Any) -> str:
 
 
 def test_an_mcp_client_lists_calls_streams_and_cancels_chorus_agents(server: NatsServer, tmp_path: Path) -> None:
-    async def run(demo: Running, url: str) -> None:
+    async def run(demo: ChorusProcess, url: str) -> None:
         logs: list[str] = []
 
         async def logged(params: Any) -> None:
@@ -255,7 +212,7 @@ def test_an_mcp_server_bridged_onto_the_bus_serves_dies_and_comes_back(
 
     with gateway(server, tmp_path, "mcp-host") as port:
         peer = rust_peer("rust-bridge-caller")
-        bridge = Running(server, "mcp", "bridge", "--agent", "mcp-math", "--",
+        bridge = ChorusProcess(server.url, "mcp", "bridge", "--agent", "mcp-math", "--",
                          sys.executable, str(SERVERS / "mcp_math.py"))
         try:
             bridge.wait_for("mcp-math offers 3 tool(s)")
@@ -451,7 +408,7 @@ def test_an_mcp_server_over_streamable_http_is_bridged_and_missed_when_it_stops(
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         with gateway(server, tmp_path, "mcp-host") as gateway_port:
-            bridge = Running(server, "mcp", "bridge", "--agent", "mcp-remote", "--heartbeat", "1s",
+            bridge = ChorusProcess(server.url, "mcp", "bridge", "--agent", "mcp-remote", "--heartbeat", "1s",
                              "--url", f"http://127.0.0.1:{port}/mcp")
             try:
                 # The server may still be starting: the bridge retries with backoff.

@@ -108,8 +108,7 @@ impl Description {
                     "an input schema is at most {MAX_INPUT_SCHEMA_BYTES} bytes of JSON, this one {size}"
                 ));
             }
-            jsonschema::validator_for(schema)
-                .map_err(|e| format!("the input schema does not compile: {e}"))?;
+            crate::schema::Schema::compile(schema).map_err(|e| format!("the input schema: {e}"))?;
         }
         if let Some(reply) = &self.reply
             && reply != crate::registry::REPLY_MCP_TOOL_RESULT

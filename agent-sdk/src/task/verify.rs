@@ -20,7 +20,7 @@ pub(crate) enum Check {
     /// A function of the report.
     Function(Arc<CheckFn>),
     /// A JSON Schema the output (read as JSON) must meet.
-    Schema(Arc<jsonschema::Validator>),
+    Schema(crate::schema::Schema),
     /// A supervisor agent asked with the output as the payload: a success answer passes it,
     /// a refusal fails it with its reason.
     Agent {
@@ -97,9 +97,8 @@ impl Verification {
     /// # Errors
     /// [`SdkError::InvalidCall`] when `schema` does not compile.
     pub fn schema(schema: &serde_json::Value) -> Result<Self, SdkError> {
-        let validator = jsonschema::validator_for(schema)
-            .map_err(|e| SdkError::InvalidCall(format!("the JSON Schema does not compile: {e}")))?;
-        Ok(Verification::new(Check::Schema(Arc::new(validator))))
+        let schema = crate::schema::Schema::compile(schema).map_err(SdkError::InvalidCall)?;
+        Ok(Verification::new(Check::Schema(schema)))
     }
 
     /// Asks supervisor `agent` to judge each result with `command` (the output is the
@@ -152,19 +151,9 @@ impl Verification {
     pub(crate) fn check_locally(&self, report: &TaskUpdate) -> Option<Result<(), String>> {
         match &self.check {
             Check::Function(f) => Some(f(report).map_err(|why| why.reason().to_owned())),
-            Check::Schema(validator) => Some(match report.payload_as::<serde_json::Value>() {
+            Check::Schema(schema) => Some(match report.payload_as::<serde_json::Value>() {
                 Ok(value) => {
-                    let errors: Vec<String> = validator
-                        .iter_errors(&value)
-                        .map(|e| {
-                            let at = e.instance_path().to_string();
-                            if at.is_empty() {
-                                e.to_string()
-                            } else {
-                                format!("{at}: {e}")
-                            }
-                        })
-                        .collect();
+                    let errors = schema.errors(&value, usize::MAX);
                     if errors.is_empty() {
                         Ok(())
                     } else {

@@ -235,7 +235,8 @@ impl Bridge {
     }
 
     /// One life of the server: started, its tools offered, until it exits (its agent then
-    /// says goodbye) or this future is dropped (both stop).
+    /// says goodbye) or this future is dropped (the agent stops, and the child process is
+    /// killed when the last handle to it goes).
     async fn serve_once(&self, conn: &ConnectionArgs, program: &str) -> anyhow::Result<()> {
         let name = "chorus-mcp-bridge";
         let client = match &self.server {
@@ -250,7 +251,6 @@ impl Bridge {
                     .await?
             }
         };
-        let stopping = Stopping(Arc::clone(&client));
         let tools = client.tools(self.timeout).await?;
         let agent = AgentOptions::new(self.agent.as_str())
             .broker(conn.broker_options()?)
@@ -292,19 +292,8 @@ impl Bridge {
         eprintln!("chorus mcp bridge: the MCP server ({program}) is gone; its tools are withdrawn");
         // The goodbye takes the capabilities off the registry at once.
         agent.shutdown().await;
-        drop(stopping);
+        client.stop().await;
         Ok(())
-    }
-}
-
-/// Stops the server when its life ends, however it ends.
-struct Stopping(Arc<McpClient>);
-
-impl Drop for Stopping {
-    fn drop(&mut self) {
-        let client = Arc::clone(&self.0);
-        // Owned by the runtime for the moment it takes: the child is killed on drop anyway.
-        tokio::spawn(async move { client.stop().await });
     }
 }
 

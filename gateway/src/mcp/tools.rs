@@ -12,9 +12,9 @@
 use std::collections::BTreeMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 
 use chorus_sdk::registry::REPLY_MCP_TOOL_RESULT;
+use chorus_sdk::schema::Schema;
 use chorus_sdk::{AgentRecord, EndpointInfo, EndpointRole, StatusCode};
 use serde_json::{Value, json};
 
@@ -53,7 +53,7 @@ pub(crate) struct Tool {
     /// The payload is the argument `input`, not the arguments object.
     pub(crate) wrapped: bool,
     /// Checks the payload, when the agent gave a schema.
-    validator: Option<Arc<jsonschema::Validator>>,
+    validator: Option<Schema>,
     /// It runs as a Chorus task.
     pub(crate) task: bool,
     /// Its reply's payload is an MCP tool result already.
@@ -92,18 +92,7 @@ impl Tool {
             arguments
         };
         if let Some(validator) = &self.validator {
-            let errors: Vec<String> = validator
-                .iter_errors(&payload)
-                .take(3)
-                .map(|e| {
-                    let at = e.instance_path().to_string();
-                    if at.is_empty() {
-                        e.to_string()
-                    } else {
-                        format!("{at}: {e}")
-                    }
-                })
-                .collect();
+            let errors = validator.errors(&payload, 3);
             if !errors.is_empty() {
                 return Err(format!(
                     "the arguments do not follow the tool's input schema: {}",
@@ -209,10 +198,7 @@ fn tool(name: String, target: Target, described: String, info: Option<&EndpointI
     let schema = info
         .and_then(|i| i.input_schema.clone())
         .filter(Value::is_object);
-    let validator = schema
-        .as_ref()
-        .and_then(|s| jsonschema::validator_for(s).ok())
-        .map(Arc::new);
+    let validator = schema.as_ref().and_then(|s| Schema::compile(s).ok());
     let task = info.is_some_and(|i| i.task);
     let mcp_result = info.is_some_and(|i| i.reply.as_deref() == Some(REPLY_MCP_TOOL_RESULT));
     let mut description = described;

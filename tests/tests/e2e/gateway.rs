@@ -605,14 +605,20 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
 async fn run_python(python: &std::ffi::OsStr, code: String, what: &'static str) -> String {
     let mut cmd = std::process::Command::new(python);
     cmd.args(["-c", &code]);
+    succeeds(cmd, Duration::from_secs(60), what).await
+}
+
+/// Runs `cmd` within `limit`; its standard output, once it has succeeded (`what` names it
+/// otherwise).
+async fn succeeds(mut cmd: std::process::Command, limit: Duration, what: &str) -> String {
     let out = within(
-        Duration::from_secs(60),
-        what,
+        limit,
+        "a documented command",
         tokio::task::spawn_blocking(move || cmd.output()),
     )
     .await
-    .expect("python task")
-    .expect("python runs");
+    .expect("command task")
+    .expect("the command runs");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -681,21 +687,7 @@ async fn the_interop_try_it_runs_as_written() {
         };
         let mut cmd = std::process::Command::new("sh");
         cmd.args(["-c", &line]).env("CHORUS_NATS_URL", server.url());
-        let out = within(
-            Duration::from_secs(30),
-            "a documented command",
-            tokio::task::spawn_blocking(move || cmd.output()),
-        )
-        .await
-        .expect("command task")
-        .expect("sh runs");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{line}: {stdout} {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        outputs.push(stdout);
+        outputs.push(succeeds(cmd, Duration::from_secs(30), &line).await);
     }
     assert_eq!(outputs.len(), 6, "the block has six commands");
     let json = |i: usize| -> Value {
