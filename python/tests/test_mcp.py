@@ -432,3 +432,39 @@ def test_an_mcp_server_over_streamable_http_is_bridged_and_missed_when_it_stops(
         if http_server.poll() is None:
             http_server.kill()
             http_server.wait()
+
+
+def test_a_python_agent_describes_its_tools_as_a_rust_one_does(server: NatsServer, tmp_path: Path) -> None:
+    from chorus_sdk import Agent, Context
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": -5}, "note": {"default": None}},
+              "required": ["n"]}
+
+    async def run(url: str) -> None:
+        async with Agent("py-tools", servers=server.url, heartbeat_interval=0.5) as py:
+            @py.command("double")
+            async def double(ctx: Context) -> int:
+                return int(ctx.data()["n"]) * 2
+
+            py.describe("double", "Doubles n.", input_schema=schema)
+            with pytest.raises(ValueError):
+                py.describe("nothing", "not served")
+            with pytest.raises(ValueError):
+                py.describe("double", "x" * 1025)
+            async with AsyncExitStack() as stack:
+                client = await connect(stack, url)
+                deadline = time.monotonic() + WAIT
+                while True:
+                    tools = {t.name: t for t in (await client.list_tools()).tools}
+                    if "py-tools.double" in tools and tools["py-tools.double"].description == "Doubles n.":
+                        break
+                    assert time.monotonic() < deadline, sorted(tools)
+                    await asyncio.sleep(0.2)
+                assert tools["py-tools.double"].input_schema == schema
+                doubled = await asyncio.wait_for(client.call_tool("py-tools.double", {"n": -3}), WAIT)
+                assert text_of(doubled) == "-6"
+                refused = await asyncio.wait_for(client.call_tool("py-tools.double", {"n": "x"}), WAIT)
+                assert refused.is_error and "/n" in text_of(refused)
+
+    with gateway(server, tmp_path, "mcp-host") as port:
+        asyncio.run(run(f"http://127.0.0.1:{port}/mcp"))

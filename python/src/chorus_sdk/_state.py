@@ -140,6 +140,8 @@ class AgentState:
 
         self._commands: dict[str, Handler] = {}
         self._capabilities: dict[str, Handler] = {}
+        # What the manifest says of commands and capabilities (``endpoints``), by (kind, name).
+        self._endpoints: dict[tuple[str, str], dict[str, Any]] = {}
         self._events: dict[str, EventHandler] = {}
         self._nc: NATS | None = None
         self._connection: Connection | None = None

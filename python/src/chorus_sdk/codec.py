@@ -202,6 +202,41 @@ class _Struct:
         self.members = members
 
 
+class _Json:
+    """Any JSON value (a JSON Schema, say), written as MessagePack as it is: maps with their
+    keys, negative numbers, null."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _write_json(w: Writer, value: Any) -> None:
+    if value is None:
+        w.nil()
+    elif isinstance(value, bool):
+        w.bool(value)
+    elif isinstance(value, int):
+        if value >= 0:
+            w.uint(value)
+        else:
+            w.buf += b"\xd3" + struct.pack(">q", value)
+    elif isinstance(value, float):
+        w.f64(value)
+    elif isinstance(value, str):
+        w.str(value)
+    elif isinstance(value, list):
+        w.array(len(value))
+        for item in value:
+            _write_json(w, item)
+    elif isinstance(value, dict):
+        w.map(len(value))
+        for k, v in value.items():
+            w.str(str(k))
+            _write_json(w, v)
+    else:
+        raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
 def _write_value(w: Writer, value: Any) -> None:
     if isinstance(value, Vocabulary):
         w.str(str(value.value))
@@ -231,6 +266,8 @@ def _write_value(w: Writer, value: Any) -> None:
             w.str(v)
     elif isinstance(value, _Struct):
         _write_members(w, value.members)
+    elif isinstance(value, _Json):
+        _write_json(w, value.value)
     else:
         _write_members(w, _nested(value))
 
@@ -1176,3 +1213,4 @@ def decode_payload(data: bytes, content_type: str = CONTENT_TYPE_MSGPACK) -> Any
 # The names `encode_struct`'s callers build with.
 F32 = _F32
 Struct = _Struct
+Json = _Json

@@ -5,6 +5,7 @@ commands start."""
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Any, Awaitable, Callable, TypeVar
 
 
@@ -16,6 +17,12 @@ from .tasks import TaskHandler
 from ._state import EventHandler, Handler, log
 from .presence import Presence
 
+
+# The limits of a description (as the Rust SDK's `Description`).
+MAX_DESCRIPTION_BYTES = 1024
+MAX_INPUT_SCHEMA_BYTES = 16 * 1024
+# A reply format: the payload is an MCP tool result (`content`, `structuredContent`, `isError`).
+REPLY_MCP_TOOL_RESULT = "mcp.tool_result"
 
 # What the decorators take: a handler, as a coroutine function or a plain one.
 H = TypeVar("H", bound=Callable[[Context], Any])
@@ -79,10 +86,45 @@ class Handlers(Presence):
         taken (answered 5002) and ``handler`` runs with a :class:`TaskContext`; what it returns
         completes the task, a :class:`ChorusError` it raises fails it with that code."""
         self.on_command(name, self._task_worker.endpoint(_as_async(handler)))
+        self._endpoints.setdefault(("command", name), {})["task"] = True
 
     def on_task_capability(self, capability: str, handler: TaskHandler) -> None:
         """Serves tasks submitted to a capability."""
         self.on_capability(capability, self._task_worker.endpoint(_as_async(handler)))
+        self._endpoints.setdefault(("capability", capability), {})["task"] = True
+
+    def describe(
+        self,
+        name: str,
+        description: str,
+        input_schema: dict[str, Any] | None = None,
+        reply_format: str | None = None,
+    ) -> None:
+        """Describes command or capability ``name`` in the manifest (``endpoints``, section
+        7.7), for callers that list tools (MCP hosts through the gateway): what it does, the
+        JSON Schema its payload follows, how its reply reads (``"mcp.tool_result"``: an MCP
+        tool result). Register its handler first; announced at once.
+
+        Raises :class:`ValueError` when there is no such command or capability, the
+        description is over 1,024 bytes, the schema is no JSON object or over 16 KiB as JSON,
+        or the reply format is not ``mcp.tool_result``."""
+        if len(description.encode()) > MAX_DESCRIPTION_BYTES:
+            raise ValueError(f"describe {name}: a description is at most {MAX_DESCRIPTION_BYTES} bytes")
+        if input_schema is not None:
+            if not isinstance(input_schema, dict):
+                raise ValueError(f"describe {name}: an input schema is a JSON object")
+            size = len(json.dumps(input_schema, separators=(",", ":")).encode())
+            if size > MAX_INPUT_SCHEMA_BYTES:
+                raise ValueError(f"describe {name}: an input schema is at most {MAX_INPUT_SCHEMA_BYTES} bytes of JSON, this one {size}")
+        if reply_format is not None and reply_format != REPLY_MCP_TOOL_RESULT:
+            raise ValueError(f"describe {name}: reply format {reply_format!r}: the one known is {REPLY_MCP_TOOL_RESULT}")
+        kinds = [k for k, served in (("command", self._commands), ("capability", self._capabilities)) if name in served]
+        if not kinds:
+            raise ValueError(f"describe {name}: no command or capability {name} here (register its handler first)")
+        for kind in kinds:
+            said = self._endpoints.setdefault((kind, name), {})
+            said.update(description=description, input_schema=input_schema, reply=reply_format)
+        self._changed()
 
     def task(self, name: str) -> Callable[[TaskHandler], TaskHandler]:
         """Decorator form of :meth:`on_task`: ``@agent.task("draft")``."""

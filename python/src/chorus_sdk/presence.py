@@ -9,7 +9,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from . import __version__
-from .codec import F32, DecodeError, Struct, decode, decode_payload, encode_struct
+from .codec import F32, DecodeError, Json, Struct, decode, decode_payload, encode_struct
 from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, Envelope, Kind, Performative
 from . import service
 from .service import EndpointStats
@@ -49,7 +49,30 @@ class Presence(Inbound):
             ("sdk_version", __version__),
             ("wire_versions", [1, 2]),
         ]
+        endpoints = self._endpoint_infos()
+        if endpoints:
+            fields.append(("endpoints", endpoints))
         return encode_struct(fields)
+
+    def _endpoint_infos(self) -> list[Struct]:
+        """What the manifest says of the commands and capabilities still served that say
+        something: commands first, then capabilities, each by name."""
+        served = {"command": self._commands, "capability": self._capabilities}
+        infos = []
+        for (kind, name), said in sorted(self._endpoints.items(), key=lambda e: (e[0][0] != "command", e[0][1])):
+            if name not in served[kind]:
+                continue
+            info: list[tuple[str, Any]] = [("name", name), ("kind", kind)]
+            if said.get("description") is not None:
+                info.append(("description", said["description"]))
+            if said.get("input_schema") is not None:
+                info.append(("input_schema", Json(said["input_schema"])))
+            if said.get("task"):
+                info.append(("task", True))
+            if said.get("reply") is not None:
+                info.append(("reply", said["reply"]))
+            infos.append(Struct(info))
+        return infos
 
     async def _send_presence(self, goodbye: bool = False) -> None:
         env = Envelope.new(Kind.HEARTBEAT, Performative.DONE if goodbye else Performative.HEALTH, self.id)
