@@ -50,11 +50,12 @@ class ChorusProcess:
     """A `chorus` command (``rust_binary("chorus") --server URL *args``) running beside a test,
     its standard output and error read line by line into :attr:`lines`."""
 
-    def __init__(self, url: str, *args: str, **env: str) -> None:
+    def __init__(self, url: str, *args: str, cwd: Path | None = None, **env: str) -> None:
         self.lines: queue.Queue[str] = queue.Queue()
         self.proc = subprocess.Popen(
             [rust_binary("chorus"), "--server", url, *args],
             env={**os.environ, "RUST_LOG": "warn", **env},
+            cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -468,3 +468,26 @@ def test_a_python_agent_describes_its_tools_as_a_rust_one_does(server: NatsServe
 
     with gateway(server, tmp_path, "mcp-host") as port:
         asyncio.run(run(f"http://127.0.0.1:{port}/mcp"))
+
+
+def test_the_interop_bridge_block_runs_as_written(server: NatsServer, tmp_path: Path) -> None:
+    import shlex
+
+    from .conftest import REPO
+
+    doc = (REPO / "docs" / "INTEROP.md").read_text()
+    block = doc.split("**Any MCP server joins the bus as an agent.**")[1].split("```sh\n")[1].split("```")[0]
+    bridge_line, request_line = [line for line in block.splitlines() if line and not line.startswith("#")]
+    with gateway(server, tmp_path, "mcp-host"):
+        args = shlex.split(bridge_line)
+        assert args[0] == "chorus"
+        bridge = ChorusProcess(server.url, *args[1:], cwd=REPO)
+        try:
+            bridge.wait_for("offers 3 tool(s)")
+            command = request_line.replace("chorus ", f"{rust_binary('chorus')} ", 1)
+            done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=WAIT, cwd=REPO,
+                                  env={**os.environ, "CHORUS_NATS_URL": server.url, "RUST_LOG": "warn"})
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["structuredContent"] == {"result": 5.0}, done.stdout
+        finally:
+            bridge.stop()
