@@ -756,14 +756,14 @@ impl GatewayConfig {
 
 /// An A2A endpoint under `/a2a/`, as `a2a_default` names it: the agent and command, or the
 /// capability.
-pub(crate) fn a2a_path(path: &str) -> std::result::Result<A2aTarget, String> {
+pub(crate) fn a2a_path(path: &str) -> std::result::Result<Target, String> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     match parts.as_slice() {
         ["agents", agent, command] => {
             chorus_sdk::subject::validate_token("agent", agent)
                 .and_then(|()| chorus_sdk::subject::validate_token("command", command))
                 .map_err(|e| e.to_string())?;
-            Ok(A2aTarget::Command {
+            Ok(Target::Command {
                 agent: (*agent).to_owned(),
                 command: (*command).to_owned(),
             })
@@ -771,18 +771,28 @@ pub(crate) fn a2a_path(path: &str) -> std::result::Result<A2aTarget, String> {
         ["capabilities", capability] => {
             chorus_sdk::subject::validate_dotted("capability", capability)
                 .map_err(|e| e.to_string())?;
-            Ok(A2aTarget::Capability((*capability).to_owned()))
+            Ok(Target::Capability((*capability).to_owned()))
         }
         _ => Err("give agents/<agent>/<command> or capabilities/<capability>".into()),
     }
 }
 
-/// What an A2A endpoint under `/a2a/` stands for: one agent's command, or a capability (what
-/// [`a2a_path`] reads, and what the A2A binding serves).
+/// What an edge endpoint stands for: one agent's command, or a capability (an A2A endpoint
+/// under `/a2a/`, as [`a2a_path`] reads it; an MCP tool).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum A2aTarget {
+pub(crate) enum Target {
     Command { agent: String, command: String },
     Capability(String),
+}
+
+impl Target {
+    /// Its names as the gateway's routes take them: `to`, `command`, `capability`.
+    pub(crate) fn names(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
+        match self {
+            Target::Command { agent, command } => (Some(agent), Some(command), None),
+            Target::Capability(c) => (None, None, Some(c)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -923,14 +933,14 @@ mod tests {
     fn the_default_a2a_agent_is_an_endpoint_under_a2a() {
         assert_eq!(
             a2a_path("agents/tck/chat"),
-            Ok(A2aTarget::Command {
+            Ok(Target::Command {
                 agent: "tck".into(),
                 command: "chat".into()
             })
         );
         assert_eq!(
             a2a_path("/capabilities/text.summarize/"),
-            Ok(A2aTarget::Capability("text.summarize".into()))
+            Ok(Target::Capability("text.summarize".into()))
         );
         for bad in [
             "agents/tck",

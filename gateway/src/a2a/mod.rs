@@ -39,7 +39,7 @@ use uuid::Uuid;
 use super::api::{self, ApiError};
 use super::scopes::Route;
 use super::{Edge, GatewayState};
-use crate::config::A2aTarget as Target;
+use crate::config::Target;
 use view::{Folded, is_terminal, stops};
 
 mod list;
@@ -65,14 +65,6 @@ mod code {
 }
 
 impl Target {
-    /// Its names as the gateway's routes take them: `to`, `command`, `capability`.
-    fn names(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
-        match self {
-            Target::Command { agent, command } => (Some(agent), Some(command), None),
-            Target::Capability(c) => (None, None, Some(c)),
-        }
-    }
-
     /// Whether the caller's scopes grant this endpoint (403 saying which if not).
     fn allowed(&self, credential: &api::Credential) -> Result<(), ApiError> {
         let (to, command, capability) = self.names();

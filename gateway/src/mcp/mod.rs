@@ -400,8 +400,7 @@ where
         let out = Out::resumable(tx.clone(), id.clone());
         let answer = run(id.clone(), out).await;
         if !matches!(&answer, Err(e) if e.code == code::CANCELLED) {
-            let message = Some(response(&id, &answer));
-            let _ = tx.send(Sent { id: None, message }).await;
+            let _ = tx.send(Sent::message(response(&id, &answer))).await;
         }
         None
     };

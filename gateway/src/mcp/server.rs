@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use chorus_sdk::task::{TaskHandle, TaskMessage, TaskUpdate};
-use chorus_sdk::{DiscoverQuery, SdkError, StatusCode, TaskState};
+use chorus_sdk::{DiscoverQuery, Envelope, SdkError, StatusCode, TaskState};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -201,6 +201,16 @@ pub(crate) struct Sent {
     pub(crate) message: Option<Value>,
 }
 
+impl Sent {
+    /// A message with no event id.
+    pub(crate) fn message(message: Value) -> Sent {
+        Sent {
+            id: None,
+            message: Some(message),
+        }
+    }
+}
+
 /// Where a request's notifications go: its SSE stream, or standard output. Lossy: a client
 /// that does not read its notifications loses some rather than stalling the call.
 #[derive(Clone)]
@@ -339,7 +349,7 @@ impl Caller {
             "tools/list" => self.list(params).await,
             "tools/call" => self.call(id, params, out).await,
             "tasks/get" => {
-                let handle = self.owned(params).await?;
+                let (handle, _) = self.owned(params).await?;
                 self.task_view(&handle).await
             }
             "tasks/result" => self.task_result(params, out).await,
@@ -549,7 +559,7 @@ impl Caller {
 
     /// The Chorus task `params.taskId` names, if this identity submitted it (any other is not
     /// found, as if it did not exist).
-    async fn owned(&self, params: &Value) -> Result<TaskHandle, RpcError> {
+    async fn owned(&self, params: &Value) -> Result<(TaskHandle, Envelope), RpcError> {
         let named = params
             .get("taskId")
             .and_then(Value::as_str)
@@ -569,7 +579,7 @@ impl Caller {
         if submission.envelope.from.as_str() != self.identity {
             return Err(not_found());
         }
-        Ok(handle)
+        Ok((handle, submission.envelope))
     }
 
     /// A task as MCP shows it (`Task`): its state, its last word, when it was made and last
@@ -600,8 +610,8 @@ impl Caller {
     /// `tasks/result`: the task's result as its `tools/call` would have answered, once it
     /// has ended (waiting for that, as a blocking call would).
     async fn task_result(&self, params: &Value, out: &Out) -> Result<Value, RpcError> {
-        let handle = self.owned(params).await?;
-        let mcp_result = self.mcp_result_of(&handle).await?;
+        let (handle, submission) = self.owned(params).await?;
+        let mcp_result = self.mcp_result_of(&submission).await?;
         let mut result = self
             .follow(&handle, mcp_result, None, out, &CancellationToken::new(), 0)
             .await?;
@@ -612,32 +622,26 @@ impl Caller {
 
     /// Whether the tool a task was submitted to answers with MCP results (from the tool
     /// table, by the submission's target).
-    async fn mcp_result_of(&self, handle: &TaskHandle) -> Result<bool, RpcError> {
-        let submission = handle
-            .history(1)
-            .await
-            .map_err(bus_error)?
-            .into_iter()
-            .next()
-            .map(|u| u.envelope);
-        let name = submission.map(|s| match s.capability {
-            Some(capability) => capability,
+    async fn mcp_result_of(&self, submission: &Envelope) -> Result<bool, RpcError> {
+        let name = match &submission.capability {
+            Some(capability) => capability.clone(),
             None => format!(
                 "{}.{}",
-                s.to.first().map(String::as_str).unwrap_or_default(),
-                s.name.as_deref().unwrap_or_default()
+                submission
+                    .to
+                    .first()
+                    .map(String::as_str)
+                    .unwrap_or_default(),
+                submission.name.as_deref().unwrap_or_default()
             ),
-        });
+        };
         let table = self.table(false).await.map_err(bus_error)?;
-        Ok(name
-            .as_deref()
-            .and_then(|n| table.get(n))
-            .is_some_and(|t| t.mcp_result))
+        Ok(table.get(&name).is_some_and(|t| t.mcp_result))
     }
 
     /// `tasks/cancel`: cancels the task on the bus (a finished one cannot be, -32602).
     async fn cancel_task(&self, params: &Value) -> Result<Value, RpcError> {
-        let handle = self.owned(params).await?;
+        let (handle, _) = self.owned(params).await?;
         let state = handle.state().await.map_err(bus_error)?;
         if state.is_terminal() {
             return Err(RpcError::new(
@@ -862,10 +866,10 @@ impl Caller {
     /// A task's `tools/call` stream resumed after `resume`'s event: what came after it, then
     /// the call's result.
     pub(crate) async fn resume(&self, resume: &Resume, out: &Out) -> Result<Value, RpcError> {
-        let handle = self
+        let (handle, submission) = self
             .owned(&json!({"taskId": resume.task.to_string()}))
             .await?;
-        let mcp_result = self.mcp_result_of(&handle).await?;
+        let mcp_result = self.mcp_result_of(&submission).await?;
         // The call goes on here: `notifications/cancelled` for it finds this stream.
         let cancel = CancellationToken::new();
         let key = self.in_flight_key(&resume.request);

@@ -52,7 +52,7 @@ where
                             code::INVALID_REQUEST,
                             format!("a message longer than {limit} bytes (max_body_bytes)"),
                         );
-                        let _ = tx.send(Sent { id: None, message: Some(response(&Value::Null, &Err(refused))) }).await;
+                        let _ = tx.send(Sent::message(response(&Value::Null, &Err(refused)))).await;
                     }
                     Some(Ok(line)) if line.trim().is_empty() => {}
                     Some(Ok(line)) => {
@@ -60,7 +60,7 @@ where
                             Ok(m) => m,
                             Err(e) => {
                                 let refused = RpcError::new(code::PARSE, format!("not JSON: {e}"));
-                                let _ = tx.send(Sent { id: None, message: Some(response(&Value::Null, &Err(refused))) }).await;
+                                let _ = tx.send(Sent::message(response(&Value::Null, &Err(refused)))).await;
                                 continue;
                             }
                         };
@@ -71,7 +71,7 @@ where
                                     let out = Out::new(tx.clone());
                                     let answer = caller.request(&id, &method, &params, &out).await;
                                     if !matches!(&answer, Err(e) if e.code == code::CANCELLED) {
-                                        let _ = tx.send(Sent { id: None, message: Some(response(&id, &answer)) }).await;
+                                        let _ = tx.send(Sent::message(response(&id, &answer))).await;
                                     }
                                 });
                             }
@@ -80,7 +80,7 @@ where
                             }
                             Ok(Incoming::Response) => {}
                             Err((id, refused)) => {
-                                let _ = tx.send(Sent { id: None, message: Some(response(&id, &Err(refused))) }).await;
+                                let _ = tx.send(Sent::message(response(&id, &Err(refused)))).await;
                             }
                         }
                     }

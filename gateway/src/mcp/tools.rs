@@ -16,6 +16,8 @@ use std::hash::{Hash, Hasher};
 use chorus_sdk::registry::REPLY_MCP_TOOL_RESULT;
 use chorus_sdk::schema::Schema;
 use chorus_sdk::{AgentRecord, EndpointInfo, EndpointRole, StatusCode};
+
+use crate::config::Target;
 use serde_json::{Value, json};
 
 /// The longest tool name MCP allows.
@@ -23,25 +25,6 @@ const MAX_TOOL_NAME: usize = 128;
 
 /// The argument a tool whose payload is not an object takes it as.
 pub(crate) const WRAPPED_ARGUMENT: &str = "input";
-
-/// Where a tool's call goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Target {
-    /// A capability: any agent offering it answers.
-    Capability(String),
-    /// One agent's command.
-    Command { agent: String, command: String },
-}
-
-impl Target {
-    /// Its names as the gateway's routes take them: `to`, `command`, `capability`.
-    pub(crate) fn names(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
-        match self {
-            Target::Command { agent, command } => (Some(agent), Some(command), None),
-            Target::Capability(c) => (None, None, Some(c)),
-        }
-    }
-}
 
 /// One tool.
 pub(crate) struct Tool {
