@@ -1,6 +1,6 @@
 """Python and Rust agents on one bus, every message kind both ways: requests and their errors,
 capabilities, events, durable commands (across a Python agent's restart), signed messages, and
-the `chorus` CLI asking a Python agent. The Rust side is `agent-sdk/examples/interop_peer.rs`."""
+the `chorus` CLI asking a Python agent. The Rust side is `agent-sdk/examples/interop_peer/`."""
 
 from __future__ import annotations
 

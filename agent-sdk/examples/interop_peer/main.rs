@@ -28,6 +28,15 @@
 //! ```sh
 //! cargo run -p chorus-sdk --example interop_peer
 //! ```
+//!
+//! Each area of the parity tests has its part in a module of its own (`access`, `metrics`,
+//! `negotiate`, `payloads`, `tasks`): its settings and its handlers.
+
+mod access;
+mod metrics;
+mod negotiate;
+mod payloads;
+mod tasks;
 
 use chorus_sdk::encryption::EncryptionKey;
 use chorus_sdk::security::{Identity, SignaturePolicy};
@@ -121,7 +130,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .trust(agent, key);
     }
+    options = access::options(options)?;
+    options = metrics::options(options)?;
+    options = negotiate::options(options)?;
+    options = payloads::options(options)?;
+    options = tasks::options(options)?;
     let peer = options.connect().await?;
+    access::register(&peer).await?;
+    metrics::register(&peer).await?;
+    negotiate::register(&peer).await?;
+    payloads::register(&peer).await?;
+    tasks::register(&peer).await?;
 
     peer.on_command("echo", |_ctx: Context, v: Value| async move {
         Ok::<_, HandlerError>(v)

@@ -1,0 +1,13 @@
+//! The peer's part for the Python SDK's tasks tests.
+
+use chorus_sdk::{Agent, AgentOptions};
+
+/// Settings of this part, from the environment.
+pub fn options(options: AgentOptions) -> Result<AgentOptions, Box<dyn std::error::Error>> {
+    Ok(options)
+}
+
+/// The handlers of this part.
+pub async fn register(_peer: &Agent) -> Result<(), Box<dyn std::error::Error>> {
+    Ok(())
+}
