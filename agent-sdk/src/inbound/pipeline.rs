@@ -190,23 +190,42 @@ impl Pipeline {
         admit::admit_decoded(env, encoding, self.limits().hop_limit, self.counters(), now)
     }
 
-    /// Runs the layers over one admitted message that has no endpoint (an event); `None` if
-    /// one refused it.
-    pub(crate) fn check(&self, subject: &str, env: Envelope) -> Option<Envelope> {
-        let mut msg = Inbound::new(subject, env, None);
-        for layer in self.layers.iter().chain(&self.opening) {
-            layer.check(&mut msg).ok()?;
-        }
-        Some(msg.env)
+    /// Whether `env` carries its payload by reference: it is fetched ([`Self::open_fetched`])
+    /// before it is opened.
+    pub(crate) fn by_reference(env: &Envelope) -> bool {
+        env.content_type == crate::payload::CONTENT_TYPE_OBJECT
     }
 
-    /// Runs the layers over several admitted messages at once; keeps those that pass.
-    pub(crate) fn check_batch(&self, msgs: Vec<(&str, Envelope)>) -> Vec<Envelope> {
+    /// Runs the layers over one admitted message that has no endpoint (an event); `None` if
+    /// one refused it. A payload by reference is left unopened, with the subject it came on:
+    /// the caller fetches and opens it with [`Self::open_fetched`].
+    pub(crate) fn check(&self, subject: &str, env: Envelope) -> Option<Checked> {
+        let mut msg = Inbound::new(subject, env, None);
+        for layer in &self.layers {
+            layer.check(&mut msg).ok()?;
+        }
+        self.open_inline(msg)
+    }
+
+    /// Opens a message that passed the layers, unless its payload is still to be fetched.
+    fn open_inline(&self, mut msg: Inbound<'_>) -> Option<Checked> {
+        if Self::by_reference(&msg.env) {
+            return Some((msg.env, Some(msg.subject.to_owned())));
+        }
+        for layer in &self.opening {
+            layer.check(&mut msg).ok()?;
+        }
+        Some((msg.env, None))
+    }
+
+    /// Runs the layers over several admitted messages at once; keeps those that pass, in
+    /// order. Payloads by reference are left unopened, as by [`Self::check`].
+    pub(crate) fn check_batch(&self, msgs: Vec<(&str, Envelope)>) -> Vec<Checked> {
         let mut live: Vec<Inbound<'_>> = msgs
             .into_iter()
             .map(|(subject, env)| Inbound::new(subject, env, None))
             .collect();
-        for layer in self.layers.iter().chain(&self.opening) {
+        for layer in &self.layers {
             let results = layer.check_batch(&mut live);
             live = live
                 .into_iter()
@@ -214,7 +233,25 @@ impl Pipeline {
                 .filter_map(|(msg, result)| result.ok().map(|()| msg))
                 .collect();
         }
-        live.into_iter().map(|msg| msg.env).collect()
+        live.into_iter()
+            .filter_map(|msg| self.open_inline(msg))
+            .collect()
+    }
+
+    /// Fetches the payload an event that passed [`Self::check`] carries by reference (its
+    /// size and digest checked), then opens it (decrypted, decompressed); `None` if that
+    /// fails (counted, and logged at debug level).
+    pub(crate) async fn open_fetched(&self, subject: &str, mut env: Envelope) -> Option<Envelope> {
+        if let Err(failure) = Box::pin(self.fetch_payload(&mut env)).await {
+            AgentCounters::bump(&self.counters().bad_input);
+            tracing::debug!(agent = %self.link.id, topic = ?env.topic, status = %failure.status, reason = %failure.reason, "event skipped: its payload was not fetched");
+            return None;
+        }
+        let mut msg = Inbound::new(subject, env, None);
+        for layer in &self.opening {
+            layer.check(&mut msg).ok()?;
+        }
+        Some(msg.env)
     }
 
     /// Takes one decoded message through every step after decoding, and handles it with
@@ -462,6 +499,10 @@ impl Pipeline {
             .inc();
     }
 }
+
+/// An event that passed the layers: opened, or with the subject it came on when its payload
+/// is still to be fetched ([`Pipeline::open_fetched`]).
+pub(crate) type Checked = (Envelope, Option<String>);
 
 /// How long a durable delivery whose payload could not be fetched waits before it is tried
 /// again.

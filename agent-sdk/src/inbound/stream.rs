@@ -1,7 +1,9 @@
 //! Events as a stream ([`EventStream`]), read straight off a subscription through the
-//! pipeline's admission and layers (no handler: the stream's reader is the handler).
+//! pipeline's admission and layers (no handler: the stream's reader is the handler). An event
+//! whose payload came by reference is fetched before it is handed out, as for a handler.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
@@ -10,7 +12,7 @@ use chorus_broker_adapter::{Message, Subscription};
 use futures::Stream;
 use serde::de::DeserializeOwned;
 
-use super::pipeline::Pipeline;
+use super::pipeline::{Checked, Pipeline};
 use crate::protocol::codec::{CodecError, decode_payload};
 use crate::protocol::envelope::Envelope;
 use crate::sequence::Gaps;
@@ -49,15 +51,24 @@ const VERIFY_BATCH: usize = 64;
 /// counted exactly in [`AgentStats::dropped`](crate::AgentStats::dropped). Messages that are
 /// not valid events, or have expired or looped, are counted and skipped. When the agent
 /// verifies signatures, the events already waiting (up to 64) are verified together, which
-/// costs about half as much per signature as one by one.
+/// costs about half as much per signature as one by one. An event whose payload came by
+/// reference is fetched from the object store (its size and digest checked) before it is
+/// handed out, the events after it waiting their turn; one whose object is gone, too large or
+/// damaged is counted and skipped.
 pub struct EventStream {
     sub: Subscription,
     pipeline: Arc<Pipeline>,
-    /// Checked events not yet handed out.
-    ready: VecDeque<Event>,
+    /// Checked events not yet handed out, with their subject when their payload is still to
+    /// be fetched.
+    ready: VecDeque<Checked>,
+    /// The fetch of the payload of the event to hand out next, when it came by reference.
+    fetching: Option<Fetch>,
     /// Sequence gaps, checked as events arrive.
     gaps: Gaps,
 }
+
+/// The fetch of an event's payload: the event opened, or `None` when it was refused.
+type Fetch = Pin<Box<dyn Future<Output = Option<Envelope>> + Send>>;
 
 impl std::fmt::Debug for EventStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -71,6 +82,7 @@ impl EventStream {
             sub,
             pipeline,
             ready: VecDeque::new(),
+            fetching: None,
             gaps: Gaps::default(),
         }
     }
@@ -103,24 +115,23 @@ impl EventStream {
     }
 }
 
-impl Stream for EventStream {
-    type Item = Event;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Option<Event>> {
-        let this = &mut *self;
-        if !this.pipeline.verifies() {
+impl EventStream {
+    /// The next event that passed the layers, opened unless its payload is still to be
+    /// fetched (then with its subject).
+    fn poll_checked(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Option<Checked>> {
+        if !self.pipeline.verifies() {
             // Nothing to batch: each event goes through the layers as it is admitted.
             loop {
-                let Some((msg, envelope)) = std::task::ready!(this.poll_admitted(cx)) else {
+                let Some((msg, envelope)) = std::task::ready!(self.poll_admitted(cx)) else {
                     return Poll::Ready(None);
                 };
-                if let Some(envelope) = this.pipeline.check(msg.subject(), envelope) {
-                    return Poll::Ready(Some(Event { envelope }));
+                if let Some(checked) = self.pipeline.check(msg.subject(), envelope) {
+                    return Poll::Ready(Some(checked));
                 }
             }
         }
         loop {
-            if let Some(event) = this.ready.pop_front() {
+            if let Some(event) = self.ready.pop_front() {
                 return Poll::Ready(Some(event));
             }
             // Take what has already arrived, never waiting for more: a burst is checked as a
@@ -128,7 +139,7 @@ impl Stream for EventStream {
             let mut batch = Vec::new();
             let mut ended = false;
             while batch.len() < VERIFY_BATCH {
-                match this.poll_admitted(cx) {
+                match self.poll_admitted(cx) {
                     Poll::Ready(Some(admitted)) => batch.push(admitted),
                     Poll::Ready(None) => {
                         ended = true;
@@ -150,12 +161,39 @@ impl Stream for EventStream {
                 .map(Message::subject)
                 .zip(envelopes)
                 .collect();
-            let passed = this.pipeline.check_batch(items);
-            this.ready
-                .extend(passed.into_iter().map(|envelope| Event { envelope }));
-            if ended && this.ready.is_empty() {
+            let passed = self.pipeline.check_batch(items);
+            self.ready.extend(passed);
+            if ended && self.ready.is_empty() {
                 return Poll::Ready(None);
             }
+        }
+    }
+}
+
+impl Stream for EventStream {
+    type Item = Event;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Option<Event>> {
+        let this = &mut *self;
+        loop {
+            if let Some(fetch) = this.fetching.as_mut() {
+                let fetched = std::task::ready!(fetch.as_mut().poll(cx));
+                this.fetching = None;
+                match fetched {
+                    Some(envelope) => return Poll::Ready(Some(Event { envelope })),
+                    None => continue,
+                }
+            }
+            let Some((envelope, fetch_from)) = std::task::ready!(this.poll_checked(cx)) else {
+                return Poll::Ready(None);
+            };
+            let Some(subject) = fetch_from else {
+                return Poll::Ready(Some(Event { envelope }));
+            };
+            let pipeline = Arc::clone(&this.pipeline);
+            this.fetching = Some(Box::pin(async move {
+                pipeline.open_fetched(&subject, envelope).await
+            }));
         }
     }
 }

@@ -161,6 +161,89 @@ async fn a_50_mib_payload_round_trips_by_reference_with_its_digest_checked() {
     vault.shutdown().await;
 }
 
+/// `Agent::subscribe` hands out an event whose payload came by reference fetched, as a
+/// handler gets it, with and without signature checks (the batched path); an event whose
+/// object is gone is skipped, and the events after it still come, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_fetches_a_payload_by_reference() {
+    use chorus_sdk::security::{Identity, SignaturePolicy};
+    let server = server();
+    let key = Identity::generate();
+    let publisher = agent_options(&server, "publisher")
+        .identity(Identity::from_seed(&key.seed().expect("seed")).expect("the same key"))
+        .connect()
+        .await
+        .expect("publisher");
+    let plain = agent(&server, "plain-reader").await;
+    let verifying = agent_options(&server, "verifying-reader")
+        .verify_signatures(SignaturePolicy::default())
+        .trust("publisher", key.public_key())
+        .connect()
+        .await
+        .expect("verifying reader");
+    let mut streams = Vec::new();
+    for reader in [&plain, &verifying] {
+        streams.push(reader.subscribe("bulk.>").await.expect("subscribed"));
+    }
+
+    let large = noise(3 << 20);
+    // A reference to an object that is not there, signed as the publisher.
+    let mut forged = Envelope::new(Kind::Event, Performative::Inform, "publisher");
+    forged.topic = Some("bulk.gone".into());
+    forged.content_type = CONTENT_TYPE_OBJECT.into();
+    forged.payload = codec::encode_payload(
+        &ObjectRef {
+            bucket: "chorus_payloads".into(),
+            name: "never-stored".into(),
+            size: 10,
+            sha256: digest(b"0123456789"),
+            content_type: "application/octet-stream".into(),
+            expires_ms: u64::MAX,
+        },
+        "application/msgpack",
+    )
+    .expect("reference");
+    key.sign("chorus.evt.bulk.gone", &mut forged);
+    publisher
+        .publish_raw("bulk.large", large.clone(), "application/octet-stream")
+        .await
+        .expect("a large event");
+    let raw = raw_broker(&server).await;
+    raw.publish(
+        "chorus.evt.bulk.gone",
+        codec::encode(&forged, codec::Encoding::MsgPack).expect("encodes"),
+    )
+    .await
+    .expect("the forged event");
+    raw.flush().await.expect("flush");
+    publisher
+        .publish_raw("bulk.small", Bytes::from_static(b"after"), "text/plain")
+        .await
+        .expect("a small event");
+
+    for (reader, stream) in ["plain", "verifying"].into_iter().zip(&mut streams) {
+        let first = within(WAIT, "the large event", stream.next())
+            .await
+            .expect("open");
+        assert_eq!(first.topic(), "bulk.large", "{reader}");
+        assert_eq!(first.envelope.content_type, "application/octet-stream");
+        assert_eq!(first.envelope.payload.len(), large.len(), "{reader}");
+        assert_eq!(digest(&first.envelope.payload), digest(&large), "{reader}");
+        // The forged one is skipped: the next is the small one.
+        let next = within(WAIT, "the event after", stream.next())
+            .await
+            .expect("open");
+        assert_eq!(next.topic(), "bulk.small", "{reader}");
+        assert_eq!(&next.envelope.payload[..], b"after");
+    }
+    assert_eq!(publisher.stats().payloads_stored, 1);
+    assert_eq!(plain.stats().payloads_fetched, 1);
+    assert_eq!(verifying.stats().payloads_fetched, 1);
+    publisher.shutdown().await;
+    plain.shutdown().await;
+    verifying.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_missing_or_oversized_object_is_refused_with_5006() {
     let server = server();
