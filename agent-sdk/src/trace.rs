@@ -238,7 +238,7 @@ pub(crate) fn finish(cx: Option<&OtelContext>, error: Option<String>) {
 
 /// Standard attributes of a message span.
 pub(crate) fn attributes(agent: &str, env: &Envelope) -> Vec<KeyValue> {
-    vec![
+    let mut attributes = vec![
         KeyValue::new("messaging.system", "nats"),
         KeyValue::new("chorus.agent", agent.to_owned()),
         KeyValue::new("messaging.message.id", env.id.to_string()),
@@ -246,7 +246,15 @@ pub(crate) fn attributes(agent: &str, env: &Envelope) -> Vec<KeyValue> {
             "messaging.message.conversation_id",
             env.conversation().to_string(),
         ),
-    ]
+    ];
+    // The session and customer a message is for, so a trace can be found by either.
+    if let Some(session) = &env.session_id {
+        attributes.push(KeyValue::new("chorus.session_id", session.clone()));
+    }
+    if let Some(customer) = &env.customer_id {
+        attributes.push(KeyValue::new("chorus.customer_id", customer.clone()));
+    }
+    attributes
 }
 
 #[cfg(test)]

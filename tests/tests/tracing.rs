@@ -1,10 +1,11 @@
-//! A request crossing three agents is one trace with parent-child spans, read back from an
+//! A request crossing three agents is one trace with parent-child spans (each carrying the
+//! session and customer the request was made for), read back from an
 //! in-memory OpenTelemetry exporter. (Its own test binary: it installs a global tracer
 //! provider, which would record every other test's spans.)
 
 use std::sync::{Arc, Mutex};
 
-use chorus_sdk::{Context, HandlerError};
+use chorus_sdk::{Call, Context, HandlerError};
 use chorus_tests::{WAIT, agent, eventually, server};
 use opentelemetry::trace::{SpanId, SpanKind, TraceId};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
@@ -44,9 +45,17 @@ async fn a_request_across_three_agents_is_one_trace_with_parent_child_spans() {
     .expect("register");
     let a = agent(&server, "agent-a").await;
     let answer: u32 = a
-        .request("agent-b", "plan", &20u32)
+        .call(
+            Call::agent("agent-b", "plan")
+                .session("chat-7")
+                .customer("acme")
+                .payload(&20u32)
+                .expect("payload"),
+        )
         .await
-        .expect("chain answers");
+        .expect("chain answers")
+        .payload_as()
+        .expect("a number");
     assert_eq!(answer, 42);
 
     let find = |spans: &[SpanData], name: &str, kind: SpanKind| {
@@ -87,6 +96,22 @@ async fn a_request_across_three_agents_is_one_trace_with_parent_child_spans() {
     assert_eq!(b_handle.parent_span_id, a_request.span_context.span_id());
     assert_eq!(b_request.parent_span_id, b_handle.span_context.span_id());
     assert_eq!(c_handle.parent_span_id, b_request.span_context.span_id());
+    // The session and customer A set are on every span of the chain, B's forward included.
+    for s in [&a_request, &b_handle, &b_request, &c_handle] {
+        for (key, value) in [
+            ("chorus.session_id", "chat-7"),
+            ("chorus.customer_id", "acme"),
+        ] {
+            assert!(
+                s.attributes
+                    .iter()
+                    .any(|kv| kv.key.as_str() == key && kv.value.as_str() == value),
+                "{} carries {key}={value}: {:?}",
+                s.name,
+                s.attributes
+            );
+        }
+    }
     // And the envelope C received carried the trace as W3C trace context.
     let traceparent = seen_traceparent
         .lock()

@@ -1,6 +1,6 @@
 //! `chorus tap`: every message on the bus, decoded, as it passes: commands, requests,
-//! replies, events, heartbeats, with their ids, correlation, hops, status and trace id. Like
-//! `nats sub '>'`, but it reads the envelopes.
+//! replies, events, heartbeats, with their ids, correlation, hops, status, trace id, and the
+//! session and customer they are for. Like `nats sub '>'`, but it reads the envelopes.
 
 use std::process::ExitCode;
 
@@ -50,6 +50,10 @@ struct Line<'a> {
     status: Option<u16>,
     #[serde(skip_serializing_if = "Option::is_none")]
     trace_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    customer_id: Option<&'a str>,
     delivery: &'a str,
     timestamp_ms: u64,
     /// The timestamp as RFC 3339 (UTC).
@@ -76,6 +80,8 @@ impl<'a> Line<'a> {
                 t.traceparent
                     .with_text(|text| text.split('-').nth(1).map(str::to_owned))
             }),
+            session_id: env.session_id.as_deref(),
+            customer_id: env.customer_id.as_deref(),
             delivery: env.delivery.as_str(),
             timestamp_ms: env.timestamp_ms,
             time: rfc3339(env.timestamp_ms),
@@ -136,7 +142,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
             print_json(&line)?;
         } else {
             outln!(
-                "{} {:<9} {:<10} {} -> {} {} id={} corr={} hops={}{}{}",
+                "{} {:<9} {:<10} {} -> {} {} id={} corr={} hops={}{}{}{}{}",
                 clock(env.timestamp_ms),
                 line.kind,
                 line.performative,
@@ -155,6 +161,12 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
                     .unwrap_or_default(),
                 line.trace_id
                     .map(|t| format!(" trace={t}"))
+                    .unwrap_or_default(),
+                line.session_id
+                    .map(|s| format!(" session={s}"))
+                    .unwrap_or_default(),
+                line.customer_id
+                    .map(|c| format!(" customer={c}"))
                     .unwrap_or_default(),
             );
         }
