@@ -918,6 +918,124 @@ async fn with_only_failing_agents_verification_stops_at_the_limit_with_a_failure
     assert_eq!(again.last_seq, report.last_seq);
 }
 
+/// Serves task `summarize` (a command) on `id`, answering with `text`.
+async fn summary_writer(
+    server: &chorus_tests::NatsServer,
+    id: &str,
+    text: &'static str,
+) -> chorus_sdk::Agent {
+    let a = agent(server, id).await;
+    a.on_task(
+        "summarize",
+        move |_task: TaskContext, _doc: String| async move {
+            Ok(Summary {
+                summary: text.to_owned(),
+            })
+        },
+    )
+    .await
+    .expect("serve the task");
+    a
+}
+
+#[tokio::test]
+async fn a_result_that_fails_verification_is_escalated_to_the_supervisor_once_the_candidates_failed()
+ {
+    let server = server();
+    let _drafter = summary_writer(&server, "drafter", "short").await;
+    let _second = summary_writer(&server, "second-drafter", "brief").await;
+    let _editor = summary_writer(&server, "editor", "a summary long enough to pass").await;
+    let boss = agent(&server, "boss").await;
+    let schema = serde_json::json!({
+        "type": "object",
+        "required": ["summary"],
+        "properties": {"summary": {"type": "string", "minLength": 10}}
+    });
+    // The supervisor among the candidates is not asked as one: it comes last, as the supervisor.
+    let verification = chorus_sdk::task::Verification::schema(&schema)
+        .expect("schema compiles")
+        .candidates(["editor", "second-drafter"])
+        .escalate_to("editor");
+    let task = boss
+        .submit_verified(
+            Call::agent("drafter", "summarize")
+                .payload(&"a long document")
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    let report = within(WAIT, "verified result", boss.verify(&task, &verification))
+        .await
+        .expect("verify");
+    assert_eq!(report.state, TaskState::Completed, "{report:?}");
+    assert_eq!(
+        report
+            .output_as::<Summary>()
+            .expect("output decodes")
+            .summary,
+        "a summary long enough to pass"
+    );
+    let turns: Vec<_> = report
+        .attempts
+        .iter()
+        .map(|a| (a.agent.as_str(), a.verified))
+        .collect();
+    assert_eq!(
+        turns,
+        [
+            ("drafter", Some(false)),
+            ("second-drafter", Some(false)),
+            ("editor", Some(true))
+        ]
+    );
+    let verdict = report.attempts[1].note.as_deref().expect("a verdict");
+    assert!(verdict.contains("does not meet the schema"), "{verdict}");
+    assert!(verdict.ends_with("; reassigned to editor"), "{verdict}");
+    // Each attempt is a submission of its own, to that agent alone, by the requester.
+    let updates = collect(task.updates_after(0).await.expect("follow the task")).await;
+    let submissions: Vec<_> = updates
+        .iter()
+        .filter(|u| u.state() == Some(TaskState::Submitted))
+        .map(|u| (u.from().to_owned(), u.envelope.to.clone()))
+        .collect();
+    assert_eq!(
+        submissions,
+        [
+            ("boss".to_owned(), vec!["drafter".to_owned()]),
+            ("boss".to_owned(), vec!["second-drafter".to_owned()]),
+            ("boss".to_owned(), vec!["editor".to_owned()]),
+        ]
+    );
+
+    // A supervisor whose result fails too is asked once: the task fails with 5025 and the
+    // chain of verdicts, within the limit of attempts.
+    let strict = chorus_sdk::task::Verification::schema(&serde_json::json!({"const": "never"}))
+        .expect("schema compiles")
+        .escalate_to("editor")
+        .max_attempts(5);
+    let task = boss
+        .submit_verified(
+            Call::agent("drafter", "summarize")
+                .payload(&"a long document")
+                .expect("payload encodes"),
+        )
+        .await
+        .expect("submit");
+    let report = within(WAIT, "verification", boss.verify(&task, &strict))
+        .await
+        .expect("verify");
+    assert_eq!(report.state, TaskState::Failed);
+    assert_eq!(report.status, StatusCode::UNVERIFIED);
+    let turns: Vec<_> = report.attempts.iter().map(|a| a.agent.as_str()).collect();
+    assert_eq!(turns, ["drafter", "editor"]);
+    let reason = report.reason.as_deref().expect("a reason");
+    assert!(reason.contains("in 2 attempts"), "{reason}");
+    assert!(
+        reason.contains("attempt 2 by editor: does not meet the schema"),
+        "{reason}"
+    );
+}
+
 #[tokio::test]
 async fn a_handoff_from_a_to_b_while_the_requester_watches_gives_one_handle_and_one_result() {
     let server = server();
