@@ -21,12 +21,32 @@ from .envelope import (  # noqa: E402
     TaskState,
 )
 from .encryption import EncryptionKey  # noqa: E402
+from .negotiate import Answer, Award, Bid, CounterOffer, NoAward, Policy, Proposal, RoundResult, RoundResults, Settlement  # noqa: E402
+from .payloads import PayloadLimits  # noqa: E402
+from .access import RateLimit  # noqa: E402
+from .routing import BreakerPolicy, CircuitOpen, CircuitState, Routing  # noqa: E402
 from .signing import Identity, Verifier  # noqa: E402
 from .status import ChorusError, NoResponders, Refused, StatusCode, Timeout, Unreachable  # noqa: E402
 from .subjects import SubjectError, Subjects  # noqa: E402
-from .tasks import TaskContext, TaskHandle, TaskResult, TaskStopped, TaskUpdate  # noqa: E402
+from .schema import Schema, SchemaError  # noqa: E402
+from .tasks import Attempt, Supervisor, TaskContext, TaskHandle, TaskReport, TaskResult, TaskStopped, TaskUpdate, Verification  # noqa: E402
 
 __all__ = [
+    "Answer",
+    "Award",
+    "Bid",
+    "CounterOffer",
+    "NoAward",
+    "Policy",
+    "Proposal",
+    "RoundResult",
+    "RoundResults",
+    "Settlement",
+    "Routing",
+    "RateLimit",
+    "CircuitState",
+    "CircuitOpen",
+    "BreakerPolicy",
     "Agent",
     "ChorusError",
     "Context",
@@ -39,6 +59,7 @@ __all__ = [
     "InboxOptions",
     "Kind",
     "NoResponders",
+    "PayloadLimits",
     "Performative",
     "Priority",
     "Refused",
@@ -49,9 +70,15 @@ __all__ = [
     "Stats",
     "SubjectError",
     "Subjects",
+    "Attempt",
+    "Schema",
+    "SchemaError",
+    "Supervisor",
     "TaskContext",
     "TaskHandle",
+    "TaskReport",
     "TaskResult",
+    "Verification",
     "TaskState",
     "TaskStopped",
     "TaskUpdate",

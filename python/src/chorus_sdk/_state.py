@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, TypeVar, Union, cast
+from typing import Any, Awaitable, Callable, Iterable, TypeVar, Union, cast
 from ._host import Host
 
 import nats
@@ -19,10 +20,15 @@ import nats.errors
 from nats.aio.client import Client as NATS
 
 from ._connection import Connection
+from . import metrics
+from .access import Access, RateLimit, SeenIds
+from .routing import DEFAULT_ROUTING_REFRESH, BreakerPolicy, Breakers, Router, Routing
 from .codec import Encoding
 from .context import Context
 from .durable import DurableInbox, InboxOptions
 from .exactly_once import ExactlyOnce
+from .negotiate import Bidding
+from .payloads import PayloadLimits, Payloads
 from .envelope import DEFAULT_HOP_LIMIT, Delivery, now_ms, uuid7
 from .encryption import EncryptionKey
 from .service import EndpointStats
@@ -68,6 +74,28 @@ class Stats:
     #: Inbox consumers opened because commands waited, and deleted once none did (on demand).
     inbox_consumers_opened: int = 0
     inbox_consumers_released: int = 0
+    #: Large payloads (section 7.11): stored by reference, fetched, decompressed.
+    payloads_stored: int = 0
+    payloads_fetched: int = 0
+    payloads_decompressed: int = 0
+    #: Messages taken off the wire (commands, requests, events), and their refusals by reason
+    #: (``refused`` counts them all): undecodable or unknown kind (5006), expired (5011), past
+    #: the hop limit (5010), no handler (5016), the signature check, access (5007), the rate
+    #: limit (5013). As the Rust SDK's ``AgentStats``; ``chorus_agent_*`` metrics read them.
+    received: int = 0
+    bad_input: int = 0
+    expired: int = 0
+    loop_refused: int = 0
+    unknown_command: int = 0
+    security_refused: int = 0
+    access_refused: int = 0
+    rate_limited: int = 0
+    #: Replies sent, and those that could not be.
+    replies_sent: int = 0
+    reply_failures: int = 0
+    #: Requests (and discovery, broadcast, task calls) and events this agent sent.
+    requests_sent: int = 0
+    events_published: int = 0
 
 
 
@@ -102,6 +130,18 @@ class AgentState:
         connect_attempts: int | None = DEFAULT_CONNECT_ATTEMPTS,
         reconnect_attempts: int | None = None,
         nats_options: dict[str, Any] | None = None,
+        metrics_address: str | None = None,
+        metrics_url: str | None = None,
+        metrics_tls: ssl.SSLContext | None = None,
+        metrics_allow_plain_http: bool = False,
+        payload_limits: PayloadLimits | None = None,
+        grants: dict[str, Iterable[str]] | None = None,
+        trust_unverified_senders: bool = False,
+        rate_limit: RateLimit | None = None,
+        persist_seen_ids: bool = False,
+        capability_routing: Routing = Routing.QUEUE_GROUP,
+        routing_refresh: float = DEFAULT_ROUTING_REFRESH,
+        circuit_breaker: BreakerPolicy | None = None,
     ) -> None:
         self.id = validate_token("agent id", id)
         self.subjects = Subjects(root)
@@ -134,6 +174,30 @@ class AgentState:
         self.connect_attempts = connect_attempts
         self.reconnect_attempts = reconnect_attempts
         self.nats_options = dict(nats_options or {})
+        # Prometheus metrics (metrics.py): served on metrics_address when given, announced in
+        # the manifest as metrics_url (derived from the listener when not given).
+        self._metrics_listen = (
+            metrics.listen(metrics_address, metrics_tls, metrics_allow_plain_http) if metrics_address is not None else None
+        )
+        if self._metrics_listen is not None and self._metrics_listen.unspecified and metrics_url is None:
+            raise ValueError(
+                f"metrics_address {metrics_address} listens on every interface: give metrics_url, "
+                "the address Prometheus reaches this process at"
+            )
+        self.metrics_url = metrics.check_url(metrics_url) if metrics_url is not None else None
+        self._metrics_server: metrics.MetricsServer | None = None
+        self._metrics = metrics.registry().agent(self.id)
+        self.connection_events = metrics.ConnectionEvents()
+        self.payload_limits = payload_limits or PayloadLimits()
+        if persist_seen_ids and verifier is None:
+            raise ValueError("persist_seen_ids needs a verifier: only verified ids are kept")
+        self.access = Access(grants, rate_limit, trust_unverified_senders)
+        self._required: dict[str, list[str]] = {}
+        self._seen_ids = SeenIds(cast("Host", self), verifier.tolerance_ms) if persist_seen_ids and verifier is not None else None
+        self.capability_routing = capability_routing
+        self._router = Router(routing_refresh)
+        self._breakers = Breakers(self.id, circuit_breaker)
+        self._breakers.on_change.append(lambda destination, state: metrics.circuit_changed(self.id, destination, state))
         self.instance = uuid7().hex
         self.started_ms = now_ms()
         self.stats = Stats()
@@ -143,6 +207,8 @@ class AgentState:
         # What the manifest says of commands and capabilities (``endpoints``), by (kind, name).
         self._endpoints: dict[tuple[str, str], dict[str, Any]] = {}
         self._events: dict[str, EventHandler] = {}
+        # Contract-net: bid and counter handlers by capability, and who hears the outcomes.
+        self._bidding = Bidding()
         self._nc: NATS | None = None
         self._connection: Connection | None = None
         self._subs: list[Any] = []
@@ -158,7 +224,16 @@ class AgentState:
         host = cast("Host", self)
         self._task_worker = Tasks(host)
         self._exactly_once = ExactlyOnce(host)
+        # Discovery is the sending layer's: a capability's holders say whether they read zstd.
+        self._payloads = Payloads(
+            host, self.payload_limits, lambda capability, timeout: cast(Any, self).discover(capability=capability, timeout=timeout)
+        )
 
+
+    @property
+    def in_flight(self) -> int:
+        """Messages being handled right now."""
+        return self._busy
 
     @property
     def stopping(self) -> bool:

@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
+from typing import Any, Iterable
 
 from ._connection import Connection
 from .context import Context, Reply
 from . import service
-from .tasks import Check, TaskHandle, TaskResult
+from .tasks import Check, TaskHandle, TaskReport, Verification
 from .tasks import verify as verify_task
 from .tasks import submit as submit_task
 
 from ._keys import RegisteredKeys
 from ._state import Payload, Stats, log
-from .status import Unreachable
+from .status import ChorusError, StatusCode, Unreachable
 from .handlers import Handlers
+from . import metrics
+from .negotiate import DEFAULT_BID_DEADLINE, Award, CounterFn, Policy
+from .negotiate import negotiate as run_negotiation
 
 
 # The task that follows the registry's keys: stopped at shutdown, not waited for.
@@ -54,6 +57,7 @@ class Agent(Handlers):
         options.update(self.nats_options)
         connection = Connection(self.id, self.servers, self.connect_attempts, self.reconnect_attempts, self._reconnected)
         self._connection = connection
+        self.connection_events.watch(options, lambda: connection.state == "closing")
         self._nc = await connection.open(options)
         try:
             await self._start()
@@ -67,11 +71,14 @@ class Agent(Handlers):
         nc = self.nc
         if self.max_message_bytes is None:
             self.max_message_bytes = nc.max_payload
+        await self._serve_metrics()
         self._subs.append(await nc.subscribe(self.subjects.agent_inbound(self.id), cb=self._inbound("command")))
         for capability in list(self._capabilities):
             await self._subscribe_capability(capability)
         for pattern in list(self._events):
             await self._subscribe_event(pattern)
+        for capability in list(self._bidding.bids):
+            await self._subscribe_bid(capability)
         self._subs.append(await nc.subscribe(self.subjects.wire, cb=self._on_wire))
         if self.service_discovery:
             for subject in service.subjects(self.id, self.instance):
@@ -93,6 +100,31 @@ class Agent(Handlers):
             await self._heartbeat()
             self.spawn(self._heartbeats(), name="chorus-heartbeats")
 
+    async def _serve_metrics(self) -> None:
+        """Makes this agent's counters visible in the process's metrics, and serves them on
+        ``metrics_address`` when given (the URL the manifest announces derived from it when
+        ``metrics_url`` is not given). Raises :class:`ChorusError` (5018) when it cannot
+        listen there."""
+        metrics.registry().track(self)
+        if self._metrics_listen is None or self._metrics_server is not None:
+            return
+        where = self._metrics_listen
+        try:
+            self._metrics_server = await metrics.acquire(where)
+        except OSError as e:
+            raise ChorusError(
+                StatusCode.INVALID_ARGUMENT,
+                f"agent {self.id} cannot serve metrics on {where.host}:{where.port} ({e.strerror or e}): "
+                "give another metrics_address, or port 0 for one the system picks",
+            ) from None
+        if self.metrics_url is None:
+            self.metrics_url = self._metrics_server.url
+
+    async def _stop_metrics(self) -> None:
+        server, self._metrics_server = self._metrics_server, None
+        if server is not None:
+            await metrics.release(server)
+
     async def _reconnected(self) -> None:
         # Bells may be lost while the connection is down: the durable inbox looks after it.
         for hook in list(self.reconnect_hooks):
@@ -107,6 +139,7 @@ class Agent(Handlers):
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=1.0)
+        await self._stop_metrics()
         if nc is not None:
             try:
                 await nc.close()
@@ -187,6 +220,7 @@ class Agent(Handlers):
                     raise
             finally:
                 self._nc = None
+                await self._stop_metrics()
 
     # -----------------------------------------------------------------------------------------
     # Tasks
@@ -201,11 +235,16 @@ class Agent(Handlers):
         deadline: float | None = None,
         timeout: float | None = None,
         verify: bool = False,
+        headers: dict[str, str] | None = None,
+        session: str | None = None,
+        customer: str | None = None,
     ) -> TaskHandle:
         """Submits a task to agent ``to``'s task ``name``, or to a ``capability`` (any holder,
         or ``to``'s own access point), and returns its handle once a worker has taken it.
-        ``deadline`` (seconds from now) expires it. Raises :class:`ChorusError` with the code
-        when nobody takes it (the task is then recorded ``rejected``)."""
+        ``deadline`` (seconds from now) expires it; ``session`` and ``customer`` say whom it
+        is for (the envelope's ``session_id`` and ``customer_id``, carried by its worker's
+        messages and handoffs). Raises :class:`ChorusError` with the code when nobody takes it
+        (the task is then recorded ``rejected``)."""
         if capability is None and (to is None or name is None):
             raise ValueError("submit needs to= and name=, or capability=")
         return await submit_task(
@@ -218,34 +257,72 @@ class Agent(Handlers):
             deadline=deadline,
             timeout=self.request_timeout if timeout is None else timeout,
             verify=verify,
+            headers=headers,
+            session=session,
+            customer=customer,
         )
 
-    async def verify(
-        self,
-        handle: TaskHandle,
-        check: Check,
-        *,
-        max_attempts: int = 3,
-        retries: int = 0,
-        candidates: tuple[str, ...] | list[str] = (),
-        supervisor: str | None = None,
-    ) -> TaskResult:
-        """Judges each result of a task submitted with ``verify=True`` until one passes or the
-        attempts run out (then 5025); see :func:`chorus_sdk.tasks.verify`."""
-        return await verify_task(
-            self,
-            handle,
-            check,
-            max_attempts=max_attempts,
-            retries=retries,
-            candidates=candidates,
-            supervisor=supervisor,
-        )
+    async def verify(self, handle: TaskHandle, verification: Verification | Check, **policy: Any) -> TaskReport:
+        """Sees a task submitted with ``verify=True`` through to its end and returns its report
+        (every attempt, its agent, timing and verdict): each attempt's result is judged by
+        ``verification`` (a :class:`~chorus_sdk.tasks.Verification`: a function, a JSON
+        Schema or a supervisor agent, with its policy), or by a check function with the policy
+        as keywords (``max_attempts=3``, ``retries=0``, ``reassign=True``, ``candidates=``,
+        ``escalate_to=``); a failed result is retried, reassigned or escalated, and the task
+        fails with 5025 when no attempt passes. See :func:`chorus_sdk.tasks.verify`."""
+        if not isinstance(verification, Verification):
+            verification = Verification.function(verification, **policy)
+        elif policy:
+            verification = verification.with_policy(**policy)
+        return await verify_task(self, handle, verification, discover=self.discover)
 
     def task_handle(self, task: uuid.UUID | str) -> TaskHandle:
         """The handle of a task submitted earlier (after a restart, say), by its id."""
         task = task if isinstance(task, uuid.UUID) else uuid.UUID(task)
         return TaskHandle(self, self._task_worker.store, task)
+
+    # -----------------------------------------------------------------------------------------
+    # Contract-net
+
+    async def negotiate(
+        self,
+        capability: str,
+        payload: Payload = None,
+        *,
+        content_type: str | None = None,
+        bidders: Iterable[str] | None = None,
+        deadline: float = DEFAULT_BID_DEADLINE,
+        policy: Policy | str = Policy.CHEAPEST,
+        counter: CounterFn | None = None,
+        counter_rounds: int = 1,
+        task_deadline: float | None = None,
+    ) -> Award:
+        """Runs a contract-net round (section 7.10): calls for proposals on ``capability``
+        from its live holders (from discovery) or the ``bidders`` named, waits up to
+        ``deadline`` seconds, lets ``counter`` put an offer to each proposal (up to
+        ``counter_rounds`` times; a proposer answers with a new proposal, or refuses and its
+        proposal stands), ranks what stands by ``policy`` (:class:`Policy` or its name) and
+        gives the work (``payload``) to the best as a task with ``task_deadline`` (the next
+        best if it will not take it), tells the other proposers they lost, and publishes a
+        :class:`Settlement` on ``negotiation.settled``. Returns the :class:`Award`.
+
+        Raises :class:`ValueError` for a bad capability, deadline, policy or counter setting,
+        or more than 1,000 bidders (:class:`TypeError` for ``bidders`` given as one string);
+        :class:`NoResponders` when there is no bidder to ask; :class:`NoAward` (5019, a
+        :class:`Refused`) when no proposal was awarded, its reason saying what each bidder
+        answered; without named bidders, what :meth:`discover` raises."""
+        return await run_negotiation(
+            self,
+            capability,
+            payload,
+            content_type=content_type,
+            bidders=bidders,
+            deadline=deadline,
+            policy=policy,
+            counter=counter,
+            counter_rounds=counter_rounds,
+            task_deadline=task_deadline,
+        )
 
 
 

@@ -37,6 +37,18 @@ class Context:
         return self.envelope.from_
 
     @property
+    def session(self) -> str | None:
+        """The session the message belongs to (the envelope's ``session_id``): what this
+        handler sends through the context, and its reply, carry it on."""
+        return self.envelope.session_id
+
+    @property
+    def customer(self) -> str | None:
+        """The customer the message is for (the envelope's ``customer_id``), carried on as
+        :attr:`session` is."""
+        return self.envelope.customer_id
+
+    @property
     def topic(self) -> str | None:
         """An event's topic (``doc.created``), the part of the subject after ``<root>.evt.``:
         which one of a pattern's matched (as ``Event::topic`` in the Rust SDK); ``None`` for

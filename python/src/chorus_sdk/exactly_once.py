@@ -14,8 +14,8 @@ from typing import Any, Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
-from nats.js.api import KeyValueConfig, StorageType
 
+from ._buckets import ensure_bucket
 from ._host import Host
 from .context import Reply
 from .envelope import Envelope, now_ms
@@ -57,18 +57,7 @@ class ExactlyOnce:
         if self._kv is None:
             js = self.agent.nc.jetstream(timeout=self.agent.request_timeout)
             bucket = self.agent.subjects.bucket_name(IDEMPOTENCY_BUCKET)
-            try:
-                self._kv = await js.key_value(bucket)
-            except nats.js.errors.BucketNotFoundError:
-                self._kv = await js.create_key_value(
-                    KeyValueConfig(
-                        bucket=bucket,
-                        ttl=self.ttl,
-                        history=1,
-                        storage=StorageType.FILE,
-                        description="Chorus exactly-once records: handled message ids",
-                    )
-                )
+            self._kv = await ensure_bucket(js, bucket, self.ttl, "Chorus exactly-once records: handled message ids")
         return self._kv
 
     async def run(self, env: Envelope, handler: Callable[[], Awaitable[Any]]) -> Any:

@@ -13,6 +13,7 @@ from .context import Context
 from .durable import DurableInbox
 from .subjects import validate_dotted, validate_token
 from .tasks import TaskHandler
+from .negotiate import CounterOffer, RoundResults
 
 from ._state import EventHandler, Handler, log
 from .presence import Presence
@@ -26,6 +27,8 @@ REPLY_MCP_TOOL_RESULT = "mcp.tool_result"
 
 # What the decorators take: a handler, as a coroutine function or a plain one.
 H = TypeVar("H", bound=Callable[[Context], Any])
+# A counter handler, as a coroutine function or a plain one.
+CH = TypeVar("CH", bound=Callable[[Context, CounterOffer], Any])
 
 
 class Handlers(Presence):
@@ -126,6 +129,25 @@ class Handlers(Presence):
             said.update(description=description, input_schema=input_schema, reply=reply_format)
         self._changed()
 
+    def require(self, name: str, permissions: list[str] | tuple[str, ...]) -> None:
+        """Requires ``permissions`` of senders of command or capability ``name`` (registered
+        before): a request or command from a sender not granted all of them is refused with
+        5007 and a reason naming what is missing. Grants apply to senders whose signature
+        verified (``identity`` on their side, a ``verifier`` here) unless the agent was built
+        with ``trust_unverified_senders=True``.
+
+        Raises :class:`ValueError` when no command or capability handler is registered under
+        ``name``."""
+        if isinstance(permissions, str):
+            raise TypeError("permissions are a list of strings, not one string")
+        if name not in self._commands and name not in self._capabilities:
+            raise ValueError(f"no command or capability handler is registered under {name!r}")
+        self._required[name] = list(permissions)
+
+    def grant(self, agent: str, permissions: list[str] | tuple[str, ...]) -> None:
+        """Grants ``agent`` more permissions at run time (besides the ``grants`` option)."""
+        self.access.grant(agent, permissions)
+
     def task(self, name: str) -> Callable[[TaskHandler], TaskHandler]:
         """Decorator form of :meth:`on_task`: ``@agent.task("draft")``."""
 
@@ -151,6 +173,61 @@ class Handlers(Presence):
 
         self.spawn(apply())
 
+
+    # -----------------------------------------------------------------------------------------
+    # Contract-net bidding (section 7.10)
+
+    def on_bid(self, capability: str, handler: Callable[[Context], Any]) -> None:
+        """Bids for work on ``capability`` (contract-net): each call for proposals to
+        ``<root>.agent.<id>.bid.<capability>`` runs ``handler`` (``ctx.data()`` is the work),
+        which returns a :class:`~chorus_sdk.Proposal` (or a map of its fields), or raises a
+        :class:`ChorusError` to refuse with its code. Serve the work itself with
+        :meth:`on_task_capability`: a won round arrives as a task. Raises
+        :class:`~chorus_sdk.SubjectError` for a bad capability name."""
+        capability = validate_dotted("capability", capability)
+        self._bidding.bids[capability] = _as_async(handler)
+        if self._nc is not None and self._nc.is_connected:
+            self.spawn(self._subscribe_bid(capability))
+
+    def bid(self, capability: str) -> Callable[[H], H]:
+        """Decorator form of :meth:`on_bid`: ``@agent.bid("translate")``."""
+
+        def register(f: H) -> H:
+            self.on_bid(capability, f)
+            return f
+
+        return register
+
+    def on_counter(self, capability: str, handler: Callable[[Context, CounterOffer], Any]) -> None:
+        """Answers counter-offers to this agent's proposals for ``capability``: ``handler``
+        gets the context and the :class:`~chorus_sdk.CounterOffer` (the requester's offer
+        beside the proposal it answers) and returns a new proposal (the offer itself to accept
+        it, or something between), or raises a :class:`ChorusError` to refuse it, in which
+        case the earlier proposal stands. Without one, counter-offers are refused with 5016."""
+        capability = validate_dotted("capability", capability)
+        if inspect.iscoroutinefunction(handler):
+            self._bidding.counters[capability] = handler
+            return
+        plain = handler
+
+        async def call(ctx: Context, offer: CounterOffer) -> Any:
+            return plain(ctx, offer)
+
+        self._bidding.counters[capability] = call
+
+    def counter(self, capability: str) -> Callable[[CH], CH]:
+        """Decorator form of :meth:`on_counter`: ``@agent.counter("translate")``."""
+
+        def register(f: CH) -> CH:
+            self.on_counter(capability, f)
+            return f
+
+        return register
+
+    def round_results(self) -> RoundResults:
+        """The outcomes of the rounds this agent proposes in, from now on: lost (told by the
+        requester) or won (``async for result in agent.round_results()``)."""
+        return self._bidding.results()
 
     # -----------------------------------------------------------------------------------------
     # Durable inbox

@@ -16,10 +16,11 @@ from .context import Context, Reply
 from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Delivery, Envelope, Kind, Performative, Seq, now_ms
 from .service import EndpointStats
 from .status import ChorusError, StatusCode, reply_performative
+from .negotiate import bid_subject
 
 from ._connection import CONNECTION_GONE, describe
 from ._state import MAX_SEQ_SUBJECTS, log
-from .outbound import Outbound, unreadable_payload
+from .outbound import Outbound
 
 
 @dataclass
@@ -54,6 +55,15 @@ class Inbound(Outbound):
         self._subs.append(await nc.subscribe(shared, queue=shared, cb=self._inbound("capability", capability)))
         own = self.subjects.capability_at(self.id, capability)
         self._subs.append(await nc.subscribe(own, cb=self._inbound("capability", capability)))
+
+    async def _subscribe_bid(self, capability: str) -> None:
+        """``<root>.agent.<id>.bid.<capability>``: calls for proposals and round outcomes
+        (contract-net), once per capability."""
+        if capability in self._bidding.subscribed:
+            return
+        self._bidding.subscribed.add(capability)
+        subject = bid_subject(self.subjects, self.id, capability)
+        self._subs.append(await self.nc.subscribe(subject, cb=self._inbound("bid", capability)))
 
     async def _subscribe_event(self, pattern: str) -> None:
         gaps = _Gaps()
@@ -110,7 +120,10 @@ class Inbound(Outbound):
 
     async def _process(self, msg: Msg, route: str, name: str, decoded: tuple[Envelope, Encoding] | DecodeError) -> None:
         if isinstance(decoded, DecodeError):
+            self.stats.received += 1
             self.stats.refused += 1
+            self.stats.bad_input += 1
+            self._metrics.message("unknown", StatusCode.DATA_FORMAT)
             encoding = _encoding_of(msg.data, self.encoding)
             await self._answer(msg, None, encoding, ChorusError(StatusCode.DATA_FORMAT, decoded.reason))
             return
@@ -123,7 +136,20 @@ class Inbound(Outbound):
         await self._answer(msg, env, encoding, outcome)
 
     async def handle(self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1) -> Any:
-        """The inbound pipeline after decoding: admission, signature, the handler. Returns the
+        """The inbound pipeline after decoding (:meth:`_handle`), counted as the Rust SDK
+        counts it: received, and by kind and the status it is answered with (a copy that
+        exactly-once does not run again only as received)."""
+        stats = self.stats
+        stats.received += 1
+        duplicates = stats.duplicates
+        outcome = await self._handle(env, subject, route, name, attempt)
+        if env.delivery is not Delivery.EXACTLY_ONCE or stats.duplicates == duplicates:
+            self._metrics.message(env.kind.value, outcome.status if isinstance(outcome, ChorusError) else StatusCode.OK)
+        return outcome
+
+    async def _handle(self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1) -> Any:
+        """The inbound pipeline after decoding: admission, signature, the access rules, the
+        payload opened (fetched, decrypted, decompressed), the handler. Returns the
         handler's value, or the :class:`ChorusError` to answer with."""
         refused = self._admit(env, subject)
         if refused is not None:
@@ -134,11 +160,30 @@ class Inbound(Outbound):
             handler = self._commands.get(command)
         elif route == "capability":
             handler = self._capabilities.get(name)
+        elif route == "bid":
+            handler = self._bidding.endpoint(name)
         else:
             handler = self._events.get(name)
         if handler is None:
             self.stats.refused += 1
+            self.stats.unknown_command += 1
             return ChorusError(StatusCode.UNKNOWN_COMMAND, f"no handler for {subject}")
+        if route != "event":
+            denied = await self._authorize(env, subject, route, name)
+            if denied is not None:
+                self.stats.refused += 1
+                if denied.status == StatusCode.RATE_LIMITED:
+                    self.stats.rate_limited += 1
+                elif denied.status == StatusCode.ACCESS:
+                    self.stats.access_refused += 1
+                else:
+                    # A verified id seen before (5015): the signature check's, as in Rust.
+                    self.stats.security_refused += 1
+                return denied
+        unopened = await self._open(env)
+        if unopened is not None:
+            self.stats.refused += 1
+            return unopened
         ctx = Context(self, env, subject, attempt)
         started = time.perf_counter_ns()
         if env.delivery is Delivery.EXACTLY_ONCE and route != "event":
@@ -146,12 +191,28 @@ class Inbound(Outbound):
         else:
             outcome = await self._invoke(handler, ctx)
         if route != "event":
-            endpoint = name if route == "capability" else (self.subjects.command_name(subject) or self.subjects.durable_command(subject) or "")
+            endpoint = name if route == "capability" else f"bid.{name}" if route == "bid" else (self.subjects.command_name(subject) or self.subjects.durable_command(subject) or "")
             self._endpoint_stats.setdefault(endpoint, EndpointStats()).record(
                 time.perf_counter_ns() - started,
                 f"{outcome.status} {outcome.reason}" if isinstance(outcome, ChorusError) else None,
             )
         return outcome
+
+    async def _authorize(self, env: Envelope, subject: str, route: str, name: str) -> ChorusError | None:
+        """The application's access rules for a command or request that passed admission:
+        the permissions its endpoint requires (5007), the sender's rate (5013), and a verified
+        id seen before a restart (5015, when ids are kept)."""
+        access = self.access
+        if self._seen_ids is None and access.rate_limit is None and not self._required:
+            # No rules to apply: nothing to work out.
+            return None
+        endpoint = name if route == "capability" else f"bid.{name}" if route == "bid" else (self.subjects.command_name(subject) or self.subjects.durable_command(subject) or "")
+        # Admitted with a signature by an agent that verifies: the signature proved the sender.
+        verified = self.verifier is not None and env.signature is not None
+        denied = access.check(env.from_, verified, endpoint, self._required.get(endpoint, ()))
+        if denied is None and verified and self._seen_ids is not None:
+            denied = await self._seen_ids.record(env)
+        return denied
 
     async def _invoke(self, handler: Callable[[Context], Awaitable[Any]], ctx: Context) -> Any:
         """Runs a handler: its value, or the :class:`ChorusError` to answer with (anything
@@ -174,32 +235,44 @@ class Inbound(Outbound):
         return result
 
     def _admit(self, env: Envelope, subject: str) -> ChorusError | None:
+        # Each refusal counted by its reason (chorus_agent_refusals_total), as in Rust.
         if env.kind is Kind.UNKNOWN:
+            self.stats.bad_input += 1
             return ChorusError(StatusCode.DATA_FORMAT, "unknown message kind")
         expires = env.expires_ms()
         if expires is not None and now_ms() > expires:
+            self.stats.expired += 1
             return ChorusError(StatusCode.EXPIRED, "the message expired before it was handled")
         limit = min(env.hop_limit, self.hop_limit)
         if env.hops > limit:
+            self.stats.loop_refused += 1
             return ChorusError(StatusCode.LOOP_DETECTED, f"hops {env.hops} exceed the hop limit {limit}")
         if self.verifier is not None:
             try:
                 self.verifier.verify(subject, env)
             except ChorusError as e:
+                self.stats.security_refused += 1
                 return e
-        # After the signature check (which covers the payload as sent), as the Rust SDK opens
-        # payloads; before decryption, as there is nothing this SDK could do with the result.
-        unread = unreadable_payload(env)
-        if unread is not None:
-            return unread
-        if env.encryption is not None:
-            # After the signature check, which covers the ciphertext.
-            if self.encryption_key is None:
-                return ChorusError(StatusCode.ACCESS, "this agent has no decryption key")
-            try:
+        return None
+
+    async def _open(self, env: Envelope) -> ChorusError | None:
+        """Puts back the payload as it was sent, after the signature check (which covers the
+        payload as sent: the reference, the ciphertext) and the access rules, as the Rust SDK
+        does: fetched when it came by reference, decrypted, decompressed (section 7.11). The
+        refusal to answer with when it does not open (5006, 5007; 5019 to retry when the
+        object store is out of reach)."""
+        try:
+            if env.content_type == CONTENT_TYPE_OBJECT:
+                await self._payloads.fetch(env)
+            if env.encryption is not None:
+                if self.encryption_key is None:
+                    return ChorusError(StatusCode.ACCESS, "this agent has no decryption key")
                 self.encryption_key.decrypt(self.id, env)
-            except ChorusError as e:
-                return e
+            if env.content_encoding is not None:
+                await self._payloads.decompress(env)
+        except ChorusError as e:
+            log.debug("agent %s: payload of %s not opened: %s", self.id, env.id, e)
+            return e
         return None
 
     def reply_envelope(self, request: Envelope | None, outcome: Any) -> Envelope:
@@ -218,6 +291,7 @@ class Inbound(Outbound):
             env.name, env.capability = request.name, request.capability
             env.hops, env.hop_limit = request.hops, request.hop_limit
             env.trace = request.trace
+            env.session_id, env.customer_id = request.session_id, request.customer_id
             env.content_type = request.content_type
         if not isinstance(outcome, ChorusError):
             env.payload, env.content_type = self.reply_payload(request, outcome)
@@ -242,6 +316,14 @@ class Inbound(Outbound):
             # that kind (as the Rust SDK answers it).
             env.content_type = encoding.content_type
         try:
+            # A large reply goes compressed (its reader is the requester) or by reference.
+            await self._payloads.fit(env)
+        except ChorusError as e:
+            # Too large even by reference, or the object store refused it: tell the caller.
+            env = self.reply_envelope(request, ChorusError(e.status, f"the reply could not be sent: {e.reason}"))
+            if env.content_type == CONTENT_TYPE_OBJECT:
+                env.content_type = encoding.content_type
+        try:
             data = self.encode_for(msg.reply, env, encoding)
         except ChorusError as e:
             # Too large for the server: a refusal instead.
@@ -250,7 +332,10 @@ class Inbound(Outbound):
         try:
             await self.nc.publish(msg.reply, data, headers=self.nats_headers(env))
         except Exception as e:  # noqa: BLE001 - the caller times out
+            self.stats.reply_failures += 1
             log.debug("reply not sent: %s", e)
+        else:
+            self.stats.replies_sent += 1
 
 
 

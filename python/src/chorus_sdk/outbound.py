@@ -4,7 +4,11 @@ discovery and broadcast through the coordinator; payloads sealed for named recip
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
+import uuid
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
 import nats
@@ -13,12 +17,17 @@ from nats.aio.msg import Msg
 
 from .codec import DecodeError, Encoding, decode, decode_payload, encode, encode_payload, typed
 from .context import Reply
-from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Delivery, Envelope, Expect, Kind, Performative, Priority, Seq
+from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, Delivery, Envelope, Expect, Kind, Performative, Priority, Seq
 from .encryption import encrypt
 from .status import ChorusError, NoResponders, Refused, StatusCode, Timeout, Unreachable, is_success
 from .subjects import validate_dotted, validate_token
 
-from ._state import MAX_SEQ_SUBJECTS, AgentState, Payload, R
+from .dead_letters import DeadLetter, write_dead_letter
+from .durable import RetryPolicy
+from .envelope import now_ms
+from .routing import LOOKUP_TIMEOUT, CircuitOpen, CircuitState, Routing
+
+from ._state import MAX_SEQ_SUBJECTS, AgentState, Payload, R, log
 
 O = TypeVar("O", bound="Outbound")
 
@@ -79,10 +88,12 @@ class Outbound(AgentState):
             env.hops = parent.hops + 1
             env.hop_limit = min(env.hop_limit, parent.hop_limit)
             if env.hops > env.hop_limit:
+                self.stats.loop_refused += 1
                 raise ChorusError(StatusCode.LOOP_DETECTED, f"hop limit {env.hop_limit} reached")
             expires = parent.expires_ms()
             if expires is not None:
                 if expires <= env.timestamp_ms:
+                    self.stats.expired += 1
                     raise ChorusError(StatusCode.EXPIRED, "the message this answers has expired")
                 env.deadline_ms = expires
             env.trace = parent.trace
@@ -136,14 +147,21 @@ class Outbound(AgentState):
         priority: Priority = Priority.NORMAL,
         headers: dict[str, str] | None = None,
         parent: Envelope | None = None,
+        session: str | None = None,
+        customer: str | None = None,
     ) -> None:
-        """Publishes an event on ``<root>.evt.<topic>``, numbered on its subject."""
+        """Publishes an event on ``<root>.evt.<topic>``, numbered on its subject (``session``
+        and ``customer`` as :meth:`request` sets them)."""
         subject = self.subjects.event(topic)
         env = self._envelope(Kind.EVENT, Performative.INFORM, parent)
+        _set_context(env, session, customer)
         env.topic = topic
         env.priority = priority
         env.headers = dict(headers or {})
         self.set_payload(env, payload, content_type)
+        # A large payload is stored first (an event's readers are unknown: never compressed),
+        # before the event is numbered, so that the numbers go out in order.
+        await self._payloads.fit(env)
         count = self._seq.get(subject)
         if count is None:
             if len(self._seq) >= MAX_SEQ_SUBJECTS:
@@ -152,6 +170,7 @@ class Outbound(AgentState):
         count[1] += 1
         env.seq = Seq(count[0], count[1])
         await self._publish_envelope(subject, env)
+        self.stats.events_published += 1
 
     @overload
     async def request(
@@ -166,6 +185,12 @@ class Outbound(AgentState):
         headers: dict[str, str] | None = None,
         encoding: Encoding | None = None,
         encrypt_for: list[str] | None = None,
+        retry: RetryPolicy | None = None,
+        delivery: Delivery | None = None,
+        dead_letter: bool = False,
+        id: uuid.UUID | None = None,
+        session: str | None = None,
+        customer: str | None = None,
         raw: Literal[False] = False,
         returns: type[R],
     ) -> R: ...
@@ -183,6 +208,12 @@ class Outbound(AgentState):
         headers: dict[str, str] | None = None,
         encoding: Encoding | None = None,
         encrypt_for: list[str] | None = None,
+        retry: RetryPolicy | None = None,
+        delivery: Delivery | None = None,
+        dead_letter: bool = False,
+        id: uuid.UUID | None = None,
+        session: str | None = None,
+        customer: str | None = None,
         raw: Literal[True],
         returns: None = None,
     ) -> Envelope: ...
@@ -200,6 +231,12 @@ class Outbound(AgentState):
         headers: dict[str, str] | None = None,
         encoding: Encoding | None = None,
         encrypt_for: list[str] | None = None,
+        retry: RetryPolicy | None = None,
+        delivery: Delivery | None = None,
+        dead_letter: bool = False,
+        id: uuid.UUID | None = None,
+        session: str | None = None,
+        customer: str | None = None,
         raw: bool = False,
         returns: None = None,
     ) -> Any: ...
@@ -218,16 +255,32 @@ class Outbound(AgentState):
         encoding: Encoding | None = None,
         returns: type[Any] | None = None,
         encrypt_for: list[str] | None = None,
+        retry: RetryPolicy | None = None,
+        delivery: Delivery | None = None,
+        dead_letter: bool = False,
+        id: uuid.UUID | None = None,
+        session: str | None = None,
+        customer: str | None = None,
     ) -> Any:
         """Asks ``agent`` to run ``command`` and returns the answer's value (as a ``returns``
         when given: a dataclass, a pydantic model or a plain type; the reply envelope itself
         with ``raw=True``). Raises :class:`ChorusError` with the reply's code, 5005 on
-        timeout, 5012 when nobody serves the subject."""
+        timeout, 5012 when nobody serves the subject, :class:`CircuitOpen` (5019) while the
+        agent's breaker is open.
+
+        ``retry`` retries a failure the policy names, with the same message id each time (a
+        receiver's exactly-once record answers a copy it already handled); ``dead_letter``
+        writes a request that failed for good to the dead-letter queue; ``delivery=EXACTLY_ONCE``
+        has the receiver run its handler once per message id. ``session`` and
+        ``customer`` set the envelope's ``session_id`` and ``customer_id`` (a forward inherits
+        its parent's); ``id`` fixes the message id."""
         subject = self.subjects.command(agent, command)
         env = self._envelope(Kind.REQUEST, Performative.REQUEST, parent)
         env.to = [agent]
         env.name = command
-        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns, encrypt_for)
+        env.delivery = delivery or Delivery.AT_MOST_ONCE
+        options = _CallOptions(f"agent:{agent}", agent, None, retry, dead_letter, id, session, customer)
+        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns, encrypt_for, options)
 
     @overload
     async def request_capability(
@@ -236,12 +289,19 @@ class Outbound(AgentState):
         payload: Payload = None,
         *,
         at: str | None = None,
+        routing: Routing | None = None,
         timeout: float | None = None,
         content_type: str | None = None,
         parent: Envelope | None = None,
         headers: dict[str, str] | None = None,
         encoding: Encoding | None = None,
         encrypt_for: list[str] | None = None,
+        retry: RetryPolicy | None = None,
+        delivery: Delivery | None = None,
+        dead_letter: bool = False,
+        id: uuid.UUID | None = None,
+        session: str | None = None,
+        customer: str | None = None,
         raw: Literal[False] = False,
         returns: type[R],
     ) -> R: ...
@@ -253,12 +313,19 @@ class Outbound(AgentState):
         payload: Payload = None,
         *,
         at: str | None = None,
+        routing: Routing | None = None,
         timeout: float | None = None,
         content_type: str | None = None,
         parent: Envelope | None = None,
         headers: dict[str, str] | None = None,
         encoding: Encoding | None = None,
         encrypt_for: list[str] | None = None,
+        retry: RetryPolicy | None = None,
+        delivery: Delivery | None = None,
+        dead_letter: bool = False,
+        id: uuid.UUID | None = None,
+        session: str | None = None,
+        customer: str | None = None,
         raw: Literal[True],
         returns: None = None,
     ) -> Envelope: ...
@@ -270,12 +337,19 @@ class Outbound(AgentState):
         payload: Payload = None,
         *,
         at: str | None = None,
+        routing: Routing | None = None,
         timeout: float | None = None,
         content_type: str | None = None,
         parent: Envelope | None = None,
         headers: dict[str, str] | None = None,
         encoding: Encoding | None = None,
         encrypt_for: list[str] | None = None,
+        retry: RetryPolicy | None = None,
+        delivery: Delivery | None = None,
+        dead_letter: bool = False,
+        id: uuid.UUID | None = None,
+        session: str | None = None,
+        customer: str | None = None,
         raw: bool = False,
         returns: None = None,
     ) -> Any: ...
@@ -286,6 +360,7 @@ class Outbound(AgentState):
         payload: Payload = None,
         *,
         at: str | None = None,
+        routing: Routing | None = None,
         timeout: float | None = None,
         content_type: str | None = None,
         raw: bool = False,
@@ -294,18 +369,33 @@ class Outbound(AgentState):
         encoding: Encoding | None = None,
         returns: type[Any] | None = None,
         encrypt_for: list[str] | None = None,
+        retry: RetryPolicy | None = None,
+        delivery: Delivery | None = None,
+        dead_letter: bool = False,
+        id: uuid.UUID | None = None,
+        session: str | None = None,
+        customer: str | None = None,
     ) -> Any:
         """Asks one agent serving ``capability`` (any of them, or the one named by ``at``);
-        as :meth:`request` otherwise."""
+        as :meth:`request` otherwise. ``routing`` (by default the agent's
+        ``capability_routing``) picks the holder: the queue group, or the least-loaded live
+        holder the registry knows."""
         if at is not None:
             subject = self.subjects.capability_at(at, capability)
         else:
             subject = self.subjects.capability(capability)
         env = self._envelope(Kind.REQUEST, Performative.REQUEST, parent)
         env.capability = capability
+        env.delivery = delivery or Delivery.AT_MOST_ONCE
         if at is not None:
             env.to = [at]
-        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns, encrypt_for)
+            options = _CallOptions(f"agent:{at}", at, None, retry, dead_letter, id, session, customer)
+        else:
+            routed = (routing or self.capability_routing) is Routing.LEAST_LOADED
+            options = _CallOptions(
+                f"cap:{capability}", capability.replace(".", "-"), capability if routed else None, retry, dead_letter, id, session, customer
+            )
+        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns, encrypt_for, options)
 
     async def _call(
         self,
@@ -319,6 +409,7 @@ class Outbound(AgentState):
         encoding: Encoding | None,
         returns: type[Any] | None = None,
         encrypt_for: list[str] | None = None,
+        options: _CallOptions | None = None,
     ) -> Any:
         wait = self.request_timeout if timeout is None else timeout
         wait_ms = max(1, int(wait * 1000))
@@ -328,9 +419,17 @@ class Outbound(AgentState):
         env.expect = Expect(Performative.INFORM, wait_ms)
         env.headers = dict(headers or {})
         self.set_payload(env, payload, content_type)
+        if options is not None:
+            if options.id is not None:
+                env.id = options.id
+            _set_context(env, options.session, options.customer)
         if encrypt_for:
             await self._encrypt(env, encrypt_for)
-        reply = await self.exchange(subject, env, wait_ms / 1000, encoding)
+        if options is None or options.plain and self._breakers.policy is None:
+            # Nothing between the call and its exchange: no frames added to the hot path.
+            reply = await self.exchange(subject, env, wait_ms / 1000, encoding)
+        else:
+            reply = await self._attempts(subject, env, wait_ms / 1000, encoding, options)
         if raw:
             return reply
         try:
@@ -338,11 +437,142 @@ class Outbound(AgentState):
         except DecodeError as e:
             raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from e
 
+    async def _attempts(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None, options: _CallOptions) -> Envelope:
+        """A call's attempts: retried by its policy with the same id, dead-lettered when asked
+        once it fails for good."""
+        if options.retry is None and not options.dead_letter:
+            return await self._attempt(subject, env, wait, encoding, options)
+        first_ms = env.timestamp_ms
+        attempt = 1
+        while True:
+            try:
+                return await self._attempt(subject, env, wait, encoding, options)
+            except ChorusError as err:
+                policy = options.retry
+                if not isinstance(err, CircuitOpen) and policy is not None and policy.should_retry(err.status, attempt):
+                    pause = policy.delay(attempt)
+                    self.stats.retries += 1
+                    log.debug("agent %s: request %s failed (%s): retrying with the same id in %.3f s", self.id, env.id, err.status, pause)
+                    await asyncio.sleep(pause)
+                    attempt += 1
+                    # The same id, sent anew: a fresh timestamp (its time to live counts from
+                    # here) and so a fresh signature.
+                    env.timestamp_ms = now_ms()
+                    env.signature = None
+                    continue
+                if options.dead_letter:
+                    exhausted = policy is not None and err.status in policy.retry_on
+                    await self._dead_letter_request(subject, env, options, attempt, first_ms, exhausted, err)
+                raise
+
+    async def _dead_letter_request(
+        self, subject: str, env: Envelope, options: _CallOptions, attempts: int, first_ms: int, exhausted: bool, err: ChorusError
+    ) -> None:
+        """Writes a request that failed for good to the dead-letter queue (a failure to write
+        it is logged: the caller gets the request's own error either way)."""
+        try:
+            letter = DeadLetter(
+                reason="max_attempts" if exhausted else "refused",
+                status=err.status,
+                detail=str(err),
+                agent=options.dead_letter_agent,
+                subject=subject,
+                envelope=self.encode_for(subject, env),
+                attempts=attempts,
+                stored_ms=first_ms,
+                message_id=env.id,
+            )
+            await write_dead_letter(self.nc, self.subjects, letter, self.request_timeout)
+        except Exception as e:  # noqa: BLE001 - reported, never raised over the request's error
+            log.warning("agent %s: a failed request %s could not be dead-lettered: %s", self.id, env.id, e)
+            return
+        self.stats.dead_lettered += 1
+
+    async def _attempt(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None, options: _CallOptions) -> Envelope:
+        """One attempt at a call: through its destination's circuit breaker, routed by load
+        if asked."""
+        breakers = self._breakers
+        destination = options.destination
+        ticket = breakers.admit(destination)
+        try:
+            reply = await self._routed(subject, env, wait, encoding, options)
+        except ChorusError as e:
+            if ticket:
+                breakers.finish(destination, e.status)
+            raise
+        except BaseException:
+            if ticket:
+                breakers.abandon(destination)
+            raise
+        if ticket:
+            breakers.finish(destination, reply.status if reply.status is not None else StatusCode.OK)
+        return reply
+
+    async def _routed(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None, options: _CallOptions) -> Envelope:
+        """The exchange: to the least-loaded holder when routing by load and one is known,
+        else to ``subject``."""
+        capability = options.routed_capability
+        if capability is not None:
+            chosen = await self._route(capability, wait)
+            if chosen is not None:
+                env.to = [chosen]
+                env.signature = None
+                try:
+                    return await self.exchange(self.subjects.capability_at(chosen, capability), env, wait, encoding)
+                except NoResponders:
+                    # The holder has gone since discovery said otherwise: the queue group serves.
+                    log.debug("agent %s: %s's chosen holder %s has gone: the queue group serves", self.id, capability, chosen)
+                    self._router.forget(capability)
+                finally:
+                    self._router.done(chosen)
+                env.to = []
+                env.signature = None
+        return await self.exchange(subject, env, wait, encoding)
+
+    async def _route(self, capability: str, wait: float) -> str | None:
+        """The holder of ``capability`` to call, by load, counted in flight; ``None``: the
+        queue group."""
+        if not self._router.cached(capability):
+            try:
+                records = await self.discover(capability=capability, timeout=min(wait, LOOKUP_TIMEOUT))
+            except ChorusError as e:
+                log.debug("agent %s: no registry to route %s by (%s): the queue group serves", self.id, capability, e)
+                records = []
+            self._router.learn(capability, records)
+        return self._router.choose(capability)
+
+    def circuit(self, destination: str) -> CircuitState:
+        """How the breaker of ``destination`` (``agent:<id>`` or ``cap:<capability>``) stands."""
+        return self._breakers.state(destination)
+
     async def exchange(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None = None) -> Envelope:
         """Sends ``env`` as a request on ``subject`` and returns the reply envelope within
         ``wait`` seconds; raises :class:`ChorusError` with the reply's failure code, 5012 when
-        nobody serves the subject, 5005 on timeout, 5006 for a reply that does not decode."""
+        nobody serves the subject, 5005 on timeout, 5006 for a reply that does not decode.
+        A large payload goes compressed or by reference, and comes back opened (section 7.11)."""
+        await self._payloads.fit(env)
         data = self.encode_for(subject, env, encoding)
+        # Timed from send to reply, by the reply's status (chorus_agent_request_duration_seconds);
+        # a call cancelled half way is not.
+        self.stats.requests_sent += 1
+        started = time.perf_counter()
+        status = int(StatusCode.OK)
+        try:
+            return await self._exchange(subject, env, data, wait)
+        except ChorusError as e:
+            status = e.status
+            raise
+        except Exception:
+            status = int(StatusCode.UNEXPECTED_DISCONNECT)
+            raise
+        except BaseException:
+            status = 0
+            raise
+        finally:
+            if status:
+                self._metrics.request(status, time.perf_counter() - started)
+
+    async def _exchange(self, subject: str, env: Envelope, data: bytes, wait: float) -> Envelope:
         try:
             msg = await self.nc.request(subject, data, timeout=wait, headers=self.nats_headers(env))
         except nats.errors.NoRespondersError as err:
@@ -359,6 +589,7 @@ class Outbound(AgentState):
             self.verifier.verify(msg.subject, reply)
         if reply.status is not None and not is_success(reply.status):
             raise Refused(reply.status, reply.reason or "")
+        await self._payloads.open_reply(reply)
         return reply
 
     async def send(
@@ -374,12 +605,16 @@ class Outbound(AgentState):
         parent: Envelope | None = None,
         headers: dict[str, str] | None = None,
         encrypt_for: list[str] | None = None,
+        session: str | None = None,
+        customer: str | None = None,
     ) -> int:
         """Sends a command in a delivery class: ``AT_MOST_ONCE`` publishes it to the agent's
         command subject; ``AT_LEAST_ONCE`` and ``EXACTLY_ONCE`` store it in the agent's
-        durable inbox (section 7.5) and return its stream sequence once the stream has it."""
+        durable inbox (section 7.5) and return its stream sequence once the stream has it
+        (``session`` and ``customer`` as :meth:`request` sets them)."""
         delivery = delivery or self.default_delivery
         env = self._envelope(Kind.COMMAND, Performative.REQUEST, parent)
+        _set_context(env, session, customer)
         env.to = [agent]
         env.name = command
         env.priority = priority
@@ -390,6 +625,8 @@ class Outbound(AgentState):
         self.set_payload(env, payload, content_type)
         if encrypt_for:
             await self._encrypt(env, encrypt_for)
+        await self._payloads.fit(env)
+        self.stats.requests_sent += 1
         if delivery is Delivery.AT_MOST_ONCE:
             await self._publish_envelope(self.subjects.command(agent, command), env)
             return 0
@@ -468,28 +705,38 @@ class Outbound(AgentState):
 
 
 
-def unreadable_payload(env: Envelope) -> ChorusError | None:
-    """The 5006 refusal of a payload this SDK does not read: a compressed one (the manifest
-    announces no content encoding, so a Rust sender does not compress for this agent) or one
-    carried by reference through the object store (section 7.11), which it does not fetch.
-    ``None`` for any other."""
-    if env.content_encoding is not None:
-        return ChorusError(StatusCode.DATA_FORMAT, f"unsupported content encoding '{env.content_encoding}'")
-    if env.content_type == CONTENT_TYPE_OBJECT:
-        return ChorusError(
-            StatusCode.DATA_FORMAT,
-            f"payloads by reference ({CONTENT_TYPE_OBJECT}) are not read by the Python SDK",
-        )
-    return None
+def _set_context(env: Envelope, session: str | None, customer: str | None) -> None:
+    """The session and customer a message is sent for, over what it inherited."""
+    if session is not None:
+        env.session_id = session
+    if customer is not None:
+        env.customer_id = customer
 
+
+@dataclass(frozen=True)
+class _CallOptions:
+    """What a request asks beyond its envelope: its breaker's destination, the agent its dead
+    letter is filed under, the capability to route by load (``None``: no routing), its retry
+    policy and dead-lettering, and the envelope fields it sets."""
+
+    destination: str
+    dead_letter_agent: str
+    routed_capability: str | None
+    retry: RetryPolicy | None
+    dead_letter: bool
+    id: uuid.UUID | None
+    session: str | None
+    customer: str | None
+
+    @property
+    def plain(self) -> bool:
+        """Whether it asks for no retries, dead letter or routing."""
+        return self.retry is None and not self.dead_letter and self.routed_capability is None
 
 
 def _value(reply: Envelope) -> Any:
     if not reply.payload:
         return None
-    unread = unreadable_payload(reply)
-    if unread is not None:
-        raise unread
     if reply.content_type in (CONTENT_TYPE_MSGPACK, CONTENT_TYPE_JSON):
         try:
             return decode_payload(reply.payload, reply.content_type)

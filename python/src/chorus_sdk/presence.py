@@ -12,6 +12,7 @@ from . import __version__
 from .codec import F32, DecodeError, Json, Struct, decode, decode_payload, encode_struct
 from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, Envelope, Kind, Performative
 from . import service
+from .payloads import ZSTD
 from .service import EndpointStats
 from .status import StatusCode
 
@@ -47,11 +48,22 @@ class Presence(Inbound):
             ("heartbeat_ms", int(self.heartbeat_interval * 1000)),
             ("started_ms", self.started_ms),
             ("sdk_version", __version__),
+        ]
+        if self.metrics_url is not None:
+            # Where this process serves its metrics: the coordinator's /sd/agents lists it.
+            fields.append(("metrics_url", self.metrics_url))
+        fields += [
             ("wire_versions", [1, 2]),
         ]
+        if self.payload_limits.accept_compressed:
+            # Senders compress large payloads for it (section 7.11).
+            fields.append(("content_encodings", [ZSTD]))
         endpoints = self._endpoint_infos()
         if endpoints:
             fields.append(("endpoints", endpoints))
+        open_circuits = self._breakers.open()
+        if open_circuits:
+            fields.append(("open_circuits", open_circuits))
         return encode_struct(fields)
 
     def _endpoint_infos(self) -> list[Struct]:
@@ -89,8 +101,16 @@ class Presence(Inbound):
             log.debug("heartbeat not sent: %s", e)
 
     async def _heartbeats(self) -> None:
+        # A breaker that opens or closes is announced at once (``open_circuits``), not at the
+        # next beat.
+        changed = asyncio.Event()
+        self._breakers.on_change.append(lambda _destination, _state: changed.set())
         while not self._stopping:
-            await asyncio.sleep(self.heartbeat_interval)
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=self.heartbeat_interval)
+            except asyncio.TimeoutError:
+                pass
+            changed.clear()
             if not self._stopping:
                 await self._heartbeat()
 

@@ -116,14 +116,15 @@ class Verifier:
         entry = self._keys.get(agent)
         return entry[0] if entry else None
 
-    def verify(self, subject: str, env: Envelope, now: int | None = None) -> None:
-        """Raises :class:`ChorusError` with 5014, 5004 or 5015 when ``env`` must be refused."""
+    def verify(self, subject: str, env: Envelope, now: int | None = None) -> bool:
+        """Raises :class:`ChorusError` with 5014, 5004 or 5015 when ``env`` must be refused;
+        returns whether its signature proved its sender (``False``: unsigned, and allowed)."""
         now = now_ms() if now is None else now
         sig = env.signature
         if sig is None:
             if self.require_signed:
                 raise ChorusError(StatusCode.UNAUTHORIZED, "unsigned messages are refused here")
-            return
+            return False
         if sig.alg != SIGNATURE_ALG:
             raise ChorusError(StatusCode.UNAUTHORIZED, f"unsupported signature algorithm {_quoted(sig.alg)}")
         entry = self._keys.get(env.from_)
@@ -148,3 +149,4 @@ class Verifier:
             if env.id in self._seen:
                 raise ChorusError(StatusCode.REPLAY, "this message id was seen before")
             self._seen[env.id] = env.timestamp_ms + self.tolerance_ms + 1
+        return True

@@ -8,12 +8,13 @@ A requester submits with ``await agent.submit(...)`` and gets a :class:`TaskHand
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import nats.errors
@@ -35,7 +36,8 @@ from .envelope import (
     TaskState,
     now_ms,
 )
-from .status import ChorusError, StatusCode, Timeout
+from .schema import Schema, payload_json
+from .status import ChorusError, Refused, StatusCode, Timeout, is_success, label
 
 
 log = logging.getLogger("chorus_sdk")
@@ -168,6 +170,16 @@ class TaskStore:
         env, _ = decode(raw.data or b"")
         return int(raw.seq or 0), env
 
+    async def submission(self, task: uuid.UUID) -> Envelope:
+        """The task's first status message: its submission (the input, the deadline, whether the
+        requester verifies results). Raises :class:`ChorusError` 5018 when it is not recorded."""
+        try:
+            raw = await self.js.get_msg(self.stream, seq=1, subject=self.subject(task, "status"), next=True)
+        except nats.js.errors.NotFoundError:
+            raise _not_found(task) from None
+        env, _ = decode(raw.data or b"")
+        return env
+
     async def transition(self, task: uuid.UUID, known: tuple[int, TaskState] | None, env: Envelope) -> int:
         """Moves the task to the state ``env`` records if the table allows it from the state
         it is in; written only if nobody wrote since (read again and judged anew if someone
@@ -191,6 +203,11 @@ class TaskStore:
                     raise
                 known = None
         raise ChorusError(StatusCode.TASK_STATE, f"task {task}: state kept changing under {STATE_WRITE_ATTEMPTS} writes")
+
+
+def _not_found(task: uuid.UUID) -> ChorusError:
+    """No task ``task`` is recorded (5018, as the Rust SDK's ``TaskNotFound``)."""
+    return ChorusError(StatusCode.INVALID_ARGUMENT, f"no task {task} is recorded")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,6 +287,54 @@ class TaskContext(Context):
             return None
         return decode_payload(reply.payload, reply.content_type)
 
+    async def handoff(
+        self,
+        payload: Any = None,
+        *,
+        to: str | None = None,
+        name: str | None = None,
+        capability: str | None = None,
+        timeout: float | None = None,
+        content_type: str | None = None,
+    ) -> None:
+        """Hands the task to agent ``to``'s task ``name`` (or to a ``capability``: any holder,
+        or ``to``'s own access point), with ``payload`` as the context the next agent needs
+        (IACP's handoff, section 7.4): that agent takes it over where it stands, the
+        requester's handle follows it, and its report lists both turns. Once this returns,
+        the handler should return too: whatever it returns is not recorded. Raises
+        :class:`ChorusError` with the code when the next agent does not take it (5024 when
+        the task is not this agent's to hand on, 5012 when nobody serves the subject, 5005 on
+        timeout), 5010 past the hop limit, 5011 past the task's deadline."""
+        run = self._run
+        agent = self.agent
+        parent = self.envelope
+        if capability is not None:
+            subject = agent.subjects.capability_at(to, capability) if to else agent.subjects.capability(capability)
+        elif to is not None and name is not None:
+            subject = agent.subjects.command(to, name)
+        else:
+            raise ValueError("handoff needs to= and name=, or capability=")
+        env = Envelope.new(Kind.COMMAND, Performative.HANDOFF, agent.id)
+        env.to = [to] if to is not None else []
+        env.name, env.capability = name, capability
+        env.correlation_id = run.id
+        # A forward of the message the task came with (section 7.3).
+        env.hops, env.hop_limit = parent.hops + 1, parent.hop_limit
+        if env.hops > env.hop_limit:
+            raise ChorusError(StatusCode.LOOP_DETECTED, f"hop limit {env.hop_limit} reached")
+        env.trace, env.session_id, env.customer_id = parent.trace, parent.session_id, parent.customer_id
+        env.deadline_ms = run.deadline_ms
+        wait = agent.request_timeout if timeout is None else timeout
+        if run.deadline_ms is not None:
+            left = run.deadline_ms - env.timestamp_ms
+            if left <= 0:
+                raise ChorusError(StatusCode.EXPIRED, "the task's deadline has passed")
+            wait = min(wait, left / 1000)
+        env.expect = Expect(Performative.INFORM, max(1, int(wait * 1000)))
+        agent.set_payload(env, payload, content_type)
+        await agent.exchange(subject, env, wait)
+        run.handed_off = True
+
 
 @dataclass
 class _Run:
@@ -284,6 +349,8 @@ class _Run:
     why: str | None = None
     chunks: int = 0
     content_type: str = CONTENT_TYPE_MSGPACK
+    #: Handed to another agent: this run writes nothing more.
+    handed_off: bool = False
 
     def halt(self, why: str) -> None:
         if self.why is None:
@@ -312,10 +379,12 @@ class Tasks:
         return accept
 
     async def accept(self, ctx: Context, handler: TaskHandler) -> None:
-        """Takes the task ``ctx`` submits (answering 5002), or refuses it with a code."""
+        """Takes the task ``ctx`` submits (answering 5002), or takes it over from the agent
+        working on it (a handoff), or refuses it with a code."""
         env = ctx.envelope
-        if env.performative is not Performative.ASSIGN or env.correlation_id is None:
+        if env.performative not in (Performative.ASSIGN, Performative.HANDOFF) or env.correlation_id is None:
             raise ChorusError(StatusCode.INVALID_ARGUMENT, "this command runs as a task: submit it as one")
+        handoff = env.performative is Performative.HANDOFF
         agent = self.agent
         if agent.stopping:
             raise ChorusError(StatusCode.UNAVAILABLE, "the agent is shutting down")
@@ -326,20 +395,38 @@ class Tasks:
         if last is None:
             raise ChorusError(StatusCode.TASK_STATE, f"task {task} is not recorded in the task stream")
         seq, record = last
-        seq = await store.transition(task, (seq, state_of(record)), store.state_message(task, TaskState.ACCEPTED))
+        current = state_of(record)
+        if handoff:
+            # Only the agent working on it may hand it on.
+            if current not in (TaskState.WORKING, TaskState.INPUT_REQUIRED) or record.from_ != env.from_:
+                raise ChorusError(
+                    StatusCode.TASK_STATE,
+                    f"task {task} is {current.value} by {record.from_}: {env.from_} cannot hand it on",
+                )
+            taken = store.state_message(task, TaskState.WORKING)
+            taken.reason = f"handed off by {env.from_}"
+            seq = await store.transition(task, (seq, current), taken)
+            state = TaskState.WORKING
+            # The submission governs: its deadline, and whether the requester verifies.
+            governs = await store.submission(task)
+            context_env = env
+        else:
+            seq = await store.transition(task, (seq, current), store.state_message(task, TaskState.ACCEPTED))
+            state = TaskState.ACCEPTED
+            governs = context_env = record
         run = _Run(
             id=task,
             store=store,
-            last=(seq, TaskState.ACCEPTED),
-            deadline_ms=record.deadline_ms,
-            confirm=record.expect is not None and record.expect.performative is Performative.CONFIRM,
+            last=(seq, state),
+            deadline_ms=governs.deadline_ms,
+            confirm=governs.expect is not None and governs.expect.performative is Performative.CONFIRM,
             stop=asyncio.Event(),
             inputs=asyncio.Queue(),
             epoch=random.getrandbits(32),
-            content_type=record.content_type if record.content_type == CONTENT_TYPE_JSON else CONTENT_TYPE_MSGPACK,
+            content_type=context_env.content_type if context_env.content_type == CONTENT_TYPE_JSON else CONTENT_TYPE_MSGPACK,
         )
         subs = await self._listen(run)
-        context = TaskContext(agent, record, ctx.subject, run)
+        context = TaskContext(agent, context_env, ctx.subject, run)
         agent.spawn(self._drive(run, context, handler, subs), name="chorus-task")
 
     async def _listen(self, run: _Run) -> list[Any]:
@@ -367,11 +454,12 @@ class Tasks:
     async def _drive(self, run: _Run, ctx: TaskContext, handler: TaskHandler, subs: list[Any]) -> None:
         store = self.store
         try:
-            try:
-                await run.set_state(store.state_message(run.id, TaskState.WORKING))
-            except Exception as e:  # noqa: BLE001 - cancelled meanwhile, or the stream is away
-                log.debug("task %s not started: %s", run.id, e)
-                return
+            if run.last[1] is not TaskState.WORKING:
+                try:
+                    await run.set_state(store.state_message(run.id, TaskState.WORKING))
+                except Exception as e:  # noqa: BLE001 - cancelled meanwhile, or the stream is away
+                    log.debug("task %s not started: %s", run.id, e)
+                    return
             work = asyncio.ensure_future(handler(ctx))
             stop = asyncio.ensure_future(run.stop.wait())
             agent_stop = asyncio.ensure_future(self.agent.until_stopping())
@@ -387,6 +475,11 @@ class Tasks:
                     await asyncio.wait_for(asyncio.shield(work), CANCEL_GRACE)
                 except (asyncio.TimeoutError, Exception):  # noqa: BLE001
                     work.cancel()
+            if run.handed_off:
+                # Another agent has it now and writes its end.
+                if work.done() and not work.cancelled():
+                    work.exception()  # what it returned or raised is not recorded
+                return
             end = self._end(run, work)
             if run.confirm and run.why is None:
                 report = store.message(run.id, Kind.RESPONSE, Performative.DONE if state_of(end) is TaskState.COMPLETED else Performative.FAILURE)
@@ -472,20 +565,173 @@ class TaskUpdate:
 
 
 @dataclass
-class TaskResult:
-    """How a task ended."""
+class Attempt:
+    """One agent's turn at a task (``chorus_sdk::task::Attempt`` in the Rust SDK)."""
+
+    #: The agent that took it.
+    agent: str
+    #: When it took it, ms since the epoch.
+    started_ms: int
+    #: When its turn ended, if it has.
+    ended_ms: int | None = None
+    #: How its turn ended (the state it left the task in, or ``completed`` / ``failed`` for
+    #: the result it reported), or where it is.
+    state: TaskState = TaskState.ACCEPTED
+    #: The code its turn ended with, if it has.
+    status: int | None = None
+    #: Whether the requester's verification accepted its result (``None``: not verified).
+    verified: bool | None = None
+    #: Why its turn ended as it did, when someone said (a verdict, a refusal, a reason).
+    note: str | None = None
+
+
+@dataclass
+class TaskReport:
+    """What a task came to (``chorus_sdk::TaskReport`` in the Rust SDK): the outcome, the data,
+    the code, and every attempt with its agent and timing. A task still running has a report
+    too, with its state so far."""
 
     id: uuid.UUID
+    #: Where it stands (terminal once finished).
     state: TaskState
+    #: The code of its last state (5002 completed, 5020 cancelled, 5011 expired, the
+    #: failure's or the refusal's own).
     status: int
+    #: Why, for a state that is not success.
     reason: str | None
-    worker: str
-    envelope: Envelope
+    #: Who submitted it.
+    requester: str
+    #: The command (``agent.name``) or capability it was submitted to.
+    target: str
+    #: The result (completed) or the question (input required), and its content type.
+    output: bytes = b""
+    content_type: str = CONTENT_TYPE_MSGPACK
+    #: Every agent that took it, in order.
+    attempts: list[Attempt] = field(default_factory=list)
+    submitted_ms: int = 0
+    finished_ms: int | None = None
+    deadline_ms: int | None = None
+    #: The stream sequence of the last message folded in.
+    last_seq: int = 0
+    #: The last status message folded in.
+    envelope: Envelope | None = None
+
+    @property
+    def is_completed(self) -> bool:
+        return self.state is TaskState.COMPLETED
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in FINAL
+
+    @property
+    def worker(self) -> str | None:
+        """The agent of the last attempt (the one that completed it, for a completed task)."""
+        return self.attempts[-1].agent if self.attempts else None
 
     def data(self, cls: type[Any] | None = None) -> Any:
-        """The payload's value (as a ``cls`` when given, see :meth:`Context.data`)."""
-        env = self.envelope
-        return typed(decode_payload(env.payload, env.content_type) if env.payload else None, cls)
+        """The result's value (as a ``cls`` when given, see :meth:`Context.data`). Raises
+        :class:`ChorusError` with the task's code and reason when it did not complete."""
+        if not self.is_completed:
+            why = f": {self.reason}" if self.reason else ""
+            raise ChorusError(self.status, f"task {self.id} is {self.state.value}{why}")
+        return typed(decode_payload(self.output, self.content_type) if self.output else None, cls)
+
+    @classmethod
+    def _submitted(cls, task: uuid.UUID, seq: int, env: Envelope) -> TaskReport:
+        target = env.capability or (f"{env.to[0]}.{env.name or ''}" if env.to else "")
+        return cls(
+            id=task,
+            state=TaskState.SUBMITTED,
+            status=StatusCode.ACCEPTED,
+            reason=None,
+            requester=env.from_,
+            target=target,
+            submitted_ms=env.timestamp_ms,
+            deadline_ms=env.deadline_ms,
+            last_seq=seq,
+            envelope=env,
+        )
+
+    def _close_attempt(self, at_ms: int, state: TaskState) -> None:
+        if self.attempts and self.attempts[-1].ended_ms is None:
+            self.attempts[-1].ended_ms = at_ms
+            self.attempts[-1].state = state
+
+    def _apply(self, seq: int, env: Envelope) -> None:
+        """Folds one status message in (as the Rust SDK's ``TaskReport::apply``)."""
+        state = state_of(env)
+        at = env.timestamp_ms
+        self.last_seq, self.state, self.envelope = seq, state, env
+        self.status = env.status if env.status is not None else StatusCode.ACCEPTED
+        self.reason = env.reason
+        if state in (TaskState.COMPLETED, TaskState.INPUT_REQUIRED):
+            self.output, self.content_type = env.payload, env.content_type
+        last = self.attempts[-1] if self.attempts else None
+        if state is TaskState.ACCEPTED:
+            self.attempts.append(Attempt(env.from_, at))
+        elif state is TaskState.SUBMITTED:
+            # A new attempt: the last one ended, its result not accepted.
+            if last is not None:
+                if last.ended_ms is None:
+                    last.ended_ms, last.state = at, TaskState.FAILED
+                if last.verified is True or (last.status is not None and is_success(last.status)):
+                    last.verified = False
+                last.note = env.reason
+        elif state is TaskState.WORKING and (last is None or last.agent != env.from_ or last.ended_ms is not None):
+            # A working state from another agent: the task was handed to it.
+            self._close_attempt(at, TaskState.WORKING)
+            if last is not None:
+                last.note = env.reason
+            self.attempts.append(Attempt(env.from_, at, state=TaskState.WORKING))
+        elif last is not None and last.ended_ms is None:
+            last.state = state
+        if state in FINAL:
+            self.finished_ms = at
+            # The requester accepting a reported result is the verdict on the last attempt.
+            last = self.attempts[-1] if self.attempts else None
+            if last is not None and last.ended_ms is not None:
+                if state is TaskState.COMPLETED and last.agent != env.from_:
+                    last.verified = True
+                elif last.note is None:
+                    last.note = env.reason
+            self._close_attempt(at, state)
+            if last is not None and last.status is None:
+                last.status = env.status
+
+    def _reported(self, seq: int, env: Envelope) -> None:
+        """Folds in one attempt's reported result."""
+        self.last_seq = max(self.last_seq, seq)
+        last = self.attempts[-1] if self.attempts else None
+        if last is not None and last.ended_ms is None:
+            last.ended_ms = env.timestamp_ms
+            last.state = TaskState.COMPLETED if env.performative is Performative.DONE else TaskState.FAILED
+            last.status = env.status
+            last.note = env.reason
+
+
+#: What :meth:`TaskHandle.result` returned before reports had attempts: the same class.
+TaskResult = TaskReport
+
+
+class _Fold:
+    """Folds a task's status and report messages, in order, into its report."""
+
+    def __init__(self, task: uuid.UUID) -> None:
+        self.task = task
+        self.report: TaskReport | None = None
+        #: Whether the requester verifies results (its attempts then end in reports).
+        self.verified = False
+
+    def message(self, kind: str, seq: int, env: Envelope) -> None:
+        if kind == "status":
+            if self.report is None:
+                self.verified = env.expect is not None and env.expect.performative is Performative.CONFIRM
+                self.report = TaskReport._submitted(self.task, seq, env)
+            else:
+                self.report._apply(seq, env)
+        elif kind == "report" and self.report is not None:
+            self.report._reported(seq, env)
 
 
 class TaskHandle:
@@ -500,15 +746,15 @@ class TaskHandle:
         self.last_seen = 0
 
     async def state(self) -> TaskState:
+        """Where the task stands now. Raises :class:`ChorusError` 5018 when it is not
+        recorded."""
         last = await self.store.last(self.id, "status")
         if last is None:
-            raise ChorusError(StatusCode.TASK_STATE, f"task {self.id} is not recorded")
+            raise _not_found(self.id)
         return state_of(last[1])
 
-    async def updates(self, after: int = 0, kinds: str = ">") -> AsyncIterator[TaskUpdate]:
-        """Every message of the task after stream sequence ``after``, in the order stored,
-        then each new one, until the terminal state (resume with the ``seq`` last seen: no
-        gap, no duplicate)."""
+    async def _messages(self, after: int, kinds: str) -> AsyncGenerator[TaskUpdate, None]:
+        """The task's messages after stream sequence ``after``, then each new one, without end."""
         js = self.store.js
         subject = self.store.subject(self.id, kinds) if kinds != ">" else f"{self.agent.subjects.root}.task.{self.id}.>"
         if after > 0:
@@ -526,23 +772,60 @@ class TaskHandle:
                     env, _ = decode(msg.data)
                 except DecodeError:
                     continue
-                update = TaskUpdate(seq=int(msg.metadata.sequence.stream), kind=msg.subject.rsplit(".", 1)[1], envelope=env)
+                yield TaskUpdate(seq=int(msg.metadata.sequence.stream), kind=msg.subject.rsplit(".", 1)[1], envelope=env)
+        finally:
+            await sub.unsubscribe()
+
+    async def updates(self, after: int = 0, kinds: str = ">") -> AsyncIterator[TaskUpdate]:
+        """Every message of the task after stream sequence ``after``, in the order stored,
+        then each new one, until the terminal state (resume with the ``seq`` last seen: no
+        gap, no duplicate)."""
+        messages = self._messages(after, kinds)
+        try:
+            async for update in messages:
                 self.last_seen = max(self.last_seen, update.seq)
                 yield update
                 if update.state in FINAL:
                     return
         finally:
-            await sub.unsubscribe()
+            await messages.aclose()
 
-    async def result(self, timeout: float | None = None) -> TaskResult:
-        """Waits for the task's end. A task past its deadline (plus 2 s for its worker to say
-        so) is recorded ``expired`` here. Raises :class:`ChorusError` 5005 when ``timeout``
-        passes first."""
+    async def report(self) -> TaskReport:
+        """The task's report as it stands now (terminal or not): its state, code, output and
+        every attempt with its agent, timing and verdict. Raises :class:`ChorusError` 5018 when
+        the task is not recorded."""
+        last = await self.store.last(self.id, "status")
+        if last is None:
+            raise _not_found(self.id)
+        upto = last[0]
+        reported = await self.store.last(self.id, "report")
+        if reported is not None:
+            upto = max(upto, reported[0])
+        fold = _Fold(self.id)
+        messages = self._messages(0, ">")
+        try:
+            async for update in messages:
+                fold.message(update.kind, update.seq, update.envelope)
+                if update.seq >= upto:
+                    break
+        finally:
+            await messages.aclose()
+        if fold.report is None:
+            raise _not_found(self.id)
+        return fold.report
 
-        async def follow() -> TaskResult:
+    async def result(self, timeout: float | None = None) -> TaskReport:
+        """Waits for the task's end and returns its report. A task past its deadline (plus 2 s
+        for its worker to say so) is recorded ``expired`` here. Raises :class:`ChorusError`
+        5005 when ``timeout`` passes first."""
+
+        async def follow() -> TaskReport:
+            fold = _Fold(self.id)
             async for update in self.updates(kinds="status"):
-                if update.state in FINAL:
-                    return self._result(update.envelope)
+                fold.message(update.kind, update.seq, update.envelope)
+                if update.state in FINAL and fold.report is not None:
+                    # A verified task's attempts end in reports, which only a full fold sees.
+                    return await self.report() if fold.verified else fold.report
             raise ChorusError(StatusCode.INTERNAL, "the task's states ended without a final one")
 
         waits: list[float] = [t for t in (timeout, self._expiry_wait()) if t is not None]
@@ -559,25 +842,21 @@ class TaskHandle:
             return None
         return max(self.deadline_ms + EXPIRY_MARGIN_MS - now_ms(), 0) / 1000
 
-    def _result(self, env: Envelope) -> TaskResult:
-        return TaskResult(self.id, state_of(env), env.status or StatusCode.OK, env.reason, env.from_, env)
-
-    async def _record(self, state: TaskState, reason: str) -> TaskResult:
+    async def _record(self, state: TaskState, reason: str) -> TaskReport:
         """Writes ``state`` as the requester (an expiry or an unconfirmed cancel), unless the
-        task ended meanwhile; returns how it ended."""
+        task ended meanwhile; returns its report."""
         env = self.store.state_message(self.id, state)
         env.reason = reason
         try:
             await self.store.transition(self.id, None, env)
-            return self._result(env)
-        except ChorusError:
-            last = await self.store.last(self.id, "status")
-            assert last is not None
-            return self._result(last[1])
+        except ChorusError as e:
+            if e.status != StatusCode.TASK_STATE:
+                raise
+        return await self.report()
 
-    async def cancel(self, reason: str = "cancelled by the requester") -> TaskResult:
+    async def cancel(self, reason: str = "cancelled by the requester") -> TaskReport:
         """Asks the worker to stop and waits for the end (recorded ``cancelled`` here when no
-        worker confirms within 3 s)."""
+        worker confirms within 3 s); returns the task's report."""
         env = self.store.message(self.id, Kind.COMMAND, Performative.CANCEL)
         env.reason = reason
         await self.store.append(self.id, "cancel", env)
@@ -599,137 +878,257 @@ class TaskHandle:
         await self.store.append(self.id, "input", env)
 
 
+# ---------------------------------------------------------------------------------------------
+# Verified results
+
+#: Attempts a verified task gets by default, the first included.
+DEFAULT_MAX_ATTEMPTS = 3
+
+#: A check of one result: ``True`` or ``None`` passes it, ``False`` or a string (why) fails it;
+#: it may be async.
 Check = Callable[[TaskUpdate], Any]
+
+
+@dataclass(frozen=True)
+class Supervisor:
+    """A check that asks supervisor ``agent``'s ``command`` with the output as the payload: its
+    success answer passes the result, a refusal fails it with the refusal's reason."""
+
+    agent: str
+    command: str
+
+
+@dataclass(frozen=True)
+class Verification:
+    """How a requester verifies a task's result (``chorus_sdk::task::Verification`` in the Rust
+    SDK), and what it does when one fails: ``retries`` more tries on the same agent, then
+    (``reassign``) the first of ``candidates`` that has not failed (without candidates, for a
+    task submitted to a capability, its other live holders from discovery), then
+    ``escalate_to``, a supervisor agent serving the same task; at most ``max_attempts`` in all
+    (at least 1), after which the task fails with 5025. Made with :meth:`function`,
+    :meth:`schema` or :meth:`agent`::
+
+        Verification.schema({"type": "object", "required": ["summary"]},
+                            max_attempts=3, escalate_to="editor-in-chief")
+    """
+
+    check: Check | Schema | Supervisor
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    retries: int = 0
+    reassign: bool = True
+    candidates: tuple[str, ...] = ()
+    escalate_to: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.check, (Schema, Supervisor)) and not callable(self.check):
+            raise TypeError("a verification's check is a function, a Schema or a Supervisor")
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise TypeError("max_attempts is an int")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"retries is an int, 0 or more, not {self.retries!r}")
+        if isinstance(self.candidates, str):
+            raise TypeError("candidates is a list of agent ids, not a string")
+        # As the Rust SDK: at least one attempt; candidates kept in order.
+        object.__setattr__(self, "max_attempts", max(self.max_attempts, 1))
+        object.__setattr__(self, "candidates", tuple(self.candidates))
+
+    @classmethod
+    def function(cls, check: Check, **policy: Any) -> Verification:
+        """Checks each result with ``check`` (sync or async): given the report (a
+        :class:`TaskUpdate`), ``True`` or ``None`` passes it, ``False`` or a string saying why
+        fails it."""
+        return cls(check, **policy)
+
+    @classmethod
+    def schema(cls, schema: Any, **policy: Any) -> Verification:
+        """Checks that each result, read as JSON, meets JSON Schema ``schema`` (the draft its
+        ``$schema`` names, 2020-12 by default). Raises :class:`~chorus_sdk.schema.SchemaError`
+        when it does not compile."""
+        return cls(schema if isinstance(schema, Schema) else Schema.compile(schema), **policy)
+
+    @classmethod
+    def agent(cls, agent: str, command: str, **policy: Any) -> Verification:
+        """Asks supervisor ``agent`` to judge each result with ``command`` (the output is the
+        payload): its success answer passes it, a refusal fails it with the reason."""
+        return cls(Supervisor(agent, command), **policy)
+
+    def with_policy(self, **policy: Any) -> Verification:
+        """This verification with some of its policy changed (``max_attempts``, ``retries``,
+        ``reassign``, ``candidates``, ``escalate_to``)."""
+        return dataclasses.replace(self, **policy)
+
+    async def verdict(self, agent: Host, report: TaskUpdate) -> str | None:
+        """Why ``report``'s result fails (``None``: it passes). A supervisor that cannot be
+        asked (not there, no answer) raises its :class:`ChorusError`."""
+        env = report.envelope
+        check = self.check
+        if isinstance(check, Schema):
+            try:
+                value = payload_json(env.payload, env.content_type)
+            except ValueError as e:
+                return f"the output is not JSON: {e}"
+            errors = check.errors(value)
+            return f"does not meet the schema: {'; '.join(errors)}" if errors else None
+        if isinstance(check, Supervisor):
+            try:
+                await agent.request(check.agent, check.command, Reply(env.payload, env.content_type), raw=True)
+            except Refused as e:
+                return e.reason
+            return None
+        verdict = check(report)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        if verdict is True or verdict is None:
+            return None
+        return verdict if isinstance(verdict, str) else "the check failed"
 
 
 async def verify(
     agent: Host,
     handle: TaskHandle,
-    check: Check,
-    *,
-    max_attempts: int = 3,
-    retries: int = 0,
-    candidates: tuple[str, ...] | list[str] = (),
-    supervisor: str | None = None,
-) -> TaskResult:
-    """Sees a task submitted with ``verify=True`` through (section 7.4, verified results): each
-    attempt's report is judged by ``check`` (sync or async; ``True`` or ``None`` passes it,
-    ``False`` or a string fails it, the string saying why); a report that passes is written as
-    ``completed``; one that fails starts the next attempt, on the same agent while ``retries``
-    allow, then on the first of ``candidates`` that has not failed, then on ``supervisor``, up
-    to ``max_attempts`` in all, after which the task fails with 5025 ``unverified``. Returns
-    how the task ended. Run it again after a restart: reports already judged are not judged
-    twice."""
+    verification: Verification,
+    discover: Callable[..., Awaitable[list[dict[str, Any]]]] | None = None,
+) -> TaskReport:
+    """Sees a task submitted with ``verify=True`` through (section 7.4, verified results), as
+    the Rust SDK's ``Agent::verify``: each attempt's report is judged by ``verification``; a
+    result that passes is written as ``completed`` (with the report's output); one that fails
+    (or a ``failure`` report) starts the next attempt as its policy says (a ``submitted``
+    status with the verdict and ``; reassigned to <agent>`` as its reason, sent to that agent
+    alone), until no attempt is left and the task fails with 5025 ``unverified`` and the chain
+    of verdicts. ``discover`` finds a capability's holders to reassign to. Returns the final
+    report, with every attempt, its agent, timing and verdict. Run it again after a restart:
+    reports already judged are not judged twice."""
     store = handle.store
     task = handle.id
     last = await store.last(task, "status")
     judged_up_to = last[0] if last else 0
+    fold = _Fold(task)
     submission: Envelope | None = None
     attempts = 0
     tries: dict[str, int] = {}
     failed: list[str] = []
     chain: list[str] = []
-    passed_by: str | None = None
+    policy = verification
 
-    def choose(previous: str) -> str | None:
-        if attempts >= max_attempts:
+    async def choose(previous: str) -> str | None:
+        """Who gets the next attempt after ``previous``'s failed, if anyone."""
+        if attempts >= policy.max_attempts:
             return None
-        if tries.get(previous, 0) <= retries:
+        if tries.get(previous, 0) <= policy.retries:
             return previous
-        for candidate in candidates:
-            if candidate not in failed and candidate != supervisor:
-                return candidate
-        if supervisor is not None and supervisor not in failed:
-            return supervisor
+
+        def untried(candidate: str) -> bool:
+            return candidate not in failed and candidate != policy.escalate_to
+
+        if policy.reassign:
+            for candidate in policy.candidates:
+                if untried(candidate):
+                    return candidate
+            capability = submission.capability if submission is not None else None
+            if not policy.candidates and capability is not None and discover is not None:
+                try:
+                    holders = await discover(capability=capability)
+                except ChorusError as e:
+                    log.warning("task %s: no holders to reassign to: discovery failed: %s", task, e)
+                    holders = []
+                for holder in holders:
+                    holder_id = (holder.get("manifest") or {}).get("agent")
+                    if isinstance(holder_id, str) and untried(holder_id) and holder_id != agent.id:
+                        return holder_id
+        if policy.escalate_to is not None and policy.escalate_to not in failed:
+            return policy.escalate_to
         return None
 
     async def resubmit(to: str, why: str) -> None:
-        assert submission is not None
-        again = Envelope.new(submission.kind, submission.performative, agent.id)
-        for name in ("correlation_id", "name", "capability", "deadline_ms", "expect", "progress", "status", "content_type", "payload", "headers"):
-            setattr(again, name, getattr(submission, name))
-        again.to = [to]
-        again.reason = f"{why}; reassigned to {to}"
+        """Starts a new attempt on ``to``: records it, then asks that agent alone."""
+        if submission is None:
+            raise _not_found(task)
         if submission.capability is not None:
             subject = agent.subjects.capability_at(to, submission.capability)
         elif submission.name is not None:
             subject = agent.subjects.command(to, submission.name)
         else:
             raise ChorusError(StatusCode.INVALID_ARGUMENT, "the submission names no command or capability")
+        fresh = Envelope.new(submission.kind, submission.performative, agent.id)
+        again = dataclasses.replace(
+            submission,
+            id=fresh.id,
+            timestamp_ms=fresh.timestamp_ms,
+            from_=agent.id,
+            to=[to],
+            signature=None,
+            reason=f"{why}; reassigned to {to}",
+        )
         await store.transition(task, None, again)
         wait = (again.expect.timeout_ms / 1000) if again.expect else agent.request_timeout
         await agent.exchange(subject, again, wait)
 
-    async def end(state: TaskState, status: int, reason: str | None, report: Envelope | None) -> None:
-        env = store.state_message(task, state)
-        env.status = int(status)
-        env.reason = reason
-        if report is not None:
-            env.in_reply_to = report.id
-            env.payload, env.content_type = report.payload, report.content_type
+    async def end(env: Envelope) -> None:
         try:
             await store.transition(task, None, env)
         except ChorusError as e:
             if e.status != StatusCode.TASK_STATE:
                 raise
 
-    async for update in handle.updates():
-        env = update.envelope
-        if update.kind == "status":
-            if submission is None:
-                submission = env
-            if update.state in FINAL:
-                result = handle._result(env)
-                if passed_by is not None and result.state is TaskState.COMPLETED:
-                    result.worker = passed_by
-                return result
-            continue
-        if update.kind != "report":
-            continue
-        attempts += 1
-        tries[env.from_] = tries.get(env.from_, 0) + 1
-        if update.seq < judged_up_to:
+    messages = handle._messages(0, ">")
+    try:
+        async for update in messages:
+            env = update.envelope
+            fold.message(update.kind, update.seq, env)
+            if update.kind == "status":
+                if submission is None:
+                    submission = env
+                if update.state in FINAL and fold.report is not None:
+                    return fold.report
+                continue
+            if update.kind != "report":
+                continue
+            attempts += 1
+            tries[env.from_] = tries.get(env.from_, 0) + 1
+            if update.seq < judged_up_to:
+                # Judged before, and the task went on: it failed.
+                failed.append(env.from_)
+                chain.append(f"attempt {attempts} by {env.from_}: failed (judged earlier)")
+                continue
+            if env.performative is Performative.DONE:
+                why = await policy.verdict(agent, update)
+            else:
+                status = env.status or StatusCode.HANDLER_FAILED
+                why = f"failed with {status} {label(status)}" + (f": {env.reason}" if env.reason else "")
+            if why is None:
+                done = store.state_message(task, TaskState.COMPLETED)
+                done.in_reply_to = env.id
+                done.payload, done.content_type = env.payload, env.content_type
+                await end(done)
+                continue
+            log.info("task %s: the result of %s failed verification: %s", task, env.from_, why)
             failed.append(env.from_)
-            chain.append(f"attempt {attempts} by {env.from_}: failed (judged earlier)")
-            continue
-        if env.performative is Performative.DONE:
-            verdict = check(update)
-            if inspect.isawaitable(verdict):
-                verdict = await verdict
-            why = None if verdict is True or verdict is None else (verdict if isinstance(verdict, str) else "the check failed")
-        else:
-            why = f"failed with {env.status or StatusCode.HANDLER_FAILED}" + (f": {env.reason}" if env.reason else "")
-        if why is None:
-            passed_by = env.from_
-            await end(TaskState.COMPLETED, StatusCode.OK, None, env)
-            continue
-        failed.append(env.from_)
-        chain.append(f"attempt {attempts} by {env.from_}: {why}")
-        previous = env.from_
-        while True:
-            nxt = choose(previous)
-            if nxt is None:
-                await end(
-                    TaskState.FAILED,
-                    StatusCode.UNVERIFIED,
-                    f"no result passed verification in {attempts} attempts: " + "; ".join(chain),
-                    None,
-                )
-                break
-            try:
-                await resubmit(nxt, why)
-                break
-            except ChorusError as e:
-                if e.status == StatusCode.TASK_STATE:
+            chain.append(f"attempt {attempts} by {env.from_}: {why}")
+            previous = env.from_
+            while True:
+                nxt = await choose(previous)
+                if nxt is None:
+                    unverified = store.state_message(task, TaskState.FAILED)
+                    unverified.status = int(StatusCode.UNVERIFIED)
+                    unverified.reason = f"no result passed verification in {attempts} attempts: " + "; ".join(chain)
+                    await end(unverified)
                     break
-                # It did not take it: that counts as its attempt.
-                attempts += 1
-                tries[nxt] = tries.get(nxt, 0) + 1
-                failed.append(nxt)
-                why = f"not taken ({e})"
-                chain.append(f"attempt {attempts} by {nxt}: {why}")
-                previous = nxt
-    raise ChorusError(StatusCode.TASK_STATE, f"task {task}: its messages ended before a final state")
+                try:
+                    await resubmit(nxt, why)
+                    break
+                except ChorusError as e:
+                    if e.status == StatusCode.TASK_STATE:
+                        break
+                    # It did not take it: that counts as its attempt.
+                    attempts += 1
+                    tries[nxt] = tries.get(nxt, 0) + 1
+                    failed.append(nxt)
+                    why = f"not taken ({e})"
+                    chain.append(f"attempt {attempts} by {nxt}: {why}")
+                    previous = nxt
+    finally:
+        await messages.aclose()
+    raise _not_found(task)
 
 
 async def submit(
@@ -743,8 +1142,14 @@ async def submit(
     deadline: float | None,
     timeout: float,
     verify: bool = False,
+    headers: dict[str, str] | None = None,
+    session: str | None = None,
+    customer: str | None = None,
+    content_type: str | None = None,
 ) -> TaskHandle:
-    """Records a task and hands it to a worker (section 7.4, the flow's steps 1-3)."""
+    """Records a task and hands it to a worker (section 7.4, the flow's steps 1-3); the
+    submission carries ``headers`` and the ``session`` and ``customer`` it is for, which its
+    worker's messages and handoffs carry on."""
     await store.ensure()
     env = store.state_message(uuid.UUID(int=0), TaskState.SUBMITTED)
     env.correlation_id = env.id
@@ -761,7 +1166,9 @@ async def submit(
     if deadline is not None:
         env.deadline_ms = env.timestamp_ms + int(deadline * 1000)
     env.expect = Expect(Performative.CONFIRM if verify else Performative.AGREE, int(timeout * 1000))
-    agent.set_payload(env, payload, None)
+    env.headers = dict(headers or {})
+    env.session_id, env.customer_id = session, customer
+    agent.set_payload(env, payload, content_type)
     await store.transition(task, (0, TaskState.UNKNOWN), env)
     handle = TaskHandle(agent, store, task, env.deadline_ms)
     try:
@@ -783,4 +1190,16 @@ async def _reject(store: TaskStore, task: uuid.UUID, status: int, reason: str) -
         pass
 
 
-__all__ = ["TaskContext", "TaskHandle", "TaskResult", "TaskStopped", "TaskUpdate", "Tasks", "can_become"]
+__all__ = [
+    "Attempt",
+    "Supervisor",
+    "TaskContext",
+    "TaskHandle",
+    "TaskReport",
+    "TaskResult",
+    "TaskStopped",
+    "TaskUpdate",
+    "Tasks",
+    "Verification",
+    "can_become",
+]
