@@ -18,8 +18,6 @@ if TYPE_CHECKING:
     from .subjects import Subjects
 
 MAX_DETAIL_BYTES = 512
-# The room kept under the server's max_payload for the headers of a letter.
-DEAD_LETTER_HEADROOM = 4096
 
 
 @dataclass

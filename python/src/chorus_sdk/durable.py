@@ -20,7 +20,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, RePublish, RetentionPolicy, S
 from ._connection import CONNECTION_GONE, describe
 from ._host import Host
 from .codec import DecodeError, decode
-from .envelope import Envelope, Kind, now_ms
+from .dead_letters import DeadLetter, write_dead_letter
+from .envelope import Envelope, Kind
 from .exactly_once import RetryAfter
 from .status import ChorusError, StatusCode
 
@@ -40,8 +41,6 @@ DLQ_STREAM = "DLQ"
 ADVISORY_STREAM = "ADVISORIES"
 CONFIG_BUCKET = "config"
 RETRY_KEY = "retry"
-DEAD_LETTER_HEADROOM = 4096
-MAX_DETAIL_BYTES = 512
 DEAD_LETTER_RETRY_DELAY = 5.0
 HIGH_PRIORITY_LANE_SHARE = 4
 MAX_PULL_BATCH = 256
@@ -567,28 +566,21 @@ class DurableInbox:
         subjects = agent.subjects
         meta = msg.metadata
         inbox = subjects.stream_name(INBOX_STREAM)
-        detail = " ".join(decision.detail.splitlines()).encode()[:MAX_DETAIL_BYTES].decode("utf-8", "ignore")
-        headers = {k: v for k, v in (msg.headers or {}).items() if not k.lower().startswith("nats-")}
-        stored_ms = int(meta.timestamp.timestamp() * 1000) if meta.timestamp else 0
-        headers.update(
-            {
-                "Chorus-Dlq-Reason": decision.reason,
-                "Chorus-Dlq-Status": str(decision.status),
-                "Chorus-Dlq-Detail": detail,
-                "Chorus-Dlq-Agent": agent.id,
-                "Chorus-Dlq-Subject": msg.subject,
-                "Chorus-Dlq-Attempts": str(meta.num_delivered),
-                "Chorus-Dlq-Stored-Ms": str(stored_ms),
-                "Chorus-Dlq-Dead-Lettered-Ms": str(now_ms()),
-                "Chorus-Dlq-Source": f"{inbox}:{meta.sequence.stream}",
-                "Nats-Msg-Id": f"dlq:{inbox}:{meta.sequence.stream}",
-            }
+        letter = DeadLetter(
+            reason=decision.reason,
+            status=decision.status,
+            detail=decision.detail,
+            agent=agent.id,
+            subject=msg.subject,
+            envelope=msg.data,
+            attempts=meta.num_delivered,
+            stored_ms=int(meta.timestamp.timestamp() * 1000) if meta.timestamp else 0,
+            message_id=message_id,
+            source=(inbox, meta.sequence.stream),
+            headers=dict(msg.headers or {}),
         )
-        if message_id is not None:
-            headers["Chorus-Dlq-Message-Id"] = str(message_id)
-        js = agent.nc.jetstream(timeout=agent.request_timeout)
         try:
-            await js.publish(f"{subjects.root}.dlq.{decision.reason}.{agent.id}", msg.data, headers=headers)
+            await write_dead_letter(agent.nc, subjects, letter, agent.request_timeout)
         except Exception as e:  # noqa: BLE001 - not stored: keep the message, try again later
             log.error("agent %s: dead letter not written (%s); will retry", agent.id, e)
             await msg.nak(delay=DEAD_LETTER_RETRY_DELAY)
