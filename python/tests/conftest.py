@@ -17,7 +17,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncio
+from typing import Any
+
 import pytest
+
+from chorus_sdk import Agent
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE = 20.0
@@ -198,3 +203,29 @@ def rust_peer(server: NatsServer) -> Iterator[type[RustPeer]]:
     yield Started
     for peer in started:
         peer.stop()
+
+
+def py_agent(server: NatsServer, id: str, **kw: Any) -> Agent:
+    """A Python agent on ``server``, without heartbeats unless ``heartbeat_interval`` is given."""
+    kw.setdefault("heartbeat_interval", 0)
+    return Agent(id, servers=server.url, **kw)
+
+
+async def eventually(what: str, check: Any, wait: float = DEADLINE, every: float = 0.1) -> Any:
+    """What ``check()`` returns once it is true, asked every ``every`` seconds; fails the test
+    with ``what`` if that is not within ``wait`` seconds."""
+    deadline = asyncio.get_running_loop().time() + wait
+    while True:
+        found = await check()
+        if found:
+            return found
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what}: not within {wait} s")
+        await asyncio.sleep(every)
+
+
+class Coordinator(ChorusProcess):
+    """`chorus serve` on a server, until stopped."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, "serve", CHORUS_SERVE__METRICS_ADDR="127.0.0.1:0", RUST_LOG="info")

@@ -39,15 +39,9 @@ from chorus_sdk import (
     decode_payload,
 )
 
-from .conftest import rust_binary
-from .test_interop import Coordinator, eventually
+from .conftest import Coordinator, eventually, py_agent, rust_binary
 
 WAIT = 20.0
-
-
-def py_agent(server: Any, id: str, **kw: Any) -> Agent:
-    kw.setdefault("heartbeat_interval", 0)
-    return Agent(id, servers=server.url, **kw)
 
 
 def seed_file(tmp_path: Path, identity: Identity, name: str) -> str:
@@ -431,7 +425,7 @@ async def test_replay_protection_survives_a_restart_both_ways(server: Any, rust_
         py_identity = Identity.generate()
         env = {"PEER_TRUST": f"py-sender={py_identity.public_key}", "PEER_PERSIST_SEEN": "1"}
         keeper = rust_peer("rust-keeper", **env)
-        copies = asyncio.Queue()
+        copies = asyncio.Queue()  # a queue of its own: the replay above was copied too
         await nc.subscribe("chorus.agent.rust-keeper.echo", cb=copy)
         await nc.flush()
         async with py_agent(server, "py-sender", identity=py_identity) as sender:
@@ -481,11 +475,11 @@ async def test_session_and_customer_travel_along_replies_and_forwards_both_ways(
 
         # A task submitted for a session keeps it through a Rust worker's handoff to a
         # Python one.
-        seen: list[tuple[str | None, str | None]] = []
+        worked_for: list[tuple[str | None, str | None]] = []
 
         @py.task("ticket_py")
         async def ticket(task: TaskContext) -> str:
-            seen.append((task.session, task.customer))
+            worked_for.append((task.session, task.customer))
             return f"fixed: {task.data()}"
 
         await py.flush()
@@ -498,7 +492,7 @@ async def test_session_and_customer_travel_along_replies_and_forwards_both_ways(
         )
         report = await asyncio.wait_for(handle.result(), WAIT)
         assert report.state is TaskState.COMPLETED, report
-        assert seen == [("s-9", "initech")]
+        assert worked_for == [("s-9", "initech")]
 
         # `chorus tap` shows them.
         tap = subprocess.Popen(

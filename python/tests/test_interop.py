@@ -15,15 +15,11 @@ import nats
 
 from chorus_sdk import Agent, ChorusError, Context, Delivery, Encoding, EncryptionKey, Identity, StatusCode, Verifier, decode
 
-from .conftest import ChorusProcess, rust_binary
+from .conftest import Coordinator, eventually, py_agent, rust_binary
 
 WAIT = 15.0
 
 ENCODINGS = {"msgpack": Encoding.MSGPACK, "json": Encoding.JSON, "compact": Encoding.COMPACT}
-
-
-def py_agent(server: Any, id: str, **kw: Any) -> Agent:
-    return Agent(id, servers=server.url, heartbeat_interval=0, **kw)
 
 
 @pytest.mark.parametrize("rust_encoding", list(ENCODINGS))
@@ -214,24 +210,6 @@ async def test_the_chorus_cli_asks_a_python_agent(server: Any) -> None:
         assert cli.returncode == 0, cli.stderr
         reply = json.loads(cli.stdout)
         assert reply["status"] == 5002 and reply["payload"] == 5.0 and reply["from"] == "py-cli"
-
-
-class Coordinator(ChorusProcess):
-    """`chorus serve` on the module's server, until stopped."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(url, "serve", CHORUS_SERVE__METRICS_ADDR="127.0.0.1:0", RUST_LOG="info")
-
-
-async def eventually(what: str, check: Any, wait: float = WAIT) -> Any:
-    deadline = asyncio.get_running_loop().time() + wait
-    while True:
-        found = await check()
-        if found:
-            return found
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{what}: not within {wait} s")
-        await asyncio.sleep(0.1)
 
 
 async def test_the_coordinator_registers_discovers_and_broadcasts_to_python_agents(server: Any) -> None:

@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from chorus_sdk import Agent, ChorusError, Context, Identity, StatusCode, Subjects, Verifier
 
-from .test_interop import Coordinator, eventually
+from .conftest import Coordinator, eventually
 
 WAIT = 20.0
 

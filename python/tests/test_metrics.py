@@ -24,7 +24,7 @@ import pytest
 
 from chorus_sdk import Agent, BreakerPolicy, ChorusError, Context, StatusCode, metrics
 
-from .conftest import ChorusProcess, _free_port, rust_binary
+from .conftest import ChorusProcess, _free_port, eventually, rust_binary
 
 WAIT = 15.0
 # The traffic each agent (the Python one and the Rust one) gets from a driver.
@@ -146,17 +146,6 @@ def serving_agent(server: Any, id: str, **kw: Any) -> Agent:
     return agent
 
 
-async def until(what: str, check: Any, wait: float = WAIT) -> Any:
-    deadline = asyncio.get_running_loop().time() + wait
-    while True:
-        found = await check()
-        if found:
-            return found
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{what}: not within {wait} s")
-        await asyncio.sleep(0.05)
-
-
 def promtool() -> str:
     found = os.environ.get("PROMTOOL") or shutil.which("promtool")
     if not found:
@@ -202,7 +191,7 @@ async def test_a_python_agent_exposes_the_series_a_rust_agent_does_with_the_same
             )
             return (ours, theirs) if done else None
 
-        ours, theirs = await until("both agents handled the pings", both_pinged)
+        ours, theirs = await eventually("both agents handled the pings", both_pinged)
 
     # The same families, types and label names: every chorus_agent_* series a Rust agent has.
     rust_shape = theirs.shape("chorus_agent_", peer.id)
@@ -254,7 +243,7 @@ async def test_the_coordinator_gives_prometheus_a_python_agents_metrics_url(serv
                 groups = json.loads(await asyncio.to_thread(lambda: urllib.request.urlopen(sd, timeout=5).read()))
                 return next((g for g in groups if "py-announced" in g["labels"]["chorus_agents"].split(",")), None)
 
-            group = await until("the coordinator lists the agent's metrics", listed)
+            group = await eventually("the coordinator lists the agent's metrics", listed)
             assert group == {
                 "targets": [address],
                 "labels": {"__scheme__": "http", "__metrics_path__": "/metrics", "chorus_agents": "py-announced"},

@@ -42,24 +42,9 @@ from chorus_sdk import (
 )
 from chorus_sdk.negotiate import ROUND_HEADER, bid_subject
 
-from .conftest import ChorusProcess, rust_binary
+from .conftest import ChorusProcess, eventually, py_agent, rust_binary
 
 WAIT = 20.0
-
-
-def py_agent(server: Any, id: str, **kw: Any) -> Agent:
-    return Agent(id, servers=server.url, heartbeat_interval=kw.pop("heartbeat_interval", 0), **kw)
-
-
-async def eventually(what: str, check: Any, wait: float = WAIT) -> Any:
-    deadline = asyncio.get_running_loop().time() + wait
-    while True:
-        found = await check()
-        if found:
-            return found
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{what}: not within {wait} s")
-        await asyncio.sleep(0.1)
 
 
 def py_bidder(server: Any, id: str, capability: str, price: float | None, rounds: list[str] | None = None, **kw: Any) -> Agent:

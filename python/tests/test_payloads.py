@@ -22,15 +22,10 @@ from chorus_sdk import decode, decode_payload, encode, encode_payload
 from chorus_sdk.envelope import CONTENT_TYPE_OBJECT
 from chorus_sdk.payloads import ObjectRef, compress, decompress
 
-from .test_interop import Coordinator, eventually
+from .conftest import Coordinator, eventually, py_agent
 
 WAIT = 20.0
 MIB = 1024 * 1024
-
-
-def py_agent(server: Any, id: str, **kw: Any) -> Agent:
-    kw.setdefault("heartbeat_interval", 0)
-    return Agent(id, servers=server.url, **kw)
 
 
 def noise(size: int, seed: int = 7) -> bytes:

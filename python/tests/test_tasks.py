@@ -11,11 +11,9 @@ import pytest
 
 from chorus_sdk import Agent, ChorusError, StatusCode, TaskContext, TaskState
 
+from .conftest import py_agent
+
 WAIT = 20.0
-
-
-def py_agent(server: Any, id: str, **kw: Any) -> Agent:
-    return Agent(id, servers=server.url, heartbeat_interval=0, **kw)
 
 
 async def collect(handle: Any, after: int = 0) -> list[Any]:

@@ -26,6 +26,8 @@ from chorus_sdk import (
 )
 from chorus_sdk.envelope import Expect
 
+from .conftest import py_agent
+
 WAIT = 20.0
 GOOD = "a summary long enough to pass"
 SUMMARY = {
@@ -33,10 +35,6 @@ SUMMARY = {
     "required": ["summary"],
     "properties": {"summary": {"type": "string", "minLength": 10}},
 }
-
-
-def py_agent(server: Any, id: str, **kw: Any) -> Agent:
-    return Agent(id, servers=server.url, heartbeat_interval=0, **kw)
 
 
 def summarizer(agent: Agent, summary: str) -> None:
