@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 from .agent import Agent, Stats  # noqa: E402
 from .codec import DecodeError, Encoding, decode, decode_payload, encode, encode_payload  # noqa: E402
 from .context import Context, Reply  # noqa: E402
+from .outbound import CallOptions  # noqa: E402
 from .durable import InboxOptions, RetryPolicies, RetryPolicy  # noqa: E402
 from .envelope import (  # noqa: E402
     Delivery,
@@ -32,6 +33,7 @@ from .schema import Schema, SchemaError  # noqa: E402
 from .tasks import Attempt, Supervisor, TaskContext, TaskHandle, TaskReport, TaskResult, TaskStopped, TaskUpdate, Verification  # noqa: E402
 
 __all__ = [
+    "CallOptions",
     "Answer",
     "Award",
     "Bid",

@@ -9,7 +9,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, overload
 
 import nats
 import nats.errors
@@ -28,6 +28,9 @@ from .envelope import now_ms
 from .routing import LOOKUP_TIMEOUT, CircuitOpen, CircuitState, Routing
 
 from ._state import MAX_SEQ_SUBJECTS, AgentState, Payload, R, log
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 O = TypeVar("O", bound="Outbound")
 
@@ -174,71 +177,17 @@ class Outbound(AgentState):
 
     @overload
     async def request(
-        self,
-        agent: str,
-        command: str,
-        payload: Payload = None,
-        *,
-        timeout: float | None = None,
-        content_type: str | None = None,
-        parent: Envelope | None = None,
-        headers: dict[str, str] | None = None,
-        encoding: Encoding | None = None,
-        encrypt_for: list[str] | None = None,
-        retry: RetryPolicy | None = None,
-        delivery: Delivery | None = None,
-        dead_letter: bool = False,
-        id: uuid.UUID | None = None,
-        session: str | None = None,
-        customer: str | None = None,
-        raw: Literal[False] = False,
-        returns: type[R],
+        self, agent: str, command: str, payload: Payload = None, *, raw: Literal[False] = False, returns: type[R], **kw: Unpack[CallOptions]
     ) -> R: ...
 
     @overload
     async def request(
-        self,
-        agent: str,
-        command: str,
-        payload: Payload = None,
-        *,
-        timeout: float | None = None,
-        content_type: str | None = None,
-        parent: Envelope | None = None,
-        headers: dict[str, str] | None = None,
-        encoding: Encoding | None = None,
-        encrypt_for: list[str] | None = None,
-        retry: RetryPolicy | None = None,
-        delivery: Delivery | None = None,
-        dead_letter: bool = False,
-        id: uuid.UUID | None = None,
-        session: str | None = None,
-        customer: str | None = None,
-        raw: Literal[True],
-        returns: None = None,
+        self, agent: str, command: str, payload: Payload = None, *, raw: Literal[True], returns: None = None, **kw: Unpack[CallOptions]
     ) -> Envelope: ...
 
     @overload
     async def request(
-        self,
-        agent: str,
-        command: str,
-        payload: Payload = None,
-        *,
-        timeout: float | None = None,
-        content_type: str | None = None,
-        parent: Envelope | None = None,
-        headers: dict[str, str] | None = None,
-        encoding: Encoding | None = None,
-        encrypt_for: list[str] | None = None,
-        retry: RetryPolicy | None = None,
-        delivery: Delivery | None = None,
-        dead_letter: bool = False,
-        id: uuid.UUID | None = None,
-        session: str | None = None,
-        customer: str | None = None,
-        raw: bool = False,
-        returns: None = None,
+        self, agent: str, command: str, payload: Payload = None, *, raw: bool = False, returns: None = None, **kw: Unpack[CallOptions]
     ) -> Any: ...
 
     async def request(
@@ -247,40 +196,27 @@ class Outbound(AgentState):
         command: str,
         payload: Payload = None,
         *,
-        timeout: float | None = None,
-        content_type: str | None = None,
         raw: bool = False,
-        parent: Envelope | None = None,
-        headers: dict[str, str] | None = None,
-        encoding: Encoding | None = None,
         returns: type[Any] | None = None,
-        encrypt_for: list[str] | None = None,
-        retry: RetryPolicy | None = None,
-        delivery: Delivery | None = None,
-        dead_letter: bool = False,
-        id: uuid.UUID | None = None,
-        session: str | None = None,
-        customer: str | None = None,
+        **kw: Unpack[CallOptions],
     ) -> Any:
         """Asks ``agent`` to run ``command`` and returns the answer's value (as a ``returns``
         when given: a dataclass, a pydantic model or a plain type; the reply envelope itself
         with ``raw=True``). Raises :class:`ChorusError` with the reply's code, 5005 on
         timeout, 5012 when nobody serves the subject, :class:`CircuitOpen` (5019) while the
-        agent's breaker is open.
-
-        ``retry`` retries a failure the policy names, with the same message id each time (a
-        receiver's exactly-once record answers a copy it already handled); ``dead_letter``
-        writes a request that failed for good to the dead-letter queue; ``delivery=EXACTLY_ONCE``
-        has the receiver run its handler once per message id. ``session`` and
-        ``customer`` set the envelope's ``session_id`` and ``customer_id`` (a forward inherits
-        its parent's); ``id`` fixes the message id."""
+        agent's breaker is open. The keyword options are :class:`CallOptions`'s: ``timeout``,
+        ``content_type``, ``headers``, ``encoding``, ``encrypt_for``; ``retry`` retries a
+        failure the policy names, with the same message id each time (a receiver's
+        exactly-once record answers a copy it already handled); ``dead_letter`` writes a
+        request that failed for good to the dead-letter queue; ``delivery=EXACTLY_ONCE`` has
+        the receiver run its handler once per message id; ``session`` and ``customer`` set the
+        envelope's ``session_id`` and ``customer_id`` (a forward, ``parent=``, inherits its
+        parent's); ``id`` fixes the message id."""
         subject = self.subjects.command(agent, command)
-        env = self._envelope(Kind.REQUEST, Performative.REQUEST, parent)
+        env = self._envelope(Kind.REQUEST, Performative.REQUEST, kw.get("parent"))
         env.to = [agent]
         env.name = command
-        env.delivery = delivery or Delivery.AT_MOST_ONCE
-        options = _CallOptions(f"agent:{agent}", agent, None, retry, dead_letter, id, session, customer)
-        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns, encrypt_for, options)
+        return await self._call(subject, env, payload, raw, returns, kw, f"agent:{agent}", agent, None)
 
     @overload
     async def request_capability(
@@ -290,20 +226,9 @@ class Outbound(AgentState):
         *,
         at: str | None = None,
         routing: Routing | None = None,
-        timeout: float | None = None,
-        content_type: str | None = None,
-        parent: Envelope | None = None,
-        headers: dict[str, str] | None = None,
-        encoding: Encoding | None = None,
-        encrypt_for: list[str] | None = None,
-        retry: RetryPolicy | None = None,
-        delivery: Delivery | None = None,
-        dead_letter: bool = False,
-        id: uuid.UUID | None = None,
-        session: str | None = None,
-        customer: str | None = None,
         raw: Literal[False] = False,
         returns: type[R],
+        **kw: Unpack[CallOptions],
     ) -> R: ...
 
     @overload
@@ -314,20 +239,9 @@ class Outbound(AgentState):
         *,
         at: str | None = None,
         routing: Routing | None = None,
-        timeout: float | None = None,
-        content_type: str | None = None,
-        parent: Envelope | None = None,
-        headers: dict[str, str] | None = None,
-        encoding: Encoding | None = None,
-        encrypt_for: list[str] | None = None,
-        retry: RetryPolicy | None = None,
-        delivery: Delivery | None = None,
-        dead_letter: bool = False,
-        id: uuid.UUID | None = None,
-        session: str | None = None,
-        customer: str | None = None,
         raw: Literal[True],
         returns: None = None,
+        **kw: Unpack[CallOptions],
     ) -> Envelope: ...
 
     @overload
@@ -338,20 +252,9 @@ class Outbound(AgentState):
         *,
         at: str | None = None,
         routing: Routing | None = None,
-        timeout: float | None = None,
-        content_type: str | None = None,
-        parent: Envelope | None = None,
-        headers: dict[str, str] | None = None,
-        encoding: Encoding | None = None,
-        encrypt_for: list[str] | None = None,
-        retry: RetryPolicy | None = None,
-        delivery: Delivery | None = None,
-        dead_letter: bool = False,
-        id: uuid.UUID | None = None,
-        session: str | None = None,
-        customer: str | None = None,
         raw: bool = False,
         returns: None = None,
+        **kw: Unpack[CallOptions],
     ) -> Any: ...
 
     async def request_capability(
@@ -361,56 +264,49 @@ class Outbound(AgentState):
         *,
         at: str | None = None,
         routing: Routing | None = None,
-        timeout: float | None = None,
-        content_type: str | None = None,
         raw: bool = False,
-        parent: Envelope | None = None,
-        headers: dict[str, str] | None = None,
-        encoding: Encoding | None = None,
         returns: type[Any] | None = None,
-        encrypt_for: list[str] | None = None,
-        retry: RetryPolicy | None = None,
-        delivery: Delivery | None = None,
-        dead_letter: bool = False,
-        id: uuid.UUID | None = None,
-        session: str | None = None,
-        customer: str | None = None,
+        **kw: Unpack[CallOptions],
     ) -> Any:
         """Asks one agent serving ``capability`` (any of them, or the one named by ``at``);
         as :meth:`request` otherwise. ``routing`` (by default the agent's
         ``capability_routing``) picks the holder: the queue group, or the least-loaded live
         holder the registry knows."""
-        if at is not None:
-            subject = self.subjects.capability_at(at, capability)
-        else:
-            subject = self.subjects.capability(capability)
-        env = self._envelope(Kind.REQUEST, Performative.REQUEST, parent)
+        env = self._envelope(Kind.REQUEST, Performative.REQUEST, kw.get("parent"))
         env.capability = capability
-        env.delivery = delivery or Delivery.AT_MOST_ONCE
         if at is not None:
             env.to = [at]
-            options = _CallOptions(f"agent:{at}", at, None, retry, dead_letter, id, session, customer)
-        else:
-            routed = (routing or self.capability_routing) is Routing.LEAST_LOADED
-            options = _CallOptions(
-                f"cap:{capability}", capability.replace(".", "-"), capability if routed else None, retry, dead_letter, id, session, customer
-            )
-        return await self._call(subject, env, payload, timeout, content_type, raw, headers, encoding, returns, encrypt_for, options)
+            subject = self.subjects.capability_at(at, capability)
+            return await self._call(subject, env, payload, raw, returns, kw, f"agent:{at}", at, None)
+        routed = (routing or self.capability_routing) is Routing.LEAST_LOADED
+        subject = self.subjects.capability(capability)
+        return await self._call(
+            subject, env, payload, raw, returns, kw, f"cap:{capability}", capability.replace(".", "-"), capability if routed else None
+        )
 
     async def _call(
         self,
         subject: str,
         env: Envelope,
         payload: Payload,
-        timeout: float | None,
-        content_type: str | None,
         raw: bool,
-        headers: dict[str, str] | None,
-        encoding: Encoding | None,
-        returns: type[Any] | None = None,
-        encrypt_for: list[str] | None = None,
-        options: _CallOptions | None = None,
+        returns: type[Any] | None,
+        kw: CallOptions,
+        destination: str,
+        dead_letter_agent: str,
+        routed_capability: str | None,
     ) -> Any:
+        """A request's envelope completed by its options, sent (retried, dead-lettered,
+        through its breaker and routing as they ask) and its answer read."""
+        if not _CALL_OPTIONS.issuperset(kw):
+            raise TypeError(f"unknown request options {sorted(set(kw) - _CALL_OPTIONS)}; the known ones: {sorted(_CALL_OPTIONS)}")
+        timeout = kw.get("timeout")
+        options = _Attempts(destination, dead_letter_agent, routed_capability, kw.get("retry"), kw.get("dead_letter", False))
+        env.delivery = kw.get("delivery") or Delivery.AT_MOST_ONCE
+        if (id := kw.get("id")) is not None:
+            env.id = id
+        _set_context(env, kw.get("session"), kw.get("customer"))
+        headers, content_type, encoding, encrypt_for = kw.get("headers"), kw.get("content_type"), kw.get("encoding"), kw.get("encrypt_for")
         wait = self.request_timeout if timeout is None else timeout
         wait_ms = max(1, int(wait * 1000))
         if env.deadline_ms is not None:
@@ -419,13 +315,9 @@ class Outbound(AgentState):
         env.expect = Expect(Performative.INFORM, wait_ms)
         env.headers = dict(headers or {})
         self.set_payload(env, payload, content_type)
-        if options is not None:
-            if options.id is not None:
-                env.id = options.id
-            _set_context(env, options.session, options.customer)
         if encrypt_for:
             await self._encrypt(env, encrypt_for)
-        if options is None or options.plain and self._breakers.policy is None:
+        if options.plain and self._breakers.policy is None:
             # Nothing between the call and its exchange: no frames added to the hot path.
             reply = await self.exchange(subject, env, wait_ms / 1000, encoding)
         else:
@@ -437,7 +329,7 @@ class Outbound(AgentState):
         except DecodeError as e:
             raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from e
 
-    async def _attempts(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None, options: _CallOptions) -> Envelope:
+    async def _attempts(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None, options: _Attempts) -> Envelope:
         """A call's attempts: retried by its policy with the same id, dead-lettered when asked
         once it fails for good."""
         if options.retry is None and not options.dead_letter:
@@ -466,7 +358,7 @@ class Outbound(AgentState):
                 raise
 
     async def _dead_letter_request(
-        self, subject: str, env: Envelope, options: _CallOptions, attempts: int, first_ms: int, exhausted: bool, err: ChorusError
+        self, subject: str, env: Envelope, options: _Attempts, attempts: int, first_ms: int, exhausted: bool, err: ChorusError
     ) -> None:
         """Writes a request that failed for good to the dead-letter queue (a failure to write
         it is logged: the caller gets the request's own error either way)."""
@@ -488,7 +380,7 @@ class Outbound(AgentState):
             return
         self.stats.dead_lettered += 1
 
-    async def _attempt(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None, options: _CallOptions) -> Envelope:
+    async def _attempt(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None, options: _Attempts) -> Envelope:
         """One attempt at a call: through its destination's circuit breaker, routed by load
         if asked."""
         breakers = self._breakers
@@ -508,7 +400,7 @@ class Outbound(AgentState):
             breakers.finish(destination, reply.status if reply.status is not None else StatusCode.OK)
         return reply
 
-    async def _routed(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None, options: _CallOptions) -> Envelope:
+    async def _routed(self, subject: str, env: Envelope, wait: float, encoding: Encoding | None, options: _Attempts) -> Envelope:
         """The exchange: to the least-loaded holder when routing by load and one is known,
         else to ``subject``."""
         capability = options.routed_capability
@@ -713,20 +605,48 @@ def _set_context(env: Envelope, session: str | None, customer: str | None) -> No
         env.customer_id = customer
 
 
+class CallOptions(TypedDict, total=False):
+    """The keyword options of :meth:`Outbound.request` and :meth:`Outbound.request_capability`."""
+
+    #: Seconds to wait for the reply (the agent's ``request_timeout`` when not given).
+    timeout: float | None
+    #: The payload's content type (MessagePack unless it says JSON).
+    content_type: str | None
+    #: The message this one forwards: same conversation, one more hop, its deadline and trace.
+    parent: Envelope | None
+    #: Application headers.
+    headers: dict[str, str] | None
+    #: The form to write the envelope in (the agent's by default).
+    encoding: Encoding | None
+    #: Agents to seal the payload for.
+    encrypt_for: list[str] | None
+    #: Retried by this policy, with the same message id.
+    retry: RetryPolicy | None
+    #: ``EXACTLY_ONCE``: the receiver runs its handler once per message id.
+    delivery: Delivery | None
+    #: Written to the dead-letter queue when it fails for good.
+    dead_letter: bool
+    #: The message id (a fresh UUIDv7 when not given).
+    id: uuid.UUID | None
+    #: The envelope's ``session_id`` and ``customer_id``.
+    session: str | None
+    customer: str | None
+
+
+_CALL_OPTIONS = frozenset(CallOptions.__annotations__)
+
+
 @dataclass(frozen=True)
-class _CallOptions:
-    """What a request asks beyond its envelope: its breaker's destination, the agent its dead
-    letter is filed under, the capability to route by load (``None``: no routing), its retry
-    policy and dead-lettering, and the envelope fields it sets."""
+class _Attempts:
+    """How a request is attempted: its breaker's destination, the agent its dead letter is
+    filed under, the capability to route by load (``None``: no routing), its retry policy and
+    dead-lettering."""
 
     destination: str
     dead_letter_agent: str
     routed_capability: str | None
     retry: RetryPolicy | None
     dead_letter: bool
-    id: uuid.UUID | None
-    session: str | None
-    customer: str | None
 
     @property
     def plain(self) -> bool:
