@@ -180,10 +180,11 @@ class Inbound(Outbound):
                     # A verified id seen before (5015): the signature check's, as in Rust.
                     self.stats.security_refused += 1
                 return denied
-        unopened = await self._open(env)
-        if unopened is not None:
-            self.stats.refused += 1
-            return unopened
+        if env.content_type == CONTENT_TYPE_OBJECT or env.encryption is not None or env.content_encoding is not None:
+            unopened = await self._open(env)
+            if unopened is not None:
+                self.stats.refused += 1
+                return unopened
         ctx = Context(self, env, subject, attempt)
         started = time.perf_counter_ns()
         if env.delivery is Delivery.EXACTLY_ONCE and route != "event":
@@ -317,7 +318,8 @@ class Inbound(Outbound):
             env.content_type = encoding.content_type
         try:
             # A large reply goes compressed (its reader is the requester) or by reference.
-            await self._payloads.fit(env)
+            if not self._payloads.fits_inline(len(env.payload)):
+                await self._payloads.fit(env)
         except ChorusError as e:
             # Too large even by reference, or the object store refused it: tell the caller.
             env = self.reply_envelope(request, ChorusError(e.status, f"the reply could not be sent: {e.reason}"))

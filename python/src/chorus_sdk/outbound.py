@@ -17,14 +17,13 @@ from nats.aio.msg import Msg
 
 from .codec import DecodeError, Encoding, decode, decode_payload, encode, encode_payload, typed
 from .context import Reply
-from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, Delivery, Envelope, Expect, Kind, Performative, Priority, Seq
+from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Delivery, Envelope, Expect, Kind, Performative, Priority, Seq, now_ms
 from .encryption import encrypt
 from .status import ChorusError, NoResponders, Refused, StatusCode, Timeout, Unreachable, is_success
 from .subjects import validate_dotted, validate_token
 
 from .dead_letters import DeadLetter, write_dead_letter
 from .durable import RetryPolicy
-from .envelope import now_ms
 from .routing import LOOKUP_TIMEOUT, CircuitOpen, CircuitState, Routing
 
 from ._state import MAX_SEQ_SUBJECTS, AgentState, Payload, R, log
@@ -164,7 +163,8 @@ class Outbound(AgentState):
         self.set_payload(env, payload, content_type)
         # A large payload is stored first (an event's readers are unknown: never compressed),
         # before the event is numbered, so that the numbers go out in order.
-        await self._payloads.fit(env)
+        if not self._payloads.fits_inline(len(env.payload)):
+            await self._payloads.fit(env)
         count = self._seq.get(subject)
         if count is None:
             if len(self._seq) >= MAX_SEQ_SUBJECTS:
@@ -442,7 +442,8 @@ class Outbound(AgentState):
         ``wait`` seconds; raises :class:`ChorusError` with the reply's failure code, 5012 when
         nobody serves the subject, 5005 on timeout, 5006 for a reply that does not decode.
         A large payload goes compressed or by reference, and comes back opened (section 7.11)."""
-        await self._payloads.fit(env)
+        if not self._payloads.fits_inline(len(env.payload)):
+            await self._payloads.fit(env)
         data = self.encode_for(subject, env, encoding)
         # Timed from send to reply, by the reply's status (chorus_agent_request_duration_seconds);
         # a call cancelled half way is not.
@@ -481,7 +482,8 @@ class Outbound(AgentState):
             self.verifier.verify(msg.subject, reply)
         if reply.status is not None and not is_success(reply.status):
             raise Refused(reply.status, reply.reason or "")
-        await self._payloads.open_reply(reply)
+        if reply.content_encoding is not None or reply.content_type == CONTENT_TYPE_OBJECT:
+            await self._payloads.open_reply(reply)
         return reply
 
     async def send(
@@ -517,7 +519,8 @@ class Outbound(AgentState):
         self.set_payload(env, payload, content_type)
         if encrypt_for:
             await self._encrypt(env, encrypt_for)
-        await self._payloads.fit(env)
+        if not self._payloads.fits_inline(len(env.payload)):
+            await self._payloads.fit(env)
         self.stats.requests_sent += 1
         if delivery is Delivery.AT_MOST_ONCE:
             await self._publish_envelope(self.subjects.command(agent, command), env)
