@@ -125,6 +125,32 @@ pub struct GatewayConfig {
     pub sap: Vec<SapBinding>,
     /// The MCP server at `/mcp`.
     pub mcp: McpConfig,
+    /// The web console (`docs/CONSOLE.md`): its own listener, the same credentials and TLS.
+    pub console: ConsoleConfig,
+}
+
+/// How long an unused console session is kept by default (30 minutes).
+pub const DEFAULT_CONSOLE_SESSION_IDLE_SECS: u64 = 1800;
+
+/// `[gateway.console]`: the web console, served on its own address behind the gateway's
+/// credentials (`[[gateway.api_keys]]`, `[gateway.jwt]`) and `[gateway.tls]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleConfig {
+    /// Where the console listens (for example `127.0.0.1:8490`); unset: no console. Without
+    /// `[gateway.tls]` it must be a loopback address unless `allow_plain_http` is set.
+    pub listen: Option<SocketAddr>,
+    /// How long a browser session unused is kept, in seconds.
+    pub session_idle_secs: u64,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            listen: None,
+            session_idle_secs: DEFAULT_CONSOLE_SESSION_IDLE_SECS,
+        }
+    }
 }
 
 /// The longest an MCP `tools/call` follows a task before answering that it still runs.
@@ -545,6 +571,7 @@ impl Default for GatewayConfig {
             jwt: None,
             sap: Vec::new(),
             mcp: McpConfig::default(),
+            console: ConsoleConfig::default(),
         }
     }
 }
@@ -672,6 +699,31 @@ impl GatewayConfig {
                 "hold_ms and inbox_capacity must be positive".into(),
             ));
         }
+        if self.console.session_idle_secs == 0 {
+            return Err(invalid(
+                "[gateway.console] session_idle_secs must be positive".into(),
+            ));
+        }
+        if let Some(listen) = self.console.listen
+            && self.tls.is_none()
+            && !listen.ip().is_loopback()
+            && !self.allow_plain_http
+        {
+            return Err(invalid(format!(
+                "[gateway.console] listen {listen} is off loopback without TLS: add \
+                 [gateway.tls] with cert_file and key_file, or set allow_plain_http = true \
+                 behind a proxy that terminates TLS"
+            )));
+        }
+        if let (Some(console), Some(listen)) = (self.console.listen, self.listen)
+            && console == listen
+            && console.port() != 0
+        {
+            return Err(invalid(format!(
+                "[gateway.console] listen {console} is the gateway's own listen address: give \
+                 the console an address of its own"
+            )));
+        }
         if let Some(listen) = self.listen
             && self.tls.is_none()
             && !listen.ip().is_loopback()
@@ -730,7 +782,10 @@ impl GatewayConfig {
                 )));
             }
         }
-        if self.listen.is_some() && self.api_keys.is_empty() && self.jwt.is_none() {
+        if (self.listen.is_some() || self.console.listen.is_some())
+            && self.api_keys.is_empty()
+            && self.jwt.is_none()
+        {
             return Err(invalid(
                 "no way to authenticate: add [[gateway.api_keys]] or [gateway.jwt]".into(),
             ));
@@ -738,9 +793,10 @@ impl GatewayConfig {
         Ok(())
     }
 
-    /// Whether the gateway runs: it listens for HTTP, or offers SAP agents, or both.
+    /// Whether the gateway runs: it listens for HTTP, offers SAP agents or serves the console
+    /// (the console may run alone, without the HTTP API).
     pub fn enabled(&self) -> bool {
-        self.listen.is_some() || !self.sap.is_empty()
+        self.listen.is_some() || !self.sap.is_empty() || self.console.listen.is_some()
     }
 
     /// The longest poll wait.
@@ -855,6 +911,35 @@ mod tests {
         tls.validate().expect("TLS");
         let tls = tls.tls.expect("tls table");
         assert_eq!(tls.client_ca_file, None);
+    }
+
+    #[test]
+    fn the_console_listens_on_loopback_without_tls_and_needs_credentials() {
+        let base = "[[gateway.identities]]\nid = \"ops\"\n[[gateway.api_keys]]\nidentity = \"ops\"\nsha256 = \"".to_owned()
+            + &"ab".repeat(32)
+            + "\"\n";
+        let with = |console: &str| parse(&format!("[gateway]\n{base}[gateway.console]\n{console}"));
+        let alone = with("listen = \"127.0.0.1:8490\"");
+        assert!(alone.enabled(), "the console may run without the HTTP API");
+        alone.validate().expect("a loopback console");
+        assert_eq!(
+            alone.console.session_idle_secs,
+            DEFAULT_CONSOLE_SESSION_IDLE_SECS
+        );
+        let text = with("listen = \"0.0.0.0:8490\"")
+            .validate()
+            .expect_err("plain HTTP off loopback")
+            .to_string();
+        assert!(text.contains("[gateway.console] listen"), "{text}");
+        let text = with("listen = \"127.0.0.1:8490\"\nsession_idle_secs = 0")
+            .validate()
+            .expect_err("no idle time")
+            .to_string();
+        assert!(text.contains("session_idle_secs"), "{text}");
+        let mut same = with("listen = \"127.0.0.1:8490\"");
+        same.listen = same.console.listen;
+        let text = same.validate().expect_err("one address").to_string();
+        assert!(text.contains("address of its own"), "{text}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod a2a;
 mod api;
 mod auth;
 pub mod config;
+mod console;
 pub mod error;
 mod https;
 mod inbox;
@@ -41,7 +42,9 @@ use tokio_util::task::TaskTracker;
 
 use chorus_sdk::security::ConnectionSecurity;
 
-pub use config::{CircuitBreakerConfig, GatewayConfig, McpConfig, PushConfig, ScopeConfig, Tenant};
+pub use config::{
+    CircuitBreakerConfig, ConsoleConfig, GatewayConfig, McpConfig, PushConfig, ScopeConfig, Tenant,
+};
 pub use error::{Error, ErrorKind, Result};
 /// The HTTP client the gateway fetches and posts with (rustls on ring, the system's CAs and a
 /// file's, no redirects), for other parts of Chorus that speak HTTP out: `chorus mcp bridge --url`.
@@ -113,6 +116,8 @@ pub(crate) struct GatewayState {
 pub struct Gateway {
     /// Where the HTTP gateway listens, if it does.
     addr: Option<SocketAddr>,
+    /// Where the web console listens, if it does, and its agent.
+    console: Option<(SocketAddr, Agent)>,
     stop: CancellationToken,
     /// The HTTP listener and the SAP agents' tasks.
     tracker: TaskTracker,
@@ -123,6 +128,7 @@ impl std::fmt::Debug for Gateway {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Gateway")
             .field("addr", &self.addr)
+            .field("console", &self.console.as_ref().map(|(addr, _)| addr))
             .finish_non_exhaustive()
     }
 }
@@ -255,6 +261,7 @@ impl Gateway {
         }
         Ok(Gateway {
             addr: None,
+            console: None,
             stop,
             tracker,
             state,
@@ -340,6 +347,18 @@ impl Gateway {
                 tracker.clone(),
             )
             .await?;
+        }
+        if let Some(listen) = gateway.console.listen {
+            started.console = Some(
+                console::start(
+                    bus,
+                    Arc::clone(&state),
+                    listen,
+                    stop.child_token(),
+                    &tracker,
+                )
+                .await?,
+            );
         }
         let Some(listen) = gateway.listen else {
             tracing::info!(sap = gateway.sap.len(), "gateway started without HTTP");
@@ -432,6 +451,11 @@ impl Gateway {
         self.addr
     }
 
+    /// Where the web console listens, if it does (`[gateway.console] listen`).
+    pub fn console_addr(&self) -> Option<SocketAddr> {
+        self.console.as_ref().map(|(addr, _)| *addr)
+    }
+
     /// Stops listening, answers held messages 5019 (durable ones stay stored) and SAP prompts
     /// in progress 503, and shuts the edge identities' agents down.
     pub async fn stop(self) {
@@ -441,6 +465,9 @@ impl Gateway {
         for edge in self.state.edges.values() {
             edge.agent.shutdown().await;
         }
+        if let Some((_, agent)) = &self.console {
+            agent.shutdown().await;
+        }
     }
 }
 
@@ -449,6 +476,9 @@ impl Drop for Gateway {
         self.stop.cancel();
         for edge in self.state.edges.values() {
             edge.agent.stop();
+        }
+        if let Some((_, agent)) = &self.console {
+            agent.stop();
         }
     }
 }

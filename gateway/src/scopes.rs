@@ -1,5 +1,7 @@
 //! Scopes: what a caller's credentials reach. `[[gateway.scopes]]` names each scope and what it
-//! grants: route groups (`agents`, `messages`, `requests`, `tasks`, `ws`, `a2a`, `agentify`, `mcp`),
+//! grants: route groups (`agents`, `messages`, `requests`, `tasks`, `ws`, `a2a`, `agentify`, `mcp`,
+//! and the web console's `console` (every page and stream) and `console-admin` (cancel, replay,
+//! purge)),
 //! the agents whose commands it may call, and the capabilities it may ask for (`*` for any; a
 //! capability pattern ending in `.*` for every capability under it). A JWT carries its scopes
 //! in the OAuth 2 `scope` claim (space-separated) or `scp` (an array, or a space-separated
@@ -22,7 +24,7 @@ pub struct ScopeConfig {
     /// Its name, as tokens carry it (`scope` or `scp` claim) and API keys list it.
     pub name: String,
     /// Route groups it grants: `agents`, `messages`, `requests`, `tasks`, `ws`, `a2a`,
-    /// `agentify`, `mcp`, or `*`.
+    /// `agentify`, `mcp`, `console`, `console-admin`, or `*`.
     #[serde(default)]
     pub routes: Vec<String>,
     /// Agents whose commands it may call, or `*`.
@@ -52,11 +54,15 @@ pub(crate) enum Route {
     Agentify,
     /// `/mcp`.
     Mcp,
+    /// The web console's pages and streams (read only).
+    Console,
+    /// The web console's actions: cancel a task, replay or purge dead letters.
+    ConsoleAdmin,
 }
 
 impl Route {
     /// Every route group.
-    pub(crate) const ALL: [Route; 8] = [
+    pub(crate) const ALL: [Route; 10] = [
         Route::Agents,
         Route::Messages,
         Route::Requests,
@@ -65,6 +71,8 @@ impl Route {
         Route::A2a,
         Route::Agentify,
         Route::Mcp,
+        Route::Console,
+        Route::ConsoleAdmin,
     ];
 
     /// Its name in `routes`.
@@ -78,6 +86,8 @@ impl Route {
             Route::A2a => "a2a",
             Route::Agentify => "agentify",
             Route::Mcp => "mcp",
+            Route::Console => "console",
+            Route::ConsoleAdmin => "console-admin",
         }
     }
 }

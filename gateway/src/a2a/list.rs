@@ -242,6 +242,43 @@ impl TaskIndex {
     }
 }
 
+/// One task of the index as the web console lists it: its id, requester, target, state and
+/// last change (ms since the epoch).
+#[derive(Debug, Clone)]
+pub(crate) struct Listed {
+    pub(crate) id: Uuid,
+    pub(crate) requester: String,
+    pub(crate) target: String,
+    pub(crate) state: TaskState,
+    pub(crate) updated_ms: u64,
+}
+
+impl TaskIndex {
+    /// Every task of `agent`'s root the index knows, brought up to date first, newest change
+    /// first (for the web console, which filters and pages them itself).
+    ///
+    /// # Errors
+    /// A message saying why when the task stream cannot be read.
+    pub(crate) async fn all(&self, agent: &Agent) -> Result<Vec<Listed>, String> {
+        let mut roots = self.inner.lock().await;
+        let index = roots.entry(agent.subjects().root().to_owned()).or_default();
+        self.catch_up(agent, index).await.map_err(|e| e.message)?;
+        let mut out: Vec<Listed> = index
+            .tasks
+            .values()
+            .map(|e| Listed {
+                id: e.id,
+                requester: e.requester.clone(),
+                target: e.target.clone(),
+                state: e.state,
+                updated_ms: e.updated_ms,
+            })
+            .collect();
+        out.sort_unstable_by_key(|e| std::cmp::Reverse((e.updated_ms, e.id)));
+        Ok(out)
+    }
+}
+
 /// The response to a `ListTasks`.
 pub(super) fn response(tasks: Vec<Value>, page: &Page) -> Value {
     json!({
