@@ -4,6 +4,7 @@ mod a2a_push;
 mod broker;
 mod cluster;
 mod compact;
+mod console;
 mod coordinator;
 mod dashboard;
 mod delivery;
