@@ -84,9 +84,14 @@ fn read() -> Sample {
                     let value = m.get_counter().get_value();
                     *s.kinds.entry(label(m, "kind").to_owned()).or_default() += value;
                     let status = label(m, "status");
-                    let ok = status
-                        .parse::<u16>()
-                        .is_ok_and(|c| chorus_sdk::StatusCode(c).is_success());
+                    // The series' status is the code's label (`ok`, `invalid_argument`).
+                    let ok = [
+                        chorus_sdk::StatusCode::OK,
+                        chorus_sdk::StatusCode::ACCEPTED,
+                        chorus_sdk::StatusCode::CONNECTED,
+                    ]
+                    .iter()
+                    .any(|c| c.label() == status);
                     if !ok && !status.is_empty() {
                         *s.refusals.entry(format!("code {status}")).or_default() += value;
                     }
