@@ -25,8 +25,7 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 /// Default size limit of an inbound message (NATS's default `max_payload`).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
-/// Timeout of JetStream API calls and publish acks.
-pub const JETSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::durable::JETSTREAM_TIMEOUT;
 /// Default bound of the core message queue per subscription.
 pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
 /// Default time [`Agent::shutdown`] waits for in-flight handlers.

@@ -20,6 +20,7 @@
 //! that fails for good is dead-lettered too, from the outbound side.
 
 pub(crate) mod inbox;
+mod queue;
 pub(crate) mod send;
 
 use std::time::Duration;
@@ -36,6 +37,7 @@ pub use inbox::{
     ABANDONED_CONSUMER_AFTER, DEFAULT_INBOX_RECHECK, DEFAULT_INBOX_RELEASE_AFTER, DURABLE_ACK_WAIT,
     InboxConsumers, MIN_DURABLE_ACK_WAIT,
 };
+pub use queue::{DeadLetterQueue, DlqEntry, DlqFilter, REPLAY_HEADER, describe_envelope};
 pub use send::{BATCH_ACKS_IN_FLIGHT, Receipt};
 
 use crate::subject::Subjects;
@@ -44,6 +46,8 @@ use crate::subject::Subjects;
 pub const INBOX_STREAM: &str = "INBOX";
 /// Suffix of the dead-letter stream's name.
 pub const DLQ_STREAM: &str = "DLQ";
+/// Timeout of JetStream API calls and publish acks.
+pub const JETSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
 /// Suffix of the stream that keeps the server's max-deliveries and terminated advisories.
 pub const ADVISORY_STREAM: &str = "ADVISORIES";
 /// Suffix of the configuration bucket (retry policies live under [`RETRY_KEY`]).

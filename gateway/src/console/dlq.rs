@@ -2,11 +2,9 @@
 //! than), one letter decoded, replay of one or of a filtered set, purge with a confirmation
 //! page (console-admin).
 //!
-//! The queue's operations are those of the coordinator's `DeadLetterQueue` (what `chorus dlq`
-//! uses), written again over the SDK's dead-letter types and the broker adapter: the gateway
-//! cannot depend on the coordinator, which depends on it. Same stream, subjects, headers and
-//! replay rules (`Chorus-Replay-Of`, an uncertain exactly-once claim cleared, the entry
-//! removed only once republished).
+//! The queue's operations are the SDK's `DeadLetterQueue`, what `chorus dlq` uses: the same
+//! stream, subjects, headers and replay rules (`Chorus-Replay-Of`, an uncertain exactly-once
+//! claim cleared, the entry removed only once republished).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,8 +14,8 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
-use chorus_broker_adapter::{ErrorKind, Headers, JetStream};
-use chorus_sdk::durable::{DLQ_STREAM, DeadLetter, DeadLetterReason, IDEMPOTENCY_BUCKET};
+use chorus_broker_adapter::ErrorKind;
+use chorus_sdk::durable::{DeadLetter, DeadLetterQueue, DeadLetterReason, DlqEntry, DlqFilter};
 use chorus_sdk::envelope::now_ms;
 
 use super::html::{self, esc, url_part};
@@ -27,14 +25,8 @@ use crate::scopes::Route;
 
 /// Entries a page shows.
 const PAGE: usize = 50;
-/// Entries read per scan of the stream.
-const SCAN_PAGE: usize = 1024;
 /// The most one filtered replay or purge handles at once.
 const MAX_SET: usize = 10_000;
-/// How long JetStream has to answer.
-const JETSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
-/// The header a replayed message carries: the dead letter it came from.
-const REPLAY_HEADER: &str = "Chorus-Replay-Of";
 
 type BrokerResult<T> = Result<T, chorus_broker_adapter::Error>;
 
@@ -93,16 +85,14 @@ impl Filter {
         })
     }
 
-    fn is_empty(&self) -> bool {
-        self.agent.is_none()
-            && self.reason.is_none()
-            && self.older_than.is_none()
-            && self.newer_than.is_none()
-    }
-
-    fn admits(&self, letter: &DeadLetter, now: u64) -> bool {
-        let age = Duration::from_millis(now.saturating_sub(letter.dead_lettered_ms));
-        self.older_than.is_none_or(|d| age >= d) && self.newer_than.is_none_or(|d| age <= d)
+    /// The SDK's filter of the same conditions (without the page's `after`).
+    fn query(&self) -> DlqFilter {
+        DlqFilter {
+            agent: self.agent.clone(),
+            reason: self.reason,
+            older_than: self.older_than,
+            newer_than: self.newer_than,
+        }
     }
 
     /// Its fields as hidden inputs (for the replay and purge forms).
@@ -131,155 +121,54 @@ impl Filter {
     }
 }
 
-/// One entry: its id (its sequence in the stream) and the dead letter.
-struct Entry {
-    id: u64,
-    letter: DeadLetter,
-}
-
-/// The dead-letter queue of the console's bus.
-struct Queue {
-    broker: chorus_broker_adapter::Broker,
-    js: JetStream,
-    subjects: chorus_sdk::Subjects,
-    stream: String,
-}
+/// The dead-letter queue of the console's bus: the SDK's, as `chorus dlq` uses it, with the
+/// console's answers for what is not there.
+struct Queue(DeadLetterQueue);
 
 impl Queue {
     fn of(c: &Console) -> Queue {
-        let broker = c.agent.broker().clone();
-        let subjects = c.agent.subjects().clone();
-        Queue {
-            js: broker.jetstream(JETSTREAM_TIMEOUT),
-            stream: subjects.stream_name(DLQ_STREAM),
-            broker,
-            subjects,
-        }
+        Queue(DeadLetterQueue::new(
+            c.agent.broker().clone(),
+            c.agent.subjects().clone(),
+        ))
     }
 
     /// Entries matching `filter` with ids above `filter.after`, oldest first, at most `limit`.
-    async fn find(&self, filter: &Filter, limit: usize) -> BrokerResult<Vec<Entry>> {
-        let reason = filter.reason.map_or("*", DeadLetterReason::as_str);
-        let agent = filter.agent.as_deref().unwrap_or("*");
-        let all = self.subjects.dead_letters();
-        let subject = format!("{}.{reason}.{agent}", all.trim_end_matches(".>"));
-        let mut out = Vec::new();
-        let mut start = filter.after.saturating_add(1);
-        let now = now_ms();
-        while out.len() < limit {
-            let page = match self
-                .js
-                .scan(&self.stream, Some(&subject), start, SCAN_PAGE)
-                .await
-            {
-                Ok(page) => page,
-                Err(e) if e.kind() == ErrorKind::NotFound => break,
-                Err(e) => return Err(e),
-            };
-            let Some(last) = page.last().map(|m| m.sequence) else {
-                break;
-            };
-            for stored in page {
-                let id = stored.sequence;
-                let Ok(letter) = DeadLetter::from_stored(&stored.headers, stored.payload) else {
-                    continue;
-                };
-                if filter.admits(&letter, now) && out.len() < limit {
-                    out.push(Entry { id, letter });
-                }
-            }
-            start = last + 1;
-        }
-        Ok(out)
+    async fn find(&self, filter: &Filter, limit: usize) -> BrokerResult<Vec<DlqEntry>> {
+        self.0.find(&filter.query(), filter.after, limit).await
     }
 
-    /// Entry `id`; `None` when there is none.
-    async fn show(&self, id: u64) -> BrokerResult<Option<Entry>> {
-        let stored = match self.js.get_message(&self.stream, id).await {
-            Ok(s) => s,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        Ok(DeadLetter::from_stored(&stored.headers, stored.payload)
-            .ok()
-            .map(|letter| Entry { id, letter }))
-    }
-
-    /// Publishes entry `id`'s original to its subject again (marked `Chorus-Replay-Of`), then
-    /// removes the entry. `Ok(false)` when there is no entry `id`.
-    async fn replay(&self, id: u64) -> BrokerResult<bool> {
-        let Some(entry) = self.show(id).await? else {
-            return Ok(false);
-        };
-        let letter = &entry.letter;
-        if let Some(size) = letter.omitted {
-            return Err(chorus_broker_adapter::Error::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "dead letter {id} cannot be replayed: its original ({size} bytes) was too large to keep"
-                ),
-            ));
-        }
-        if letter.reason == DeadLetterReason::Uncertain
-            && let Some(message_id) = letter.message_id
-        {
-            let bucket = self.subjects.bucket_name(IDEMPOTENCY_BUCKET);
-            let kv = self.js.open_kv(&bucket).await?;
-            kv.delete(&format!("{}.{message_id}", letter.agent)).await?;
-        }
-        let mut headers = Headers::new();
-        for (name, value) in &letter.headers {
-            if name != REPLAY_HEADER {
-                headers.insert(name, value)?;
-            }
-        }
-        headers.insert(REPLAY_HEADER, &format!("{}:{id}", self.stream))?;
-        if self.subjects.durable_command(&letter.subject).is_some() {
-            let msg_id = format!("replay:{}:{id}", self.stream);
-            self.js
-                .publish(
-                    &letter.subject,
-                    Some(headers),
-                    Some(&msg_id),
-                    None,
-                    letter.envelope.clone(),
-                )
-                .await?;
-        } else {
-            self.broker
-                .publish_with(
-                    &letter.subject,
-                    None,
-                    Some(headers),
-                    letter.envelope.clone(),
-                )
-                .await?;
-            self.broker.flush().await?;
-        }
-        self.js.delete_message(&self.stream, id).await?;
-        Ok(true)
-    }
-
-    /// How many entries there are.
-    async fn depth(&self) -> BrokerResult<u64> {
-        match self.js.stream_state(&self.stream).await {
-            Ok(s) => Ok(s.messages),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(0),
+    /// Entry `id`; `None` when there is none (or it is not a dead letter).
+    async fn show(&self, id: u64) -> BrokerResult<Option<DlqEntry>> {
+        match self.0.show(id).await {
+            Ok(entry) => Ok(Some(entry)),
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::InvalidInput) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
+    /// Publishes entry `id`'s original again and removes the entry (the SDK's replay).
+    /// `Ok(false)` when there is no entry `id`.
+    async fn replay(&self, id: u64) -> BrokerResult<bool> {
+        if self.show(id).await?.is_none() {
+            return Ok(false);
+        }
+        self.0.replay(id).await.map(|_| true)
+    }
+
+    /// How many entries there are.
+    async fn depth(&self) -> BrokerResult<u64> {
+        self.0.depth().await
+    }
+
     /// Removes the entries `filter` selects (every one, at once, without filters); how many.
     async fn purge(&self, filter: &Filter) -> BrokerResult<u64> {
-        if filter.is_empty() {
-            return match self.js.purge_stream(&self.stream).await {
-                Err(e) if e.kind() == ErrorKind::NotFound => Ok(0),
-                other => other,
-            };
+        if filter.query().is_empty() {
+            return self.0.purge().await;
         }
         let mut removed = 0;
         for entry in self.find(filter, MAX_SET).await? {
-            if self.js.delete_message(&self.stream, entry.id).await? {
+            if self.0.remove(entry.id).await? {
                 removed += 1;
             }
         }
@@ -481,7 +370,7 @@ pub(crate) async fn one(
     let body = format!(
         "{}{replay}<h2>Original envelope</h2>{}",
         html::json_pre("dlq-letter", &facts),
-        html::json_pre("dlq-envelope", &decoded(l, &queue.subjects)),
+        html::json_pre("dlq-envelope", &decoded(l, queue.0.subjects())),
     );
     html::html(
         StatusCode::OK,
@@ -581,7 +470,7 @@ pub(crate) async fn purge(
     };
     let queue = Queue::of(&c);
     if form.get("confirm").map(String::as_str) != Some("yes") {
-        let count = if filter.is_empty() {
+        let count = if filter.query().is_empty() {
             queue.depth().await.map(|d| d.to_string())
         } else {
             queue
@@ -593,7 +482,7 @@ pub(crate) async fn purge(
             Ok(n) => n,
             Err(e) => return c.bus_down(&who, "the dead-letter stream", &e),
         };
-        let what = if filter.is_empty() {
+        let what = if filter.query().is_empty() {
             "every dead letter".to_owned()
         } else {
             let pairs: Vec<String> = filter
@@ -653,7 +542,7 @@ mod tests {
         assert_eq!(f.reason, Some(DeadLetterReason::MaxAttempts));
         assert_eq!(f.older_than, Some(Duration::from_secs(3600)));
         assert_eq!(f.after, 12);
-        assert!(!f.is_empty());
+        assert!(!f.query().is_empty());
         for (pairs, named) in [
             (q(&[("reason", "bored")]), "reason:"),
             (q(&[("agent", "a>b")]), "agent:"),
