@@ -169,6 +169,26 @@ async def run(url: str, n: int, rounds: int, encoding: Encoding) -> None:
     print("  costs, the median over rounds of each round's p50 less plain nats-py's in that round:")
     print(f"  the envelope's cost in Python, both ends (with the envelope less plain): {cost(medians, 1) / 1000:.3f} ms")
     print(f"  the SDK's cost in Python, both ends (Python -> Python less plain): {cost(medians, 2) / 1000:.3f} ms")
+    print("  this machine's yardstick, in-process with nothing else running (the CPU the envelope needs,")
+    print(f"  without the wait for a scheduler: a request and its reply each written and read): {yardstick(encoding):.1f} µs")
+
+
+def yardstick(encoding: Encoding, n: int = 20_000) -> float:
+    """The CPU time, in µs, of writing and reading a request and its reply in ``encoding``,
+    in this process alone: what the envelope costs where no other process waits for a core.
+    The latency costs above include that wait; on a contended machine they grow while this
+    stays, which tells a slow machine from a slow SDK."""
+    request = Envelope.new(Kind.REQUEST, Performative.REQUEST, "bench-py")
+    request.to, request.name, request.payload = ["bench-py-echo"], "echo", RAW
+    reply = Envelope.new(Kind.RESPONSE, Performative.INFORM, "bench-py-echo")
+    reply.status, reply.in_reply_to, reply.payload = 5002, request.id, RAW
+    subjects = Subjects()
+    implied = subjects.implied(subjects.command("bench-py-echo", "echo"))
+    started = time.process_time()
+    for _ in range(n):
+        decode(encode(request, encoding, implied), implied)
+        decode(encode(reply, encoding))
+    return (time.process_time() - started) / n * 1e6
 
 
 def started(proc: subprocess.Popen[str], marker: str) -> None:
