@@ -754,55 +754,55 @@ struct Summary {
     summary: String,
 }
 
-/// Serves capability `summarize` on `id`, answering with `text`.
+/// The summary every verified-summary test expects: one that passes [`summary_schema`].
+const PASSING_SUMMARY: &str = "a summary long enough to pass";
+
+/// Serves `summarize` on `id`, answering with `text`: as a capability when `capability`,
+/// else as a task (a command) of its own.
 async fn summarizer(
     server: &chorus_tests::NatsServer,
     id: &str,
     text: &'static str,
+    capability: bool,
 ) -> chorus_sdk::Agent {
     let a = agent(server, id).await;
-    a.on_task_capability(
-        "summarize",
-        move |_task: TaskContext, _doc: String| async move {
-            Ok(Summary {
-                summary: text.to_owned(),
-            })
-        },
-    )
-    .await
-    .expect("serve the capability");
+    let answer = move |_task: TaskContext, _doc: String| async move {
+        Ok(Summary {
+            summary: text.to_owned(),
+        })
+    };
+    if capability {
+        a.on_task_capability("summarize", answer).await
+    } else {
+        a.on_task("summarize", answer).await
+    }
+    .expect("serve summarize");
     a
 }
 
-#[tokio::test]
-async fn a_result_that_fails_verification_is_reassigned_to_another_holder_and_the_report_lists_both()
- {
-    let server = server();
-    let coordinator = chorus_tests::coordinator(&server, false).await;
-    let _sloppy = summarizer(&server, "sloppy", "short").await;
-    let _careful = summarizer(&server, "careful", "a summary long enough to pass").await;
-    let boss = agent(&server, "boss").await;
-    chorus_tests::eventually(WAIT, "both holders registered", || async {
-        let holders = boss.discover_capability("summarize").await.ok()?;
-        (holders.len() == 2).then_some(())
-    })
-    .await;
-    let schema = serde_json::json!({
+/// A summary of at least 10 characters.
+fn summary_schema() -> serde_json::Value {
+    serde_json::json!({
         "type": "object",
         "required": ["summary"],
         "properties": {"summary": {"type": "string", "minLength": 10}}
-    });
-    let verification = chorus_sdk::task::Verification::schema(&schema).expect("schema compiles");
-    // The first attempt goes to the sloppy holder.
-    let task = boss
-        .submit_verified(
-            Call::capability_at("sloppy", "summarize")
-                .payload(&"a long document")
-                .expect("payload encodes"),
-        )
+    })
+}
+
+/// Submits a long document to `call` as a task whose result `boss` verifies.
+async fn submit_summary(boss: &chorus_sdk::Agent, call: Call) -> chorus_sdk::TaskHandle {
+    boss.submit_verified(call.payload(&"a long document").expect("payload encodes"))
         .await
-        .expect("submit");
-    let report = within(WAIT, "verified result", boss.verify(&task, &verification))
+        .expect("submit")
+}
+
+/// Verifies `task` by `verification` and checks that it completed with [`PASSING_SUMMARY`].
+async fn passing_summary(
+    boss: &chorus_sdk::Agent,
+    task: &chorus_sdk::TaskHandle,
+    verification: &chorus_sdk::task::Verification,
+) -> chorus_sdk::TaskReport {
+    let report = within(WAIT, "verified result", boss.verify(task, verification))
         .await
         .expect("verify");
     assert_eq!(report.state, TaskState::Completed, "{report:?}");
@@ -811,14 +811,42 @@ async fn a_result_that_fails_verification_is_reassigned_to_another_holder_and_th
             .output_as::<Summary>()
             .expect("output decodes")
             .summary,
-        "a summary long enough to pass"
+        PASSING_SUMMARY
     );
-    let turns: Vec<_> = report
+    report
+}
+
+/// Each attempt's agent and verdict, in order.
+fn turns(report: &chorus_sdk::TaskReport) -> Vec<(&str, Option<bool>)> {
+    report
         .attempts
         .iter()
         .map(|a| (a.agent.as_str(), a.verified))
-        .collect();
-    assert_eq!(turns, [("sloppy", Some(false)), ("careful", Some(true))]);
+        .collect()
+}
+
+#[tokio::test]
+async fn a_result_that_fails_verification_is_reassigned_to_another_holder_and_the_report_lists_both()
+ {
+    let server = server();
+    let coordinator = chorus_tests::coordinator(&server, false).await;
+    let _sloppy = summarizer(&server, "sloppy", "short", true).await;
+    let _careful = summarizer(&server, "careful", PASSING_SUMMARY, true).await;
+    let boss = agent(&server, "boss").await;
+    chorus_tests::eventually(WAIT, "both holders registered", || async {
+        let holders = boss.discover_capability("summarize").await.ok()?;
+        (holders.len() == 2).then_some(())
+    })
+    .await;
+    let verification =
+        chorus_sdk::task::Verification::schema(&summary_schema()).expect("schema compiles");
+    // The first attempt goes to the sloppy holder.
+    let task = submit_summary(&boss, Call::capability_at("sloppy", "summarize")).await;
+    let report = passing_summary(&boss, &task, &verification).await;
+    assert_eq!(
+        turns(&report),
+        [("sloppy", Some(false)), ("careful", Some(true))]
+    );
     let verdict = report.attempts[0].note.as_deref().expect("a verdict");
     assert!(verdict.contains("does not meet the schema"), "{verdict}");
     assert!(verdict.contains("reassigned to careful"), "{verdict}");
@@ -918,70 +946,23 @@ async fn with_only_failing_agents_verification_stops_at_the_limit_with_a_failure
     assert_eq!(again.last_seq, report.last_seq);
 }
 
-/// Serves task `summarize` (a command) on `id`, answering with `text`.
-async fn summary_writer(
-    server: &chorus_tests::NatsServer,
-    id: &str,
-    text: &'static str,
-) -> chorus_sdk::Agent {
-    let a = agent(server, id).await;
-    a.on_task(
-        "summarize",
-        move |_task: TaskContext, _doc: String| async move {
-            Ok(Summary {
-                summary: text.to_owned(),
-            })
-        },
-    )
-    .await
-    .expect("serve the task");
-    a
-}
-
 #[tokio::test]
 async fn a_result_that_fails_verification_is_escalated_to_the_supervisor_once_the_candidates_failed()
  {
     let server = server();
-    let _drafter = summary_writer(&server, "drafter", "short").await;
-    let _second = summary_writer(&server, "second-drafter", "brief").await;
-    let _editor = summary_writer(&server, "editor", "a summary long enough to pass").await;
+    let _drafter = summarizer(&server, "drafter", "short", false).await;
+    let _second = summarizer(&server, "second-drafter", "brief", false).await;
+    let _editor = summarizer(&server, "editor", PASSING_SUMMARY, false).await;
     let boss = agent(&server, "boss").await;
-    let schema = serde_json::json!({
-        "type": "object",
-        "required": ["summary"],
-        "properties": {"summary": {"type": "string", "minLength": 10}}
-    });
     // The supervisor among the candidates is not asked as one: it comes last, as the supervisor.
-    let verification = chorus_sdk::task::Verification::schema(&schema)
+    let verification = chorus_sdk::task::Verification::schema(&summary_schema())
         .expect("schema compiles")
         .candidates(["editor", "second-drafter"])
         .escalate_to("editor");
-    let task = boss
-        .submit_verified(
-            Call::agent("drafter", "summarize")
-                .payload(&"a long document")
-                .expect("payload encodes"),
-        )
-        .await
-        .expect("submit");
-    let report = within(WAIT, "verified result", boss.verify(&task, &verification))
-        .await
-        .expect("verify");
-    assert_eq!(report.state, TaskState::Completed, "{report:?}");
+    let task = submit_summary(&boss, Call::agent("drafter", "summarize")).await;
+    let report = passing_summary(&boss, &task, &verification).await;
     assert_eq!(
-        report
-            .output_as::<Summary>()
-            .expect("output decodes")
-            .summary,
-        "a summary long enough to pass"
-    );
-    let turns: Vec<_> = report
-        .attempts
-        .iter()
-        .map(|a| (a.agent.as_str(), a.verified))
-        .collect();
-    assert_eq!(
-        turns,
+        turns(&report),
         [
             ("drafter", Some(false)),
             ("second-drafter", Some(false)),
@@ -1013,14 +994,7 @@ async fn a_result_that_fails_verification_is_escalated_to_the_supervisor_once_th
         .expect("schema compiles")
         .escalate_to("editor")
         .max_attempts(5);
-    let task = boss
-        .submit_verified(
-            Call::agent("drafter", "summarize")
-                .payload(&"a long document")
-                .expect("payload encodes"),
-        )
-        .await
-        .expect("submit");
+    let task = submit_summary(&boss, Call::agent("drafter", "summarize")).await;
     let report = within(WAIT, "verification", boss.verify(&task, &strict))
         .await
         .expect("verify");
