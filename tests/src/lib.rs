@@ -225,6 +225,46 @@ pub async fn try_http_get(
     Ok((status, body))
 }
 
+/// Runs `curl` `method` on `path` at `addr` with `args` (headers, a body) and at most `max`
+/// seconds (a server-sent event stream is cut there): (status code, response headers, body)
+/// as curl printed them. Fails the test if curl cannot run or the answer has no status.
+pub async fn curl(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    args: &[String],
+    max: u32,
+) -> (u16, String, String) {
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args([
+        "-s",
+        "-D",
+        "-",
+        "-X",
+        method,
+        "--max-time",
+        &max.to_string(),
+    ]);
+    cmd.args(args);
+    cmd.arg(format!("http://{addr}{path}"));
+    let out = within(
+        Duration::from_secs(u64::from(max) + 10),
+        "curl",
+        tokio::task::spawn_blocking(move || cmd.output()),
+    )
+    .await
+    .expect("curl task")
+    .expect("curl runs (is it installed?)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("curl {method} {path}: no status in {text:?}"));
+    (status, head.to_owned(), body.to_owned())
+}
+
 /// Processes a test started, killed when it ends however it ends.
 #[derive(Debug, Default)]
 pub struct Processes(pub Vec<std::process::Child>);

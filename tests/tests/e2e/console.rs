@@ -8,7 +8,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use chorus_gateway::config::{ApiKey, ConsoleConfig, EdgeIdentity};
 use chorus_gateway::{Bus, Gateway, GatewayConfig, ScopeConfig};
@@ -59,48 +58,27 @@ async fn curl(
     form: Option<&[(&str, &str)]>,
     max: u32,
 ) -> Got {
-    let mut cmd = std::process::Command::new("curl");
-    cmd.args([
-        "-s",
-        "-D",
-        "-",
-        "-X",
-        method,
-        "--max-time",
-        &max.to_string(),
-    ]);
+    let mut args = Vec::new();
     for h in headers {
-        cmd.args(["-H", h]);
+        args.extend(["-H".to_owned(), h.clone()]);
     }
     if let Some(form) = form {
         let body: Vec<String> = form
             .iter()
             .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
             .collect();
-        let body = body.join("&");
-        cmd.args(["--data-binary", &body]);
-        cmd.args(["-H", "content-type: application/x-www-form-urlencoded"]);
+        args.extend([
+            "--data-binary".to_owned(),
+            body.join("&"),
+            "-H".to_owned(),
+            "content-type: application/x-www-form-urlencoded".to_owned(),
+        ]);
     }
-    cmd.arg(format!("http://{addr}{path}"));
-    let out = within(
-        Duration::from_secs(u64::from(max) + 10),
-        "curl",
-        tokio::task::spawn_blocking(move || cmd.output()),
-    )
-    .await
-    .expect("curl task")
-    .expect("curl runs (is it installed?)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("curl {method} {path}: no status in {text:?}"));
+    let (status, headers, body) = chorus_tests::curl(addr, method, path, &args, max).await;
     Got {
         status,
-        headers: head.to_owned(),
-        body: body.to_owned(),
+        headers,
+        body,
     }
 }
 

@@ -39,38 +39,22 @@ pub(crate) async fn curl(
     auth: &[&str],
     body: Option<&Value>,
 ) -> Answer {
-    let mut cmd = std::process::Command::new("curl");
-    cmd.args(["-s", "-D", "-", "-X", method, "--max-time", "25"]);
+    let mut args = Vec::new();
     for header in auth {
-        cmd.args(["-H", header]);
+        args.extend(["-H".to_owned(), (*header).to_owned()]);
     }
     if let Some(body) = body {
-        cmd.args([
-            "-H",
-            "content-type: application/json",
-            "--data-binary",
-            &body.to_string(),
+        args.extend([
+            "-H".to_owned(),
+            "content-type: application/json".to_owned(),
+            "--data-binary".to_owned(),
+            body.to_string(),
         ]);
     }
-    cmd.arg(format!("http://{addr}{path}"));
-    let out = within(
-        Duration::from_secs(30),
-        "curl",
-        tokio::task::spawn_blocking(move || cmd.output()),
-    )
-    .await
-    .expect("curl task")
-    .expect("curl runs (is it installed?)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = headers
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("curl {method} {path}: no status in {text:?}"));
+    let (status, headers, body) = chorus_tests::curl(addr, method, path, &args, 25).await;
     Answer {
         status,
-        body: serde_json::from_str(body).unwrap_or(Value::Null),
+        body: serde_json::from_str(&body).unwrap_or(Value::Null),
         headers: headers.to_ascii_lowercase(),
     }
 }
