@@ -20,7 +20,7 @@ use chorus_sdk::envelope::now_ms;
 
 use super::html::{self, esc, url_part};
 use super::tasks::parse_age;
-use super::{Console, Wants, Who, query};
+use super::{Console, Wants, Who, agent_filter, given, query};
 use crate::scopes::Route;
 
 /// Entries a page shows.
@@ -45,15 +45,8 @@ impl Filter {
     /// The filters of a query string or a form, or a message naming the one that does not
     /// parse.
     pub(crate) fn parse(q: &HashMap<String, String>) -> Result<Filter, String> {
-        let given = |name: &str| q.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
-        let agent = match given("agent") {
-            None => None,
-            Some(a) => {
-                chorus_sdk::subject::validate_token("agent", a)
-                    .map_err(|e| format!("agent: {e}"))?;
-                Some(a.to_owned())
-            }
-        };
+        let given = |name: &str| given(q, name);
+        let agent = agent_filter(q)?;
         let reason = match given("reason") {
             None => None,
             Some(r) => Some(r.parse::<DeadLetterReason>().map_err(|_| {
@@ -406,19 +399,33 @@ pub(crate) async fn replay_one(
     }
 }
 
+/// The poster, the form and its filters (over the whole queue, not one page) of an admin action on a
+/// set of dead letters, or the page refusing it (403, CSRF) or a filter (400).
+fn admin_form(
+    c: &Console,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(Who, HashMap<String, String>, Filter), Response> {
+    let (who, form) = c.who_posts(headers, body, Route::ConsoleAdmin)?;
+    match Filter::parse(&form) {
+        Ok(f) => Ok((who, form, Filter { after: 0, ..f })),
+        Err(e) => Err(html::error(
+            StatusCode::BAD_REQUEST,
+            Some(&who.chrome()),
+            &e,
+        )),
+    }
+}
+
 /// `POST /dlq/replay` (console-admin): every dead letter the form's filters select.
 pub(crate) async fn replay_set(
     State(c): State<Arc<Console>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (who, form) = match c.who_posts(&headers, &body, Route::ConsoleAdmin) {
-        Ok(w) => w,
+    let (who, _, filter) = match admin_form(&c, &headers, &body) {
+        Ok(f) => f,
         Err(r) => return r,
-    };
-    let filter = match Filter::parse(&form) {
-        Ok(f) => Filter { after: 0, ..f },
-        Err(e) => return html::error(StatusCode::BAD_REQUEST, Some(&who.chrome()), &e),
     };
     let queue = Queue::of(&c);
     let entries = match queue.find(&filter, MAX_SET).await {
@@ -460,13 +467,9 @@ pub(crate) async fn purge(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (who, form) = match c.who_posts(&headers, &body, Route::ConsoleAdmin) {
-        Ok(w) => w,
+    let (who, form, filter) = match admin_form(&c, &headers, &body) {
+        Ok(f) => f,
         Err(r) => return r,
-    };
-    let filter = match Filter::parse(&form) {
-        Ok(f) => Filter { after: 0, ..f },
-        Err(e) => return html::error(StatusCode::BAD_REQUEST, Some(&who.chrome()), &e),
     };
     let queue = Queue::of(&c);
     if form.get("confirm").map(String::as_str) != Some("yes") {

@@ -259,6 +259,25 @@ pub(crate) fn query(raw: Option<&str>) -> std::result::Result<HashMap<String, St
         .map_err(|_| "the query string does not read".to_owned())
 }
 
+/// The value of field `name` of a query string or a form, trimmed, if it is there and not empty.
+pub(crate) fn given<'a>(q: &'a HashMap<String, String>, name: &str) -> Option<&'a str> {
+    q.get(name).map(|v| v.trim()).filter(|v| !v.is_empty())
+}
+
+/// The `agent` filter of a query string or a form: none, a valid agent id, or a message saying
+/// why it is not one.
+pub(crate) fn agent_filter(
+    q: &HashMap<String, String>,
+) -> std::result::Result<Option<String>, String> {
+    given(q, "agent")
+        .map(|a| {
+            chorus_sdk::subject::validate_token("agent", a)
+                .map(|()| a.to_owned())
+                .map_err(|e| format!("agent: {e}"))
+        })
+        .transpose()
+}
+
 /// Connects the console's own agent (no heartbeats, not listed in discovery).
 async fn connect(bus: &crate::Bus) -> Result<Agent> {
     let subjects = chorus_sdk::Subjects::new(&bus.root)

@@ -20,7 +20,7 @@ use serde::Serialize;
 use tokio::sync::Notify;
 
 use super::html::{self, esc};
-use super::{Console, Wants, query};
+use super::{Console, Wants, given, query};
 use crate::scopes::Route;
 
 /// Messages held for one browser; beyond it the oldest are dropped.
@@ -115,7 +115,7 @@ impl Filter {
     /// The filters of a query string, or a message naming the one that does not parse.
     pub(crate) fn parse(raw: Option<&str>) -> Result<Filter, String> {
         let q = query(raw)?;
-        let given = |name: &str| q.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
+        let given = |name: &str| given(&q, name);
         let pattern = given("pattern").unwrap_or(">").to_owned();
         chorus_sdk::subject::validate_pattern(&pattern)
             .map_err(|e| format!("pattern: {pattern:?}: {e}"))?;

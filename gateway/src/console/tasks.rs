@@ -18,7 +18,7 @@ use futures::StreamExt;
 use uuid::Uuid;
 
 use super::html::{self, esc, url_part};
-use super::{Console, Wants, query};
+use super::{Console, Wants, agent_filter, given, query};
 use crate::scopes::Route;
 
 /// Tasks a page shows.
@@ -53,7 +53,7 @@ impl Filter {
     /// The filters of a query string, or a message naming the one that does not parse.
     pub(crate) fn parse(raw: Option<&str>) -> Result<Filter, String> {
         let q = query(raw)?;
-        let given = |name: &str| q.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
+        let given = |name: &str| given(&q, name);
         let state = match given("state") {
             None => None,
             Some(s) => match s.parse::<TaskState>() {
@@ -67,14 +67,7 @@ impl Filter {
                 Ok(state) => Some(state),
             },
         };
-        let agent = match given("agent") {
-            None => None,
-            Some(a) => {
-                chorus_sdk::subject::validate_token("agent", a)
-                    .map_err(|e| format!("agent: {e}"))?;
-                Some(a.to_owned())
-            }
-        };
+        let agent = agent_filter(&q)?;
         let age = match given("age") {
             None => None,
             Some(a) => Some(parse_age(a).ok_or_else(|| {
