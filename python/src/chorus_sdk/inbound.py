@@ -155,12 +155,16 @@ class Inbound(Outbound):
         if refused is not None:
             self.stats.refused += 1
             return refused
+        # The endpoint's name, worked out once: the handler, the access rules and the
+        # endpoint's counts all go by it.
+        endpoint = name
         if route == "command":
-            command = self.subjects.command_name(subject) or self.subjects.durable_command(subject) or ""
-            handler = self._commands.get(command)
+            endpoint = self.subjects.command_name(subject) or self.subjects.durable_command(subject) or ""
+            handler = self._commands.get(endpoint)
         elif route == "capability":
             handler = self._capabilities.get(name)
         elif route == "bid":
+            endpoint = f"bid.{name}"
             handler = self._bidding.endpoint(name)
         else:
             handler = self._events.get(name)
@@ -169,7 +173,7 @@ class Inbound(Outbound):
             self.stats.unknown_command += 1
             return ChorusError(StatusCode.UNKNOWN_COMMAND, f"no handler for {subject}")
         if route != "event":
-            denied = await self._authorize(env, subject, route, name)
+            denied = await self._authorize(env, endpoint)
             if denied is not None:
                 self.stats.refused += 1
                 if denied.status == StatusCode.RATE_LIMITED:
@@ -192,14 +196,13 @@ class Inbound(Outbound):
         else:
             outcome = await self._invoke(handler, ctx)
         if route != "event":
-            endpoint = name if route == "capability" else f"bid.{name}" if route == "bid" else (self.subjects.command_name(subject) or self.subjects.durable_command(subject) or "")
             self._endpoint_stats.setdefault(endpoint, EndpointStats()).record(
                 time.perf_counter_ns() - started,
                 f"{outcome.status} {outcome.reason}" if isinstance(outcome, ChorusError) else None,
             )
         return outcome
 
-    async def _authorize(self, env: Envelope, subject: str, route: str, name: str) -> ChorusError | None:
+    async def _authorize(self, env: Envelope, endpoint: str) -> ChorusError | None:
         """The application's access rules for a command or request that passed admission:
         the permissions its endpoint requires (5007), the sender's rate (5013), and a verified
         id seen before a restart (5015, when ids are kept)."""
@@ -207,7 +210,6 @@ class Inbound(Outbound):
         if self._seen_ids is None and access.rate_limit is None and not self._required:
             # No rules to apply: nothing to work out.
             return None
-        endpoint = name if route == "capability" else f"bid.{name}" if route == "bid" else (self.subjects.command_name(subject) or self.subjects.durable_command(subject) or "")
         # Admitted with a signature by an agent that verifies: the signature proved the sender.
         verified = self.verifier is not None and env.signature is not None
         denied = access.check(env.from_, verified, endpoint, self._required.get(endpoint, ()))
