@@ -56,6 +56,32 @@ pub struct DlqEntry {
     pub letter: DeadLetter,
 }
 
+impl DlqEntry {
+    /// Its facts as JSON, as `chorus dlq ls --json` prints them and the console shows them:
+    /// `id`, `reason`, `status`, `label`, `detail`, `agent`, `subject`, `message_id`,
+    /// `attempts`, `stored_ms`, `dead_lettered_ms`, `source`, `size` (the original's, kept
+    /// or not) and `omitted`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let l = &self.letter;
+        serde_json::json!({
+            "id": self.id,
+            "reason": l.reason.as_str(),
+            "status": l.status.0,
+            "label": l.status.label(),
+            "detail": l.detail,
+            "agent": l.agent,
+            "subject": l.subject,
+            "message_id": l.message_id,
+            "attempts": l.attempts,
+            "stored_ms": l.stored_ms,
+            "dead_lettered_ms": l.dead_lettered_ms,
+            "source": l.source.as_ref().map(|(s, n)| format!("{s}:{n}")),
+            "size": l.omitted.unwrap_or(l.envelope.len() as u64),
+            "omitted": l.omitted.is_some(),
+        })
+    }
+}
+
 /// The dead-letter queue of one bus, for operators.
 #[derive(Debug, Clone)]
 pub struct DeadLetterQueue {

@@ -123,22 +123,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
 /// One entry as `--json` prints it; with `full`, the original envelope decoded too.
 fn entry_json(entry: &DlqEntry, full: bool, subjects: &Subjects) -> serde_json::Value {
     let l = &entry.letter;
-    let mut v = serde_json::json!({
-        "id": entry.id,
-        "reason": l.reason.as_str(),
-        "status": l.status.0,
-        "label": l.status.label(),
-        "detail": l.detail,
-        "agent": l.agent,
-        "subject": l.subject,
-        "message_id": l.message_id,
-        "attempts": l.attempts,
-        "stored_ms": l.stored_ms,
-        "dead_lettered_ms": l.dead_lettered_ms,
-        "source": l.source.as_ref().map(|(s, n)| format!("{s}:{n}")),
-        "size": l.omitted.unwrap_or(l.envelope.len() as u64),
-        "omitted": l.omitted.is_some(),
-    });
+    let mut v = entry.to_json();
     if full {
         v["envelope"] = chorus_sdk::codec::decode_on(&l.envelope, &subjects.implied(&l.subject))
             .ok()

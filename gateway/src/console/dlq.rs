@@ -336,22 +336,14 @@ pub(crate) async fn one(
         Err(e) => return c.bus_down(&who, "the dead-letter stream", &e),
     };
     let l = &entry.letter;
-    let facts = serde_json::json!({
-        "id": entry.id,
-        "reason": l.reason.as_str(),
-        "status": l.status.0,
-        "label": l.status.label(),
-        "detail": l.detail,
-        "agent": l.agent,
-        "subject": l.subject,
-        "message_id": l.message_id,
-        "attempts": l.attempts,
-        "stored": html::utc(l.stored_ms),
-        "dead_lettered": html::utc(l.dead_lettered_ms),
-        "source": l.source.as_ref().map(|(s, n)| format!("{s}:{n}")),
-        "size": l.omitted.unwrap_or(l.envelope.len() as u64),
-        "omitted": l.omitted.is_some(),
-    });
+    // The CLI's facts, with the times in UTC rather than milliseconds.
+    let mut facts = entry.to_json();
+    if let Some(map) = facts.as_object_mut() {
+        map.remove("stored_ms");
+        map.remove("dead_lettered_ms");
+        map.insert("stored".into(), html::utc(l.stored_ms).into());
+        map.insert("dead_lettered".into(), html::utc(l.dead_lettered_ms).into());
+    }
     let replay = if who.admin() {
         format!(
             r#"<form method="post" action="/dlq/{id}/replay">{}<button id="replay" type="submit">Replay this message</button></form>"#,
