@@ -5,7 +5,7 @@
 //! at an address that is not NATS ([`probe`]).
 
 pub mod certs;
-pub mod duration;
+pub use chorus_host::duration;
 pub mod local;
 pub mod mcp_client;
 pub mod otel;

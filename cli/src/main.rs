@@ -31,8 +31,24 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    let mut args = std::env::args_os();
+    if args.nth(1).is_some_and(|first| first == "host-exec") {
+        return cli::host_exec(args.collect());
+    }
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(run()),
+        Err(err) => {
+            eprintln!("chorus: cannot start its runtime: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> ExitCode {
     let cli = cli::Cli::parse();
     // The demo narrates what happens; its agents' warnings (a dead letter is expected) are
     // noise there unless asked for with RUST_LOG. `chaos` breaks things on purpose and
@@ -42,6 +58,8 @@ async fn main() -> ExitCode {
         cli::Command::Up(_) => "error",
         cli::Command::Chaos(_) => "off,chorus_chaos=warn",
         cli::Command::Serve(_) | cli::Command::Bench(_) => "warn",
+        // A host says what it starts, restarts and stops.
+        cli::Command::Host(_) => "warn,chorus_host=info",
         // A client command says in plain words when it loses and regains the bus
         // ([`cli::connection_notices`]); the connection's own log lines would say it twice.
         _ => "warn,chorus_broker_adapter::events=error",

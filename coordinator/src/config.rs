@@ -32,6 +32,11 @@ fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<()> {
     }
 }
 
+/// Default of `host_grace_ms`: a host silent this long has its agents placed elsewhere.
+pub const DEFAULT_HOST_GRACE_MS: u64 = 30_000;
+/// Default of `reconcile_interval_ms`.
+pub const DEFAULT_RECONCILE_INTERVAL_MS: u64 = 2_000;
+
 /// Everything `chorus serve` reads. Every field has a default; see `docs/COORDINATOR.md`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -82,6 +87,12 @@ pub struct CoordinatorConfig {
     /// Circuit breakers on the requests the gateway's edge identities make for their callers:
     /// unset, none.
     pub circuit_breaker: Option<CircuitBreakerConfig>,
+    /// How long a silent host keeps its hosted agents before they are placed on other hosts,
+    /// in milliseconds (docs/HOSTING.md).
+    pub host_grace_ms: u64,
+    /// How often hosted agents' desired state is reconciled with what the hosts run, in
+    /// milliseconds (and after every deploy, scale and terminate).
+    pub reconcile_interval_ms: u64,
 }
 
 impl Default for CoordinatorConfig {
@@ -106,6 +117,8 @@ impl Default for CoordinatorConfig {
             trusted_key_files: std::collections::BTreeMap::new(),
             gateway: GatewayConfig::default(),
             circuit_breaker: None,
+            host_grace_ms: DEFAULT_HOST_GRACE_MS,
+            reconcile_interval_ms: DEFAULT_RECONCILE_INTERVAL_MS,
         }
     }
 }
@@ -210,6 +223,12 @@ impl CoordinatorConfig {
         })?;
         ensure(self.broadcast_concurrency >= 1, || {
             "broadcast_concurrency must be at least 1".into()
+        })?;
+        ensure(self.host_grace_ms >= 1_000, || {
+            "host_grace_ms must be at least 1000".into()
+        })?;
+        ensure(self.reconcile_interval_ms >= 100, || {
+            "reconcile_interval_ms must be at least 100".into()
         })?;
         ensure(matches!(self.replicas, 1 | 3 | 5), || {
             format!("replicas must be 1, 3 or 5, not {}", self.replicas)

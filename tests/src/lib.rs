@@ -281,6 +281,17 @@ impl Drop for Processes {
 /// The `chorus` binary, built (or found up to date) by cargo in the calling test's own target
 /// directory: `CARGO_BIN_EXE_chorus` exists only for the coordinator package's tests.
 pub fn chorus_binary() -> std::path::PathBuf {
+    built("chorus-cli", &["--bin", "chorus"], "chorus")
+}
+
+/// Example `name` of `package`, built (or found up to date) by cargo as [`chorus_binary`] is.
+pub fn example_binary(package: &str, name: &str) -> std::path::PathBuf {
+    built(package, &["--example", name], &format!("examples/{name}"))
+}
+
+/// Builds `what` of `package` in the calling test's own target directory and profile, and
+/// returns `path` under that profile's folder.
+fn built(package: &str, what: &[&str], path: &str) -> std::path::PathBuf {
     use std::path::Path;
     let exe = std::env::current_exe().expect("test binary path");
     // <target>/<profile>/deps/e2e-<hash>
@@ -296,7 +307,8 @@ pub fn chorus_binary() -> std::path::PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
     cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args(["build", "--quiet", "-p", "chorus-cli", "--bin", "chorus"])
+        .args(["build", "--quiet", "-p", package])
+        .args(what)
         .arg("--target-dir")
         .arg(target_dir);
     if profile != "debug" {
@@ -308,7 +320,7 @@ pub fn chorus_binary() -> std::path::PathBuf {
         "cargo build: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let binary = profile_dir.join("chorus");
+    let binary = profile_dir.join(path);
     assert!(binary.is_file(), "no {}", binary.display());
     binary
 }

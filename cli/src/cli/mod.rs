@@ -9,6 +9,8 @@ mod chaos;
 mod context;
 mod creds;
 mod dlq;
+mod host;
+mod hosting;
 mod listen;
 mod mcp;
 mod negotiate;
@@ -154,6 +156,21 @@ pub(crate) enum Command {
     /// Run a contract-net round: call for proposals on a capability, award the best by a
     /// policy, and print the bids and the winner's task.
     Negotiate(negotiate::Args),
+    /// Run this machine's host: start, limit, log, restart and stop agent processes from
+    /// manifests, as the coordinator asks (docs/HOSTING.md).
+    Host(host::Args),
+    /// Deploy an agent from its manifest onto the hosts, and wait for each replica to run.
+    Deploy(hosting::DeployArgs),
+    /// Set how many replicas of a deployed agent run.
+    Scale(hosting::ScaleArgs),
+    /// Stop a deployed agent's replicas and forget its deployment.
+    Terminate(hosting::TerminateArgs),
+    /// List deployed agents: replicas wanted, where each runs, which failed and why.
+    Deployments(hosting::ListArgs),
+    /// List the hosts: live, silent or gone, their slots and the agents they run.
+    Hosts(hosting::ListArgs),
+    /// Print the last lines of a hosted agent's output, from its host.
+    Logs(hosting::LogsArgs),
     /// Start a local NATS server (if none answers) and the demo agents, and show them talking.
     Up(up::Args),
     /// Publish an event (--topic), or send a command to an agent (--to, --command) and print
@@ -180,6 +197,10 @@ pub(crate) enum Command {
     },
 }
 
+/// `chorus host-exec ...`, which a host starts its agents through: read before anything else
+/// (no runtime, no logging), since it becomes the agent.
+pub(crate) use host::exec as host_exec;
+
 /// Runs the parsed command; the exit code says how it went.
 pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let conn = cli.connection()?;
@@ -191,6 +212,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             | Command::Bench(_)
             | Command::Chaos(_)
             | Command::Mcp(_)
+            | Command::Host(_)
     );
     let command = dispatch(cli.command, &conn, given);
     if !one_shot {
@@ -220,6 +242,13 @@ async fn dispatch(
         Command::Dlq(args) => dlq::run(args, conn).await,
         Command::Task(args) => task::run(args, conn).await,
         Command::Negotiate(args) => negotiate::run(args, conn).await,
+        Command::Host(args) => host::run(args, conn).await,
+        Command::Deploy(args) => hosting::deploy(args, conn).await,
+        Command::Scale(args) => hosting::scale(args, conn).await,
+        Command::Terminate(args) => hosting::terminate(args, conn).await,
+        Command::Deployments(args) => hosting::deployments(args, conn).await,
+        Command::Hosts(args) => hosting::hosts(args, conn).await,
+        Command::Logs(args) => hosting::logs(args, conn).await,
         Command::Up(args) => up::run(args, conn).await,
         Command::Send(args) => send::run(args, conn).await,
         Command::Request(args) => request::run(args, conn).await,

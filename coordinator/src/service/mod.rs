@@ -16,6 +16,7 @@ mod broadcast;
 pub use broadcast::ORIGIN_HEADER;
 pub mod dlq;
 mod endpoints;
+mod hosting;
 pub mod http;
 pub mod metrics;
 mod provision;
@@ -39,7 +40,7 @@ use http::{MetricsServer, Readiness, ReadinessCheck};
 use registry::Registry;
 
 /// The `from` of messages the coordinator sends, and its reply-inbox prefix's token.
-pub const COORDINATOR_ID: &str = "coordinator";
+pub const COORDINATOR_ID: &str = chorus_host::protocol::COORDINATOR;
 /// Name of the durable consumer the coordinators share on the advisory stream.
 pub const DLQ_CONSUMER: &str = "chorus-dlq";
 /// Suffix of the registry bucket's name.
@@ -66,6 +67,8 @@ pub(crate) struct Shared {
     pub(crate) broadcast_verifier: chorus_sdk::security::Verifier,
     /// The numbers (`seq`) of its protocol-level announcements on `<root>.sys.wire`.
     pub(crate) wire_numbers: chorus_sdk::EventNumbers,
+    /// Hosted agents' desired state and the hosts' reports.
+    pub(crate) hosting: hosting::Hosting,
     /// The coordinator as an agent of the bus: its endpoints go through the SDK's inbound
     /// pipeline, and its connection is the one every task uses.
     agent: Agent,
@@ -183,6 +186,7 @@ impl Coordinator {
             identity,
             broadcast_verifier,
             wire_numbers: chorus_sdk::EventNumbers::default(),
+            hosting: hosting::Hosting::new(buckets.deployments, buckets.hosts),
             agent,
             stop: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -201,6 +205,13 @@ impl Coordinator {
                 ErrorKind::Broker,
                 "cannot serve the coordinator's subjects",
             ))?;
+        hosting::serve(&shared.agent, &shared)
+            .await
+            .map_err(Error::wrap(
+                ErrorKind::Broker,
+                "cannot serve the hosting subjects",
+            ))?;
+        hosting::spawn_reconciler(&shared);
         tasks::spawn_reaper(&shared);
         tasks::spawn_payload_sweeper(&shared);
         tasks::spawn_dead_letter_worker(&shared).await?;

@@ -1,5 +1,5 @@
 //! What the coordinator makes sure exists before it starts any task: the inbox, dead-letter,
-//! advisory and task streams, the registry and config buckets, the object store bucket of
+//! advisory and task streams, the registry, config, deployments and hosts buckets, the object store bucket of
 //! payloads carried by reference, and the retry policies agents read.
 //! Every step is idempotent, so coordinators starting side by side do not conflict.
 
@@ -16,6 +16,10 @@ use crate::error::{Error, ErrorKind, Result};
 pub(super) struct Buckets {
     /// Agent manifests by agent id.
     pub(super) registry: Kv,
+    /// Hosted agents' desired state, by deployment id.
+    pub(super) deployments: Kv,
+    /// The hosts' latest reports, by host name.
+    pub(super) hosts: Kv,
 }
 
 /// Creates (or checks) the streams and buckets and publishes `config.retry` to agents.
@@ -67,7 +71,27 @@ pub(super) async fn provision(
             ErrorKind::Broker,
             "cannot publish the retry policies",
         ))?;
-    Ok(Buckets { registry })
+    let deployments = bucket(
+        js,
+        subjects,
+        config,
+        chorus_host::protocol::DEPLOYMENTS_BUCKET,
+        "Chorus hosted agents: desired state",
+    )
+    .await?;
+    let hosts = bucket(
+        js,
+        subjects,
+        config,
+        chorus_host::protocol::HOSTS_BUCKET,
+        "Chorus hosts: their latest reports",
+    )
+    .await?;
+    Ok(Buckets {
+        registry,
+        deployments,
+        hosts,
+    })
 }
 
 async fn bucket(

@@ -13,6 +13,7 @@ mod deploy;
 mod docs;
 mod examples;
 mod gateway;
+mod hosting;
 mod inbox;
 mod leaf;
 mod messaging;

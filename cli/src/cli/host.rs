@@ -1,0 +1,242 @@
+//! `chorus host`: run this machine's host, the supervisor that starts, limits, logs, restarts
+//! and stops agent processes from manifests, as the coordinator (or an allowed operator) asks
+//! over the bus (docs/HOSTING.md). And `chorus host-exec`, hidden: what the host starts each
+//! agent through, to set its limits and tie its life to the host's before it becomes the agent.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use chorus_cli::duration::parse_duration;
+use chorus_host::process::{LogLimits, SupervisorConfig};
+use chorus_host::protocol::{COORDINATOR, Capacity};
+use chorus_host::service::{
+    DEFAULT_MAX_AGENTS, DEFAULT_REPORT_INTERVAL, HOSTING_PERMISSION, Host, HostOptions,
+};
+use chorus_sdk::security::SignaturePolicy;
+
+use super::ConnectionArgs;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// This host's name, unique on the bus (its agent is `host-<name>`) [default: the
+    /// machine's host name].
+    #[arg(long)]
+    name: Option<String>,
+    /// Agents this host runs at most.
+    #[arg(long, default_value_t = DEFAULT_MAX_AGENTS)]
+    max_agents: u32,
+    /// Memory it may give its agents, MiB (what manifests ask for is counted against it;
+    /// 0: not counted).
+    #[arg(long, default_value_t = 0)]
+    memory_mb: u64,
+    /// CPU cores it may give its agents (0: not counted).
+    #[arg(long, default_value_t = 0.0)]
+    cpus: f64,
+    /// Where its agents' output is kept, one file per agent, rotated [default: the user's
+    /// state folder, chorus/hosts/<name>/logs].
+    #[arg(long)]
+    log_dir: Option<PathBuf>,
+    /// Size at which an agent's log file is rotated, bytes.
+    #[arg(long, default_value_t = chorus_host::process::DEFAULT_LOG_FILE_BYTES)]
+    log_file_bytes: u64,
+    /// Rotated log files kept per agent, besides the live one.
+    #[arg(long, default_value_t = chorus_host::process::DEFAULT_LOG_FILES)]
+    log_files: u32,
+    /// Senders allowed to command this host, besides the coordinator (repeatable): an agent
+    /// id, such as an operator's `--id`.
+    #[arg(long = "allow", value_name = "ID")]
+    allow: Vec<String>,
+    /// Public keys of senders that never register, `ID=KEY` (the coordinator's, on a bus that
+    /// signs: `chorus creds` writes it to `coordinator.pub`); a KEY naming a file is read.
+    #[arg(long = "trust", value_name = "ID=KEY")]
+    trust: Vec<String>,
+    /// How often the host writes its report for the coordinator.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    report_interval: Duration,
+    /// How long an agent has to stop after SIGTERM before it is killed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    stop_grace: Duration,
+    /// Start agents directly, without limits, and without tying their life to the host's
+    /// (they may outlive a killed host).
+    #[arg(long)]
+    no_launcher: bool,
+}
+
+pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
+    let name = match args.name {
+        Some(name) => name,
+        None => machine_name()?,
+    };
+    chorus_sdk::subject::validate_token("host name", &name)?;
+    let log_dir = match args.log_dir {
+        Some(dir) => dir,
+        None => state_dir()?
+            .join("chorus")
+            .join("hosts")
+            .join(&name)
+            .join("logs"),
+    };
+    std::fs::create_dir_all(&log_dir)
+        .with_context(|| format!("cannot make the log folder {}", log_dir.display()))?;
+    let launcher = if args.no_launcher {
+        None
+    } else {
+        Some(
+            std::env::current_exe()
+                .context("cannot find the chorus binary to launch agents with")?,
+        )
+    };
+    // What every agent needs to reach the bus as this host does.
+    let mut env = vec![
+        ("CHORUS_NATS_URL".to_owned(), conn.url().to_owned()),
+        ("CHORUS_ROOT".to_owned(), conn.root().to_owned()),
+    ];
+    for (var, path) in [
+        ("CHORUS_TLS_CA", &conn.security.tls_ca),
+        ("CHORUS_TLS_CERT", &conn.security.tls_cert),
+        ("CHORUS_TLS_KEY", &conn.security.tls_key),
+    ] {
+        if let Some(path) = path {
+            env.push((var.to_owned(), path.display().to_string()));
+        }
+    }
+    let supervisor = SupervisorConfig {
+        host: name.clone(),
+        env,
+        log_dir: log_dir.clone(),
+        log_limits: LogLimits {
+            file_bytes: args.log_file_bytes,
+            files: args.log_files,
+            ..LogLimits::default()
+        },
+        launcher,
+        stop_grace: args.stop_grace,
+    };
+    let options = HostOptions {
+        name: name.clone(),
+        capacity: Capacity {
+            agents: args.max_agents,
+            memory_mb: args.memory_mb,
+            cpu: args.cpus,
+        },
+        report_interval: if args.report_interval.is_zero() {
+            DEFAULT_REPORT_INTERVAL
+        } else {
+            args.report_interval
+        },
+        bucket_replicas: 1,
+    };
+    let broker = conn.broker_options()?;
+    let identity = conn.security.identity()?;
+    let mut trusted = Vec::new();
+    for entry in &args.trust {
+        trusted.push(trust_entry(entry)?);
+    }
+    let mut allowed = vec![COORDINATOR.to_owned()];
+    allowed.extend(args.allow);
+    if identity.is_none() {
+        tracing::warn!(
+            "no --nkey-file: commands are taken from {} by their `from` alone, unverified; \
+             on a shared bus run hosts with credentials (docs/HOSTING.md)",
+            allowed.join(", ")
+        );
+    }
+    let root = conn.root().to_owned();
+    let host = Host::start(
+        move |mut options| {
+            options = options.broker(broker).root(root);
+            for id in &allowed {
+                options = options.grant(id.clone(), [HOSTING_PERMISSION]);
+            }
+            for (id, key) in trusted {
+                options = options.trust(id, key);
+            }
+            match identity {
+                Some(identity) => options
+                    .identity(identity)
+                    .verify_signatures(SignaturePolicy {
+                        require_signed: true,
+                        ..SignaturePolicy::default()
+                    }),
+                None => options.trust_unverified_senders(true),
+            }
+        },
+        options,
+        supervisor,
+    )
+    .await?;
+    eprintln!(
+        "chorus host {name}: taking commands as host-{name}, agents' logs in {}",
+        log_dir.display()
+    );
+    let mut signals = crate::Signals::new()?;
+    signals.recv().await;
+    eprintln!("chorus host {name}: stopping its agents");
+    host.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ID=KEY`, where KEY is a public key or a file holding one.
+fn trust_entry(entry: &str) -> anyhow::Result<(String, String)> {
+    let Some((id, key)) = entry.split_once('=') else {
+        bail!("--trust {entry:?}: give ID=KEY (a public key, or a file holding one)");
+    };
+    let key = if std::path::Path::new(key).is_file() {
+        std::fs::read_to_string(key)
+            .with_context(|| format!("--trust {id}: cannot read {key}"))?
+            .trim()
+            .to_owned()
+    } else {
+        key.to_owned()
+    };
+    if !(key.len() == 56 && key.starts_with('U')) {
+        bail!("--trust {id}: {key:?} is not a user public key (U..., 56 characters)");
+    }
+    Ok((id.to_owned(), key))
+}
+
+fn machine_name() -> anyhow::Result<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|n| n.trim().to_owned())
+        .unwrap_or_default();
+    // A host name may hold dots; the host's name is one subject token.
+    let name: String = name
+        .split('.')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if name.is_empty() {
+        bail!("cannot tell this machine's name: give --name");
+    }
+    Ok(name)
+}
+
+fn state_dir() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(home) => Ok(PathBuf::from(home).join(".local").join("state")),
+        None => bail!("no place for agents' logs: give --log-dir, or set XDG_STATE_HOME or HOME"),
+    }
+}
+
+/// `chorus host-exec SPEC... -- COMMAND ARGS...`: applies the limits in SPEC to this process,
+/// ties its life to its parent's (the host's), and becomes COMMAND. Returns only on failure.
+pub(crate) fn exec(args: Vec<OsString>) -> ExitCode {
+    let err = chorus_host::process::launch::exec(args);
+    eprintln!("chorus host-exec: {err}");
+    ExitCode::from(127)
+}

@@ -1,0 +1,452 @@
+//! Hosted agents' desired state (docs/HOSTING.md): the coordinator keeps one deployment per
+//! manifest in the deployments bucket, places each replica on a host, and reconciles, every
+//! `reconcile_interval_ms` and after every change, so that each live host runs exactly what is
+//! placed on it and the replicas of a host gone for longer than `host_grace_ms` run elsewhere.
+//!
+//! The decision is `chorus_host::reconcile::plan`, pure and tested apart; this room reads the
+//! two buckets, writes back the deployments the plan changed (on the revision it read, so two
+//! coordinators never both win), sends the hosts their commands and publishes the failures.
+//! It answers `deploy`, `scale`, `terminate`, `deployments`, `hosts` and `logs` as commands
+//! of the agent `coordinator`, in the coordinators' queue group.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use chorus_broker_adapter::Kv;
+use chorus_host::manifest::{Manifest, deployment_of};
+use chorus_host::protocol::{
+    self as hosting, DeployRequest, Deployment, DeploymentView, HostDeploy, HostReport,
+    HostTerminate, LogLines, LogsRequest, PlacedReplica, ScaleRequest, TerminateRequest,
+    coordinator_commands, host_agent, host_commands,
+};
+use chorus_host::reconcile::{HostCommand, Liveness, Plan, liveness, plan};
+use chorus_sdk::{Agent, Call, Context, HandlerError, Report, SdkError, StatusCode, Typed};
+
+use super::Shared;
+
+/// Lines `chorus logs` may ask for at most.
+pub const MAX_LOG_LINES: usize = 10_000;
+
+/// The hosting part of a coordinator: its two buckets and a lock that keeps its own
+/// reconciliations one at a time.
+pub(crate) struct Hosting {
+    deployments: Kv,
+    hosts: Kv,
+    round: tokio::sync::Mutex<()>,
+}
+
+impl Hosting {
+    pub(crate) fn new(deployments: Kv, hosts: Kv) -> Hosting {
+        Hosting {
+            deployments,
+            hosts,
+            round: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn unavailable(what: &str) -> impl FnOnce(chorus_broker_adapter::Error) -> HandlerError + '_ {
+    move |err| HandlerError::new(StatusCode::UNAVAILABLE, format!("{what}: {}", Report(&err)))
+}
+
+/// The deployments, with their revisions.
+async fn read_deployments(kv: &Kv) -> Result<BTreeMap<String, (u64, Deployment)>, HandlerError> {
+    let mut out = BTreeMap::new();
+    for entry in kv
+        .entries()
+        .await
+        .map_err(unavailable("cannot read the deployments"))?
+    {
+        match serde_json::from_slice::<Deployment>(&entry.value) {
+            Ok(d) => {
+                out.insert(entry.key, (entry.revision, d));
+            }
+            Err(err) => {
+                tracing::warn!(key = %entry.key, error = %err, "unreadable deployment skipped")
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The hosts' latest reports.
+async fn read_hosts(kv: &Kv) -> Result<Vec<HostReport>, HandlerError> {
+    Ok(kv
+        .entries()
+        .await
+        .map_err(unavailable("cannot read the hosts' reports"))?
+        .into_iter()
+        .filter_map(|e| serde_json::from_slice::<HostReport>(&e.value).ok())
+        .collect())
+}
+
+impl Shared {
+    /// One reconciliation: read, decide, write, tell the hosts, report failures.
+    pub(crate) async fn reconcile(&self) -> Result<Plan, HandlerError> {
+        let hosting = &self.hosting;
+        let _one_at_a_time = hosting.round.lock().await;
+        let read = read_deployments(&hosting.deployments).await?;
+        let hosts = read_hosts(&hosting.hosts).await?;
+        let deployments: BTreeMap<String, Deployment> = read
+            .iter()
+            .map(|(k, (_, d))| (k.clone(), d.clone()))
+            .collect();
+        let grace = Duration::from_millis(self.config.host_grace_ms);
+        let decided = plan(&deployments, &hosts, now_ms(), grace);
+        let mut lost = Vec::new();
+        for (id, next) in &decided.changed {
+            let revision = read.get(id).map_or(0, |(r, _)| *r);
+            let body = Bytes::from(serde_json::to_vec(next).unwrap_or_default());
+            if let Err(err) = hosting.deployments.update(id, body, revision).await {
+                // Another coordinator, or a deploy, wrote it first: the next round reads it.
+                tracing::debug!(deployment = %id, error = %Report(&err), "deployment changed meanwhile");
+                lost.push(id.clone());
+            }
+        }
+        for (agent, from, to) in &decided.moved {
+            tracing::info!(%agent, %from, %to, "host gone: replica placed elsewhere");
+        }
+        for command in &decided.commands {
+            let (host, deployment) = match command {
+                HostCommand::Deploy { host, manifest, .. } => (host, &manifest.id),
+                HostCommand::Terminate { host, deployment } => (host, deployment),
+            };
+            if lost.contains(deployment) {
+                continue;
+            }
+            if let Err(err) = self.tell(command).await {
+                tracing::warn!(%host, %deployment, error = %Report(&err), "host did not take its command");
+            }
+        }
+        for failure in &decided.failures {
+            tracing::warn!(agent = %failure.agent, reason = %failure.reason, "replica not running");
+            if let Err(err) = self.agent.publish(hosting::DEPLOY_FAILURE, failure).await {
+                tracing::debug!(error = %Report(&err), "deploy_failure not published");
+            }
+        }
+        Ok(decided)
+    }
+
+    async fn tell(&self, command: &HostCommand) -> Result<(), SdkError> {
+        let call = match command {
+            HostCommand::Deploy {
+                host,
+                manifest,
+                replicas,
+            } => Call::agent(host_agent(host), host_commands::DEPLOY).payload(&HostDeploy {
+                manifest: (**manifest).clone(),
+                replicas: replicas.clone(),
+            })?,
+            HostCommand::Terminate { host, deployment } => {
+                Call::agent(host_agent(host), host_commands::TERMINATE).payload(
+                    &HostTerminate {
+                        target: deployment.clone(),
+                    },
+                )?
+            }
+        };
+        self.agent.call(call).await.map(|_| ())
+    }
+
+    /// Where each replica of `id` is placed, and which failed.
+    async fn view(&self, id: &str) -> Result<DeploymentView, HandlerError> {
+        let hosting = &self.hosting;
+        let entry = hosting
+            .deployments
+            .get(id)
+            .await
+            .map_err(unavailable("cannot read the deployment"))?
+            .ok_or_else(|| no_deployment(id))?;
+        let d: Deployment = serde_json::from_slice(&entry.value)
+            .map_err(|e| HandlerError::new(StatusCode::INTERNAL, e.to_string()))?;
+        Ok(view_of(&d))
+    }
+}
+
+fn view_of(d: &Deployment) -> DeploymentView {
+    DeploymentView {
+        deployment: d.manifest.id.clone(),
+        replicas: d.manifest.replicas,
+        placed: d
+            .placement
+            .iter()
+            .filter(|(r, _)| !d.failed.contains_key(r))
+            .map(|(r, host)| PlacedReplica {
+                replica: *r,
+                agent: d.manifest.replica_id(*r),
+                host: host.clone(),
+            })
+            .collect(),
+        failed: d.failed.clone(),
+    }
+}
+
+fn no_deployment(id: &str) -> HandlerError {
+    HandlerError::new(
+        StatusCode::INVALID_ARGUMENT,
+        format!("no deployment {id:?} (chorus deployments lists them)"),
+    )
+}
+
+fn upgrade(shared: &Weak<Shared>) -> Result<Arc<Shared>, HandlerError> {
+    shared.upgrade().ok_or_else(|| {
+        HandlerError::new(StatusCode::UNAVAILABLE, "the coordinator is shutting down")
+    })
+}
+
+/// Whether `agent` is one a host runs or is to run (the only agents whose machine Chorus
+/// knows, so the only ones another can be placed beside).
+fn hosted(
+    agent: &str,
+    deployments: &BTreeMap<String, (u64, Deployment)>,
+    hosts: &[HostReport],
+) -> bool {
+    let (deployment, replica) = deployment_of(agent);
+    deployments.get(deployment).is_some_and(|(_, d)| {
+        replica <= d.manifest.replicas && d.manifest.replica_id(replica) == agent
+    }) || hosts
+        .iter()
+        .any(|h| h.replicas.iter().any(|r| r.agent_id == agent))
+}
+
+async fn deploy(shared: &Shared, manifest: Manifest) -> Result<DeploymentView, HandlerError> {
+    manifest
+        .validate()
+        .map_err(|e| HandlerError::new(StatusCode::INVALID_ARGUMENT, e.to_string()))?;
+    let hosting = &shared.hosting;
+    let deployments = read_deployments(&hosting.deployments).await?;
+    if let Some(target) = &manifest.placement.co_locate_with {
+        let hosts = read_hosts(&hosting.hosts).await?;
+        if !hosted(target, &deployments, &hosts) {
+            return Err(HandlerError::new(
+                StatusCode::INVALID_ARGUMENT,
+                format!(
+                    "placement.co_locate_with: no host runs an agent {target:?} (only hosted \
+                     agents can be placed beside: deploy it first)"
+                ),
+            ));
+        }
+    }
+    let previous = deployments.get(&manifest.id);
+    let deployment = Deployment {
+        // A redeploy keeps where replicas run (the hosts restart them with the new manifest)
+        // and forgets past failures.
+        placement: previous
+            .map(|(_, d)| {
+                d.placement
+                    .iter()
+                    .filter(|(r, _)| **r <= manifest.replicas && !d.failed.contains_key(r))
+                    .map(|(r, h)| (*r, h.clone()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        failed: BTreeMap::new(),
+        manifest,
+        updated_ms: now_ms(),
+    };
+    write(hosting, &deployment, previous.map(|(r, _)| *r)).await?;
+    shared.reconcile().await?;
+    shared.view(&deployment.manifest.id).await
+}
+
+async fn write(
+    hosting: &Hosting,
+    d: &Deployment,
+    revision: Option<u64>,
+) -> Result<(), HandlerError> {
+    let body = Bytes::from(
+        serde_json::to_vec(d)
+            .map_err(|e| HandlerError::new(StatusCode::INTERNAL, e.to_string()))?,
+    );
+    let id = &d.manifest.id;
+    let written = match revision {
+        Some(revision) => hosting.deployments.update(id, body, revision).await,
+        None => hosting.deployments.create(id, body).await,
+    };
+    written.map(|_| ()).map_err(|err| {
+        HandlerError::new(
+            StatusCode::UNAVAILABLE,
+            format!(
+                "deployment {id} changed meanwhile or cannot be written, try again: {}",
+                Report(&err)
+            ),
+        )
+    })
+}
+
+async fn scale(shared: &Shared, req: ScaleRequest) -> Result<DeploymentView, HandlerError> {
+    let hosting = &shared.hosting;
+    let entry = hosting
+        .deployments
+        .get(&req.deployment)
+        .await
+        .map_err(unavailable("cannot read the deployment"))?
+        .ok_or_else(|| no_deployment(&req.deployment))?;
+    let mut d: Deployment = serde_json::from_slice(&entry.value)
+        .map_err(|e| HandlerError::new(StatusCode::INTERNAL, e.to_string()))?;
+    d.manifest.replicas = req.replicas;
+    d.manifest
+        .validate()
+        .map_err(|e| HandlerError::new(StatusCode::INVALID_ARGUMENT, e.to_string()))?;
+    d.failed.clear();
+    d.updated_ms = now_ms();
+    write(hosting, &d, Some(entry.revision)).await?;
+    shared.reconcile().await?;
+    shared.view(&req.deployment).await
+}
+
+async fn terminate(shared: &Shared, req: TerminateRequest) -> Result<DeploymentView, HandlerError> {
+    let view = shared.view(&req.deployment).await?;
+    let hosting = &shared.hosting;
+    hosting
+        .deployments
+        .delete(&req.deployment)
+        .await
+        .map_err(unavailable("cannot remove the deployment"))?;
+    shared.reconcile().await?;
+    Ok(view)
+}
+
+async fn list(shared: &Shared) -> Result<Vec<DeploymentView>, HandlerError> {
+    let hosting = &shared.hosting;
+    Ok(read_deployments(&hosting.deployments)
+        .await?
+        .values()
+        .map(|(_, d)| view_of(d))
+        .collect())
+}
+
+/// The hosts, each with whether it is live and what it runs.
+async fn hosts(shared: &Shared) -> Result<Vec<serde_json::Value>, HandlerError> {
+    let hosting = &shared.hosting;
+    let grace = Duration::from_millis(shared.config.host_grace_ms);
+    let now = now_ms();
+    Ok(read_hosts(&hosting.hosts)
+        .await?
+        .into_iter()
+        .map(|h| {
+            let state = match liveness(&h, now, grace) {
+                Liveness::Live => "live",
+                Liveness::Silent => "silent",
+                Liveness::Gone => "gone",
+            };
+            serde_json::json!({ "state": state, "report": h })
+        })
+        .collect())
+}
+
+async fn logs(shared: &Shared, req: LogsRequest) -> Result<LogLines, HandlerError> {
+    if req.lines == 0 || req.lines > MAX_LOG_LINES {
+        return Err(HandlerError::new(
+            StatusCode::INVALID_ARGUMENT,
+            format!("lines: 1 to {MAX_LOG_LINES}, not {}", req.lines),
+        ));
+    }
+    let hosting = &shared.hosting;
+    let grace = Duration::from_millis(shared.config.host_grace_ms);
+    let now = now_ms();
+    let host = read_hosts(&hosting.hosts)
+        .await?
+        .into_iter()
+        .filter(|h| liveness(h, now, grace) != Liveness::Gone)
+        .find(|h| h.replicas.iter().any(|r| r.agent_id == req.agent))
+        .ok_or_else(|| {
+            HandlerError::new(
+                StatusCode::INVALID_ARGUMENT,
+                format!("no live host runs or ran {:?}", req.agent),
+            )
+        })?;
+    let reply = shared
+        .agent
+        .call(
+            Call::agent(&host.agent, host_commands::LOGS)
+                .payload(&req)
+                .map_err(HandlerError::from)?,
+        )
+        .await
+        .map_err(HandlerError::from)?;
+    reply.payload_as().map_err(HandlerError::from)
+}
+
+/// Serves the hosting subjects on the coordinator's agent.
+pub(super) async fn serve(agent: &Agent, shared: &Arc<Shared>) -> Result<(), SdkError> {
+    let subjects = &shared.subjects;
+    let group = subjects.coordinator_group();
+    macro_rules! route {
+        ($what:expr, $f:ident, $req:ty) => {{
+            let weak = Arc::downgrade(shared);
+            agent
+                .handle_subject(
+                    &subjects.command(super::COORDINATOR_ID, $what)?,
+                    Some(&group),
+                    Typed::new(move |_ctx: Context, req: $req| {
+                        let weak = weak.clone();
+                        async move { $f(&*upgrade(&weak)?, req).await }
+                    }),
+                )
+                .await?;
+        }};
+    }
+    route!(coordinator_commands::DEPLOY, deploy_request, DeployRequest);
+    route!(coordinator_commands::SCALE, scale, ScaleRequest);
+    route!(coordinator_commands::TERMINATE, terminate, TerminateRequest);
+    route!(
+        coordinator_commands::DEPLOYMENTS,
+        list_request,
+        serde_json::Value
+    );
+    route!(
+        coordinator_commands::HOSTS,
+        hosts_request,
+        serde_json::Value
+    );
+    route!(coordinator_commands::LOGS, logs, LogsRequest);
+    Ok(())
+}
+
+async fn deploy_request(
+    shared: &Shared,
+    req: DeployRequest,
+) -> Result<DeploymentView, HandlerError> {
+    deploy(shared, req.manifest).await
+}
+
+async fn list_request(
+    shared: &Shared,
+    _: serde_json::Value,
+) -> Result<Vec<DeploymentView>, HandlerError> {
+    list(shared).await
+}
+
+async fn hosts_request(
+    shared: &Shared,
+    _: serde_json::Value,
+) -> Result<Vec<serde_json::Value>, HandlerError> {
+    hosts(shared).await
+}
+
+/// Reconciles every `reconcile_interval_ms` until the coordinator stops.
+pub(super) fn spawn_reconciler(shared: &Arc<Shared>) {
+    let s = Arc::clone(shared);
+    shared.tracker.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(s.config.reconcile_interval_ms));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = s.stop.cancelled() => break,
+            }
+            if let Err(err) = s.reconcile().await {
+                tracing::debug!(error = %err, "reconciliation skipped");
+            }
+        }
+    });
+}

@@ -1,0 +1,1459 @@
+//! The agent manifest: how to run an agent on a Chorus host (docs/HOSTING.md, "The manifest").
+//!
+//! A manifest is written in TOML and read by `chorus deploy MANIFEST` ([`Manifest::load`]); it
+//! travels on the bus as JSON to the coordinator and the hosts ([`Manifest::to_json`],
+//! [`Manifest::from_json`]). Both paths run the same checks ([`Manifest::validate`]), refuse
+//! fields they do not know, and name the field that is wrong (and for TOML its line), so a typo
+//! in `max_backof` is an error rather than a default silently taken.
+//!
+//! ```toml
+//! id = "calculator"
+//! capabilities = ["calculation"]
+//! replicas = 2
+//!
+//! [run]
+//! command = "calculator-agent"
+//! args = ["--fast"]
+//!
+//! [restart]
+//! policy = "on-failure"
+//! max_backoff = "30s"
+//! ```
+//!
+//! Durations are strings in the syntax of [`crate::duration`] (`500ms`, `30s`, `10m`) and are
+//! written back so, in the largest unit that holds them exactly. Every default and every limit
+//! is a named constant of this module.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chorus_sdk::subject::{MAX_TOKEN_LEN, validate_dotted, validate_token};
+use serde::{Deserialize, Serialize};
+
+use crate::duration::format_duration;
+
+/// Largest manifest accepted, as TOML text or as JSON bytes (64 KiB): far above any real one,
+/// and small enough that a host never holds much of a hostile one.
+pub const MAX_MANIFEST_BYTES: usize = 64 * 1024;
+/// Digits and dash a replica number adds to an id: `-1000` for [`MAX_REPLICAS`].
+const REPLICA_SUFFIX_LEN: usize = 5;
+/// Longest deployment id, in bytes: its replica ids (`<id>-1000`) must stay agent ids, which
+/// are at most [`MAX_TOKEN_LEN`] (64) bytes.
+pub const MAX_ID_LEN: usize = MAX_TOKEN_LEN - REPLICA_SUFFIX_LEN;
+/// Longest description, in characters.
+pub const MAX_DESCRIPTION_CHARS: usize = 1024;
+/// Most capabilities one manifest serves.
+pub const MAX_CAPABILITIES: usize = 64;
+/// Most commands one manifest serves.
+pub const MAX_COMMANDS: usize = 256;
+/// Replicas when the manifest does not say.
+pub const DEFAULT_REPLICAS: u32 = 1;
+/// Most replicas of one deployment.
+pub const MAX_REPLICAS: u32 = 1000;
+/// Most arguments to the agent's program (and to a health-check command).
+pub const MAX_ARGS: usize = 256;
+/// Most environment variables set for the agent.
+pub const MAX_ENV: usize = 256;
+/// The prefix of the variables the host sets itself (`CHORUS_URL`, `CHORUS_AGENT_ID`, ...),
+/// which a manifest cannot set.
+pub const RESERVED_ENV_PREFIX: &str = "CHORUS_";
+/// Least memory limit, in MiB: below it no agent process starts.
+pub const MIN_MEMORY_MB: u64 = 16;
+/// Greatest memory limit, in MiB (1 TiB).
+pub const MAX_MEMORY_MB: u64 = 1_048_576;
+/// Greatest CPU limit, in cores.
+pub const MAX_CPU: f64 = 1024.0;
+/// Most hosts a placement may name.
+pub const MAX_HOSTS: usize = 256;
+/// Longest duration any manifest field may hold (a day): every wait a host makes is bounded.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+/// Restart policy when the manifest does not say.
+pub const DEFAULT_RESTART_POLICY: RestartPolicy = RestartPolicy::OnFailure;
+/// Restarts allowed within the window when the manifest does not say.
+pub const DEFAULT_MAX_RESTARTS: u32 = 5;
+/// Most restarts a window may allow.
+pub const MAX_RESTARTS_LIMIT: u32 = 1000;
+/// The window restarts are counted in, when the manifest does not say.
+pub const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(600);
+/// Wait before the first restart, when the manifest does not say.
+pub const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_millis(500);
+/// Longest wait between restarts, when the manifest does not say.
+pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Health check when the manifest does not say.
+pub const DEFAULT_HEALTH_CHECK: HealthCheck = HealthCheck::Heartbeat;
+/// Time between health checks, when the manifest does not say.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(10);
+/// Time one health check may take, when the manifest does not say.
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+/// Consecutive failed checks before a restart, when the manifest does not say.
+pub const DEFAULT_HEALTH_FAILURES: u32 = 3;
+/// Most consecutive failed checks a manifest may ask to wait for.
+pub const MAX_HEALTH_FAILURES: u32 = 100;
+/// Time a new replica has to become healthy, when the manifest does not say.
+pub const DEFAULT_START_GRACE: Duration = Duration::from_secs(20);
+
+/// Why a manifest cannot be used: told apart by kind, each naming what was wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManifestError {
+    /// The manifest file cannot be read (missing, unreadable).
+    #[error("cannot read manifest {}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The text is not a manifest: bad TOML or JSON, a missing or unknown field, a value of the
+    /// wrong type. `message` is the parser's own (for TOML with the line and column).
+    #[error("manifest does not parse{}: {message}", at(field.as_deref()))]
+    Parse {
+        /// Where the parser stopped, as a dotted path (`restart.window`), when it knows.
+        field: Option<String>,
+        /// The parser's message.
+        message: String,
+    },
+    /// A field holds a value the host cannot use.
+    #[error("manifest field {field}: {problem}")]
+    Invalid {
+        /// The field, as a dotted path: `restart.max_backoff`, `run.env.CHORUS_X`, `args[2]`.
+        field: String,
+        /// What is wrong with it, and what would be right.
+        problem: String,
+    },
+    /// The manifest is larger than [`MAX_MANIFEST_BYTES`].
+    #[error("manifest is {bytes} bytes, more than the limit of {limit} bytes")]
+    TooLarge {
+        /// Its size (at least `limit + 1` when read from a file that grew).
+        bytes: u64,
+        /// [`MAX_MANIFEST_BYTES`].
+        limit: usize,
+    },
+}
+
+fn at(field: Option<&str>) -> String {
+    field.map(|f| format!(" at {f}")).unwrap_or_default()
+}
+
+impl ManifestError {
+    /// The field the error is about, as a dotted path, when there is one.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ManifestError::Invalid { field, .. } => Some(field),
+            ManifestError::Parse { field, .. } => field.as_deref(),
+            ManifestError::Read { .. } | ManifestError::TooLarge { .. } => None,
+        }
+    }
+
+    fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        ManifestError::Invalid {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    fn parse<E: std::fmt::Display>(error: serde_path_to_error::Error<E>) -> Self {
+        let path = error.path();
+        let field = path.iter().next().is_some().then(|| path.to_string());
+        ManifestError::Parse {
+            field,
+            message: error.inner().to_string().trim_end().to_owned(),
+        }
+    }
+}
+
+/// How to run an agent on a Chorus host: what, how many, where, and how to keep it running.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// The deployment's id, which is also its first replica's agent id (the others are
+    /// `<id>-2`, `<id>-3`, ...: [`Manifest::replica_id`]).
+    pub id: String,
+    /// What the agent does, for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The capabilities its agents serve (dotted names such as `text.ocr`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    /// The commands its agents serve.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<String>,
+    /// How many replicas run; 0 keeps the deployment without running it.
+    #[serde(default = "default_replicas")]
+    pub replicas: u32,
+    /// The customer it runs for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub customer: Option<String>,
+    /// The program to run.
+    pub run: Run,
+    /// Limits on memory and CPU.
+    #[serde(default)]
+    pub resources: Resources,
+    /// Where its replicas may run.
+    #[serde(default)]
+    pub placement: Placement,
+    /// When and how fast a stopped replica is started again.
+    #[serde(default)]
+    pub restart: Restart,
+    /// How the host tells a replica is healthy.
+    #[serde(default)]
+    pub health: Health,
+    /// What the agent authenticates with.
+    #[serde(default)]
+    pub credentials: Credentials,
+}
+
+fn default_replicas() -> u32 {
+    DEFAULT_REPLICAS
+}
+
+/// The program an agent runs as.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Run {
+    /// A program path, or a name found on the host's `PATH`.
+    pub command: String,
+    /// Its arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Environment variables set for it (on top of the `CHORUS_*` ones the host sets).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// The folder it runs in; relative to the manifest's folder in a file
+    /// ([`Manifest::load`] makes it absolute).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "path_text::serialize"
+    )]
+    pub working_dir: Option<PathBuf>,
+}
+
+/// Limits on what one replica may use.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    /// Memory limit in MiB, [`MIN_MEMORY_MB`]`..=`[`MAX_MEMORY_MB`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    /// CPU limit in cores (0.5 is half a core), above 0 and at most [`MAX_CPU`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+}
+
+/// Where replicas may be placed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Placement {
+    /// An agent id: place replicas on the host where that agent runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub co_locate_with: Option<String>,
+    /// Only these hosts; empty means any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+}
+
+/// When and how fast a replica that stopped is started again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Restart {
+    /// Which exits are restarted.
+    pub policy: RestartPolicy,
+    /// Restarts allowed within `window` before the replica is given up (a `deploy_failure`).
+    pub max_restarts: u32,
+    /// The window restarts are counted in.
+    #[serde(with = "duration_text")]
+    pub window: Duration,
+    /// Wait before the first restart; it doubles on each one after, up to `max_backoff`.
+    #[serde(with = "duration_text")]
+    pub initial_backoff: Duration,
+    /// Longest wait between restarts.
+    #[serde(with = "duration_text")]
+    pub max_backoff: Duration,
+}
+
+impl Default for Restart {
+    fn default() -> Self {
+        Restart {
+            policy: DEFAULT_RESTART_POLICY,
+            max_restarts: DEFAULT_MAX_RESTARTS,
+            window: DEFAULT_RESTART_WINDOW,
+            initial_backoff: DEFAULT_INITIAL_BACKOFF,
+            max_backoff: DEFAULT_MAX_BACKOFF,
+        }
+    }
+}
+
+/// Which exits of a replica are followed by a restart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartPolicy {
+    /// Every exit, a clean one too (`"always"`).
+    Always,
+    /// Exits with a failure: a non-zero status, a signal, a failed health check
+    /// (`"on-failure"`).
+    #[default]
+    OnFailure,
+    /// None: a replica that exits stays stopped (`"never"`).
+    Never,
+}
+
+/// How the host tells that a replica is healthy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Health {
+    /// What is checked.
+    pub check: HealthCheck,
+    /// The program and arguments run for [`HealthCheck::Command`]: healthy when it exits 0
+    /// within `timeout`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Time between checks.
+    #[serde(with = "duration_text")]
+    pub interval: Duration,
+    /// Time one check may take; shorter than `interval`.
+    #[serde(with = "duration_text")]
+    pub timeout: Duration,
+    /// Consecutive failed checks before the replica is restarted.
+    pub failures: u32,
+    /// Time a new replica has to become healthy (a first heartbeat, or a passing check).
+    #[serde(with = "duration_text")]
+    pub start_grace: Duration,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            check: DEFAULT_HEALTH_CHECK,
+            command: Vec::new(),
+            interval: DEFAULT_HEALTH_INTERVAL,
+            timeout: DEFAULT_HEALTH_TIMEOUT,
+            failures: DEFAULT_HEALTH_FAILURES,
+            start_grace: DEFAULT_START_GRACE,
+        }
+    }
+}
+
+/// What a health check looks at.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HealthCheck {
+    /// The agent's heartbeats in the registry (`"heartbeat"`).
+    #[default]
+    Heartbeat,
+    /// A command the host runs ([`Health::command`]) (`"command"`).
+    Command,
+    /// Nothing: a replica is healthy while its process runs (`"none"`).
+    None,
+}
+
+/// What the agent authenticates with.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credentials {
+    /// The agent's nkey seed file, given to it as `CHORUS_NKEY_FILE`; relative to the
+    /// manifest's folder in a file ([`Manifest::load`] makes it absolute).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "path_text::serialize"
+    )]
+    pub nkey_file: Option<PathBuf>,
+}
+
+impl Manifest {
+    /// A manifest that runs `command` as the deployment `id`, with every default (one
+    /// replica). Not validated: [`Manifest::validate`] says whether it can be used.
+    pub fn new(id: impl Into<String>, command: impl Into<String>) -> Self {
+        Manifest {
+            id: id.into(),
+            description: None,
+            capabilities: Vec::new(),
+            commands: Vec::new(),
+            replicas: DEFAULT_REPLICAS,
+            customer: None,
+            run: Run {
+                command: command.into(),
+                args: Vec::new(),
+                env: BTreeMap::new(),
+                working_dir: None,
+            },
+            resources: Resources::default(),
+            placement: Placement::default(),
+            restart: Restart::default(),
+            health: Health::default(),
+            credentials: Credentials::default(),
+        }
+    }
+
+    /// Reads a manifest from TOML text and checks it. Relative paths stay relative (only
+    /// [`Manifest::load`] knows the folder they are relative to).
+    ///
+    /// # Errors
+    /// [`ManifestError::TooLarge`] above [`MAX_MANIFEST_BYTES`]; [`ManifestError::Parse`] for
+    /// bad TOML, a missing or unknown field, or a value of the wrong type (the message names
+    /// the field and its line); [`ManifestError::Invalid`] as [`Manifest::validate`] fails.
+    pub fn from_toml(text: &str) -> Result<Self, ManifestError> {
+        let manifest = Self::parse_toml(text)?;
+        manifest.validate()?;
+        Ok(manifest)
+    }
+
+    fn parse_toml(text: &str) -> Result<Self, ManifestError> {
+        check_size(text.len())?;
+        let document = toml::Deserializer::parse(text).map_err(|e| ManifestError::Parse {
+            field: None,
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        serde_path_to_error::deserialize(document).map_err(ManifestError::parse)
+    }
+
+    /// Reads the manifest file at `path`, checks it, and makes its relative paths
+    /// (`run.working_dir`, `credentials.nkey_file`) absolute against the file's folder.
+    ///
+    /// # Errors
+    /// [`ManifestError::Read`] naming `path` when the file cannot be read (or the current
+    /// folder, needed for a relative `path`, cannot); [`ManifestError::Parse`] when it is not
+    /// UTF-8; otherwise as [`Manifest::from_toml`].
+    pub fn load(path: &Path) -> Result<Self, ManifestError> {
+        let read_error = |source| ManifestError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let file = File::open(path).map_err(read_error)?;
+        let mut bytes = Vec::new();
+        // One byte past the limit tells "too large" without reading all of a huge file.
+        let limit = u64::try_from(MAX_MANIFEST_BYTES).unwrap_or(u64::MAX);
+        (&file)
+            .take(limit.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .map_err(read_error)?;
+        if bytes.len() > MAX_MANIFEST_BYTES {
+            let size = file.metadata().map_or(bytes.len() as u64, |m| m.len());
+            return Err(ManifestError::TooLarge {
+                bytes: size,
+                limit: MAX_MANIFEST_BYTES,
+            });
+        }
+        let text = String::from_utf8(bytes).map_err(|e| ManifestError::Parse {
+            field: None,
+            message: format!("{} is not UTF-8 text: {e}", path.display()),
+        })?;
+        let mut manifest = Self::parse_toml(&text)?;
+        let folder = match path.parent() {
+            Some(folder) if !folder.as_os_str().is_empty() => folder,
+            _ => Path::new("."),
+        };
+        let folder = std::path::absolute(folder).map_err(read_error)?;
+        for relative in [
+            &mut manifest.run.working_dir,
+            &mut manifest.credentials.nkey_file,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if relative.is_relative() {
+                *relative = folder.join(&*relative);
+            }
+        }
+        manifest.validate()?;
+        Ok(manifest)
+    }
+
+    /// Reads a manifest from its bus form (JSON, as [`Manifest::to_json`] writes it) and
+    /// checks it. Paths are taken as they are.
+    ///
+    /// # Errors
+    /// [`ManifestError::TooLarge`] above [`MAX_MANIFEST_BYTES`]; [`ManifestError::Parse`] for
+    /// bad JSON, a missing or unknown field, or a value of the wrong type;
+    /// [`ManifestError::Invalid`] as [`Manifest::validate`] fails.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ManifestError> {
+        check_size(bytes.len())?;
+        let mut json = serde_json::Deserializer::from_slice(bytes);
+        let manifest: Manifest =
+            serde_path_to_error::deserialize(&mut json).map_err(ManifestError::parse)?;
+        json.end().map_err(|e| ManifestError::Parse {
+            field: None,
+            message: e.to_string(),
+        })?;
+        manifest.validate()?;
+        Ok(manifest)
+    }
+
+    /// The bus form: JSON, which [`Manifest::from_json`] reads back equal.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Cannot fail: every map has string keys and paths are written as (lossy) text. A
+        // floating-point value that is not finite is written as `null`, which validation
+        // refuses anyway.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The agent id of replica number `replica` (counted from 1): replica 1 is the
+    /// deployment's `id` itself, replica `n >= 2` is `<id>-<n>`. Replica 0 is read as 1.
+    ///
+    /// ```
+    /// let manifest = chorus_host::manifest::Manifest::new("calc", "calc-agent");
+    /// assert_eq!(manifest.replica_id(1), "calc");
+    /// assert_eq!(manifest.replica_id(3), "calc-3");
+    /// ```
+    pub fn replica_id(&self, replica: u32) -> String {
+        if replica <= 1 {
+            self.id.clone()
+        } else {
+            format!("{}-{replica}", self.id)
+        }
+    }
+
+    /// Checks every field: names are subject tokens, numbers and durations within their
+    /// limits, and fields that go together agree.
+    ///
+    /// # Errors
+    /// [`ManifestError::Invalid`] naming the first field found wrong and what is wrong with it.
+    pub fn validate(&self) -> Result<(), ManifestError> {
+        self.validate_identity()?;
+        self.validate_run()?;
+        self.validate_resources()?;
+        self.validate_placement()?;
+        self.validate_restart()?;
+        self.validate_health()?;
+        if let Some(path) = &self.credentials.nkey_file {
+            check_path("credentials.nkey_file", path)?;
+        }
+        Ok(())
+    }
+
+    fn validate_identity(&self) -> Result<(), ManifestError> {
+        check_token("id", "agent id", &self.id)?;
+        if self.id.len() > MAX_ID_LEN {
+            return Err(ManifestError::invalid(
+                "id",
+                format!(
+                    "{} bytes is longer than {MAX_ID_LEN}: replica ids append up to \"-{MAX_REPLICAS}\" \
+                     and must stay within {MAX_TOKEN_LEN} bytes",
+                    self.id.len()
+                ),
+            ));
+        }
+        if let Some((_, digits)) = self.id.rsplit_once('-')
+            && !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(ManifestError::invalid(
+                "id",
+                format!(
+                    "{:?} ends in \"-{digits}\", which is how replica ids are made from a \
+                     deployment id: choose one that does not end in a dash and digits",
+                    self.id
+                ),
+            ));
+        }
+        if let Some(description) = &self.description {
+            let chars = description.chars().count();
+            if chars > MAX_DESCRIPTION_CHARS {
+                return Err(ManifestError::invalid(
+                    "description",
+                    format!("{chars} characters, more than {MAX_DESCRIPTION_CHARS}"),
+                ));
+            }
+        }
+        check_count("capabilities", self.capabilities.len(), MAX_CAPABILITIES)?;
+        for (i, capability) in self.capabilities.iter().enumerate() {
+            let field = format!("capabilities[{i}]");
+            validate_dotted("capability", capability)
+                .map_err(|e| ManifestError::invalid(&field, e.to_string()))?;
+        }
+        check_unique("capabilities", &self.capabilities)?;
+        check_count("commands", self.commands.len(), MAX_COMMANDS)?;
+        for (i, command) in self.commands.iter().enumerate() {
+            check_token(&format!("commands[{i}]"), "command name", command)?;
+        }
+        check_unique("commands", &self.commands)?;
+        if self.replicas > MAX_REPLICAS {
+            return Err(ManifestError::invalid(
+                "replicas",
+                format!(
+                    "{} is more than {MAX_REPLICAS} (give 0..={MAX_REPLICAS}; 0 keeps the \
+                     deployment without running it)",
+                    self.replicas
+                ),
+            ));
+        }
+        if let Some(customer) = &self.customer {
+            check_token("customer", "customer", customer)?;
+        }
+        Ok(())
+    }
+
+    fn validate_run(&self) -> Result<(), ManifestError> {
+        let run = &self.run;
+        if run.command.is_empty() {
+            return Err(ManifestError::invalid(
+                "run.command",
+                "is empty: give a program path or a name found on PATH",
+            ));
+        }
+        check_no_nul("run.command", &run.command)?;
+        check_count("run.args", run.args.len(), MAX_ARGS)?;
+        for (i, arg) in run.args.iter().enumerate() {
+            check_no_nul(&format!("run.args[{i}]"), arg)?;
+        }
+        check_count("run.env", run.env.len(), MAX_ENV)?;
+        for (name, value) in &run.env {
+            let field = format!("run.env.{name}");
+            let mut bytes = name.bytes();
+            let well_formed = bytes
+                .next()
+                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+                && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !well_formed {
+                return Err(ManifestError::invalid(
+                    field,
+                    "not a variable name: use letters, digits and '_', not starting with a digit",
+                ));
+            }
+            let reserved = name
+                .get(..RESERVED_ENV_PREFIX.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(RESERVED_ENV_PREFIX));
+            if reserved {
+                return Err(ManifestError::invalid(
+                    field,
+                    format!(
+                        "variables starting with {RESERVED_ENV_PREFIX} are set by the host \
+                         (bus address, agent id, credentials) and cannot be set by a manifest"
+                    ),
+                ));
+            }
+            check_no_nul(&field, value)?;
+        }
+        if let Some(path) = &run.working_dir {
+            check_path("run.working_dir", path)?;
+        }
+        Ok(())
+    }
+
+    fn validate_resources(&self) -> Result<(), ManifestError> {
+        if let Some(memory) = self.resources.memory_mb
+            && !(MIN_MEMORY_MB..=MAX_MEMORY_MB).contains(&memory)
+        {
+            return Err(ManifestError::invalid(
+                "resources.memory_mb",
+                format!(
+                    "{memory} MiB is impossible: give {MIN_MEMORY_MB}..={MAX_MEMORY_MB} \
+                     (16 MiB to 1 TiB)"
+                ),
+            ));
+        }
+        if let Some(cpu) = self.resources.cpu
+            && !(cpu.is_finite() && cpu > 0.0 && cpu <= MAX_CPU)
+        {
+            return Err(ManifestError::invalid(
+                "resources.cpu",
+                format!(
+                    "{cpu} cores is impossible: give a number of cores above 0 and at most \
+                     {MAX_CPU} (0.5 is half a core)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_placement(&self) -> Result<(), ManifestError> {
+        let placement = &self.placement;
+        if let Some(agent) = &placement.co_locate_with {
+            check_token("placement.co_locate_with", "agent id", agent)?;
+        }
+        check_count("placement.hosts", placement.hosts.len(), MAX_HOSTS)?;
+        for (i, host) in placement.hosts.iter().enumerate() {
+            check_token(&format!("placement.hosts[{i}]"), "host id", host)?;
+        }
+        check_unique("placement.hosts", &placement.hosts)
+    }
+
+    fn validate_restart(&self) -> Result<(), ManifestError> {
+        let restart = &self.restart;
+        if restart.max_restarts > MAX_RESTARTS_LIMIT {
+            return Err(ManifestError::invalid(
+                "restart.max_restarts",
+                format!(
+                    "{} is more than {MAX_RESTARTS_LIMIT} (give 0..={MAX_RESTARTS_LIMIT})",
+                    restart.max_restarts
+                ),
+            ));
+        }
+        check_duration("restart.window", restart.window)?;
+        check_duration("restart.initial_backoff", restart.initial_backoff)?;
+        check_duration("restart.max_backoff", restart.max_backoff)?;
+        if restart.max_backoff < restart.initial_backoff {
+            return Err(ManifestError::invalid(
+                "restart.max_backoff",
+                format!(
+                    "{} is shorter than restart.initial_backoff ({})",
+                    format_duration(restart.max_backoff),
+                    format_duration(restart.initial_backoff)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_health(&self) -> Result<(), ManifestError> {
+        let health = &self.health;
+        match health.check {
+            HealthCheck::Command => {
+                let Some(program) = health.command.first() else {
+                    return Err(ManifestError::invalid(
+                        "health.command",
+                        "is required when health.check = \"command\": give the program and its \
+                         arguments, e.g. [\"curl\", \"-fs\", \"http://127.0.0.1:8000/health\"]",
+                    ));
+                };
+                if program.is_empty() {
+                    return Err(ManifestError::invalid(
+                        "health.command[0]",
+                        "the program is empty",
+                    ));
+                }
+                check_count("health.command", health.command.len(), MAX_ARGS + 1)?;
+                for (i, part) in health.command.iter().enumerate() {
+                    check_no_nul(&format!("health.command[{i}]"), part)?;
+                }
+            }
+            HealthCheck::Heartbeat | HealthCheck::None if !health.command.is_empty() => {
+                let check = match health.check {
+                    HealthCheck::Heartbeat => "heartbeat",
+                    _ => "none",
+                };
+                return Err(ManifestError::invalid(
+                    "health.command",
+                    format!(
+                        "is only used when health.check = \"command\", and health.check is \
+                         {check:?}: remove it or set check = \"command\""
+                    ),
+                ));
+            }
+            HealthCheck::Heartbeat | HealthCheck::None => {}
+        }
+        check_duration("health.interval", health.interval)?;
+        check_duration("health.timeout", health.timeout)?;
+        check_duration("health.start_grace", health.start_grace)?;
+        if health.timeout >= health.interval {
+            return Err(ManifestError::invalid(
+                "health.timeout",
+                format!(
+                    "{} is not shorter than health.interval ({}): a check must end before the \
+                     next one starts",
+                    format_duration(health.timeout),
+                    format_duration(health.interval)
+                ),
+            ));
+        }
+        if !(1..=MAX_HEALTH_FAILURES).contains(&health.failures) {
+            return Err(ManifestError::invalid(
+                "health.failures",
+                format!(
+                    "{} is out of range: give 1..={MAX_HEALTH_FAILURES}",
+                    health.failures
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The deployment an agent id belongs to, and its replica number: the inverse of
+/// [`Manifest::replica_id`]. An id without a `-<n>` suffix (n >= 2, no leading zero) is
+/// replica 1 of the deployment of that id.
+///
+/// ```
+/// use chorus_host::manifest::deployment_of;
+/// assert_eq!(deployment_of("calc-3"), ("calc", 3));
+/// assert_eq!(deployment_of("calc"), ("calc", 1));
+/// ```
+pub fn deployment_of(agent_id: &str) -> (&str, u32) {
+    if let Some((deployment, digits)) = agent_id.rsplit_once('-')
+        && !deployment.is_empty()
+        && !digits.starts_with('0')
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && let Ok(replica) = digits.parse::<u32>()
+        && replica >= 2
+    {
+        return (deployment, replica);
+    }
+    (agent_id, 1)
+}
+
+fn check_size(bytes: usize) -> Result<(), ManifestError> {
+    if bytes > MAX_MANIFEST_BYTES {
+        return Err(ManifestError::TooLarge {
+            bytes: bytes as u64,
+            limit: MAX_MANIFEST_BYTES,
+        });
+    }
+    Ok(())
+}
+
+fn check_token(field: &str, what: &'static str, value: &str) -> Result<(), ManifestError> {
+    validate_token(what, value).map_err(|e| ManifestError::invalid(field, e.to_string()))
+}
+
+fn check_count(field: &str, count: usize, max: usize) -> Result<(), ManifestError> {
+    if count > max {
+        return Err(ManifestError::invalid(
+            field,
+            format!("{count} entries, more than {max}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_unique(field: &str, values: &[String]) -> Result<(), ManifestError> {
+    let mut seen = BTreeSet::new();
+    for (i, value) in values.iter().enumerate() {
+        if !seen.insert(value.as_str()) {
+            return Err(ManifestError::invalid(
+                format!("{field}[{i}]"),
+                format!("{value:?} is listed twice"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_no_nul(field: &str, value: &str) -> Result<(), ManifestError> {
+    if value.contains('\0') {
+        return Err(ManifestError::invalid(
+            field,
+            "contains a NUL character, which no program argument or variable can hold",
+        ));
+    }
+    Ok(())
+}
+
+fn check_path(field: &str, path: &Path) -> Result<(), ManifestError> {
+    let Some(text) = path.to_str() else {
+        return Err(ManifestError::invalid(field, "is not valid UTF-8"));
+    };
+    if text.is_empty() {
+        return Err(ManifestError::invalid(field, "is empty"));
+    }
+    check_no_nul(field, text)
+}
+
+fn check_duration(field: &str, duration: Duration) -> Result<(), ManifestError> {
+    if duration.is_zero() {
+        return Err(ManifestError::invalid(
+            field,
+            "0s is no time: give a duration above zero",
+        ));
+    }
+    if duration > MAX_DURATION {
+        return Err(ManifestError::invalid(
+            field,
+            format!(
+                "{} is longer than the longest allowed, {}",
+                format_duration(duration),
+                format_duration(MAX_DURATION)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Durations as text (`"500ms"`, `"10m"`): read with [`crate::duration::parse_duration`],
+/// written with [`format_duration`], so a written manifest reads back equal.
+mod duration_text {
+    use std::borrow::Cow;
+    use std::time::Duration;
+
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::duration::{format_duration, parse_duration};
+
+    pub(super) fn serialize<S: Serializer>(
+        duration: &Duration,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&format_duration(*duration))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Duration, D::Error> {
+        let text = Cow::<'de, str>::deserialize(deserializer)?;
+        parse_duration(&text).map_err(|e| D::Error::custom(format!("not a duration: {e}")))
+    }
+}
+
+/// Paths written as text, lossily: a manifest that validated holds only UTF-8 paths, so
+/// nothing is lost, and serializing never fails.
+mod path_text {
+    use std::path::PathBuf;
+
+    use serde::Serializer;
+
+    // serde's `serialize_with` hands the field by reference.
+    pub(super) fn serialize<S: Serializer>(
+        path: &Option<PathBuf>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match path {
+            Some(path) => serializer.serialize_some(&path.to_string_lossy()),
+            None => serializer.serialize_none(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example of docs/HOSTING.md: every field.
+    const FULL: &str = r#"
+id = "calculator"
+description = "Adds numbers"
+capabilities = ["calculation"]
+commands = ["add"]
+replicas = 1
+customer = "acme"
+
+[run]
+command = "calculator-agent"
+args = ["--fast"]
+env = { RUST_LOG = "info" }
+working_dir = "agents/calc"
+
+[resources]
+memory_mb = 256
+cpu = 0.5
+
+[placement]
+co_locate_with = "orchestrator"
+hosts = ["host-a"]
+
+[restart]
+policy = "on-failure"
+max_restarts = 5
+window = "10m"
+initial_backoff = "500ms"
+max_backoff = "30s"
+
+[health]
+check = "heartbeat"
+interval = "10s"
+timeout = "2s"
+failures = 3
+start_grace = "20s"
+
+[credentials]
+nkey_file = "secrets/calculator.nk"
+"#;
+
+    const MINIMAL: &str = "id = \"calc\"\n[run]\ncommand = \"calc-agent\"\n";
+
+    /// The minimal manifest with `extra` appended (a field of `[run]`, or further tables).
+    fn minimal_with(extra: &str) -> String {
+        format!("{MINIMAL}{extra}\n")
+    }
+
+    /// `toml` is refused by validation, naming `field`; returns the error's text.
+    fn refused(toml: &str, field: &str) -> String {
+        let err = Manifest::from_toml(toml).expect_err("refused");
+        assert!(
+            matches!(err, ManifestError::Invalid { .. }),
+            "not an Invalid error: {err}"
+        );
+        assert_eq!(err.field(), Some(field), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!("manifest field {field}: ")),
+            "{text}"
+        );
+        text
+    }
+
+    /// `toml` does not parse; the message mentions `mention`. Returns the error's text.
+    fn unparsed(toml: &str, mention: &str) -> String {
+        let err = Manifest::from_toml(toml).expect_err("refused");
+        assert!(
+            matches!(err, ManifestError::Parse { .. }),
+            "not a Parse error: {err}"
+        );
+        let text = err.to_string();
+        assert!(text.contains(mention), "{mention:?} not in {text}");
+        text
+    }
+
+    #[test]
+    fn the_full_example_parses_and_round_trips_through_json() {
+        let manifest = Manifest::from_toml(FULL).expect("the full example parses");
+        let expected = Manifest {
+            id: "calculator".into(),
+            description: Some("Adds numbers".into()),
+            capabilities: vec!["calculation".into()],
+            commands: vec!["add".into()],
+            replicas: 1,
+            customer: Some("acme".into()),
+            run: Run {
+                command: "calculator-agent".into(),
+                args: vec!["--fast".into()],
+                env: BTreeMap::from([("RUST_LOG".into(), "info".into())]),
+                working_dir: Some(PathBuf::from("agents/calc")),
+            },
+            resources: Resources {
+                memory_mb: Some(256),
+                cpu: Some(0.5),
+            },
+            placement: Placement {
+                co_locate_with: Some("orchestrator".into()),
+                hosts: vec!["host-a".into()],
+            },
+            restart: Restart {
+                policy: RestartPolicy::OnFailure,
+                max_restarts: 5,
+                window: Duration::from_secs(600),
+                initial_backoff: Duration::from_millis(500),
+                max_backoff: Duration::from_secs(30),
+            },
+            health: Health {
+                check: HealthCheck::Heartbeat,
+                command: Vec::new(),
+                interval: Duration::from_secs(10),
+                timeout: Duration::from_secs(2),
+                failures: 3,
+                start_grace: Duration::from_secs(20),
+            },
+            credentials: Credentials {
+                nkey_file: Some(PathBuf::from("secrets/calculator.nk")),
+            },
+        };
+        assert_eq!(manifest, expected);
+
+        let json = manifest.to_json();
+        let value: serde_json::Value = serde_json::from_slice(&json).expect("JSON");
+        assert_eq!(
+            value["restart"]["window"], "10m",
+            "durations travel as text"
+        );
+        assert_eq!(value["restart"]["initial_backoff"], "500ms");
+        assert_eq!(value["restart"]["policy"], "on-failure");
+        assert_eq!(Manifest::from_json(&json).expect("reads back"), manifest);
+    }
+
+    #[test]
+    fn a_command_health_check_and_odd_durations_round_trip() {
+        let manifest = Manifest::from_toml(&minimal_with(
+            "[restart]\npolicy = \"always\"\ninitial_backoff = \"1.5s\"\nmax_backoff = \"90s\"\n\
+             [health]\ncheck = \"command\"\ncommand = [\"true\"]\ninterval = \"1h\"\n\
+             timeout = \"0.25ms\"",
+        ))
+        .expect("parses");
+        assert_eq!(manifest.restart.policy, RestartPolicy::Always);
+        assert_eq!(
+            manifest.restart.initial_backoff,
+            Duration::from_millis(1500)
+        );
+        assert_eq!(manifest.health.timeout, Duration::from_micros(250));
+        assert_eq!(
+            Manifest::from_json(&manifest.to_json()).expect("reads back"),
+            manifest
+        );
+    }
+
+    #[test]
+    fn a_minimal_manifest_takes_every_default() {
+        let manifest = Manifest::from_toml(MINIMAL).expect("parses");
+        assert_eq!(manifest, Manifest::new("calc", "calc-agent"));
+        assert_eq!(manifest.replicas, DEFAULT_REPLICAS);
+        assert_eq!(manifest.description, None);
+        assert!(manifest.capabilities.is_empty() && manifest.commands.is_empty());
+        assert_eq!(manifest.customer, None);
+        assert!(manifest.run.args.is_empty() && manifest.run.env.is_empty());
+        assert_eq!(manifest.run.working_dir, None);
+        assert_eq!(manifest.resources, Resources::default());
+        assert_eq!(manifest.resources.memory_mb, None);
+        assert_eq!(manifest.resources.cpu, None);
+        assert_eq!(manifest.placement.co_locate_with, None);
+        assert!(manifest.placement.hosts.is_empty());
+        let restart = &manifest.restart;
+        assert_eq!(restart.policy, RestartPolicy::OnFailure);
+        assert_eq!(restart.max_restarts, 5);
+        assert_eq!(restart.window, Duration::from_secs(600));
+        assert_eq!(restart.initial_backoff, Duration::from_millis(500));
+        assert_eq!(restart.max_backoff, Duration::from_secs(30));
+        let health = &manifest.health;
+        assert_eq!(health.check, HealthCheck::Heartbeat);
+        assert!(health.command.is_empty());
+        assert_eq!(health.interval, Duration::from_secs(10));
+        assert_eq!(health.timeout, Duration::from_secs(2));
+        assert_eq!(health.failures, 3);
+        assert_eq!(health.start_grace, Duration::from_secs(20));
+        assert_eq!(manifest.credentials.nkey_file, None);
+        // A table given in part keeps the defaults of the fields it leaves out.
+        let partial =
+            Manifest::from_toml(&minimal_with("[restart]\nmax_restarts = 2")).expect("parses");
+        assert_eq!(partial.restart.max_restarts, 2);
+        assert_eq!(partial.restart.window, DEFAULT_RESTART_WINDOW);
+        assert_eq!(
+            Manifest::from_json(&manifest.to_json()).expect("reads back"),
+            manifest
+        );
+    }
+
+    #[test]
+    fn a_missing_run_or_run_command_is_refused_by_name() {
+        unparsed("id = \"calc\"\n", "`run`");
+        let text = unparsed("id = \"calc\"\n[run]\nargs = [\"-v\"]\n", "`command`");
+        assert!(text.contains("line 2"), "{text}");
+        refused("id = \"calc\"\n[run]\ncommand = \"\"\n", "run.command");
+        unparsed("[run]\ncommand = \"x\"\n", "`id`");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name_and_line() {
+        let text = unparsed(&format!("colour = \"blue\"\n{MINIMAL}"), "colour");
+        assert!(text.contains("line 1"), "{text}");
+        let text = unparsed(
+            &minimal_with("[restart]\nmax_backof = \"1m\""),
+            "max_backof",
+        );
+        assert!(text.contains("line 5"), "{text}");
+        unparsed(&minimal_with("cwd = \"x\""), "cwd");
+        unparsed(&minimal_with("[health]\ncheck = \"ping\""), "ping");
+        unparsed(&minimal_with("[gpu]\ncount = 1"), "gpu");
+        // The bus form refuses them too, and says where.
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&Manifest::new("calc", "x").to_json()).expect("JSON");
+        json["restart"]["colour"] = "blue".into();
+        let err =
+            Manifest::from_json(&serde_json::to_vec(&json).expect("JSON")).expect_err("refused");
+        assert!(err.to_string().contains("colour"), "{err}");
+        assert_eq!(err.field(), Some("restart.colour"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_duration_is_refused_naming_the_field() {
+        let text = unparsed(
+            &minimal_with("[restart]\nwindow = \"10 minutes\""),
+            "not a duration",
+        );
+        assert!(text.contains("restart.window"), "{text}");
+        assert!(text.contains("line 5"), "{text}");
+        refused(
+            &minimal_with("[restart]\nwindow = \"0s\""),
+            "restart.window",
+        );
+        refused(
+            &minimal_with("[health]\nstart_grace = \"25h\""),
+            "health.start_grace",
+        );
+    }
+
+    #[test]
+    fn memory_outside_its_range_is_impossible() {
+        for memory in ["0", "15", "1000000000"] {
+            let text = refused(
+                &minimal_with(&format!("[resources]\nmemory_mb = {memory}")),
+                "resources.memory_mb",
+            );
+            assert!(
+                text.contains("impossible") && text.contains("16..=1048576"),
+                "{text}"
+            );
+        }
+        for memory in ["16", "1048576"] {
+            Manifest::from_toml(&minimal_with(&format!("[resources]\nmemory_mb = {memory}")))
+                .expect("within range");
+        }
+    }
+
+    #[test]
+    fn cpu_must_be_a_positive_finite_number_of_cores() {
+        for cpu in ["0", "0.0", "-1", "nan", "inf", "2000"] {
+            refused(
+                &minimal_with(&format!("[resources]\ncpu = {cpu}")),
+                "resources.cpu",
+            );
+        }
+        let manifest =
+            Manifest::from_toml(&minimal_with("[resources]\ncpu = 1024")).expect("at most 1024");
+        assert_eq!(manifest.resources.cpu, Some(MAX_CPU));
+    }
+
+    #[test]
+    fn max_backoff_shorter_than_initial_backoff_names_both() {
+        let text = refused(
+            &minimal_with("[restart]\ninitial_backoff = \"2s\"\nmax_backoff = \"1s\""),
+            "restart.max_backoff",
+        );
+        assert_eq!(
+            text,
+            "manifest field restart.max_backoff: 1s is shorter than restart.initial_backoff (2s)"
+        );
+        refused(
+            &minimal_with("[restart]\nmax_restarts = 1001"),
+            "restart.max_restarts",
+        );
+    }
+
+    #[test]
+    fn a_health_command_goes_with_check_command_only() {
+        let text = refused(
+            &minimal_with("[health]\ncheck = \"heartbeat\"\ncommand = [\"true\"]"),
+            "health.command",
+        );
+        assert!(text.contains("\"heartbeat\""), "{text}");
+        refused(
+            &minimal_with("[health]\ncommand = [\"true\"]"),
+            "health.command",
+        );
+        let text = refused(
+            &minimal_with("[health]\ncheck = \"command\""),
+            "health.command",
+        );
+        assert!(text.contains("required"), "{text}");
+        refused(
+            &minimal_with("[health]\ncheck = \"command\"\ncommand = []"),
+            "health.command",
+        );
+        refused(
+            &minimal_with("[health]\ncheck = \"command\"\ncommand = [\"\"]"),
+            "health.command[0]",
+        );
+        let manifest = Manifest::from_toml(&minimal_with(
+            "[health]\ncheck = \"command\"\ncommand = [\"curl\", \"-fs\", \"http://127.0.0.1:8000/health\"]",
+        ))
+        .expect("a command check with its command");
+        assert_eq!(manifest.health.check, HealthCheck::Command);
+        Manifest::from_toml(&minimal_with("[health]\ncheck = \"none\"")).expect("no check");
+    }
+
+    #[test]
+    fn a_health_timeout_must_be_shorter_than_the_interval() {
+        for (timeout, interval) in [("10s", "10s"), ("11s", "10s")] {
+            let text = refused(
+                &minimal_with(&format!(
+                    "[health]\ntimeout = \"{timeout}\"\ninterval = \"{interval}\""
+                )),
+                "health.timeout",
+            );
+            assert!(text.contains("health.interval (10s)"), "{text}");
+        }
+        for failures in ["0", "101"] {
+            refused(
+                &minimal_with(&format!("[health]\nfailures = {failures}")),
+                "health.failures",
+            );
+        }
+    }
+
+    #[test]
+    fn the_environment_is_checked_and_chorus_variables_are_the_hosts() {
+        let text = refused(
+            &minimal_with("env = { CHORUS_URL = \"nats://elsewhere\" }"),
+            "run.env.CHORUS_URL",
+        );
+        assert!(text.contains("set by the host"), "{text}");
+        refused(
+            &minimal_with("env = { chorus_x = \"1\" }"),
+            "run.env.chorus_x",
+        );
+        refused(&minimal_with("env = { 1X = \"1\" }"), "run.env.1X");
+        refused(&minimal_with("env = { \"A-B\" = \"1\" }"), "run.env.A-B");
+        refused(&minimal_with("env = { A = \"x\\u0000y\" }"), "run.env.A");
+        refused(
+            &minimal_with("args = [\"ok\", \"x\\u0000\"]"),
+            "run.args[1]",
+        );
+        Manifest::from_toml(&minimal_with("env = { _A1 = \"1\", CHORUSX = \"ok\" }"))
+            .expect("well-formed names");
+        let many: Vec<String> = (0..=MAX_ARGS).map(|i| format!("\"{i}\"")).collect();
+        refused(
+            &minimal_with(&format!("args = [{}]", many.join(", "))),
+            "run.args",
+        );
+    }
+
+    #[test]
+    fn a_bad_id_is_refused() {
+        for id in ["a.b", "", "calc-2", "calc-02", "a b", "calc-0"] {
+            refused(&MINIMAL.replace("\"calc\"", &format!("{id:?}")), "id");
+        }
+        let longest = "a".repeat(MAX_ID_LEN);
+        Manifest::from_toml(&MINIMAL.replace("calc\"", &format!("{longest}\"")))
+            .expect("the longest id");
+        refused(&MINIMAL.replace("calc\"", &format!("{longest}a\"")), "id");
+        Manifest::from_toml(&MINIMAL.replace("\"calc\"", "\"calc-v2\""))
+            .expect("no digits-only tail");
+        // Other names are tokens (capabilities dotted ones) too.
+        refused(
+            &format!("capabilities = [\"text.ocr\", \"a b\"]\n{MINIMAL}"),
+            "capabilities[1]",
+        );
+        refused(
+            &format!("capabilities = [\"x\", \"x\"]\n{MINIMAL}"),
+            "capabilities[1]",
+        );
+        refused(
+            &format!("commands = [\"add.one\"]\n{MINIMAL}"),
+            "commands[0]",
+        );
+        refused(&format!("customer = \"acme corp\"\n{MINIMAL}"), "customer");
+        refused(
+            &minimal_with("[placement]\nco_locate_with = \"a.b\""),
+            "placement.co_locate_with",
+        );
+        refused(
+            &minimal_with("[placement]\nhosts = [\"h1\", \"\"]"),
+            "placement.hosts[1]",
+        );
+        let long = "x".repeat(MAX_DESCRIPTION_CHARS + 1);
+        refused(
+            &format!("description = \"{long}\"\n{MINIMAL}"),
+            "description",
+        );
+    }
+
+    #[test]
+    fn replicas_are_bounded_and_zero_is_allowed() {
+        let text = refused(&format!("replicas = 1001\n{MINIMAL}"), "replicas");
+        assert!(text.contains("1000"), "{text}");
+        let kept = Manifest::from_toml(&format!("replicas = 0\n{MINIMAL}")).expect("0 replicas");
+        assert_eq!(kept.replicas, 0);
+        Manifest::from_toml(&format!("replicas = {MAX_REPLICAS}\n{MINIMAL}")).expect("the max");
+        unparsed(&format!("replicas = -1\n{MINIMAL}"), "replicas");
+    }
+
+    #[test]
+    fn oversize_input_is_refused_naming_the_limit() {
+        let padding = format!("# {}\n", "x".repeat(MAX_MANIFEST_BYTES));
+        let toml = format!("{MINIMAL}{padding}");
+        let err = Manifest::from_toml(&toml).expect_err("too large");
+        assert!(
+            matches!(
+                err,
+                ManifestError::TooLarge {
+                    limit: MAX_MANIFEST_BYTES,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("65536"), "{err}");
+        let json = vec![b' '; MAX_MANIFEST_BYTES + 1];
+        let err = Manifest::from_json(&json).expect_err("too large");
+        assert!(matches!(err, ManifestError::TooLarge { bytes, .. } if bytes == json.len() as u64));
+    }
+
+    #[test]
+    fn json_is_validated_like_toml() {
+        let mut manifest = Manifest::new("calc", "calc-agent");
+        manifest.restart.initial_backoff = Duration::from_secs(2);
+        manifest.restart.max_backoff = Duration::from_secs(1);
+        let err = Manifest::from_json(&manifest.to_json()).expect_err("refused");
+        assert_eq!(err.field(), Some("restart.max_backoff"));
+        let err = Manifest::from_json(b"{\"id\": \"calc\"}").expect_err("no run");
+        assert!(err.to_string().contains("`run`"), "{err}");
+        let mut json = Manifest::new("calc", "x").to_json();
+        json.extend_from_slice(b" {}");
+        assert!(matches!(
+            Manifest::from_json(&json),
+            Err(ManifestError::Parse { .. })
+        ));
+    }
+
+    #[test]
+    fn replica_ids_and_their_deployment() {
+        let manifest = Manifest::new("calc", "calc-agent");
+        assert_eq!(manifest.replica_id(1), "calc");
+        assert_eq!(manifest.replica_id(0), "calc");
+        assert_eq!(manifest.replica_id(2), "calc-2");
+        assert_eq!(manifest.replica_id(1000), "calc-1000");
+        assert_eq!(deployment_of("calc-3"), ("calc", 3));
+        assert_eq!(deployment_of("calc"), ("calc", 1));
+        for n in [1, 2, 9, 10, 999, MAX_REPLICAS] {
+            assert_eq!(deployment_of(&manifest.replica_id(n)), ("calc", n));
+        }
+        // Ids no replica of a valid deployment has are their own first replica.
+        for id in [
+            "calc-1",
+            "calc-0",
+            "calc-07",
+            "-3",
+            "calc-",
+            "my-agent",
+            "calc-99999999999",
+        ] {
+            assert_eq!(deployment_of(id), (id, 1), "{id}");
+        }
+        let longest = Manifest::new("a".repeat(MAX_ID_LEN), "x");
+        validate_token("agent id", &longest.replica_id(MAX_REPLICAS))
+            .expect("the last replica of the longest id is an agent id");
+    }
+
+    #[test]
+    fn load_resolves_relative_paths_against_the_manifests_folder() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let folder = dir.path().join("deploy");
+        std::fs::create_dir(&folder).expect("folder");
+        let path = folder.join("calc.toml");
+        std::fs::write(&path, FULL).expect("write");
+        let manifest = Manifest::load(&path).expect("loads");
+        let folder = std::path::absolute(&folder).expect("absolute");
+        assert_eq!(manifest.run.working_dir, Some(folder.join("agents/calc")));
+        assert_eq!(
+            manifest.credentials.nkey_file,
+            Some(folder.join("secrets/calculator.nk"))
+        );
+        assert!(
+            manifest
+                .run
+                .working_dir
+                .as_deref()
+                .is_some_and(Path::is_absolute)
+        );
+
+        // Absolute paths are kept.
+        let absolute = dir.path().join("elsewhere");
+        let text = FULL.replace(
+            "\"agents/calc\"",
+            &format!("{:?}", absolute.to_str().expect("UTF-8 temp dir")),
+        );
+        std::fs::write(&path, text).expect("write");
+        let manifest = Manifest::load(&path).expect("loads");
+        assert_eq!(manifest.run.working_dir, Some(absolute));
+
+        // from_json leaves paths as they are.
+        let json = Manifest::from_toml(FULL).expect("parses").to_json();
+        let manifest = Manifest::from_json(&json).expect("reads");
+        assert_eq!(manifest.run.working_dir, Some(PathBuf::from("agents/calc")));
+    }
+
+    #[test]
+    fn load_names_a_missing_file_and_refuses_a_large_one() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("nowhere.toml");
+        let err = Manifest::load(&path).expect_err("missing");
+        assert!(matches!(err, ManifestError::Read { .. }), "{err}");
+        assert!(err.to_string().contains("nowhere.toml"), "{err}");
+
+        let big = dir.path().join("big.toml");
+        std::fs::write(&big, vec![b'#'; MAX_MANIFEST_BYTES * 2]).expect("write");
+        let err = Manifest::load(&big).expect_err("too large");
+        assert!(
+            matches!(err, ManifestError::TooLarge { bytes, .. } if bytes == (MAX_MANIFEST_BYTES * 2) as u64),
+            "{err}"
+        );
+
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, b"id = \"\xff\"").expect("write");
+        assert!(matches!(
+            Manifest::load(&bad),
+            Err(ManifestError::Parse { .. })
+        ));
+    }
+}

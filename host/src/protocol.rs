@@ -1,0 +1,290 @@
+//! What the CLI, the coordinator and the hosts say to each other about hosted agents: the
+//! bodies of their commands and events (JSON), their names, and the buckets that hold the
+//! desired state (deployments) and the hosts' reports (docs/HOSTING.md, "On the bus").
+//!
+//! - The coordinator keeps the **desired state**: one [`Deployment`] per manifest in the
+//!   `<root>_deployments` bucket, with the host each replica is placed on. It answers
+//!   the [`coordinator_commands`] as the agent [`COORDINATOR`].
+//! - Each `chorus host` is an agent (`host-<name>`, in the [`HOSTS_GROUP`] group) that answers
+//!   the commands of [`HostCommand`] on its own command subjects, writes a [`HostReport`] to
+//!   the `<root>_hosts` bucket every report interval, and publishes [`DEPLOY_CONFIRM`] and
+//!   [`DEPLOY_FAILURE`] events on the `hosting.*` topics.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::Manifest;
+use crate::process::ReplicaStatus;
+
+/// Suffix of the bucket holding the desired state, one [`Deployment`] per key.
+pub const DEPLOYMENTS_BUCKET: &str = "deployments";
+/// Suffix of the bucket holding each host's latest [`HostReport`], one per host name.
+pub const HOSTS_BUCKET: &str = "hosts";
+/// The broadcast group every host's agent joins.
+pub const HOSTS_GROUP: &str = "hosts";
+/// A host's agent id is this prefix and its name.
+pub const HOST_AGENT_PREFIX: &str = "host-";
+
+/// The agent the hosting commands of the CLI go to: the coordinator (its id on the bus;
+/// coordinators answer them in their queue group).
+pub const COORDINATOR: &str = "coordinator";
+
+/// The coordinator's hosting commands, by name (each on `<root>.agent.coordinator.<command>`).
+pub mod coordinator_commands {
+    /// A [`super::DeployRequest`]: deploy (or redeploy) a manifest; the answer is its
+    /// [`super::DeploymentView`].
+    pub const DEPLOY: &str = "deploy";
+    /// A [`super::ScaleRequest`]; the answer is the [`super::DeploymentView`].
+    pub const SCALE: &str = "scale";
+    /// A [`super::TerminateRequest`]; the answer is the last [`super::DeploymentView`].
+    pub const TERMINATE: &str = "terminate";
+    /// Every deployment's [`super::DeploymentView`].
+    pub const DEPLOYMENTS: &str = "deployments";
+    /// The hosts, each with its last report and whether it is live, silent or gone.
+    pub const HOSTS: &str = "hosts";
+    /// A [`super::LogsRequest`], passed to the host that runs (or ran) the agent; the answer is
+    /// its [`super::LogLines`].
+    pub const LOGS: &str = "logs";
+}
+
+/// Topic of the event a host publishes when a replica it started is healthy
+/// (Agentify's `deploy_confirm`): a [`DeployConfirm`].
+pub const DEPLOY_CONFIRM: &str = "hosting.deploy_confirm";
+/// Topic of the event a host (or the coordinator, when no host fits) publishes when a
+/// replica cannot be run (Agentify's `deploy_failure`): a [`DeployFailure`].
+pub const DEPLOY_FAILURE: &str = "hosting.deploy_failure";
+
+/// The agent id of the host named `name`.
+pub fn host_agent(name: &str) -> String {
+    format!("{HOST_AGENT_PREFIX}{name}")
+}
+
+/// The commands a host answers, by name (each on `<root>.agent.host-<name>.<command>`).
+pub mod host_commands {
+    /// IAC's `create`: keep a manifest, start nothing ([`super::CreateRequest`]).
+    pub const CREATE: &str = "create";
+    /// IAC's `run`: start replicas of a kept manifest ([`super::RunRequest`]).
+    pub const RUN: &str = "run";
+    /// Agentify's `deploy`: keep a manifest and make the replicas of it running here exactly
+    /// the given ones ([`super::HostDeploy`]); what the coordinator sends.
+    pub const DEPLOY: &str = "deploy";
+    /// Run replicas 1 to N of a kept deployment here, stop those above ([`super::HostScale`]).
+    pub const SCALE: &str = "scale";
+    /// IAC's `terminate`: stop a deployment's replicas, or one agent ([`super::HostTerminate`]).
+    pub const TERMINATE: &str = "terminate";
+    /// The host's [`super::HostReport`].
+    pub const STATUS: &str = "status";
+    /// The last lines of a hosted agent's output ([`super::LogsRequest`]).
+    pub const LOGS: &str = "logs";
+}
+
+/// What a host can take, as it reports it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Capacity {
+    /// Agents it runs at most.
+    pub agents: u32,
+    /// Memory it may give its agents, in MiB (0: not limited).
+    #[serde(default)]
+    pub memory_mb: u64,
+    /// CPU cores it may give its agents (0: not limited).
+    #[serde(default)]
+    pub cpu: f64,
+}
+
+/// A host's report, written to the hosts bucket every report interval and on every change.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostReport {
+    /// The host's name.
+    pub name: String,
+    /// Its agent id (`host-<name>`).
+    pub agent: String,
+    /// This run of the host: changes when it restarts.
+    pub instance: String,
+    /// What it can take.
+    pub capacity: Capacity,
+    /// Its replicas, running or not (failed ones stay until terminated).
+    pub replicas: Vec<ReplicaStatus>,
+    /// When this report was written, ms since the epoch.
+    pub updated_ms: u64,
+    /// The interval between reports, in ms: the coordinator counts a host gone after three
+    /// missed.
+    pub report_ms: u64,
+}
+
+impl HostReport {
+    /// Its replicas that are not stopped (running, starting, backing off or failed).
+    pub fn running(&self) -> impl Iterator<Item = &ReplicaStatus> {
+        self.replicas
+            .iter()
+            .filter(|r| !matches!(r.state, crate::process::ReplicaState::Stopped))
+    }
+}
+
+/// The desired state of one manifest, as the coordinator keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Deployment {
+    /// The manifest (its `replicas` is the desired count).
+    pub manifest: Manifest,
+    /// Where each replica is placed: replica number to host name.
+    #[serde(default)]
+    pub placement: BTreeMap<u32, String>,
+    /// Replicas that could not be placed or that their host gave up on, with the reason;
+    /// they are not tried again until the deployment is deployed or scaled again.
+    #[serde(default)]
+    pub failed: BTreeMap<u32, String>,
+    /// When it was last deployed or scaled, ms since the epoch.
+    pub updated_ms: u64,
+}
+
+/// `chorus deploy`: deploy (or redeploy) a manifest.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeployRequest {
+    /// The manifest, validated again by the coordinator.
+    pub manifest: Manifest,
+}
+
+/// `chorus scale`: the number of replicas a deployment should have.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScaleRequest {
+    /// The deployment's id.
+    pub deployment: String,
+    /// Replicas wanted.
+    pub replicas: u32,
+}
+
+/// `chorus terminate`: stop and forget a deployment.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TerminateRequest {
+    /// The deployment's id.
+    pub deployment: String,
+}
+
+/// The coordinator's answer to deploy and scale: where each replica goes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeploymentView {
+    /// The deployment's id.
+    pub deployment: String,
+    /// Replicas wanted.
+    pub replicas: u32,
+    /// Each placed replica: its agent id and host.
+    pub placed: Vec<PlacedReplica>,
+    /// Replicas not running, with the reason.
+    pub failed: BTreeMap<u32, String>,
+}
+
+/// A replica and where it is placed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacedReplica {
+    /// Replica number (1-based).
+    pub replica: u32,
+    /// Its agent id.
+    pub agent: String,
+    /// The host it is placed on.
+    pub host: String,
+}
+
+/// `create` on a host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateRequest {
+    /// The manifest to keep.
+    pub manifest: Manifest,
+}
+
+/// `run` on a host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunRequest {
+    /// A kept manifest's id.
+    pub deployment: String,
+    /// The replicas to start (default: 1 to the manifest's `replicas`).
+    #[serde(default)]
+    pub replicas: Option<Vec<u32>>,
+}
+
+/// `deploy` on a host: after it, exactly `replicas` of `manifest` run there.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostDeploy {
+    /// The manifest.
+    pub manifest: Manifest,
+    /// The replicas that should run on this host.
+    pub replicas: Vec<u32>,
+}
+
+/// `scale` on a host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostScale {
+    /// A kept manifest's id.
+    pub deployment: String,
+    /// Replicas 1 to this run here.
+    pub replicas: u32,
+}
+
+/// `terminate` on a host: a whole deployment, or one agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostTerminate {
+    /// A deployment's id, or one replica's agent id.
+    pub target: String,
+}
+
+/// What a host did for create, run, deploy, scale and terminate.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostChange {
+    /// Agents started.
+    pub started: Vec<String>,
+    /// Agents stopped.
+    pub stopped: Vec<String>,
+    /// Agents that were already as asked.
+    pub unchanged: Vec<String>,
+}
+
+/// `logs` on a host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogsRequest {
+    /// The hosted agent.
+    pub agent: String,
+    /// Lines wanted, from the end (bounded by the host).
+    pub lines: usize,
+}
+
+/// The lines a host answers `logs` with, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogLines {
+    /// The hosted agent.
+    pub agent: String,
+    /// The host.
+    pub host: String,
+    /// The lines.
+    pub lines: Vec<String>,
+}
+
+/// Agentify's `deploy_confirm`: a replica is running and healthy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeployConfirm {
+    /// The deployment's id.
+    pub deployment: String,
+    /// The replica's agent id.
+    pub agent: String,
+    /// Its replica number.
+    pub replica: u32,
+    /// The host running it.
+    pub host: String,
+    /// Its process id.
+    pub pid: Option<u32>,
+    /// How it was found healthy: `heartbeat`, `command` or `started` (no check).
+    pub health: String,
+}
+
+/// Agentify's `deploy_failure`: a replica cannot run, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeployFailure {
+    /// The deployment's id.
+    pub deployment: String,
+    /// The replica's agent id.
+    pub agent: String,
+    /// Its replica number.
+    pub replica: u32,
+    /// The host that gave up on it, or none when no host could take it.
+    pub host: Option<String>,
+    /// Why.
+    pub reason: String,
+}

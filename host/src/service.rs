@@ -1,0 +1,697 @@
+//! `chorus host` on the bus: an agent (`host-<name>`, in the `hosts` group) that takes
+//! `create`, `run`, `deploy`, `scale`, `terminate`, `status` and `logs` commands from the
+//! senders it allows, runs agent processes through its [`Supervisor`], watches their health
+//! (their heartbeats, or the manifest's command), answers `deploy_confirm` or
+//! `deploy_failure` events, and writes its [`HostReport`] to the hosts bucket every report
+//! interval and on every change, so the coordinator can place and reconcile.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use chorus_broker_adapter::{Kv, KvSpec};
+use chorus_sdk::{
+    Agent, AgentOptions, BoxFuture, Context, EventHandler, HandlerError, Report, SdkError,
+    StatusCode,
+};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::manifest::{HealthCheck, Manifest};
+use crate::process::{ProcessError, ReplicaEvent, ReplicaState, Supervisor, SupervisorConfig};
+use crate::protocol::{
+    self as hosting, Capacity, CreateRequest, DeployConfirm, DeployFailure, HostChange, HostDeploy,
+    HostReport, HostScale, HostTerminate, LogLines, LogsRequest, RunRequest, host_agent,
+    host_commands,
+};
+
+/// How often a host writes its report (and the coordinator expects one).
+pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(2);
+/// Agents a host runs at most unless told otherwise.
+pub const DEFAULT_MAX_AGENTS: u32 = 100;
+/// How often a host looks at its agents' health.
+pub const HEALTH_TICK: Duration = Duration::from_millis(500);
+/// Lines `logs` answers with at most.
+pub const MAX_LOG_LINES: usize = 10_000;
+/// The permission a sender needs to command a host (granted to the ids in
+/// [`HostOptions::allow`]).
+pub const HOSTING_PERMISSION: &str = "hosting";
+/// Heartbeats a hosted agent may miss before its host restarts it.
+pub const MISSED_HEARTBEATS: u32 = 3;
+
+/// How a host runs.
+#[derive(Debug, Clone)]
+pub struct HostOptions {
+    /// The host's name (its agent id is `host-<name>`).
+    pub name: String,
+    /// What it can take.
+    pub capacity: Capacity,
+    /// How often it reports.
+    pub report_interval: Duration,
+    /// Replicas of the hosts bucket, if this host has to make it (1 on one server).
+    pub bucket_replicas: usize,
+}
+
+impl HostOptions {
+    /// A host named `name` with the defaults.
+    pub fn new(name: impl Into<String>) -> HostOptions {
+        HostOptions {
+            name: name.into(),
+            capacity: Capacity {
+                agents: DEFAULT_MAX_AGENTS,
+                memory_mb: 0,
+                cpu: 0.0,
+            },
+            report_interval: DEFAULT_REPORT_INTERVAL,
+            bucket_replicas: 1,
+        }
+    }
+}
+
+/// Why a host could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The bus: connecting, the bucket, a subscription.
+    #[error("host {name}: {what}")]
+    Bus {
+        /// The host.
+        name: String,
+        /// What failed.
+        what: String,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// What the host watches of one replica's health since its last start.
+#[derive(Debug)]
+struct Watch {
+    deployment: String,
+    replica: u32,
+    started: Instant,
+    check: HealthCheck,
+    grace: Duration,
+    /// How long without a heartbeat counts as stopped (three of the agent's intervals, or the
+    /// manifest's health interval times its failures, whichever is longer).
+    silence: Duration,
+    last_heartbeat: Option<Instant>,
+    confirmed: bool,
+}
+
+/// What the host's tasks and handlers share.
+struct State {
+    name: String,
+    agent_id: String,
+    instance: String,
+    capacity: Capacity,
+    report_interval: Duration,
+    supervisor: Supervisor,
+    /// Manifests kept, by deployment id.
+    manifests: Mutex<BTreeMap<String, Manifest>>,
+    /// Replicas assigned to this host, by deployment: what it reports.
+    assigned: Mutex<BTreeMap<String, BTreeSet<u32>>>,
+    watches: Mutex<HashMap<String, Watch>>,
+    hosts: Kv,
+    changed: tokio::sync::Notify,
+}
+
+/// A running host. [`shutdown`](Host::shutdown) stops its agents and waits.
+pub struct Host {
+    agent: Agent,
+    state: Arc<State>,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host")
+            .field("name", &self.state.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A lock poisoned by a panicking holder is still used: every value behind the host's locks
+/// stays valid between statements.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn invalid(reason: impl Into<String>) -> HandlerError {
+    HandlerError::new(StatusCode::INVALID_ARGUMENT, reason)
+}
+
+fn process_error(err: ProcessError) -> HandlerError {
+    HandlerError::new(StatusCode::HANDLER_FAILED, err.to_string())
+}
+
+impl Host {
+    /// Connects the host's agent (`host-<name>`, in the `hosts` group, made by `configure`
+    /// from those options: its servers and whatever security the caller wants, such as
+    /// signing, verification and grants of [`HOSTING_PERMISSION`]), makes sure the hosts
+    /// bucket exists, and serves the commands.
+    ///
+    /// # Errors
+    /// [`HostError::Bus`] when NATS, the bucket or a subscription cannot be reached.
+    pub async fn start(
+        configure: impl FnOnce(AgentOptions) -> AgentOptions,
+        options: HostOptions,
+        supervisor: SupervisorConfig,
+    ) -> Result<Host, HostError> {
+        let name = options.name.clone();
+        let bus = |what: &str| {
+            let (name, what) = (name.clone(), what.to_owned());
+            move |err: SdkError| HostError::Bus {
+                name,
+                what,
+                source: Box::new(err),
+            }
+        };
+        let agent_id = host_agent(&options.name);
+        let agent = configure(AgentOptions::new(&agent_id).group(hosting::HOSTS_GROUP))
+            .connect()
+            .await
+            .map_err(bus("cannot connect"))?;
+        let mut spec = KvSpec::new(agent.subjects().bucket_name(hosting::HOSTS_BUCKET));
+        spec.replicas = options.bucket_replicas;
+        spec.description = "Chorus hosts: their latest reports".into();
+        let hosts = agent
+            .broker()
+            .jetstream(chorus_sdk::JETSTREAM_TIMEOUT)
+            .ensure_kv(&spec)
+            .await
+            .map_err(|err| HostError::Bus {
+                name: name.clone(),
+                what: "cannot set up the hosts bucket".into(),
+                source: Box::new(err),
+            })?;
+        let state = Arc::new(State {
+            name: options.name.clone(),
+            agent_id,
+            instance: uuid::Uuid::now_v7().simple().to_string(),
+            capacity: options.capacity,
+            report_interval: options.report_interval,
+            supervisor: Supervisor::new(supervisor),
+            manifests: Mutex::default(),
+            assigned: Mutex::default(),
+            watches: Mutex::default(),
+            hosts,
+            changed: tokio::sync::Notify::new(),
+        });
+        let host = Host {
+            agent,
+            state,
+            tracker: TaskTracker::new(),
+            stop: CancellationToken::new(),
+        };
+        host.serve()
+            .await
+            .map_err(bus("cannot serve its commands"))?;
+        host.spawn_tasks();
+        host.state.report(&host.agent).await;
+        tracing::info!(host = %host.state.name, "host started");
+        Ok(host)
+    }
+
+    /// The host's name.
+    pub fn name(&self) -> &str {
+        &self.state.name
+    }
+
+    /// The supervisor running its agents.
+    pub fn supervisor(&self) -> &Supervisor {
+        &self.state.supervisor
+    }
+
+    /// Stops every hosted agent (each its stop grace), the host's tasks and its agent.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        self.tracker.close();
+        self.state.supervisor.shutdown().await;
+        self.tracker.wait().await;
+        // The coordinator sees the host go at once rather than after the grace.
+        if let Err(err) = self.state.hosts.delete(&self.state.name).await {
+            tracing::debug!(error = %Report(&err), "host report not removed");
+        }
+        self.agent.shutdown().await;
+    }
+
+    async fn serve(&self) -> Result<(), SdkError> {
+        let agent = &self.agent;
+        macro_rules! command {
+            ($name:expr, $req:ty, $f:ident) => {{
+                let state = Arc::clone(&self.state);
+                agent
+                    .on_command($name, move |_ctx: Context, req: $req| {
+                        let state = Arc::clone(&state);
+                        async move {
+                            let out = state.$f(req).await;
+                            state.changed.notify_one();
+                            out
+                        }
+                    })
+                    .await?;
+                agent.require($name, &[HOSTING_PERMISSION])?;
+            }};
+        }
+        command!(host_commands::CREATE, CreateRequest, create);
+        command!(host_commands::RUN, RunRequest, run);
+        command!(host_commands::DEPLOY, HostDeploy, deploy);
+        command!(host_commands::SCALE, HostScale, scale);
+        command!(host_commands::TERMINATE, HostTerminate, terminate);
+        command!(host_commands::LOGS, LogsRequest, logs);
+        command!(host_commands::STATUS, serde_json::Value, status);
+        agent
+            .handle_subject_events(
+                &agent.subjects().heartbeats(),
+                Heartbeats(Arc::downgrade(&self.state)),
+            )
+            .await?;
+        Ok(())
+    }
+
+    fn spawn_tasks(&self) {
+        // Supervisor events: new watches, failures published, reports refreshed.
+        let (state, agent, stop) = (
+            Arc::clone(&self.state),
+            self.agent.clone(),
+            self.stop.clone(),
+        );
+        let mut events = state.supervisor.events();
+        self.tracker.spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    event = events.recv() => event,
+                    _ = stop.cancelled() => break,
+                };
+                match event {
+                    Ok(event) => state.on_event(&agent, event).await,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "host fell behind its supervisor's events");
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        });
+        // Health.
+        let (state, agent, stop) = (
+            Arc::clone(&self.state),
+            self.agent.clone(),
+            self.stop.clone(),
+        );
+        self.tracker.spawn(async move {
+            let mut tick = tokio::time::interval(HEALTH_TICK);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => state.check_health(&agent).await,
+                    _ = stop.cancelled() => break,
+                }
+            }
+        });
+        // Reports.
+        let (state, agent, stop) = (
+            Arc::clone(&self.state),
+            self.agent.clone(),
+            self.stop.clone(),
+        );
+        self.tracker.spawn(async move {
+            let mut tick = tokio::time::interval(state.report_interval);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = state.changed.notified() => {}
+                    _ = stop.cancelled() => break,
+                }
+                state.report(&agent).await;
+            }
+        });
+    }
+}
+
+impl State {
+    fn kept(&self, deployment: &str) -> Result<Manifest, HandlerError> {
+        lock(&self.manifests)
+            .get(deployment)
+            .cloned()
+            .ok_or_else(|| {
+                invalid(format!(
+                    "host {} keeps no manifest {deployment:?}",
+                    self.name
+                ))
+            })
+    }
+
+    async fn create(&self, req: CreateRequest) -> Result<HostChange, HandlerError> {
+        req.manifest
+            .validate()
+            .map_err(|e| invalid(e.to_string()))?;
+        lock(&self.manifests).insert(req.manifest.id.clone(), req.manifest);
+        Ok(HostChange::default())
+    }
+
+    async fn run(&self, req: RunRequest) -> Result<HostChange, HandlerError> {
+        let manifest = self.kept(&req.deployment)?;
+        let mut wanted: BTreeSet<u32> = lock(&self.assigned)
+            .get(&manifest.id)
+            .cloned()
+            .unwrap_or_default();
+        wanted.extend(
+            req.replicas
+                .unwrap_or_else(|| (1..=manifest.replicas).collect()),
+        );
+        self.converge(&manifest, wanted).await
+    }
+
+    async fn deploy(&self, req: HostDeploy) -> Result<HostChange, HandlerError> {
+        req.manifest
+            .validate()
+            .map_err(|e| invalid(e.to_string()))?;
+        let previous = lock(&self.manifests).insert(req.manifest.id.clone(), req.manifest.clone());
+        let mut change = HostChange::default();
+        if previous.is_some_and(|p| p != req.manifest) {
+            // A new manifest: its replicas here start again from it.
+            let running: Vec<u32> = lock(&self.assigned)
+                .remove(&req.manifest.id)
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            for replica in running {
+                let agent = req.manifest.replica_id(replica);
+                self.stop_agent(&agent).await?;
+                change.stopped.push(agent);
+            }
+        }
+        let next = self
+            .converge(&req.manifest, req.replicas.into_iter().collect())
+            .await?;
+        change.started.extend(next.started);
+        change.stopped.extend(next.stopped);
+        change.unchanged.extend(next.unchanged);
+        Ok(change)
+    }
+
+    async fn scale(&self, req: HostScale) -> Result<HostChange, HandlerError> {
+        let mut manifest = self.kept(&req.deployment)?;
+        manifest.replicas = req.replicas;
+        manifest.validate().map_err(|e| invalid(e.to_string()))?;
+        lock(&self.manifests).insert(manifest.id.clone(), manifest.clone());
+        self.converge(&manifest, (1..=req.replicas).collect()).await
+    }
+
+    async fn terminate(&self, req: HostTerminate) -> Result<HostChange, HandlerError> {
+        let mut change = HostChange::default();
+        let kept = lock(&self.manifests).remove(&req.target);
+        if let Some(manifest) = kept {
+            let replicas = lock(&self.assigned).remove(&req.target).unwrap_or_default();
+            for replica in replicas {
+                let agent = manifest.replica_id(replica);
+                self.stop_agent(&agent).await?;
+                change.stopped.push(agent);
+            }
+            return Ok(change);
+        }
+        let (deployment, replica) = crate::manifest::deployment_of(&req.target);
+        let removed = lock(&self.assigned)
+            .get_mut(deployment)
+            .is_some_and(|set| set.remove(&replica));
+        if !removed {
+            return Err(invalid(format!(
+                "host {} runs no deployment or agent {:?}",
+                self.name, req.target
+            )));
+        }
+        self.stop_agent(&req.target).await?;
+        change.stopped.push(req.target);
+        Ok(change)
+    }
+
+    async fn logs(&self, req: LogsRequest) -> Result<LogLines, HandlerError> {
+        let lines = self
+            .supervisor
+            .logs(&req.agent, req.lines.clamp(1, MAX_LOG_LINES))
+            .map_err(|e| invalid(e.to_string()))?;
+        Ok(LogLines {
+            agent: req.agent,
+            host: self.name.clone(),
+            lines,
+        })
+    }
+
+    async fn status(&self, _: serde_json::Value) -> Result<HostReport, HandlerError> {
+        Ok(self.report_now())
+    }
+
+    /// Makes the replicas of `manifest` assigned here exactly `wanted`: starts the missing,
+    /// stops the others.
+    async fn converge(
+        &self,
+        manifest: &Manifest,
+        wanted: BTreeSet<u32>,
+    ) -> Result<HostChange, HandlerError> {
+        let have = lock(&self.assigned)
+            .get(&manifest.id)
+            .cloned()
+            .unwrap_or_default();
+        let placed = lock(&self.assigned)
+            .values()
+            .map(BTreeSet::len)
+            .sum::<usize>();
+        let adding = wanted.difference(&have).count();
+        let limit = usize::try_from(self.capacity.agents).unwrap_or(usize::MAX);
+        if placed - have.difference(&wanted).count() + adding > limit {
+            return Err(HandlerError::new(
+                StatusCode::UNAVAILABLE,
+                format!(
+                    "host {} is full: {placed} of {} agents, {adding} more asked",
+                    self.name, self.capacity.agents
+                ),
+            ));
+        }
+        let mut change = HostChange::default();
+        for replica in have.difference(&wanted) {
+            let agent = manifest.replica_id(*replica);
+            self.stop_agent(&agent).await?;
+            change.stopped.push(agent);
+        }
+        let mut assigned: BTreeSet<u32> = have.intersection(&wanted).copied().collect();
+        change
+            .unchanged
+            .extend(assigned.iter().map(|r| manifest.replica_id(*r)));
+        let mut failure = None;
+        for replica in wanted.difference(&have) {
+            match self.supervisor.run(manifest, *replica).await {
+                Ok(_) | Err(ProcessError::AlreadyRunning { .. }) => {
+                    assigned.insert(*replica);
+                    change.started.push(manifest.replica_id(*replica));
+                }
+                Err(err) => {
+                    failure = Some(err);
+                    break;
+                }
+            }
+        }
+        lock(&self.assigned).insert(manifest.id.clone(), assigned);
+        match failure {
+            Some(err) => Err(process_error(err)),
+            None => Ok(change),
+        }
+    }
+
+    async fn stop_agent(&self, agent: &str) -> Result<(), HandlerError> {
+        lock(&self.watches).remove(agent);
+        match self.supervisor.stop(agent).await {
+            Ok(()) | Err(ProcessError::NotFound { .. }) => Ok(()),
+            Err(err) => Err(process_error(err)),
+        }
+    }
+
+    fn report_now(&self) -> HostReport {
+        let assigned = lock(&self.assigned).clone();
+        let replicas = self
+            .supervisor
+            .replicas()
+            .into_iter()
+            .filter(|r| {
+                assigned
+                    .get(&r.deployment)
+                    .is_some_and(|set| set.contains(&r.replica))
+            })
+            .collect();
+        HostReport {
+            name: self.name.clone(),
+            agent: self.agent_id.clone(),
+            instance: self.instance.clone(),
+            capacity: self.capacity.clone(),
+            replicas,
+            updated_ms: now_ms(),
+            report_ms: u64::try_from(self.report_interval.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    async fn report(&self, _agent: &Agent) {
+        let report = self.report_now();
+        match serde_json::to_vec(&report) {
+            Ok(body) => {
+                if let Err(err) = self.hosts.put(&self.name, Bytes::from(body)).await {
+                    tracing::warn!(error = %Report(&err), "host report not written");
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "host report does not encode"),
+        }
+    }
+
+    async fn on_event(&self, agent: &Agent, event: ReplicaEvent) {
+        match event {
+            ReplicaEvent::Started {
+                agent_id,
+                deployment,
+                replica,
+                pid,
+            } => {
+                let Some(manifest) = lock(&self.manifests).get(&deployment).cloned() else {
+                    return;
+                };
+                let health = &manifest.health;
+                let watch = Watch {
+                    deployment: deployment.clone(),
+                    replica,
+                    started: Instant::now(),
+                    check: health.check,
+                    grace: health.start_grace,
+                    silence: health.interval * health.failures.max(MISSED_HEARTBEATS),
+                    last_heartbeat: None,
+                    confirmed: false,
+                };
+                let confirm_now = health.check == HealthCheck::None;
+                lock(&self.watches).insert(agent_id.clone(), watch);
+                if confirm_now {
+                    self.confirm(agent, &agent_id, Some(pid), "started").await;
+                }
+            }
+            ReplicaEvent::Failed {
+                agent_id,
+                deployment,
+                reason,
+            } => {
+                lock(&self.watches).remove(&agent_id);
+                let replica = crate::manifest::deployment_of(&agent_id).1;
+                let failure = DeployFailure {
+                    deployment,
+                    agent: agent_id,
+                    replica,
+                    host: Some(self.name.clone()),
+                    reason,
+                };
+                if let Err(err) = agent.publish(hosting::DEPLOY_FAILURE, &failure).await {
+                    tracing::debug!(error = %Report(&err), "deploy_failure not published");
+                }
+            }
+            _ => {}
+        }
+        self.changed.notify_one();
+    }
+
+    async fn confirm(&self, agent: &Agent, agent_id: &str, pid: Option<u32>, health: &str) {
+        let (deployment, replica) = {
+            let mut watches = lock(&self.watches);
+            let Some(watch) = watches.get_mut(agent_id) else {
+                return;
+            };
+            watch.confirmed = true;
+            (watch.deployment.clone(), watch.replica)
+        };
+        let confirm = DeployConfirm {
+            deployment,
+            agent: agent_id.to_owned(),
+            replica,
+            host: self.name.clone(),
+            pid,
+            health: health.to_owned(),
+        };
+        tracing::info!(agent = agent_id, health, "hosted agent healthy");
+        if let Err(err) = agent.publish(hosting::DEPLOY_CONFIRM, &confirm).await {
+            tracing::debug!(error = %Report(&err), "deploy_confirm not published");
+        }
+    }
+
+    /// Confirms replicas found healthy, restarts those that never became healthy within their
+    /// grace or whose heartbeats stopped.
+    async fn check_health(&self, agent: &Agent) {
+        let statuses: HashMap<String, (Option<u32>, Option<bool>, bool)> = self
+            .supervisor
+            .replicas()
+            .into_iter()
+            .map(|r| {
+                let running = matches!(r.state, ReplicaState::Running);
+                (r.agent_id, (r.pid, r.healthy, running))
+            })
+            .collect();
+        let now = Instant::now();
+        let mut confirm = Vec::new();
+        let mut restart = Vec::new();
+        for (id, watch) in lock(&self.watches).iter() {
+            let Some((pid, healthy, running)) = statuses.get(id).copied() else {
+                continue;
+            };
+            if !running {
+                continue;
+            }
+            let seen = watch.last_heartbeat.is_some_and(|t| t >= watch.started);
+            match (watch.check, watch.confirmed) {
+                (HealthCheck::Heartbeat, false) if seen => {
+                    confirm.push((id.clone(), pid, "heartbeat"))
+                }
+                (HealthCheck::Command, false) if healthy == Some(true) => {
+                    confirm.push((id.clone(), pid, "command"));
+                }
+                (HealthCheck::Heartbeat, false) if now - watch.started > watch.grace => {
+                    restart.push((
+                        id.clone(),
+                        format!("no heartbeat within {:?} of its start", watch.grace),
+                    ));
+                }
+                (HealthCheck::Heartbeat, true)
+                    if watch
+                        .last_heartbeat
+                        .is_some_and(|t| now - t > watch.silence) =>
+                {
+                    restart.push((id.clone(), format!("no heartbeat for {:?}", watch.silence)));
+                }
+                _ => {}
+            }
+        }
+        for (id, pid, how) in confirm {
+            self.confirm(agent, &id, pid, how).await;
+        }
+        for (id, reason) in restart {
+            lock(&self.watches).remove(&id);
+            tracing::warn!(agent = %id, %reason, "hosted agent unhealthy: restarting it");
+            if let Err(err) = self.supervisor.restart(&id, &reason).await {
+                tracing::debug!(agent = %id, error = %err, "restart not done");
+            }
+        }
+    }
+}
+
+/// Heartbeats of every agent: those of the host's own agents are noted for their health.
+struct Heartbeats(std::sync::Weak<State>);
+
+impl EventHandler for Heartbeats {
+    fn call(&self, ctx: Context) -> BoxFuture<Result<(), HandlerError>> {
+        if let Some(state) = self.0.upgrade() {
+            let from = ctx.message().from.as_str();
+            if let Some(watch) = lock(&state.watches).get_mut(from) {
+                watch.last_heartbeat = Some(Instant::now());
+            }
+        }
+        Box::pin(async { Ok(()) })
+    }
+}

@@ -1,0 +1,521 @@
+//! Agents hosted by the bus (issue 36), through the user's entry points: `chorus host` on two
+//! "machines" (two host processes), an in-process coordinator, and `chorus deploy`, `scale`,
+//! `terminate`, `deployments`, `hosts` and `logs`, against a real nats-server. The hosted
+//! agent is the SDK example `hosted_agent`, a real agent process.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use chorus_host::protocol::DeploymentView;
+use chorus_nats_server::NatsServer;
+use chorus_sdk::{Agent, Call, SdkError};
+use chorus_tests::{Processes, agent, chorus_binary, eventually, example_binary, server, within};
+use serde_json::Value;
+
+/// Hosts report this often here, and the coordinator gives a silent host this long.
+const REPORT: &str = "200ms";
+const GRACE_MS: u64 = 3_000;
+/// Deploy and scale wait this long for their confirmations.
+const DEPLOY_WAIT: Duration = Duration::from_secs(60);
+
+struct Bus {
+    server: NatsServer,
+    chorus: PathBuf,
+    dir: tempfile::TempDir,
+    _coordinator: chorus_coordinator::Coordinator,
+}
+
+impl Bus {
+    async fn start() -> Bus {
+        let server = server();
+        let config = chorus_coordinator::CoordinatorConfig {
+            servers: server.url().to_owned(),
+            metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            reap_interval_ms: 50,
+            host_grace_ms: GRACE_MS,
+            reconcile_interval_ms: 200,
+            ..chorus_coordinator::CoordinatorConfig::default()
+        };
+        let coordinator = within(
+            chorus_tests::WAIT,
+            "coordinator start",
+            chorus_coordinator::Coordinator::start(config, false),
+        )
+        .await
+        .expect("coordinator starts");
+        Bus {
+            server,
+            chorus: chorus_binary(),
+            dir: tempfile::tempdir().expect("temp dir"),
+            _coordinator: coordinator,
+        }
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.chorus);
+        cmd.env("CHORUS_NATS_URL", self.server.url())
+            .env("CHORUS_CONFIG_DIR", self.dir.path())
+            .env_remove("CHORUS_CONTEXT");
+        cmd
+    }
+
+    /// `chorus host --name NAME`, its logs in the test's folder.
+    fn host(&self, name: &str, extra: &[&str]) -> Child {
+        self.command()
+            .args([
+                "host",
+                "--name",
+                name,
+                "--report-interval",
+                REPORT,
+                "--stop-grace",
+                "2s",
+            ])
+            .arg("--log-dir")
+            .arg(self.dir.path().join(name))
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chorus host starts")
+    }
+
+    /// Runs `chorus ARGS` to its end (bounded by `limit`).
+    async fn run(&self, args: &[&str], limit: Duration) -> Output {
+        let mut cmd = tokio::process::Command::from(self.command());
+        cmd.args(args).kill_on_drop(true);
+        within(limit, &format!("chorus {}", args.join(" ")), cmd.output())
+            .await
+            .expect("chorus runs")
+    }
+
+    fn manifest(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, text).expect("manifest written");
+        path
+    }
+
+    async fn deployments(&self) -> Vec<DeploymentView> {
+        let out = self
+            .run(&["deployments", "--json"], Duration::from_secs(30))
+            .await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("deployments as JSON")
+    }
+
+    async fn hosts(&self) -> Vec<Value> {
+        let out = self
+            .run(&["hosts", "--json"], Duration::from_secs(30))
+            .await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("hosts as JSON")
+    }
+
+    /// Waits until both named hosts are live.
+    async fn hosts_live(&self, names: &[&str]) {
+        eventually(chorus_tests::WAIT, "hosts live", || async {
+            let hosts = self.hosts().await;
+            names
+                .iter()
+                .all(|n| {
+                    hosts
+                        .iter()
+                        .any(|h| h["report"]["name"] == *n && h["state"] == "live")
+                })
+                .then_some(())
+        })
+        .await;
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn echo_manifest(agent: &Path, id: &str, extra: &str) -> String {
+    format!(
+        "id = \"{id}\"\ncapabilities = [\"{id}\"]\n{extra}\n\n[run]\ncommand = \"{}\"\nenv = {{ HOSTED_CAPABILITY = \"{id}\" }}\n\n[restart]\ninitial_backoff = \"100ms\"\nmax_backoff = \"1s\"\n",
+        agent.display()
+    )
+}
+
+/// Asks capability `capability` (at `agent` when given): who answered, and its pid.
+async fn ask(
+    caller: &Agent,
+    capability: &str,
+    at: Option<&str>,
+) -> Result<(String, u32), SdkError> {
+    let call = match at {
+        Some(agent) => Call::capability_at(agent, capability),
+        None => Call::capability(capability),
+    };
+    let reply = caller
+        .call(call.payload(&"ping")?.timeout(Duration::from_secs(2)))
+        .await?;
+    let body: Value = reply.payload_as()?;
+    let pid = body["pid"]
+        .as_u64()
+        .and_then(|p| u32::try_from(p).ok())
+        .unwrap_or(0);
+    Ok((reply.envelope.from.to_string(), pid))
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie (exited, not yet reaped) is not alive.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_scales_shares_load_survives_a_crash_and_its_hosts_death_and_terminates() {
+    let bus = Bus::start().await;
+    let hosted = example_binary("chorus-host", "hosted_agent");
+    let mut hosts = Processes::default();
+    hosts.0.push(bus.host("h1", &[]));
+    hosts.0.push(bus.host("h2", &[]));
+    bus.hosts_live(&["h1", "h2"]).await;
+    let manifest = bus.manifest("echo", &echo_manifest(&hosted, "echo", ""));
+
+    // Deployed: chorus deploy waits for the replica's deploy_confirm.
+    let out = bus
+        .run(
+            &["deploy", manifest.to_str().expect("utf-8 path")],
+            DEPLOY_WAIT,
+        )
+        .await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("echo running on h"),
+        "{}",
+        text(&out)
+    );
+
+    // Scaled to 3: the replicas spread over both hosts and share the capability's load.
+    let out = bus.run(&["scale", "echo", "3"], DEPLOY_WAIT).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let view = bus
+        .deployments()
+        .await
+        .into_iter()
+        .find(|d| d.deployment == "echo")
+        .expect("echo");
+    let placed: BTreeMap<String, String> = view
+        .placed
+        .iter()
+        .map(|p| (p.agent.clone(), p.host.clone()))
+        .collect();
+    assert_eq!(
+        placed.keys().cloned().collect::<Vec<_>>(),
+        ["echo", "echo-2", "echo-3"]
+    );
+    assert_eq!(
+        placed.values().collect::<BTreeSet<_>>().len(),
+        2,
+        "spread: {placed:?}"
+    );
+    let caller = agent(&bus.server, "hosting-caller").await;
+    let mut answered: BTreeMap<String, u32> = BTreeMap::new();
+    for _ in 0..60 {
+        let (from, pid) = ask(&caller, "echo", None).await.expect("echo answers");
+        answered.insert(from, pid);
+    }
+    assert_eq!(
+        answered.len(),
+        3,
+        "every replica took a share: {answered:?}"
+    );
+
+    // One replica killed: its host starts it again (a new process, the same agent).
+    let victim = answered["echo-2"];
+    let status = Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let restarted = eventually(Duration::from_secs(30), "echo-2 back", || async {
+        match ask(&caller, "echo", Some("echo-2")).await {
+            Ok((_, pid)) if pid != victim => Some(pid),
+            _ => None,
+        }
+    })
+    .await;
+    assert_ne!(restarted, victim);
+    let hosts_now = bus.hosts().await;
+    let restarts = hosts_now
+        .iter()
+        .flat_map(|h| {
+            h["report"]["replicas"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .find(|r| r["agent_id"] == "echo-2")
+        .map(|r| r["restarts"].as_u64().unwrap_or(0));
+    assert_eq!(restarts, Some(1), "{hosts_now:?}");
+
+    // Its output is kept by its host.
+    let out = bus
+        .run(&["logs", "echo-2", "-n", "50"], Duration::from_secs(30))
+        .await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("echo-2 serving echo"),
+        "{}",
+        text(&out)
+    );
+
+    // The host with two replicas killed: they die with it, and after the grace they run on
+    // the other host.
+    let mut pids: BTreeMap<String, u32> = BTreeMap::new();
+    for replica in ["echo", "echo-2", "echo-3"] {
+        pids.insert(
+            replica.into(),
+            ask(&caller, "echo", Some(replica))
+                .await
+                .expect("answers")
+                .1,
+        );
+    }
+    let (doomed, survivor) = if placed.values().filter(|h| *h == "h1").count() == 2 {
+        (0, "h2")
+    } else {
+        (1, "h1")
+    };
+    let doomed_name = if doomed == 0 { "h1" } else { "h2" };
+    hosts.0[doomed].kill().expect("kill -9 the host");
+    let _ = hosts.0[doomed].wait();
+    let orphans: Vec<u32> = placed
+        .iter()
+        .filter(|(_, h)| *h == doomed_name)
+        .map(|(a, _)| pids[a])
+        .collect();
+    assert_eq!(orphans.len(), 2);
+    eventually(
+        Duration::from_secs(10),
+        "the host's agents die with it",
+        || async { orphans.iter().all(|pid| !alive(*pid)).then_some(()) },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "replicas moved to the survivor",
+        || async {
+            let view = bus
+                .deployments()
+                .await
+                .into_iter()
+                .find(|d| d.deployment == "echo")?;
+            (view.placed.len() == 3 && view.placed.iter().all(|p| p.host == survivor)).then_some(())
+        },
+    )
+    .await;
+    for replica in ["echo", "echo-2", "echo-3"] {
+        eventually(
+            Duration::from_secs(30),
+            "every replica answers again",
+            || async { ask(&caller, "echo", Some(replica)).await.ok() },
+        )
+        .await;
+    }
+
+    // Terminated: every replica stops, nobody serves the capability.
+    let mut last_pids = Vec::new();
+    for replica in ["echo", "echo-2", "echo-3"] {
+        last_pids.push(
+            ask(&caller, "echo", Some(replica))
+                .await
+                .expect("answers")
+                .1,
+        );
+    }
+    let out = bus
+        .run(&["terminate", "echo"], Duration::from_secs(30))
+        .await;
+    assert!(out.status.success(), "{}", text(&out));
+    eventually(Duration::from_secs(10), "hosted processes gone", || async {
+        last_pids.iter().all(|pid| !alive(*pid)).then_some(())
+    })
+    .await;
+    assert!(matches!(
+        ask(&caller, "echo", None).await,
+        Err(SdkError::NoResponders { .. })
+    ));
+    assert!(
+        bus.deployments()
+            .await
+            .iter()
+            .all(|d| d.deployment != "echo")
+    );
+    caller.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn co_location_places_beside_the_target_and_refuses_when_its_host_is_full() {
+    let bus = Bus::start().await;
+    let hosted = example_binary("chorus-host", "hosted_agent");
+    let mut hosts = Processes::default();
+    hosts.0.push(bus.host("small", &["--max-agents", "2"]));
+    hosts.0.push(bus.host("large", &["--max-agents", "50"]));
+    bus.hosts_live(&["small", "large"]).await;
+    let pin = |host: &str| format!("[placement]\nhosts = [\"{host}\"]");
+    let orchestrator = bus.manifest("orch", &echo_manifest(&hosted, "orch", &pin("small")));
+    let out = bus
+        .run(
+            &["deploy", orchestrator.to_str().expect("utf-8")],
+            DEPLOY_WAIT,
+        )
+        .await;
+    assert!(out.status.success(), "{}", text(&out));
+
+    // Beside it: on the small host, though the large one is emptier.
+    let helper = bus.manifest(
+        "helper",
+        &echo_manifest(&hosted, "helper", "[placement]\nco_locate_with = \"orch\""),
+    );
+    let out = bus
+        .run(&["deploy", helper.to_str().expect("utf-8")], DEPLOY_WAIT)
+        .await;
+    assert!(out.status.success(), "{}", text(&out));
+    let views = bus.deployments().await;
+    let host_of = |id: &str| {
+        views
+            .iter()
+            .find(|d| d.deployment == id)
+            .and_then(|d| d.placed.first())
+            .map(|p| p.host.clone())
+    };
+    assert_eq!(host_of("helper").as_deref(), Some("small"));
+
+    // The small host is now full: a second helper beside orch is refused, with the reason.
+    let second = bus.manifest(
+        "helper2",
+        &echo_manifest(&hosted, "helper2", "[placement]\nco_locate_with = \"orch\""),
+    );
+    let out = bus
+        .run(&["deploy", second.to_str().expect("utf-8")], DEPLOY_WAIT)
+        .await;
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("host small, where orch runs, is full: 2 of 2 agents placed"),
+        "{}",
+        text(&out)
+    );
+
+    // A target no host runs is refused before anything starts.
+    let stray = bus.manifest(
+        "stray",
+        &echo_manifest(&hosted, "stray", "[placement]\nco_locate_with = \"nobody\""),
+    );
+    let out = bus
+        .run(&["deploy", stray.to_str().expect("utf-8")], DEPLOY_WAIT)
+        .await;
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no host runs an agent \"nobody\""),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        bus.deployments()
+            .await
+            .iter()
+            .all(|d| d.deployment != "stray")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_manifests_are_refused_naming_the_field_and_a_crash_loop_ends_in_deploy_failure() {
+    let bus = Bus::start().await;
+    let mut hosts = Processes::default();
+    hosts.0.push(bus.host("h1", &[]));
+    bus.hosts_live(&["h1"]).await;
+
+    for (name, body, says) in [
+        (
+            "unknown",
+            "id = \"x\"\ncolour = \"red\"\n[run]\ncommand = \"true\"\n",
+            "colour",
+        ),
+        (
+            "nocommand",
+            "id = \"x\"\n[run]\nargs = [\"a\"]\n",
+            "command",
+        ),
+        (
+            "memory",
+            "id = \"x\"\n[run]\ncommand = \"true\"\n[resources]\nmemory_mb = 0\n",
+            "resources.memory_mb",
+        ),
+    ] {
+        let path = bus.manifest(name, body);
+        let out = bus
+            .run(
+                &["deploy", path.to_str().expect("utf-8")],
+                Duration::from_secs(30),
+            )
+            .await;
+        assert!(!out.status.success(), "{name}: {}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(says),
+            "{name}: {}",
+            text(&out)
+        );
+    }
+    assert!(bus.deployments().await.is_empty());
+
+    // A command that crashes at once: restarted no faster than its backoff, then given up.
+    let crash = bus.manifest(
+        "crash",
+        "id = \"crasher\"\n[run]\ncommand = \"/bin/sh\"\nargs = [\"-c\", \"echo boom >&2; exit 3\"]\n\
+         [restart]\nmax_restarts = 2\ninitial_backoff = \"200ms\"\nmax_backoff = \"400ms\"\n",
+    );
+    let started = std::time::Instant::now();
+    let out = bus
+        .run(&["deploy", crash.to_str().expect("utf-8")], DEPLOY_WAIT)
+        .await;
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("crasher failed on h1"), "{}", text(&out));
+    assert!(
+        stderr.contains("exit code 3") && stderr.contains("boom"),
+        "{}",
+        text(&out)
+    );
+    // Two restarts, 200 ms then 400 ms apart at least.
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "{:?}",
+        started.elapsed()
+    );
+    let view = bus
+        .deployments()
+        .await
+        .into_iter()
+        .find(|d| d.deployment == "crasher")
+        .expect("kept");
+    assert_eq!(view.failed.len(), 1, "{view:?}");
+    assert!(
+        view.placed.is_empty(),
+        "a failed replica is not running: {view:?}"
+    );
+}
