@@ -146,11 +146,9 @@ impl Shared {
                 replicas: replicas.clone(),
             })?,
             HostCommand::Terminate { host, deployment } => {
-                Call::agent(host_agent(host), host_commands::TERMINATE).payload(
-                    &HostTerminate {
-                        target: deployment.clone(),
-                    },
-                )?
+                Call::agent(host_agent(host), host_commands::TERMINATE).payload(&HostTerminate {
+                    target: deployment.clone(),
+                })?
             }
         };
         self.agent.call(call).await.map(|_| ())

@@ -23,6 +23,8 @@ const DEPLOY_WAIT: Duration = Duration::from_secs(60);
 struct Bus {
     server: NatsServer,
     chorus: PathBuf,
+    /// The SDK's example agent written to be hosted.
+    hosted: PathBuf,
     dir: tempfile::TempDir,
     _coordinator: chorus_coordinator::Coordinator,
 }
@@ -48,6 +50,7 @@ impl Bus {
         Bus {
             server,
             chorus: chorus_binary(),
+            hosted: example_binary("chorus-host", "hosted_agent"),
             dir: tempfile::tempdir().expect("temp dir"),
             _coordinator: coordinator,
         }
@@ -61,9 +64,17 @@ impl Bus {
         cmd
     }
 
-    /// `chorus host --name NAME`, its logs in the test's folder.
+    /// `chorus host --name NAME`, its logs in the test's folder, the example agents' folder
+    /// on its `PATH` (as `cargo install --path host --example hosted_agent` puts them on a
+    /// user's).
     fn host(&self, name: &str, extra: &[&str]) -> Child {
+        let examples = self.hosted.parent().expect("examples folder");
+        let path = std::env::join_paths(std::iter::once(examples.to_owned()).chain(
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+        ))
+        .expect("PATH");
         self.command()
+            .env("PATH", path)
             .args([
                 "host",
                 "--name",
@@ -188,12 +199,12 @@ fn alive(pid: u32) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deployment_scales_shares_load_survives_a_crash_and_its_hosts_death_and_terminates() {
     let bus = Bus::start().await;
-    let hosted = example_binary("chorus-host", "hosted_agent");
     let mut hosts = Processes::default();
     hosts.0.push(bus.host("h1", &[]));
     hosts.0.push(bus.host("h2", &[]));
     bus.hosts_live(&["h1", "h2"]).await;
-    let manifest = bus.manifest("echo", &echo_manifest(&hosted, "echo", ""));
+    // The manifest docs/HOSTING.md deploys.
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/echo.toml");
 
     // Deployed: chorus deploy waits for the replica's deploy_confirm.
     let out = bus
@@ -371,7 +382,7 @@ async fn a_deployment_scales_shares_load_survives_a_crash_and_its_hosts_death_an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn co_location_places_beside_the_target_and_refuses_when_its_host_is_full() {
     let bus = Bus::start().await;
-    let hosted = example_binary("chorus-host", "hosted_agent");
+    let hosted = bus.hosted.clone();
     let mut hosts = Processes::default();
     hosts.0.push(bus.host("small", &["--max-agents", "2"]));
     hosts.0.push(bus.host("large", &["--max-agents", "50"]));
