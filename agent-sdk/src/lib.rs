@@ -62,6 +62,7 @@ pub mod subject;
 mod sync;
 pub mod task;
 pub mod trace;
+pub mod usage;
 
 pub use protocol::{codec, envelope, registry, status};
 pub use security::encryption;

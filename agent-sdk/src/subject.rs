@@ -581,6 +581,20 @@ impl Subjects {
         ))
     }
 
+    /// `<root>.usage.<agent>`: the agent's usage reports (PROTOCOL.md section 7.13).
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`.
+    pub fn usage(&self, agent: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        Ok(format!("{}.usage.{agent}", self.root))
+    }
+
+    /// `<root>.usage.>`: every agent's usage reports (the usage stream's subjects).
+    pub fn usage_all(&self) -> String {
+        format!("{}.usage.>", self.root)
+    }
+
     /// `<root>.dlq.>`: every dead letter (the dead-letter stream's subjects).
     pub fn dead_letters(&self) -> String {
         format!("{}.dlq.>", self.root)

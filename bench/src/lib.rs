@@ -685,6 +685,12 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         rows.extend(fleet::durable(agents, active, 10, progress).await?);
     }
 
+    // Real SDK agents in host processes, only when asked for (`--only hosted`): minutes.
+    if opts.only.as_deref() == Some("hosted") {
+        let sizes: &[usize] = if q { &[1_000] } else { &[10_000, 100_000] };
+        rows.extend(fleet::hosted(&opts.program, sizes, progress).await?);
+    }
+
     if want("memory") {
         progress("idle agent memory");
         let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;

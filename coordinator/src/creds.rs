@@ -115,6 +115,8 @@ fn permissions_of(
     if !role.cli {
         publish.push(subjects.heartbeat(id)?);
         publish.push(subjects.goodbye(id)?);
+        // Its usage reports (the stream's ack comes to its inbox).
+        publish.push(subjects.usage(id)?);
     }
     publish.extend([
         subjects.discover(),

@@ -231,6 +231,11 @@ pub struct Run {
         serialize_with = "path_text::serialize"
     )]
     pub working_dir: Option<PathBuf>,
+    /// Whether the replicas placed on one host run in one process, each an agent of its own
+    /// on one shared connection: the process gets their ids in `CHORUS_AGENT_IDS`
+    /// (comma-separated) and is started again with the new list when they change.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
 }
 
 /// Limits on what one replica may use.
@@ -381,6 +386,7 @@ impl Manifest {
                 args: Vec::new(),
                 env: BTreeMap::new(),
                 working_dir: None,
+                shared: false,
             },
             resources: Resources::default(),
             placement: Placement::default(),
@@ -501,11 +507,7 @@ impl Manifest {
     /// assert_eq!(manifest.replica_id(3), "calc-3");
     /// ```
     pub fn replica_id(&self, replica: u32) -> String {
-        if replica <= 1 {
-            self.id.clone()
-        } else {
-            format!("{}-{replica}", self.id)
-        }
+        replica_id(&self.id, replica)
     }
 
     /// Checks every field: names are subject tokens, numbers and durations within their
@@ -764,6 +766,15 @@ impl Manifest {
     }
 }
 
+/// The agent id of replica `replica` of deployment `id` (what [`Manifest::replica_id`] gives).
+pub fn replica_id(id: &str, replica: u32) -> String {
+    if replica <= 1 {
+        id.to_owned()
+    } else {
+        format!("{id}-{replica}")
+    }
+}
+
 /// The deployment an agent id belongs to, and its replica number: the inverse of
 /// [`Manifest::replica_id`]. An id without a `-<n>` suffix (n >= 2, no leading zero) is
 /// replica 1 of the deployment of that id.
@@ -1003,6 +1014,7 @@ nkey_file = "secrets/calculator.nk"
                 args: vec!["--fast".into()],
                 env: BTreeMap::from([("RUST_LOG".into(), "info".into())]),
                 working_dir: Some(PathBuf::from("agents/calc")),
+                shared: false,
             },
             resources: Resources {
                 memory_mb: Some(256),

@@ -91,9 +91,12 @@ impl Candidate {
 /// # Errors
 /// A refusal naming the reason: the named hosts are not live, the co-location target runs on
 /// no live host or its host is full, or, host by host, what each lacks.
-pub fn place(manifest: &Manifest, candidates: &[Candidate]) -> Result<String, String> {
+pub fn place<'a>(
+    manifest: &Manifest,
+    candidates: impl IntoIterator<Item = &'a Candidate>,
+) -> Result<String, String> {
     let mut pool: Vec<&Candidate> = candidates
-        .iter()
+        .into_iter()
         .filter(|c| {
             manifest.placement.hosts.is_empty() || manifest.placement.hosts.contains(&c.name)
         })

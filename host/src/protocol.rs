@@ -28,7 +28,7 @@ pub const HOST_AGENT_PREFIX: &str = "host-";
 
 /// The agent the hosting commands of the CLI go to: the coordinator (its id on the bus;
 /// coordinators answer them in their queue group).
-pub const COORDINATOR: &str = "coordinator";
+pub const COORDINATOR: &str = chorus_sdk::registry::COORDINATOR_ID;
 
 /// The coordinator's hosting commands, by name (each on `<root>.agent.coordinator.<command>`).
 pub mod coordinator_commands {
@@ -103,8 +103,12 @@ pub struct HostReport {
     pub instance: String,
     /// What it can take.
     pub capacity: Capacity,
-    /// Its replicas, running or not (failed ones stay until terminated).
+    /// Its replicas that run in a process each, running or not (failed ones stay until
+    /// terminated).
     pub replicas: Vec<ReplicaStatus>,
+    /// Its shared deployments' processes, each serving several replicas.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<SharedProcess>,
     /// When this report was written, ms since the epoch.
     pub updated_ms: u64,
     /// The interval between reports, in ms: the coordinator counts a host gone after three
@@ -113,12 +117,47 @@ pub struct HostReport {
 }
 
 impl HostReport {
-    /// Its replicas that are not stopped (running, starting, backing off or failed).
-    pub fn running(&self) -> impl Iterator<Item = &ReplicaStatus> {
-        self.replicas
-            .iter()
-            .filter(|r| !matches!(r.state, crate::process::ReplicaState::Stopped))
+    /// Every replica the host runs, each with its deployment, number and agent id, and the
+    /// status of the process that runs it (its own, or its shared deployment's one process).
+    pub fn agents(&self) -> impl Iterator<Item = HostedAgent<'_>> {
+        let own = self.replicas.iter().map(|status| HostedAgent {
+            deployment: &status.deployment,
+            replica: status.replica,
+            agent: status.agent_id.clone(),
+            status,
+        });
+        let shared = self.shared.iter().flat_map(|group| {
+            group.replicas.iter().map(move |replica| HostedAgent {
+                deployment: &group.process.deployment,
+                replica: *replica,
+                agent: crate::manifest::replica_id(&group.process.deployment, *replica),
+                status: &group.process,
+            })
+        });
+        own.chain(shared)
     }
+}
+
+/// One replica a host runs, as [`HostReport::agents`] lists it.
+#[derive(Debug, Clone)]
+pub struct HostedAgent<'a> {
+    /// Its deployment.
+    pub deployment: &'a str,
+    /// Its number.
+    pub replica: u32,
+    /// Its agent id.
+    pub agent: String,
+    /// The process that runs it.
+    pub status: &'a ReplicaStatus,
+}
+
+/// The one process of a shared deployment (`run.shared`) on a host, and the replicas it serves.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SharedProcess {
+    /// The process (its agent id and replica are its first replica's).
+    pub process: ReplicaStatus,
+    /// The replicas it serves.
+    pub replicas: Vec<u32>,
 }
 
 /// The desired state of one manifest, as the coordinator keeps it.

@@ -125,8 +125,8 @@ pub fn plan(
             .iter()
             .filter(|h| state[h.name.as_str()] == Liveness::Live)
         {
-            for r in report.replicas.iter().filter(|r| r.deployment == *id) {
-                if let ReplicaState::Failed { reason } = &r.state
+            for r in report.agents().filter(|r| r.deployment == id) {
+                if let ReplicaState::Failed { reason } = &r.status.state
                     && next.placement.get(&r.replica) == Some(&report.name)
                     && !next.failed.contains_key(&r.replica)
                 {
@@ -145,8 +145,7 @@ pub fn plan(
                 Some(host) => Some(host.clone()),
                 None => None,
             };
-            let pool: Vec<Candidate> = candidates.values().cloned().collect();
-            match place(&d.manifest, &pool) {
+            match place(&d.manifest, candidates.values()) {
                 Ok(host) => {
                     if let Some(c) = candidates.get_mut(host.as_str()) {
                         c.used.add(&d.manifest, &agent);
@@ -196,16 +195,11 @@ pub fn plan(
         .iter()
         .filter(|h| state[h.name.as_str()] == Liveness::Live)
     {
+        // Everything it reports is what it runs, failed or stopped included: a failed
+        // replica stays until it is no longer wanted there.
         let mut actual: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
-        for r in report
-            .replicas
-            .iter()
-            .filter(|r| !matches!(r.state, ReplicaState::Stopped))
-        {
-            actual
-                .entry(r.deployment.as_str())
-                .or_default()
-                .insert(r.replica);
+        for r in report.agents() {
+            actual.entry(r.deployment).or_default().insert(r.replica);
         }
         let mut ids: BTreeSet<&str> = actual.keys().copied().collect();
         ids.extend(deployments.keys().map(String::as_str));
@@ -300,6 +294,7 @@ mod tests {
                     healthy: None,
                 })
                 .collect(),
+            shared: Vec::new(),
             updated_ms: NOW - age_ms,
             report_ms: 2_000,
         }

@@ -86,10 +86,13 @@ pub enum HostError {
 }
 
 /// What the host watches of one replica's health since its last start.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Watch {
     deployment: String,
     replica: u32,
+    /// The supervised process that runs it: itself, or the one process of its shared
+    /// deployment on this host.
+    process: String,
     started: Instant,
     check: HealthCheck,
     grace: Duration,
@@ -98,6 +101,13 @@ struct Watch {
     silence: Duration,
     last_heartbeat: Option<Instant>,
     confirmed: bool,
+}
+
+/// The one process of a shared deployment on this host.
+#[derive(Debug, Clone)]
+struct Group {
+    process: String,
+    members: Vec<(String, u32)>,
 }
 
 /// What the host's tasks and handlers share.
@@ -113,6 +123,9 @@ struct State {
     /// Replicas assigned to this host, by deployment: what it reports.
     assigned: Mutex<BTreeMap<String, BTreeSet<u32>>>,
     watches: Mutex<HashMap<String, Watch>>,
+    /// The processes of shared deployments (`run.shared`): per deployment, the process's agent
+    /// id (its first replica's) and every agent it serves, with their replica numbers.
+    groups: Mutex<HashMap<String, Group>>,
     hosts: Kv,
     changed: tokio::sync::Notify,
 }
@@ -203,6 +216,7 @@ impl Host {
             manifests: Mutex::default(),
             assigned: Mutex::default(),
             watches: Mutex::default(),
+            groups: Mutex::default(),
             hosts,
             changed: tokio::sync::Notify::new(),
         });
@@ -383,6 +397,7 @@ impl State {
                 .unwrap_or_default()
                 .into_iter()
                 .collect();
+            lock(&self.groups).remove(&req.manifest.id);
             for replica in running {
                 let agent = req.manifest.replica_id(replica);
                 self.stop_agent(&agent).await?;
@@ -410,6 +425,7 @@ impl State {
         let mut change = HostChange::default();
         let kept = lock(&self.manifests).remove(&req.target);
         if let Some(manifest) = kept {
+            lock(&self.groups).remove(&req.target);
             let replicas = lock(&self.assigned).remove(&req.target).unwrap_or_default();
             for replica in replicas {
                 let agent = manifest.replica_id(replica);
@@ -419,6 +435,24 @@ impl State {
             return Ok(change);
         }
         let (deployment, replica) = crate::manifest::deployment_of(&req.target);
+        let shared = lock(&self.manifests)
+            .get(deployment)
+            .filter(|m| m.run.shared)
+            .cloned();
+        if let Some(manifest) = shared {
+            // One agent of a shared process: the process starts again without it.
+            let mut wanted = lock(&self.assigned)
+                .get(deployment)
+                .cloned()
+                .unwrap_or_default();
+            if !wanted.remove(&replica) {
+                return Err(invalid(format!(
+                    "host {} runs no agent {:?}",
+                    self.name, req.target
+                )));
+            }
+            return self.converge(&manifest, wanted).await;
+        }
         let removed = lock(&self.assigned)
             .get_mut(deployment)
             .is_some_and(|set| set.remove(&replica));
@@ -436,7 +470,10 @@ impl State {
     async fn logs(&self, req: LogsRequest) -> Result<LogLines, HandlerError> {
         let lines = self
             .supervisor
-            .logs(&req.agent, req.lines.clamp(1, MAX_LOG_LINES))
+            .logs(
+                &self.process_of(&req.agent),
+                req.lines.clamp(1, MAX_LOG_LINES),
+            )
             .map_err(|e| invalid(e.to_string()))?;
         Ok(LogLines {
             agent: req.agent,
@@ -475,6 +512,9 @@ impl State {
                 ),
             ));
         }
+        if manifest.run.shared {
+            return self.converge_shared(manifest, have, wanted).await;
+        }
         let mut change = HostChange::default();
         for replica in have.difference(&wanted) {
             let agent = manifest.replica_id(*replica);
@@ -505,6 +545,77 @@ impl State {
         }
     }
 
+    /// A shared deployment: one process serves every replica placed here, started again with
+    /// the new list of agents when it changes.
+    async fn converge_shared(
+        &self,
+        manifest: &Manifest,
+        have: BTreeSet<u32>,
+        wanted: BTreeSet<u32>,
+    ) -> Result<HostChange, HandlerError> {
+        let mut change = HostChange::default();
+        let running = lock(&self.groups).get(&manifest.id).cloned();
+        if have == wanted && running.is_some() {
+            change
+                .unchanged
+                .extend(wanted.iter().map(|r| manifest.replica_id(*r)));
+            return Ok(change);
+        }
+        let previous = lock(&self.groups).remove(&manifest.id);
+        if let Some(group) = previous {
+            for (agent, _) in &group.members {
+                lock(&self.watches).remove(agent);
+            }
+            self.stop_agent(&group.process).await?;
+            change
+                .stopped
+                .extend(group.members.into_iter().map(|(agent, _)| agent));
+        }
+        lock(&self.assigned).insert(manifest.id.clone(), wanted.clone());
+        let Some(first) = wanted.first().copied() else {
+            return Ok(change);
+        };
+        let members: Vec<(String, u32)> = wanted
+            .iter()
+            .map(|r| (manifest.replica_id(*r), *r))
+            .collect();
+        let mut process = manifest.clone();
+        process.run.env.insert(
+            crate::process::ENV_AGENT_IDS.to_owned(),
+            members
+                .iter()
+                .map(|(agent, _)| agent.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+        // Known before the process starts, so its start event finds its agents.
+        lock(&self.groups).insert(
+            manifest.id.clone(),
+            Group {
+                process: manifest.replica_id(first),
+                members: members.clone(),
+            },
+        );
+        if let Err(err) = self.supervisor.run(&process, first).await {
+            lock(&self.groups).remove(&manifest.id);
+            lock(&self.assigned).remove(&manifest.id);
+            return Err(process_error(err));
+        }
+        change
+            .started
+            .extend(members.into_iter().map(|(agent, _)| agent));
+        Ok(change)
+    }
+
+    /// The supervised process that runs `agent`: its shared deployment's, or its own.
+    fn process_of(&self, agent: &str) -> String {
+        let (deployment, _) = crate::manifest::deployment_of(agent);
+        lock(&self.groups)
+            .get(deployment)
+            .filter(|g| g.members.iter().any(|(a, _)| a == agent))
+            .map_or_else(|| agent.to_owned(), |g| g.process.clone())
+    }
+
     async fn stop_agent(&self, agent: &str) -> Result<(), HandlerError> {
         lock(&self.watches).remove(agent);
         match self.supervisor.stop(agent).await {
@@ -515,22 +626,35 @@ impl State {
 
     fn report_now(&self) -> HostReport {
         let assigned = lock(&self.assigned).clone();
-        let replicas = self
-            .supervisor
-            .replicas()
-            .into_iter()
-            .filter(|r| {
-                assigned
-                    .get(&r.deployment)
-                    .is_some_and(|set| set.contains(&r.replica))
-            })
-            .collect();
+        let groups = lock(&self.groups).clone();
+        let mut replicas = Vec::new();
+        let mut shared = Vec::new();
+        for status in self.supervisor.replicas() {
+            match groups.get(&status.deployment) {
+                Some(group) if group.process == status.agent_id => {
+                    shared.push(crate::protocol::SharedProcess {
+                        replicas: group.members.iter().map(|(_, r)| *r).collect(),
+                        process: status,
+                    });
+                }
+                Some(_) => {}
+                None => {
+                    if assigned
+                        .get(&status.deployment)
+                        .is_some_and(|set| set.contains(&status.replica))
+                    {
+                        replicas.push(status);
+                    }
+                }
+            }
+        }
         HostReport {
             name: self.name.clone(),
             agent: self.agent_id.clone(),
             instance: self.instance.clone(),
             capacity: self.capacity.clone(),
             replicas,
+            shared,
             updated_ms: now_ms(),
             report_ms: u64::try_from(self.report_interval.as_millis()).unwrap_or(u64::MAX),
         }
@@ -563,6 +687,7 @@ impl State {
                 let watch = Watch {
                     deployment: deployment.clone(),
                     replica,
+                    process: agent_id.clone(),
                     started: Instant::now(),
                     check: health.check,
                     grace: health.start_grace,
@@ -571,9 +696,22 @@ impl State {
                     confirmed: false,
                 };
                 let confirm_now = health.check == HealthCheck::None;
-                lock(&self.watches).insert(agent_id.clone(), watch);
+                // The agents this process serves: itself, or its shared deployment's.
+                let members = lock(&self.groups)
+                    .get(&deployment)
+                    .filter(|g| g.process == agent_id)
+                    .map_or_else(|| vec![(agent_id.clone(), replica)], |g| g.members.clone());
+                for (member, replica) in &members {
+                    let one = Watch {
+                        replica: *replica,
+                        ..watch.clone()
+                    };
+                    lock(&self.watches).insert(member.clone(), one);
+                }
                 if confirm_now {
-                    self.confirm(agent, &agent_id, Some(pid), "started").await;
+                    for (member, _) in &members {
+                        self.confirm(agent, member, Some(pid), "started").await;
+                    }
                 }
             }
             ReplicaEvent::Failed {
@@ -581,17 +719,30 @@ impl State {
                 deployment,
                 reason,
             } => {
-                lock(&self.watches).remove(&agent_id);
-                let replica = crate::manifest::deployment_of(&agent_id).1;
-                let failure = DeployFailure {
-                    deployment,
-                    agent: agent_id,
-                    replica,
-                    host: Some(self.name.clone()),
-                    reason,
-                };
-                if let Err(err) = agent.publish(hosting::DEPLOY_FAILURE, &failure).await {
-                    tracing::debug!(error = %Report(&err), "deploy_failure not published");
+                let members = lock(&self.groups)
+                    .get(&deployment)
+                    .filter(|g| g.process == agent_id)
+                    .map_or_else(
+                        || {
+                            vec![(
+                                agent_id.clone(),
+                                crate::manifest::deployment_of(&agent_id).1,
+                            )]
+                        },
+                        |g| g.members.clone(),
+                    );
+                for (member, replica) in members {
+                    lock(&self.watches).remove(&member);
+                    let failure = DeployFailure {
+                        deployment: deployment.clone(),
+                        agent: member,
+                        replica,
+                        host: Some(self.name.clone()),
+                        reason: reason.clone(),
+                    };
+                    if let Err(err) = agent.publish(hosting::DEPLOY_FAILURE, &failure).await {
+                        tracing::debug!(error = %Report(&err), "deploy_failure not published");
+                    }
                 }
             }
             _ => {}
@@ -638,7 +789,7 @@ impl State {
         let mut confirm = Vec::new();
         let mut restart = Vec::new();
         for (id, watch) in lock(&self.watches).iter() {
-            let Some((pid, healthy, running)) = statuses.get(id).copied() else {
+            let Some((pid, healthy, running)) = statuses.get(&watch.process).copied() else {
                 continue;
             };
             if !running {
@@ -654,8 +805,8 @@ impl State {
                 }
                 (HealthCheck::Heartbeat, false) if now - watch.started > watch.grace => {
                     restart.push((
-                        id.clone(),
-                        format!("no heartbeat within {:?} of its start", watch.grace),
+                        watch.process.clone(),
+                        format!("{id}: no heartbeat within {:?} of its start", watch.grace),
                     ));
                 }
                 (HealthCheck::Heartbeat, true)
@@ -663,7 +814,10 @@ impl State {
                         .last_heartbeat
                         .is_some_and(|t| now - t > watch.silence) =>
                 {
-                    restart.push((id.clone(), format!("no heartbeat for {:?}", watch.silence)));
+                    restart.push((
+                        watch.process.clone(),
+                        format!("{id}: no heartbeat for {:?}", watch.silence),
+                    ));
                 }
                 _ => {}
             }
@@ -671,8 +825,11 @@ impl State {
         for (id, pid, how) in confirm {
             self.confirm(agent, &id, pid, how).await;
         }
+        restart.sort();
+        restart.dedup_by(|a, b| a.0 == b.0);
         for (id, reason) in restart {
-            lock(&self.watches).remove(&id);
+            // Every agent of the process is watched again from its next start.
+            lock(&self.watches).retain(|_, w| w.process != id);
             tracing::warn!(agent = %id, %reason, "hosted agent unhealthy: restarting it");
             if let Err(err) = self.supervisor.restart(&id, &reason).await {
                 tracing::debug!(agent = %id, error = %err, "restart not done");

@@ -110,7 +110,13 @@ pub(crate) struct Inner {
     /// ([`Broker::undelivered`]).
     events_broker: tokio::sync::OnceCell<Broker>,
     broker_options: BrokerOptions,
+    /// Whether the connection is shared with other agents (theirs to drain, not this one's;
+    /// event subscriptions use it too).
+    shared_connection: bool,
 }
+
+/// How long shutdown waits to store the last usage report.
+const USAGE_LAST_REPORT: Duration = Duration::from_secs(2);
 
 /// Round results kept for a slow reader of [`Agent::round_results`] before the oldest are
 /// dropped.
@@ -135,7 +141,11 @@ impl Agent {
             .clone()
             .name_if_unset(options.id.clone())
             .inbox_prefix_if_unset(subjects.inbox_prefix(&options.id)?);
-        let broker = broker_options.clone().connect().await?;
+        let shared = options.connection.clone();
+        let broker = match &shared {
+            Some(connection) => connection.clone(),
+            None => broker_options.clone().connect().await?,
+        };
         let js = broker.jetstream(JETSTREAM_TIMEOUT);
         let stop = CancellationToken::new();
         let tracker = TaskTracker::new();
@@ -186,6 +196,11 @@ impl Agent {
         );
         let endpoints = Arc::new(Endpoints::default());
         let instance = uuid::Uuid::now_v7().simple().to_string();
+        let usage = Arc::new(crate::usage::Usage::new(
+            &options.id,
+            &instance,
+            !options.usage_interval.is_zero(),
+        ));
         let pipeline = Arc::new(Pipeline::new(PipelineParts {
             out: Arc::clone(&out),
             endpoints: Arc::clone(&endpoints),
@@ -210,6 +225,7 @@ impl Agent {
                         options.inbox_limits.replicas,
                     )
                 }),
+            usage,
             tracker: tracker.clone(),
             stop: stop.clone(),
         }));
@@ -286,6 +302,7 @@ impl Agent {
             commands_subscribed: tokio::sync::Mutex::new(false),
             events_broker: tokio::sync::OnceCell::new(),
             broker_options,
+            shared_connection: shared.is_some(),
         });
         inner.start(&options, verifier).await?;
         tracing::info!(agent = %inner.link.id, "agent connected");
@@ -336,10 +353,22 @@ impl Agent {
         if !completed {
             tracing::warn!(agent = %id, abandoned, "handlers still running at the shutdown deadline");
         }
+        // What was handled since the last usage report, stored before the connection goes.
+        let usage = inner.pipeline.usage.report(&inner.link);
+        if !tokio::time::timeout(USAGE_LAST_REPORT, usage)
+            .await
+            .unwrap_or(false)
+        {
+            tracing::warn!(agent = %id, "the last usage report was not stored");
+        }
         if let Err(err) = inner.link.broker.flush().await {
             tracing::debug!(agent = %id, error = %Report(&err), "flush at shutdown failed");
         }
-        if let Err(err) = inner.link.broker.drain().await {
+        // A shared connection goes on serving the process's other agents: this agent's
+        // subscriptions already ended with its readers (each drains its own on the token).
+        if !inner.shared_connection
+            && let Err(err) = inner.link.broker.drain().await
+        {
             tracing::debug!(agent = %id, error = %Report(&err), "drain at shutdown failed");
         }
         if let Some(events) = inner.events_broker.get()
@@ -387,6 +416,26 @@ impl Inner {
         if !self.presence.heartbeat_interval.is_zero() {
             self.tracker.spawn(Arc::clone(&self.presence).run());
         }
+        if !options.usage_interval.is_zero() {
+            let (pipeline, stop, every) = (
+                Arc::clone(&self.pipeline),
+                self.stop.clone(),
+                options.usage_interval,
+            );
+            self.tracker.spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                tick.tick().await;
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        // The last report is made at shutdown, after the handlers finish.
+                        _ = stop.cancelled() => break,
+                    }
+                    pipeline.usage.report(&pipeline.link).await;
+                }
+            });
+        }
         if self.out.wire.follows_bus() {
             let sub = self
                 .link
@@ -403,8 +452,12 @@ impl Inner {
         Ok(())
     }
 
-    /// The connection event subscriptions use, opened on first use.
+    /// The connection event subscriptions use, opened on first use (the shared connection,
+    /// for an agent on one).
     async fn events_connection(&self) -> Result<&Broker, SdkError> {
+        if self.shared_connection {
+            return Ok(&self.link.broker);
+        }
         let events = self
             .events_broker
             .get_or_try_init(|| {

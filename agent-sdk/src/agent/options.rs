@@ -62,6 +62,9 @@ pub struct AgentOptions {
     pub(crate) breaker: Option<crate::outbound::BreakerPolicy>,
     pub(crate) payload_limits: crate::payload::PayloadLimits,
     pub(crate) heartbeat_interval: Duration,
+    pub(crate) usage_interval: Duration,
+    /// A connection shared with other agents of this process, instead of one of its own.
+    pub(crate) connection: Option<chorus_broker_adapter::Broker>,
     pub(crate) service_discovery: bool,
     pub(crate) durable_inbox: bool,
     pub(crate) inbox_limits: InboxLimits,
@@ -110,6 +113,8 @@ impl AgentOptions {
             breaker: None,
             payload_limits: crate::payload::PayloadLimits::default(),
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            usage_interval: crate::usage::DEFAULT_USAGE_INTERVAL,
+            connection: None,
             service_discovery: true,
             durable_inbox: false,
             inbox_limits: InboxLimits::default(),
@@ -354,6 +359,14 @@ impl AgentOptions {
         self
     }
 
+    /// How often the agent reports what it handled, per endpoint, customer and session, to the
+    /// usage stream (default 5 s; PROTOCOL.md section 7.13), and once more at shutdown. Zero
+    /// turns usage counting off.
+    pub fn usage_interval(mut self, interval: Duration) -> Self {
+        self.usage_interval = interval;
+        self
+    }
+
     /// Whether the agent answers NATS service discovery (`$SRV.*`; default on).
     pub fn service_discovery(mut self, on: bool) -> Self {
         self.service_discovery = on;
@@ -427,6 +440,37 @@ impl AgentOptions {
     /// prefix are set from the agent id unless given here.
     pub fn broker(mut self, broker: BrokerOptions) -> Self {
         self.broker = broker;
+        self
+    }
+
+    /// Serves the agent on `connection`, shared with the process's other agents, instead of a
+    /// connection of its own: one process and one NATS connection can host hundreds or
+    /// thousands of agents, each with its own id, handlers, heartbeats and usage. Every agent
+    /// on it uses its reply prefix and credentials (the connection's), so NATS permissions
+    /// apply to the process, not to each agent; shutting an agent down leaves the connection
+    /// to its owner, who drains it ([`Broker::drain`](chorus_broker_adapter::Broker::drain))
+    /// after the last agent. The broker settings of these options are not used.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), chorus_sdk::SdkError> {
+    /// use chorus_sdk::{AgentOptions, BrokerOptions};
+    /// let connection = BrokerOptions::new(["nats://127.0.0.1:4222"])
+    ///     .name("calculators")
+    ///     .connect()
+    ///     .await?;
+    /// let mut agents = Vec::new();
+    /// for i in 0..100 {
+    ///     agents.push(
+    ///         AgentOptions::new(format!("calc-{i}"))
+    ///             .connection(connection.clone())
+    ///             .connect()
+    ///             .await?,
+    ///     );
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn connection(mut self, connection: chorus_broker_adapter::Broker) -> Self {
+        self.connection = Some(connection);
         self
     }
 

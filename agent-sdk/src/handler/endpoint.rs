@@ -131,6 +131,11 @@ pub(crate) struct EndpointStats {
 }
 
 impl Endpoint {
+    /// Whether it runs as a task (its messages are counted as tasks in usage).
+    pub(crate) fn is_task(&self) -> bool {
+        read(&self.said).task
+    }
+
     pub(crate) fn new(
         name: String,
         subject: String,

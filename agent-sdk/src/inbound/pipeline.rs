@@ -32,6 +32,7 @@ use crate::security::Verifier;
 use crate::security::access::Access;
 use crate::security::encryption::EncryptionKey;
 use crate::stats::AgentCounters;
+use crate::usage::{Usage, UsageKind};
 
 /// What handles a message, resolved from the subject it came on.
 #[derive(Clone)]
@@ -65,6 +66,8 @@ pub(crate) struct PipelineParts {
     pub(crate) exactly_once: ExactlyOnce,
     /// Seen ids kept where a restart finds them ([`crate::AgentOptions::persist_seen_ids`]).
     pub(crate) seen: Option<super::seen::SeenIds>,
+    /// What the agent handled, per endpoint, customer and session.
+    pub(crate) usage: Arc<Usage>,
     /// The agent's tasks and its stop, for the signature checks' collector.
     pub(crate) tracker: tokio_util::task::TaskTracker,
     pub(crate) stop: tokio_util::sync::CancellationToken,
@@ -86,6 +89,7 @@ pub(crate) struct Pipeline {
     batches: Option<Batches>,
     exactly_once: ExactlyOnce,
     seen: Option<super::seen::SeenIds>,
+    pub(crate) usage: Arc<Usage>,
 }
 
 impl Pipeline {
@@ -99,6 +103,7 @@ impl Pipeline {
             access,
             exactly_once,
             seen,
+            usage,
             tracker,
             stop,
         } = parts;
@@ -144,6 +149,7 @@ impl Pipeline {
             batches,
             exactly_once,
             seen,
+            usage,
         }
     }
 
@@ -264,10 +270,19 @@ impl Pipeline {
         via: Via,
     ) -> Processed {
         AgentCounters::bump(&self.counters().received);
+        // Usage counts what came for an endpoint or an event handler.
+        let counted = match &target {
+            Target::Endpoint(e) => Some((Some(e.name.clone()), e.is_task())),
+            Target::Event(_) => Some((None, false)),
+            Target::Unknown(_) => None,
+        };
         let processed = self.steps(subject, decoded, target, via).await;
         let kind = processed.request.as_ref().map_or(Kind::Unknown, |r| r.kind);
         if !matches!(processed.outcome, Outcome::Repeated(_)) {
             self.record_handled(kind, processed.outcome.status());
+            if let (Some((name, task)), Some(request)) = (counted, &processed.request) {
+                self.record_usage(request, name, task, &processed.outcome);
+            }
         }
         processed
     }
@@ -489,6 +504,35 @@ impl Pipeline {
             attempt: via.attempt,
             otel,
         }
+    }
+
+    /// Counts one handled message in the agent's usage: at its endpoint (`name`) or, for an
+    /// event, its topic.
+    fn record_usage(
+        &self,
+        request: &Envelope,
+        name: Option<String>,
+        task: bool,
+        outcome: &Outcome,
+    ) {
+        let kind = match request.kind {
+            _ if task => UsageKind::Task,
+            Kind::Request => UsageKind::Request,
+            Kind::Command => UsageKind::Command,
+            Kind::Event => UsageKind::Event,
+            _ => return,
+        };
+        // An event without a topic is the bus's own traffic (heartbeats, goodbyes), not usage.
+        let Some(endpoint) = name.or_else(|| request.topic.as_ref().map(ToString::to_string))
+        else {
+            return;
+        };
+        let (failed, bytes_out) = match outcome {
+            Outcome::Done(output) => (false, output.payload.len()),
+            _ => (true, 0),
+        };
+        self.usage
+            .record(request, &endpoint, kind, failed, bytes_out);
     }
 
     /// Counts one message's outcome in `chorus_handled_total`.

@@ -7,4 +7,5 @@ pub mod implied;
 pub mod registry;
 pub mod status;
 pub mod task;
+pub mod usage;
 pub(crate) mod wire;

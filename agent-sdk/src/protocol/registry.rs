@@ -9,6 +9,10 @@ use crate::protocol::status::StatusCode;
 /// Suffix of the registry bucket's name.
 pub const REGISTRY_BUCKET: &str = "registry";
 
+/// The coordinator's agent id: what it sends is `from` it, and the operators' commands
+/// (hosting, usage) go to it, answered by one of the coordinators in their queue group.
+pub const COORDINATOR_ID: &str = "coordinator";
+
 /// Whether an agent takes new work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -38,10 +38,12 @@ use tokio_util::task::TaskTracker;
 use crate::memory::rss_of;
 use crate::report::{Row, percentile};
 
+mod hosted;
 mod inboxes;
 mod shared;
 mod sizes;
 
+pub(crate) use hosted::hosted;
 pub(crate) use inboxes::{durable, durable_on_demand};
 pub(crate) use shared::coordinators;
 pub(crate) use sizes::scale;

@@ -418,6 +418,25 @@ impl JetStream {
         self.scan_with(name, filter, from, max).await
     }
 
+    /// As [`JetStream::scan`], from the first message stored at or after `since_ms` (ms since
+    /// the epoch).
+    ///
+    /// # Errors
+    /// As [`JetStream::scan`].
+    pub async fn scan_since(
+        &self,
+        name: &str,
+        filter: Option<&str>,
+        since_ms: u64,
+        max: usize,
+    ) -> Result<Vec<StoredMessage>> {
+        let nanos = i128::from(since_ms) * 1_000_000;
+        let start_time = time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
+            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+        let from = jetstream::consumer::DeliverPolicy::ByStartTime { start_time };
+        self.scan_with(name, filter, from, max).await
+    }
+
     /// [`JetStream::scan`] from where `deliver_policy` says.
     async fn scan_with(
         &self,

@@ -13,7 +13,8 @@ use chorus_cli::duration::parse_timeout;
 use chorus_host::manifest::Manifest;
 use chorus_host::protocol::{
     COORDINATOR, DEPLOY_CONFIRM, DEPLOY_FAILURE, DeployConfirm, DeployFailure, DeployRequest,
-    DeploymentView, LogLines, LogsRequest, ScaleRequest, TerminateRequest, coordinator_commands,
+    DeploymentView, HostReport, LogLines, LogsRequest, ScaleRequest, TerminateRequest,
+    coordinator_commands,
 };
 use chorus_sdk::{Agent, Call, Context};
 use serde::Serialize;
@@ -309,17 +310,20 @@ pub(crate) async fn hosts(args: ListArgs, conn: &ConnectionArgs) -> anyhow::Resu
     }
     outln!("{:<20} {:<7} {:>7} agents", "host", "state", "slots");
     for h in &hosts {
-        let report = &h["report"];
-        let agents: Vec<&str> = report["replicas"]
-            .as_array()
-            .map(|r| r.iter().filter_map(|r| r["agent_id"].as_str()).collect())
-            .unwrap_or_default();
+        let Ok(report) = serde_json::from_value::<HostReport>(h["report"].clone()) else {
+            continue;
+        };
+        let agents: Vec<String> = report.agents().map(|a| a.agent).collect();
+        let shown = match agents.len() {
+            0..=12 => agents.join(" "),
+            n => format!("{n} agents ({} ... {})", agents[0], agents[n - 1]),
+        };
         outln!(
             "{:<20} {:<7} {:>7} {}",
-            report["name"].as_str().unwrap_or("?"),
+            report.name,
             h["state"].as_str().unwrap_or("?"),
-            report["capacity"]["agents"],
-            agents.join(" ")
+            report.capacity.agents,
+            shown
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -1,6 +1,7 @@
 //! The `chorus` subcommands, one file each: its arguments (a clap `Args` struct) and a `run`
 //! that takes them and the connection settings every command shares ([`ConnectionArgs`]).
 
+mod agent;
 mod agents;
 mod bench;
 mod broadcast;
@@ -20,6 +21,7 @@ mod serve;
 mod tap;
 mod task;
 mod up;
+mod usage;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -156,6 +158,9 @@ pub(crate) enum Command {
     /// Run a contract-net round: call for proposals on a capability, award the best by a
     /// policy, and print the bids and the winner's task.
     Negotiate(negotiate::Args),
+    /// Run SDK agents that answer a capability with what they were sent and who answered, as
+    /// a host runs them (one, or many on one connection): for trying hosting and measuring scale.
+    Agent(agent::Args),
     /// Run this machine's host: start, limit, log, restart and stop agent processes from
     /// manifests, as the coordinator asks (docs/HOSTING.md).
     Host(host::Args),
@@ -171,6 +176,9 @@ pub(crate) enum Command {
     Hosts(hosting::ListArgs),
     /// Print the last lines of a hosted agent's output, from its host.
     Logs(hosting::LogsArgs),
+    /// What the agents handled, per customer, session, agent, endpoint or kind, over a window
+    /// (`--by customer --since 1h`), from the usage every agent reports.
+    Usage(usage::Args),
     /// Start a local NATS server (if none answers) and the demo agents, and show them talking.
     Up(up::Args),
     /// Publish an event (--topic), or send a command to an agent (--to, --command) and print
@@ -213,6 +221,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             | Command::Chaos(_)
             | Command::Mcp(_)
             | Command::Host(_)
+            | Command::Agent(_)
     );
     let command = dispatch(cli.command, &conn, given);
     if !one_shot {
@@ -243,12 +252,14 @@ async fn dispatch(
         Command::Task(args) => task::run(args, conn).await,
         Command::Negotiate(args) => negotiate::run(args, conn).await,
         Command::Host(args) => host::run(args, conn).await,
+        Command::Agent(args) => agent::run(args, conn).await,
         Command::Deploy(args) => hosting::deploy(args, conn).await,
         Command::Scale(args) => hosting::scale(args, conn).await,
         Command::Terminate(args) => hosting::terminate(args, conn).await,
         Command::Deployments(args) => hosting::deployments(args, conn).await,
         Command::Hosts(args) => hosting::hosts(args, conn).await,
         Command::Logs(args) => hosting::logs(args, conn).await,
+        Command::Usage(args) => usage::run(args, conn).await,
         Command::Up(args) => up::run(args, conn).await,
         Command::Send(args) => send::run(args, conn).await,
         Command::Request(args) => request::run(args, conn).await,

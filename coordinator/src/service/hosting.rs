@@ -210,9 +210,7 @@ fn hosted(
     let (deployment, replica) = deployment_of(agent);
     deployments.get(deployment).is_some_and(|(_, d)| {
         replica <= d.manifest.replicas && d.manifest.replica_id(replica) == agent
-    }) || hosts
-        .iter()
-        .any(|h| h.replicas.iter().any(|r| r.agent_id == agent))
+    }) || hosts.iter().any(|h| h.agents().any(|r| r.agent == agent))
 }
 
 async fn deploy(shared: &Shared, manifest: Manifest) -> Result<DeploymentView, HandlerError> {
@@ -355,7 +353,7 @@ async fn logs(shared: &Shared, req: LogsRequest) -> Result<LogLines, HandlerErro
         .await?
         .into_iter()
         .filter(|h| liveness(h, now, grace) != Liveness::Gone)
-        .find(|h| h.replicas.iter().any(|r| r.agent_id == req.agent))
+        .find(|h| h.agents().any(|r| r.agent == req.agent))
         .ok_or_else(|| {
             HandlerError::new(
                 StatusCode::INVALID_ARGUMENT,

@@ -30,6 +30,12 @@ pub struct CoordinatorMetrics {
     pub dlq_depth: IntGaugeVec,
     /// The coordinator's own NATS connection events, by event.
     pub connection_events: IntCounterVec,
+    /// What the agents handled, from their usage reports since this coordinator started,
+    /// by agent, customer, kind and outcome (`ok`, `failed`).
+    pub usage_messages: IntCounterVec,
+    /// Payload bytes the agents handled, from the same reports, by agent, customer and
+    /// direction (`in`, `out`).
+    pub usage_bytes: IntCounterVec,
     /// Always 1, labelled with the build: `version` and `revision`.
     pub build_info: IntGauge,
 }
@@ -105,6 +111,16 @@ pub fn metrics() -> &'static CoordinatorMetrics {
                 "The coordinator's NATS connection events since start: disconnects, reconnects, slow_consumer_drops, permission_violations.",
                 &["event"],
             ),
+            usage_messages: counter_vec(
+                "chorus_usage_messages_total",
+                "Messages the agents handled, from their usage reports since this coordinator started (every coordinator counts every report), by agent, customer, kind and outcome.",
+                &["agent", "customer", "kind", "outcome"],
+            ),
+            usage_bytes: counter_vec(
+                "chorus_usage_bytes_total",
+                "Payload bytes the agents handled, from their usage reports since this coordinator started, by agent, customer and direction (in, out).",
+                &["agent", "customer", "direction"],
+            ),
             build_info: IntGauge::with_opts(
                 Opts::new(
                     "chorus_build_info",
@@ -146,6 +162,8 @@ pub fn metrics() -> &'static CoordinatorMetrics {
             Box::new(m.payloads_removed.clone()),
             Box::new(m.dlq_depth.clone()),
             Box::new(m.connection_events.clone()),
+            Box::new(m.usage_messages.clone()),
+            Box::new(m.usage_bytes.clone()),
             Box::new(m.build_info.clone()),
         ];
         for c in collectors {

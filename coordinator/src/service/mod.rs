@@ -23,6 +23,7 @@ mod provision;
 pub mod registry;
 pub mod sd;
 mod tasks;
+mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,7 +41,7 @@ use http::{MetricsServer, Readiness, ReadinessCheck};
 use registry::Registry;
 
 /// The `from` of messages the coordinator sends, and its reply-inbox prefix's token.
-pub const COORDINATOR_ID: &str = chorus_host::protocol::COORDINATOR;
+pub const COORDINATOR_ID: &str = chorus_sdk::registry::COORDINATOR_ID;
 /// Name of the durable consumer the coordinators share on the advisory stream.
 pub const DLQ_CONSUMER: &str = "chorus-dlq";
 /// Suffix of the registry bucket's name.
@@ -150,6 +151,8 @@ impl Coordinator {
             .root(&config.root)
             .broker(broker_options)
             .heartbeat_interval(Duration::ZERO)
+            // What the coordinator itself handles is the bus's work, not a customer's.
+            .usage_interval(Duration::ZERO)
             .service_discovery(false)
             .max_in_flight(MAX_IN_FLIGHT)
             .shutdown_timeout(config.shutdown_timeout())
@@ -212,6 +215,10 @@ impl Coordinator {
                 "cannot serve the hosting subjects",
             ))?;
         hosting::spawn_reconciler(&shared);
+        usage::serve(&shared.agent, &shared)
+            .await
+            .map_err(Error::wrap(ErrorKind::Broker, "cannot serve usage queries"))?;
+        usage::spawn_metrics(&shared);
         tasks::spawn_reaper(&shared);
         tasks::spawn_payload_sweeper(&shared);
         tasks::spawn_dead_letter_worker(&shared).await?;

@@ -33,6 +33,8 @@ pub use supervisor::{ReplicaEvent, ReplicaState, ReplicaStatus, Supervisor, Supe
 
 /// The replica's agent id (`<deployment>` for replica 1, `<deployment>-<n>` after).
 pub const ENV_AGENT_ID: &str = "CHORUS_AGENT_ID";
+/// The agent ids one process of a shared deployment (`run.shared`) serves, comma-separated.
+pub const ENV_AGENT_IDS: &str = "CHORUS_AGENT_IDS";
 /// The deployment (manifest id) the replica belongs to.
 pub const ENV_DEPLOYMENT: &str = "CHORUS_DEPLOYMENT";
 /// The replica's number, from 1.

@@ -31,6 +31,7 @@ from .status import ChorusError, NoResponders, Refused, StatusCode, Timeout, Unr
 from .subjects import SubjectError, Subjects  # noqa: E402
 from .schema import Schema, SchemaError  # noqa: E402
 from .tasks import Attempt, Supervisor, TaskContext, TaskHandle, TaskReport, TaskResult, TaskStopped, TaskUpdate, Verification  # noqa: E402
+from .usage import UsageKind, UsageReport, UsageRow  # noqa: E402
 
 __all__ = [
     "CallOptions",
@@ -86,6 +87,9 @@ __all__ = [
     "TaskUpdate",
     "Timeout",
     "Unreachable",
+    "UsageKind",
+    "UsageReport",
+    "UsageRow",
     "Verifier",
     "__version__",
     "decode",

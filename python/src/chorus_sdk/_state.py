@@ -36,6 +36,7 @@ from .signing import Identity, Verifier
 from .status import Unreachable
 from .subjects import Subjects, validate_token
 from .tasks import Tasks
+from .usage import DEFAULT_USAGE_INTERVAL, Usage
 
 log = logging.getLogger("chorus_sdk")
 
@@ -142,6 +143,8 @@ class AgentState:
         capability_routing: Routing = Routing.QUEUE_GROUP,
         routing_refresh: float = DEFAULT_ROUTING_REFRESH,
         circuit_breaker: BreakerPolicy | None = None,
+        usage_interval: float = DEFAULT_USAGE_INTERVAL,
+        connection: NATS | None = None,
     ) -> None:
         self.id = validate_token("agent id", id)
         self.subjects = Subjects(root)
@@ -199,6 +202,15 @@ class AgentState:
         self._breakers = Breakers(self.id, circuit_breaker)
         self._breakers.on_change.append(lambda destination, state: metrics.circuit_changed(self.id, destination, state))
         self.instance = uuid7().hex
+        # Usage (section 7.13): counted by the pipeline, reported every usage_interval
+        # seconds and at shutdown; 0 turns it off.
+        if not 0 <= usage_interval < float("inf"):
+            raise ValueError("usage_interval must be 0 (off) or a finite number of seconds")
+        self.usage_interval = usage_interval
+        self._usage = Usage(self.id, self.instance, usage_interval > 0)
+        # A connection shared with the process's other agents, instead of one of its own: its
+        # owner drains it after the last agent, so shutdown leaves it open.
+        self._shared_connection = connection
         self.started_ms = now_ms()
         self.stats = Stats()
 

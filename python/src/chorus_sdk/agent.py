@@ -10,6 +10,8 @@ import asyncio
 import uuid
 from typing import Any, Iterable
 
+from nats.aio.client import Client as NATS
+
 from ._connection import Connection
 from .context import Context, Reply
 from . import service
@@ -24,10 +26,15 @@ from .handlers import Handlers
 from . import metrics
 from .negotiate import DEFAULT_BID_DEADLINE, Award, CounterFn, Policy
 from .negotiate import negotiate as run_negotiation
+from .usage import LAST_REPORT_TIMEOUT
 
 
 # The task that follows the registry's keys: stopped at shutdown, not waited for.
 KEYS_TASK = "chorus-keys"
+# How often an agent on a shared connection looks whether its owner closed it while it
+# serves, and how long its shutdown waits for what it sent to be flushed, in seconds.
+SHARED_CHECK_INTERVAL = 1.0
+SHARED_FLUSH_TIMEOUT = 2
 
 
 class Agent(Handlers):
@@ -36,6 +43,13 @@ class Agent(Handlers):
     ``async with Agent("summarizer", servers="nats://127.0.0.1:4222") as agent:`` connects,
     subscribes what its handlers need, announces itself, and on leaving says goodbye and waits
     for running handlers (up to ``shutdown_timeout``).
+
+    It reports what it handled, per endpoint, customer and session, to the usage stream every
+    ``usage_interval`` seconds (default 5; 0 turns it off) and once more at shutdown
+    (:mod:`chorus_sdk.usage`). Given ``connection=`` (a connected nats-py client), it serves on
+    that connection, shared with the process's other agents, instead of one of its own: its id,
+    handlers, heartbeats and usage stay its own, and shutting it down leaves the connection
+    open; its owner drains it after the last agent.
     """
 
     # -----------------------------------------------------------------------------------------
@@ -52,13 +66,22 @@ class Agent(Handlers):
         """Connects, subscribes every handler registered so far, and announces the agent.
 
         Raises :class:`Unreachable` when the bus cannot be reached in ``connect_attempts``
-        tries of each server (saying where it tried and why it failed)."""
-        options: dict[str, Any] = {"name": self.id, "inbox_prefix": self.subjects.reply_prefix(self.id).encode()}
-        options.update(self.nats_options)
-        connection = Connection(self.id, self.servers, self.connect_attempts, self.reconnect_attempts, self._reconnected)
-        self._connection = connection
-        self.connection_events.watch(options, lambda: connection.state == "closing")
-        self._nc = await connection.open(options)
+        tries of each server (saying where it tried and why it failed), or when the shared
+        ``connection`` given is not connected."""
+        shared = self._shared_connection
+        if shared is not None:
+            # The process's connection, shared with its other agents: used as it is (its
+            # servers, name, credentials and reply prefix are its owner's).
+            if not shared.is_connected:
+                raise Unreachable(f"agent {self.id}: the connection it was given is not connected")
+            self._nc = shared
+        else:
+            options: dict[str, Any] = {"name": self.id, "inbox_prefix": self.subjects.reply_prefix(self.id).encode()}
+            options.update(self.nats_options)
+            connection = Connection(self.id, self.servers, self.connect_attempts, self.reconnect_attempts, self._reconnected)
+            self._connection = connection
+            self.connection_events.watch(options, lambda: connection.state == "closing")
+            self._nc = await connection.open(options)
         try:
             await self._start()
         except BaseException:
@@ -99,6 +122,42 @@ class Agent(Handlers):
         if self.heartbeat_interval > 0:
             await self._heartbeat()
             self.spawn(self._heartbeats(), name="chorus-heartbeats")
+        if self._usage.enabled:
+            self.spawn(self._report_usage(), name="chorus-usage")
+
+    async def _report_usage(self) -> None:
+        """Stores what the agent counted in the usage stream every ``usage_interval`` seconds
+        until it starts shutting down (the last report is made at shutdown, after its handlers
+        finish); a report not stored goes with the next one."""
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self._stopped.wait(), timeout=self.usage_interval)
+                return
+            except asyncio.TimeoutError:
+                pass
+            nc = self._nc
+            if nc is None:
+                return
+            await self._usage.report(nc, self.subjects, self.request_timeout)
+
+    async def _last_usage_report(self, nc: NATS) -> None:
+        """Stores what was counted since the last usage report, waiting up to 2 s (at
+        shutdown, after the handlers finish, before the connection goes)."""
+        if not self._usage.pending:
+            return
+        try:
+            stored = await asyncio.wait_for(
+                self._usage.report(nc, self.subjects, LAST_REPORT_TIMEOUT), timeout=LAST_REPORT_TIMEOUT
+            )
+        except asyncio.TimeoutError:
+            stored = self._usage.no_stream = False
+        if stored:
+            return
+        if self._usage.no_stream:
+            # No coordinator made the stream: nothing to store it in, as expected without one.
+            log.debug("agent %s: the last usage report was not stored: no usage stream", self.id)
+        else:
+            log.warning("agent %s: the last usage report was not stored", self.id)
 
     async def _serve_metrics(self) -> None:
         """Makes this agent's counters visible in the process's metrics, and serves them on
@@ -140,7 +199,7 @@ class Agent(Handlers):
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=1.0)
         await self._stop_metrics()
-        if nc is not None:
+        if nc is not None and self._shared_connection is None:
             try:
                 await nc.close()
             except Exception:  # noqa: BLE001 - closing what may never have opened
@@ -149,9 +208,20 @@ class Agent(Handlers):
     async def serve_forever(self) -> None:
         """Serves until the agent shuts down. Raises :class:`Unreachable` if its connection is
         lost for good (after ``reconnect_attempts`` failed tries); cancelling it (Ctrl-C under
-        ``asyncio.run``) ends it as any other wait."""
+        ``asyncio.run``) ends it as any other wait. On a shared connection, raises
+        :class:`Unreachable` once its owner closes it."""
         connection = self._connection
-        if self._nc is None or connection is None:
+        nc = self._nc
+        if nc is not None and self._shared_connection is not None:
+            while not self._stopped.is_set():
+                if nc.is_closed:
+                    raise Unreachable(f"agent {self.id}: the connection it shares was closed")
+                try:
+                    await asyncio.wait_for(self._stopped.wait(), timeout=SHARED_CHECK_INTERVAL)
+                except asyncio.TimeoutError:
+                    pass
+            return
+        if nc is None or connection is None:
             raise Unreachable(f"agent {self.id} is not connected")
         waits = [asyncio.ensure_future(self._stopped.wait()), asyncio.ensure_future(connection.closed.wait())]
         try:
@@ -172,8 +242,9 @@ class Agent(Handlers):
 
     async def shutdown(self) -> None:
         """Says goodbye, stops taking messages, waits for running handlers (up to
-        ``shutdown_timeout``), then closes the connection; cancelled half way, it still
-        closes the connection."""
+        ``shutdown_timeout``), stores its last usage report (up to 2 s), then closes the
+        connection; cancelled half way, it still closes the connection. A shared connection
+        is left open to its owner (this agent's subscriptions are gone from it)."""
         if self._nc is None or self._stopping:
             return
         self._stopping = True
@@ -205,15 +276,24 @@ class Agent(Handlers):
                     task.cancel()
                 if late:
                     await asyncio.wait(late, timeout=1.0)
+            # What was handled since the last usage report, stored before the connection goes.
+            await self._last_usage_report(nc)
         finally:
+            shared = self._shared_connection is not None
             try:
-                if nc.is_connected:
+                if shared:
+                    # Its owner's, serving the process's other agents: only what this agent
+                    # sent (its goodbye, its unsubscriptions) is flushed.
+                    if nc.is_connected:
+                        await nc.flush(timeout=SHARED_FLUSH_TIMEOUT)
+                elif nc.is_connected:
                     await nc.drain()
                 else:
                     await nc.close()
             except BaseException as e:
                 try:
-                    await nc.close()
+                    if not shared:
+                        await nc.close()
                 except Exception:  # noqa: BLE001 - closed as far as it can be
                     pass
                 if not isinstance(e, Exception):

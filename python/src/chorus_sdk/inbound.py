@@ -17,6 +17,7 @@ from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJE
 from .service import EndpointStats
 from .status import ChorusError, StatusCode, reply_performative
 from .negotiate import bid_subject
+from .usage import UsageKind
 
 from ._connection import CONNECTION_GONE, describe
 from ._state import MAX_SEQ_SUBJECTS, log
@@ -137,14 +138,60 @@ class Inbound(Outbound):
 
     async def handle(self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1) -> Any:
         """The inbound pipeline after decoding (:meth:`_handle`), counted as the Rust SDK
-        counts it: received, and by kind and the status it is answered with (a copy that
-        exactly-once does not run again only as received)."""
+        counts it: received, and by kind and the status it is answered with, and in the
+        agent's usage (a copy that exactly-once does not run again only as received)."""
         stats = self.stats
         stats.received += 1
         duplicates = stats.duplicates
         outcome = await self._handle(env, subject, route, name, attempt)
         if env.delivery is not Delivery.EXACTLY_ONCE or stats.duplicates == duplicates:
             self._metrics.message(env.kind.value, outcome.status if isinstance(outcome, ChorusError) else StatusCode.OK)
+            if self._usage.enabled:
+                outcome = self._count_usage(env, subject, route, name, outcome)
+        return outcome
+
+    def _count_usage(self, env: Envelope, subject: str, route: str, name: str, outcome: Any) -> Any:
+        """Counts one message that came for an endpoint or an event handler in the agent's
+        usage (section 7.13): at its command, capability or (an event) topic, as a task when
+        its endpoint runs tasks; an event without a topic is the bus's own traffic, not
+        counted. Returns the outcome, a handler's value as the :class:`Reply` it is answered
+        with (encoded once, here, to count its size)."""
+        task = False
+        if route == "event":
+            if not env.topic or name not in self._events:
+                return outcome
+            endpoint = env.topic
+        elif route == "command":
+            endpoint = self.subjects.command_name(subject) or self.subjects.durable_command(subject) or ""
+            if endpoint not in self._commands:
+                return outcome
+            task = bool(self._endpoints.get(("command", endpoint), {}).get("task"))
+        elif route == "capability":
+            if name not in self._capabilities:
+                return outcome
+            endpoint = name
+            task = bool(self._endpoints.get(("capability", name), {}).get("task"))
+        elif route == "bid":
+            if name not in self._bidding.bids:
+                return outcome
+            endpoint = f"bid.{name}"
+        else:
+            return outcome
+        kind = UsageKind.TASK if task else _USAGE_KINDS.get(env.kind)
+        if kind is None:
+            return outcome
+        failed = isinstance(outcome, ChorusError)
+        bytes_out = 0
+        if not failed and route != "event":
+            try:
+                payload, content_type = self.reply_payload(env, outcome)
+            except DecodeError:
+                # A value that cannot be answered with: no reply goes out.
+                failed = True
+            else:
+                outcome = Reply(payload, content_type)
+                bytes_out = len(payload)
+        self._usage.record(env, endpoint, kind, failed, bytes_out)
         return outcome
 
     async def _handle(self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1) -> Any:
@@ -341,6 +388,9 @@ class Inbound(Outbound):
         else:
             self.stats.replies_sent += 1
 
+
+# The usage kind of each kind of message counted (section 7.13).
+_USAGE_KINDS = {Kind.REQUEST: UsageKind.REQUEST, Kind.COMMAND: UsageKind.COMMAND, Kind.EVENT: UsageKind.EVENT}
 
 
 def _encoding_of(data: bytes, default: Encoding) -> Encoding:

@@ -1,7 +1,7 @@
 //! Agents hosted by the bus (issue 36), through the user's entry points: `chorus host` on two
 //! "machines" (two host processes), an in-process coordinator, and `chorus deploy`, `scale`,
 //! `terminate`, `deployments`, `hosts` and `logs`, against a real nats-server. The hosted
-//! agent is the SDK example `hosted_agent`, a real agent process.
+//! agents are `chorus agent` processes: real SDK agents.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use std::time::Duration;
 use chorus_host::protocol::DeploymentView;
 use chorus_nats_server::NatsServer;
 use chorus_sdk::{Agent, Call, SdkError};
-use chorus_tests::{Processes, agent, chorus_binary, eventually, example_binary, server, within};
+use chorus_tests::{Processes, agent, chorus_binary, eventually, server, within};
 use serde_json::Value;
 
 /// Hosts report this often here, and the coordinator gives a silent host this long.
@@ -23,8 +23,6 @@ const DEPLOY_WAIT: Duration = Duration::from_secs(60);
 struct Bus {
     server: NatsServer,
     chorus: PathBuf,
-    /// The SDK's example agent written to be hosted.
-    hosted: PathBuf,
     dir: tempfile::TempDir,
     _coordinator: chorus_coordinator::Coordinator,
 }
@@ -50,7 +48,6 @@ impl Bus {
         Bus {
             server,
             chorus: chorus_binary(),
-            hosted: example_binary("chorus-host", "hosted_agent"),
             dir: tempfile::tempdir().expect("temp dir"),
             _coordinator: coordinator,
         }
@@ -64,11 +61,10 @@ impl Bus {
         cmd
     }
 
-    /// `chorus host --name NAME`, its logs in the test's folder, the example agents' folder
-    /// on its `PATH` (as `cargo install --path host --example hosted_agent` puts them on a
-    /// user's).
+    /// `chorus host --name NAME`, its logs in the test's folder, `chorus` on its `PATH` (as
+    /// installing it puts it on a user's), for the `chorus agent` processes it runs.
     fn host(&self, name: &str, extra: &[&str]) -> Child {
-        let examples = self.hosted.parent().expect("examples folder");
+        let examples = self.chorus.parent().expect("the binary's folder");
         let path = std::env::join_paths(std::iter::once(examples.to_owned()).chain(
             std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
         ))
@@ -158,10 +154,9 @@ fn text(out: &Output) -> String {
     )
 }
 
-fn echo_manifest(agent: &Path, id: &str, extra: &str) -> String {
+fn echo_manifest(id: &str, extra: &str) -> String {
     format!(
-        "id = \"{id}\"\ncapabilities = [\"{id}\"]\n{extra}\n\n[run]\ncommand = \"{}\"\nenv = {{ HOSTED_CAPABILITY = \"{id}\" }}\n\n[restart]\ninitial_backoff = \"100ms\"\nmax_backoff = \"1s\"\n",
-        agent.display()
+        "id = \"{id}\"\ncapabilities = [\"{id}\"]\n{extra}\n\n[run]\ncommand = \"chorus\"\nargs = [\"agent\", \"--capability\", \"{id}\"]\n\n[restart]\ninitial_backoff = \"100ms\"\nmax_backoff = \"1s\"\n"
     )
 }
 
@@ -368,7 +363,7 @@ async fn a_deployment_scales_shares_load_survives_a_crash_and_its_hosts_death_an
     .await;
     assert!(matches!(
         ask(&caller, "echo", None).await,
-        Err(SdkError::NoResponders { .. })
+        Err(SdkError::NoResponders(_))
     ));
     assert!(
         bus.deployments()
@@ -382,13 +377,12 @@ async fn a_deployment_scales_shares_load_survives_a_crash_and_its_hosts_death_an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn co_location_places_beside_the_target_and_refuses_when_its_host_is_full() {
     let bus = Bus::start().await;
-    let hosted = bus.hosted.clone();
     let mut hosts = Processes::default();
     hosts.0.push(bus.host("small", &["--max-agents", "2"]));
     hosts.0.push(bus.host("large", &["--max-agents", "50"]));
     bus.hosts_live(&["small", "large"]).await;
     let pin = |host: &str| format!("[placement]\nhosts = [\"{host}\"]");
-    let orchestrator = bus.manifest("orch", &echo_manifest(&hosted, "orch", &pin("small")));
+    let orchestrator = bus.manifest("orch", &echo_manifest("orch", &pin("small")));
     let out = bus
         .run(
             &["deploy", orchestrator.to_str().expect("utf-8")],
@@ -400,7 +394,7 @@ async fn co_location_places_beside_the_target_and_refuses_when_its_host_is_full(
     // Beside it: on the small host, though the large one is emptier.
     let helper = bus.manifest(
         "helper",
-        &echo_manifest(&hosted, "helper", "[placement]\nco_locate_with = \"orch\""),
+        &echo_manifest("helper", "[placement]\nco_locate_with = \"orch\""),
     );
     let out = bus
         .run(&["deploy", helper.to_str().expect("utf-8")], DEPLOY_WAIT)
@@ -419,7 +413,7 @@ async fn co_location_places_beside_the_target_and_refuses_when_its_host_is_full(
     // The small host is now full: a second helper beside orch is refused, with the reason.
     let second = bus.manifest(
         "helper2",
-        &echo_manifest(&hosted, "helper2", "[placement]\nco_locate_with = \"orch\""),
+        &echo_manifest("helper2", "[placement]\nco_locate_with = \"orch\""),
     );
     let out = bus
         .run(&["deploy", second.to_str().expect("utf-8")], DEPLOY_WAIT)
@@ -435,7 +429,7 @@ async fn co_location_places_beside_the_target_and_refuses_when_its_host_is_full(
     // A target no host runs is refused before anything starts.
     let stray = bus.manifest(
         "stray",
-        &echo_manifest(&hosted, "stray", "[placement]\nco_locate_with = \"nobody\""),
+        &echo_manifest("stray", "[placement]\nco_locate_with = \"nobody\""),
     );
     let out = bus
         .run(&["deploy", stray.to_str().expect("utf-8")], DEPLOY_WAIT)
@@ -518,15 +512,86 @@ async fn bad_manifests_are_refused_naming_the_field_and_a_crash_loop_ends_in_dep
         "{:?}",
         started.elapsed()
     );
-    let view = bus
-        .deployments()
-        .await
-        .into_iter()
-        .find(|d| d.deployment == "crasher")
-        .expect("kept");
+    // The coordinator records it from the host's next report.
+    let view = eventually(Duration::from_secs(10), "the failure recorded", || async {
+        bus.deployments()
+            .await
+            .into_iter()
+            .find(|d| d.deployment == "crasher" && !d.failed.is_empty())
+    })
+    .await;
     assert_eq!(view.failed.len(), 1, "{view:?}");
     assert!(
         view.placed.is_empty(),
         "a failed replica is not running: {view:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_deployment_runs_its_replicas_in_one_process_on_one_connection() {
+    let bus = Bus::start().await;
+    let mut hosts = Processes::default();
+    hosts.0.push(bus.host("h1", &[]));
+    bus.hosts_live(&["h1"]).await;
+    let manifest = bus.manifest(
+        "many",
+        &echo_manifest("many", "replicas = 3").replace("[run]\n", "[run]\nshared = true\n"),
+    );
+    let out = bus
+        .run(&["deploy", manifest.to_str().expect("utf-8")], DEPLOY_WAIT)
+        .await;
+    assert!(out.status.success(), "{}", text(&out));
+    let caller = agent(&bus.server, "shared-caller").await;
+    let pids = |n: u32| {
+        let caller = caller.clone();
+        async move {
+            let mut pids = BTreeSet::new();
+            for replica in 1..=n {
+                let id = if replica == 1 {
+                    "many".to_owned()
+                } else {
+                    format!("many-{replica}")
+                };
+                let (from, pid) = ask(&caller, "many", Some(&id)).await.ok()?;
+                assert_eq!(from, id);
+                pids.insert(pid);
+            }
+            Some(pids)
+        }
+    };
+    let first = eventually(Duration::from_secs(20), "three agents answer", || pids(3)).await;
+    assert_eq!(first.len(), 1, "one process serves the three: {first:?}");
+
+    // Scaled: the process starts again serving five.
+    let out = bus.run(&["scale", "many", "5"], DEPLOY_WAIT).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let second = eventually(Duration::from_secs(20), "five agents answer", || async {
+        pids(5).await.filter(|p| p.len() == 1 && *p != first)
+    })
+    .await;
+    let hosts_now = bus.hosts().await;
+    let shared = &hosts_now[0]["report"]["shared"];
+    assert_eq!(
+        shared.as_array().map(Vec::len),
+        Some(1),
+        "one process: {hosts_now:?}"
+    );
+    assert_eq!(
+        shared[0]["replicas"],
+        serde_json::json!([1, 2, 3, 4, 5]),
+        "{hosts_now:?}"
+    );
+    let reported: BTreeSet<u64> = shared[0]["process"]["pid"].as_u64().into_iter().collect();
+    assert_eq!(
+        u64::from(*second.first().expect("pid")),
+        *reported.first().expect("pid")
+    );
+    let out = bus.run(&["logs", "many-4"], Duration::from_secs(30)).await;
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("many,many-2,many-3,many-4,many-5 serving many"),
+        "{}",
+        text(&out)
+    );
+    caller.shutdown().await;
 }

@@ -24,5 +24,6 @@ mod reliability;
 mod security;
 mod shutdown;
 mod tasks;
+mod usage;
 mod vectors;
 mod walkthrough;

@@ -414,3 +414,55 @@ async fn an_event_subject_past_the_length_limit_is_refused_with_a_clear_error() 
         .expect("publishes");
     publisher.shutdown().await;
 }
+
+/// Many agents in one process on one connection (`AgentOptions::connection`): each serves its
+/// own commands under its own id; one shutting down leaves the connection and the others.
+#[tokio::test]
+async fn agents_sharing_one_connection_each_serve_and_one_leaving_leaves_the_rest() {
+    let server = server();
+    let connection = chorus_sdk::BrokerOptions::new([server.url()])
+        .name("fleet")
+        .connect()
+        .await
+        .expect("connection");
+    let mut agents = Vec::new();
+    for i in 0..50 {
+        let agent = chorus_sdk::AgentOptions::new(format!("fleet-{i}"))
+            .connection(connection.clone())
+            .connect()
+            .await
+            .expect("agent on the shared connection");
+        agent
+            .on_command("who", |ctx: Context, (): ()| async move {
+                Ok::<_, HandlerError>(ctx.agent_id().to_owned())
+            })
+            .await
+            .expect("handler");
+        agents.push(agent);
+    }
+    let caller = agent(&server, "fleet-caller").await;
+    for i in 0..50 {
+        let id = format!("fleet-{i}");
+        let who: String = caller.request(&id, "who", &()).await.expect("answers");
+        assert_eq!(who, id);
+    }
+    let leaving = agents.remove(7);
+    within(WAIT, "one agent shuts down", leaving.shutdown()).await;
+    assert!(matches!(
+        caller.request::<_, String>("fleet-7", "who", &()).await,
+        Err(SdkError::NoResponders(_))
+    ));
+    assert!(connection.is_connected(), "the shared connection stays");
+    for i in [0, 8, 49] {
+        let id = format!("fleet-{i}");
+        let who: String = caller
+            .request(&id, "who", &())
+            .await
+            .expect("still answers");
+        assert_eq!(who, id);
+    }
+    for agent in agents {
+        agent.shutdown().await;
+    }
+    connection.drain().await.expect("drained by its owner");
+}

@@ -1,0 +1,332 @@
+//! Real SDK agents hosted by the bus (`chorus bench --only hosted`; docs/SCALE.md, "Real agents
+//! in host processes"): not the light mode's simulated agents but `chorus agent` processes,
+//! each serving its share of the agents on one connection, started by `chorus host` processes
+//! from shared manifests (`run.shared`) that a coordinator process places, one deployment per
+//! host. Measured: the time until every agent is live in the registry, the agent processes'
+//! memory per agent, the server's connections and subscriptions, heartbeats per second,
+//! discovery latency, and a broadcast to every agent, reported.
+
+use std::collections::BTreeSet;
+
+use chorus_host::manifest::Manifest;
+use chorus_host::protocol::{
+    COORDINATOR, DeployRequest, DeploymentView, HostReport, coordinator_commands,
+};
+use chorus_sdk::Call;
+
+use super::*;
+
+/// Agents one `chorus agent` process serves at most here (the hosts are as many as it takes).
+const AGENTS_PER_PROCESS: usize = 10_000;
+/// Hosts at least (so that placement spreads over several).
+const MIN_HOSTS: usize = 2;
+/// The capability the hosted agents serve, but for one in [`RARE_EVERY`], which serve `rare`
+/// (a deployment of their own) for the discovery queries.
+const WORK: &str = "fleet.work";
+/// How long the hosted agents have to be live after the deploys were taken.
+const LIVE_DEADLINE: Duration = Duration::from_secs(600);
+
+/// One size's figures.
+#[derive(Debug, Clone)]
+struct Figures {
+    agents: usize,
+    processes: usize,
+    live_after: Duration,
+    agents_rss: u64,
+    server_rss: u64,
+    coordinator_rss: u64,
+    connections: u64,
+    subscriptions: u64,
+    heartbeats_per_second: f64,
+    discovery: Vec<Duration>,
+    broadcast: (Duration, usize),
+}
+
+/// Runs the hosted fleet at each size in `sizes` and returns its rows; a size that cannot be
+/// reached (memory, time) is a row saying why.
+pub(crate) async fn hosted(
+    program: &Path,
+    sizes: &[usize],
+    progress: fn(&str),
+) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for &n in sizes {
+        progress(&format!("{n} real SDK agents in host processes"));
+        match run(program, n).await {
+            Ok(f) => rows.extend(rows_of(&f)),
+            Err(e) => rows.push(Row {
+                chorus: None,
+                goal: format!("not reached: {e:#}"),
+                met: Some(false),
+                ..Row::chorus_only(&format!("{n} hosted agents"), "", 0.0, "", None)
+            }),
+        }
+    }
+    Ok(rows)
+}
+
+fn rows_of(f: &Figures) -> Vec<Row> {
+    let n = f.agents;
+    let at = |what: &str| format!("{n} hosted SDK agents in {} processes: {what}", f.processes);
+    let mut discovery = f.discovery.clone();
+    discovery.sort();
+    let (took, delivered) = f.broadcast;
+    vec![
+        Row::chorus_only(
+            &at("all live after the deploys"),
+            "s",
+            f.live_after.as_secs_f64(),
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("agent processes' resident memory per agent"),
+            "KiB",
+            f.agents_rss as f64 / 1024.0 / n as f64,
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("agent processes' resident memory"),
+            "MiB",
+            mib(f.agents_rss),
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("server resident memory"),
+            "MiB",
+            mib(f.server_rss),
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("coordinator resident memory"),
+            "MiB",
+            mib(f.coordinator_rss),
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("server connections"),
+            "conns",
+            f.connections as f64,
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("server subscriptions"),
+            "subs",
+            f.subscriptions as f64,
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("heartbeats handled per second"),
+            "msg/s",
+            f.heartbeats_per_second,
+            "(reported)",
+            None,
+        ),
+        Row::chorus_only(
+            &at("discovery p99 (a capability 1 in 1,000 offer)"),
+            "us",
+            percentile(&discovery, 0.99),
+            "< 5,000 us",
+            Some(percentile(&discovery, 0.99) < 5_000.0),
+        ),
+        Row::chorus_only(
+            &at("broadcast to all but the rare holders, reported (counted with them)"),
+            "ms",
+            took.as_secs_f64() * 1e3,
+            "(reported)",
+            Some(delivered == n),
+        )
+        .counts(n as u64, delivered as u64),
+    ]
+}
+
+/// `chorus host` in its own process.
+async fn host(
+    program: &Path,
+    url: &str,
+    name: &str,
+    logs: &Path,
+) -> anyhow::Result<tokio::process::Child> {
+    Ok(tokio::process::Command::new(program)
+        .args(["--server", url, "--root", ROOT, "host", "--name", name])
+        .args(["--max-agents", "1000000", "--report-interval", "2s"])
+        .arg("--log-dir")
+        .arg(logs.join(name))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?)
+}
+
+/// A shared deployment of `replicas` `chorus agent`s serving `capability`, on `host`.
+fn manifest(
+    program: &Path,
+    id: &str,
+    replicas: usize,
+    capability: &str,
+    host: &str,
+) -> anyhow::Result<Manifest> {
+    let mut m = Manifest::new(id, program.to_string_lossy().into_owned());
+    m.replicas = u32::try_from(replicas)?;
+    m.capabilities = vec![capability.to_owned()];
+    m.run.args = vec!["agent".into(), "--capability".into(), capability.into()];
+    m.run.shared = true;
+    m.placement.hosts = vec![host.to_owned()];
+    // Thousands of agents connect one after another before the last heartbeats.
+    m.health.start_grace = Duration::from_secs(600);
+    m.validate()?;
+    Ok(m)
+}
+
+async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
+    let (server, url, monitor) = monitored_server().await?;
+    let coordinator = Coordinator::start(program, &url).await?;
+    let logs = tempfile::tempdir()?;
+    let hosts_n = n.div_ceil(AGENTS_PER_PROCESS).max(MIN_HOSTS);
+    let mut hosts = Vec::new();
+    for i in 0..hosts_n {
+        hosts.push(host(program, &url, &format!("h{i}"), logs.path()).await?);
+    }
+    let client = client(&url).await?;
+    let result = async {
+        let ask = |command: &'static str, body: serde_json::Value| {
+            let client = client.clone();
+            async move {
+                let reply = client
+                    .call(
+                        Call::agent(COORDINATOR, command)
+                            .payload(&body)?
+                            .timeout(Duration::from_secs(60)),
+                    )
+                    .await?;
+                anyhow::Ok(reply)
+            }
+        };
+        // Every host reports before anything is placed.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let reply = ask(coordinator_commands::HOSTS, serde_json::json!({})).await?;
+            let listed: Vec<serde_json::Value> = reply.payload_as()?;
+            if listed.iter().filter(|h| h["state"] == "live").count() == hosts_n {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "the hosts did not all report");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // One shared deployment per host, and the rare holders (one in 1,000) on the first.
+        let share = n / hosts_n;
+        let rare = n.div_ceil(RARE_EVERY);
+        let t = Instant::now();
+        for i in 0..hosts_n {
+            let replicas = if i + 1 == hosts_n {
+                n - share * (hosts_n - 1) - rare
+            } else {
+                share
+            };
+            let m = manifest(
+                program,
+                &format!("work{i}"),
+                replicas,
+                WORK,
+                &format!("h{i}"),
+            )?;
+            let view: DeploymentView = ask(
+                coordinator_commands::DEPLOY,
+                serde_json::to_value(DeployRequest { manifest: m })?,
+            )
+            .await?
+            .payload_as()?;
+            anyhow::ensure!(view.failed.is_empty(), "not placed: {:?}", view.failed);
+        }
+        let m = manifest(program, "rare", rare, "rare", "h0")?;
+        ask(
+            coordinator_commands::DEPLOY,
+            serde_json::to_value(DeployRequest { manifest: m })?,
+        )
+        .await?;
+        // The hosts are agents of the registry too.
+        coordinator
+            .wait_live(n + hosts_n, t + LIVE_DEADLINE)
+            .await?;
+        let live_after = t.elapsed();
+        // The agent processes: every distinct pid the hosts report.
+        let listed: Vec<serde_json::Value> =
+            ask(coordinator_commands::HOSTS, serde_json::json!({}))
+                .await?
+                .payload_as()?;
+        let pids: BTreeSet<u32> = listed
+            .iter()
+            .filter_map(|h| serde_json::from_value::<HostReport>(h["report"].clone()).ok())
+            .flat_map(|r| r.agents().filter_map(|a| a.status.pid).collect::<Vec<_>>())
+            .collect();
+        let agents_rss = pids.iter().filter_map(|pid| rss_of(*pid)).sum();
+        let hb = "chorus_coordinator_messages_total";
+        let (hb0, t0) = (
+            coordinator.gauge(hb, "kind=\"heartbeat\"").await?,
+            Instant::now(),
+        );
+        tokio::time::sleep(STEADY_WINDOW).await;
+        let heartbeats_per_second =
+            (coordinator.gauge(hb, "kind=\"heartbeat\"").await? - hb0) / t0.elapsed().as_secs_f64();
+        let connections = monitor_number(&monitor, "/varz", "connections").await?;
+        let subscriptions = monitor_number(&monitor, "/subsz", "num_subscriptions").await?;
+        let query = DiscoverQuery::capability("rare");
+        let mut discovery = Vec::with_capacity(QUERIES);
+        for _ in 0..QUERIES {
+            let t = Instant::now();
+            let found = client.discover(&query).await?;
+            discovery.push(t.elapsed());
+            anyhow::ensure!(
+                found.len() == rare,
+                "discovery found {} of {rare}",
+                found.len()
+            );
+        }
+        let t = Instant::now();
+        let report = client
+            .broadcast(
+                &BroadcastTarget::Capability(WORK.into()),
+                "ping",
+                &(),
+                Duration::from_secs(60),
+            )
+            .await?;
+        let broadcast = (t.elapsed(), report.count(Outcome::Delivered) + rare);
+        Ok(Figures {
+            agents: n,
+            processes: pids.len(),
+            live_after,
+            agents_rss,
+            server_rss: server.pid().and_then(rss_of).unwrap_or(0),
+            coordinator_rss: coordinator.rss()?,
+            connections,
+            subscriptions,
+            heartbeats_per_second,
+            discovery,
+            broadcast,
+        })
+    }
+    .await;
+    client.shutdown().await;
+    // The hosts stop their agents (SIGTERM, each its grace); killed, their agents die with
+    // them.
+    for mut h in hosts {
+        if let Some(pid) = h.id() {
+            let _ = tokio::process::Command::new("kill")
+                .arg(pid.to_string())
+                .status()
+                .await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(30), h.wait()).await;
+        let _ = h.kill().await;
+    }
+    coordinator.stop().await;
+    drop(server);
+    result
+}

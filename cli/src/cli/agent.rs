@@ -1,0 +1,119 @@
+//! `chorus agent`: run one or many SDK agents that answer a capability with what they were sent
+//! and who answered, the way a host runs them (docs/HOSTING.md): to try hosting, to see replicas
+//! share a capability's load, and to measure scale with real agents. It is also a complete
+//! example of an agent written to be hosted: who it is comes from the environment the host
+//! sets, several agents share one connection, and SIGTERM stops it cleanly.
+
+use std::process::ExitCode;
+
+use anyhow::{Context as _, bail};
+use chorus_sdk::{Agent, AgentOptions, Context, HandlerError};
+use serde_json::{Value, json};
+
+use super::ConnectionArgs;
+
+/// Agents one `chorus agent` runs at most.
+const MAX_AGENTS: usize = 100_000;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The agents' ids, comma-separated [default: `CHORUS_AGENT_IDS` or `CHORUS_AGENT_ID`, as a
+    /// host sets them]. Several share one connection.
+    #[arg(long, value_delimiter = ',')]
+    agents: Vec<String>,
+    /// The capability they serve: each request is answered with its payload, the agent that
+    /// answered and its process id.
+    #[arg(long, default_value = "echo")]
+    capability: String,
+}
+
+fn ids(args: &Args) -> anyhow::Result<Vec<String>> {
+    let from_env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let listed = if !args.agents.is_empty() {
+        args.agents.join(",")
+    } else if let Some(ids) = from_env("CHORUS_AGENT_IDS") {
+        ids
+    } else if let Some(id) = from_env("CHORUS_AGENT_ID") {
+        id
+    } else {
+        bail!("no agent id: give --agents, or run it under `chorus host` (CHORUS_AGENT_ID)");
+    };
+    let ids: Vec<String> = listed
+        .split(',')
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if ids.len() > MAX_AGENTS {
+        bail!(
+            "{} agents: one process runs at most {MAX_AGENTS}",
+            ids.len()
+        );
+    }
+    for id in &ids {
+        chorus_sdk::subject::validate_token("agent id", id)?;
+    }
+    Ok(ids)
+}
+
+pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
+    let ids = ids(&args)?;
+    let mut signals = crate::Signals::new()?;
+    // One agent: a connection of its own. Several: one they share.
+    let shared = if ids.len() > 1 {
+        Some(
+            conn.broker_options()?
+                .name(format!("chorus-agent-{}", std::process::id()))
+                .connect()
+                .await
+                .with_context(|| format!("cannot reach the bus at {}", conn.url()))?,
+        )
+    } else {
+        None
+    };
+    let mut agents: Vec<Agent> = Vec::with_capacity(ids.len());
+    for id in &ids {
+        let mut options = AgentOptions::new(id)
+            .broker(conn.broker_options()?)
+            .root(conn.root());
+        if let Some(connection) = &shared {
+            options = options.connection(connection.clone());
+        }
+        let agent = options.connect().await?;
+        serve(&agent, &args.capability).await?;
+        agents.push(agent);
+    }
+    let pid = std::process::id();
+    let shown = match ids.len() {
+        1..=8 => ids.join(","),
+        n => format!("{n} agents ({} to {})", ids[0], ids[n - 1]),
+    };
+    println!("{shown} serving {} (pid {pid})", args.capability);
+    signals.recv().await;
+    println!("{shown} stopping");
+    for agent in &agents {
+        agent.shutdown().await;
+    }
+    if let Some(connection) = shared {
+        connection.drain().await?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve(agent: &Agent, capability: &str) -> Result<(), chorus_sdk::SdkError> {
+    agent
+        .on_capability(capability, |ctx: Context, payload: Value| async move {
+            Ok::<_, HandlerError>(json!({
+                "agent": ctx.agent_id(),
+                "pid": std::process::id(),
+                "payload": payload,
+            }))
+        })
+        .await?;
+    // What a broadcast to the agents asks.
+    agent
+        .on_command("ping", |ctx: Context, _: Value| async move {
+            Ok::<_, HandlerError>(ctx.agent_id().to_owned())
+        })
+        .await
+}
