@@ -125,6 +125,7 @@ impl HostReport {
             replica: status.replica,
             agent: status.agent_id.clone(),
             status,
+            healthy: status.healthy == Some(true),
         });
         let shared = self.shared.iter().flat_map(|group| {
             group.replicas.iter().map(move |replica| HostedAgent {
@@ -132,6 +133,7 @@ impl HostReport {
                 replica: *replica,
                 agent: crate::manifest::replica_id(&group.process.deployment, *replica),
                 status: &group.process,
+                healthy: group.healthy.contains(replica),
             })
         });
         own.chain(shared)
@@ -149,6 +151,8 @@ pub struct HostedAgent<'a> {
     pub agent: String,
     /// The process that runs it.
     pub status: &'a ReplicaStatus,
+    /// Whether it was found healthy since the process's last start.
+    pub healthy: bool,
 }
 
 /// The one process of a shared deployment (`run.shared`) on a host, and the replicas it serves.
@@ -158,6 +162,9 @@ pub struct SharedProcess {
     pub process: ReplicaStatus,
     /// The replicas it serves.
     pub replicas: Vec<u32>,
+    /// Those found healthy since the process's last start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub healthy: Vec<u32>,
 }
 
 /// The desired state of one manifest, as the coordinator keeps it.
@@ -221,6 +228,14 @@ pub struct PlacedReplica {
     pub agent: String,
     /// The host it is placed on.
     pub host: String,
+    /// What that host last reported of it (none before it did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<crate::process::ReplicaState>,
+    /// Whether it was found healthy since its last start (its first heartbeat, a passing
+    /// health command, or its start when the manifest checks nothing); what `chorus deploy`
+    /// and `chorus scale` wait for.
+    #[serde(default)]
+    pub healthy: bool,
 }
 
 /// `create` on a host.

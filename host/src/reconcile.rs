@@ -3,6 +3,10 @@
 //! [`plan`], writes the deployments it changed, sends each host the commands for it and
 //! publishes the failures; the decision is tested here without a bus.
 //!
+//! A replica waits unplaced while no host is live at all (a deployment made before the first
+//! host starts is placed when it reports); it fails, with the reason, when hosts are live and
+//! none can take it.
+//!
 //! A host is **live** while its last report is at most three report intervals old, **gone**
 //! once it is older than the grace period (its replicas are placed elsewhere), and in between
 //! left alone (its replicas stay placed on it, nothing is sent to it): a host that restarts
@@ -145,6 +149,12 @@ pub fn plan(
                 Some(host) => Some(host.clone()),
                 None => None,
             };
+            if candidates.is_empty() {
+                // No host at all yet (or none left): the replica waits, unplaced, for one to
+                // report; that is not a failure.
+                next.placement.remove(&replica);
+                continue;
+            }
             match place(&d.manifest, candidates.values()) {
                 Ok(host) => {
                     if let Some(c) = candidates.get_mut(host.as_str()) {
@@ -399,6 +409,25 @@ mod tests {
                 deployment: "calc".into()
             }]
         );
+    }
+
+    #[test]
+    fn without_any_live_host_replicas_wait_and_are_placed_when_one_reports() {
+        let m = manifest("calc", 2, "");
+        let d = one(deployment(m.clone(), &[]));
+        let waiting = plan(&d, &[], NOW, GRACE);
+        assert!(
+            waiting.failures.is_empty() && waiting.commands.is_empty(),
+            "{waiting:?}"
+        );
+        assert!(waiting.changed.is_empty(), "nothing to write: {waiting:?}");
+        let placed = plan(&d, &[report("a", 0, &[])], NOW, GRACE);
+        assert_eq!(placed.changed["calc"].placement.len(), 2);
+        // A host gone and none other live: its replicas wait again, unplaced, not failed.
+        let gone = one(deployment(m, &[(1, "a"), (2, "a")]));
+        let p = plan(&gone, &[report("a", 40_000, &[])], NOW, GRACE);
+        assert!(p.failures.is_empty(), "{p:?}");
+        assert!(p.changed["calc"].placement.is_empty());
     }
 
     #[test]

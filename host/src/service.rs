@@ -390,8 +390,14 @@ impl State {
             .map_err(|e| invalid(e.to_string()))?;
         let previous = lock(&self.manifests).insert(req.manifest.id.clone(), req.manifest.clone());
         let mut change = HostChange::default();
-        if previous.is_some_and(|p| p != req.manifest) {
-            // A new manifest: its replicas here start again from it.
+        // A new manifest (other than its replica count, which scaling changes): its replicas
+        // here start again from it.
+        if previous.is_some_and(|p| {
+            Manifest {
+                replicas: req.manifest.replicas,
+                ..p
+            } != req.manifest
+        }) {
             let running: Vec<u32> = lock(&self.assigned)
                 .remove(&req.manifest.id)
                 .unwrap_or_default()
@@ -627,13 +633,25 @@ impl State {
     fn report_now(&self) -> HostReport {
         let assigned = lock(&self.assigned).clone();
         let groups = lock(&self.groups).clone();
+        // Found healthy since their last start: what `deploy_confirm` said.
+        let confirmed: BTreeSet<String> = lock(&self.watches)
+            .iter()
+            .filter(|(_, w)| w.confirmed)
+            .map(|(agent, _)| agent.clone())
+            .collect();
         let mut replicas = Vec::new();
         let mut shared = Vec::new();
-        for status in self.supervisor.replicas() {
+        for mut status in self.supervisor.replicas() {
             match groups.get(&status.deployment) {
                 Some(group) if group.process == status.agent_id => {
                     shared.push(crate::protocol::SharedProcess {
                         replicas: group.members.iter().map(|(_, r)| *r).collect(),
+                        healthy: group
+                            .members
+                            .iter()
+                            .filter(|(agent, _)| confirmed.contains(agent))
+                            .map(|(_, r)| *r)
+                            .collect(),
                         process: status,
                     });
                 }
@@ -643,6 +661,7 @@ impl State {
                         .get(&status.deployment)
                         .is_some_and(|set| set.contains(&status.replica))
                     {
+                        status.healthy = Some(confirmed.contains(&status.agent_id));
                         replicas.push(status);
                     }
                 }

@@ -229,13 +229,7 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
             } else {
                 share
             };
-            let m = manifest(
-                program,
-                &format!("work{i}"),
-                replicas,
-                WORK,
-                &format!("h{i}"),
-            )?;
+            let m = manifest(program, &format!("w{i}"), replicas, WORK, &format!("h{i}"))?;
             let view: DeploymentView = ask(
                 coordinator_commands::DEPLOY,
                 serde_json::to_value(DeployRequest { manifest: m })?,

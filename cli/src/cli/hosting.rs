@@ -1,5 +1,5 @@
 //! The hosted agents' commands, answered by the coordinator (docs/HOSTING.md): `chorus deploy
-//! MANIFEST` (and wait for each replica's `deploy_confirm`, or say its `deploy_failure`),
+//! MANIFEST` (and wait until each replica is healthy on its host, or say why it failed),
 //! `chorus scale AGENT N`, `chorus terminate AGENT`, `chorus deployments`, `chorus hosts` and
 //! `chorus logs AGENT`.
 
@@ -12,14 +12,12 @@ use anyhow::bail;
 use chorus_cli::duration::parse_timeout;
 use chorus_host::manifest::Manifest;
 use chorus_host::protocol::{
-    COORDINATOR, DEPLOY_CONFIRM, DEPLOY_FAILURE, DeployConfirm, DeployFailure, DeployRequest,
-    DeploymentView, HostReport, LogLines, LogsRequest, ScaleRequest, TerminateRequest,
-    coordinator_commands,
+    COORDINATOR, DeployRequest, DeploymentView, HostReport, LogLines, LogsRequest, ScaleRequest,
+    TerminateRequest, coordinator_commands,
 };
-use chorus_sdk::{Agent, Call, Context};
+use chorus_sdk::{Agent, Call};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc;
 
 use super::{ConnectionArgs, print_json};
 
@@ -34,7 +32,7 @@ pub(crate) struct DeployArgs {
     /// Replicas, instead of the manifest's.
     #[arg(long)]
     replicas: Option<u32>,
-    /// How long to wait for every replica's deploy_confirm (0s: do not wait).
+    /// How long to wait until every replica is healthy on its host (0s: do not wait).
     #[arg(long, default_value = "60s", value_parser = chorus_cli::duration::parse_duration)]
     wait: Duration,
     /// Print the placement as JSON.
@@ -48,7 +46,7 @@ pub(crate) struct ScaleArgs {
     deployment: String,
     /// Replicas wanted.
     replicas: u32,
-    /// How long to wait for new replicas' deploy_confirm (0s: do not wait).
+    /// How long to wait until every replica is healthy on its host (0s: do not wait).
     #[arg(long, default_value = "60s", value_parser = chorus_cli::duration::parse_duration)]
     wait: Duration,
     /// Print the placement as JSON.
@@ -102,95 +100,75 @@ async fn ask<T: Serialize, R: DeserializeOwned>(
     Ok(reply.payload_as()?)
 }
 
-/// The confirmations and failures published from now on.
-async fn outcomes(
-    agent: &Agent,
-) -> anyhow::Result<mpsc::UnboundedReceiver<Result<DeployConfirm, DeployFailure>>> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let ok = tx.clone();
-    agent
-        .on_event(DEPLOY_CONFIRM, move |_ctx: Context, c: DeployConfirm| {
-            let _ = ok.send(Ok(c));
-            async { Ok(()) }
-        })
-        .await?;
-    agent
-        .on_event(DEPLOY_FAILURE, move |_ctx: Context, f: DeployFailure| {
-            let _ = tx.send(Err(f));
-            async { Ok(()) }
-        })
-        .await?;
-    Ok(rx)
+/// How often `deploy` and `scale` look at the deployment while they wait.
+const WAIT_POLL: Duration = Duration::from_millis(500);
+
+/// The deployment `id` as the coordinator shows it now.
+async fn current(agent: &Agent, id: &str) -> anyhow::Result<DeploymentView> {
+    let views: Vec<DeploymentView> = ask(
+        agent,
+        coordinator_commands::DEPLOYMENTS,
+        &serde_json::json!({}),
+        COORDINATOR_TIMEOUT,
+    )
+    .await?;
+    views
+        .into_iter()
+        .find(|v| v.deployment == id)
+        .ok_or_else(|| anyhow::anyhow!("deployment {id} is gone (terminated meanwhile?)"))
 }
 
-/// Prints where each replica went; waits for the confirmations of `waiting` (agent ids).
+/// Prints where each replica went, then waits up to `wait` until every replica that did not
+/// fail is healthy on its host (its first heartbeat, or its health command passing), saying
+/// each as it comes; a replica that fails meanwhile is said with its reason.
 async fn report(
-    view: &DeploymentView,
-    mut events: mpsc::UnboundedReceiver<Result<DeployConfirm, DeployFailure>>,
+    agent: &Agent,
+    mut view: DeploymentView,
     wait: Duration,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     if json {
-        print_json(view)?;
-    } else {
-        for placed in &view.placed {
-            eprintln!("{} -> host {}", placed.agent, placed.host);
-        }
+        print_json(&view)?;
     }
-    for (replica, reason) in &view.failed {
-        eprintln!(
-            "replica {replica} of {} not running: {reason}",
-            view.deployment
-        );
-    }
-    let mut waiting: BTreeSet<String> = view.placed.iter().map(|p| p.agent.clone()).collect();
-    let mut failed = !view.failed.is_empty();
-    if wait.is_zero() || waiting.is_empty() {
-        return Ok(if failed {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
-        });
-    }
+    let mut said: BTreeSet<String> = BTreeSet::new();
+    let mut failed: BTreeSet<u32> = BTreeSet::new();
     let deadline = tokio::time::Instant::now() + wait;
-    while !waiting.is_empty() {
-        let event = match tokio::time::timeout_at(deadline, events.recv()).await {
-            Ok(Some(event)) => event,
-            Ok(None) => break,
-            Err(_) => {
-                let left: Vec<&str> = waiting.iter().map(String::as_str).collect();
-                bail!(
-                    "no deploy_confirm within {wait:?} from {} (see `chorus logs AGENT`)",
-                    left.join(", ")
-                );
+    loop {
+        for placed in &view.placed {
+            if said.insert(format!("placed {}", placed.agent)) && !json {
+                eprintln!("{} -> host {}", placed.agent, placed.host);
             }
-        };
-        match event {
-            Ok(c) if waiting.remove(&c.agent) => {
-                eprintln!(
-                    "{} running on {} (pid {}, {})",
-                    c.agent,
-                    c.host,
-                    c.pid.map_or("?".into(), |p| p.to_string()),
-                    c.health
-                );
+            if placed.healthy && said.insert(placed.agent.clone()) {
+                eprintln!("{} running on {}", placed.agent, placed.host);
             }
-            Err(f) if waiting.remove(&f.agent) => {
-                eprintln!(
-                    "{} failed{}: {}",
-                    f.agent,
-                    f.host.map(|h| format!(" on {h}")).unwrap_or_default(),
-                    f.reason
-                );
-                failed = true;
-            }
-            _ => {}
         }
+        for (replica, reason) in &view.failed {
+            if failed.insert(*replica) {
+                let agent = chorus_host::manifest::replica_id(&view.deployment, *replica);
+                eprintln!("{agent} failed: {reason}");
+            }
+        }
+        let waiting: Vec<String> = (1..=view.replicas)
+            .filter(|r| !view.failed.contains_key(r))
+            .map(|r| chorus_host::manifest::replica_id(&view.deployment, r))
+            .filter(|agent| !view.placed.iter().any(|p| p.agent == *agent && p.healthy))
+            .collect();
+        if waiting.is_empty() || wait.is_zero() {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "not healthy within {wait:?}: {} (see `chorus deployments`, `chorus logs AGENT`)",
+                waiting.join(", ")
+            );
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+        view = current(agent, &view.deployment).await?;
     }
-    Ok(if failed {
-        ExitCode::FAILURE
-    } else {
+    Ok(if failed.is_empty() {
         ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     })
 }
 
@@ -201,7 +179,6 @@ pub(crate) async fn deploy(args: DeployArgs, conn: &ConnectionArgs) -> anyhow::R
         manifest.validate()?;
     }
     let agent = conn.agent().await?;
-    let events = outcomes(&agent).await?;
     let view: DeploymentView = ask(
         &agent,
         coordinator_commands::DEPLOY,
@@ -209,14 +186,13 @@ pub(crate) async fn deploy(args: DeployArgs, conn: &ConnectionArgs) -> anyhow::R
         COORDINATOR_TIMEOUT,
     )
     .await?;
-    let code = report(&view, events, args.wait, args.json).await;
+    let code = report(&agent, view, args.wait, args.json).await;
     agent.shutdown().await;
     code
 }
 
 pub(crate) async fn scale(args: ScaleArgs, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
     let agent = conn.agent().await?;
-    let events = outcomes(&agent).await?;
     let view: DeploymentView = ask(
         &agent,
         coordinator_commands::SCALE,
@@ -227,7 +203,7 @@ pub(crate) async fn scale(args: ScaleArgs, conn: &ConnectionArgs) -> anyhow::Res
         COORDINATOR_TIMEOUT,
     )
     .await?;
-    let code = report(&view, events, args.wait, args.json).await;
+    let code = report(&agent, view, args.wait, args.json).await;
     agent.shutdown().await;
     code
 }

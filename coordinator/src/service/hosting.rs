@@ -165,11 +165,13 @@ impl Shared {
             .ok_or_else(|| no_deployment(id))?;
         let d: Deployment = serde_json::from_slice(&entry.value)
             .map_err(|e| HandlerError::new(StatusCode::INTERNAL, e.to_string()))?;
-        Ok(view_of(&d))
+        let hosts = read_hosts(&hosting.hosts).await?;
+        Ok(view_of(&d, &hosts))
     }
 }
 
-fn view_of(d: &Deployment) -> DeploymentView {
+/// A deployment as the CLI shows it: each placed replica with what its host last reported.
+fn view_of(d: &Deployment, hosts: &[HostReport]) -> DeploymentView {
     DeploymentView {
         deployment: d.manifest.id.clone(),
         replicas: d.manifest.replicas,
@@ -177,10 +179,20 @@ fn view_of(d: &Deployment) -> DeploymentView {
             .placement
             .iter()
             .filter(|(r, _)| !d.failed.contains_key(r))
-            .map(|(r, host)| PlacedReplica {
-                replica: *r,
-                agent: d.manifest.replica_id(*r),
-                host: host.clone(),
+            .map(|(r, host)| {
+                let agent = d.manifest.replica_id(*r);
+                let reported = hosts
+                    .iter()
+                    .filter(|h| h.name == *host)
+                    .flat_map(HostReport::agents)
+                    .find(|a| a.agent == agent);
+                PlacedReplica {
+                    replica: *r,
+                    host: host.clone(),
+                    state: reported.as_ref().map(|a| a.status.state.clone()),
+                    healthy: reported.is_some_and(|a| a.healthy),
+                    agent,
+                }
             })
             .collect(),
         failed: d.failed.clone(),
@@ -313,10 +325,11 @@ async fn terminate(shared: &Shared, req: TerminateRequest) -> Result<DeploymentV
 
 async fn list(shared: &Shared) -> Result<Vec<DeploymentView>, HandlerError> {
     let hosting = &shared.hosting;
+    let hosts = read_hosts(&hosting.hosts).await?;
     Ok(read_deployments(&hosting.deployments)
         .await?
         .values()
-        .map(|(_, d)| view_of(d))
+        .map(|(_, d)| view_of(d, &hosts))
         .collect())
 }
 

@@ -500,7 +500,11 @@ async fn bad_manifests_are_refused_naming_the_field_and_a_crash_loop_ends_in_dep
         .await;
     assert!(!out.status.success(), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("crasher failed on h1"), "{}", text(&out));
+    assert!(
+        stderr.contains("crasher failed: h1: crashed 3 times"),
+        "{}",
+        text(&out)
+    );
     assert!(
         stderr.contains("exit code 3") && stderr.contains("boom"),
         "{}",
@@ -594,4 +598,67 @@ async fn a_shared_deployment_runs_its_replicas_in_one_process_on_one_connection(
         text(&out)
     );
     caller.shutdown().await;
+}
+
+/// docs/HOSTING.md, "In five commands", run as written: with a bus running and `chorus` on the
+/// PATH, its block of commands in one shell, from the repository's root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_five_commands_of_the_hosting_guide_run_as_written() {
+    let bus = Bus::start().await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let guide = std::fs::read_to_string(root.join("docs/HOSTING.md")).expect("docs/HOSTING.md");
+    let section = guide
+        .split("## In five commands")
+        .nth(1)
+        .expect("the section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("its sh block");
+    assert!(block.contains("chorus deploy deploy/echo.toml"), "{block}");
+    let path = std::env::join_paths(
+        std::iter::once(bus.chorus.parent().expect("folder").to_owned()).chain(
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+        ),
+    )
+    .expect("PATH");
+    let script = format!("set -euo pipefail\n{block}\nkill %1\nwait\n");
+    let mut shell = tokio::process::Command::new("bash");
+    shell
+        .args(["-c", &script])
+        .current_dir(&root)
+        .env("PATH", path)
+        .env("HOME", bus.dir.path())
+        .env_remove("XDG_STATE_HOME")
+        .env("CHORUS_NATS_URL", bus.server.url())
+        .env("CHORUS_CONFIG_DIR", bus.dir.path())
+        .env_remove("CHORUS_CONTEXT")
+        .kill_on_drop(true);
+    let out = within(
+        Duration::from_secs(180),
+        "the guide's commands",
+        shell.output(),
+    )
+    .await
+    .expect("bash runs");
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for agent in ["echo", "echo-2", "echo-3"] {
+        assert!(
+            stderr.contains(&format!("{agent} running on h1")),
+            "{}",
+            text(&out)
+        );
+    }
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("echo-2 serving echo"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        stderr.contains("deployment echo terminated"),
+        "{}",
+        text(&out)
+    );
 }
