@@ -1,8 +1,8 @@
 //! Real SDK agents hosted by the bus (`chorus bench --only hosted`; docs/SCALE.md, "Real agents
 //! in host processes"): not the light mode's simulated agents but `chorus agent` processes,
 //! each serving its share of the agents on one connection, started by `chorus host` processes
-//! from shared manifests (`run.shared`) that a coordinator process places, one deployment per
-//! host. Measured: the time until every agent is live in the registry, the agent processes'
+//! from shared manifests (`run.shared`, 1,000 replicas each) that a coordinator process places
+//! on the hosts in turn. Measured: the time until every agent is live in the registry, the agent processes'
 //! memory per agent, the server's connections and subscriptions, heartbeats per second,
 //! discovery latency, and a broadcast to every agent, reported.
 
@@ -16,8 +16,9 @@ use chorus_sdk::Call;
 
 use super::*;
 
-/// Agents one `chorus agent` process serves at most here (the hosts are as many as it takes).
-const AGENTS_PER_PROCESS: usize = 10_000;
+/// Agents per host (the hosts are as many as it takes); each deployment is at most a
+/// manifest's replica limit, so a host runs several `chorus agent` processes.
+const AGENTS_PER_HOST: usize = 10_000;
 /// Hosts at least (so that placement spreads over several).
 const MIN_HOSTS: usize = 2;
 /// The capability the hosted agents serve, but for one in [`RARE_EVERY`], which serve `rare`
@@ -188,7 +189,7 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
     let (server, url, monitor) = monitored_server().await?;
     let coordinator = Coordinator::start(program, &url).await?;
     let logs = tempfile::tempdir()?;
-    let hosts_n = n.div_ceil(AGENTS_PER_PROCESS).max(MIN_HOSTS);
+    let hosts_n = n.div_ceil(AGENTS_PER_HOST).max(MIN_HOSTS);
     let mut hosts = Vec::new();
     for i in 0..hosts_n {
         hosts.push(host(program, &url, &format!("h{i}"), logs.path()).await?);
@@ -219,17 +220,21 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
             anyhow::ensure!(Instant::now() < deadline, "the hosts did not all report");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        // One shared deployment per host, and the rare holders (one in 1,000) on the first.
-        let share = n / hosts_n;
+        // Shared deployments of at most a manifest's replica limit, spread over the hosts in
+        // turn, and the rare holders (one in 1,000) on the first.
         let rare = n.div_ceil(RARE_EVERY);
+        let work = n - rare;
+        let per = usize::try_from(chorus_host::manifest::MAX_REPLICAS)?;
         let t = Instant::now();
-        for i in 0..hosts_n {
-            let replicas = if i + 1 == hosts_n {
-                n - share * (hosts_n - 1) - rare
-            } else {
-                share
-            };
-            let m = manifest(program, &format!("w{i}"), replicas, WORK, &format!("h{i}"))?;
+        for (i, start) in (0..work).step_by(per).enumerate() {
+            let replicas = per.min(work - start);
+            let m = manifest(
+                program,
+                &format!("w{i}"),
+                replicas,
+                WORK,
+                &format!("h{}", i % hosts_n),
+            )?;
             let view: DeploymentView = ask(
                 coordinator_commands::DEPLOY,
                 serde_json::to_value(DeployRequest { manifest: m })?,

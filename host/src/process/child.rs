@@ -80,6 +80,32 @@ pub(crate) fn agent_env(
     env
 }
 
+/// A command in a process group of its own (signals go to the whole group: its own children
+/// stop with it), with exactly `env`, stdin empty, stdout and stderr piped, killed if its
+/// handle is dropped without stopping it (a runtime torn down): how an agent and its health
+/// checks are started.
+pub(crate) fn group_command(
+    program: impl AsRef<std::ffi::OsStr>,
+    args: &[impl AsRef<std::ffi::OsStr>],
+    env: &[(String, String)],
+    cwd: Option<&Path>,
+) -> Command {
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(cwd) = cwd {
+        command.current_dir(cwd);
+    }
+    command
+}
+
 impl Launch {
     /// The command line of a replica: the manifest's command itself, or the launcher
     /// (`<launcher> host-exec <spec> -- <command> <args>`) when there is one.
@@ -123,22 +149,7 @@ impl Launch {
         if self.check_command {
             resolve(&self.command, &self.env, self.cwd.as_deref())?;
         }
-        let mut command = Command::new(&self.program);
-        command
-            .args(&self.args)
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Signals go to the whole group: the agent's own children stop with it.
-            .process_group(0)
-            // If the supervising task is ever dropped without stopping it (a runtime torn
-            // down), the process does not outlive it.
-            .kill_on_drop(true);
-        if let Some(cwd) = &self.cwd {
-            command.current_dir(cwd);
-        }
+        let mut command = group_command(&self.program, &self.args, &self.env, self.cwd.as_deref());
         // Forked from the calling thread, a tokio worker that lives as long as the runtime: the
         // launcher's parent-death signal fires when that thread exits (see `launch`).
         let mut child = command.spawn()?;

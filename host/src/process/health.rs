@@ -4,16 +4,14 @@
 //! last check's output (or exit) in the reason.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::Command;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::ENV_AGENT_PID;
-use super::child::{describe_exit, signal_group};
+use super::child::{describe_exit, group_command, signal_group};
 use crate::duration::format_duration;
 use crate::manifest::{Health, HealthCheck};
 
@@ -95,20 +93,8 @@ impl Probe {
 
     /// One check: `Err` says why it failed (its last line of output, else its exit).
     async fn check(&self, pid: u32) -> Result<(), String> {
-        let mut command = Command::new(&self.program);
-        command
-            .args(&self.args)
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env(ENV_AGENT_PID, pid.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        if let Some(cwd) = &self.cwd {
-            command.current_dir(cwd);
-        }
+        let mut command = group_command(&self.program, &self.args, &self.env, self.cwd.as_deref());
+        command.env(ENV_AGENT_PID, pid.to_string());
         let mut child = command
             .spawn()
             .map_err(|err| format!("cannot run {}: {err}", self.program))?;

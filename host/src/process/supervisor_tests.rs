@@ -85,6 +85,12 @@ async fn log_has(supervisor: &Supervisor, agent_id: &str, text: &str) {
 }
 
 /// Whether a process is gone (or only a zombie left for its new parent to reap).
+/// Whether `seen` holds a restart.
+fn restarted(seen: &[ReplicaEvent]) -> bool {
+    seen.iter()
+        .any(|e| matches!(e, ReplicaEvent::Restarting { .. }))
+}
+
 fn gone(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
@@ -252,11 +258,7 @@ async fn never_fails_a_non_zero_exit_with_its_reason() {
         matches!(event, ReplicaEvent::Failed { .. })
     })
     .await;
-    assert!(
-        !seen
-            .iter()
-            .any(|e| matches!(e, ReplicaEvent::Restarting { .. }))
-    );
+    assert!(!restarted(&seen));
     let status = supervisor.status("once").expect("known");
     assert_eq!(
         status.state,
@@ -281,12 +283,7 @@ async fn on_failure_stops_after_a_clean_exit() {
         matches!(event, ReplicaEvent::Stopped { .. })
     })
     .await;
-    assert!(
-        !seen
-            .iter()
-            .any(|e| matches!(e, ReplicaEvent::Restarting { .. })),
-        "{seen:?}"
-    );
+    assert!(!restarted(&seen), "{seen:?}");
     let status = supervisor.status("clean").expect("known");
     assert_eq!((status.state, status.restarts), (ReplicaState::Stopped, 0));
     log_has(&supervisor, "clean", " out done").await;
@@ -378,12 +375,7 @@ async fn stop_ends_a_replica_and_its_children_without_a_restart() {
         matches!(event, ReplicaEvent::Stopped { .. })
     })
     .await;
-    assert!(
-        !seen
-            .iter()
-            .any(|e| matches!(e, ReplicaEvent::Restarting { .. })),
-        "{seen:?}"
-    );
+    assert!(!restarted(&seen), "{seen:?}");
     supervisor
         .stop("sleeper")
         .await
