@@ -252,7 +252,7 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::process::{Enforcement, ReplicaStatus};
+    use crate::process::ReplicaStatus;
     use crate::protocol::Capacity;
 
     const GRACE: Duration = Duration::from_secs(30);
@@ -290,18 +290,9 @@ mod tests {
             replicas: running
                 .iter()
                 .map(|(m, r, state)| ReplicaStatus {
-                    agent_id: m.replica_id(*r),
-                    deployment: m.id.clone(),
-                    replica: *r,
                     pid: Some(1),
                     state: state.clone(),
-                    restarts: 0,
-                    started: None,
-                    rss_bytes: None,
-                    cpu_seconds: None,
-                    limits: Enforcement::None,
-                    last_exit: None,
-                    healthy: None,
+                    ..ReplicaStatus::starting(m, *r)
                 })
                 .collect(),
             shared: Vec::new(),

@@ -126,6 +126,26 @@ pub struct ReplicaStatus {
     pub healthy: Option<bool>,
 }
 
+impl ReplicaStatus {
+    /// Replica `replica` of `manifest` about to start: nothing known of it yet.
+    pub fn starting(manifest: &Manifest, replica: u32) -> ReplicaStatus {
+        ReplicaStatus {
+            agent_id: manifest.replica_id(replica),
+            deployment: manifest.id.clone(),
+            replica,
+            pid: None,
+            state: ReplicaState::Starting,
+            restarts: 0,
+            started: None,
+            rss_bytes: None,
+            cpu_seconds: None,
+            limits: Enforcement::None,
+            last_exit: None,
+            healthy: None,
+        }
+    }
+}
+
 /// A change in a replica's life, for the host service to report on the bus.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -305,20 +325,7 @@ impl Supervisor {
                 agent_id.clone(),
                 Slot {
                     generation,
-                    status: ReplicaStatus {
-                        agent_id: agent_id.clone(),
-                        deployment: manifest.id.clone(),
-                        replica,
-                        pid: None,
-                        state: ReplicaState::Starting,
-                        restarts: 0,
-                        started: None,
-                        rss_bytes: None,
-                        cpu_seconds: None,
-                        limits: Enforcement::None,
-                        last_exit: None,
-                        healthy: None,
-                    },
+                    status: ReplicaStatus::starting(manifest, replica),
                     control: Control {
                         stop: stop.clone(),
                         restart: restart_tx,
