@@ -41,6 +41,7 @@
 #![warn(missing_docs, clippy::missing_errors_doc)]
 
 mod agent;
+pub mod credits;
 mod dead_letter;
 pub mod durable;
 mod error;
@@ -69,9 +70,9 @@ pub use security::encryption;
 pub use sequence::EventNumbers;
 
 pub use agent::{
-    Agent, AgentOptions, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_QUEUE_CAPACITY,
-    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, JETSTREAM_TIMEOUT, ShutdownReport,
-    TaskSummary,
+    Agent, AgentConfig, AgentOptions, BusConfig, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_QUEUE_CAPACITY, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, JETSTREAM_TIMEOUT,
+    MonitoringConfig, ReliabilityConfig, SecurityConfig, ShutdownReport, TaskSummary,
 };
 pub use chorus_broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, Report, TlsOptions};
 pub use codec::{CodecError, Encoding};
@@ -79,12 +80,16 @@ pub use durable::Receipt;
 pub use envelope::TaskState;
 pub use envelope::{ContentType, DeliveryClass, Envelope, Kind, Name, Performative, Priority};
 pub use error::{HandlerError, Rejection, SdkError};
-pub use handler::endpoint::{Description, MAX_DESCRIPTION_BYTES, MAX_INPUT_SCHEMA_BYTES};
+pub use handler::endpoint::{
+    ANY_NOTIFICATION, Description, MAX_DESCRIPTION_BYTES, MAX_INPUT_SCHEMA_BYTES,
+};
 pub use handler::{BoxFuture, Context, EventHandler, Handler, Output, Typed};
 pub use inbound::{Event, EventStream};
 pub use outbound::{
-    BreakerPolicy, Call, CircuitState, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_OPEN_FOR,
-    DEFAULT_ROUTING_REFRESH, Reply, Routing, Target,
+    BreakerPolicy, Call, CircuitState, Collect, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_OPEN_FOR,
+    DEFAULT_ROUTING_REFRESH, MAX_HEADER_NAME_BYTES, MAX_HEADERS, MAX_HEADERS_BYTES,
+    MAX_MULTICAST_RECIPIENTS, MulticastCounts, MulticastOutcome, MulticastRecipient,
+    MulticastReport, Notify, NotifyReport, NotifyTarget, Publish, Reply, Routing, Target,
 };
 pub use registry::{
     AgentRecord, Availability, BroadcastReport, BroadcastTarget, DiscoverQuery, EndpointInfo,

@@ -22,4 +22,6 @@ pub(crate) struct Link {
     pub(crate) js: JetStream,
     /// What it counted.
     pub(crate) counters: Arc<AgentCounters>,
+    /// Set once the inbox stream is known to exist (before the first durable send).
+    pub(crate) inbox_ready: tokio::sync::OnceCell<()>,
 }

@@ -115,6 +115,8 @@ pub(crate) trait StatsSource: Send + Sync {
     fn agent_stats(&self) -> AgentStats;
     fn broker_stats(&self) -> StatsSnapshot;
     fn in_flight(&self) -> usize;
+    /// The NATS connections the agent uses (its own, or one it shares; the one for events).
+    fn connections(&self) -> Vec<chorus_broker_adapter::Broker>;
 }
 
 fn live_agents() -> &'static Mutex<Vec<Weak<dyn StatsSource>>> {
@@ -139,6 +141,7 @@ struct AgentsCollector {
     connection: IntCounterVec,
     inbox_consumers: IntCounterVec,
     in_flight: IntGaugeVec,
+    active_connections: IntGaugeVec,
     descs: Vec<Desc>,
 }
 
@@ -155,7 +158,7 @@ impl AgentsCollector {
         let traffic = IntCounterVec::new(
             Opts::new(
                 "chorus_agent_traffic_total",
-                "Messages by direction: received, requests_sent, events_published, replies_sent, reply_failures, retries, dead_lettered, dropped (slow subscriber), lost (events missed, from sequence gaps, dropped ones included), shed (overloaded, answered 5019), redelivered, duplicates_suppressed.",),
+                "Messages by direction: received, requests_sent, events_published, replies_sent, reply_failures, retries, dead_lettered, dropped (slow subscriber), lost (events missed, from sequence gaps, dropped ones included), shed (overloaded, answered 5019), redelivered, duplicates_suppressed, notifications_sent, notifications_received, notifications_unhandled (no handler took it: dropped).",),
             &["agent", "direction"],
         )
         .expect("static metric definition");
@@ -183,7 +186,16 @@ impl AgentsCollector {
             &["agent"],
         )
         .expect("static metric definition");
+        let active_connections = IntGaugeVec::new(
+            Opts::new(
+                "chorus_agent_active_connections",
+                "NATS connections of this process's agents that are up, by the server each is on or was last on (destination, host:port); one shared by several agents counts once.",
+            ),
+            &["destination"],
+        )
+        .expect("static metric definition");
         let descs = [
+            active_connections.desc(),
             refusals.desc(),
             traffic.desc(),
             connection.desc(),
@@ -200,6 +212,7 @@ impl AgentsCollector {
             connection,
             inbox_consumers,
             in_flight,
+            active_connections,
             descs,
         }
     }
@@ -220,6 +233,9 @@ impl Collector for AgentsCollector {
     fn collect(&self) -> Vec<MetricFamily> {
         // Agents sharing an id in one process are summed, so no series is reported twice.
         let mut sums: BTreeMap<String, Sums> = BTreeMap::new();
+        // Each connection once, by its id: the server it is on (or was last), and whether it
+        // is up.
+        let mut connections: BTreeMap<usize, (String, bool)> = BTreeMap::new();
         {
             let agents = live_agents()
                 .lock()
@@ -229,6 +245,11 @@ impl Collector for AgentsCollector {
                 s.agent.add(&source.agent_stats());
                 s.broker.add(&source.broker_stats());
                 s.in_flight += source.in_flight();
+                for broker in source.connections() {
+                    connections
+                        .entry(broker.connection_id())
+                        .or_insert_with(|| (broker.server_addr(), broker.is_connected()));
+                }
             }
         }
         for v in [
@@ -240,6 +261,13 @@ impl Collector for AgentsCollector {
             v.reset();
         }
         self.in_flight.reset();
+        self.active_connections.reset();
+        for (destination, up) in connections.values() {
+            // A connection that is down keeps its server's series, at zero.
+            self.active_connections
+                .with_label_values(&[destination])
+                .add(i64::from(*up));
+        }
         for (agent, s) in &sums {
             let a = &s.agent;
             for (reason, n) in [
@@ -266,6 +294,9 @@ impl Collector for AgentsCollector {
                 ("shed", a.shed),
                 ("redelivered", a.redelivered),
                 ("duplicates_suppressed", a.duplicates_suppressed),
+                ("notifications_sent", a.notifications_sent),
+                ("notifications_received", a.notifications_received),
+                ("notifications_unhandled", a.notifications_unhandled),
             ] {
                 self.traffic
                     .with_label_values(&[agent, direction])
@@ -300,6 +331,7 @@ impl Collector for AgentsCollector {
         out.extend(self.connection.collect());
         out.extend(self.inbox_consumers.collect());
         out.extend(self.in_flight.collect());
+        out.extend(self.active_connections.collect());
         out
     }
 }

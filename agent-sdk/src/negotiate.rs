@@ -2,7 +2,8 @@
 //! for proposals from every live holder of a capability (or a list it names), each answers
 //! with a proposal (price, ETA, confidence, free terms) or a refusal before a deadline, the
 //! requester's policy picks one, the winner gets the work as a task, the other proposers are
-//! told they lost, and a settlement event records what was agreed.
+//! told they lost, and a settlement event records what was agreed; a price agreed is recorded in the credits
+//! ledger ([`crate::credits`]).
 //!
 //! A bidder serves [`Agent::on_bid`](crate::Agent::on_bid) for the capability, beside its task
 //! handler ([`Agent::on_task_capability`](crate::Agent::on_task_capability)) that does the work
@@ -169,6 +170,7 @@ pub struct Negotiation {
     pub(crate) bidders: Vec<String>,
     pub(crate) task_deadline: Option<Duration>,
     pub(crate) counter: Option<Counter>,
+    pub(crate) customer: Option<String>,
 }
 
 /// A requester's counter function and how many times it may counter.
@@ -198,6 +200,7 @@ impl Negotiation {
             bidders: Vec::new(),
             task_deadline: None,
             counter: None,
+            customer: None,
         }
     }
 
@@ -255,6 +258,13 @@ impl Negotiation {
         self.task_deadline = Some(deadline);
         self
     }
+
+    /// The customer the work is for: the winner's task carries it, and the ledger records
+    /// the price under it ([`crate::credits`]).
+    pub fn customer(mut self, customer: impl Into<String>) -> Self {
+        self.customer = Some(customer.into());
+        self
+    }
 }
 
 /// How a round ended: who won with what, every bid, and the winner's task.
@@ -298,6 +308,13 @@ pub struct Settlement {
     /// Counter-offers put to proposers.
     #[serde(default)]
     pub countered: usize,
+    /// The customer the work is for, if the round named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub customer: Option<String>,
+    /// Whether the price was recorded in the credits ledger (by this settlement or an
+    /// earlier one of the same round); false without a price.
+    #[serde(default)]
+    pub credited: bool,
 }
 
 /// What a bidder learns of a round it proposed in.

@@ -43,6 +43,12 @@ expired,
 loop_refused,
 /// Commands for which no handler is registered (5016).
 unknown_command,
+/// Notifications that reached this agent (core or durable), handled or not.
+notifications_received,
+/// Notifications no handler took: counted and dropped, never answered.
+notifications_unhandled,
+/// Notifications sent to one agent (a group's are the coordinator's to count).
+notifications_sent,
 /// Replies sent.
 replies_sent,
 /// Replies that could not be sent (the caller's inbox gone, the connection down).

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! <root>.agent.<agent-id>.<command>   commands and requests to one agent
+//! <root>.agent.<agent-id>.$notify    notifications to one agent (no reply)
 //! <root>.cap.<capability...>          capability access points (queue group per capability)
 //! <root>.agent.<agent-id>.cap.<capability...>  one holder's own access point to a capability
 //! <root>.agent.<agent-id>.bid.<capability...>  calls for proposals to one bidder (contract-net)
@@ -29,6 +30,11 @@ use crate::registry::BroadcastTarget;
 
 /// Default subject root.
 pub const DEFAULT_ROOT: &str = "chorus";
+/// The last token of an agent's notification subjects, `<root>.agent.<agent>.$notify` and
+/// `<root>.inbox.<agent>.<lane>.$notify`: under the agent's command wildcard, so its existing
+/// subscription (and its inbox's consumers) carry notifications too, and never a command
+/// name (`$` is not allowed in one), so no command can shadow it.
+pub const NOTIFY_TOKEN: &str = "$notify";
 /// Longest token accepted.
 pub const MAX_TOKEN_LEN: usize = 64;
 /// Most tokens in a capability or topic.
@@ -205,6 +211,33 @@ impl Subjects {
     pub fn agent_inbound(&self, agent: &str) -> Result<String, SubjectError> {
         validate_token("agent id", agent)?;
         Ok(format!("{}.agent.{agent}.*", self.root))
+    }
+
+    /// `<root>.agent.<agent>.$notify`: notifications to one agent (carried by its command
+    /// subscription, `<root>.agent.<agent>.*`).
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`.
+    pub fn notification(&self, agent: &str) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        Ok(format!("{}.agent.{agent}.{NOTIFY_TOKEN}", self.root))
+    }
+
+    /// `<root>.inbox.<agent>.<lane>.$notify`: durable notifications in an agent's inbox.
+    ///
+    /// # Errors
+    /// [`SubjectError`] when `agent` is not a single token of 1 to 64 letters, digits, `_` or `-`.
+    pub fn durable_notification(&self, agent: &str, high: bool) -> Result<String, SubjectError> {
+        validate_token("agent id", agent)?;
+        let lane = if high { "high" } else { "normal" };
+        Ok(format!("{}.inbox.{agent}.{lane}.{NOTIFY_TOKEN}", self.root))
+    }
+
+    /// Whether `subject` is one of an agent's notification subjects, core or durable.
+    pub fn is_notification(&self, subject: &str) -> bool {
+        self.command_name(subject)
+            .or_else(|| self.durable_command(subject))
+            == Some(NOTIFY_TOKEN)
     }
 
     /// The command name in a subject built by [`command`](Subjects::command), if it is one.

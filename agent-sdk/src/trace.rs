@@ -247,6 +247,24 @@ pub(crate) fn attributes(agent: &str, env: &Envelope) -> Vec<KeyValue> {
             env.conversation().to_string(),
         ),
     ];
+    // What kind of message, from whom, to whom, how large (the design's `message.type`,
+    // `.source`, `.destination` and `.size`).
+    attributes.push(KeyValue::new("chorus.kind", env.kind.as_str()));
+    attributes.push(KeyValue::new("chorus.from", env.from.to_string()));
+    let destination = if env.to.is_empty() {
+        env.capability
+            .clone()
+            .or_else(|| env.topic.as_ref().map(ToString::to_string))
+    } else {
+        Some(env.to.join(","))
+    };
+    if let Some(destination) = destination {
+        attributes.push(KeyValue::new("chorus.destination", destination));
+    }
+    attributes.push(KeyValue::new(
+        "messaging.message.body.size",
+        i64::try_from(env.payload.len()).unwrap_or(i64::MAX),
+    ));
     // The session and customer a message is for, so a trace can be found by either.
     if let Some(session) = &env.session_id {
         attributes.push(KeyValue::new("chorus.session_id", session.clone()));

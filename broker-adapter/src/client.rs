@@ -136,6 +136,7 @@ impl Broker {
             .connect(servers)
             .await
             .map_err(|e| classified("cannot connect to NATS", e))?;
+        events.attach(&client);
         Ok(Broker {
             client,
             shared: Arc::new(Shared {
@@ -402,6 +403,11 @@ impl Broker {
         &self.shared.inbox_prefix
     }
 
+    /// The connection's state, for requests that must end soon after it was lost.
+    pub(crate) fn link(&self) -> crate::events::Link {
+        self.shared.events.link()
+    }
+
     /// The JetStream domain its JetStream calls go to, if not the local one.
     pub fn jetstream_domain(&self) -> Option<&str> {
         self.shared.jetstream_domain.as_deref()
@@ -426,6 +432,19 @@ impl Broker {
     /// when it reconnects elsewhere.
     pub fn server_name(&self) -> String {
         self.client.server_info().server_name
+    }
+
+    /// The address of the server this connection is on now (`host:port`, as the server
+    /// reports it), which changes when it reconnects elsewhere.
+    pub fn server_addr(&self) -> String {
+        let info = self.client.server_info();
+        format!("{}:{}", info.host, info.port)
+    }
+
+    /// Tells connections apart: the same for every clone of this connection, different for
+    /// any other open at the same time.
+    pub fn connection_id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
     }
 
     /// Whether the connection is up right now.

@@ -91,8 +91,14 @@ impl TlsOptions {
 pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(5);
 /// First reconnect delay; it doubles per attempt up to the configured cap.
 pub const RECONNECT_BASE_DELAY: Duration = Duration::from_millis(50);
-/// Default cap on the delay between reconnect attempts.
-pub const DEFAULT_RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
+/// Default cap on the delay between reconnect attempts. A client retries at most this long
+/// after its server is back, and Chorus promises commands handled again within 2 s of a
+/// restarted server being ready (docs/RELIABILITY.md): a 2 s cap alone could spend all of it,
+/// 1 s leaves half for the pull's renewal and the command. What it costs while the server is
+/// down: one connection attempt a second per client (to a server that is gone, a refused TCP
+/// connect); the jitter of [`reconnect_delay`] (up to a quarter of each wait) spreads a fleet
+/// that lost its server at the same moment, so it does not come back in lockstep.
+pub const DEFAULT_RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
 /// Default connect timeout per attempt.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default number of messages buffered per subscription before the client drops and reports a
@@ -216,7 +222,8 @@ impl BrokerOptions {
         self
     }
 
-    /// Cap on the exponential reconnect backoff.
+    /// Cap on the exponential reconnect backoff ([`DEFAULT_RECONNECT_MAX_DELAY`], 1 s, by
+    /// default): the longest a client waits to notice its server is back.
     pub fn reconnect_max_delay(mut self, delay: Duration) -> Self {
         self.reconnect_max_delay = delay;
         self
@@ -272,7 +279,7 @@ impl BrokerOptions {
 }
 
 /// The reconnect delay for attempt `attempt` (1-based): exponential from
-/// `RECONNECT_BASE_DELAY` (100 ms), capped at `max`, with up to 25% jitter subtracted so that many
+/// `RECONNECT_BASE_DELAY` (50 ms), capped at `max`, with up to 25% jitter subtracted so that many
 /// agents cut off together do not reconnect in lockstep.
 pub fn reconnect_delay(attempt: usize, max: Duration) -> Duration {
     let exp = attempt.saturating_sub(1).min(16) as u32;

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chorus_sdk::durable::DeadLetterReason;
 use chorus_sdk::{DeliveryClass, StatusCode};
@@ -95,6 +95,9 @@ enum Fate {
 pub(crate) struct Ledger {
     seq: AtomicU64,
     sent: Mutex<HashMap<u64, Fate>>,
+    /// When each ack came back, in order: tells a sender stalled after a fault (waiting out a
+    /// lost ack) from a worker that is not taking its deliveries.
+    acked_at: Mutex<Vec<Instant>>,
 }
 
 impl Ledger {
@@ -113,6 +116,22 @@ impl Ledger {
     pub(crate) fn record(&self, id: u64, acked: bool) {
         self.sent()
             .insert(id, if acked { Fate::Acked } else { Fate::Unknown });
+        if acked {
+            self.acked_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Instant::now());
+        }
+    }
+
+    /// From `end` to the first ack after it, if one came.
+    pub(crate) fn acked_again(&self, end: Instant) -> Option<Duration> {
+        self.acked_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|at| **at >= end)
+            .map(|at| at.duration_since(end))
     }
 
     /// Acknowledged sends so far.
@@ -187,7 +206,17 @@ pub(crate) struct Letter {
     pub(crate) status: StatusCode,
 }
 
-/// The counters and checks of each class in `classes`.
+/// What a scenario holds its recovery to: the longest time from the end of a fault (as the
+/// scenario defines it) to the first message of each class handled after it, and what that
+/// end is, for the check's name.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecoveryLimit {
+    pub(crate) limit: Duration,
+    pub(crate) from: &'static str,
+}
+
+/// The counters and checks of each class in `classes`; with `recovery`, every fault's
+/// recovery is checked against its limit.
 pub(crate) fn count(
     scenario: &str,
     classes: &[Class],
@@ -195,6 +224,7 @@ pub(crate) fn count(
     probe: &Probe,
     letters: &[Letter],
     fault_ends: &[Instant],
+    recovery: Option<RecoveryLimit>,
 ) -> Vec<Row> {
     let sent = ledger.sent().clone();
     let probe = probe.inner();
@@ -247,22 +277,33 @@ pub(crate) fn count(
                 .into_iter()
                 .filter(|id| !sent.contains_key(id))
                 .count() as u64;
-            let recovered_ms = fault_ends
+            let recovered_per_fault_ms: Vec<Option<u64>> = fault_ends
                 .iter()
-                .filter_map(|end| {
+                .map(|end| {
                     probe
                         .completions
                         .iter()
                         .find(|(at, id)| at >= end && of_class(id))
                         .map(|(at, _)| at.duration_since(*end).as_millis() as u64)
                 })
-                .max();
+                .collect();
+            let recovered_ms = recovered_per_fault_ms.iter().flatten().copied().max();
             let unknown = ids.len() as u64 - acked.len() as u64;
             let mut checks = vec![
                 Check::new(lost == 0, format!("lost {lost} of {} acked", acked.len())),
                 Check::new(unexpected == 0, format!("unexpected {unexpected}")),
                 Check::new(!acked.is_empty(), format!("{} acked", acked.len())),
             ];
+            // Only classes that are meant to be handled recover; poison and stale never are.
+            let recovery_limit_ms = recovery
+                .filter(|_| {
+                    !fault_ends.is_empty()
+                        && matches!(class, Class::AtLeastOnce | Class::ExactlyOnce)
+                })
+                .map(|r| r.limit.as_millis() as u64);
+            if let (Some(r), Some(limit)) = (recovery, recovery_limit_ms) {
+                checks.push(recovery_check(&recovered_per_fault_ms, limit, r.from));
+            }
             match class {
                 Class::AtLeastOnce => {}
                 Class::ExactlyOnce => {
@@ -315,11 +356,33 @@ pub(crate) fn count(
                 dead_lettered: dead.len() as u64,
                 uncertain,
                 recovered_ms,
+                recovered_per_fault_ms,
+                recovery_limit_ms,
                 ok: false,
                 checks,
             }
         })
         .collect()
+}
+
+/// Whether every fault was recovered from within `limit_ms`, counted from `from`: a fault
+/// after which nothing was handled fails it too.
+pub(crate) fn recovery_check(per_fault_ms: &[Option<u64>], limit_ms: u64, from: &str) -> Check {
+    let missing = per_fault_ms.iter().filter(|ms| ms.is_none()).count();
+    let longest = per_fault_ms.iter().flatten().copied().max();
+    let passed = missing == 0 && longest.is_none_or(|ms| ms <= limit_ms);
+    let name = if missing > 0 {
+        format!(
+            "handled again within {limit_ms} ms of {from} after every fault ({missing} of {} faults with nothing handled after)",
+            per_fault_ms.len()
+        )
+    } else {
+        format!(
+            "handled again within {limit_ms} ms of {from} after every fault (longest {} ms)",
+            longest.unwrap_or(0)
+        )
+    };
+    Check::new(passed, name)
 }
 
 #[cfg(test)]
@@ -347,7 +410,15 @@ mod tests {
             reason: DeadLetterReason::Refused,
             status: StatusCode::DATA_FORMAT,
         }];
-        let rows = count("t", &[Class::AtLeastOnce], &ledger, &probe, &letters, &[]);
+        let rows = count(
+            "t",
+            &[Class::AtLeastOnce],
+            &ledger,
+            &probe,
+            &letters,
+            &[],
+            None,
+        );
         let r = &rows[0];
         assert_eq!(
             (r.sent, r.acked, r.unknown, r.handled, r.duplicated, r.lost),
@@ -379,7 +450,15 @@ mod tests {
             reason: DeadLetterReason::Uncertain,
             status: StatusCode::UNCERTAIN,
         }];
-        let rows = count("t", &[Class::ExactlyOnce], &ledger, &probe, &letters, &[]);
+        let rows = count(
+            "t",
+            &[Class::ExactlyOnce],
+            &ledger,
+            &probe,
+            &letters,
+            &[],
+            None,
+        );
         let r = &rows[0];
         assert_eq!((r.lost, r.duplicated, r.uncertain), (0, 1, 1));
         let failed: Vec<&str> = r
@@ -392,6 +471,73 @@ mod tests {
     }
 
     #[test]
+    fn recovery_is_checked_fault_by_fault_against_the_limit() {
+        let ledger = Ledger::default();
+        let probe = Probe::default();
+        let first_end = Instant::now();
+        let id = ledger.issue(Class::AtLeastOnce);
+        ledger.record(id, true);
+        probe.start(id);
+        probe.complete(id);
+        let second_end = Instant::now() + Duration::from_secs(3600);
+        let limit = RecoveryLimit {
+            limit: Duration::from_secs(2),
+            from: "the fault's end",
+        };
+        // Handled after the first fault; nothing after the second.
+        let rows = count(
+            "t",
+            &[Class::AtLeastOnce],
+            &ledger,
+            &probe,
+            &[],
+            &[first_end, second_end],
+            Some(limit),
+        );
+        let r = &rows[0];
+        assert_eq!(r.recovered_per_fault_ms.len(), 2);
+        assert!(r.recovered_per_fault_ms[0].is_some_and(|ms| ms < 2_000));
+        assert_eq!(r.recovered_per_fault_ms[1], None);
+        assert_eq!(r.recovery_limit_ms, Some(2_000));
+        assert!(
+            r.checks
+                .iter()
+                .any(|c| !c.passed && c.name.contains("1 of 2 faults"))
+        );
+
+        assert!(recovery_check(&[Some(1_999), Some(2_000)], 2_000, "x").passed);
+        assert!(!recovery_check(&[Some(150), Some(2_001)], 2_000, "x").passed);
+        // No fault, no limit: no check.
+        let rows = count(
+            "t",
+            &[Class::AtLeastOnce],
+            &ledger,
+            &probe,
+            &[],
+            &[],
+            Some(limit),
+        );
+        assert_eq!(rows[0].recovery_limit_ms, None);
+        assert!(
+            !rows[0]
+                .checks
+                .iter()
+                .any(|c| c.name.contains("handled again"))
+        );
+        // Poison is never handled: no recovery to hold it to.
+        let rows = count(
+            "t",
+            &[Class::Poison],
+            &ledger,
+            &probe,
+            &[],
+            &[first_end],
+            Some(limit),
+        );
+        assert_eq!(rows[0].recovery_limit_ms, None);
+    }
+
+    #[test]
     fn a_message_never_sent_or_of_another_class_is_unexpected() {
         let ledger = Ledger::default();
         let probe = Probe::default();
@@ -401,7 +547,7 @@ mod tests {
         probe.complete(id);
         probe.start(id + 1);
         probe.complete(id + 1);
-        let rows = count("t", &[Class::AtLeastOnce], &ledger, &probe, &[], &[]);
+        let rows = count("t", &[Class::AtLeastOnce], &ledger, &probe, &[], &[], None);
         assert_eq!((rows[0].handled, rows[0].unexpected), (2, 1));
         assert_eq!(Class::of(id), Some(Class::AtLeastOnce));
         assert_eq!(Class::of(7), None);

@@ -51,6 +51,12 @@ pub struct Row {
     /// From the end of each fault to the first message of this class handled after it, the
     /// longest; none if nothing was handled after a fault.
     pub recovered_ms: Option<u64>,
+    /// The same, fault by fault, in order (none for a fault after which nothing of this class
+    /// was handled).
+    pub recovered_per_fault_ms: Vec<Option<u64>>,
+    /// The longest recovery the scenario allows (checked against every fault); none where no
+    /// fault ends or the scenario does not hold one.
+    pub recovery_limit_ms: Option<u64>,
     /// Whether every check of this class and of its scenario held.
     pub ok: bool,
     /// This class's checks.
@@ -127,7 +133,7 @@ impl ScenarioReport {
 /// The header of the counters' table.
 pub(crate) fn header() -> String {
     format!(
-        "{:<16} {:<13} {:>6} {:>6} {:>7} {:>7} {:>5} {:>4} {:>5} {:>5} {:>6} {:>8}  {}\n",
+        "{:<16} {:<13} {:>6} {:>6} {:>7} {:>7} {:>5} {:>4} {:>5} {:>5} {:>6} {:>8} {:>8}  {}\n",
         "scenario",
         "class",
         "sent",
@@ -140,6 +146,7 @@ pub(crate) fn header() -> String {
         "dlq",
         "uncert",
         "recov_ms",
+        "limit_ms",
         "ok"
     )
 }
@@ -147,7 +154,7 @@ pub(crate) fn header() -> String {
 /// One row of the counters' table.
 pub(crate) fn line(r: &Row) -> String {
     format!(
-        "{:<16} {:<13} {:>6} {:>6} {:>7} {:>7} {:>5} {:>4} {:>5} {:>5} {:>6} {:>8}  {}\n",
+        "{:<16} {:<13} {:>6} {:>6} {:>7} {:>7} {:>5} {:>4} {:>5} {:>5} {:>6} {:>8} {:>8}  {}\n",
         r.scenario,
         r.class,
         r.sent,
@@ -160,6 +167,7 @@ pub(crate) fn line(r: &Row) -> String {
         r.dead_lettered,
         r.uncertain,
         r.recovered_ms.map_or("-".into(), |ms| ms.to_string()),
+        r.recovery_limit_ms.map_or("-".into(), |ms| ms.to_string()),
         if r.ok { "yes" } else { "NO" }
     )
 }
@@ -171,8 +179,8 @@ pub fn table(reports: &[ScenarioReport]) -> String {
     for report in reports {
         if report.rows.is_empty() {
             out.push_str(&format!(
-                "{:<16} {:<13} {:>6} {:>6} {:>7} {:>7} {:>5} {:>4} {:>5} {:>5} {:>6} {:>8}  NO\n",
-                report.scenario, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"
+                "{:<16} {:<13} {:>6} {:>6} {:>7} {:>7} {:>5} {:>4} {:>5} {:>5} {:>6} {:>8} {:>8}  NO\n",
+                report.scenario, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"
             ));
         }
         for r in &report.rows {
@@ -187,6 +195,22 @@ pub fn table(reports: &[ScenarioReport]) -> String {
         ));
         for note in &report.notes {
             out.push_str(&format!("  {note}\n"));
+        }
+        for r in report
+            .rows
+            .iter()
+            .filter(|r| r.recovered_per_fault_ms.len() > 1)
+        {
+            let each: Vec<String> = r
+                .recovered_per_fault_ms
+                .iter()
+                .map(|ms| ms.map_or("-".into(), |ms| ms.to_string()))
+                .collect();
+            out.push_str(&format!(
+                "  {} recovered after each fault (ms): {}\n",
+                r.class,
+                each.join(", ")
+            ));
         }
         for check in report.checks.iter().filter(|c| c.passed) {
             out.push_str(&format!("  ok: {}\n", check.name));

@@ -1,6 +1,7 @@
-//! Exporting spans: when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, `chorus serve` and `chorus up`
-//! install an OTLP/HTTP exporter (binaries built with the `otlp` feature) and turn the SDK's
-//! spans on, so the demo agents' and coordinator's traces reach a collector.
+//! Exporting spans: when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, `chorus serve`, `chorus up` and
+//! `chorus demo-agent` install an OTLP/HTTP exporter (binaries built with the `otlp` feature) and
+//! turn the SDK's spans on, so the demo agents' and coordinator's traces reach a collector
+//! (`chorus up` passes the variable on to the agents its host runs).
 
 use chorus_coordinator::error::{Error, ErrorKind, Result};
 

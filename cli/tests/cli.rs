@@ -301,6 +301,8 @@ fn up_exports_spans_over_otlp_when_an_endpoint_is_configured() {
         });
     }
     let server = chorus_tests::server();
+    // From the repository's root: the calculator runs hosted, in a process of its own, and
+    // its spans come from there.
     let out = Command::new(env!("CARGO_BIN_EXE_chorus"))
         .args([
             "--server",
@@ -310,6 +312,7 @@ fn up_exports_spans_over_otlp_when_an_endpoint_is_configured() {
             "--metrics-addr",
             "127.0.0.1:0",
         ])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
         .output()
         .expect("run chorus up");
@@ -1940,19 +1943,26 @@ fn the_readme_tour_runs_as_written() {
     let metrics = format!("127.0.0.1:{}", free_port());
     let monitor = free_port().to_string();
     let conf = conf.to_str().expect("utf-8 path");
-    let mut up = Running::start(&[
-        "--server",
-        &url,
-        "up",
-        "--config",
-        conf,
-        "--interval",
-        "2s",
-        "--metrics-addr",
-        &metrics,
-        "--monitor-port",
-        &monitor,
-    ]);
+    // From the repository's root, as `scripts/up` runs it: the demo agents hosted.
+    let mut up = Running::start_in(
+        &[
+            "--server",
+            &url,
+            "up",
+            "--config",
+            conf,
+            "--interval",
+            "2s",
+            "--metrics-addr",
+            &metrics,
+            "--monitor-port",
+            &monitor,
+        ],
+        Some(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/.."
+        ))),
+    );
     up.wait_for("scenarios complete");
 
     let envs = [("CHORUS_NATS_URL", url.as_str())];
@@ -1994,4 +2004,172 @@ fn the_readme_tour_runs_as_written() {
     assert!(ran >= 15, "{ran} commands ran");
     let (status, out) = up.stop("INT");
     assert!(status.success(), "{out}");
+}
+
+/// Issue 36: `chorus up` from the repository's root (as `scripts/up` runs it) starts the demo
+/// agents through a host, from the manifests in `deploy/demo/`: each a `chorus demo-agent`
+/// process of its own, deployed through the coordinator, its narration in its log; stopping
+/// `chorus up` stops them and terminates their deployments.
+#[test]
+fn up_hosts_the_demo_agents_from_the_manifests_in_deploy_demo() {
+    let server = chorus_tests::server();
+    let url = server.url().to_owned();
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    // With a Python that has the SDK (scripts/test sets it), the Python agent is hosted too.
+    let python = std::env::var("CHORUS_TEST_PYTHON").ok();
+    let mut args = vec![
+        "--server",
+        &url,
+        "up",
+        "--interval",
+        "60s",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ];
+    if let Some(python) = &python {
+        args.extend(["--python", python.as_str()]);
+    } else {
+        eprintln!("CHORUS_TEST_PYTHON is not set (scripts/test sets it): no Python agent");
+    }
+    let mut up = Running::start_in(&args, Some(root));
+    up.wait_for("scenarios complete");
+    assert!(
+        up.seen
+            .iter()
+            .any(|l| l.contains("hosted by `chorus host` (host-local) from deploy/demo")),
+        "{:?}",
+        up.seen
+    );
+
+    // Every manifest in deploy/demo is a deployment, each replica healthy on host `local`.
+    let mut manifests: Vec<String> = std::fs::read_dir(root.join("deploy/demo"))
+        .expect("deploy/demo")
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            path.is_file()
+                .then(|| path.file_stem()?.to_str().map(str::to_owned))?
+        })
+        .collect();
+    assert_eq!(manifests.len(), chorus_demo::AGENTS.len());
+    if python.is_some() {
+        manifests.push(chorus_demo::PYTHON_AGENT.to_owned());
+    }
+    let out = chorus(&url, &["deployments", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let views: Vec<chorus_host::protocol::DeploymentView> =
+        serde_json::from_slice(&out.stdout).expect("deployments as JSON");
+    for name in &manifests {
+        let view = views
+            .iter()
+            .find(|v| &v.deployment == name)
+            .unwrap_or_else(|| panic!("no deployment {name}: {views:?}"));
+        assert_eq!(view.placed.len(), 1, "{view:?}");
+        assert!(
+            view.placed[0].healthy && view.placed[0].host == "local",
+            "{view:?}"
+        );
+    }
+
+    // Each is a process of its own, `chorus demo-agent NAME`, its pid as the host reports it.
+    let out = chorus(&url, &["hosts", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let hosts: serde_json::Value = serde_json::from_slice(&out.stdout).expect("hosts as JSON");
+    let mut pids = std::collections::BTreeMap::new();
+    replica_pids(&hosts, &mut pids);
+    for name in &manifests {
+        let pid = pids
+            .get(name)
+            .unwrap_or_else(|| panic!("no pid for {name}: {hosts}"));
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("its cmdline");
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let runs = if name == chorus_demo::PYTHON_AGENT {
+            "-m chorus_sdk.demo".to_owned()
+        } else {
+            format!("demo-agent {name}")
+        };
+        assert!(cmdline.contains(&runs), "{name}: {cmdline}");
+    }
+
+    // What a hosted agent narrates is in its log, read through its host.
+    let out = chorus(&url, &["logs", "ocr-agent"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("ocr-agent read \"invoice-7.png\""),
+        "{}",
+        text(&out)
+    );
+
+    // Each hosted agent serves its own metrics and announces them: Prometheus finds the
+    // calculator through the coordinator's service discovery, and what it handled there.
+    let coordinator: std::net::SocketAddr = up
+        .seen
+        .iter()
+        .find_map(|l| l.split("coordinator running; metrics at http://").nth(1))
+        .and_then(|rest| rest.split('/').next()?.parse().ok())
+        .expect("the coordinator's metrics address");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let get = |addr, path| {
+        runtime
+            .block_on(chorus_tests::try_http_get(addr, path))
+            .expect("GET")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let calculator: std::net::SocketAddr = loop {
+        let (_, sd) = get(coordinator, "/sd/agents");
+        let targets: Vec<serde_json::Value> = serde_json::from_str(&sd).expect("/sd/agents");
+        let found = targets.iter().find_map(|t| {
+            let agents = t["labels"]["chorus_agents"].as_str()?;
+            agents
+                .split(',')
+                .any(|a| a == "calculator")
+                .then(|| t["targets"][0].as_str()?.parse().ok())?
+        });
+        if let Some(addr) = found {
+            break addr;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no calculator in /sd/agents: {sd}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (status, metrics) = get(calculator, "/metrics");
+    assert_eq!(status, 200, "{metrics}");
+    assert!(
+        metrics.contains("chorus_agent_messages_total{agent=\"calculator\""),
+        "{metrics}"
+    );
+
+    let (status, out) = up.stop("INT");
+    assert!(status.success(), "{out}");
+    assert!(!out.contains("could not terminate"), "{out}");
+    // The agents stopped with it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids
+        .values()
+        .any(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "demo agents still running: {pids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every `agent_id` with a `pid` in `value` (a host report, as `chorus hosts --json` prints).
+fn replica_pids(value: &serde_json::Value, pids: &mut std::collections::BTreeMap<String, u64>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            if let (Some(id), Some(pid)) = (
+                map.get("agent_id").and_then(|v| v.as_str()),
+                map.get("pid").and_then(serde_json::Value::as_u64),
+            ) {
+                pids.insert(id.to_owned(), pid);
+            }
+            map.values().for_each(|v| replica_pids(v, pids));
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| replica_pids(v, pids)),
+        _ => {}
+    }
 }

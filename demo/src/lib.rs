@@ -18,7 +18,8 @@
 //!
 //! - [`model`]: what the agents exchange and what a run reports;
 //! - `skills`: the agents' own work (text analysis, arithmetic), tested without a server;
-//! - `agents`: [`Demo::start`], the agents and their handlers;
+//! - `agents`: [`Demo::start`], the agents and their handlers, each a [`Role`] that runs in this
+//!   process or on its own under a host (`chorus demo-agent NAME`);
 //! - `scenarios`: [`Demo::run`], the scenarios in order;
 //! - `python`: the Python agent's process and its scenario.
 
@@ -31,12 +32,16 @@ mod skills;
 use chorus_sdk::Agent;
 use tokio::sync::{Mutex, mpsc};
 
+pub use agents::{AGENTS, Role};
 pub use model::{
-    Analysis, Calculation, DemoReport, OcrReport, Posting, ScannedDocument, Summary, TaskScenes,
+    Analysis, Calculation, DemoReport, OcrReport, Posting, ScannedDocument, Seen, Summary,
+    TaskScenes,
 };
 pub use python::{PYTHON_AGENT, PythonAgent};
 
 const WATCHERS: [&str; 3] = ["audit", "dashboard", "notifier"];
+/// Where a watcher tells the orchestrator of an event it got (a [`Seen`]).
+const SEEN_TOPIC: &str = "demo.seen";
 const RELAY_HOP_LIMIT: u8 = 8;
 /// The demo's orchestrator, which sends the poison posting.
 const ORCHESTRATOR: &str = "orchestrator";
@@ -48,7 +53,8 @@ pub const LEDGER_ATTEMPTS: u32 = 3;
 pub struct Demo {
     agents: Vec<Agent>,
     orchestrator: Agent,
-    events: Mutex<mpsc::UnboundedReceiver<(String, String)>>,
+    /// What the watchers said they got, as the orchestrator heard it.
+    events: Mutex<mpsc::UnboundedReceiver<Seen>>,
 }
 
 impl Demo {

@@ -46,6 +46,15 @@ pub struct Calculation {
     pub operands: Vec<f64>,
 }
 
+/// A watcher's word to the orchestrator that it got one of its events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seen {
+    /// The watcher's id.
+    pub watcher: String,
+    /// The event: its topic and payload.
+    pub event: String,
+}
+
 /// What one run of the scenarios produced.
 #[derive(Debug, Clone)]
 pub struct DemoReport {

@@ -83,14 +83,16 @@ impl Demo {
         }
 
         say("[events] orchestrator publishes task.completed to every watcher");
+        let mut rx = self.events.lock().await;
+        // What a round before this one left unheard is not this round's.
+        while rx.try_recv().is_ok() {}
         o.publish("task.completed", "invoice-7 processed").await?;
         let mut event_receivers = Vec::new();
-        let mut rx = self.events.lock().await;
         while event_receivers.len() < WATCHERS.len() {
             match tokio::time::timeout(EVENT_WAIT, rx.recv()).await {
-                Ok(Some((who, what))) => {
-                    say(&format!("[events]   {who} got {what}"));
-                    event_receivers.push(who);
+                Ok(Some(seen)) => {
+                    say(&format!("[events]   {} got {}", seen.watcher, seen.event));
+                    event_receivers.push(seen.watcher);
                 }
                 _ => break,
             }
@@ -313,6 +315,12 @@ impl Demo {
             award.task.id(),
             awarded_summary.summary
         ));
+        if let Some(entry) = o.ledger().await?.entry(award.round).await? {
+            say(&format!(
+                "[negotiate]   {} credits from {} to {} in the ledger (`chorus credits` sums them)",
+                entry.price, entry.payer, entry.payee
+            ));
+        }
         Ok(TaskScenes {
             streamed,
             first_chunk_ms,

@@ -1,5 +1,6 @@
 //! The gateway's HTTP API, version 1 (documented in `/openapi.json`): discover, send, poll,
-//! reply, request, and Agentify's `POST /agent/message`. Every route authenticates first;
+//! reply, request (IACP's envelopes on `/v1/messages` are `iacp.rs`'s, Agentify's
+//! `POST /agent/message` is `agentify.rs`'s). Every route authenticates first;
 //! bodies and query strings are parsed here, so every refusal has the same JSON shape:
 //! `{"status": <Chorus code>, "label": ..., "reason": ...}` with the matching HTTP status.
 
@@ -50,7 +51,7 @@ impl ApiError {
         self.http
     }
 
-    fn bad_request(reason: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(reason: impl Into<String>) -> Self {
         ApiError::new(StatusCode::INVALID_ARGUMENT, reason)
     }
 
@@ -97,7 +98,11 @@ impl From<AuthError> for ApiError {
 
 impl From<SdkError> for ApiError {
     fn from(e: SdkError) -> Self {
-        ApiError::new(e.status(), e.to_string())
+        match e {
+            // The agent's own words: the status beside them says it refused.
+            SdkError::Remote { status, reason, .. } => ApiError::new(status, reason),
+            e => ApiError::new(e.status(), e.to_string()),
+        }
     }
 }
 
@@ -124,7 +129,7 @@ pub(crate) fn http_status(code: StatusCode) -> Http {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// What a caller's credentials carry past the door: the token to relay (a JWT; an API key is
 /// never relayed) and what its scopes grant (`None`: the gateway has no scopes).
@@ -262,13 +267,13 @@ pub(crate) fn query<T: DeserializeOwned + Default>(raw: Option<String>) -> ApiRe
     }
 }
 
-fn name<'a>(what: &str, value: &'a str) -> ApiResult<&'a str> {
+pub(crate) fn name<'a>(what: &str, value: &'a str) -> ApiResult<&'a str> {
     chorus_sdk::subject::validate_token("name", value)
         .map_err(|e| ApiError::bad_request(format!("{what}: {e}")))?;
     Ok(value)
 }
 
-fn dotted<'a>(what: &str, value: &'a str) -> ApiResult<&'a str> {
+pub(crate) fn dotted<'a>(what: &str, value: &'a str) -> ApiResult<&'a str> {
     chorus_sdk::subject::validate_dotted("name", value)
         .map_err(|e| ApiError::bad_request(format!("{what}: {e}")))?;
     Ok(value)
@@ -401,14 +406,22 @@ fn priority(value: Option<&str>) -> ApiResult<Priority> {
     }
 }
 
+/// `POST /v1/messages`: the gateway's own body, or an IACP envelope (`version` and
+/// `message`: `iacp.rs`).
 pub(crate) async fn send(
     State(state): State<Arc<GatewayState>>,
     headers: HeaderMap,
     bytes: Bytes,
-) -> ApiResult<(Http, Json<SentBody>)> {
+) -> ApiResult<Response> {
     let (edge, credential) = edge(&state, &headers, Route::Messages)?;
-    let b: SendBody = body(&bytes)?;
-    Ok((Http::ACCEPTED, Json(send_as(edge, &credential, b).await?)))
+    let value: serde_json::Value = body(&bytes)?;
+    if crate::iacp::is_envelope(&value) {
+        let sent = crate::iacp::send(&state, edge, &credential, &headers, value).await?;
+        return Ok((Http::ACCEPTED, Json(sent)).into_response());
+    }
+    let b: SendBody = serde_json::from_value(value)
+        .map_err(|e| ApiError::new(StatusCode::DATA_FORMAT, format!("the body: {e}")))?;
+    Ok((Http::ACCEPTED, Json(send_as(edge, &credential, b).await?)).into_response())
 }
 
 /// Sends what `b` describes as `edge`: an event, or a command in a delivery class (with the
@@ -468,9 +481,38 @@ pub(crate) async fn send_as(
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PollQuery {
-    recipient: Option<String>,
-    wait_ms: Option<u64>,
-    max: Option<usize>,
+    pub(crate) recipient: Option<String>,
+    pub(crate) wait_ms: Option<u64>,
+    pub(crate) max: Option<usize>,
+}
+
+impl PollQuery {
+    /// The wait and the batch size it asks for, checked against the gateway's limits; 403 if
+    /// it names a recipient other than `me`.
+    pub(crate) fn checked(&self, state: &GatewayState, me: &str) -> ApiResult<(Duration, usize)> {
+        if let Some(recipient) = &self.recipient
+            && recipient != me
+        {
+            return Err(ApiError::new(
+                StatusCode::ACCESS,
+                format!("{me} may poll only its own inbox"),
+            ));
+        }
+        let wait = Duration::from_millis(self.wait_ms.unwrap_or(0));
+        if wait > state.config.max_wait() {
+            return Err(ApiError::bad_request(format!(
+                "wait_ms is at most {}",
+                state.config.max_wait_ms
+            )));
+        }
+        let max = self.max.unwrap_or(10);
+        if !(1..=MAX_POLL_BATCH).contains(&max) {
+            return Err(ApiError::bad_request(format!(
+                "max is between 1 and {MAX_POLL_BATCH}"
+            )));
+        }
+        Ok((wait, max))
+    }
 }
 
 /// The most messages one poll returns.
@@ -481,36 +523,22 @@ pub(crate) struct PolledBody {
     messages: Vec<PolledMessage>,
 }
 
+/// `GET /v1/messages`: `{"messages": [...]}`, or with an `X-Agent-ID` header IACP's inbox, a
+/// JSON list of envelopes (`iacp.rs`).
 pub(crate) async fn poll(
     State(state): State<Arc<GatewayState>>,
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
-) -> ApiResult<Json<PolledBody>> {
+) -> ApiResult<Response> {
     let (edge, _) = edge(&state, &headers, Route::Messages)?;
     let q: PollQuery = query(raw)?;
-    if let Some(recipient) = &q.recipient
-        && recipient != edge.agent.id()
-    {
-        return Err(ApiError::new(
-            StatusCode::ACCESS,
-            format!("{} may poll only its own inbox", edge.agent.id()),
-        ));
+    if headers.contains_key(crate::iacp::AGENT_ID_HEADER) {
+        let inbox = crate::iacp::poll(&state, edge, &headers, &q).await?;
+        return Ok(Json(inbox).into_response());
     }
-    let wait = Duration::from_millis(q.wait_ms.unwrap_or(0));
-    if wait > state.config.max_wait() {
-        return Err(ApiError::bad_request(format!(
-            "wait_ms is at most {}",
-            state.config.max_wait_ms
-        )));
-    }
-    let max = q.max.unwrap_or(10);
-    if !(1..=MAX_POLL_BATCH).contains(&max) {
-        return Err(ApiError::bad_request(format!(
-            "max is between 1 and {MAX_POLL_BATCH}"
-        )));
-    }
+    let (wait, max) = q.checked(&state, edge.agent.id())?;
     let messages = edge.inbox.take(max, wait).await;
-    Ok(Json(PolledBody { messages }))
+    Ok(Json(PolledBody { messages }).into_response())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -591,13 +619,13 @@ pub(crate) struct RequestBody {
 
 #[derive(Serialize)]
 pub(crate) struct ReplyView {
-    status: u16,
-    label: &'static str,
-    from: String,
-    payload: serde_json::Value,
+    pub(crate) status: u16,
+    pub(crate) label: &'static str,
+    pub(crate) from: String,
+    pub(crate) payload: serde_json::Value,
 }
 
-fn timeout(state: &GatewayState, ms: Option<u64>) -> ApiResult<Duration> {
+pub(crate) fn timeout(state: &GatewayState, ms: Option<u64>) -> ApiResult<Duration> {
     let ms = ms.unwrap_or(state.config.request_timeout_ms);
     if ms == 0 || ms > state.config.max_request_timeout_ms {
         return Err(ApiError::bad_request(format!(
@@ -608,7 +636,12 @@ fn timeout(state: &GatewayState, ms: Option<u64>) -> ApiResult<Duration> {
     Ok(Duration::from_millis(ms))
 }
 
-async fn ask(edge: &Edge, call: Call, payload: &serde_json::Value) -> ApiResult<ReplyView> {
+/// Asks `call` with `payload` as `edge` and reads the reply's payload as JSON.
+pub(crate) async fn ask(
+    edge: &Edge,
+    call: Call,
+    payload: &serde_json::Value,
+) -> ApiResult<ReplyView> {
     let reply = edge.agent.call(call.json_payload(payload)?).await?;
     let payload = if reply.payload().is_empty() {
         serde_json::Value::Null
@@ -678,80 +711,6 @@ pub(crate) async fn request_as(
     ask(edge, call, &b.payload).await
 }
 
-// ---------------------------------------------------------------------------------------
-// POST /agent/message (Agentify)
-
-#[derive(Debug, Deserialize)]
-struct AgentifyMessage {
-    #[serde(rename = "type")]
-    kind: String,
-    sender: Option<String>,
-    to: Vec<String>,
-    intent: String,
-    #[serde(default)]
-    payload: serde_json::Value,
-}
-
-#[derive(Serialize)]
-pub(crate) struct AgentifyReply {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    sender: String,
-    to: Vec<String>,
-    intent: &'static str,
-    status: u16,
-    payload: serde_json::Value,
-}
-
-/// Agentify's recipient `agent.<id>.<command>` (or `<id>.<command>`, or `<id>` with the
-/// intent as the command).
-fn agentify_target<'a>(to: &'a str, intent: &'a str) -> ApiResult<(&'a str, &'a str)> {
-    let rest = to.strip_prefix("agent.").unwrap_or(to);
-    let (agent, command) = rest.split_once('.').unwrap_or((rest, intent));
-    Ok((name("to", agent)?, name("command", command)?))
-}
-
-pub(crate) async fn agentify(
-    State(state): State<Arc<GatewayState>>,
-    headers: HeaderMap,
-    bytes: Bytes,
-) -> ApiResult<Json<AgentifyReply>> {
-    let (edge, credential) = edge(&state, &headers, Route::Agentify)?;
-    let m: AgentifyMessage = body(&bytes)?;
-    let me = edge.agent.id();
-    if let Some(sender) = &m.sender {
-        let named = sender.strip_prefix("agent.").unwrap_or(sender);
-        if named != me {
-            return Err(ApiError::new(
-                StatusCode::IDENTITY,
-                format!("sender {sender:?} is not the caller's identity {me}"),
-            )
-            .with_http(Http::FORBIDDEN));
-        }
-    }
-    if m.kind != "request" {
-        return Err(ApiError::bad_request(
-            "type: this endpoint takes requests; send events and commands to /v1/messages",
-        ));
-    }
-    let [to] = m.to.as_slice() else {
-        return Err(ApiError::bad_request("to: exactly one recipient"));
-    };
-    let (agent, command) = agentify_target(to, &m.intent)?;
-    let call = credential
-        .call(Some(agent), Some(command), None)?
-        .timeout(timeout(&state, None)?);
-    let reply = ask(edge, call, &m.payload).await?;
-    Ok(Json(AgentifyReply {
-        kind: "inform",
-        sender: format!("agent.{}", reply.from),
-        to: vec![format!("agent.{me}")],
-        intent: "result",
-        status: reply.status,
-        payload: reply.payload,
-    }))
-}
-
 /// `GET /openapi.json`.
 pub(crate) async fn openapi(State(state): State<Arc<GatewayState>>) -> impl IntoResponse {
     (
@@ -785,19 +744,6 @@ mod tests {
             http_status(StatusCode::INTERNAL),
             Http::INTERNAL_SERVER_ERROR
         );
-    }
-
-    #[test]
-    fn agentify_recipients_name_an_agent_and_a_command() {
-        assert_eq!(
-            agentify_target("agent.calculator.calculation", "calculate").ok(),
-            Some(("calculator", "calculation"))
-        );
-        assert_eq!(
-            agentify_target("calculator", "add").ok(),
-            Some(("calculator", "add"))
-        );
-        assert!(agentify_target("agent.a b.c", "x").is_err());
     }
 
     #[test]

@@ -32,10 +32,17 @@ pub(crate) struct PolledMessage {
     pub(crate) timestamp_ms: u64,
     pub(crate) attempt: u32,
     pub(crate) payload: serde_json::Value,
+    /// What the sender asked for in words, when it says (Agentify's `task`, carried in the
+    /// application header `agentify-task`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) task: Option<String>,
+    /// How long the sender waits for the reply, in ms, when it waits for one.
+    #[serde(skip)]
+    pub(crate) timeout_ms: Option<u64>,
 }
 
 /// An edge caller's answer to a request it polled.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub(crate) struct EdgeReply {
     pub(crate) status: StatusCode,
     pub(crate) reason: String,
@@ -206,6 +213,8 @@ impl Handler for EdgeHandler {
                 timestamp_ms: env.timestamp_ms,
                 attempt: ctx.attempt(),
                 payload,
+                task: env.headers.get(crate::agentify::TASK_HEADER).cloned(),
+                timeout_ms: env.expect.as_ref().map(|e| e.timeout_ms),
             };
             let id = message.id;
             // How long the sender waits: a request until its deadline, anything else the

@@ -11,12 +11,14 @@
 #![warn(missing_docs, clippy::missing_errors_doc)]
 
 mod a2a;
+mod agentify;
 mod api;
 mod auth;
 pub mod config;
 mod console;
 pub mod error;
 mod https;
+mod iacp;
 mod inbox;
 mod limits;
 mod mcp;
@@ -42,6 +44,7 @@ use tokio_util::task::TaskTracker;
 
 use chorus_sdk::security::ConnectionSecurity;
 
+pub use agentify::TASK_HEADER as AGENTIFY_TASK_HEADER;
 pub use config::{
     CircuitBreakerConfig, ConsoleConfig, GatewayConfig, McpConfig, PushConfig, ScopeConfig, Tenant,
 };
@@ -85,6 +88,8 @@ impl Bus {
 pub(crate) struct Edge {
     agent: Agent,
     inbox: Arc<EdgeInbox>,
+    /// IACP's replies waiting for the identity's poll (`iacp.rs`).
+    iacp: Arc<iacp::Outbox>,
     /// The tenant the identity belongs to, if any (its agent lives under the tenant's root).
     tenant: Option<String>,
 }
@@ -218,6 +223,7 @@ async fn connect_edge(
     Ok(Edge {
         agent,
         inbox,
+        iacp: Arc::new(iacp::Outbox::new(gateway.inbox_capacity)),
         tenant: identity.tenant.clone(),
     })
 }
@@ -366,6 +372,7 @@ impl Gateway {
         };
         let app = axum::Router::new()
             .route("/v1/agents", get(api::agents))
+            .route("/v1/peers", get(iacp::peers))
             .route("/v1/messages", post(api::send).get(api::poll))
             .route("/v1/replies", post(api::reply))
             .route("/v1/requests", post(api::request))
@@ -396,7 +403,8 @@ impl Gateway {
                 any(a2a::rest::capability_rest),
             )
             .route("/.well-known/agent-card.json", get(a2a::default_card))
-            .route("/agent/message", post(api::agentify))
+            .route("/agent/message", post(agentify::message))
+            .route("/agent/ws", get(agentify::upgrade))
             .route("/mcp", post(mcp::post).get(mcp::get).delete(mcp::delete))
             .route("/openapi.json", get(api::openapi))
             .fallback(api::not_found)

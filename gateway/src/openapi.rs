@@ -63,6 +63,146 @@ fn one_target() -> Value {
     ])
 }
 
+/// The schemas of IACP's routes (`iacp.rs`): its peers, the envelope it sends, what a send
+/// answers, and the envelopes its poll returns.
+fn iacp_schemas(name: &Value) -> Value {
+    let uuid = json!({"type": "string", "format": "uuid"});
+    let id_text = json!({"type": "string", "minLength": 1, "maxLength": 128});
+    json!({
+                "Peers": {"type": "array", "items": {
+            "type": "object",
+            "required": ["agent_id", "instance", "capabilities", "commands", "groups", "load", "availability", "last_seen_ms"],
+            "properties": {
+                "agent_id": {"type": "string"},
+                "instance": {"type": "string"},
+                "capabilities": {"type": "array", "items": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "version": {"type": "string"},
+                        "models": {"type": "array", "items": {"type": "string"}},
+                        "throughput": {"type": "number"}
+                    }
+                }},
+                "commands": {"type": "array", "items": {"type": "string"}},
+                "groups": {"type": "array", "items": {"type": "string"}},
+                "load": {"type": "number"},
+                "availability": {"enum": ["available", "busy", "away"]},
+                "eta_seconds": {"type": "integer"},
+                "last_seen_ms": {"type": "integer"}
+            }
+        }},
+        "IacpEnvelope": {
+            "type": "object",
+            "description": "An IACP 1.x envelope (fields not listed are ignored, as IACP asks)",
+            "required": ["version", "message", "recipient"],
+            "properties": {
+                "version": {"type": "string", "pattern": "^1(\\.[0-9]{1,4}){0,2}$"},
+                "message_id": id_text.clone(),
+                "correlation_id": id_text,
+                "sender": {"type": "object", "properties": {
+                    "agent_id": name,
+                    "identity_sig": {"type": "string"}
+                }},
+                "recipient": {"type": "object", "required": ["agent_id"], "properties": {
+                    "agent_id": name,
+                    "channel": name
+                }},
+                "timestamp": {"type": "string"},
+                "ttl_seconds": {"type": "integer", "minimum": 1, "maximum": MAX_SAFE},
+                "message": {"type": "object", "required": ["type"], "properties": {
+                    "type": {"enum": ["request", "event", "response", "error"]},
+                    "intent": name,
+                    "payload": {}
+                }}
+            },
+            "oneOf": [
+                {"properties": {"message": {"required": ["intent"], "properties": {
+                    "type": {"enum": ["request", "event"]}
+                }}}},
+                {"required": ["correlation_id"], "properties": {
+                    "correlation_id": uuid,
+                    "message": {"properties": {"type": {"enum": ["response", "error"]}}}
+                }}
+            ]
+        },
+        "IacpAccepted": {
+            "type": "object",
+            "required": ["message_id"],
+            "properties": {"message_id": {"type": "string"}}
+        },
+        "IacpOut": {
+            "type": "object",
+            "required": ["version", "message_id", "correlation_id", "sender", "recipient", "timestamp", "message"],
+            "properties": {
+                "version": {"const": "1.0"},
+                "message_id": {"type": "string"},
+                "correlation_id": {"type": "string"},
+                "sender": {"type": "object", "required": ["agent_id"]},
+                "recipient": {"type": "object", "required": ["agent_id"]},
+                "timestamp": {"type": "string"},
+                "ttl_seconds": {"type": "integer"},
+                "message": {"type": "object", "required": ["type", "payload"], "properties": {
+                    "type": {"enum": ["request", "event", "response", "error"]},
+                    "payload": {}
+                }}
+            }
+        }
+    })
+}
+
+/// The schemas of Agentify's `POST /agent/message` (`agentify.rs`).
+fn agentify_schemas(name: &Value, max_timeout: u64) -> Value {
+    json!({
+                "AgentifyMessage": {
+            "type": "object",
+            "required": ["type", "to", "intent"],
+            "properties": {
+                "id": {"type": "string", "maxLength": 256},
+                "ts": {"type": "string"},
+                "type": {"const": "request"},
+                "sender": {"type": "string", "description": "The caller's own identity (agent.<id>, or agent.<id>.<role>), if given"},
+                "to": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+                    "type": "string",
+                    "description": "agent.<agent> (the intent is the command) or <agent>.<command>",
+                    "pattern": "^(agent\\.)?[A-Za-z0-9_-]{1,64}(\\.[A-Za-z0-9_-]{1,64})?$"
+                }},
+                "intent": name,
+                "task": {"type": "string", "maxLength": 2048, "description": "What is asked, in words: the header agentify-task on the bus"},
+                "payload": {},
+                "context": {"type": "object", "properties": {
+                    "customer_id": {"type": "string", "maxLength": 256},
+                    "session_id": {"type": "string", "maxLength": 256}
+                }},
+                "correlation": {"type": "object", "properties": {
+                    "conversation_id": {"type": "string"},
+                    "reply_to": {"type": "string"}
+                }},
+                "expected": {"type": "object", "properties": {
+                    "type": {"type": "string"},
+                    "timeout": {"type": "integer", "minimum": 1, "maximum": max_timeout}
+                }}
+            }
+        },
+        "AgentifyReply": {
+            "type": "object",
+            "required": ["id", "ts", "type", "sender", "to", "intent", "status", "payload"],
+            "properties": {
+                "id": {"type": "string"},
+                "ts": {"type": "string"},
+                "type": {"const": "inform"},
+                "sender": {"type": "string"},
+                "to": {"type": "array", "items": {"type": "string"}},
+                "intent": {"const": "result"},
+                "status": {"type": "integer"},
+                "payload": {},
+                "correlation": {"type": "object"}
+            }
+        }
+    })
+}
+
 fn build(config: &GatewayConfig) -> Value {
     // A name is one subject token (1 to 64 characters); a dotted name 1 to 16 of them.
     let name = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"});
@@ -73,7 +213,17 @@ fn build(config: &GatewayConfig) -> Value {
     let security = json!([{"bearer": []}, {"apiKey": []}]);
     let task_id =
         json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}});
-    json!({
+    // The discovery filters `/v1/agents` and IACP's `/v1/peers` both take.
+    let capability = json!({"name": "capability", "in": "query", "schema": dotted});
+    let group = json!({"name": "group", "in": "query", "schema": name});
+    let available_only =
+        json!({"name": "available_only", "in": "query", "schema": {"type": "boolean"}});
+    // IACP's client names itself; it must be the caller's identity (403 otherwise).
+    let agent_id = json!({
+        "name": "X-Agent-ID", "in": "header", "schema": name,
+        "description": "IACP: the caller's own identity. On GET /v1/messages it asks for IACP's inbox"
+    });
+    let mut doc = json!({
         "openapi": "3.1.0",
         "info": {
             "title": "Chorus gateway",
@@ -86,28 +236,56 @@ fn build(config: &GatewayConfig) -> Value {
                 "operationId": "discover",
                 "summary": "Live agents, optionally those offering a capability",
                 "parameters": [
-                    {"name": "capability", "in": "query", "schema": dotted},
-                    {"name": "group", "in": "query", "schema": name},
-                    {"name": "available_only", "in": "query", "schema": {"type": "boolean"}}
+                    capability, group, available_only
                 ],
                 "responses": with_refusals("200", ok("The agents", "Agents"))
+            }},
+            "/v1/peers": {"get": {
+                "operationId": "iacpPeers",
+                "summary": "IACP's discover: live agents as peers, optionally those offering a capability",
+                "parameters": [
+                    capability, group, available_only,
+                    {"name": "max_load", "in": "query", "schema": {"type": "number", "minimum": 0, "maximum": 1}},
+                    agent_id.clone()
+                ],
+                "responses": with_refusals("200", ok("The peers", "Peers"))
             }},
             "/v1/messages": {
                 "post": {
                     "operationId": "send",
-                    "summary": "Publish an event, or send a command in a delivery class",
-                    "requestBody": json_body("Send"),
-                    "responses": with_refusals("202", ok("Sent (durable: stored)", "Sent"))
+                    "summary": "Publish an event, or send a command in a delivery class; or an IACP envelope",
+                    "parameters": [agent_id.clone()],
+                    "requestBody": {
+                        "required": true,
+                        "content": {"application/json": {"schema": {"oneOf": [
+                            {"$ref": "#/components/schemas/Send"},
+                            {"$ref": "#/components/schemas/IacpEnvelope"}
+                        ]}}}
+                    },
+                    "responses": with_refusals("202", json!({
+                        "description": "Sent (durable: stored); an IACP envelope: its message_id (a request's reply comes by poll)",
+                        "content": {"application/json": {"schema": {"oneOf": [
+                            {"$ref": "#/components/schemas/Sent"},
+                            {"$ref": "#/components/schemas/IacpAccepted"}
+                        ]}}}
+                    }))
                 },
                 "get": {
                     "operationId": "poll",
-                    "summary": "Take messages sent to the caller's identity, waiting up to wait_ms for one",
+                    "summary": "Take messages sent to the caller's identity, waiting up to wait_ms for one (with X-Agent-ID: IACP's inbox)",
                     "parameters": [
                         {"name": "recipient", "in": "query", "schema": name},
                         {"name": "wait_ms", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": max_wait}},
-                        {"name": "max", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}}
+                        {"name": "max", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+                        agent_id
                     ],
-                    "responses": with_refusals("200", ok("The messages taken (none when the wait ended)", "Polled"))
+                    "responses": with_refusals("200", json!({
+                        "description": "The messages taken (none when the wait ended); with X-Agent-ID a list of IACP envelopes",
+                        "content": {"application/json": {"schema": {"oneOf": [
+                            {"$ref": "#/components/schemas/Polled"},
+                            {"type": "array", "items": {"$ref": "#/components/schemas/IacpOut"}}
+                        ]}}}
+                    }))
                 }
             },
             "/v1/replies": {"post": {
@@ -317,37 +495,18 @@ fn build(config: &GatewayConfig) -> Value {
                         "submitted_ms": {"type": "integer"},
                         "finished_ms": {"type": "integer"}
                     }
-                },
-                "AgentifyMessage": {
-                    "type": "object",
-                    "required": ["type", "to", "intent"],
-                    "properties": {
-                        "type": {"const": "request"},
-                        "sender": {"type": "string", "description": "The caller's own identity (agent.<id>), if given"},
-                        "to": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
-                            "type": "string",
-                            "description": "agent.<agent> (the intent is the command) or <agent>.<command>",
-                            "pattern": "^(agent\\.)?[A-Za-z0-9_-]{1,64}(\\.[A-Za-z0-9_-]{1,64})?$"
-                        }},
-                        "intent": name,
-                        "payload": {}
-                    }
-                },
-                "AgentifyReply": {
-                    "type": "object",
-                    "required": ["type", "sender", "to", "intent", "status", "payload"],
-                    "properties": {
-                        "type": {"const": "inform"},
-                        "sender": {"type": "string"},
-                        "to": {"type": "array", "items": {"type": "string"}},
-                        "intent": {"const": "result"},
-                        "status": {"type": "integer"},
-                        "payload": {}
-                    }
                 }
             }
         }
-    })
+    });
+    for more in [iacp_schemas(&name), agentify_schemas(&name, max_timeout)] {
+        if let (Some(schemas), Value::Object(more)) =
+            (doc["components"]["schemas"].as_object_mut(), more)
+        {
+            schemas.extend(more);
+        }
+    }
+    doc
 }
 
 /// The document, as served by a gateway configured as `config` (its wait and timeout limits).

@@ -38,19 +38,19 @@ pub struct ScopeConfig {
 /// The route groups a scope can grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Route {
-    /// `GET /v1/agents`.
+    /// `GET /v1/agents`, and IACP's `GET /v1/peers`.
     Agents,
-    /// `/v1/messages` and `/v1/replies`.
+    /// `/v1/messages` and `/v1/replies` (IACP's envelopes among them).
     Messages,
     /// `/v1/requests`.
     Requests,
     /// `/v1/tasks...`.
     Tasks,
-    /// `/v1/ws`.
+    /// `/v1/ws`, and `/agent/ws` (with `agentify`).
     Ws,
     /// `/a2a/...`.
     A2a,
-    /// `/agent/message`.
+    /// `/agent/message`, and `/agent/ws` (with `ws`).
     Agentify,
     /// `/mcp`.
     Mcp,

@@ -1,4 +1,5 @@
-//! `GET /v1/ws`: an edge agent over one WebSocket, both ways at once.
+//! `GET /v1/ws`: an edge agent over one WebSocket, both ways at once (and `GET /agent/ws`,
+//! the same connection speaking Agentify's messages: `agentify.rs`).
 //!
 //! The connection acts as the identity its credentials name (headers, or `?access_token=`
 //! for a browser, which cannot set them). While it is open, messages sent to the identity
@@ -44,6 +45,16 @@ struct WsQuery {
     access_token: Option<String>,
 }
 
+/// What a connection's frames are: Chorus's own (`/v1/ws`) or Agentify's messages
+/// (`/agent/ws`, `agentify.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// The frames above.
+    Chorus,
+    /// Agentify's messages, as its seed writes them.
+    Agentify,
+}
+
 /// The upgrade: credentials are checked before the socket opens.
 pub(crate) async fn upgrade(
     State(state): State<Arc<GatewayState>>,
@@ -51,17 +62,32 @@ pub(crate) async fn upgrade(
     RawQuery(raw): RawQuery,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
+    open(state, &headers, raw, ws, Dialect::Chorus)
+}
+
+/// Opens a connection speaking `dialect` for the caller the headers (or `?access_token=`)
+/// name, if its scopes grant the WebSocket (and, for Agentify, the `agentify` routes).
+pub(crate) fn open(
+    state: Arc<GatewayState>,
+    headers: &HeaderMap,
+    raw: Option<String>,
+    ws: WebSocketUpgrade,
+    dialect: Dialect,
+) -> Result<Response, ApiError> {
     let q: WsQuery = match raw {
         Some(q) => serde_urlencoded::from_str(&q).unwrap_or_default(),
         None => WsQuery::default(),
     };
     let caller = match q.access_token {
         Some(token) => state.auth.bearer(&token)?,
-        None => state.auth.authenticate(&headers)?,
+        None => state.auth.authenticate(headers)?,
     };
     let identity = caller.identity.clone();
     // The scopes must grant the WebSocket; the identity must be served (admitted by its rate).
     let (_, token) = api::caller_edge(&state, caller, Route::Ws)?;
+    if dialect == Dialect::Agentify {
+        token.route(Route::Agentify)?;
+    }
     let place = state.limits.websocket()?;
     let stop = state.stop.child_token();
     Ok(ws
@@ -69,11 +95,11 @@ pub(crate) async fn upgrade(
         .on_upgrade(move |socket| async move {
             // Its place is held while it is open.
             let _place = place;
-            serve(socket, state, identity, token, stop).await;
+            serve(socket, state, identity, token, stop, dialect).await;
         }))
 }
 
-fn error_frame(reference: &Value, e: &ApiError) -> String {
+pub(crate) fn error_frame(reference: &Value, e: &ApiError) -> String {
     let mut body = e.body();
     body["type"] = json!("error");
     body["ref"] = reference.clone();
@@ -91,6 +117,7 @@ async fn serve(
     identity: String,
     token: api::Credential,
     stop: CancellationToken,
+    dialect: Dialect,
 ) {
     let Some(edge) = state.edges.get(&identity) else {
         return;
@@ -98,11 +125,20 @@ async fn serve(
     let (mut sink, mut stream) = socket.split();
     let (out, mut outgoing) = mpsc::channel::<String>(OUTGOING_FRAMES);
     let mut tasks = JoinSet::new();
-    tasks.spawn(pump(Arc::clone(&edge.inbox), out.clone(), stop.clone()));
-    let welcome = json!({"type": "welcome", "identity": identity}).to_string();
-    if sink.send(Message::Text(welcome.into())).await.is_err() {
-        stop.cancel();
-        return;
+    tasks.spawn(pump(
+        Arc::clone(&edge.inbox),
+        identity.clone(),
+        dialect,
+        out.clone(),
+        stop.clone(),
+    ));
+    // Agentify's exchange has no greeting: its first frame from the server is an answer.
+    if dialect == Dialect::Chorus {
+        let welcome = json!({"type": "welcome", "identity": identity}).to_string();
+        if sink.send(Message::Text(welcome.into())).await.is_err() {
+            stop.cancel();
+            return;
+        }
     }
     let mut subscriptions = 0usize;
     loop {
@@ -110,10 +146,18 @@ async fn serve(
             frame = stream.next() => match frame {
                 Some(Ok(Message::Text(text))) => {
                     let conn = Connection { state: &state, identity: &identity, token: &token, out: &out, stop: &stop };
-                    handle(&conn, text.as_str(), &mut tasks, &mut subscriptions).await;
+                    match dialect {
+                        Dialect::Chorus => handle(&conn, text.as_str(), &mut tasks, &mut subscriptions).await,
+                        Dialect::Agentify => crate::agentify::frame(&conn, text.as_str(), &mut tasks).await,
+                    }
                 }
                 Some(Ok(Message::Binary(_))) => {
-                    let _ = out.send(error_frame(&Value::Null, &malformed("frames are JSON text"))).await;
+                    let refusal = malformed("frames are JSON text");
+                    let frame = match dialect {
+                        Dialect::Chorus => error_frame(&Value::Null, &refusal),
+                        Dialect::Agentify => crate::agentify::failure(&identity, None, &refusal).to_string(),
+                    };
+                    let _ = out.send(frame).await;
                 }
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
                 Some(Ok(Message::Close(_)) | Err(_)) | None => break,
@@ -132,15 +176,26 @@ async fn serve(
     let _ = sink.close().await;
 }
 
-/// Hands messages to the identity over the connection as they arrive.
-async fn pump(inbox: Arc<EdgeInbox>, out: mpsc::Sender<String>, stop: CancellationToken) {
+/// Hands messages to the identity over the connection as they arrive, as `dialect` writes
+/// them.
+async fn pump(
+    inbox: Arc<EdgeInbox>,
+    identity: String,
+    dialect: Dialect,
+    out: mpsc::Sender<String>,
+    stop: CancellationToken,
+) {
     loop {
         let messages = tokio::select! {
             messages = inbox.take(16, PUMP_WAIT) => messages,
             () = stop.cancelled() => return,
         };
         for message in messages {
-            let frame = json!({"type": "message", "message": message}).to_string();
+            let frame = match dialect {
+                Dialect::Chorus => json!({"type": "message", "message": message}),
+                Dialect::Agentify => crate::agentify::pushed(&message, &identity),
+            }
+            .to_string();
             if out.send(frame).await.is_err() {
                 return;
             }
@@ -149,16 +204,16 @@ async fn pump(inbox: Arc<EdgeInbox>, out: mpsc::Sender<String>, stop: Cancellati
 }
 
 /// What the frames of one connection share.
-struct Connection<'a> {
-    state: &'a Arc<GatewayState>,
-    identity: &'a str,
+pub(crate) struct Connection<'a> {
+    pub(crate) state: &'a Arc<GatewayState>,
+    pub(crate) identity: &'a str,
     /// The JWT the connection was opened with, relayed on what it sends.
-    token: &'a api::Credential,
-    out: &'a mpsc::Sender<String>,
-    stop: &'a CancellationToken,
+    pub(crate) token: &'a api::Credential,
+    pub(crate) out: &'a mpsc::Sender<String>,
+    pub(crate) stop: &'a CancellationToken,
 }
 
-fn malformed(what: impl Into<String>) -> ApiError {
+pub(crate) fn malformed(what: impl Into<String>) -> ApiError {
     ApiError::new(chorus_sdk::StatusCode::DATA_FORMAT, what)
 }
 

@@ -35,20 +35,39 @@ pub struct Usage {
     pub memory_mb: u64,
     /// CPU their manifests ask for, cores.
     pub cpu: f64,
-    /// Replicas placed, per deployment.
-    pub deployments: BTreeMap<String, u32>,
-    /// The agent ids placed or running there.
-    pub agents_here: BTreeSet<String>,
+    /// The replicas placed or running there, per deployment (numbers, not agent ids: a round
+    /// counts every placed replica, and making 100,000 ids each time is what it would cost).
+    pub replicas: BTreeMap<String, BTreeSet<u32>>,
 }
 
 impl Usage {
-    /// Counts one replica of `manifest`, as `agent`.
-    pub fn add(&mut self, manifest: &Manifest, agent: &str) {
+    /// Counts replica `replica` of `manifest`.
+    pub fn add(&mut self, manifest: &Manifest, replica: u32) {
         self.agents += 1;
         self.memory_mb += manifest.resources.memory_mb.unwrap_or(0);
         self.cpu += manifest.resources.cpu.unwrap_or(0.0);
-        *self.deployments.entry(manifest.id.clone()).or_default() += 1;
-        self.agents_here.insert(agent.to_owned());
+        match self.replicas.get_mut(&manifest.id) {
+            Some(set) => {
+                set.insert(replica);
+            }
+            None => {
+                self.replicas
+                    .insert(manifest.id.clone(), BTreeSet::from([replica]));
+            }
+        }
+    }
+
+    /// Replicas of `deployment` placed here.
+    pub fn of(&self, deployment: &str) -> usize {
+        self.replicas.get(deployment).map_or(0, BTreeSet::len)
+    }
+
+    /// Whether the agent `agent` (a replica's id) is placed or runs here.
+    pub fn has_agent(&self, agent: &str) -> bool {
+        let (deployment, replica) = crate::manifest::deployment_of(agent);
+        self.replicas
+            .get(deployment)
+            .is_some_and(|set| set.contains(&replica))
     }
 }
 
@@ -112,7 +131,7 @@ pub fn place<'a>(
         });
     }
     if let Some(target) = &manifest.placement.co_locate_with {
-        pool.retain(|c| c.used.agents_here.contains(target));
+        pool.retain(|c| c.used.has_agent(target));
         let Some(host) = pool.first() else {
             return Err(format!(
                 "co-location target {target} runs on no live host it may use"
@@ -136,7 +155,7 @@ pub fn place<'a>(
     });
     pool.into_iter()
         .min_by(|a, b| {
-            let same = |c: &Candidate| c.used.deployments.get(&manifest.id).copied().unwrap_or(0);
+            let same = |c: &Candidate| c.used.of(&manifest.id);
             same(a)
                 .cmp(&same(b))
                 .then(a.load().total_cmp(&b.load()))
@@ -174,7 +193,7 @@ mod tests {
         let m = manifest("");
         let mut a = host("a", 10, 0);
         let b = host("b", 10, 0);
-        a.used.add(&m, "calc");
+        a.used.add(&m, 1);
         // b has none of calc's replicas yet.
         assert_eq!(place(&m, &[a.clone(), b.clone()]), Ok("b".to_owned()));
         // Another deployment: a is more loaded (1 of 10), b empty.
@@ -201,7 +220,10 @@ mod tests {
             manifest("[placement]\nco_locate_with = \"orchestrator\"\n[resources]\nmemory_mb = 64");
         let a = host("a", 10, 0);
         let mut b = host("b", 10, 100);
-        b.used.agents_here.insert("orchestrator".to_owned());
+        b.used.add(
+            &Manifest::from_toml("id = \"orchestrator\"\n[run]\ncommand = \"x\"\n").expect("valid"),
+            1,
+        );
         assert_eq!(place(&m, &[a.clone(), b.clone()]), Ok("b".to_owned()));
         b.used.memory_mb = 80;
         let err = place(&m, &[a.clone(), b]).expect_err("b is full");
@@ -209,8 +231,24 @@ mod tests {
             err,
             "host b, where orchestrator runs, is full: needs 64 MiB, 20 MiB free"
         );
-        let err = place(&m, &[a]).expect_err("nowhere");
+        let err = place(&m, std::slice::from_ref(&a)).expect_err("nowhere");
         assert!(err.contains("orchestrator runs on no live host"), "{err}");
+        // A target that is a later replica is found by its number.
+        let beside_second = manifest("[placement]\nco_locate_with = \"orchestrator-2\"");
+        let mut c = host("c", 10, 0);
+        c.used.add(
+            &Manifest::from_toml("id = \"orchestrator\"\n[run]\ncommand = \"x\"\n").expect("valid"),
+            2,
+        );
+        assert_eq!(
+            place(&beside_second, &[a.clone(), c.clone()]),
+            Ok("c".to_owned())
+        );
+        let beside_first = manifest("[placement]\nco_locate_with = \"orchestrator\"");
+        assert!(
+            place(&beside_first, &[a, c]).is_err(),
+            "replica 1 runs nowhere"
+        );
     }
 
     #[test]

@@ -117,26 +117,79 @@ pub struct HostReport {
 }
 
 impl HostReport {
-    /// Every replica the host runs, each with its deployment, number and agent id, and the
-    /// status of the process that runs it (its own, or its shared deployment's one process).
-    pub fn agents(&self) -> impl Iterator<Item = HostedAgent<'_>> {
-        let own = self.replicas.iter().map(|status| HostedAgent {
+    /// Every replica the host runs, each with its deployment, number and the status of the
+    /// process that runs it, without making its agent id: a report lists thousands of
+    /// replicas and the coordinator reads every report each round, so this is the form to
+    /// scan or index; [`ReportedReplica::agent`] makes the id of one.
+    pub fn reported(&self) -> impl Iterator<Item = ReportedReplica<'_>> {
+        let own = self.replicas.iter().map(|status| ReportedReplica {
             deployment: &status.deployment,
             replica: status.replica,
-            agent: status.agent_id.clone(),
             status,
             healthy: status.healthy == Some(true),
         });
         let shared = self.shared.iter().flat_map(|group| {
-            group.replicas.iter().map(move |replica| HostedAgent {
+            // Hosts write the healthy list sorted: looking each replica up in it is then a
+            // binary search, not a scan of up to a thousand (once per replica).
+            let sorted = group.healthy.is_sorted();
+            group.replicas.iter().map(move |replica| ReportedReplica {
                 deployment: &group.process.deployment,
                 replica: *replica,
-                agent: crate::manifest::replica_id(&group.process.deployment, *replica),
                 status: &group.process,
-                healthy: group.healthy.contains(replica),
+                healthy: if sorted {
+                    group.healthy.binary_search(replica).is_ok()
+                } else {
+                    group.healthy.contains(replica)
+                },
             })
         });
         own.chain(shared)
+    }
+
+    /// Every replica the host runs, each with its agent id (made for each: prefer
+    /// [`reported`](HostReport::reported) to scan, [`find`](HostReport::find) to look one up).
+    pub fn agents(&self) -> impl Iterator<Item = HostedAgent<'_>> {
+        self.reported().map(|r| HostedAgent {
+            deployment: r.deployment,
+            replica: r.replica,
+            agent: r.agent(),
+            status: r.status,
+            healthy: r.healthy,
+        })
+    }
+
+    /// The replica `agent` if this host reports it.
+    pub fn find(&self, agent: &str) -> Option<HostedAgent<'_>> {
+        let (deployment, replica) = crate::manifest::deployment_of(agent);
+        self.reported()
+            .find(|r| r.deployment == deployment && r.replica == replica)
+            .map(|r| HostedAgent {
+                deployment: r.deployment,
+                replica: r.replica,
+                agent: agent.to_owned(),
+                status: r.status,
+                healthy: r.healthy,
+            })
+    }
+}
+
+/// One replica a host reports, as [`HostReport::reported`] lists it.
+#[derive(Debug, Clone, Copy)]
+pub struct ReportedReplica<'a> {
+    /// Its deployment.
+    pub deployment: &'a str,
+    /// Its number.
+    pub replica: u32,
+    /// The process that runs it.
+    pub status: &'a ReplicaStatus,
+    /// Whether it was found healthy since the process's last start.
+    pub healthy: bool,
+}
+
+impl ReportedReplica<'_> {
+    /// Its agent id.
+    pub fn agent(&self) -> String {
+        crate::manifest::replica_id(self.deployment, self.replica)
     }
 }
 
@@ -341,4 +394,74 @@ pub struct DeployFailure {
     pub host: Option<String>,
     /// Why.
     pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::ReplicaState;
+
+    fn shared(m: &Manifest, replicas: &[u32], healthy: &[u32]) -> SharedProcess {
+        SharedProcess {
+            process: ReplicaStatus {
+                state: ReplicaState::Running,
+                ..ReplicaStatus::starting(m, replicas[0])
+            },
+            replicas: replicas.to_vec(),
+            healthy: healthy.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_report_lists_and_finds_its_replicas_with_their_health() {
+        let calc = Manifest::new("calc", "calc");
+        let w = Manifest::new("w", "chorus");
+        let v = Manifest::new("v", "chorus");
+        let report = HostReport {
+            name: "a".into(),
+            agent: host_agent("a"),
+            instance: "i".into(),
+            capacity: Capacity::default(),
+            replicas: vec![ReplicaStatus {
+                healthy: Some(true),
+                ..ReplicaStatus::starting(&calc, 2)
+            }],
+            // Sorted as hosts write it, and not (as another writer might).
+            shared: vec![
+                shared(&w, &[1, 2, 3], &[1, 3]),
+                shared(&v, &[1, 2, 3], &[3, 1]),
+            ],
+            updated_ms: 0,
+            report_ms: 2_000,
+        };
+        let agents: Vec<(String, bool)> = report.agents().map(|a| (a.agent, a.healthy)).collect();
+        let expected = [
+            ("calc-2", true),
+            ("w", true),
+            ("w-2", false),
+            ("w-3", true),
+            ("v", true),
+            ("v-2", false),
+            ("v-3", true),
+        ];
+        assert_eq!(
+            agents,
+            expected
+                .iter()
+                .map(|(a, h)| ((*a).to_owned(), *h))
+                .collect::<Vec<_>>()
+        );
+        let found = report.find("w-3").expect("w-3 runs there");
+        assert_eq!(
+            (found.deployment, found.replica, found.healthy),
+            ("w", 3, true)
+        );
+        assert_eq!(
+            found.status.agent_id, "w",
+            "the process serving it, its first replica's"
+        );
+        assert!(report.find("calc-2").is_some_and(|a| a.healthy));
+        assert!(report.find("calc").is_none());
+        assert!(report.find("w-4").is_none());
+    }
 }

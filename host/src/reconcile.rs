@@ -115,9 +115,33 @@ pub fn plan(
             if *replica <= d.manifest.replicas
                 && let Some(c) = candidates.get_mut(host.as_str())
             {
-                c.used.add(&d.manifest, &d.manifest.replica_id(*replica));
+                c.used.add(&d.manifest, *replica);
             }
         }
+    }
+    // What each live host reports, indexed once (a report lists every replica; reading it
+    // again for each deployment made a round quadratic in the agents).
+    let live: Vec<&HostReport> = hosts
+        .iter()
+        .filter(|h| state[h.name.as_str()] == Liveness::Live)
+        .collect();
+    // Per deployment, the replicas live hosts gave up on: (host, replica, reason).
+    let mut gave_up: BTreeMap<&str, Vec<(&str, u32, &str)>> = BTreeMap::new();
+    // Per live host, what it runs: deployment to replicas.
+    let mut actual: Vec<BTreeMap<&str, BTreeSet<u32>>> = Vec::with_capacity(live.len());
+    for report in &live {
+        let mut runs: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
+        for r in report.reported() {
+            runs.entry(r.deployment).or_default().insert(r.replica);
+            if let ReplicaState::Failed { reason } = &r.status.state {
+                gave_up.entry(r.deployment).or_default().push((
+                    report.name.as_str(),
+                    r.replica,
+                    reason.as_str(),
+                ));
+            }
+        }
+        actual.push(runs);
     }
     let mut out = Plan::default();
     for (id, d) in deployments {
@@ -125,25 +149,17 @@ pub fn plan(
         next.placement.retain(|r, _| *r <= d.manifest.replicas);
         next.failed.retain(|r, _| *r <= d.manifest.replicas);
         // Replicas a live host gave up on are failed until deployed or scaled again.
-        for report in hosts
-            .iter()
-            .filter(|h| state[h.name.as_str()] == Liveness::Live)
-        {
-            for r in report.agents().filter(|r| r.deployment == id) {
-                if let ReplicaState::Failed { reason } = &r.status.state
-                    && next.placement.get(&r.replica) == Some(&report.name)
-                    && !next.failed.contains_key(&r.replica)
-                {
-                    next.failed
-                        .insert(r.replica, format!("{}: {reason}", report.name));
-                }
+        for (host, replica, reason) in gave_up.get(id.as_str()).into_iter().flatten() {
+            if next.placement.get(replica).map(String::as_str) == Some(*host)
+                && !next.failed.contains_key(replica)
+            {
+                next.failed.insert(*replica, format!("{host}: {reason}"));
             }
         }
         for replica in 1..=d.manifest.replicas {
             if next.failed.contains_key(&replica) {
                 continue;
             }
-            let agent = d.manifest.replica_id(replica);
             let from = match next.placement.get(&replica) {
                 Some(host) if alive(host) => continue,
                 Some(host) => Some(host.clone()),
@@ -155,10 +171,11 @@ pub fn plan(
                 next.placement.remove(&replica);
                 continue;
             }
+            let agent = d.manifest.replica_id(replica);
             match place(&d.manifest, candidates.values()) {
                 Ok(host) => {
                     if let Some(c) = candidates.get_mut(host.as_str()) {
-                        c.used.add(&d.manifest, &agent);
+                        c.used.add(&d.manifest, replica);
                     }
                     if let Some(from) = from {
                         out.moved.push((agent.clone(), from, host.clone()));
@@ -178,9 +195,6 @@ pub fn plan(
                 }
             }
         }
-        if next.placement != d.placement || next.failed != d.failed {
-            out.changed.insert(id.clone(), next.clone());
-        }
         // Host-reported failures found above are news too.
         for (replica, reason) in &next.failed {
             if !d.failed.contains_key(replica)
@@ -198,46 +212,46 @@ pub fn plan(
                 });
             }
         }
+        if next.placement != d.placement || next.failed != d.failed {
+            out.changed.insert(id.clone(), next);
+        }
     }
-    // Every live host runs exactly what is placed on it.
-    let desired = |id: &str| out.changed.get(id).or_else(|| deployments.get(id));
-    for report in hosts
-        .iter()
-        .filter(|h| state[h.name.as_str()] == Liveness::Live)
-    {
+    // Every live host runs exactly what is placed on it. What is wanted where, per
+    // deployment, is worked out once (not once per host).
+    let mut wanted: BTreeMap<&str, BTreeMap<&str, BTreeSet<u32>>> = BTreeMap::new();
+    for id in deployments.keys() {
+        let Some(d) = out.changed.get(id).or_else(|| deployments.get(id)) else {
+            continue;
+        };
+        let per_host = wanted.entry(id.as_str()).or_default();
+        for (r, host) in &d.placement {
+            if *r <= d.manifest.replicas && !d.failed.contains_key(r) {
+                per_host.entry(host.as_str()).or_default().insert(*r);
+            }
+        }
+    }
+    let none = BTreeSet::new();
+    for (report, actual) in live.iter().zip(&actual) {
         // Everything it reports is what it runs, failed or stopped included: a failed
         // replica stays until it is no longer wanted there.
-        let mut actual: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
-        for r in report.agents() {
-            actual.entry(r.deployment).or_default().insert(r.replica);
-        }
         let mut ids: BTreeSet<&str> = actual.keys().copied().collect();
         ids.extend(deployments.keys().map(String::as_str));
         for id in ids {
-            let wanted: BTreeSet<u32> = desired(id)
-                .map(|d| {
-                    d.placement
-                        .iter()
-                        .filter(|(r, host)| {
-                            **host == report.name
-                                && **r <= d.manifest.replicas
-                                && !d.failed.contains_key(r)
-                        })
-                        .map(|(r, _)| *r)
-                        .collect()
-                })
-                .unwrap_or_default();
-            let have = actual.get(id).cloned().unwrap_or_default();
-            if wanted == have {
+            let here = wanted
+                .get(id)
+                .and_then(|per_host| per_host.get(report.name.as_str()))
+                .unwrap_or(&none);
+            let have = actual.get(id).unwrap_or(&none);
+            if here == have {
                 continue;
             }
             // A deployment that still exists is deployed with what is wanted (none: its
             // replicas there stop, the host keeps the manifest); a terminated one is ended.
-            match desired(id) {
+            match out.changed.get(id).or_else(|| deployments.get(id)) {
                 Some(d) => out.commands.push(HostCommand::Deploy {
                     host: report.name.clone(),
                     manifest: Box::new(d.manifest.clone()),
-                    replicas: wanted.into_iter().collect(),
+                    replicas: here.iter().copied().collect(),
                 }),
                 None => out.commands.push(HostCommand::Terminate {
                     host: report.name.clone(),
@@ -253,7 +267,7 @@ pub fn plan(
 mod tests {
     use super::*;
     use crate::process::ReplicaStatus;
-    use crate::protocol::Capacity;
+    use crate::protocol::{Capacity, SharedProcess};
 
     const GRACE: Duration = Duration::from_secs(30);
     const NOW: u64 = 1_000_000;
@@ -462,5 +476,97 @@ mod tests {
             again.failures.is_empty() && again.commands.is_empty(),
             "{again:?}"
         );
+    }
+
+    /// A fleet as the hosted scale run makes it: `deployments` shared deployments of
+    /// `replicas` each, placed on `hosts` hosts in turn, each host reporting them running
+    /// and healthy.
+    fn fleet(
+        deployments: usize,
+        replicas: u32,
+        hosts: usize,
+    ) -> (BTreeMap<String, Deployment>, Vec<HostReport>) {
+        let mut reports: Vec<HostReport> = (0..hosts)
+            .map(|h| HostReport {
+                capacity: Capacity {
+                    agents: 1_000_000,
+                    memory_mb: 0,
+                    cpu: 0.0,
+                },
+                ..report(&format!("h{h}"), 0, &[])
+            })
+            .collect();
+        let mut out = BTreeMap::new();
+        for i in 0..deployments {
+            let host = format!("h{}", i % hosts);
+            let mut m = manifest(&format!("w{i}"), replicas, "");
+            m.run.shared = true;
+            reports[i % hosts].shared.push(SharedProcess {
+                process: ReplicaStatus {
+                    pid: Some(1),
+                    state: ReplicaState::Running,
+                    ..ReplicaStatus::starting(&m, 1)
+                },
+                replicas: (1..=replicas).collect(),
+                healthy: (1..=replicas).collect(),
+            });
+            let placed: Vec<(u32, &str)> = (1..=replicas).map(|r| (r, host.as_str())).collect();
+            out.insert(m.id.clone(), deployment(m, &placed));
+        }
+        (out, reports)
+    }
+
+    #[test]
+    fn a_steady_fleet_of_shared_processes_needs_nothing_and_a_lost_process_is_sent_again() {
+        // 30,000 agents: a round reads each report once (it read every report once per
+        // deployment, and scanned each shared process's healthy list once per replica).
+        let (deployments, mut reports) = fleet(30, 1_000, 4);
+        let steady = plan(&deployments, &reports, NOW, GRACE);
+        assert!(
+            steady.changed.is_empty() && steady.commands.is_empty() && steady.failures.is_empty(),
+            "{:?} {:?}",
+            steady.commands.len(),
+            steady.failures.first()
+        );
+        // h1 lost the process of w5 (a restart within the grace): it is told to run it again,
+        // all its replicas, and nothing else moves.
+        reports[1].shared.retain(|g| g.process.deployment != "w5");
+        let again = plan(&deployments, &reports, NOW, GRACE);
+        assert!(again.changed.is_empty(), "{:?}", again.changed.keys());
+        match again.commands.as_slice() {
+            [
+                HostCommand::Deploy {
+                    host,
+                    manifest,
+                    replicas,
+                },
+            ] => {
+                assert_eq!((host.as_str(), manifest.id.as_str()), ("h1", "w5"));
+                assert_eq!(*replicas, (1..=1_000).collect::<Vec<u32>>());
+            }
+            other => panic!("one deploy to h1 expected: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_shared_process_given_up_fails_every_replica_it_served() {
+        let (deployments, mut reports) = fleet(2, 3, 1);
+        let w1 = reports[0]
+            .shared
+            .iter_mut()
+            .find(|g| g.process.deployment == "w1")
+            .expect("w1 runs on h0");
+        w1.process.state = ReplicaState::Failed {
+            reason: "crashed 6 times".into(),
+        };
+        let p = plan(&deployments, &reports, NOW, GRACE);
+        let failed: Vec<(&str, u32)> = p
+            .failures
+            .iter()
+            .map(|f| (f.deployment.as_str(), f.replica))
+            .collect();
+        assert_eq!(failed, vec![("w1", 1), ("w1", 2), ("w1", 3)]);
+        assert_eq!(p.changed["w1"].failed[&2], "h0: crashed 6 times");
+        assert!(!p.changed.contains_key("w0"));
     }
 }

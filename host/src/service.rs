@@ -10,11 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use chorus_broker_adapter::Broker;
 use chorus_broker_adapter::{Kv, KvSpec};
-use chorus_sdk::{
-    Agent, AgentOptions, BoxFuture, Context, EventHandler, HandlerError, Report, SdkError,
-    StatusCode,
-};
+use chorus_sdk::subject::Subjects;
+use chorus_sdk::{Agent, AgentOptions, Context, HandlerError, Report, SdkError, StatusCode};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -122,7 +121,16 @@ struct State {
     manifests: Mutex<BTreeMap<String, Manifest>>,
     /// Replicas assigned to this host, by deployment: what it reports.
     assigned: Mutex<BTreeMap<String, BTreeSet<u32>>>,
-    watches: Mutex<HashMap<String, Watch>>,
+    /// Shared with the tasks that hear each agent's heartbeats.
+    watches: Arc<Mutex<HashMap<String, Watch>>>,
+    /// The agents whose heartbeats the host hears, each with what ends its subscription.
+    listening: Mutex<HashMap<String, CancellationToken>>,
+    /// The host's connection and subjects, for those subscriptions.
+    broker: Broker,
+    subjects: Subjects,
+    /// The host's tasks and what stops them (the [`Host`]'s own).
+    tasks: TaskTracker,
+    stop: CancellationToken,
     /// The processes of shared deployments (`run.shared`): per deployment, the process's agent
     /// id (its first replica's) and every agent it serves, with their replica numbers.
     groups: Mutex<HashMap<String, Group>>,
@@ -206,6 +214,7 @@ impl Host {
                 what: "cannot set up the hosts bucket".into(),
                 source: Box::new(err),
             })?;
+        let (tracker, stop) = (TaskTracker::new(), CancellationToken::new());
         let state = Arc::new(State {
             name: options.name.clone(),
             agent_id,
@@ -215,7 +224,12 @@ impl Host {
             supervisor: Supervisor::new(supervisor),
             manifests: Mutex::default(),
             assigned: Mutex::default(),
-            watches: Mutex::default(),
+            watches: Arc::default(),
+            listening: Mutex::default(),
+            broker: agent.broker().clone(),
+            subjects: agent.subjects().clone(),
+            tasks: tracker.clone(),
+            stop: stop.clone(),
             groups: Mutex::default(),
             hosts,
             changed: tokio::sync::Notify::new(),
@@ -223,8 +237,8 @@ impl Host {
         let host = Host {
             agent,
             state,
-            tracker: TaskTracker::new(),
-            stop: CancellationToken::new(),
+            tracker,
+            stop,
         };
         host.serve()
             .await
@@ -283,12 +297,6 @@ impl Host {
         command!(host_commands::TERMINATE, HostTerminate, terminate);
         command!(host_commands::LOGS, LogsRequest, logs);
         command!(host_commands::STATUS, serde_json::Value, status);
-        agent
-            .handle_subject_events(
-                &agent.subjects().heartbeats(),
-                Heartbeats(Arc::downgrade(&self.state)),
-            )
-            .await?;
         Ok(())
     }
 
@@ -531,6 +539,11 @@ impl State {
         change
             .unchanged
             .extend(assigned.iter().map(|r| manifest.replica_id(*r)));
+        let starting: Vec<String> = wanted
+            .difference(&have)
+            .map(|r| manifest.replica_id(*r))
+            .collect();
+        self.listen(&starting).await?;
         let mut failure = None;
         for replica in wanted.difference(&have) {
             match self.supervisor.run(manifest, *replica).await {
@@ -569,8 +582,11 @@ impl State {
         }
         let previous = lock(&self.groups).remove(&manifest.id);
         if let Some(group) = previous {
-            for (agent, _) in &group.members {
+            for (agent, replica) in &group.members {
                 lock(&self.watches).remove(agent);
+                if !wanted.contains(replica) {
+                    self.unlisten(agent);
+                }
             }
             self.stop_agent(&group.process).await?;
             change
@@ -594,6 +610,12 @@ impl State {
                 .collect::<Vec<_>>()
                 .join(","),
         );
+        // Heard from before the process starts, so no first heartbeat is missed.
+        let ids: Vec<String> = members.iter().map(|(agent, _)| agent.clone()).collect();
+        if let Err(err) = self.listen(&ids).await {
+            lock(&self.assigned).remove(&manifest.id);
+            return Err(err);
+        }
         // Known before the process starts, so its start event finds its agents.
         lock(&self.groups).insert(
             manifest.id.clone(),
@@ -622,8 +644,65 @@ impl State {
             .map_or_else(|| agent.to_owned(), |g| g.process.clone())
     }
 
+    /// Hears the heartbeats of `agents` (those not heard yet), each on a subscription to its
+    /// own heartbeat subject: the server then sends this host only its own agents'
+    /// heartbeats. (A subscription to every heartbeat, `sys.hb.*`, had every host decode
+    /// every agent's: work that grew as the agents times the hosts, and, with ten hosts,
+    /// took more CPU than the coordinator and the server together.) The subject names the
+    /// agent; on a bus with credentials, only the agent may publish on it.
+    async fn listen(&self, agents: &[String]) -> Result<(), HandlerError> {
+        for agent in agents {
+            let token = {
+                let mut listening = lock(&self.listening);
+                if listening.contains_key(agent) {
+                    continue;
+                }
+                let token = self.stop.child_token();
+                listening.insert(agent.clone(), token.clone());
+                token
+            };
+            let subscribed = match self.subjects.heartbeat(agent) {
+                Ok(subject) => self.broker.subscribe(&subject).await.map_err(|err| {
+                    HandlerError::new(
+                        StatusCode::UNAVAILABLE,
+                        format!(
+                            "host {}: cannot hear {agent}'s heartbeats: {}",
+                            self.name,
+                            Report(&err)
+                        ),
+                    )
+                }),
+                Err(err) => Err(invalid(err.to_string())),
+            };
+            let mut sub = match subscribed {
+                Ok(sub) => sub,
+                Err(err) => {
+                    lock(&self.listening).remove(agent);
+                    return Err(err);
+                }
+            };
+            let (watches, agent) = (Arc::clone(&self.watches), agent.clone());
+            self.tasks.spawn(async move {
+                while sub.next_until(token.cancelled()).await.is_some() {
+                    if let Some(watch) = lock(&watches).get_mut(&agent) {
+                        watch.last_heartbeat = Some(Instant::now());
+                    }
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// No longer hears `agent`'s heartbeats.
+    fn unlisten(&self, agent: &str) {
+        if let Some(token) = lock(&self.listening).remove(agent) {
+            token.cancel();
+        }
+    }
+
     async fn stop_agent(&self, agent: &str) -> Result<(), HandlerError> {
         lock(&self.watches).remove(agent);
+        self.unlisten(agent);
         match self.supervisor.stop(agent).await {
             Ok(()) | Err(ProcessError::NotFound { .. }) => Ok(()),
             Err(err) => Err(process_error(err)),
@@ -854,20 +933,5 @@ impl State {
                 tracing::debug!(agent = %id, error = %err, "restart not done");
             }
         }
-    }
-}
-
-/// Heartbeats of every agent: those of the host's own agents are noted for their health.
-struct Heartbeats(std::sync::Weak<State>);
-
-impl EventHandler for Heartbeats {
-    fn call(&self, ctx: Context) -> BoxFuture<Result<(), HandlerError>> {
-        if let Some(state) = self.0.upgrade() {
-            let from = ctx.message().from.as_str();
-            if let Some(watch) = lock(&state.watches).get_mut(from) {
-                watch.last_heartbeat = Some(Instant::now());
-            }
-        }
-        Box::pin(async { Ok(()) })
     }
 }

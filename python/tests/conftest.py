@@ -6,6 +6,7 @@ puts it); the Rust binaries are looked up in ``CARGO_TARGET_DIR`` (or ``target``
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import shutil
@@ -57,6 +58,8 @@ class ChorusProcess:
 
     def __init__(self, url: str, *args: str, cwd: Path | None = None, **env: str) -> None:
         self.lines: queue.Queue[str] = queue.Queue()
+        # The last lines it printed, for a failure's message.
+        self.recent: collections.deque[str] = collections.deque(maxlen=40)
         self.proc = subprocess.Popen(
             [rust_binary("chorus"), "--server", url, *args],
             env={**os.environ, "RUST_LOG": "warn", **env},
@@ -70,6 +73,7 @@ class ChorusProcess:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            self.recent.append(line.rstrip())
             self.lines.put(line.rstrip())
 
     def wait_for(self, text: str, within: float = 60.0) -> str:
@@ -78,7 +82,9 @@ class ChorusProcess:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AssertionError(f"{self.proc.args!r} did not print {text!r} within {within:.0f} s")
+                printed = "\n".join(self.recent)
+                raise AssertionError(
+                    f"{self.proc.args!r} did not print {text!r} within {within:.0f} s; its last lines:\n{printed}")
             try:
                 line = self.lines.get(timeout=remaining)
             except queue.Empty:
@@ -150,6 +156,8 @@ class RustPeer:
     def __init__(self, url: str, id: str, **env: str) -> None:
         self.id = id
         self.lines: queue.Queue[str] = queue.Queue()
+        # The last lines it printed, for a failure's message.
+        self.recent: collections.deque[str] = collections.deque(maxlen=40)
         self.proc = subprocess.Popen(
             [rust_binary("interop_peer", example=True)],
             env={**os.environ, "CHORUS_NATS_URL": url, "PEER_ID": id, "RUST_LOG": "warn", **env},
@@ -177,6 +185,7 @@ class RustPeer:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            self.recent.append(line.rstrip())
             self.lines.put(line.rstrip())
 
     def stop(self) -> None:

@@ -264,7 +264,7 @@ async def test_dataclass_payloads_in_and_out_and_a_wrong_shape_is_5006(server: A
                 assert wrong.value.status == StatusCode.DATA_FORMAT
 
 
-async def test_trace_context_is_carried_into_replies_and_forwards_and_mirrored_in_headers(server: Any) -> None:
+async def test_trace_context_is_carried_into_replies_and_forwards_and_never_in_nats_headers(server: Any) -> None:
     traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     seen: asyncio.Queue[Any] = asyncio.Queue()
     async with Agent("py-traced", servers=server.url, heartbeat_interval=0) as traced, Agent(
@@ -290,7 +290,8 @@ async def test_trace_context_is_carried_into_replies_and_forwards_and_mirrored_i
             await nc.close()
         reply, _ = decode(msg.data)
         assert reply.status == 5002 and reply.trace == request.trace
-        assert msg.headers is not None and msg.headers.get("traceparent") == traceparent
+        # The envelope carries it; NATS headers never do (PROTOCOL.md section 3.4).
+        assert not msg.headers, msg.headers
         forwarded = await asyncio.wait_for(seen.get(), WAIT)
         assert forwarded.trace == request.trace
         assert forwarded.correlation_id == request.id and forwarded.hops == 1

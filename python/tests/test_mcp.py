@@ -125,7 +125,9 @@ def test_an_mcp_client_lists_calls_streams_and_cancels_chorus_agents(server: Nat
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await call
-        await asyncio.get_running_loop().run_in_executor(None, demo.wait_for, "researcher stops")
+            # With the session still open: the client's notification is sent after the call
+            # ends, and closing the session at once may drop it (a cancel is best effort).
+            await asyncio.get_running_loop().run_in_executor(None, demo.wait_for, "researcher stops")
 
     with demo_with_gateway(server, tmp_path) as (demo, url):
         asyncio.run(run(demo, url))
@@ -399,6 +401,32 @@ def test_a_broken_task_stream_resumes_after_its_last_event(server: NatsServer, t
 
     with demo_with_gateway(server, tmp_path) as (_, url):
         asyncio.run(run(url))
+
+
+def test_ending_a_session_cancels_the_tasks_its_calls_started(server: NatsServer, tmp_path: Path) -> None:
+    """A client that leaves its call's stream and ends its session (DELETE) without a
+    `notifications/cancelled`: no one can take the call's answer now, so its task is cancelled."""
+    async def run(demo: ChorusProcess, url: str) -> None:
+        headers = {"X-API-Key": API_KEY, "Accept": "application/json, text/event-stream"}
+        async with httpx2.AsyncClient(headers=headers, timeout=WAIT) as http:
+            opened = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "leaver", "version": "1"}}})
+            assert opened.status_code == 200, opened.text
+            session = {"Mcp-Session-Id": opened.headers["mcp-session-id"]}
+            call = {"jsonrpc": "2.0", "id": "call-1", "method": "tools/call", "params": {
+                "name": "researcher.research", "arguments": {"input": "tides"}, "_meta": {"progressToken": "p"}}}
+            async with http.stream("POST", url, json=call, headers=session) as stream:
+                assert stream.status_code == 200
+                async for _, data in sse_events(stream):
+                    if data and json.loads(data).get("method") == "notifications/progress":
+                        break  # the client leaves the stream at the first progress
+            ended = await http.delete(url, headers=session)
+            assert ended.status_code == 204, ended.text
+        await asyncio.get_running_loop().run_in_executor(None, demo.wait_for, "researcher stops")
+
+    with demo_with_gateway(server, tmp_path) as (demo, url):
+        asyncio.run(run(demo, url))
 
 
 def test_an_mcp_server_over_streamable_http_is_bridged_and_missed_when_it_stops(

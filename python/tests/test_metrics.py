@@ -20,11 +20,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 
 from chorus_sdk import Agent, BreakerPolicy, ChorusError, Context, StatusCode, metrics
 
-from .conftest import ChorusProcess, _free_port, eventually, rust_binary
+from .conftest import ChorusProcess, NatsServer, _free_port, eventually, rust_binary
 
 WAIT = 15.0
 # The traffic each agent (the Python one and the Rust one) gets from a driver.
@@ -192,6 +193,12 @@ async def test_a_python_agent_exposes_the_series_a_rust_agent_does_with_the_same
             return (ours, theirs) if done else None
 
         ours, theirs = await eventually("both agents handled the pings", both_pinged)
+
+    # Open connections by the server they are on: the Rust agent's own and the one its event
+    # subscriptions use; the two Python agents' one each.
+    destination = f"127.0.0.1:{server.port}"
+    assert theirs.value("chorus_agent_active_connections", destination=destination) == 2, theirs.text
+    assert ours.value("chorus_agent_active_connections", destination=destination) == 2, ours.text
 
     # The same families, types and label names: every chorus_agent_* series a Rust agent has.
     rust_shape = theirs.shape("chorus_agent_", peer.id)
@@ -368,3 +375,44 @@ def test_render_writes_the_text_format_for_any_registry() -> None:
     assert "chorus_agent_circuits_opened_total" not in text
     checked = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+async def test_active_connections_count_a_shared_connection_once_and_a_lost_one_at_zero() -> None:
+    own_server = NatsServer()
+    own_server.start()
+    destination = f"127.0.0.1:{own_server.port}"
+
+    def active() -> float | None:
+        found = [v for n, l, v in Scrape(metrics.render()).samples
+                 if n == "chorus_agent_active_connections" and l.get("destination") == destination]
+        return found[0] if found else None
+
+    shared = await nats.connect(own_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    agents = [Agent(f"py-shared-{i}", connection=shared, heartbeat_interval=0) for i in range(3)]
+    own = Agent("py-own", servers=own_server.url, heartbeat_interval=0)
+    try:
+        for agent in [*agents, own]:
+            await agent.connect()
+        # Three agents on one connection count it once; the fourth has its own.
+        assert active() == 2
+        await own.shutdown()
+        assert active() == 1
+        own_server.halt()
+
+        async def lost() -> bool:
+            return active() == 0
+
+        # The series stays, at zero, while the connection is down, and counts it when it is
+        # back.
+        await eventually("the shared connection seen down", lost)
+        own_server.start()
+
+        async def back() -> bool:
+            return active() == 1
+
+        await eventually("the shared connection back", back)
+    finally:
+        for agent in agents:
+            await agent.shutdown()
+        await shared.close()
+        own_server.stop()

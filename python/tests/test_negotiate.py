@@ -40,6 +40,7 @@ from chorus_sdk import (
     encode,
     encode_payload,
 )
+from chorus_sdk.credits import Balance, LedgerEntry, balances
 from chorus_sdk.negotiate import ROUND_HEADER, bid_subject
 
 from .conftest import ChorusProcess, eventually, py_agent, rust_binary
@@ -147,7 +148,17 @@ async def test_a_python_requester_awards_a_python_bidder_over_rust_bidders_found
                 proposals=3,
                 refusals=0,
                 countered=0,
+                credited=True,
             )
+            # The price is in the credits ledger, once: recording the round again changes nothing.
+            ledger = await requester.ledger()
+            entry = await ledger.entry(award.round)
+            assert entry is not None
+            assert (entry.payer, entry.payee, entry.price, entry.task, entry.customer) == (
+                "py-requester", "py-cheap", 3.0, award.task.id, None)
+            again = LedgerEntry(entry.round, entry.capability, entry.payer, entry.payee, 99.0, entry.task, entry.settled_ms)
+            assert await ledger.record(again) == entry
+            assert (await ledger.entry(award.round)) == entry
     finally:
         coordinator.stop()
 
@@ -196,7 +207,8 @@ async def test_a_rust_requester_awards_a_python_bidder_and_so_does_chorus_negoti
         cli = await asyncio.to_thread(
             subprocess.run,
             [rust_binary("chorus"), "--server", server.url, "negotiate", "--capability", "quote", "--bidders",
-             f"{dear.id},py-quoter", "--deadline", "1s", "--policy", "fastest", "--wait", "--json", '"urgent"'],
+             f"{dear.id},py-quoter", "--deadline", "1s", "--policy", "fastest", "--customer", "quote-co", "--wait", "--json",
+             '"urgent"'],
             capture_output=True,
             text=True,
             timeout=60,
@@ -206,6 +218,26 @@ async def test_a_rust_requester_awards_a_python_bidder_and_so_does_chorus_negoti
         assert (printed["winner"], printed["state"], printed["output"]) == ("py-quoter", "completed", 'py-quoter did "urgent"')
         assert [b["answer"] for b in printed["bids"]] == ["proposed", "proposed"]
         assert (await results.get(timeout=WAIT)).won
+
+        # The CLI's round is in the credits ledger under its customer, read by `chorus credits`
+        # (the Rust SDK) and by the Python SDK alike.
+        def credits(*args: str) -> Any:
+            run = subprocess.run([rust_binary("chorus"), "--server", server.url, "credits", "--customer", "quote-co",
+                                  "--json", *args], capture_output=True, text=True, timeout=60)
+            assert run.returncode == 0, run.stdout + run.stderr
+            return json.loads(run.stdout)
+
+        by_agent = await asyncio.to_thread(credits)
+        earned = {b["name"]: (b["earned"], b["spent"]) for b in by_agent}
+        assert earned["py-quoter"] == (2.5, 0.0)
+        assert [spent for name, (_, spent) in earned.items() if name.startswith("cli-")] == [2.5]
+        assert await asyncio.to_thread(credits, "--by", "customer") == [
+            {"name": "quote-co", "earned": 0.0, "spent": 2.5, "rounds": 1}]
+        [listed] = await asyncio.to_thread(credits, "--rounds")
+        assert (listed["round"], listed["payee"], listed["price"]) == (printed["round"], "py-quoter", 2.5)
+        entries = [e for e in await (await bidder.ledger()).entries() if e.customer == "quote-co"]
+        assert [(str(e.round), e.payee, e.price) for e in entries] == [(printed["round"], "py-quoter", 2.5)]
+        assert balances(entries, "customer") == [Balance("quote-co", spent=2.5, rounds=1)]
 
 
 async def test_counter_offers_both_ways_are_accepted_refused_or_met_part_way(server: Any, rust_peer: Any) -> None:

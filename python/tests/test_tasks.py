@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from chorus_sdk import Agent, ChorusError, StatusCode, TaskContext, TaskState
+from chorus_sdk import Agent, ChorusError, StatusCode, TaskContext, TaskState, Verification
 
 from .conftest import py_agent
 
@@ -165,3 +165,80 @@ async def test_a_python_requester_verifies_results_and_reassigns_a_failed_one(se
         assert (result.state, result.status) == (TaskState.FAILED, StatusCode.UNVERIFIED)
         reports = [u.envelope.from_ for u in await collect(py.task_handle(handle.id)) if u.kind == "report"]
         assert reports == ["py-sloppy", "py-sloppy", first.id, first.id]
+
+
+SUMMARY = {"type": "object", "required": ["summary"], "properties": {"summary": {"type": "string", "minLength": 10}}}
+GOOD = "a summary long enough to pass"
+
+
+async def test_a_worker_that_fails_its_allowed_retries_is_escalated_to_a_supervisor_who_completes_it(
+    server: Any, rust_peer: Any
+) -> None:
+    drafter = rust_peer("rust-drafter", PEER_SUMMARY="short")
+    async with py_agent(server, "py-chief") as chief, py_agent(server, "py-boss") as py:
+        asked: list[tuple[str, Any, dict[str, str]]] = []
+
+        @chief.task("summarize")
+        async def summarize(task: TaskContext) -> dict[str, str]:
+            asked.append((task.sender, task.data(), dict(task.headers)))
+            return {"summary": GOOD}
+
+        await chief.flush()
+        # The Rust worker gets two more tries after its first failure, then the supervisor.
+        policy = Verification.schema(SUMMARY, retries=2, escalate_to=chief.id, max_attempts=4)
+        handle = await py.submit("a long document", to=drafter.id, name="summarize", verify=True, headers={"x-ticket": "T-9"})
+        report = await asyncio.wait_for(py.verify(handle, policy), WAIT)
+        assert (report.state, report.status, report.worker, report.requester) == (TaskState.COMPLETED, 5002, chief.id, py.id)
+        assert report.data() == {"summary": GOOD}
+        turns = [(a.agent, a.verified) for a in report.attempts]
+        assert turns == [(drafter.id, False)] * 3 + [(chief.id, True)]
+        for attempt, following in zip(report.attempts, [drafter.id, drafter.id, chief.id]):
+            assert (attempt.note or "").startswith("does not meet the schema"), attempt.note
+            assert (attempt.note or "").endswith(f"; reassigned to {following}"), attempt.note
+        # The supervisor was asked once, by the requester, with the submission as it was.
+        assert asked == [(py.id, "a long document", {"x-ticket": "T-9"})]
+        # Each new attempt is a `submitted` from the requester to that agent alone, and the
+        # requester writes `completed`; the Rust SDK reads the same report from the stream.
+        updates = await asyncio.wait_for(collect(py.task_handle(handle.id)), WAIT)
+        submitted = [(u.envelope.from_, u.envelope.to, u.envelope.headers) for u in updates if u.state is TaskState.SUBMITTED]
+        assert submitted == [(py.id, [a], {"x-ticket": "T-9"}) for a in [drafter.id] * 3 + [chief.id]]
+        assert (updates[-1].state, updates[-1].envelope.from_) == (TaskState.COMPLETED, py.id)
+        seen = await py.request(drafter.id, "report", str(handle.id), timeout=WAIT)
+        assert [(a["agent"], a["verified"]) for a in seen["attempts"]] == turns
+        assert (seen["state"], seen["output"]) == ("completed", {"summary": GOOD})
+
+        # With one attempt fewer allowed, the worker's tries use them all: the supervisor is
+        # never asked and the task fails with 5025 and the chain of verdicts.
+        handle = await py.submit("a long document", to=drafter.id, name="summarize", verify=True)
+        report = await asyncio.wait_for(py.verify(handle, policy.with_policy(max_attempts=3)), WAIT)
+        assert (report.state, report.status) == (TaskState.FAILED, StatusCode.UNVERIFIED)
+        assert [a.agent for a in report.attempts] == [drafter.id] * 3
+        assert (report.reason or "").startswith(f"no result passed verification in 3 attempts: attempt 1 by {drafter.id}")
+        assert len(asked) == 1
+
+
+async def test_a_rust_requester_escalates_a_python_worker_after_its_retries(server: Any, rust_peer: Any) -> None:
+    boss = rust_peer("rust-boss")
+    async with py_agent(server, "py-sloppy-2") as sloppy, py_agent(server, "py-chief-2") as chief:
+        tries: list[str] = []
+
+        @sloppy.task("summarize")
+        async def sloppy_summary(task: TaskContext) -> dict[str, str]:
+            tries.append(task.sender)
+            return {"summary": "short"}
+
+        @chief.task("summarize")
+        async def chief_summary(task: TaskContext) -> dict[str, str]:
+            return {"summary": GOOD}
+
+        await sloppy.flush()
+        await chief.flush()
+        order = {"to": sloppy.id, "name": "summarize", "schema": SUMMARY, "retries": 1, "escalate_to": chief.id, "max_attempts": 3}
+        seen = await sloppy.request(boss.id, "verified", order, timeout=WAIT)
+        assert (seen["state"], seen["requester"], seen["output"]) == ("completed", boss.id, {"summary": GOOD})
+        assert [(a["agent"], a["verified"]) for a in seen["attempts"]] == [(sloppy.id, False), (sloppy.id, False), (chief.id, True)]
+        assert seen["attempts"][1]["note"].endswith(f"; reassigned to {chief.id}")
+        assert tries == [boss.id, boss.id]
+        # The Python SDK reads the same report from the task's stream.
+        report = await asyncio.wait_for(chief.task_handle(seen["id"]).report(), WAIT)
+        assert [(a.agent, a.verified) for a in report.attempts] == [(sloppy.id, False), (sloppy.id, False), (chief.id, True)]

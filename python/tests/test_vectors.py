@@ -20,6 +20,7 @@ SUBJECTS = {
     "05-command-secured": "chorus.cap.code.review",
     "16-payload-reference": "chorus.agent.archivist.store",
     "20-request-rerouted": "chorus.agent.reviewer-02.review",
+    "23-notification": "chorus.agent.ops-bot.$notify",
 }
 
 

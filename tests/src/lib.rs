@@ -284,6 +284,33 @@ pub fn chorus_binary() -> std::path::PathBuf {
     built("chorus-cli", &["--bin", "chorus"], "chorus")
 }
 
+/// Runs `chorus --server <url> <args>` off the runtime (which keeps serving the test's agents),
+/// within two minutes, and returns whether it succeeded, its standard output and its error.
+pub async fn run_chorus(server: &NatsServer, args: &[&str]) -> (bool, String, String) {
+    // Off the runtime: finding the binary may run cargo, and the test's agents keep beating.
+    let binary = tokio::task::spawn_blocking(chorus_binary)
+        .await
+        .expect("find the chorus binary");
+    let out = within(
+        Duration::from_secs(120),
+        &format!("chorus {}", args.first().copied().unwrap_or_default()),
+        tokio::process::Command::new(binary)
+            .arg("--server")
+            .arg(server.url())
+            .args(args)
+            .env_remove("CHORUS_CONTEXT")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("run chorus");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Example `name` of `package`, built (or found up to date) by cargo as [`chorus_binary`] is.
 pub fn example_binary(package: &str, name: &str) -> std::path::PathBuf {
     built(package, &["--example", name], &format!("examples/{name}"))

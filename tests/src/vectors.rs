@@ -369,6 +369,17 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
         fraction: Some(1e-7),
     });
 
+    // 23. A notification (section 7.14) from the monitor to the ops bot, on its notification
+    //     subject: no reply subject, no `expect` or `ttl_ms`; its `name` is written (the
+    //     subject's last token, `$notify`, is never a name), `to` left to the subject.
+    let mut notification = base(Kind::Notification, Performative::Inform, "monitor", 23);
+    notification.to = vec!["ops-bot".into()];
+    notification.name = Some("disk-full".into());
+    notification.priority = Priority::High;
+    notification.headers.insert("x-host".into(), "db-2".into());
+    notification.payload =
+        encode_payload(&"db-2 at 91%", CONTENT_TYPE_MSGPACK).expect("the text encodes");
+
     vec![
         ("01-request", request),
         ("02-response", response),
@@ -392,6 +403,7 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
         ("20-request-rerouted", rerouted),
         ("21-reply-unknown-status", unknown_status),
         ("22-progress-tiny-fraction", tiny),
+        ("23-notification", notification),
     ]
 }
 
@@ -419,6 +431,7 @@ pub fn subject(name: &str) -> String {
         "18-task-input" => task("input"),
         "19-task-report" => task("report"),
         "20-request-rerouted" => "chorus.agent.reviewer-02.review".into(),
+        "23-notification" => "chorus.agent.ops-bot.$notify".into(),
         "09-task-chunk" => task("chunk"),
         "11-task-cancel" => task("cancel"),
         "12-negotiate-call" | "15-negotiate-counter" => {

@@ -112,6 +112,45 @@ async fn a_request_across_three_agents_is_one_trace_with_parent_child_spans() {
             );
         }
     }
+    // Each span says what the message was, from whom, to whom and how large.
+    let attribute = |s: &SpanData, key: &str| {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.as_str().into_owned())
+    };
+    for (s, from, to) in [
+        (&a_request, "agent-a", "agent-b"),
+        (&b_handle, "agent-a", "agent-b"),
+        (&b_request, "agent-b", "agent-c"),
+        (&c_handle, "agent-b", "agent-c"),
+    ] {
+        assert_eq!(
+            attribute(s, "chorus.kind").as_deref(),
+            Some("request"),
+            "{}",
+            s.name
+        );
+        assert_eq!(
+            attribute(s, "chorus.from").as_deref(),
+            Some(from),
+            "{}",
+            s.name
+        );
+        assert_eq!(
+            attribute(s, "chorus.destination").as_deref(),
+            Some(to),
+            "{}",
+            s.name
+        );
+        // 20 and 21 as MessagePack: one byte each.
+        assert_eq!(
+            attribute(s, "messaging.message.body.size").as_deref(),
+            Some("1"),
+            "{}",
+            s.name
+        );
+    }
     // And the envelope C received carried the trace as W3C trace context.
     let traceparent = seen_traceparent
         .lock()

@@ -29,13 +29,18 @@
 //! cargo run -p chorus-sdk --example interop_peer
 //! ```
 //!
-//! Each area of the parity tests has its part in a module of its own (`access`, `metrics`,
-//! `negotiate`, `payloads`, `tasks`): its settings and its handlers.
+//! Each area of the parity tests has its part in a module of its own (`access`, `headers`,
+//! `metrics`, `multicast`, `negotiate`, `notify`, `payloads`, `priority`, `tasks`): its settings
+//! and its handlers.
 
 mod access;
+mod headers;
 mod metrics;
+mod multicast;
 mod negotiate;
+mod notify;
 mod payloads;
+mod priority;
 mod tasks;
 
 use chorus_sdk::encryption::EncryptionKey;
@@ -131,15 +136,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .trust(agent, key);
     }
     options = access::options(options)?;
+    options = headers::options(options)?;
     options = metrics::options(options)?;
+    options = multicast::options(options)?;
     options = negotiate::options(options)?;
+    options = notify::options(options)?;
     options = payloads::options(options)?;
+    options = priority::options(options)?;
     options = tasks::options(options)?;
     let peer = options.connect().await?;
     access::register(&peer).await?;
+    headers::register(&peer).await?;
     metrics::register(&peer).await?;
+    multicast::register(&peer).await?;
     negotiate::register(&peer).await?;
+    notify::register(&peer).await?;
     payloads::register(&peer).await?;
+    priority::register(&peer).await?;
     tasks::register(&peer).await?;
 
     peer.on_command("echo", |_ctx: Context, v: Value| async move {

@@ -10,7 +10,7 @@ use super::Agent;
 use crate::durable::Receipt;
 use crate::error::SdkError;
 use crate::handler::endpoint::Description;
-use crate::outbound::{Call, Reply};
+use crate::outbound::{Call, Collect, MulticastReport, Notify, NotifyReport, Publish, Reply};
 use crate::protocol::codec::encode_payload;
 use crate::protocol::envelope::{
     CONTENT_TYPE_MSGPACK, DeliveryClass, Envelope, ExpectedReply, Kind, Performative,
@@ -38,6 +38,16 @@ impl Agent {
         value: &T,
     ) -> Result<(), SdkError> {
         self.inner.out.publish(topic, value, None).await
+    }
+
+    /// Publishes an event with more than a topic and a payload: a priority, application
+    /// headers, a session or a customer ([`Publish`]).
+    ///
+    /// # Errors
+    /// As [`publish`](Agent::publish), and [`SdkError::InvalidCall`] for headers past the
+    /// limits ([`Call::header`]).
+    pub async fn publish_with(&self, event: Publish) -> Result<(), SdkError> {
+        self.inner.out.publish_with(event, None).await
     }
 
     /// Publishes an event whose payload is `payload` as it is, labelled `content_type` (for
@@ -176,6 +186,85 @@ impl Agent {
             .exchange(&subject, env, overall, &opentelemetry::Context::current())
             .await?;
         reply.payload_as()
+    }
+
+    /// Sends `call` to every agent in `to` and collects their replies as `collect` asks,
+    /// within the call's timeout (one deadline for all; the agent's request timeout by
+    /// default). Each recipient gets a request of its own, sent at once: its own message id,
+    /// `to` naming it alone, and one `correlation_id` shared by every copy (the report's
+    /// `multicast_id`). Build the call with [`Call::multicast`]; its payload, timeout,
+    /// priority, headers, session, retry policy and the rest apply to every copy.
+    ///
+    /// The report has one line per recipient, in the order of `to`: replied (the reply),
+    /// refused (its status and reason), no responders, silent (nothing by the deadline), not
+    /// awaited (the collection ended first: its request is dropped and a late reply ignored)
+    /// or failed (on this side); and whether enough replies came ([`MulticastReport::met`]).
+    ///
+    /// ```no_run
+    /// # async fn run(agent: chorus_sdk::Agent) -> Result<(), chorus_sdk::SdkError> {
+    /// use std::time::Duration;
+    /// use chorus_sdk::{Call, Collect};
+    /// let call = Call::multicast("review").payload(&"draft 3")?.timeout(Duration::from_secs(5));
+    /// let report = agent
+    ///     .multicast(call, &["alice", "bob", "carol"], Collect::Quorum(2))
+    ///     .await?;
+    /// if report.met {
+    ///     for (agent, reply) in report.replies() {
+    ///         let verdict: String = reply.payload_as()?;
+    ///         println!("{agent}: {verdict}");
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`SdkError::InvalidCall`] (5018), before anything is sent, for no recipients, more than
+    /// [`MAX_MULTICAST_RECIPIENTS`](crate::MAX_MULTICAST_RECIPIENTS), an invalid or repeated
+    /// agent id, an invalid command name, a `First` or `Quorum` `n` of 0 or more than the
+    /// recipients, a call to a capability or one with a fixed [`Call::id`]. A recipient's
+    /// failure is in the report, not an error.
+    pub async fn multicast<S: AsRef<str>>(
+        &self,
+        call: Call,
+        to: &[S],
+        collect: Collect,
+    ) -> Result<MulticastReport, SdkError> {
+        self.inner.out.multicast(call, to, collect, None).await
+    }
+
+    /// Sends a notification (`docs/PROTOCOL.md` section 7.14): a push that expects no reply
+    /// and needs no topic subscription on the receiver's side, taken by its
+    /// [`on_notification`](Agent::on_notification) handlers.
+    ///
+    /// - To one agent ([`Notify::agent`]): published on its notification subject, or stored
+    ///   in its durable inbox when [`Notify::durable`]; returns once published (stored),
+    ///   without waiting for the receiver. The report has its one line: `delivered`
+    ///   (published, whether or not anyone listened) or `stored`.
+    /// - To a group, a capability's holders or every agent ([`Notify::group`],
+    ///   [`Notify::capability`], [`Notify::all`]): sent to the coordinator, which pushes one
+    ///   copy to each live member (stored in each inbox when durable) and reports per
+    ///   recipient: `delivered` (published), `stored` or `failed`.
+    ///
+    /// ```no_run
+    /// # async fn run(agent: chorus_sdk::Agent) -> Result<(), chorus_sdk::SdkError> {
+    /// use chorus_sdk::{Notify, Outcome};
+    /// agent.notify(Notify::agent("ops-bot", "disk-full").payload(&"db-2 at 91%")?).await?;
+    /// let report = agent
+    ///     .notify(Notify::group("night-shift", "maintenance").payload(&"22:00")?.durable())
+    ///     .await?;
+    /// println!("stored for {} agents", report.count(Outcome::Stored));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when the agent, group, capability or notification name is not
+    /// valid; [`SdkError::InvalidCall`] when the headers break their limits;
+    /// [`SdkError::Codec`] when it cannot be encoded; [`SdkError::Broker`] when the server
+    /// does not take it (durable: no ack in three tries); for a group, [`SdkError::Timeout`],
+    /// [`SdkError::NoResponders`] or [`SdkError::Remote`] when no coordinator reports. A
+    /// group member's failure is in the report, not an error.
+    pub async fn notify(&self, notify: Notify) -> Result<NotifyReport, SdkError> {
+        self.inner.sender.notify(notify, None).await
     }
 
     /// Sends a one-way command in the call's delivery class (or the agent's default):

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 
 use super::{Agent, SYNC_TIMEOUT};
 use crate::error::{HandlerError, SdkError};
-use crate::handler::endpoint::{Endpoint, EndpointKind};
+use crate::handler::endpoint::{ANY_NOTIFICATION, Endpoint, EndpointKind};
 use crate::handler::{Context, EventHandler, Handler, Typed};
 use crate::inbound::EventStream;
 use crate::inbound::reader::Route;
@@ -80,6 +80,63 @@ impl Agent {
         ));
         if inner.endpoints.set_other_commands(endpoint) {
             tracing::warn!(agent = %inner.link.id, "handler of other commands replaced");
+        }
+        self.receive_commands().await
+    }
+
+    /// Handles notifications called `name` (`"*"`, [`ANY_NOTIFICATION`], for every one without
+    /// a handler of its own) with a typed handler: pushes to this agent that expect no reply
+    /// (`docs/PROTOCOL.md` section 7.14), sent with [`Agent::notify`] to it or to a group it
+    /// belongs to. They travel on the agent's own subjects, so no topic subscription is needed
+    /// (and an agent that serves commands subscribes to nothing more); durable ones come
+    /// through its durable inbox, retried and dead-lettered by the retry policy when the
+    /// handler fails. Nothing is ever answered; a notification no handler takes is counted
+    /// ([`AgentStats::notifications_unhandled`](crate::AgentStats::notifications_unhandled))
+    /// and dropped. Returns once the server routes the agent's notifications here.
+    ///
+    /// ```no_run
+    /// # async fn run(agent: chorus_sdk::Agent) -> Result<(), chorus_sdk::SdkError> {
+    /// agent
+    ///     .on_notification("disk-full", |ctx, host: String| async move {
+    ///         println!("{} says {host} is full ({:?})", ctx.from(), ctx.message().priority);
+    ///         Ok(())
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `name` is neither `"*"` nor a valid notification name (one
+    /// token, as a command name); [`SdkError::Broker`] when the subscription or the durable
+    /// inbox's consumers cannot be made, or the server does not confirm them in time.
+    pub async fn on_notification<T, F, Fut>(&self, name: &str, f: F) -> Result<(), SdkError>
+    where
+        F: Fn(Context, T) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), HandlerError>> + Send + 'static,
+        T: DeserializeOwned + Send + 'static,
+    {
+        self.handle_notifications(name, Typed::<F, T, ()>::new(f))
+            .await
+    }
+
+    /// Handles notifications called `name` (`"*"` for every one without a handler of its
+    /// own) with an untyped [`EventHandler`].
+    ///
+    /// # Errors
+    /// [`SdkError::Subject`] when `name` is neither `"*"` nor a valid notification name;
+    /// [`SdkError::Broker`] when the subscription or the durable inbox's consumers cannot be
+    /// made, or the server does not confirm them in time.
+    pub async fn handle_notifications(
+        &self,
+        name: &str,
+        handler: impl EventHandler,
+    ) -> Result<(), SdkError> {
+        if name != ANY_NOTIFICATION {
+            crate::subject::validate_token("notification name", name)?;
+        }
+        let inner = &self.inner;
+        if inner.endpoints.add_notification(name, Arc::new(handler)) {
+            tracing::warn!(agent = %inner.link.id, notification = name, "notification handler replaced");
         }
         self.receive_commands().await
     }

@@ -5,10 +5,12 @@
 //! what it asks of others.
 
 mod calls;
+mod config;
 mod handlers;
 mod negotiate;
 mod options;
 mod tasks;
+pub use config::{AgentConfig, BusConfig, MonitoringConfig, ReliabilityConfig, SecurityConfig};
 pub use tasks::TaskSummary;
 
 use crate::Report;
@@ -113,6 +115,10 @@ pub(crate) struct Inner {
     /// Whether the connection is shared with other agents (theirs to drain, not this one's;
     /// event subscriptions use it too).
     shared_connection: bool,
+    /// The bus's credits ledger, opened on first use.
+    ledger: tokio::sync::OnceCell<crate::credits::Ledger>,
+    /// Replicas of the streams and buckets it makes.
+    replicas: usize,
 }
 
 /// How long shutdown waits to store the last usage report.
@@ -159,6 +165,7 @@ impl Agent {
             broker,
             js,
             counters,
+            inbox_ready: tokio::sync::OnceCell::new(),
         });
         let out = Arc::new(Outbound {
             link: Arc::clone(&link),
@@ -228,6 +235,7 @@ impl Agent {
             usage,
             tracker: tracker.clone(),
             stop: stop.clone(),
+            notifier: Arc::new(Sender::new(Arc::clone(&out))),
         }));
         let dispatcher = Arc::new(Dispatcher {
             pipeline: Arc::clone(&pipeline),
@@ -303,6 +311,8 @@ impl Agent {
             events_broker: tokio::sync::OnceCell::new(),
             broker_options,
             shared_connection: shared.is_some(),
+            ledger: tokio::sync::OnceCell::new(),
+            replicas: options.inbox_limits.replicas,
         });
         inner.start(&options, verifier).await?;
         tracing::info!(agent = %inner.link.id, "agent connected");
@@ -315,6 +325,22 @@ impl Agent {
     /// The agent's id.
     pub fn id(&self) -> &str {
         &self.inner.link.id
+    }
+
+    /// The bus's credits ledger (`docs/PROTOCOL.md` section 7.15): the negotiations settled at
+    /// a price, by round, with balances by agent and customer
+    /// ([`credits::balances`](crate::credits::balances)).
+    ///
+    /// # Errors
+    /// [`SdkError::Broker`] when JetStream cannot make or open the ledger's bucket.
+    pub async fn ledger(&self) -> Result<&crate::credits::Ledger, SdkError> {
+        let link = &self.inner.link;
+        self.inner
+            .ledger
+            .get_or_try_init(|| {
+                crate::credits::Ledger::open(&link.js, &link.subjects, self.inner.replicas)
+            })
+            .await
     }
 
     /// The subject builder this agent uses.
@@ -491,5 +517,11 @@ impl StatsSource for Inner {
 
     fn in_flight(&self) -> usize {
         self.dispatcher.busy()
+    }
+
+    fn connections(&self) -> Vec<Broker> {
+        let mut all = vec![self.link.broker.clone()];
+        all.extend(self.events_broker.get().cloned());
+        all
     }
 }

@@ -7,6 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Agent, SYNC_TIMEOUT};
+use crate::credits::LedgerEntry;
 use crate::error::{HandlerError, SdkError};
 use crate::handler::endpoint::{Endpoint, EndpointKind};
 use crate::handler::{BoxFuture, Context, Handler, Output};
@@ -253,6 +254,9 @@ impl Agent {
             if let Some(deadline) = round.task_deadline {
                 call = call.deadline(deadline);
             }
+            if let Some(customer) = &round.customer {
+                call = call.customer(customer.clone());
+            }
             match self.submit(call).await {
                 Ok(handle) => {
                     task = Some((winner.clone(), handle));
@@ -290,6 +294,28 @@ impl Agent {
                 .await;
         }
         let proposal = winner.proposal().cloned().unwrap_or_default();
+        let credited = match proposal.price {
+            Some(price) => {
+                let entry = LedgerEntry {
+                    round: id,
+                    capability: capability.clone(),
+                    payer: out.link.id.clone(),
+                    payee: winner.agent.clone(),
+                    customer: round.customer.clone(),
+                    price,
+                    task: task.id(),
+                    settled_ms: crate::protocol::envelope::now_ms(),
+                };
+                match self.credit(&entry).await {
+                    Ok(()) => true,
+                    Err(err) => {
+                        tracing::warn!(round = %id, error = %Report(&err), "price not recorded in the credits ledger");
+                        false
+                    }
+                }
+            }
+            None => false,
+        };
         let settlement = Settlement {
             round: id,
             capability: capability.clone(),
@@ -304,6 +330,8 @@ impl Agent {
                 .filter(|b| matches!(b.answer, Answer::Refused { .. }))
                 .count(),
             countered,
+            customer: round.customer.clone(),
+            credited,
         };
         if let Err(err) = self.publish(SETTLED_TOPIC, &settlement).await {
             tracing::warn!(round = %id, error = %Report(&err), "settlement not published");
@@ -316,6 +344,11 @@ impl Agent {
             bids,
             task,
         })
+    }
+
+    /// Records `entry` in the credits ledger (once: a round recorded before stays as it is).
+    async fn credit(&self, entry: &LedgerEntry) -> Result<(), SdkError> {
+        self.ledger().await?.record(entry).await.map(|_| ())
     }
 
     /// One bidder's answer to the call for proposals, within the round's deadline.

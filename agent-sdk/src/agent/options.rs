@@ -443,6 +443,12 @@ impl AgentOptions {
         self
     }
 
+    /// The connection settings these options connect with: to open one connection that
+    /// several agents share ([`connection`](AgentOptions::connection)).
+    pub fn broker_options(&self) -> &BrokerOptions {
+        &self.broker
+    }
+
     /// Serves the agent on `connection`, shared with the process's other agents, instead of a
     /// connection of its own: one process and one NATS connection can host hundreds or
     /// thousands of agents, each with its own id, handlers, heartbeats and usage. Every agent

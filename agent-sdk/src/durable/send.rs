@@ -9,9 +9,11 @@ use uuid::Uuid;
 
 use super::{DEAD_LETTER_HEADROOM, InboxLimits, inbox_stream};
 use crate::error::SdkError;
-use crate::outbound::{Call, Outbound, Target};
+use crate::outbound::{Call, Notify, NotifyReport, NotifyTarget, Outbound, Parent, Target};
 use crate::protocol::codec::CodecError;
-use crate::protocol::envelope::{DeliveryClass, Envelope, Priority};
+use crate::protocol::envelope::{DeliveryClass, Envelope, Kind, Priority};
+use crate::protocol::registry::{BroadcastReport, Outcome, RecipientReport};
+use crate::protocol::status::StatusCode;
 use crate::stats::AgentCounters;
 
 /// Acks outstanding at once in [`Agent::send_batch`](crate::Agent::send_batch).
@@ -37,7 +39,6 @@ pub(crate) struct Sender {
     /// The agent's identity, subjects, connection and counters.
     pub(crate) link: Arc<crate::link::Link>,
     pub(crate) out: Arc<Outbound>,
-    inbox_ready: tokio::sync::OnceCell<()>,
 }
 
 impl Sender {
@@ -45,14 +46,14 @@ impl Sender {
         Sender {
             link: Arc::clone(&out.link),
             out,
-            inbox_ready: tokio::sync::OnceCell::new(),
         }
     }
 
     /// Makes sure the inbox stream exists before the first durable send, so commands for an
     /// agent that has never run are kept (the coordinator normally creates it first).
     async fn ensure_inbox(&self) -> Result<(), chorus_broker_adapter::Error> {
-        self.inbox_ready
+        self.link
+            .inbox_ready
             .get_or_try_init(|| async {
                 self.link
                     .js
@@ -71,9 +72,11 @@ impl Sender {
         &self,
         call: Call,
         class: DeliveryClass,
+        parent: Option<&Envelope>,
     ) -> Result<(String, Envelope), SdkError> {
         let ttl = call.ttl;
         let high = matches!(call.priority, Priority::High | Priority::Critical);
+        let notification = call.kind == Kind::Notification;
         let durable_target = match (&call.target, class) {
             (_, DeliveryClass::AtMostOnce) => None,
             (Target::Agent(agent), _) => {
@@ -85,7 +88,7 @@ impl Sender {
                 ));
             }
         };
-        let (core_subject, mut env, _) = self.out.prepare(call, None)?;
+        let (core_subject, mut env, _) = self.out.prepare(call, parent)?;
         env.expect = None;
         env.ttl_ms = ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
         env.delivery = class;
@@ -100,6 +103,9 @@ impl Sender {
         crate::trace::finish(span.as_ref(), None);
         let subject = match durable_target {
             None => core_subject,
+            Some((agent, _)) if notification => {
+                self.link.subjects.durable_notification(&agent, high)?
+            }
             Some((agent, command)) => self.link.subjects.durable(&agent, &command, high)?,
         };
         Ok((subject, env))
@@ -118,8 +124,18 @@ impl Sender {
     /// is sent again, stored once for exactly-once (the server dedupes its message id) and
     /// possibly twice for at least once (which allows a duplicate).
     pub(crate) async fn send(&self, call: Call) -> Result<Receipt, SdkError> {
+        self.send_from(call, None).await
+    }
+
+    /// Sends as [`send`](Sender::send) does, as a forward of `parent` when given (its
+    /// conversation, one more hop, its deadline).
+    pub(crate) async fn send_from(
+        &self,
+        call: Call,
+        parent: Option<&Envelope>,
+    ) -> Result<Receipt, SdkError> {
         let class = call.delivery.unwrap_or(self.out.default_delivery);
-        let (subject, mut env) = self.prepare_send(call, class)?;
+        let (subject, mut env) = self.prepare_send(call, class, parent)?;
         self.out.fit(&mut env).await?;
         self.out.seal(&subject, &mut env);
         let bytes = self.out.encode(&subject, &env)?;
@@ -171,7 +187,7 @@ impl Sender {
         let mut core_sent = false;
         for call in calls {
             let class = call.delivery.unwrap_or(self.out.default_delivery);
-            let prepared = match self.prepare_send(call, class) {
+            let prepared = match self.prepare_send(call, class, None) {
                 Ok((subject, mut env)) => match self.out.fit(&mut env).await {
                     Ok(()) => {
                         self.out.seal(&subject, &mut env);
@@ -263,4 +279,57 @@ impl Sender {
 /// in docs/PERFORMANCE.md).
 fn dedupe_id(id: &Uuid, class: DeliveryClass) -> Option<String> {
     (class == DeliveryClass::ExactlyOnce).then(|| id.to_string())
+}
+
+impl Sender {
+    /// Sends `notify` ([`Agent::notify`](crate::Agent::notify)), as a forward of `parent`
+    /// when a handler sends it.
+    pub(crate) async fn notify(
+        &self,
+        notify: Notify,
+        parent: Option<Parent<'_>>,
+    ) -> Result<NotifyReport, SdkError> {
+        let out = &self.out;
+        match &notify.to {
+            NotifyTarget::Agent(agent) => {
+                let agent = agent.clone();
+                let receipt = self.send_from(notify.call, parent.map(|p| p.env)).await?;
+                out.notification_sent();
+                let outcome = if receipt.delivery == DeliveryClass::AtMostOnce {
+                    Outcome::Delivered
+                } else {
+                    Outcome::Stored
+                };
+                Ok(NotifyReport {
+                    id: receipt.id,
+                    recipients: vec![RecipientReport {
+                        agent,
+                        outcome,
+                        status: StatusCode::OK,
+                        reason: None,
+                    }],
+                })
+            }
+            NotifyTarget::Group(target) => {
+                let subject = self.link.subjects.broadcast(target)?;
+                let wait = notify.report_timeout.unwrap_or(out.request_timeout);
+                let env = out.group_notification(&notify, wait, parent.map(|p| p.env))?;
+                let current = opentelemetry::Context::current();
+                let otel = parent.map_or(&current, |p| p.otel);
+                let reply = out.exchange(&subject, env, wait, otel).await?;
+                let report: BroadcastReport = reply.payload_as()?;
+                Ok(report.into())
+            }
+        }
+    }
+}
+
+impl crate::handler::context::Notifier for Sender {
+    fn notify<'a>(
+        &'a self,
+        notify: Notify,
+        parent: Parent<'a>,
+    ) -> futures::future::BoxFuture<'a, Result<NotifyReport, SdkError>> {
+        Box::pin(Sender::notify(self, notify, Some(parent)))
+    }
 }

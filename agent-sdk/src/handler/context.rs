@@ -1,13 +1,16 @@
 //! The context a handler runs in: the message being handled and the agent, so a handler can
 //! call other agents as part of the same conversation.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::SdkError;
-use crate::outbound::{Call, Outbound, Parent, Reply};
+use crate::outbound::{
+    Call, Collect, MulticastReport, Notify, NotifyReport, Outbound, Parent, Reply,
+};
 use crate::protocol::envelope::Envelope;
 
 /// Given to every handler. Calls made through it continue the conversation: the same
@@ -23,6 +26,19 @@ pub struct Context {
     pub(crate) attempt: u32,
     /// The handling span: the parent of everything this handler sends.
     pub(crate) otel: opentelemetry::Context,
+    /// How its notifications go out.
+    pub(crate) notifier: Arc<dyn Notifier>,
+}
+
+/// How a handler's notifications go out: the agent's sender (the durable room, which stores a
+/// durable one), given to the pipeline when the agent connects.
+pub(crate) trait Notifier: Send + Sync {
+    /// Sends `notify` as a forward of `parent`.
+    fn notify<'a>(
+        &'a self,
+        notify: Notify,
+        parent: Parent<'a>,
+    ) -> futures::future::BoxFuture<'a, Result<NotifyReport, SdkError>>;
 }
 
 impl std::fmt::Debug for Context {
@@ -74,6 +90,18 @@ impl Context {
         &self.request.from
     }
 
+    /// The message's application headers (the envelope's `headers`, set by the sender with
+    /// [`Call::header`]): empty when it set none. They are this message's only: the reply and
+    /// the calls made through this context do not carry them on.
+    pub fn headers(&self) -> &BTreeMap<String, String> {
+        &self.request.headers
+    }
+
+    /// The value of application header `name`, if the message carries it.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.request.headers.get(name).map(String::as_str)
+    }
+
     /// Sends a call as a forward of the message being handled.
     ///
     /// # Errors
@@ -82,6 +110,24 @@ impl Context {
     /// deadline has passed.
     pub async fn call(&self, call: Call) -> Result<Reply, SdkError> {
         self.out.call(call, Some(self.parent())).await
+    }
+
+    /// Sends a multicast as a forward of the message being handled
+    /// ([`Agent::multicast`](crate::Agent::multicast)): every copy carries this message's
+    /// conversation (the report's `multicast_id`), one more hop and its deadline.
+    ///
+    /// # Errors
+    /// As [`Agent::multicast`](crate::Agent::multicast); a copy that cannot be forwarded
+    /// (past the hop limit or the deadline) is reported failed.
+    pub async fn multicast<S: AsRef<str>>(
+        &self,
+        call: Call,
+        to: &[S],
+        collect: Collect,
+    ) -> Result<MulticastReport, SdkError> {
+        self.out
+            .multicast(call, to, collect, Some(self.parent()))
+            .await
     }
 
     /// Requests `command` from agent `agent` as a forward, and decodes the result.
@@ -114,6 +160,16 @@ impl Context {
             .payload_as()
     }
 
+    /// Sends a notification ([`Agent::notify`](crate::Agent::notify)) as a forward of the
+    /// message being handled: its conversation, one more hop, its deadline.
+    ///
+    /// # Errors
+    /// As [`Agent::notify`](crate::Agent::notify), and [`SdkError::LoopDetected`] or
+    /// [`SdkError::Expired`] past the hop limit or the deadline.
+    pub async fn notify(&self, notify: Notify) -> Result<NotifyReport, SdkError> {
+        self.notifier.notify(notify, self.parent()).await
+    }
+
     /// Publishes an event in the same conversation.
     ///
     /// # Errors
@@ -126,5 +182,16 @@ impl Context {
         value: &T,
     ) -> Result<(), SdkError> {
         self.out.publish(topic, value, Some(self.parent())).await
+    }
+
+    /// Publishes a [`Publish`](crate::Publish) as a forward of the message being handled, as
+    /// [`publish`](Context::publish) does; its own session or customer, if it names one,
+    /// replaces the inherited one.
+    ///
+    /// # Errors
+    /// As [`publish`](Context::publish), and [`SdkError::InvalidCall`] for headers past the
+    /// limits.
+    pub async fn publish_with(&self, event: crate::Publish) -> Result<(), SdkError> {
+        self.out.publish_with(event, Some(self.parent())).await
     }
 }

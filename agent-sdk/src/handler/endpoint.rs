@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use super::Handler;
+use super::{EventHandler, Handler};
 use crate::registry::{EndpointInfo, EndpointRole};
 use crate::stats::AgentCounters;
 use crate::sync::{lock, read, write};
@@ -194,7 +194,13 @@ pub(crate) struct Endpoints {
     /// Serves every command that has no endpoint of its own (a gateway's edge identity).
     other_commands: RwLock<Option<Arc<Endpoint>>>,
     all: Mutex<Vec<Arc<Endpoint>>>,
+    /// Notification handlers by name; [`ANY_NOTIFICATION`] takes those without one.
+    notifications: RwLock<HashMap<String, Arc<dyn EventHandler>>>,
 }
+
+/// The name under which a notification handler takes every notification that has no
+/// handler of its own.
+pub const ANY_NOTIFICATION: &str = "*";
 
 impl Endpoints {
     /// Adds (or replaces) a command endpoint; returns whether one was replaced.
@@ -290,6 +296,23 @@ impl Endpoints {
     /// All endpoints, in registration order.
     pub(crate) fn all(&self) -> Vec<Arc<Endpoint>> {
         lock(&self.all).clone()
+    }
+
+    /// Adds (or replaces) the handler of notification `name` ([`ANY_NOTIFICATION`] for
+    /// every one without its own); returns whether one was replaced.
+    pub(crate) fn add_notification(&self, name: &str, handler: Arc<dyn EventHandler>) -> bool {
+        write(&self.notifications)
+            .insert(name.to_owned(), handler)
+            .is_some()
+    }
+
+    /// The handler of notification `name`, else the one taking every other notification.
+    pub(crate) fn notification(&self, name: &str) -> Option<Arc<dyn EventHandler>> {
+        let handlers = read(&self.notifications);
+        handlers
+            .get(name)
+            .or_else(|| handlers.get(ANY_NOTIFICATION))
+            .cloned()
     }
 }
 

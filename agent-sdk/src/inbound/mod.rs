@@ -5,10 +5,11 @@
 //! - `exactly_once`: idempotency records, so an exactly-once message's handler runs once.
 //! - `pipeline`: the steps in order, ending with the handler.
 //! - `outcome`: what became of a message; `reply`: a core request's outcome as its reply.
-//! - `reader`: core subscriptions, bounded queues and handler slots; `stream`: events as a
-//!   stream.
+//! - `reader`: core subscriptions, bounded queues and handler slots; `backlog`: the order in
+//!   which waiting messages get a slot (by priority); `stream`: events as a stream.
 
 pub(crate) mod admit;
+pub(crate) mod backlog;
 pub(crate) mod exactly_once;
 pub(crate) mod layers;
 pub(crate) mod outcome;

@@ -43,6 +43,9 @@ pub(crate) enum Target {
     Event(Arc<dyn EventHandler>),
     /// A command nobody here handles (its subject).
     Unknown(String),
+    /// A notification (on `<root>.agent.<id>.$notify` or its durable lane): its handler is
+    /// chosen by the envelope's `name`; none is not an error (counted, dropped).
+    Notification,
 }
 
 /// A message that went through the pipeline.
@@ -71,6 +74,8 @@ pub(crate) struct PipelineParts {
     /// The agent's tasks and its stop, for the signature checks' collector.
     pub(crate) tracker: tokio_util::task::TaskTracker,
     pub(crate) stop: tokio_util::sync::CancellationToken,
+    /// How handlers' notifications go out ([`Context::notify`]).
+    pub(crate) notifier: Arc<dyn crate::handler::context::Notifier>,
 }
 
 /// The inbound pipeline of one agent.
@@ -90,6 +95,7 @@ pub(crate) struct Pipeline {
     exactly_once: ExactlyOnce,
     seen: Option<super::seen::SeenIds>,
     pub(crate) usage: Arc<Usage>,
+    notifier: Arc<dyn crate::handler::context::Notifier>,
 }
 
 impl Pipeline {
@@ -106,6 +112,7 @@ impl Pipeline {
             usage,
             tracker,
             stop,
+            notifier,
         } = parts;
         let counters = Arc::clone(&out.link.counters);
         let mut layers: Vec<Box<dyn Layer>> = Vec::new();
@@ -150,6 +157,7 @@ impl Pipeline {
             exactly_once,
             seen,
             usage,
+            notifier,
         }
     }
 
@@ -274,7 +282,7 @@ impl Pipeline {
         let counted = match &target {
             Target::Endpoint(e) => Some((Some(e.name.clone()), e.is_task())),
             Target::Event(_) => Some((None, false)),
-            Target::Unknown(_) => None,
+            Target::Unknown(_) | Target::Notification => None,
         };
         let processed = self.steps(subject, decoded, target, via).await;
         let kind = processed.request.as_ref().map_or(Kind::Unknown, |r| r.kind);
@@ -434,6 +442,41 @@ impl Pipeline {
                 AgentCounters::bump(&counters.unknown_command);
                 return Outcome::Failed(unknown_command(&self.link.id, &subject));
             }
+            Target::Notification => {
+                AgentCounters::bump(&counters.notifications_received);
+                let name = request.name.as_deref().unwrap_or_default();
+                let Some(handler) = self.endpoints.notification(name) else {
+                    // Nobody here takes it: counted, never answered. A core one is dropped; a
+                    // durable one waits while the retry policy's attempts last (a handler
+                    // registered a moment later, or another instance, may take it), then is
+                    // dead-lettered as a durable command without a handler is.
+                    AgentCounters::bump(&counters.notifications_unhandled);
+                    tracing::debug!(agent = %self.link.id, notification = name, from = %request.from, "notification without a handler");
+                    if self
+                        .link
+                        .subjects
+                        .durable_command(subject.as_str())
+                        .is_some()
+                    {
+                        return Outcome::Failed(Failure {
+                            status: StatusCode::UNKNOWN_COMMAND,
+                            reason: format!(
+                                "agent {} has no handler for notification {name:?}",
+                                self.link.id
+                            ),
+                            retry: Retry::Attempts,
+                        });
+                    }
+                    return Outcome::Done(Output::default());
+                };
+                let ctx = self.context(request, subject, via, name);
+                let otel = ctx.otel.clone();
+                let result = guarded(&self.link.id, name, || handler.call(ctx))
+                    .await
+                    .map(|()| Output::default());
+                crate::trace::finish(Some(&otel), result.as_ref().err().map(|e| e.to_string()));
+                (name, result)
+            }
             Target::Event(handler) => {
                 let topic = request.topic.as_deref().unwrap_or_default();
                 let ctx = self.context(request, subject, via, topic);
@@ -503,6 +546,7 @@ impl Pipeline {
             subject: subject.clone(),
             attempt: via.attempt,
             otel,
+            notifier: Arc::clone(&self.notifier),
         }
     }
 

@@ -1,26 +1,84 @@
 //! Core subscriptions: one reader per subscription takes messages off it as fast as they come
 //! and queues them (bounded); a dispatcher starts each through the pipeline as a handler slot
-//! frees up. A full queue drops an event (counted) or answers a request with 5019 at once, so
-//! a burst never grows memory and never goes unreported.
+//! frees up, the most urgent first (`backlog`: by priority, with a bound on how long a lower one
+//! waits). A full queue drops an event (counted) or answers a request with 5019 at once, so a
+//! burst never grows memory and never goes unreported.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 use chorus_broker_adapter::{Message, Subscription};
 use opentelemetry::trace::SpanKind;
-use tokio::sync::Semaphore;
-use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::admit::reply_encoding;
+use super::admit::{Refused, reply_encoding};
+use super::backlog::Backlog;
 use super::outcome::{Failure, Outcome, Retry};
 use super::pipeline::{Pipeline, Target, Via};
 use super::reply;
 use crate::handler::EventHandler;
 use crate::handler::endpoint::Endpoint;
+use crate::protocol::codec::Encoding;
+use crate::protocol::envelope::{Envelope, Priority};
 use crate::protocol::status::StatusCode;
 use crate::sequence::Gaps;
 use std::sync::atomic::Ordering;
+
+/// A message waiting for a handler slot, decoded when it was queued (its priority read there,
+/// and the decoding not done again).
+struct Waiting {
+    msg: Message,
+    decoded: Result<(Envelope, Encoding), Refused>,
+}
+
+/// One subscription's messages waiting for a handler slot: the reader adds, the dispatcher
+/// takes.
+struct Queue {
+    backlog: std::sync::Mutex<Backlog<Box<Waiting>>>,
+    /// How many wait, read without the lock (the reader's fast path checks it per message).
+    waiting: AtomicUsize,
+    /// Wakes the dispatcher when a message is queued or the reader has ended.
+    ready: Notify,
+    /// The reader has ended: once the queue is empty, so is the dispatcher.
+    ended: AtomicBool,
+}
+
+impl Queue {
+    fn new(capacity: usize) -> Self {
+        Queue {
+            backlog: std::sync::Mutex::new(Backlog::new(capacity)),
+            waiting: AtomicUsize::new(0),
+            ready: Notify::new(),
+            ended: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Backlog<Box<Waiting>>> {
+        // The lock is held for a push or a pop, which cannot panic half-way.
+        self.backlog
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Queues `waiting` (the caller checked there is room: only the reader adds).
+    fn push(&self, priority: Priority, waiting: Box<Waiting>) -> Result<(), Box<Waiting>> {
+        let mut backlog = self.lock();
+        backlog.push(priority, waiting)?;
+        self.waiting.store(backlog.len(), Ordering::Release);
+        drop(backlog);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    fn pop(&self) -> Option<Box<Waiting>> {
+        let mut backlog = self.lock();
+        let next = backlog.pop();
+        self.waiting.store(backlog.len(), Ordering::Release);
+        next
+    }
+}
 
 /// What a subscription carries.
 #[derive(Clone)]
@@ -37,12 +95,11 @@ impl Route {
     fn target(&self, pipeline: &Pipeline, subject: &str) -> (Target, SpanKind) {
         match self {
             Route::Commands => {
-                let endpoint = pipeline
-                    .out
-                    .link
-                    .subjects
-                    .command_name(subject)
-                    .and_then(|name| pipeline.endpoints.command(name));
+                let name = pipeline.out.link.subjects.command_name(subject);
+                if name == Some(crate::subject::NOTIFY_TOKEN) {
+                    return (Target::Notification, SpanKind::Consumer);
+                }
+                let endpoint = name.and_then(|name| pipeline.endpoints.command(name));
                 let target =
                     endpoint.map_or_else(|| Target::Unknown(subject.to_owned()), Target::Endpoint);
                 (target, SpanKind::Server)
@@ -75,10 +132,12 @@ impl Dispatcher {
 
     /// Reads `sub` until the agent stops, handling what arrives by `route`.
     pub(crate) fn spawn(self: &Arc<Self>, mut sub: Subscription, route: Route) {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Message>(self.queue_capacity);
+        let queue = Arc::new(Queue::new(self.queue_capacity));
         let this = Arc::clone(self);
         let reader_route = route.clone();
+        let reader_queue = Arc::clone(&queue);
         self.tracker.spawn(async move {
+            let queue = reader_queue;
             // Events are checked for gaps as they arrive, in order, before anything is queued.
             let mut gaps = matches!(reader_route, Route::Event(_)).then(Gaps::default);
             // One message's run on the reader: every call makes the same future type, so the
@@ -104,8 +163,9 @@ impl Dispatcher {
                 }
                 // The common case, nothing queued and a slot free: start the handler here,
                 // saving the hop through the queue and the dispatcher. Otherwise queue it
-                // behind the others, in order.
-                if tx.capacity() == tx.max_capacity()
+                // by its priority.
+                let waiting = queue.waiting.load(Ordering::Acquire);
+                if waiting == 0
                     && let Ok(permit) = Arc::clone(&this.in_flight).try_acquire_owned()
                 {
                     let run = start(msg, permit);
@@ -132,23 +192,50 @@ impl Dispatcher {
                     }
                     continue;
                 }
-                match tx.try_send(msg) {
-                    Ok(()) => {}
-                    Err(TrySendError::Full(msg)) => this.overflow(msg, &reader_route).await,
-                    Err(TrySendError::Closed(_)) => break,
+                // Only this reader adds, so a queue with room now still has it below; a full
+                // one refuses the message before it is decoded.
+                if waiting >= this.queue_capacity {
+                    this.overflow(msg, &reader_route).await;
+                    continue;
+                }
+                // Decoded here, once, for its priority; bytes that do not decode wait as
+                // normal, to be refused in their turn.
+                let decoded = this.pipeline.decode(msg.subject(), msg.payload());
+                let priority = decoded
+                    .as_ref()
+                    .map_or(Priority::Normal, |(env, _)| env.priority);
+                if let Err(refused) = queue.push(priority, Box::new(Waiting { msg, decoded })) {
+                    this.overflow(refused.msg, &reader_route).await;
                 }
             }
+            queue.ended.store(true, Ordering::Release);
+            queue.ready.notify_one();
         });
         let this = Arc::clone(self);
         self.tracker.spawn(async move {
-            while let Some(msg) = rx.recv().await {
+            loop {
+                // Read before the count: once the reader has ended, the count is final.
+                let ended = queue.ended.load(Ordering::Acquire);
+                if queue.waiting.load(Ordering::Acquire) == 0 {
+                    if ended {
+                        break;
+                    }
+                    queue.ready.notified().await;
+                    continue;
+                }
+                // The slot first, then the message: the most urgent one waiting when the slot
+                // frees up, not when the last one was taken.
                 let Ok(permit) = Arc::clone(&this.in_flight).acquire_owned().await else {
                     break;
+                };
+                let Some(waiting) = queue.pop() else {
+                    continue;
                 };
                 let task = Arc::clone(&this);
                 let route = route.clone();
                 this.tracker.spawn(async move {
-                    task.process(msg, &route).await;
+                    let Waiting { msg, decoded } = *waiting;
+                    task.process_decoded(msg, decoded, &route).await;
                     drop(permit);
                 });
             }
@@ -157,9 +244,20 @@ impl Dispatcher {
 
     /// One core message through the pipeline, and its reply if it is a request.
     async fn process(&self, msg: Message, route: &Route) {
+        let decoded = self.pipeline.decode(msg.subject(), msg.payload());
+        self.process_decoded(msg, decoded, route).await;
+    }
+
+    /// [`process`](Self::process) of a message already decoded.
+    async fn process_decoded(
+        &self,
+        msg: Message,
+        decoded: Result<(Envelope, Encoding), Refused>,
+        route: &Route,
+    ) {
         let pipeline = &self.pipeline;
         let (target, span) = route.target(pipeline, msg.subject());
-        let decoded = pipeline.decode(msg.subject(), msg.payload());
+        let notification = matches!(target, Target::Notification);
         let processed = pipeline
             .run(&msg.shared_subject(), decoded, target, Via::core(span))
             .await;
@@ -168,7 +266,13 @@ impl Dispatcher {
         {
             tracing::warn!(agent = %pipeline.out.link.id, subject = msg.subject(), status = %failure.status, reason = %failure.reason, "event handler failed");
         }
-        if let Some(reply_to) = msg.reply() {
+        if let (true, Outcome::Failed(failure)) = (notification, &processed.outcome)
+            && failure.retry == Retry::Policy
+        {
+            tracing::warn!(agent = %pipeline.out.link.id, subject = msg.subject(), status = %failure.status, reason = %failure.reason, "notification handler failed");
+        }
+        // A notification is never answered, whatever it carries.
+        if let Some(reply_to) = msg.reply().filter(|_| !notification) {
             reply::send(
                 &pipeline.out,
                 reply_to,
@@ -183,7 +287,16 @@ impl Dispatcher {
     /// A message that found its queue full.
     async fn overflow(&self, msg: Message, route: &Route) {
         let counters = self.pipeline.counters();
-        match (route, msg.reply()) {
+        // A notification is dropped like an event, never answered.
+        let reply = msg.reply().filter(|_| {
+            !self
+                .pipeline
+                .out
+                .link
+                .subjects
+                .is_notification(msg.subject())
+        });
+        match (route, reply) {
             (Route::Event(_), _) | (_, None) => {
                 // Missed, as surely as an event that never arrived (a gap counts those).
                 counters.lost.fetch_add(1, Ordering::Relaxed);

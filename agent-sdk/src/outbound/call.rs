@@ -1,4 +1,5 @@
-//! Outgoing calls: a small builder for commands and requests, and the reply they bring back.
+//! Outgoing calls: small builders for commands and requests and for events with more than a
+//! topic and a payload, and the reply a call brings back.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,6 +15,46 @@ use crate::protocol::envelope::{
     CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, ContentType, DeliveryClass, Envelope, Kind, Priority,
 };
 use crate::protocol::status::StatusCode;
+
+/// The most application headers a message may carry ([`Call::header`]).
+pub const MAX_HEADERS: usize = 64;
+/// The longest application header name, in bytes.
+pub const MAX_HEADER_NAME_BYTES: usize = 128;
+/// The most bytes a message's application headers may take, names and values together.
+pub const MAX_HEADERS_BYTES: usize = 16 * 1024;
+
+/// Checks a message's application headers against the limits: at most [`MAX_HEADERS`], each
+/// name 1 to [`MAX_HEADER_NAME_BYTES`] bytes without control characters, and at most
+/// [`MAX_HEADERS_BYTES`] of names and values in all.
+pub(crate) fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), SdkError> {
+    if headers.len() > MAX_HEADERS {
+        return Err(SdkError::InvalidCall(format!(
+            "{} application headers: at most {MAX_HEADERS} are allowed",
+            headers.len()
+        )));
+    }
+    let mut total = 0usize;
+    for (name, value) in headers {
+        if name.is_empty() || name.len() > MAX_HEADER_NAME_BYTES {
+            return Err(SdkError::InvalidCall(format!(
+                "application header name {name:?}: 1 to {MAX_HEADER_NAME_BYTES} bytes, not {}",
+                name.len()
+            )));
+        }
+        if name.chars().any(char::is_control) {
+            return Err(SdkError::InvalidCall(format!(
+                "application header name {name:?} holds a control character"
+            )));
+        }
+        total += name.len() + value.len();
+    }
+    if total > MAX_HEADERS_BYTES {
+        return Err(SdkError::InvalidCall(format!(
+            "application headers of {total} bytes: at most {MAX_HEADERS_BYTES} are allowed"
+        )));
+    }
+    Ok(())
+}
 
 /// Where a call goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +103,9 @@ pub struct Call {
     pub(crate) dead_letter: bool,
     pub(crate) session: Option<String>,
     pub(crate) customer: Option<String>,
+    /// The conversation to file it under when it forwards nothing: a multicast's id, shared
+    /// by its copies.
+    pub(crate) correlation: Option<Uuid>,
 }
 
 impl Call {
@@ -108,7 +152,16 @@ impl Call {
             dead_letter: false,
             session: None,
             customer: None,
+            correlation: None,
         }
+    }
+
+    /// A request for command `command` to send to a list of agents with
+    /// [`Agent::multicast`](crate::Agent::multicast), which names the recipients. (Sent with
+    /// [`Agent::call`](crate::Agent::call) it names no agent, and fails with
+    /// [`SdkError::Subject`].)
+    pub fn multicast(command: impl Into<String>) -> Self {
+        Call::new(Target::Agent(String::new()), Some(command.into()))
     }
 
     /// Encrypts the payload end to end for these agents (their public keys come from the
@@ -258,7 +311,105 @@ impl Call {
         self
     }
 
-    /// An application header.
+    /// An application header: a free key-value in the envelope's `headers`, which the
+    /// receiving handler reads with [`Context::headers`](crate::Context::headers). Replies and
+    /// the handler's own calls do not carry it on. Setting a name again replaces its value.
+    /// Checked when the call is sent: at most [`MAX_HEADERS`] headers, names 1 to
+    /// [`MAX_HEADER_NAME_BYTES`] bytes without control characters, [`MAX_HEADERS_BYTES`] in
+    /// all; past that the call fails with [`SdkError::InvalidCall`].
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+}
+
+/// An event to publish with [`Agent::publish_with`](crate::Agent::publish_with) (or
+/// [`Context::publish_with`](crate::Context::publish_with) while handling a message): what
+/// [`Agent::publish`](crate::Agent::publish) sends, with a priority, application headers, a
+/// session or a customer.
+///
+/// ```
+/// use chorus_sdk::{Priority, Publish};
+/// let alert = Publish::topic("alerts.disk")
+///     .payload(&"disk 91% full")
+///     .unwrap()
+///     .priority(Priority::High)
+///     .header("x-host", "db-2");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Publish {
+    pub(crate) topic: String,
+    pub(crate) payload: Bytes,
+    pub(crate) content_type: ContentType,
+    pub(crate) priority: Priority,
+    pub(crate) headers: BTreeMap<String, String>,
+    pub(crate) session: Option<String>,
+    pub(crate) customer: Option<String>,
+}
+
+impl Publish {
+    /// An event on `topic`, without a payload yet.
+    pub fn topic(topic: impl Into<String>) -> Self {
+        Publish {
+            topic: topic.into(),
+            payload: Bytes::new(),
+            content_type: ContentType::default(),
+            priority: Priority::Normal,
+            headers: BTreeMap::new(),
+            session: None,
+            customer: None,
+        }
+    }
+
+    /// The payload, as MessagePack.
+    ///
+    /// # Errors
+    /// [`SdkError::Codec`] when `value` does not encode as MessagePack.
+    pub fn payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
+        self.payload = encode_payload(value, CONTENT_TYPE_MSGPACK)?;
+        self.content_type = ContentType::default();
+        Ok(self)
+    }
+
+    /// The payload, as JSON.
+    ///
+    /// # Errors
+    /// [`SdkError::Codec`] when `value` does not encode as JSON.
+    pub fn json_payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
+        self.payload = encode_payload(value, CONTENT_TYPE_JSON)?;
+        self.content_type = CONTENT_TYPE_JSON.into();
+        Ok(self)
+    }
+
+    /// Payload bytes as they are, with their content type.
+    pub fn raw_payload(mut self, payload: Bytes, content_type: impl Into<ContentType>) -> Self {
+        self.payload = payload;
+        self.content_type = content_type.into();
+        self
+    }
+
+    /// Priority: a subscriber with a backlog takes urgent events first (docs/PROTOCOL.md,
+    /// section 7.9, "Priority").
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The session this event belongs to (the envelope's `session_id`), as
+    /// [`Call::session`].
+    pub fn session(mut self, session: impl Into<String>) -> Self {
+        self.session = Some(session.into());
+        self
+    }
+
+    /// The customer this event is for (the envelope's `customer_id`), as [`Call::customer`].
+    pub fn customer(mut self, customer: impl Into<String>) -> Self {
+        self.customer = Some(customer.into());
+        self
+    }
+
+    /// An application header, as [`Call::header`], with the same limits, checked when the
+    /// event is published.
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.insert(name.into(), value.into());
         self
@@ -293,5 +444,41 @@ impl Reply {
             &self.envelope.payload,
             &self.envelope.content_type,
         )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn headers_within_the_limits_pass_and_others_are_refused_with_the_reason() {
+        assert!(check_headers(&BTreeMap::new()).is_ok());
+        assert!(check_headers(&headers(&[("x-request", "7"), ("empty", "")])).is_ok());
+        let refused = |h: &BTreeMap<String, String>| match check_headers(h) {
+            Err(SdkError::InvalidCall(why)) => why,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        let many: BTreeMap<_, _> = (0..=MAX_HEADERS)
+            .map(|i| (i.to_string(), String::new()))
+            .collect();
+        assert!(refused(&many).contains("at most 64"));
+        assert!(refused(&headers(&[("", "v")])).contains("1 to 128 bytes"));
+        let long = "n".repeat(MAX_HEADER_NAME_BYTES + 1);
+        assert!(refused(&headers(&[(&long, "v")])).contains("not 129"));
+        assert!(refused(&headers(&[("a\nb", "v")])).contains("control character"));
+        let big = "v".repeat(MAX_HEADERS_BYTES);
+        assert!(refused(&headers(&[("k", &big)])).contains("16385 bytes"));
+        assert_eq!(
+            check_headers(&headers(&[("k", &big[1..])])).map_err(|e| e.status()),
+            Ok(())
+        );
     }
 }

@@ -6,6 +6,8 @@
 mod breaker;
 pub(crate) mod call;
 mod large;
+mod multicast;
+mod notify;
 mod publish;
 mod request;
 mod route;
@@ -18,8 +20,15 @@ pub(crate) use breaker::Breakers;
 pub use breaker::{
     BreakerPolicy, CircuitState, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_OPEN_FOR,
 };
-pub use call::{Call, Reply, Target};
+pub use call::{
+    Call, MAX_HEADER_NAME_BYTES, MAX_HEADERS, MAX_HEADERS_BYTES, Publish, Reply, Target,
+};
 pub(crate) use large::Readers;
+pub use multicast::{
+    Collect, MAX_MULTICAST_RECIPIENTS, MulticastCounts, MulticastOutcome, MulticastRecipient,
+    MulticastReport,
+};
+pub use notify::{Notify, NotifyReport, NotifyTarget};
 pub(crate) use route::Router;
 pub use route::{DEFAULT_ROUTING_REFRESH, Routing};
 

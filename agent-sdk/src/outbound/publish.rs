@@ -2,10 +2,11 @@
 
 use serde::Serialize;
 
+use super::call::{Publish, check_headers};
 use super::{Outbound, Parent};
 use crate::error::SdkError;
 use crate::protocol::codec::{COMPACT_OVERHEAD, Encoding, encode_payload};
-use crate::protocol::envelope::{Envelope, Kind, Performative};
+use crate::protocol::envelope::{Envelope, Kind, Performative, Priority};
 use crate::protocol::wire::compact::{EventParts, encode_event};
 use crate::stats::AgentCounters;
 
@@ -45,6 +46,39 @@ impl Outbound {
         env.payload = payload;
         self.publish_envelope(subject, env, &opentelemetry::Context::current())
             .await
+    }
+
+    /// Publishes a [`Publish`] (as a forward of `parent`, if given): its priority, headers,
+    /// session and customer set on the envelope; one that sets none of them and has no parent
+    /// goes the way [`publish_raw`](Self::publish_raw) does.
+    pub(crate) async fn publish_with(
+        &self,
+        event: Publish,
+        parent: Option<Parent<'_>>,
+    ) -> Result<(), SdkError> {
+        check_headers(&event.headers)?;
+        let plain = event.priority == Priority::Normal
+            && event.headers.is_empty()
+            && event.session.is_none()
+            && event.customer.is_none();
+        if plain && parent.is_none() {
+            return self
+                .publish_raw(&event.topic, event.payload, event.content_type.as_str())
+                .await;
+        }
+        let (subject, mut env) = self.event(&event.topic, event.content_type.as_str())?;
+        self.inherit(&mut env, parent.as_ref().map(|p| p.env))?;
+        env.payload = event.payload;
+        env.priority = event.priority;
+        env.headers = event.headers;
+        if event.session.is_some() {
+            env.session_id = event.session;
+        }
+        if event.customer.is_some() {
+            env.customer_id = event.customer;
+        }
+        let otel = parent.map_or_else(opentelemetry::Context::current, |p| p.otel.clone());
+        self.publish_envelope(subject, env, &otel).await
     }
 
     /// Whether an event without a parent is written straight from its parts: in the compact

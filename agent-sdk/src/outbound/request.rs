@@ -25,8 +25,17 @@ impl Outbound {
         call: Call,
         parent: Option<&Envelope>,
     ) -> Result<(String, Envelope, Duration), SdkError> {
+        super::call::check_headers(&call.headers)?;
         let mut env = Envelope::new(call.kind, Performative::Request, self.link.id.as_str());
         let subject = match call.target {
+            Target::Agent(agent) if call.kind == Kind::Notification => {
+                let name = call.name.as_deref().unwrap_or_default();
+                crate::subject::validate_token("notification name", name)?;
+                let subject = self.link.subjects.notification(&agent)?;
+                env.performative = Performative::Inform;
+                env.to = vec![agent];
+                subject
+            }
             Target::Agent(agent) => {
                 let name = call.name.as_deref().unwrap_or_default();
                 let subject = self.link.subjects.command(&agent, name)?;
@@ -47,6 +56,9 @@ impl Outbound {
         };
         env.name = call.name;
         self.inherit(&mut env, parent)?;
+        if parent.is_none() && call.correlation.is_some() {
+            env.correlation_id = call.correlation;
+        }
         if let Some(after) = call.deadline {
             let at = now_ms().saturating_add(u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
             env.deadline_ms = Some(env.deadline_ms.map_or(at, |inherited| inherited.min(at)));

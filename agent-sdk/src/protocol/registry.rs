@@ -296,6 +296,9 @@ pub enum Outcome {
     Failed,
     /// No answer within the broadcast's timeout.
     TimedOut,
+    /// A durable notification stored in the recipient's inbox (section 7.14); a core one
+    /// published is `Delivered`.
+    Stored,
 }
 
 /// One recipient's line in a broadcast report.

@@ -8,6 +8,8 @@
 
 use std::collections::BTreeSet;
 
+use anyhow::Context as _;
+
 use chorus_host::manifest::Manifest;
 use chorus_host::protocol::{
     COORDINATOR, DeployRequest, DeploymentView, HostReport, coordinator_commands,
@@ -26,6 +28,103 @@ const MIN_HOSTS: usize = 2;
 const WORK: &str = "fleet.work";
 /// How long the hosted agents have to be live after the deploys were taken.
 const LIVE_DEADLINE: Duration = Duration::from_secs(600);
+
+/// How often the CPU of the run's parts is sampled while the agents come up.
+const CPU_SAMPLE_EVERY: Duration = Duration::from_secs(30);
+
+/// The processes of a hosted run, by part.
+struct Parts<'a> {
+    server: u32,
+    coordinator: u32,
+    hosts: &'a [u32],
+}
+
+/// CPU seconds used so far, by part: the server, the coordinator, the hosts, and the agent
+/// processes (the hosts' children); and the machine's idle seconds (all cores).
+#[derive(Debug, Clone, Copy, Default)]
+struct CpuUse {
+    server: f64,
+    coordinator: f64,
+    hosts: f64,
+    agents: f64,
+    idle: f64,
+}
+
+impl Parts<'_> {
+    /// Reads every process's CPU and parent from `/proc`; a process gone meanwhile is skipped.
+    fn cpu(&self) -> CpuUse {
+        let mut u = CpuUse {
+            idle: machine_idle_seconds().unwrap_or(0.0),
+            ..CpuUse::default()
+        };
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return u;
+        };
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Some((ppid, cpu)) = parent_and_cpu(pid) else {
+                continue;
+            };
+            if pid == self.server {
+                u.server += cpu;
+            } else if pid == self.coordinator {
+                u.coordinator += cpu;
+            } else if self.hosts.contains(&pid) {
+                u.hosts += cpu;
+            } else if self.hosts.contains(&ppid) {
+                u.agents += cpu;
+            }
+        }
+        u
+    }
+}
+
+impl CpuUse {
+    /// The CPU each part used between `before` and this, `elapsed` apart, in % of one core.
+    fn since(&self, before: &CpuUse, elapsed: Duration) -> String {
+        let secs = elapsed.as_secs_f64().max(f64::EPSILON);
+        let pct = |now: f64, then: f64| 100.0 * (now - then).max(0.0) / secs;
+        format!(
+            "CPU over the last {:.0} s (100 = one core): server {:.0}, coordinator {:.0}, hosts \
+             {:.0}, agent processes {:.0}; the machine idle {:.0}",
+            secs,
+            pct(self.server, before.server),
+            pct(self.coordinator, before.coordinator),
+            pct(self.hosts, before.hosts),
+            pct(self.agents, before.agents),
+            pct(self.idle, before.idle),
+        )
+    }
+}
+
+/// A process's parent and its user and system CPU seconds so far.
+fn parent_and_cpu(pid: u32) -> Option<(u32, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state, ppid, ...; utime and stime are the 12th and 13th.
+    let ppid = fields.get(1)?.parse().ok()?;
+    let ticks: f64 = fields
+        .get(11..13)?
+        .iter()
+        .map(|f| f.parse::<f64>().unwrap_or(0.0))
+        .sum();
+    Some((ppid, ticks / CLOCK_TICKS))
+}
+
+/// The machine's idle seconds so far, summed over its cores (`/proc/stat`).
+fn machine_idle_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpu = stat.lines().next()?.strip_prefix("cpu ")?;
+    let idle: f64 = cpu.split_whitespace().nth(3)?.parse().ok()?;
+    Some(idle / CLOCK_TICKS)
+}
 
 /// One size's figures.
 #[derive(Debug, Clone)]
@@ -53,14 +152,18 @@ pub(crate) async fn hosted(
     let mut rows = Vec::new();
     for &n in sizes {
         progress(&format!("{n} real SDK agents in host processes"));
-        match run(program, n).await {
+        match run(program, n, progress).await {
             Ok(f) => rows.extend(rows_of(&f)),
-            Err(e) => rows.push(Row {
-                chorus: None,
-                goal: format!("not reached: {e:#}"),
-                met: Some(false),
-                ..Row::chorus_only(&format!("{n} hosted agents"), "", 0.0, "", None)
-            }),
+            Err(e) => {
+                // Said at once: the rows come only at the end of every size.
+                progress(&format!("{n} hosted agents: not reached: {e:#}"));
+                rows.push(Row {
+                    chorus: None,
+                    goal: format!("not reached: {e:#}"),
+                    met: Some(false),
+                    ..Row::chorus_only(&format!("{n} hosted agents"), "", 0.0, "", None)
+                });
+            }
         }
     }
     Ok(rows)
@@ -185,7 +288,7 @@ fn manifest(
     Ok(m)
 }
 
-async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
+async fn run(program: &Path, n: usize, progress: fn(&str)) -> anyhow::Result<Figures> {
     let (server, url, monitor) = monitored_server().await?;
     let coordinator = Coordinator::start(program, &url).await?;
     let logs = tempfile::tempdir()?;
@@ -249,10 +352,42 @@ async fn run(program: &Path, n: usize) -> anyhow::Result<Figures> {
             serde_json::to_value(DeployRequest { manifest: m })?,
         )
         .await?;
-        // The hosts are agents of the registry too.
-        coordinator
-            .wait_live(n + hosts_n, t + LIVE_DEADLINE)
-            .await?;
+        // The hosts are agents of the registry too. Meanwhile, who uses the CPU.
+        let host_pids: Vec<u32> = hosts.iter().filter_map(tokio::process::Child::id).collect();
+        let parts = Parts {
+            server: server.pid().unwrap_or(0),
+            coordinator: coordinator.pid()?,
+            hosts: &host_pids,
+        };
+        let live_wait = coordinator.wait_live(n + hosts_n, t + LIVE_DEADLINE);
+        let mut live_wait = std::pin::pin!(live_wait);
+        let mut tick = tokio::time::interval(CPU_SAMPLE_EVERY);
+        tick.tick().await;
+        let mut before = (Instant::now(), parts.cpu());
+        let mut last = String::new();
+        loop {
+            tokio::select! {
+                live = &mut live_wait => {
+                    live.with_context(|| format!("the last sample: {last}"))?;
+                    break;
+                }
+                _ = tick.tick() => {
+                    let now = (Instant::now(), parts.cpu());
+                    let live = coordinator
+                        .gauge("chorus_coordinator_agents", "state=\"live\"")
+                        .await
+                        .unwrap_or(0.0);
+                    last = format!(
+                        "{live} of {} live after {:.0} s; {}",
+                        n + hosts_n,
+                        t.elapsed().as_secs_f64(),
+                        now.1.since(&before.1, now.0 - before.0)
+                    );
+                    progress(&last);
+                    before = now;
+                }
+            }
+        }
         let live_after = t.elapsed();
         // The agent processes: every distinct pid the hosts report.
         let listed: Vec<serde_json::Value> =

@@ -11,7 +11,8 @@ use futures::{Stream, StreamExt};
 
 use super::{DEFAULT_ACK_WAIT, DEFAULT_MAX_ACK_PENDING, PULL_EXPIRES, PULL_HEARTBEAT};
 use crate::classify::{self, classified as js_err};
-use crate::{Error, ErrorKind, Headers, Result};
+use crate::events::Link;
+use crate::{ConnectionEvent, Error, ErrorKind, Headers, Result};
 
 /// What a durable pull consumer should look like.
 #[derive(Debug, Clone)]
@@ -67,6 +68,7 @@ pub(super) fn datetime_ms(t: &time::OffsetDateTime) -> u64 {
 #[derive(Debug, Clone)]
 pub struct Consumer {
     pub(super) inner: jetstream::consumer::Consumer<pull::Config>,
+    pub(super) link: Link,
 }
 
 impl Consumer {
@@ -86,6 +88,10 @@ impl Consumer {
             consumer: self.inner.clone(),
             batch,
             renewing: None,
+            renew_failures: 0,
+            reconnects: None,
+            draining: false,
+            link: self.link.clone(),
         })
     }
 }
@@ -105,19 +111,117 @@ async fn open_pull(
         .await
 }
 
-/// How long a failed renewal of a pull waits before the next try (the server away).
-const RENEW_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// How long a failed renewal of a pull waits before the first try again (the server away, or
+/// JetStream not answering yet: no responders); each further failure in a row waits twice as
+/// long, up to [`RENEW_RETRY_MAX`].
+const RENEW_RETRY_DELAY: Duration = Duration::from_millis(100);
+/// The longest wait between two renewals of a pull that keep failing: one subscription and one
+/// request a second per stream while JetStream is away.
+const RENEW_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// The wait before renewal number `failures` (1-based) of a pull that failed that many times
+/// in a row.
+fn renew_delay(failures: u32) -> Duration {
+    RENEW_RETRY_DELAY
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(RENEW_RETRY_MAX)
+}
+
+/// The connection events that may have cost a pull its request: each reconnect (the server
+/// that held the pull may be a new process, or another node), and events missed (a lagging
+/// receiver cannot tell). Ends when the connection's events end.
+type Reconnects = Pin<Box<dyn Stream<Item = ()> + Send>>;
+
+fn reconnects(events: tokio::sync::broadcast::Receiver<ConnectionEvent>) -> Reconnects {
+    use tokio::sync::broadcast::error::RecvError;
+    Box::pin(futures::stream::unfold(events, |mut events| async move {
+        loop {
+            match events.recv().await {
+                Ok(ConnectionEvent::Reconnected) | Err(RecvError::Lagged(_)) => {
+                    return Some(((), events));
+                }
+                Ok(_) => {}
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    }))
+}
 
 /// The stream of deliveries of a [`Consumer`]. Errors of the pull protocol are yielded and the
-/// stream goes on. A missed heartbeat (the consumer's leader moved, or the server went away
-/// while the connection lived) renews the pull at once, rather than waiting for the old pull
-/// request to expire: a failover stalls deliveries for about two heartbeats, not the pull's
-/// expiry. Renewal is retried every second until it works or the stream is dropped.
+/// stream goes on. The pull is renewed (a new pull request on a new inbox) at once when it may
+/// have been lost:
+///
+/// - a missed heartbeat (the consumer's leader moved, or the server went away while the
+///   connection lived): a failover stalls deliveries for about two heartbeats, not the pull's
+///   expiry;
+/// - with [`renew_on_reconnect`](Deliveries::renew_on_reconnect), the connection coming back:
+///   a restarted server has forgotten every pull request, and waiting for the heartbeats to be
+///   missed would stall deliveries for up to two of them (10 s) after the server is back;
+/// - no responders to the pull (JetStream not answering yet, a consumer without a leader).
+///
+/// A renewal that fails is tried again after 100 ms, then twice as long each time up to 1 s,
+/// until it works or the stream is dropped.
 pub struct Deliveries {
     inner: Option<pull::Stream>,
     consumer: jetstream::consumer::Consumer<pull::Config>,
     batch: usize,
     renewing: Option<Pin<Box<dyn std::future::Future<Output = PullStream> + Send>>>,
+    /// Renewals that failed in a row (no responders counts as one): sets the next wait.
+    renew_failures: u32,
+    /// Reconnects of the connection, when the stream renews on them.
+    reconnects: Option<Reconnects>,
+    /// A reconnect was seen: what the old pull had already received is handed out first,
+    /// then it is renewed.
+    draining: bool,
+    /// The connection, handed to each delivery for its confirmed ack.
+    link: Link,
+}
+
+impl Deliveries {
+    /// Renews the pull whenever the connection `events` come from reconnects (pass
+    /// [`Broker::events`](crate::Broker::events) of the connection the consumer's JetStream
+    /// handle uses). Deliveries the old pull had received before are handed out first; its
+    /// request is then dropped and a new one sent, so deliveries resume as soon as the
+    /// server answers again.
+    pub fn renew_on_reconnect(
+        mut self,
+        events: tokio::sync::broadcast::Receiver<ConnectionEvent>,
+    ) -> Self {
+        self.reconnects = Some(reconnects(events));
+        self
+    }
+
+    /// Drops the current pull and starts a new one after `delay` (none: at once).
+    fn renew(&mut self, delay: Option<Duration>) {
+        self.inner = None;
+        self.draining = false;
+        let (consumer, batch) = (self.consumer.clone(), self.batch);
+        self.renewing = Some(match delay {
+            None => Box::pin(open_pull(consumer, batch)),
+            Some(delay) => Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                open_pull(consumer, batch).await
+            }),
+        });
+    }
+
+    /// Whether a reconnect was seen since the last poll (all of them taken).
+    fn poll_reconnected(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(events) = self.reconnects.as_mut() else {
+            return false;
+        };
+        let mut seen = false;
+        loop {
+            match events.as_mut().poll_next(cx) {
+                Poll::Ready(Some(())) => seen = true,
+                Poll::Ready(None) => {
+                    self.reconnects = None;
+                    return seen;
+                }
+                Poll::Pending => return seen,
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Deliveries {
@@ -131,6 +235,15 @@ impl Stream for Deliveries {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
+        if this.poll_reconnected(cx) {
+            if this.inner.is_some() {
+                this.draining = true;
+            } else {
+                // Renewing already (perhaps waiting out a failure): start over at once.
+                this.renew_failures = 0;
+                this.renew(None);
+            }
+        }
         if let Some(renewing) = &mut this.renewing {
             match renewing.as_mut().poll(cx) {
                 Poll::Pending => return Poll::Pending,
@@ -139,11 +252,9 @@ impl Stream for Deliveries {
                     this.renewing = None;
                 }
                 Poll::Ready(Err(e)) => {
-                    let (consumer, batch) = (this.consumer.clone(), this.batch);
-                    this.renewing = Some(Box::pin(async move {
-                        tokio::time::sleep(RENEW_RETRY_DELAY).await;
-                        open_pull(consumer, batch).await
-                    }));
+                    this.renew_failures = this.renew_failures.saturating_add(1);
+                    // The wait starts at the next poll, which follows the error.
+                    this.renew(Some(renew_delay(this.renew_failures)));
                     return Poll::Ready(Some(Err(js_err("consumer pull renewal", e))));
                 }
             }
@@ -153,15 +264,34 @@ impl Stream for Deliveries {
         };
         match inner.poll_next_unpin(cx) {
             Poll::Ready(Some(Err(e))) => {
-                if e.kind() == pull::MessagesErrorKind::MissingHeartbeat {
-                    this.inner = None;
-                    this.renewing = Some(Box::pin(open_pull(this.consumer.clone(), this.batch)));
+                match e.kind() {
+                    pull::MessagesErrorKind::MissingHeartbeat => {
+                        this.renew_failures = 0;
+                        this.renew(None);
+                    }
+                    pull::MessagesErrorKind::NoResponders => {
+                        this.renew_failures = this.renew_failures.saturating_add(1);
+                        this.renew(Some(renew_delay(this.renew_failures)));
+                    }
+                    _ => {}
                 }
+                // A renewal starts at the next poll, which follows the error.
                 Poll::Ready(Some(Err(js_err("consumer delivery", e))))
             }
-            Poll::Ready(Some(Ok(message))) => Poll::Ready(Some(Ok(Delivery::new(message)))),
+            Poll::Ready(Some(Ok(message))) => {
+                this.renew_failures = 0;
+                Poll::Ready(Some(Ok(Delivery::new(message, this.link.clone()))))
+            }
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                if this.draining {
+                    // Everything the old pull had received is handed out: renewed now, and
+                    // polled again at once to start it.
+                    this.renew(None);
+                    cx.waker().wake_by_ref();
+                }
+                Poll::Pending
+            }
         }
     }
 }
@@ -173,10 +303,11 @@ pub struct Delivery {
     stream_seq: u64,
     delivered: u64,
     published_ms: u64,
+    link: Link,
 }
 
 impl Delivery {
-    fn new(message: jetstream::Message) -> Self {
+    fn new(message: jetstream::Message, link: Link) -> Self {
         let (stream_seq, delivered, published_ms) = message
             .info()
             .map(|i| {
@@ -192,6 +323,7 @@ impl Delivery {
             stream_seq,
             delivered,
             published_ms,
+            link,
         }
     }
 
@@ -258,10 +390,14 @@ impl Delivery {
     /// [`ErrorKind::Broker`] when the ack cannot be sent, or the server does not confirm it within
     /// the JetStream handle's timeout.
     pub async fn double_ack(&self) -> Result<()> {
-        self.message
-            .double_ack()
+        self.link
+            .answered(|| "double ack failed".to_owned(), async {
+                self.message
+                    .double_ack()
+                    .await
+                    .map_err(|e| classify::classified_boxed("double ack failed", e))
+            })
             .await
-            .map_err(|e| classify::classified_boxed("double ack failed", e))
     }
 
     /// Not done: redeliver after `delay` (immediately if `None`).
@@ -309,5 +445,18 @@ impl Delivery {
             .ack_with(kind)
             .await
             .map_err(|e| classify::classified_boxed("ack failed", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_renewal_waits_longer_each_time_up_to_a_second() {
+        let waits: Vec<u128> = (1..=6).map(|n| renew_delay(n).as_millis()).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(renew_delay(u32::MAX), RENEW_RETRY_MAX);
+        assert_eq!(renew_delay(0), RENEW_RETRY_DELAY);
     }
 }

@@ -10,6 +10,7 @@ use futures::{Stream, StreamExt};
 
 use crate::Result;
 use crate::classify::classified as js_err;
+use crate::events::Link;
 
 /// What a key-value bucket should look like.
 #[derive(Debug, Clone)]
@@ -79,6 +80,8 @@ impl KvEntry {
 #[derive(Debug, Clone)]
 pub struct Kv {
     pub(super) store: kv::Store,
+    /// The connection, so that a write in flight when it is lost ends soon after it is back.
+    pub(super) link: Link,
 }
 
 impl Kv {
@@ -89,10 +92,14 @@ impl Kv {
     /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when JetStream does not answer in time.
     pub async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
         let entry = self
-            .store
-            .entry(key)
-            .await
-            .map_err(|e| js_err(format!("kv get {key}"), e))?;
+            .link
+            .answered(|| format!("kv get {key}"), async {
+                self.store
+                    .entry(key)
+                    .await
+                    .map_err(|e| js_err(format!("kv get {key}"), e))
+            })
+            .await?;
         Ok(entry.map(KvEntry::from_nats).filter(|e| e.op == KvOp::Put))
     }
 
@@ -103,10 +110,14 @@ impl Kv {
     /// [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge) for a value over the server's limit;
     /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when the ack does not come in time.
     pub async fn put(&self, key: &str, value: Bytes) -> Result<u64> {
-        self.store
-            .put(key, value)
+        self.link
+            .answered(|| format!("kv put {key}"), async {
+                self.store
+                    .put(key, value)
+                    .await
+                    .map_err(|e| js_err(format!("kv put {key}"), e))
+            })
             .await
-            .map_err(|e| js_err(format!("kv put {key}"), e))
     }
 
     /// Writes only if the key does not exist; [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) if it does.
@@ -116,10 +127,14 @@ impl Kv {
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an invalid key;
     /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when the ack does not come in time.
     pub async fn create(&self, key: &str, value: Bytes) -> Result<u64> {
-        self.store
-            .create(key, value)
+        self.link
+            .answered(|| format!("kv create {key}"), async {
+                self.store
+                    .create(key, value)
+                    .await
+                    .map_err(|e| js_err(format!("kv create {key}"), e))
+            })
             .await
-            .map_err(|e| js_err(format!("kv create {key}"), e))
     }
 
     /// Writes only if the key is still at `revision`; [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) otherwise.
@@ -129,10 +144,14 @@ impl Kv {
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an invalid key;
     /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when JetStream does not answer in time.
     pub async fn update(&self, key: &str, value: Bytes, revision: u64) -> Result<u64> {
-        self.store
-            .update(key, value, revision)
+        self.link
+            .answered(|| format!("kv update {key}"), async {
+                self.store
+                    .update(key, value, revision)
+                    .await
+                    .map_err(|e| js_err(format!("kv update {key}"), e))
+            })
             .await
-            .map_err(|e| js_err(format!("kv update {key}"), e))
     }
 
     /// Deletes `key` only if it is still at `revision`; [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) otherwise.
@@ -142,10 +161,14 @@ impl Kv {
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an invalid key;
     /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when JetStream does not answer in time.
     pub async fn delete_if(&self, key: &str, revision: u64) -> Result<()> {
-        self.store
-            .delete_expect_revision(key, Some(revision))
+        self.link
+            .answered(|| format!("kv delete {key}"), async {
+                self.store
+                    .delete_expect_revision(key, Some(revision))
+                    .await
+                    .map_err(|e| js_err(format!("kv delete {key}"), e))
+            })
             .await
-            .map_err(|e| js_err(format!("kv delete {key}"), e))
     }
 
     /// Deletes `key`.
@@ -154,10 +177,14 @@ impl Kv {
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an invalid key;
     /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when JetStream does not answer in time.
     pub async fn delete(&self, key: &str) -> Result<()> {
-        self.store
-            .delete(key)
+        self.link
+            .answered(|| format!("kv delete {key}"), async {
+                self.store
+                    .delete(key)
+                    .await
+                    .map_err(|e| js_err(format!("kv delete {key}"), e))
+            })
             .await
-            .map_err(|e| js_err(format!("kv delete {key}"), e))
     }
 
     /// Every live entry.

@@ -23,6 +23,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use crate::classify::{self, Classify};
+use crate::events::Link;
 use crate::{Broker, Error, ErrorKind, Headers, Result};
 
 /// The adapter's error for a failed JetStream call: its kind read from the error's async-nats
@@ -209,6 +210,9 @@ const SCAN_CONSUMER_IDLE: Duration = Duration::from_secs(30);
 pub struct JetStream {
     ctx: jetstream::Context,
     timeout: Duration,
+    /// The connection's state: a publish or a write in flight when it is lost ends soon after
+    /// it is back instead of waiting out `timeout` for an answer that went with it.
+    link: Link,
 }
 
 impl Broker {
@@ -219,7 +223,11 @@ impl Broker {
             None => jetstream::new(self.client.clone()),
         };
         ctx.set_timeout(timeout);
-        JetStream { ctx, timeout }
+        JetStream {
+            ctx,
+            timeout,
+            link: self.link(),
+        }
     }
 }
 
@@ -298,13 +306,18 @@ impl JetStream {
         subject: &str,
         publish: jetstream::message::PublishMessage,
     ) -> Result<PubAck> {
+        let sent = self.link.sent();
         let ack = self
             .ctx
             .send_publish(subject.to_owned(), publish)
             .await
-            .map_err(|e| js_err(&format!("publish to {subject} failed"), e))?
-            .await
-            .map_err(|e| js_err(&format!("no ack for publish to {subject}"), e))?;
+            .map_err(|e| js_err(&format!("publish to {subject} failed"), e))?;
+        let ack = sent
+            .answered(|| format!("no ack for publish to {subject}"), async {
+                ack.await
+                    .map_err(|e| js_err(&format!("no ack for publish to {subject}"), e))
+            })
+            .await?;
         Ok(PubAck {
             stream: ack.stream,
             sequence: ack.sequence,
@@ -337,19 +350,22 @@ impl JetStream {
             if let Some(id) = &m.msg_id {
                 publish = publish.message_id(id);
             }
+            let sent = self.link.sent();
             match self.ctx.send_publish(m.subject.clone(), publish).await {
                 Ok(ack) => {
                     let subject = m.subject;
                     pending.push(async move {
-                        let r = ack
-                            .await
-                            .map(|a| PubAck {
-                                stream: a.stream,
-                                sequence: a.sequence,
-                                duplicate: a.duplicate,
-                            })
-                            .map_err(|e| js_err(&format!("no ack for publish to {subject}"), e));
-                        (i, r)
+                        let what = || format!("no ack for publish to {subject}");
+                        let answer = async {
+                            ack.await
+                                .map(|a| PubAck {
+                                    stream: a.stream,
+                                    sequence: a.sequence,
+                                    duplicate: a.duplicate,
+                                })
+                                .map_err(|e| js_err(&what(), e))
+                        };
+                        (i, sent.answered(what, answer).await)
                     });
                 }
                 Err(e) => {
@@ -722,7 +738,10 @@ impl JetStream {
                 }
             },
         };
-        Ok(Consumer { inner: consumer })
+        Ok(Consumer {
+            inner: consumer,
+            link: self.link.clone(),
+        })
     }
 
     /// Counts of consumer `durable` on stream `name`.
@@ -768,7 +787,10 @@ impl JetStream {
             .get_key_value(bucket)
             .await
             .map_err(|e| js_err(&format!("key-value bucket {bucket}"), e))?;
-        Ok(Kv { store })
+        Ok(Kv {
+            store,
+            link: self.link.clone(),
+        })
     }
 
     /// Creates the key-value bucket or updates it to `spec`.
@@ -792,7 +814,10 @@ impl JetStream {
             .create_or_update_key_value(config)
             .await
             .map_err(|e| js_err(&format!("key-value bucket {}", spec.bucket), e))?;
-        Ok(Kv { store })
+        Ok(Kv {
+            store,
+            link: self.link.clone(),
+        })
     }
 
     /// Opens an existing object store bucket ([`ErrorKind::NotFound`] if there is none).

@@ -234,7 +234,10 @@ pub(crate) async fn pause_node(
         lasted.as_secs_f64(),
         after.unwrap_or_else(|_| "nobody".into())
     ));
-    let_traffic_run(scale.phase * 2).await;
+    // Traffic goes on as long as the recovery is judged: a sender whose publishes went to the
+    // stopped leader waits out their timeout (JetStream's 10 s from the pause) before it
+    // sends again, which the short form's two phases (3 s) could end before.
+    let_traffic_run((scale.phase * 2).max(super::CLUSTER_RECOVERY_LIMIT)).await;
     let senders = traffic.stop().await;
     h.note(bus.replication().await);
     let report = h

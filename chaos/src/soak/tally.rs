@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use chorus_sdk::durable::DeadLetterReason;
 
-use crate::ledger::{Class, Letter};
+use crate::ledger::{Class, Letter, RecoveryLimit, recovery_check};
 use crate::report::{Check, Row};
 
 /// A byte never issued. Every byte of the buffer is set to it at the start (a write, so the
@@ -181,8 +181,15 @@ impl Tally {
     }
 
     /// The counters and checks of both classes, once the dead letters are read; `recovered`
-    /// is, per class, the longest time from the end of a fault to its first completion after.
-    pub(crate) fn rows(&self, letters: &[Letter], recovered: [Option<u64>; 2]) -> Vec<Row> {
+    /// is, per class, the time from the end of each fault to its first completion after (none
+    /// for a fault after which nothing of the class was handled within the wait), each held to
+    /// `limit` when there is one.
+    pub(crate) fn rows(
+        &self,
+        letters: &[Letter],
+        recovered: [Vec<Option<u64>>; 2],
+        limit: Option<RecoveryLimit>,
+    ) -> Vec<Row> {
         let mut uncertain: [HashSet<u64>; 2] = Default::default();
         for letter in letters {
             let Some(id) = letter.id else { continue };
@@ -239,6 +246,13 @@ impl Tally {
                         format!("handler duplicates {duplicated}"),
                     ));
                 }
+                let per_fault = recovered[i].clone();
+                let recovery_limit_ms = limit
+                    .filter(|_| !per_fault.is_empty())
+                    .map(|l| l.limit.as_millis() as u64);
+                if let (Some(l), Some(ms)) = (limit, recovery_limit_ms) {
+                    checks.push(recovery_check(&per_fault, ms, l.from));
+                }
                 Row {
                     scenario: "soak".to_owned(),
                     class: class.name().to_owned(),
@@ -251,7 +265,9 @@ impl Tally {
                     unexpected,
                     dead_lettered: c.dead,
                     uncertain: uncertain[i].len() as u64,
-                    recovered_ms: recovered[i],
+                    recovered_ms: per_fault.iter().flatten().copied().max(),
+                    recovered_per_fault_ms: per_fault,
+                    recovery_limit_ms,
                     ok: checks.iter().all(|c| c.passed),
                     checks,
                 }
@@ -335,7 +351,7 @@ mod tests {
         }];
         // Run under the wrong class: unexpected.
         tally.start(crate::ledger::id_of(Class::AtLeastOnce, c & SEQ_MASK));
-        let rows = tally.rows(&letters, [None, None]);
+        let rows = tally.rows(&letters, [Vec::new(), Vec::new()], None);
         let (alo, eo) = (&rows[0], &rows[1]);
         assert_eq!(
             (

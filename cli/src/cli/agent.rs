@@ -7,7 +7,7 @@
 use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
-use chorus_sdk::{Agent, AgentOptions, Context, HandlerError};
+use chorus_sdk::{Agent, AgentConfig, AgentOptions, Context, HandlerError};
 use serde_json::{Value, json};
 
 use super::ConnectionArgs;
@@ -25,15 +25,28 @@ pub(crate) struct Args {
     /// answered and its process id.
     #[arg(long, default_value = "echo")]
     capability: String,
+    /// Whether each agent answers NATS service discovery (`$SRV.PING`, `INFO`, `STATS`), as SDK
+    /// agents do by default: three subscriptions and three tasks per agent. `false` for large
+    /// fleets, where one `$SRV.PING` would be answered by every agent and the subscriptions
+    /// cost the server and the process (docs/SCALE.md).
+    #[arg(long, action = clap::ArgAction::Set)]
+    service_discovery: Option<bool>,
+    /// An agent configuration file (docs/AGENT-CONFIG.md): the bus, its TLS and credentials,
+    /// delivery, signing and monitoring, as both SDKs read it; its `id` names the agent when
+    /// --agents does not. The connection flags are not used then.
+    #[arg(long, env = "CHORUS_AGENT_CONFIG")]
+    config: Option<std::path::PathBuf>,
 }
 
-fn ids(args: &Args) -> anyhow::Result<Vec<String>> {
+fn ids(args: &Args, config: Option<&AgentConfig>) -> anyhow::Result<Vec<String>> {
     let from_env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     let listed = if !args.agents.is_empty() {
         args.agents.join(",")
     } else if let Some(ids) = from_env("CHORUS_AGENT_IDS") {
         ids
     } else if let Some(id) = from_env("CHORUS_AGENT_ID") {
+        id
+    } else if let Some(id) = config.and_then(|c| c.id.clone()) {
         id
     } else {
         bail!("no agent id: give --agents, or run it under `chorus host` (CHORUS_AGENT_ID)");
@@ -57,25 +70,40 @@ fn ids(args: &Args) -> anyhow::Result<Vec<String>> {
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
-    let ids = ids(&args)?;
+    let config = match &args.config {
+        Some(path) => Some(AgentConfig::from_file(path)?),
+        None => None,
+    };
+    let ids = ids(&args, config.as_ref())?;
     let mut signals = crate::Signals::new()?;
+    let options_for = |id: &str| -> anyhow::Result<AgentOptions> {
+        Ok(match &config {
+            Some(config) => config.options(Some(id))?,
+            None => AgentOptions::new(id)
+                .broker(conn.broker_options()?)
+                .root(conn.root()),
+        })
+    };
     // One agent: a connection of its own. Several: one they share.
     let shared = if ids.len() > 1 {
         Some(
-            conn.broker_options()?
+            options_for(&ids[0])?
+                .broker_options()
+                .clone()
                 .name(format!("chorus-agent-{}", std::process::id()))
                 .connect()
                 .await
-                .with_context(|| format!("cannot reach the bus at {}", conn.url()))?,
+                .context("cannot reach the bus")?,
         )
     } else {
         None
     };
     let mut agents: Vec<Agent> = Vec::with_capacity(ids.len());
     for id in &ids {
-        let mut options = AgentOptions::new(id)
-            .broker(conn.broker_options()?)
-            .root(conn.root());
+        let mut options = options_for(id)?;
+        if let Some(on) = args.service_discovery {
+            options = options.service_discovery(on);
+        }
         if let Some(connection) = &shared {
             options = options.connection(connection.clone());
         }

@@ -54,18 +54,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         print_json(&report)?;
         return Ok(ExitCode::SUCCESS);
     }
-    for r in &report.recipients {
-        outln!(
-            "{:<24} {:<10} {}{}",
-            r.agent,
-            format!("{:?}", r.outcome).to_lowercase(),
-            r.status,
-            r.reason
-                .as_deref()
-                .map(|x| format!(": {x}"))
-                .unwrap_or_default()
-        );
-    }
+    super::print_recipients(&report.recipients);
     eprintln!(
         "broadcast {}: {} delivered, {} failed, {} timed out",
         report.broadcast_id,

@@ -63,9 +63,52 @@ pub(crate) struct Args {
     /// (they may outlive a killed host).
     #[arg(long)]
     no_launcher: bool,
+    /// More environment for every agent (`chorus up` passes its OTLP endpoint on).
+    #[arg(skip)]
+    pub(crate) env: Vec<(String, String)>,
+}
+
+impl Args {
+    /// A host on this machine named `name`, its agents' logs in `log_dir`, the defaults
+    /// otherwise (`chorus up` runs one for the demo agents).
+    pub(crate) fn local(name: &str, log_dir: PathBuf) -> Args {
+        Args {
+            name: Some(name.to_owned()),
+            max_agents: DEFAULT_MAX_AGENTS,
+            memory_mb: 0,
+            cpus: 0.0,
+            log_dir: Some(log_dir),
+            log_file_bytes: chorus_host::process::DEFAULT_LOG_FILE_BYTES,
+            log_files: chorus_host::process::DEFAULT_LOG_FILES,
+            allow: Vec::new(),
+            trust: Vec::new(),
+            report_interval: DEFAULT_REPORT_INTERVAL,
+            stop_grace: chorus_host::process::DEFAULT_STOP_GRACE,
+            no_launcher: false,
+            env: Vec::new(),
+        }
+    }
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
+    let (host, name, log_dir) = start(args, conn).await?;
+    eprintln!(
+        "chorus host {name}: taking commands as host-{name}, agents' logs in {}",
+        log_dir.display()
+    );
+    let mut signals = crate::Signals::new()?;
+    signals.recv().await;
+    eprintln!("chorus host {name}: stopping its agents");
+    host.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Starts the host `args` describe on the bus `conn` reaches; returns it, its name and where
+/// its agents' logs go.
+pub(crate) async fn start(
+    args: Args,
+    conn: &ConnectionArgs,
+) -> anyhow::Result<(Host, String, PathBuf)> {
     let name = match args.name {
         Some(name) => name,
         None => machine_name()?,
@@ -81,19 +124,19 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     };
     std::fs::create_dir_all(&log_dir)
         .with_context(|| format!("cannot make the log folder {}", log_dir.display()))?;
-    let launcher = if args.no_launcher {
-        None
-    } else {
-        Some(
-            std::env::current_exe()
-                .context("cannot find the chorus binary to launch agents with")?,
-        )
-    };
-    // What every agent needs to reach the bus as this host does.
+    let chorus =
+        std::env::current_exe().context("cannot find the chorus binary to launch agents with")?;
+    // What every agent needs to reach the bus as this host does; and a manifest that runs
+    // `chorus` runs this host's own.
     let mut env = vec![
         ("CHORUS_NATS_URL".to_owned(), conn.url().to_owned()),
         ("CHORUS_ROOT".to_owned(), conn.root().to_owned()),
     ];
+    if let Some(path) = path_with(&chorus) {
+        env.push(("PATH".to_owned(), path));
+    }
+    env.extend(args.env);
+    let launcher = (!args.no_launcher).then_some(chorus);
     for (var, path) in [
         ("CHORUS_TLS_CA", &conn.security.tls_ca),
         ("CHORUS_TLS_CERT", &conn.security.tls_cert),
@@ -168,15 +211,16 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         supervisor,
     )
     .await?;
-    eprintln!(
-        "chorus host {name}: taking commands as host-{name}, agents' logs in {}",
-        log_dir.display()
-    );
-    let mut signals = crate::Signals::new()?;
-    signals.recv().await;
-    eprintln!("chorus host {name}: stopping its agents");
-    host.shutdown().await;
-    Ok(ExitCode::SUCCESS)
+    Ok((host, name, log_dir))
+}
+
+/// This host's `PATH` with the folder of `chorus` (this program) first, so that agents find the
+/// same `chorus` as their host; `None` when that folder cannot be told.
+fn path_with(chorus: &std::path::Path) -> Option<String> {
+    let folder = chorus.parent()?;
+    let inherited = std::env::var_os("PATH").unwrap_or_default();
+    let folders = std::iter::once(folder.to_path_buf()).chain(std::env::split_paths(&inherited));
+    std::env::join_paths(folders).ok()?.into_string().ok()
 }
 
 /// `ID=KEY`, where KEY is a public key or a file holding one.

@@ -103,16 +103,21 @@ async fn ask<T: Serialize, R: DeserializeOwned>(
 /// How often `deploy` and `scale` look at the deployment while they wait.
 const WAIT_POLL: Duration = Duration::from_millis(500);
 
-/// The deployment `id` as the coordinator shows it now.
-async fn current(agent: &Agent, id: &str) -> anyhow::Result<DeploymentView> {
-    let views: Vec<DeploymentView> = ask(
+/// Every deployment as the coordinator shows it now.
+async fn all_deployments(agent: &Agent) -> anyhow::Result<Vec<DeploymentView>> {
+    ask(
         agent,
         coordinator_commands::DEPLOYMENTS,
         &serde_json::json!({}),
         COORDINATOR_TIMEOUT,
     )
-    .await?;
-    views
+    .await
+}
+
+/// The deployment `id` as the coordinator shows it now.
+async fn current(agent: &Agent, id: &str) -> anyhow::Result<DeploymentView> {
+    all_deployments(agent)
+        .await?
         .into_iter()
         .find(|v| v.deployment == id)
         .ok_or_else(|| anyhow::anyhow!("deployment {id} is gone (terminated meanwhile?)"))
@@ -148,11 +153,7 @@ async fn report(
                 eprintln!("{agent} failed: {reason}");
             }
         }
-        let waiting: Vec<String> = (1..=view.replicas)
-            .filter(|r| !view.failed.contains_key(r))
-            .map(|r| chorus_host::manifest::replica_id(&view.deployment, r))
-            .filter(|agent| !view.placed.iter().any(|p| p.agent == *agent && p.healthy))
-            .collect();
+        let waiting = unhealthy(&view);
         if waiting.is_empty() || wait.is_zero() {
             break;
         }
@@ -170,6 +171,87 @@ async fn report(
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The replicas of `view` that did not fail and are not yet healthy on a host.
+fn unhealthy(view: &DeploymentView) -> Vec<String> {
+    (1..=view.replicas)
+        .filter(|r| !view.failed.contains_key(r))
+        .map(|r| chorus_host::manifest::replica_id(&view.deployment, r))
+        .filter(|agent| !view.placed.iter().any(|p| p.agent == *agent && p.healthy))
+        .collect()
+}
+
+/// Deploys every manifest of `manifests` as `agent`, then waits up to `wait` until each
+/// replica of each is healthy on its host (quietly: `chorus up` deploys its demo agents so).
+/// Fails naming the replicas that failed, with their reasons, or are not healthy in time.
+pub(crate) async fn deploy_all(
+    agent: &Agent,
+    manifests: Vec<Manifest>,
+    wait: Duration,
+) -> anyhow::Result<Vec<DeploymentView>> {
+    let mut ids = BTreeSet::new();
+    for manifest in manifests {
+        ids.insert(manifest.id.clone());
+        let _: DeploymentView = ask(
+            agent,
+            coordinator_commands::DEPLOY,
+            &DeployRequest { manifest },
+            COORDINATOR_TIMEOUT,
+        )
+        .await?;
+    }
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let ours: Vec<DeploymentView> = all_deployments(agent)
+            .await?
+            .into_iter()
+            .filter(|v| ids.contains(&v.deployment))
+            .collect();
+        let failed: Vec<String> = ours
+            .iter()
+            .flat_map(|v| {
+                v.failed.iter().map(|(replica, reason)| {
+                    let agent = chorus_host::manifest::replica_id(&v.deployment, *replica);
+                    format!("{agent} failed: {reason}")
+                })
+            })
+            .collect();
+        if !failed.is_empty() {
+            bail!("{} (see `chorus logs AGENT`)", failed.join("; "));
+        }
+        let gone: Vec<&String> = ids
+            .iter()
+            .filter(|id| !ours.iter().any(|v| v.deployment == **id))
+            .collect();
+        if !gone.is_empty() {
+            bail!("deployments gone meanwhile (terminated?): {gone:?}");
+        }
+        let waiting: Vec<String> = ours.iter().flat_map(unhealthy).collect();
+        if waiting.is_empty() {
+            return Ok(ours);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "not healthy within {wait:?}: {} (see `chorus deployments`, `chorus logs AGENT`)",
+                waiting.join(", ")
+            );
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
+}
+
+/// Terminates the deployment `id` as `agent`: its replicas stop and its desired state is gone.
+pub(crate) async fn terminate_one(agent: &Agent, id: &str) -> anyhow::Result<DeploymentView> {
+    ask(
+        agent,
+        coordinator_commands::TERMINATE,
+        &TerminateRequest {
+            deployment: id.to_owned(),
+        },
+        COORDINATOR_TIMEOUT,
+    )
+    .await
 }
 
 pub(crate) async fn deploy(args: DeployArgs, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
@@ -213,15 +295,7 @@ pub(crate) async fn terminate(
     conn: &ConnectionArgs,
 ) -> anyhow::Result<ExitCode> {
     let agent = conn.agent().await?;
-    let view: anyhow::Result<DeploymentView> = ask(
-        &agent,
-        coordinator_commands::TERMINATE,
-        &TerminateRequest {
-            deployment: args.deployment,
-        },
-        COORDINATOR_TIMEOUT,
-    )
-    .await;
+    let view = terminate_one(&agent, &args.deployment).await;
     agent.shutdown().await;
     let view = view?;
     for placed in &view.placed {
@@ -233,13 +307,7 @@ pub(crate) async fn terminate(
 
 pub(crate) async fn deployments(args: ListArgs, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
     let agent = conn.agent().await?;
-    let views: anyhow::Result<Vec<DeploymentView>> = ask(
-        &agent,
-        coordinator_commands::DEPLOYMENTS,
-        &serde_json::json!({}),
-        COORDINATOR_TIMEOUT,
-    )
-    .await;
+    let views = all_deployments(&agent).await;
     agent.shutdown().await;
     let views = views?;
     if args.json {

@@ -8,13 +8,16 @@ mod broadcast;
 mod certs;
 mod chaos;
 mod context;
+mod credits;
 mod creds;
+mod demo_agent;
 mod dlq;
 mod host;
 mod hosting;
 mod listen;
 mod mcp;
 mod negotiate;
+mod notify;
 mod request;
 mod send;
 mod serve;
@@ -155,12 +158,18 @@ pub(crate) enum Command {
     /// Submit, list, show, watch and cancel tasks (long work with progress), and respond to a
     /// task's question (`respond`).
     Task(task::Args),
+    /// The credits ledger: what each agent earned and spent in negotiations settled at a
+    /// price (`--by customer`: spent per customer; `--rounds`: the rounds themselves).
+    Credits(credits::Args),
     /// Run a contract-net round: call for proposals on a capability, award the best by a
     /// policy, and print the bids and the winner's task.
     Negotiate(negotiate::Args),
     /// Run SDK agents that answer a capability with what they were sent and who answered, as
     /// a host runs them (one, or many on one connection): for trying hosting and measuring scale.
     Agent(agent::Args),
+    /// Run one of the demo's agents (`chorus up`) on its own, as a host runs it from its
+    /// manifest in deploy/demo/.
+    DemoAgent(demo_agent::Args),
     /// Run this machine's host: start, limit, log, restart and stop agent processes from
     /// manifests, as the coordinator asks (docs/HOSTING.md).
     Host(host::Args),
@@ -181,6 +190,9 @@ pub(crate) enum Command {
     Usage(usage::Args),
     /// Start a local NATS server (if none answers) and the demo agents, and show them talking.
     Up(up::Args),
+    /// Push a notification to an agent (--to), or to a group, a capability's holders or every
+    /// live agent through the coordinator; nothing is answered.
+    Notify(notify::Args),
     /// Publish an event (--topic), or send a command to an agent (--to, --command) and print
     /// its result.
     Send(send::Args),
@@ -222,6 +234,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             | Command::Mcp(_)
             | Command::Host(_)
             | Command::Agent(_)
+            | Command::DemoAgent(_)
     );
     let command = dispatch(cli.command, &conn, given);
     if !one_shot {
@@ -251,8 +264,10 @@ async fn dispatch(
         Command::Dlq(args) => dlq::run(args, conn).await,
         Command::Task(args) => task::run(args, conn).await,
         Command::Negotiate(args) => negotiate::run(args, conn).await,
+        Command::Credits(args) => credits::run(args, conn).await,
         Command::Host(args) => host::run(args, conn).await,
         Command::Agent(args) => agent::run(args, conn).await,
+        Command::DemoAgent(args) => demo_agent::run(args, conn).await,
         Command::Deploy(args) => hosting::deploy(args, conn).await,
         Command::Scale(args) => hosting::scale(args, conn).await,
         Command::Terminate(args) => hosting::terminate(args, conn).await,
@@ -261,6 +276,7 @@ async fn dispatch(
         Command::Logs(args) => hosting::logs(args, conn).await,
         Command::Usage(args) => usage::run(args, conn).await,
         Command::Up(args) => up::run(args, conn).await,
+        Command::Notify(args) => notify::run(args, conn).await,
         Command::Send(args) => send::run(args, conn).await,
         Command::Request(args) => request::run(args, conn).await,
         Command::Listen(args) => listen::run(args, conn).await,
@@ -609,6 +625,22 @@ pub(crate) mod exit {
 }
 
 /// Prints `value` as one line of JSON (the `--json` output of every command).
+/// One line per recipient of a broadcast or notification: agent, outcome, code and reason.
+pub(crate) fn print_recipients(recipients: &[chorus_sdk::registry::RecipientReport]) {
+    for r in recipients {
+        outln!(
+            "{:<24} {:<10} {}{}",
+            r.agent,
+            format!("{:?}", r.outcome).to_lowercase(),
+            r.status,
+            r.reason
+                .as_deref()
+                .map(|x| format!(": {x}"))
+                .unwrap_or_default()
+        );
+    }
+}
+
 pub(crate) fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     outln!("{}", serde_json::to_string(value)?);
     Ok(())

@@ -38,6 +38,10 @@ pub(crate) struct Args {
     /// How the winner is picked.
     #[arg(long, value_enum, default_value_t = PolicyArg::Cheapest)]
     policy: PolicyArg,
+    /// The customer the work is for: the winner's task carries it, and the ledger records the
+    /// price under it (`chorus credits --by customer`).
+    #[arg(long)]
+    customer: Option<String>,
     /// Wait for the winner's task and print its result.
     #[arg(long)]
     wait: bool,
@@ -55,11 +59,14 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         PolicyArg::Fastest => Policy::Fastest,
         PolicyArg::Confident => Policy::MostConfident,
     };
-    let round = Negotiation::capability(&args.capability)
+    let mut round = Negotiation::capability(&args.capability)
         .payload(&payload)?
         .deadline(args.deadline)
         .policy(policy)
         .bidders(args.bidders);
+    if let Some(customer) = args.customer {
+        round = round.customer(customer);
+    }
     let award = match agent.negotiate(round).await {
         Ok(award) => award,
         Err(err) => {

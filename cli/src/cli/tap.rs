@@ -54,6 +54,9 @@ struct Line<'a> {
     session_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     customer_id: Option<&'a str>,
+    /// What the sender asked for in words (Agentify's `task`, carried in a header).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task: Option<&'a str>,
     delivery: &'a str,
     timestamp_ms: u64,
     /// The timestamp as RFC 3339 (UTC).
@@ -82,6 +85,10 @@ impl<'a> Line<'a> {
             }),
             session_id: env.session_id.as_deref(),
             customer_id: env.customer_id.as_deref(),
+            task: env
+                .headers
+                .get(chorus_gateway::AGENTIFY_TASK_HEADER)
+                .map(String::as_str),
             delivery: env.delivery.as_str(),
             timestamp_ms: env.timestamp_ms,
             time: rfc3339(env.timestamp_ms),
@@ -117,10 +124,14 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     let mut asked = Asked::default();
     let mut seen = 0usize;
     loop {
+        // In this order: a request reaches this connection before its reply (the reply is sent
+        // after the request was received), so it is in `bus` by the time its reply is in
+        // `replies`; taken first, it is known when its reply is looked at.
         let (msg, reply) = tokio::select! {
+            biased;
+            _ = &mut stop => break,
             m = bus.next() => (m, false),
             m = replies.next() => (m, true),
-            _ = &mut stop => break,
         };
         let Some(msg) = msg else { break };
         // Anything that is not an envelope (JetStream's own traffic, a foreign client) is not
@@ -142,7 +153,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
             print_json(&line)?;
         } else {
             outln!(
-                "{} {:<9} {:<10} {} -> {} {} id={} corr={} hops={}{}{}{}{}",
+                "{} {:<9} {:<10} {} -> {} {} id={} corr={} hops={}{}{}{}{}{}",
                 clock(env.timestamp_ms),
                 line.kind,
                 line.performative,
@@ -167,6 +178,9 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
                     .unwrap_or_default(),
                 line.customer_id
                     .map(|c| format!(" customer={c}"))
+                    .unwrap_or_default(),
+                line.task
+                    .map(|t| format!(" task={t:?}"))
                     .unwrap_or_default(),
             );
         }
@@ -256,5 +270,23 @@ mod tests {
         }
         assert!(!asked.contains(&first));
         assert_eq!(asked.ids.len(), Asked::LIMIT);
+    }
+
+    #[test]
+    fn an_agentify_task_is_shown_and_a_message_without_one_shows_none() {
+        use chorus_sdk::{Kind, Performative};
+        let mut env = Envelope::new(Kind::Request, Performative::Request, "app");
+        let plain = serde_json::to_value(Line::of("s", &env, 1)).expect("json");
+        assert_eq!(plain.get("task"), None);
+        env.headers.insert(
+            chorus_gateway::AGENTIFY_TASK_HEADER.to_owned(),
+            "Calculate 5 + 3".to_owned(),
+        );
+        let line = Line::of("s", &env, 1);
+        assert_eq!(line.task, Some("Calculate 5 + 3"));
+        assert_eq!(
+            serde_json::to_value(&line).expect("json")["task"],
+            "Calculate 5 + 3"
+        );
     }
 }

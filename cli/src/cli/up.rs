@@ -2,7 +2,7 @@
 //! acting out the scenarios once or until Ctrl-C.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use chorus_coordinator::{Coordinator, CoordinatorConfig};
 use chorus_demo::{Demo, PYTHON_AGENT, PythonAgent};
 
 use super::ConnectionArgs;
+use super::demo_agent::{HostedDemo, manifests_in, python_manifest};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -49,7 +50,15 @@ pub(crate) struct Args {
     /// HTTP gateway beside the demo. The NATS server and --metrics-addr still come from here.
     #[arg(long, conflicts_with = "join")]
     coordinator_config: Option<PathBuf>,
+    /// A folder of agent manifests (docs/HOSTING.md) for the demo agents: a host in this
+    /// process runs each, deployed through the coordinator [default: deploy/demo when it is
+    /// here; without manifests the demo agents run in this process].
+    #[arg(long, conflicts_with = "join")]
+    manifests: Option<PathBuf>,
 }
+
+/// Where `chorus up` looks for the demo agents' manifests, from the repository's root.
+const DEMO_MANIFESTS: &str = "deploy/demo";
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
     let Args {
@@ -62,6 +71,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         metrics_url,
         python,
         coordinator_config,
+        manifests,
     } = args;
     let _otel = chorus_cli::otel::from_env()?;
     // Caught from here on: a signal during a round or the shutdown is not lost.
@@ -111,22 +121,64 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     if let Some(addr) = coordinator.gateway_addr() {
         outln!("chorus up: HTTP gateway at http://{addr} (docs/INTEROP.md)");
     }
-    let say: fn(&str) = |line| outln!("{line}");
-    let demo = Demo::start(nats.url(), say).await?;
-    outln!("chorus up: agents online: {}", demo.agent_ids().join(", "));
-    let python = start_python(python.as_deref(), nats.url()).await?;
+    let mut manifests = match manifests {
+        Some(dir) => Some((manifests_in(&dir)?, dir)),
+        None if Path::new(DEMO_MANIFESTS).is_dir() => Some((
+            manifests_in(Path::new(DEMO_MANIFESTS))?,
+            DEMO_MANIFESTS.into(),
+        )),
+        None => None,
+    };
+    // The Python agent is hosted too where its manifest is, else started here.
+    let mut python_hosted = false;
+    if let (Some((list, dir)), Some(python)) = (&mut manifests, &python)
+        && let Some(manifest) = python_manifest(dir, python)?
+    {
+        list.push(manifest);
+        python_hosted = true;
+    }
+    let (demo, hosted) = match manifests {
+        Some((manifests, dir)) => {
+            let hosted = HostedDemo::start(conn, manifests).await?;
+            outln!(
+                "chorus up: agents online, hosted by `chorus host` (host-local) from {}: {}; their output in {} (`chorus logs AGENT`)",
+                dir.display(),
+                hosted.agent_ids().join(", "),
+                hosted.log_dir().display()
+            );
+            (Demo::orchestrate(nats.url()).await?, Some(hosted))
+        }
+        None => {
+            let say: fn(&str) = |line| outln!("{line}");
+            let demo = Demo::start(nats.url(), say).await?;
+            outln!(
+                "chorus up: agents online, in this process (no {DEMO_MANIFESTS} here; --manifests DIR hosts them): {}",
+                demo.agent_ids().join(", ")
+            );
+            (demo, None)
+        }
+    };
+    let with_python = python.is_some();
+    let python = if python_hosted {
+        None
+    } else {
+        start_python(python.as_deref(), nats.url()).await?
+    };
     let failed = Rounds {
         once,
         interval,
         signals: &mut signals,
     }
-    .run(&demo, python.is_some())
+    .run(&demo, with_python)
     .await;
     let stop = async {
         if let Some(python) = python {
             python.stop().await;
         }
         demo.shutdown().await;
+        if let Some(hosted) = hosted {
+            hosted.stop().await;
+        }
         coordinator.shutdown().await;
     };
     let forced = stop_gracefully(stop, &mut signals).await;
@@ -198,27 +250,7 @@ async fn run_joined(
             conn.url()
         );
     }
-    let ready: chorus_coordinator::service::http::ReadinessCheck =
-        std::sync::Arc::new(|| chorus_coordinator::service::http::Readiness::Ready);
-    let server = chorus_coordinator::MetricsServer::start(metrics_addr, ready, axum::Router::new())
-        .await
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AddrInUse {
-                taken_port_error(metrics_addr)
-            } else {
-                anyhow::Error::new(e)
-                    .context(format!("cannot listen for metrics on {metrics_addr}"))
-            }
-        })?;
-    let bound = server.local_addr();
-    let url = match metrics_url {
-        Some(url) => url,
-        None if bound.ip().is_unspecified() => anyhow::bail!(
-            "--metrics-addr {bound} listens on every interface: pass --metrics-url with the \
-             address Prometheus reaches this process at"
-        ),
-        None => format!("http://{bound}/metrics"),
-    };
+    let (server, url) = serve_metrics(metrics_addr, metrics_url).await?;
     let say: fn(&str) = |line| outln!("{line}");
     let demo = Demo::start_announcing(conn.url(), Some(&url), say).await?;
     outln!(
@@ -237,6 +269,35 @@ async fn run_joined(
     let forced = stop_gracefully(stop, rounds.signals).await;
     server.stop().await;
     Ok(finished(forced, failed))
+}
+
+/// Serves this process's metrics (its agents') on `addr`; returns the server and the URL to
+/// announce: `url`, or the address it listens on.
+pub(crate) async fn serve_metrics(
+    addr: SocketAddr,
+    url: Option<String>,
+) -> anyhow::Result<(chorus_coordinator::MetricsServer, String)> {
+    let ready: chorus_coordinator::service::http::ReadinessCheck =
+        std::sync::Arc::new(|| chorus_coordinator::service::http::Readiness::Ready);
+    let server = chorus_coordinator::MetricsServer::start(addr, ready, axum::Router::new())
+        .await
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                taken_port_error(addr)
+            } else {
+                anyhow::Error::new(e).context(format!("cannot listen for metrics on {addr}"))
+            }
+        })?;
+    let bound = server.local_addr();
+    let url = match url {
+        Some(url) => url,
+        None if bound.ip().is_unspecified() => anyhow::bail!(
+            "--metrics-addr {bound} listens on every interface: pass --metrics-url with the \
+             address Prometheus reaches this process at"
+        ),
+        None => format!("http://{bound}/metrics"),
+    };
+    Ok((server, url))
 }
 
 /// Starts the demo's Python agent when `python` names an interpreter.

@@ -1,4 +1,5 @@
-//! Broadcast: one command to every live agent of a target, with a report per recipient.
+//! Broadcast: one command (or notification, pushed without waiting for an answer) to every
+//! live agent of a target, with a report per recipient.
 //!
 //! Broadcast requests arrive on `<root>.bcast.>` in the coordinators' queue group, so each is
 //! fanned out by exactly one coordinator however many run.
@@ -18,8 +19,8 @@ use chorus_sdk::durable::{DeadLetter, DeadLetterReason, write_dead_letter};
 use chorus_sdk::envelope::now_ms;
 use chorus_sdk::registry::RecipientReport;
 use chorus_sdk::{
-    BroadcastReport, BroadcastTarget, DiscoverQuery, Envelope, HandlerError, Outcome, Output,
-    StatusCode,
+    BroadcastReport, BroadcastTarget, DeliveryClass, DiscoverQuery, Envelope, HandlerError, Kind,
+    Outcome, Output, Priority, StatusCode,
 };
 use futures::StreamExt;
 use uuid::Uuid;
@@ -97,7 +98,11 @@ async fn fan_out(
     let Some(command) = request.name.clone() else {
         return refuse(
             StatusCode::INVALID_ARGUMENT,
-            "a broadcast names its command",
+            if request.kind == Kind::Notification {
+                "a notification names itself"
+            } else {
+                "a broadcast names its command"
+            },
         );
     };
     let hops = request.hops.saturating_add(1);
@@ -124,8 +129,16 @@ async fn fan_out(
         .map(|r| r.manifest.agent)
         .collect();
     metrics().broadcasts.inc();
+    let notification = request.kind == Kind::Notification;
+    let command = &command;
     let mut lines: Vec<RecipientReport> = futures::stream::iter(recipients)
-        .map(|agent| deliver(shared, request, &command, hops, agent, timeout))
+        .map(|agent| async move {
+            if notification {
+                notify(shared, request, hops, agent).await
+            } else {
+                deliver(shared, request, command, hops, agent, timeout).await
+            }
+        })
         .buffer_unordered(shared.config.broadcast_concurrency)
         .collect()
         .await;
@@ -135,6 +148,7 @@ async fn fan_out(
             Outcome::Delivered => "delivered",
             Outcome::Failed => "failed",
             Outcome::TimedOut => "timed_out",
+            Outcome::Stored => "stored",
         };
         metrics()
             .broadcast_recipients
@@ -152,9 +166,98 @@ async fn fan_out(
         delivered = report.count(Outcome::Delivered),
         failed = report.count(Outcome::Failed),
         timed_out = report.count(Outcome::TimedOut),
+        stored = report.count(Outcome::Stored),
+        notification,
         "broadcast done"
     );
     Ok(report)
+}
+
+/// A copy of a broadcast request for `agent`, from the coordinator (which names the sender
+/// in [`ORIGIN_HEADER`]), signed for `subject` when the coordinator signs.
+fn copy_for(shared: &Shared, request: &Envelope, hops: u8, agent: &str, subject: &str) -> Envelope {
+    let mut copy = request.clone();
+    copy.from = COORDINATOR_ID.into();
+    copy.headers
+        .insert(ORIGIN_HEADER.to_owned(), request.from.to_string());
+    copy.signature = None;
+    copy.id = Uuid::now_v7();
+    copy.correlation_id = Some(request.conversation());
+    copy.to = vec![agent.to_owned()];
+    copy.hops = hops;
+    copy.timestamp_ms = now_ms();
+    if let Some(identity) = &shared.identity {
+        identity.sign(subject, &mut copy);
+    }
+    copy
+}
+
+/// Pushes one notification copy to `agent` (PROTOCOL.md section 7.14): published on its
+/// notification subject (`delivered`: nothing answers a notification), or stored in its
+/// durable inbox when the request asked for a durable class (`stored`, once the stream acks).
+async fn notify(shared: &Shared, request: &Envelope, hops: u8, agent: String) -> RecipientReport {
+    let line = |outcome, status, reason: Option<String>| RecipientReport {
+        agent: agent.clone(),
+        outcome,
+        status,
+        reason,
+    };
+    let durable = request.delivery != DeliveryClass::AtMostOnce;
+    let high = matches!(request.priority, Priority::High | Priority::Critical);
+    let subject = if durable {
+        shared.subjects.durable_notification(&agent, high)
+    } else {
+        shared.subjects.notification(&agent)
+    };
+    let subject = match subject {
+        Ok(s) => s,
+        Err(e) => {
+            return line(
+                Outcome::Failed,
+                StatusCode::INVALID_ARGUMENT,
+                Some(e.to_string()),
+            );
+        }
+    };
+    let mut copy = request.clone();
+    // Each copy expires by the request's deadline only (a durable one waits for its agent
+    // until then), not by how long the sender waits for this report.
+    copy.ttl_ms = None;
+    copy.expect = None;
+    let copy = copy_for(shared, &copy, hops, &agent, &subject);
+    let Ok(bytes) = codec::encode(&copy, codec::Encoding::MsgPack) else {
+        return line(
+            Outcome::Failed,
+            StatusCode::INTERNAL,
+            Some("copy does not encode".into()),
+        );
+    };
+    if !durable {
+        return match shared.broker.publish(&subject, bytes).await {
+            Ok(()) => line(Outcome::Delivered, StatusCode::OK, None),
+            Err(e) => line(
+                Outcome::Failed,
+                StatusCode::UNEXPECTED_DISCONNECT,
+                Some(e.to_string()),
+            ),
+        };
+    }
+    let msg_id = (request.delivery == DeliveryClass::ExactlyOnce).then(|| copy.id.to_string());
+    match shared
+        .js
+        .publish(&subject, None, msg_id.as_deref(), None, bytes)
+        .await
+    {
+        Ok(_) => line(Outcome::Stored, StatusCode::OK, None),
+        Err(e) => {
+            let status = if e.kind() == ErrorKind::TimedOut {
+                StatusCode::TIMEOUT
+            } else {
+                StatusCode::UNAVAILABLE
+            };
+            line(Outcome::Failed, status, Some(e.to_string()))
+        }
+    }
 }
 
 async fn deliver(
@@ -182,19 +285,8 @@ async fn deliver(
         }
     };
     let mut copy = request.clone();
-    copy.from = COORDINATOR_ID.into();
-    copy.headers
-        .insert(ORIGIN_HEADER.to_owned(), request.from.to_string());
-    copy.signature = None;
-    copy.id = Uuid::now_v7();
-    copy.correlation_id = Some(request.conversation());
-    copy.to = vec![agent.clone()];
-    copy.hops = hops;
-    copy.timestamp_ms = now_ms();
     copy.ttl_ms = Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
-    if let Some(identity) = &shared.identity {
-        identity.sign(&subject, &mut copy);
-    }
+    let copy = copy_for(shared, &copy, hops, &agent, &subject);
     let Ok(bytes) = codec::encode(&copy, codec::Encoding::MsgPack) else {
         return line(
             Outcome::Failed,

@@ -9,7 +9,7 @@
 //! It answers `deploy`, `scale`, `terminate`, `deployments`, `hosts` and `logs` as commands
 //! of the agent `coordinator`, in the coordinators' queue group.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -18,8 +18,8 @@ use chorus_broker_adapter::Kv;
 use chorus_host::manifest::{Manifest, deployment_of};
 use chorus_host::protocol::{
     self as hosting, DeployRequest, Deployment, DeploymentView, HostDeploy, HostReport,
-    HostTerminate, LogLines, LogsRequest, PlacedReplica, ScaleRequest, TerminateRequest,
-    coordinator_commands, host_agent, host_commands,
+    HostTerminate, LogLines, LogsRequest, PlacedReplica, ReportedReplica, ScaleRequest,
+    TerminateRequest, coordinator_commands, host_agent, host_commands,
 };
 use chorus_host::reconcile::{HostCommand, Liveness, Plan, liveness, plan};
 use chorus_sdk::{Agent, Call, Context, HandlerError, Report, SdkError, StatusCode, Typed};
@@ -77,14 +77,40 @@ async fn read_deployments(kv: &Kv) -> Result<BTreeMap<String, (u64, Deployment)>
     Ok(out)
 }
 
-/// The hosts' latest reports.
+/// One deployment, with its revision (none when there is none, or it does not decode, as
+/// [`read_deployments`] skips it).
+async fn read_deployment(kv: &Kv, id: &str) -> Result<Option<(u64, Deployment)>, HandlerError> {
+    let Some(entry) = kv
+        .get(id)
+        .await
+        .map_err(unavailable("cannot read the deployment"))?
+    else {
+        return Ok(None);
+    };
+    match serde_json::from_slice::<Deployment>(&entry.value) {
+        Ok(d) => Ok(Some((entry.revision, d))),
+        Err(err) => {
+            tracing::warn!(key = %id, error = %err, "unreadable deployment skipped");
+            Ok(None)
+        }
+    }
+}
+
+/// The hosts' latest reports. One that does not decode is left out, and said: the
+/// reconciliation then counts that host gone and places its replicas elsewhere.
 async fn read_hosts(kv: &Kv) -> Result<Vec<HostReport>, HandlerError> {
     Ok(kv
         .entries()
         .await
         .map_err(unavailable("cannot read the hosts' reports"))?
         .into_iter()
-        .filter_map(|e| serde_json::from_slice::<HostReport>(&e.value).ok())
+        .filter_map(|e| match serde_json::from_slice::<HostReport>(&e.value) {
+            Ok(report) => Some(report),
+            Err(err) => {
+                tracing::warn!(host = %e.key, error = %err, "unreadable host report skipped");
+                None
+            }
+        })
         .collect())
 }
 
@@ -166,12 +192,34 @@ impl Shared {
         let d: Deployment = serde_json::from_slice(&entry.value)
             .map_err(|e| HandlerError::new(StatusCode::INTERNAL, e.to_string()))?;
         let hosts = read_hosts(&hosting.hosts).await?;
-        Ok(view_of(&d, &hosts))
+        Ok(view_of(&d, &Reported::new(&hosts, Some(id))))
+    }
+}
+
+/// What the hosts report, indexed by deployment, host and replica: made once per answer, so
+/// that showing a deployment looks each replica up rather than scanning every report for it
+/// (which made `deploy` and `deployments` quadratic in the agents).
+struct Reported<'a>(HashMap<(&'a str, &'a str, u32), ReportedReplica<'a>>);
+
+impl<'a> Reported<'a> {
+    /// Every replica the hosts report, or only those of deployment `only`.
+    fn new(hosts: &'a [HostReport], only: Option<&str>) -> Reported<'a> {
+        Reported(
+            hosts
+                .iter()
+                .flat_map(|h| {
+                    h.reported()
+                        .filter(move |r| only.is_none_or(|id| r.deployment == id))
+                        .map(move |r| ((r.deployment, h.name.as_str(), r.replica), r))
+                })
+                .collect(),
+        )
     }
 }
 
 /// A deployment as the CLI shows it: each placed replica with what its host last reported.
-fn view_of(d: &Deployment, hosts: &[HostReport]) -> DeploymentView {
+fn view_of(d: &Deployment, reported: &Reported<'_>) -> DeploymentView {
+    let id = d.manifest.id.as_str();
     DeploymentView {
         deployment: d.manifest.id.clone(),
         replicas: d.manifest.replicas,
@@ -180,18 +228,13 @@ fn view_of(d: &Deployment, hosts: &[HostReport]) -> DeploymentView {
             .iter()
             .filter(|(r, _)| !d.failed.contains_key(r))
             .map(|(r, host)| {
-                let agent = d.manifest.replica_id(*r);
-                let reported = hosts
-                    .iter()
-                    .filter(|h| h.name == *host)
-                    .flat_map(HostReport::agents)
-                    .find(|a| a.agent == agent);
+                let found = reported.0.get(&(id, host.as_str(), *r));
                 PlacedReplica {
                     replica: *r,
                     host: host.clone(),
-                    state: reported.as_ref().map(|a| a.status.state.clone()),
-                    healthy: reported.is_some_and(|a| a.healthy),
-                    agent,
+                    state: found.map(|a| a.status.state.clone()),
+                    healthy: found.is_some_and(|a| a.healthy),
+                    agent: d.manifest.replica_id(*r),
                 }
             })
             .collect(),
@@ -222,7 +265,7 @@ fn hosted(
     let (deployment, replica) = deployment_of(agent);
     deployments.get(deployment).is_some_and(|(_, d)| {
         replica <= d.manifest.replicas && d.manifest.replica_id(replica) == agent
-    }) || hosts.iter().any(|h| h.agents().any(|r| r.agent == agent))
+    }) || hosts.iter().any(|h| h.find(agent).is_some())
 }
 
 async fn deploy(shared: &Shared, manifest: Manifest) -> Result<DeploymentView, HandlerError> {
@@ -230,8 +273,8 @@ async fn deploy(shared: &Shared, manifest: Manifest) -> Result<DeploymentView, H
         .validate()
         .map_err(|e| HandlerError::new(StatusCode::INVALID_ARGUMENT, e.to_string()))?;
     let hosting = &shared.hosting;
-    let deployments = read_deployments(&hosting.deployments).await?;
     if let Some(target) = &manifest.placement.co_locate_with {
+        let deployments = read_deployments(&hosting.deployments).await?;
         let hosts = read_hosts(&hosting.hosts).await?;
         if !hosted(target, &deployments, &hosts) {
             return Err(HandlerError::new(
@@ -243,7 +286,9 @@ async fn deploy(shared: &Shared, manifest: Manifest) -> Result<DeploymentView, H
             ));
         }
     }
-    let previous = deployments.get(&manifest.id);
+    // Only this deployment: the others are read by the reconciliation that follows.
+    let previous = read_deployment(&hosting.deployments, &manifest.id).await?;
+    let previous = previous.as_ref();
     let deployment = Deployment {
         // A redeploy keeps where replicas run (the hosts restart them with the new manifest)
         // and forgets past failures.
@@ -326,10 +371,11 @@ async fn terminate(shared: &Shared, req: TerminateRequest) -> Result<DeploymentV
 async fn list(shared: &Shared) -> Result<Vec<DeploymentView>, HandlerError> {
     let hosting = &shared.hosting;
     let hosts = read_hosts(&hosting.hosts).await?;
+    let reported = Reported::new(&hosts, None);
     Ok(read_deployments(&hosting.deployments)
         .await?
         .values()
-        .map(|(_, d)| view_of(d, &hosts))
+        .map(|(_, d)| view_of(d, &reported))
         .collect())
 }
 
@@ -366,7 +412,7 @@ async fn logs(shared: &Shared, req: LogsRequest) -> Result<LogLines, HandlerErro
         .await?
         .into_iter()
         .filter(|h| liveness(h, now, grace) != Liveness::Gone)
-        .find(|h| h.agents().any(|r| r.agent == req.agent))
+        .find(|h| h.find(&req.agent).is_some())
         .ok_or_else(|| {
             HandlerError::new(
                 StatusCode::INVALID_ARGUMENT,
@@ -458,4 +504,75 @@ pub(super) fn spawn_reconciler(shared: &Arc<Shared>) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chorus_host::process::{ReplicaState, ReplicaStatus};
+    use chorus_host::protocol::{Capacity, SharedProcess};
+
+    fn report(name: &str, m: &Manifest, replicas: &[u32], healthy: &[u32]) -> HostReport {
+        HostReport {
+            name: name.to_owned(),
+            agent: chorus_host::protocol::host_agent(name),
+            instance: "i".into(),
+            capacity: Capacity::default(),
+            replicas: Vec::new(),
+            shared: vec![SharedProcess {
+                process: ReplicaStatus {
+                    state: ReplicaState::Running,
+                    ..ReplicaStatus::starting(m, replicas[0])
+                },
+                replicas: replicas.to_vec(),
+                healthy: healthy.to_vec(),
+            }],
+            updated_ms: 0,
+            report_ms: 2_000,
+        }
+    }
+
+    #[test]
+    fn a_view_shows_each_replica_as_the_host_it_is_placed_on_reports_it() {
+        let mut m = Manifest::new("w", "chorus");
+        m.replicas = 3;
+        m.run.shared = true;
+        let d = Deployment {
+            placement: BTreeMap::from([(1, "a".into()), (2, "a".into()), (3, "b".into())]),
+            failed: BTreeMap::new(),
+            manifest: m.clone(),
+            updated_ms: 0,
+        };
+        // b still reports replica 1, placed on a: what a says of it counts.
+        let hosts = [
+            report("a", &m, &[1, 2], &[1]),
+            report("b", &m, &[1, 3], &[3]),
+        ];
+        let seen = |view: &DeploymentView| -> Vec<(String, String, bool, bool)> {
+            view.placed
+                .iter()
+                .map(|p| {
+                    (
+                        p.agent.clone(),
+                        p.host.clone(),
+                        p.state.is_some(),
+                        p.healthy,
+                    )
+                })
+                .collect()
+        };
+        let expected = vec![
+            ("w".to_owned(), "a".to_owned(), true, true),
+            ("w-2".to_owned(), "a".to_owned(), true, false),
+            ("w-3".to_owned(), "b".to_owned(), true, true),
+        ];
+        assert_eq!(seen(&view_of(&d, &Reported::new(&hosts, None))), expected);
+        assert_eq!(
+            seen(&view_of(&d, &Reported::new(&hosts, Some("w")))),
+            expected
+        );
+        // An index of another deployment's replicas knows nothing of these.
+        let other = view_of(&d, &Reported::new(&hosts, Some("v")));
+        assert!(other.placed.iter().all(|p| p.state.is_none() && !p.healthy));
+    }
 }

@@ -1,7 +1,8 @@
 //! `/tap`: live traffic, as `chorus tap` shows it: every envelope on a subject pattern under
 //! the root (and the replies to the requests it showed; with `>` every reply), decoded, with
 //! its kind, performative (negotiation's call for proposals, bids and award among them),
-//! sender, receivers, ids, trace id and a summary of its payload, as server-sent events
+//! sender, receivers, ids, trace id, the task it states (Agentify's `task`) and a summary of
+//! its payload, as server-sent events
 //! (`/tap/events?pattern=&kind=`). A browser that reads too slowly loses the oldest messages,
 //! counted (each event says how many so far); pausing is the page's own.
 
@@ -55,6 +56,9 @@ struct Line {
     trace_id: Option<String>,
     time: String,
     payload: String,
+    /// What the sender asked for in words (Agentify's `task`, the header `agentify-task`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task: Option<String>,
     /// Messages this browser lost so far.
     dropped: u64,
 }
@@ -73,11 +77,16 @@ fn summary(env: &Envelope) -> String {
         Ok(v) => v.to_string(),
         Err(_) => format!("({} bytes)", env.payload.len()),
     };
-    if text.chars().count() > SUMMARY {
-        let cut: String = text.chars().take(SUMMARY).collect();
+    cut(&text, SUMMARY)
+}
+
+/// `text` cut to `max` characters, with an ellipsis if it was longer.
+fn cut(text: &str, max: usize) -> String {
+    if text.chars().count() > max {
+        let cut: String = text.chars().take(max).collect();
         format!("{cut}…")
     } else {
-        text
+        text.to_owned()
     }
 }
 
@@ -99,6 +108,10 @@ impl Line {
             }),
             time: html::utc(env.timestamp_ms),
             payload: summary(env),
+            task: env
+                .headers
+                .get(crate::agentify::TASK_HEADER)
+                .map(|t| cut(t, SUMMARY)),
             dropped: 0,
         }
     }
@@ -165,7 +178,7 @@ pub(crate) async fn page(
             .unwrap_or_default()
     );
     let body = format!(
-        r#"<form id="tap-form" method="get" action="/tap"><label>subject pattern <input name="pattern" value="{pattern}" size="24"></label> <label>kind <select name="kind">{kinds}</select></label> <button type="submit">Tap</button></form><p><button id="tap-pause" type="button">Pause</button> <span id="tap-state">live</span>; dropped (browser too slow): <span id="tap-dropped">0</span></p><table id="tap" data-events="{feed}"><thead><tr><th>time</th><th>kind</th><th>performative</th><th>from → to</th><th>subject</th><th>status</th><th>trace</th><th>payload</th></tr></thead><tbody id="tap-log"></tbody></table>"#,
+        r#"<form id="tap-form" method="get" action="/tap"><label>subject pattern <input name="pattern" value="{pattern}" size="24"></label> <label>kind <select name="kind">{kinds}</select></label> <button type="submit">Tap</button></form><p><button id="tap-pause" type="button">Pause</button> <span id="tap-state">live</span>; dropped (browser too slow): <span id="tap-dropped">0</span></p><table id="tap" data-events="{feed}"><thead><tr><th>time</th><th>kind</th><th>performative</th><th>from → to</th><th>subject</th><th>status</th><th>trace</th><th>task</th><th>payload</th></tr></thead><tbody id="tap-log"></tbody></table>"#,
         pattern = esc(&filter.pattern),
         feed = esc(&feed),
     );

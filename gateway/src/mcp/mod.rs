@@ -112,10 +112,20 @@ impl Mcp {
     /// Remembers that the call `key` started task `task`.
     pub(crate) fn remember_task(&self, key: InFlight, task: uuid::Uuid) {
         let mut calls = lock(&self.task_calls);
+        // A resumed call remembers its task again: one entry per call.
+        calls.retain(|(k, _)| *k != key);
         if calls.len() >= TASK_CALLS {
             calls.pop_front();
         }
         calls.push_back((key, task));
+    }
+
+    /// The calls that started tasks still remembered.
+    pub(crate) fn task_keys(&self) -> Vec<InFlight> {
+        lock(&self.task_calls)
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     /// The task the call `key` started, forgotten.
@@ -610,6 +620,7 @@ pub(crate) async fn delete(State(state): State<Arc<GatewayState>>, headers: Head
         return refused.into_response();
     }
     lock(&state.mcp.sessions).remove(&id);
+    caller.end_session_calls(&id);
     Http::NO_CONTENT.into_response()
 }
 

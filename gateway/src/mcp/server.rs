@@ -366,24 +366,44 @@ impl Caller {
         if method == "notifications/cancelled"
             && let Some(id) = params.get("requestId")
         {
-            let key = self.in_flight_key(id);
-            if let Some(cancel) = super::lock(&self.mcp().in_flight).get(&key) {
-                cancel.cancel();
-                return;
-            }
-            // A task whose call stream has gone (the client left it first): cancelled on the
-            // bus all the same.
-            if let Some(task) = self.mcp().forget_task(&key) {
-                let agent = self.edge().agent.clone();
-                // Owned by the gateway's tracker; a cancel takes one write to the task stream.
-                self.state.tracker.spawn(async move {
-                    if let Ok(handle) = agent.task(task).await
-                        && let Err(e) = handle.cancel().await
-                    {
-                        tracing::debug!(%task, error = %chorus_sdk::Report(&e), "cancel not recorded");
-                    }
-                });
-            }
+            self.cancel_call(&self.in_flight_key(id));
+        }
+    }
+
+    /// Ends every call of session `id`, which the client has ended: no one can take their
+    /// answers now, so their tasks on the bus are cancelled.
+    pub(crate) fn end_session_calls(&self, id: &str) {
+        let mine = |key: &InFlight| key.session.as_deref() == Some(id);
+        let mut keys: Vec<InFlight> = super::lock(&self.mcp().in_flight)
+            .keys()
+            .filter(|k| mine(k))
+            .cloned()
+            .collect();
+        keys.extend(self.mcp().task_keys().into_iter().filter(|k| mine(k)));
+        for key in keys {
+            self.cancel_call(&key);
+        }
+    }
+
+    /// Cancels call `key`: the call ends, and the task it started is cancelled on the bus.
+    fn cancel_call(&self, key: &InFlight) {
+        let call = super::lock(&self.mcp().in_flight).get(key).cloned();
+        if let Some(call) = call {
+            call.cancel();
+        }
+        // The task is cancelled here, by a task of the gateway's own, whether or not the
+        // call's stream is still open: the client may close it at once, and the call that
+        // follows the task goes with it.
+        if let Some(task) = self.mcp().forget_task(key) {
+            let agent = self.edge().agent.clone();
+            // Owned by the gateway's tracker; a cancel takes one write to the task stream.
+            self.state.tracker.spawn(async move {
+                if let Ok(handle) = agent.task(task).await
+                    && let Err(e) = handle.cancel().await
+                {
+                    tracing::debug!(%task, error = %chorus_sdk::Report(&e), "cancel not recorded");
+                }
+            });
         }
     }
 
@@ -733,10 +753,9 @@ impl Caller {
                 let update = tokio::select! {
                     u = updates.next() => u,
                     () = cancel.cancelled(), if !cancelled => {
+                        // `notification` has cancelled the task on the bus: followed until
+                        // it says so.
                         cancelled = true;
-                        if let Err(e) = handle.cancel().await {
-                            tracing::debug!(task = %handle.id(), error = %chorus_sdk::Report(&e), "cancel not recorded");
-                        }
                         continue;
                     }
                 };
@@ -874,19 +893,23 @@ impl Caller {
         let cancel = CancellationToken::new();
         let key = self.in_flight_key(&resume.request);
         super::lock(&self.mcp().in_flight).insert(key.clone(), cancel.clone());
+        self.mcp().remember_task(key.clone(), handle.id());
         let _registered = Unregister {
             mcp: &self.state.mcp,
-            key,
+            key: key.clone(),
         };
-        self.follow(
-            &handle,
-            mcp_result,
-            resume.progress.clone(),
-            out,
-            &cancel,
-            resume.seq,
-        )
-        .await
+        let answer = self
+            .follow(
+                &handle,
+                mcp_result,
+                resume.progress.clone(),
+                out,
+                &cancel,
+                resume.seq,
+            )
+            .await;
+        self.mcp().forget_task(&key);
+        answer
     }
 }
 

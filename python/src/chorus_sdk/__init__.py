@@ -9,9 +9,12 @@
 __version__ = "0.1.0"
 
 from .agent import Agent, Stats  # noqa: E402
+from .config import ConfigError  # noqa: E402
 from .codec import DecodeError, Encoding, decode, decode_payload, encode, encode_payload  # noqa: E402
-from .context import Context, Reply  # noqa: E402
+from .context import MAX_HEADER_NAME_BYTES, MAX_HEADERS, MAX_HEADERS_BYTES, Context, Reply  # noqa: E402
 from .outbound import CallOptions  # noqa: E402
+from .multicast import MAX_MULTICAST_RECIPIENTS, Collect, MulticastCounts, MulticastOutcome, MulticastRecipient, MulticastReport  # noqa: E402
+from .notify import NotifyRecipient, NotifyReport, NotifyTarget  # noqa: E402
 from .durable import InboxOptions, RetryPolicies, RetryPolicy  # noqa: E402
 from .envelope import (  # noqa: E402
     Delivery,
@@ -34,7 +37,17 @@ from .tasks import Attempt, Supervisor, TaskContext, TaskHandle, TaskReport, Tas
 from .usage import UsageKind, UsageReport, UsageRow  # noqa: E402
 
 __all__ = [
+    "ConfigError",
     "CallOptions",
+    "Collect",
+    "MAX_MULTICAST_RECIPIENTS",
+    "MulticastCounts",
+    "MulticastOutcome",
+    "MulticastRecipient",
+    "MulticastReport",
+    "NotifyRecipient",
+    "NotifyReport",
+    "NotifyTarget",
     "Answer",
     "Award",
     "Bid",
@@ -53,6 +66,9 @@ __all__ = [
     "Agent",
     "ChorusError",
     "Context",
+    "MAX_HEADERS",
+    "MAX_HEADER_NAME_BYTES",
+    "MAX_HEADERS_BYTES",
     "DecodeError",
     "Delivery",
     "Encoding",

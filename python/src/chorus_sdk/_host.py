@@ -42,10 +42,6 @@ class Host(Protocol):
         """``env`` signed (when the agent signs) and encoded for ``subject``."""
         ...
 
-    def nats_headers(self, env: Envelope) -> dict[str, str] | None:
-        """The NATS headers that mirror ``env`` (its trace context)."""
-        ...
-
     def set_payload(self, env: Envelope, payload: Any, content_type: str | None) -> None:
         """Puts a payload value (bytes, a ``Reply``, or a value to encode) into ``env``."""
         ...
@@ -70,10 +66,16 @@ class Host(Protocol):
     def request_capability(self) -> Callable[..., Awaitable[Any]]: ...
 
     @property
+    def multicast(self) -> Callable[..., Awaitable[Any]]: ...
+
+    @property
     def publish(self) -> Callable[..., Awaitable[None]]: ...
 
     @property
     def send(self) -> Callable[..., Awaitable[int]]: ...
+
+    @property
+    def notify(self) -> Callable[..., Awaitable[Any]]: ...
 
 
 __all__ = ["Host"]

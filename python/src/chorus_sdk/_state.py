@@ -19,7 +19,9 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 
+from ._backlog import Slots
 from ._connection import Connection
+from .credits import Ledger
 from . import metrics
 from .access import Access, RateLimit, SeenIds
 from .routing import DEFAULT_ROUTING_REFRESH, BreakerPolicy, Breakers, Router, Routing
@@ -91,6 +93,11 @@ class Stats:
     security_refused: int = 0
     access_refused: int = 0
     rate_limited: int = 0
+    #: Notifications that reached this agent (handled or not), those no handler took
+    #: (counted, never answered), and those it sent to one agent (section 7.14).
+    notifications_received: int = 0
+    notifications_unhandled: int = 0
+    notifications_sent: int = 0
     #: Replies sent, and those that could not be.
     replies_sent: int = 0
     reply_failures: int = 0
@@ -177,6 +184,7 @@ class AgentState:
         self.connect_attempts = connect_attempts
         self.reconnect_attempts = reconnect_attempts
         self.nats_options = dict(nats_options or {})
+        self._ledger: Ledger | None = None
         # Prometheus metrics (metrics.py): served on metrics_address when given, announced in
         # the manifest as metrics_url (derived from the listener when not given).
         self._metrics_listen = (
@@ -219,13 +227,16 @@ class AgentState:
         # What the manifest says of commands and capabilities (``endpoints``), by (kind, name).
         self._endpoints: dict[tuple[str, str], dict[str, Any]] = {}
         self._events: dict[str, EventHandler] = {}
+        # Notification handlers by name; "*" takes every one without a handler of its own.
+        self._notifications: dict[str, EventHandler] = {}
         # Contract-net: bid and counter handlers by capability, and who hears the outcomes.
         self._bidding = Bidding()
         self._nc: NATS | None = None
         self._connection: Connection | None = None
         self._subs: list[Any] = []
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._slots = asyncio.Semaphore(max_in_flight)
+        # Handler slots, given by priority when messages wait for one (section 7.9).
+        self._slots = Slots(max_in_flight)
         self._waiting = 0
         self._busy = 0
         self._seq: dict[str, list[int]] = {}
@@ -246,6 +257,12 @@ class AgentState:
     def in_flight(self) -> int:
         """Messages being handled right now."""
         return self._busy
+
+    @property
+    def connections(self) -> list[Any]:
+        """The NATS connections it uses (its own, or one it shares), for the
+        ``chorus_agent_active_connections`` gauge."""
+        return [self._nc] if self._nc is not None else []
 
     @property
     def stopping(self) -> bool:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 from typing import Any, Iterable
 
 from nats.aio.client import Client as NATS
 
 from ._connection import Connection
 from .context import Context, Reply
-from . import service
+from . import config, service
 from .tasks import Check, TaskHandle, TaskReport, Verification
 from .tasks import verify as verify_task
 from .tasks import submit as submit_task
@@ -51,6 +52,17 @@ class Agent(Handlers):
     handlers, heartbeats and usage stay its own, and shutting it down leaves the connection
     open; its owner drains it after the last agent.
     """
+
+    @classmethod
+    def from_config(cls, path: str | Path, id: str | None = None, **overrides: Any) -> Agent:
+        """The agent the configuration file at ``path`` describes (docs/AGENT-CONFIG.md, the
+        file the Rust SDK reads with ``AgentOptions::from_file``): named ``id``, or the file's
+        ``id``; keyword arguments given here win over the file. Raises
+        :class:`~chorus_sdk.config.ConfigError` naming the key that cannot be used."""
+        arguments = config.agent_arguments(config.load(path), id)
+        arguments.update(overrides)
+        agent_id = arguments.pop("id")
+        return cls(agent_id, **arguments)
 
     # -----------------------------------------------------------------------------------------
     # Life cycle
@@ -117,7 +129,7 @@ class Agent(Handlers):
                     await asyncio.wait_for(keys.ready.wait(), timeout=self.request_timeout)
                 except asyncio.TimeoutError:
                     log.warning("agent %s: the registry's keys were not all read within %.1f s", self.id, self.request_timeout)
-        if self._commands and self.durable_inbox:
+        if (self._commands or self._notifications) and self.durable_inbox:
             await self._start_durable()
         if self.heartbeat_interval > 0:
             await self._heartbeat()
@@ -376,6 +388,7 @@ class Agent(Handlers):
         counter: CounterFn | None = None,
         counter_rounds: int = 1,
         task_deadline: float | None = None,
+        customer: str | None = None,
     ) -> Award:
         """Runs a contract-net round (section 7.10): calls for proposals on ``capability``
         from its live holders (from discovery) or the ``bidders`` named, waits up to
@@ -384,7 +397,9 @@ class Agent(Handlers):
         proposal stands), ranks what stands by ``policy`` (:class:`Policy` or its name) and
         gives the work (``payload``) to the best as a task with ``task_deadline`` (the next
         best if it will not take it), tells the other proposers they lost, and publishes a
-        :class:`Settlement` on ``negotiation.settled``. Returns the :class:`Award`.
+        :class:`Settlement` on ``negotiation.settled``. A price agreed is recorded in the credits
+        ledger (:meth:`ledger`), under ``customer`` when given (the winner's task carries it
+        too). Returns the :class:`Award`.
 
         Raises :class:`ValueError` for a bad capability, deadline, policy or counter setting,
         or more than 1,000 bidders (:class:`TypeError` for ``bidders`` given as one string);
@@ -402,6 +417,7 @@ class Agent(Handlers):
             counter=counter,
             counter_rounds=counter_rounds,
             task_deadline=task_deadline,
+            customer=customer,
         )
 
 

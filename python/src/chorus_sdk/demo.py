@@ -5,7 +5,9 @@ topic as a task streamed chunk by chunk.
     python -m chorus_sdk.demo --server nats://127.0.0.1:4222
 
 It prints ``chorus_sdk.demo: py-analyst ready`` once subscribed, and stops on Ctrl-C, SIGTERM or
-the end of its standard input.
+the end of its standard input when that is a pipe (its parent's). A host runs it from
+``deploy/demo/python/py-analyst.toml`` (``chorus up --python``): its id is then the replica's,
+``CHORUS_AGENT_ID``, and its server ``CHORUS_NATS_URL``.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import argparse
 import asyncio
 import os
 import signal
+import stat
 import sys
 from typing import Any
 
 from . import Agent, ChorusError, Context, StatusCode, TaskContext
 
-AGENT_ID = "py-analyst"
+AGENT_ID = os.environ.get("CHORUS_AGENT_ID") or "py-analyst"
 
 
 def analyst(server: str) -> Agent:
@@ -62,7 +65,8 @@ async def main(server: str) -> None:
             pass
         loop.call_soon_threadsafe(stop.set)
 
-    if not sys.stdin.isatty():
+    # A pipe from the parent that started it; not a terminal, nor the empty input a host gives.
+    if stat.S_ISFIFO(os.fstat(sys.stdin.fileno()).st_mode):
         loop.run_in_executor(None, watch_stdin)
     async with analyst(server) as agent:
         await agent.flush()

@@ -80,6 +80,9 @@ class Kind(Vocabulary):
     COMMAND = "command"
     HEARTBEAT = "heartbeat"
     ERROR = "error"
+    #: A push to one agent (or, through the coordinator, each member of a group) that expects
+    #: no reply and needs no topic subscription (section 7.14).
+    NOTIFICATION = "notification"
     UNKNOWN = "unknown"
 
 

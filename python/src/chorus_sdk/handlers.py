@@ -56,6 +56,33 @@ class Handlers(Presence):
         self._events[pattern] = handler
         self._changed(pattern=pattern)
 
+    def on_notification(self, name: str, handler: EventHandler) -> None:
+        """Runs ``handler`` for notifications called ``name`` (``"*"``: every one without a
+        handler of its own): pushes to this agent that expect no reply (section 7.14), sent
+        with :meth:`notify` to it or to a group it belongs to. They come on the agent's own
+        subjects (``<root>.agent.<id>.$notify``, under the subscription its commands use), so
+        no topic subscription is needed; durable ones come through its durable inbox, retried
+        and dead-lettered by the retry policy when the handler raises. Nothing is ever
+        answered; what the handler returns is dropped; a notification no handler takes is
+        counted (``stats.notifications_unhandled``) and dropped.
+
+        Raises :class:`~chorus_sdk.SubjectError` when ``name`` is neither ``"*"`` nor a valid
+        notification name (one token, as a command name)."""
+        if name != "*":
+            validate_token("notification name", name)
+        self._notifications[name] = handler
+        self._changed()
+
+    def notification(self, name: str = "*") -> Callable[[H], H]:
+        """Decorator form of :meth:`on_notification`: ``@agent.notification("disk-full")``, or
+        ``@agent.notification()`` for every notification without a handler of its own."""
+
+        def register(f: H) -> H:
+            self.on_notification(name, _as_async(f))
+            return f
+
+        return register
+
     def command(self, name: str) -> Callable[[H], H]:
         """Decorator form of :meth:`on_command`: ``@agent.command("add")`` (on a coroutine
         function or a plain one)."""
@@ -167,7 +194,7 @@ class Handlers(Presence):
                 await self._subscribe_capability(capability)
             if pattern is not None:
                 await self._subscribe_event(pattern)
-            if self._commands and self.durable_inbox:
+            if (self._commands or self._notifications) and self.durable_inbox:
                 await self._start_durable()
             await self._heartbeat()
 

@@ -13,10 +13,11 @@ from nats.aio.msg import Msg
 
 from .codec import DecodeError, Encoding, decode, encode_payload, sniff
 from .context import Context, Reply
-from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Delivery, Envelope, Kind, Performative, Seq, now_ms
+from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Delivery, Envelope, Kind, Performative, Priority, Seq, now_ms
 from .service import EndpointStats
 from .status import ChorusError, StatusCode, reply_performative
 from .negotiate import bid_subject
+from .subjects import NOTIFY_TOKEN
 from .usage import UsageKind
 
 from ._connection import CONNECTION_GONE, describe
@@ -96,7 +97,8 @@ class Inbound(Outbound):
             return e
 
     async def _overflow(self, msg: Msg, route: str) -> None:
-        if route == "event" or not msg.reply:
+        # A notification is dropped like an event, never answered.
+        if route == "event" or not msg.reply or self.subjects.is_notification(msg.subject):
             self.stats.dropped += 1
             self.stats.lost += 1
             return
@@ -105,13 +107,18 @@ class Inbound(Outbound):
 
     async def _run(self, msg: Msg, route: str, name: str, decoded: tuple[Envelope, Encoding] | DecodeError) -> None:
         try:
-            async with self._slots:
+            # With a backlog, the next free slot goes to the most urgent message waiting
+            # (section 7.9, "Priority"); bytes that did not decode wait as normal.
+            await self._slots.acquire(Priority.NORMAL if isinstance(decoded, DecodeError) else decoded[0].priority)
+            try:
                 self._waiting -= 1
                 self._busy += 1
                 try:
                     await self._process(msg, route, name, decoded)
                 finally:
                     self._busy -= 1
+            finally:
+                self._slots.release()
         except asyncio.CancelledError:
             raise
         except CONNECTION_GONE as e:
@@ -120,19 +127,22 @@ class Inbound(Outbound):
             log.exception("agent %s: message on %s not handled", self.id, msg.subject)
 
     async def _process(self, msg: Msg, route: str, name: str, decoded: tuple[Envelope, Encoding] | DecodeError) -> None:
+        # A notification is never answered, whatever it carries (section 7.14).
+        notification = route == "command" and self.subjects.is_notification(msg.subject)
         if isinstance(decoded, DecodeError):
             self.stats.received += 1
             self.stats.refused += 1
             self.stats.bad_input += 1
             self._metrics.message("unknown", StatusCode.DATA_FORMAT)
-            encoding = _encoding_of(msg.data, self.encoding)
-            await self._answer(msg, None, encoding, ChorusError(StatusCode.DATA_FORMAT, decoded.reason))
+            if not notification:
+                encoding = _encoding_of(msg.data, self.encoding)
+                await self._answer(msg, None, encoding, ChorusError(StatusCode.DATA_FORMAT, decoded.reason))
             return
         env, encoding = decoded
         outcome = await self.handle(env, msg.subject, route, name)
-        if route == "event":
-            if isinstance(outcome, ChorusError):
-                log.warning("agent %s: event handler failed on %s: %s", self.id, msg.subject, outcome)
+        if route == "event" or notification:
+            if isinstance(outcome, ChorusError) and outcome.status != StatusCode.UNKNOWN_COMMAND:
+                log.warning("agent %s: %s handler failed on %s: %s", self.id, route if route == "event" else "notification", msg.subject, outcome)
             return
         await self._answer(msg, env, encoding, outcome)
 
@@ -207,6 +217,8 @@ class Inbound(Outbound):
         endpoint = name
         if route == "command":
             endpoint = self.subjects.command_name(subject) or self.subjects.durable_command(subject) or ""
+            if endpoint == NOTIFY_TOKEN:
+                return await self._notification(env, subject, attempt)
             handler = self._commands.get(endpoint)
         elif route == "capability":
             handler = self._capabilities.get(name)
@@ -248,6 +260,31 @@ class Inbound(Outbound):
                 f"{outcome.status} {outcome.reason}" if isinstance(outcome, ChorusError) else None,
             )
         return outcome
+
+    async def _notification(self, env: Envelope, subject: str, attempt: int) -> Any:
+        """A notification that passed admission (section 7.14): run by the handler of its
+        name, else the one registered as ``"*"``. Returns ``None`` when handled, or the
+        :class:`ChorusError` it failed with (retried and dead-lettered by the retry policy when
+        it is durable). One that no handler takes is counted; a core one is dropped, a durable
+        one refused with 5016, to wait while the policy's attempts last as a durable command
+        without a handler does. Nothing is ever answered."""
+        stats = self.stats
+        stats.notifications_received += 1
+        name = env.name or ""
+        handler = self._notifications.get(name) or self._notifications.get("*")
+        if handler is None:
+            stats.notifications_unhandled += 1
+            log.debug("agent %s: notification %r from %s has no handler", self.id, name, env.from_)
+            if self.subjects.durable_command(subject) is not None:
+                return ChorusError(StatusCode.UNKNOWN_COMMAND, f"agent {self.id} has no handler for notification {name!r}")
+            return None
+        if env.content_type == CONTENT_TYPE_OBJECT or env.encryption is not None or env.content_encoding is not None:
+            unopened = await self._open(env)
+            if unopened is not None:
+                stats.refused += 1
+                return unopened
+        outcome = await self._invoke(handler, Context(self, env, subject, attempt))
+        return outcome if isinstance(outcome, ChorusError) else None
 
     async def _authorize(self, env: Envelope, endpoint: str) -> ChorusError | None:
         """The application's access rules for a command or request that passed admission:
@@ -381,7 +418,7 @@ class Inbound(Outbound):
             env = self.reply_envelope(request, e)
             data = self.encode_for(msg.reply, env, encoding)
         try:
-            await self.nc.publish(msg.reply, data, headers=self.nats_headers(env))
+            await self.nc.publish(msg.reply, data)
         except Exception as e:  # noqa: BLE001 - the caller times out
             self.stats.reply_failures += 1
             log.debug("reply not sent: %s", e)

@@ -66,7 +66,7 @@ _REFUSALS = (
 )
 _TRAFFIC = (
     "chorus_agent_traffic_total",
-    "Messages by direction: received, requests_sent, events_published, replies_sent, reply_failures, retries, dead_lettered, dropped (slow subscriber), lost (events missed, from sequence gaps, dropped ones included), shed (overloaded, answered 5019), redelivered, duplicates_suppressed.",
+    "Messages by direction: received, requests_sent, events_published, replies_sent, reply_failures, retries, dead_lettered, dropped (slow subscriber), lost (events missed, from sequence gaps, dropped ones included), shed (overloaded, answered 5019), redelivered, duplicates_suppressed, notifications_sent, notifications_received, notifications_unhandled (no handler took it: dropped).",
     "direction",
     (
         ("received", "received"),
@@ -81,6 +81,9 @@ _TRAFFIC = (
         ("shed", "shed"),
         ("redelivered", "redelivered"),
         ("duplicates_suppressed", "duplicates"),
+        ("notifications_sent", "notifications_sent"),
+        ("notifications_received", "notifications_received"),
+        ("notifications_unhandled", "notifications_unhandled"),
     ),
 )
 _INBOX_CONSUMERS = (
@@ -93,6 +96,10 @@ _CONNECTION_HELP = "NATS connection events: disconnects, reconnects, slow_consum
 _HANDLED_HELP = "Inbound messages by kind and the status they were answered (or refused) with."
 _DURATION_HELP = "Time from sending a request or command to its reply, by reply status."
 _CIRCUIT_STATE_HELP = "Each destination's circuit breaker in this agent: 0 closed, 1 half-open, 2 open."
+_ACTIVE_CONNECTIONS_HELP = (
+    "NATS connections of this process's agents that are up, by the server each is on or was last on "
+    "(destination, host:port); one shared by several agents counts once."
+)
 _CIRCUITS_OPENED_HELP = "Times a destination's circuit breaker opened in this agent."
 
 
@@ -220,6 +227,11 @@ class StatsSource(Protocol):
         """Messages being handled right now."""
         ...
 
+    @property
+    def connections(self) -> list[Any]:
+        """The NATS clients it uses."""
+        ...
+
 
 # ---------------------------------------------------------------------------------------------
 # The registry
@@ -310,6 +322,8 @@ class Registry:
         """The live agents' counters, read now."""
         # Agents sharing an id in one process are summed, so no series is reported twice.
         sums: dict[str, dict[str, int]] = {}
+        # Each connection once: the server it is on (or was last), and whether it is up.
+        connections: dict[int, tuple[str, bool]] = {}
         live = []
         for ref in self._live:
             source = ref()
@@ -325,7 +339,12 @@ class Registry:
             for event, n in source.connection_events.counts.items():
                 s["connection:" + event] = s.get("connection:" + event, 0) + n
             s["in_flight"] = s.get("in_flight", 0) + int(source.in_flight)
+            for nc in source.connections:
+                connections.setdefault(id(nc), (_destination(nc), bool(nc.is_connected)))
         self._live = live
+        by_destination: dict[str, int] = {}
+        for destination, up in connections.values():
+            by_destination[destination] = by_destination.get(destination, 0) + int(up)
         families: list[Family] = [
             (name, help_text, "counter", [((("agent", a), (label, value)), str(s.get(field, 0))) for a, s in sums.items() for value, field in members])
             for name, help_text, label, members in (_REFUSALS, _TRAFFIC, _INBOX_CONSUMERS)
@@ -350,10 +369,25 @@ class Registry:
                 [((("agent", a),), str(s.get("in_flight", 0))) for a, s in sums.items()],
             )
         )
+        families.append(
+            (
+                "chorus_agent_active_connections",
+                _ACTIVE_CONNECTIONS_HELP,
+                "gauge",
+                [((("destination", d),), str(n)) for d, n in by_destination.items()],
+            )
+        )
         return families
 
 
 _DURATION = "chorus_agent_request_duration_seconds"
+
+
+def _destination(nc: Any) -> str:
+    """The server a NATS client is on, or was last on, as that server reports itself
+    (``host:port`` of its INFO), as the Rust SDK labels it."""
+    info = getattr(nc, "_server_info", None) or {}
+    return f"{info.get('host', '')}:{info.get('port', '')}"
 
 
 def _family_text(name: str, help_text: str, kind: str, series: Series) -> str:

@@ -16,6 +16,7 @@ import asyncio
 import inspect
 import logging
 import math
+import time
 import uuid
 import weakref
 from collections import deque
@@ -29,6 +30,7 @@ import nats.errors
 from .codec import DecodeError, Json, Struct, decode_payload, encode_struct
 from .codec import F32
 from .context import Context, Reply
+from .credits import LedgerEntry
 from .envelope import CONTENT_TYPE_MSGPACK, Envelope, Expect, Kind, Performative, uuid7
 from .status import ChorusError, NoResponders, Refused, StatusCode, Timeout, label
 from .subjects import SubjectError, Subjects, validate_dotted, validate_token
@@ -409,6 +411,11 @@ class Settlement:
     refusals: int
     #: Counter-offers put to proposers.
     countered: int = 0
+    #: The customer the work is for, if the round named one.
+    customer: str | None = None
+    #: Whether the price was recorded in the credits ledger (by this settlement or an earlier
+    #: one of the same round); false without a price.
+    credited: bool = False
 
     def encode(self) -> bytes:
         """The settlement as MessagePack, as the Rust SDK writes it (ids as 16 bytes)."""
@@ -423,6 +430,8 @@ class Settlement:
             ("proposals", self.proposals),
             ("refusals", self.refusals),
             ("countered", self.countered),
+            *([("customer", self.customer)] if self.customer is not None else []),
+            ("credited", self.credited),
         ])
 
     @classmethod
@@ -443,6 +452,8 @@ class Settlement:
                 proposals=_count(value["proposals"], "proposals"),
                 refusals=_count(value["refusals"], "refusals"),
                 countered=_count(value.get("countered", 0), "countered"),
+                customer=None if value.get("customer") is None else _text(value["customer"], "customer"),
+                credited=value.get("credited") is True,
             )
         except KeyError as e:
             raise ValueError(f"a settlement has no {e.args[0]}") from e
@@ -639,7 +650,7 @@ async def _tell(agent: Handlers, round_id: uuid.UUID, capability: str, bidder: s
         env.to = [bidder]
         env.capability = capability
         env.reason = None if won else LOST_REASON
-        await agent.nc.publish(subject, agent.encode_for(subject, env), headers=agent.nats_headers(env))
+        await agent.nc.publish(subject, agent.encode_for(subject, env))
     except (ChorusError, SubjectError, nats.errors.Error) as e:
         log.debug("agent %s: round %s: outcome not sent to %s: %s", agent.id, round_id, bidder, e)
 
@@ -652,6 +663,7 @@ async def _award(
     payload: bytes,
     content_type: str,
     task_deadline: float | None,
+    customer: str | None = None,
 ) -> TaskHandle:
     """Submits the work to ``winner``'s own access point as a task with the round's header,
     and returns its handle once taken (as :meth:`~chorus_sdk.Agent.submit` does)."""
@@ -665,6 +677,7 @@ async def _award(
         deadline=task_deadline,
         timeout=agent.request_timeout,
         headers={ROUND_HEADER: str(round_id)},
+        customer=customer,
     )
 
 
@@ -688,6 +701,7 @@ async def negotiate(
     counter: CounterFn | None = None,
     counter_rounds: int = 1,
     task_deadline: float | None = None,
+    customer: str | None = None,
 ) -> Award:
     """Runs a contract-net round for ``agent``; see :meth:`chorus_sdk.Agent.negotiate`."""
     validate_dotted("capability", capability)
@@ -759,7 +773,7 @@ async def negotiate(
     for i in ranking.rank(proposals):
         candidate = proposals[i]
         try:
-            task = await _award(agent, round_id, candidate.agent, capability, work.payload, work.content_type, work_deadline)
+            task = await _award(agent, round_id, candidate.agent, capability, work.payload, work.content_type, work_deadline, customer)
         except ChorusError as e:
             log.info("agent %s: round %s: award not taken by %s (%s); trying the next proposal", agent.id, round_id, candidate.agent, e)
             continue
@@ -772,6 +786,23 @@ async def negotiate(
         raise NoAward(round_id, capability, bids)
     for bid in proposals:
         await _tell(agent, round_id, capability, bid.agent, bid.agent == winner.agent)
+    credited = False
+    if winner.proposal.price is not None:
+        entry = LedgerEntry(
+            round=round_id,
+            capability=capability,
+            payer=agent.id,
+            payee=winner.agent,
+            price=winner.proposal.price,
+            task=task.id,
+            settled_ms=int(time.time() * 1000),
+            customer=customer,
+        )
+        try:
+            await (await agent.ledger()).record(entry)
+            credited = True
+        except (ValueError, nats.errors.Error) as e:
+            log.warning("agent %s: round %s: price not recorded in the credits ledger: %s", agent.id, round_id, e)
     settlement = Settlement(
         round=round_id,
         capability=capability,
@@ -783,6 +814,8 @@ async def negotiate(
         proposals=len(proposals),
         refusals=sum(1 for b in bids if b.answer is Answer.REFUSED),
         countered=countered,
+        customer=customer,
+        credited=credited,
     )
     try:
         await agent.publish(SETTLED_TOPIC, Reply(settlement.encode(), CONTENT_TYPE_MSGPACK))

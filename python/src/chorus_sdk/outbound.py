@@ -8,6 +8,7 @@ import asyncio
 import random
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, overload
 
@@ -15,15 +16,18 @@ import nats
 import nats.errors
 from nats.aio.msg import Msg
 
-from .codec import DecodeError, Encoding, decode, decode_payload, encode, encode_payload, typed
-from .context import Reply
-from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Delivery, Envelope, Expect, Kind, Performative, Priority, Seq, now_ms
+from .codec import DecodeError, Encoding, decode, encode, encode_payload, typed
+from .context import Reply, check_headers
+from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Delivery, Envelope, Expect, Kind, Performative, Priority, Seq, now_ms, uuid7
 from .encryption import encrypt
 from .status import ChorusError, NoResponders, Refused, StatusCode, Timeout, Unreachable, is_success
 from .subjects import validate_dotted, validate_token
 
 from .dead_letters import DeadLetter, write_dead_letter
+from .multicast import Collect, MulticastReport, check_multicast, collect_replies, reply_value
+from .notify import DELIVERED, STORED, NotifyRecipient, NotifyReport, NotifyTarget
 from .durable import RetryPolicy
+from .credits import CREDITS_BUCKET, Ledger
 from .routing import LOOKUP_TIMEOUT, CircuitOpen, CircuitState, Routing
 
 from ._state import MAX_SEQ_SUBJECTS, AgentState, Payload, R, log
@@ -127,18 +131,8 @@ class Outbound(AgentState):
             raise ChorusError(StatusCode.DATA_FORMAT, f"message of {len(data)} bytes exceeds the limit of {limit} bytes")
         return data
 
-    @staticmethod
-    def nats_headers(env: Envelope) -> dict[str, str] | None:
-        """The NATS headers that mirror ``env``: its trace context, when it has one."""
-        if env.trace is None:
-            return None
-        headers = {"traceparent": env.trace.traceparent}
-        if env.trace.tracestate is not None:
-            headers["tracestate"] = env.trace.tracestate
-        return headers
-
     async def _publish_envelope(self, subject: str, env: Envelope, reply: str = "") -> None:
-        await self.nc.publish(subject, self.encode_for(subject, env), reply=reply, headers=self.nats_headers(env))
+        await self.nc.publish(subject, self.encode_for(subject, env), reply=reply)
 
     async def publish(
         self,
@@ -159,7 +153,7 @@ class Outbound(AgentState):
         _set_context(env, session, customer)
         env.topic = topic
         env.priority = priority
-        env.headers = dict(headers or {})
+        env.headers = check_headers(headers)
         self.set_payload(env, payload, content_type)
         # A large payload is stored first (an event's readers are unknown: never compressed),
         # before the event is numbered, so that the numbers go out in order.
@@ -211,7 +205,8 @@ class Outbound(AgentState):
         request that failed for good to the dead-letter queue; ``delivery=EXACTLY_ONCE`` has
         the receiver run its handler once per message id; ``session`` and ``customer`` set the
         envelope's ``session_id`` and ``customer_id`` (a forward, ``parent=``, inherits its
-        parent's); ``id`` fixes the message id."""
+        parent's); ``id`` fixes the message id; ``priority`` orders it in a receiver's backlog
+        (section 7.9)."""
         subject = self.subjects.command(agent, command)
         env = self._envelope(Kind.REQUEST, Performative.REQUEST, kw.get("parent"))
         env.to = [agent]
@@ -284,6 +279,57 @@ class Outbound(AgentState):
             subject, env, payload, raw, returns, kw, f"cap:{capability}", capability.replace(".", "-"), capability if routed else None
         )
 
+    async def multicast(
+        self,
+        to: Sequence[str],
+        command: str,
+        payload: Payload = None,
+        *,
+        collect: Collect | None = None,
+        **kw: Unpack[CallOptions],
+    ) -> MulticastReport:
+        """Asks every agent in ``to`` to run ``command`` and collects their replies as
+        ``collect`` asks (``Collect.all()`` by default, ``Collect.first(n)``,
+        ``Collect.quorum(n)``) within ``timeout`` (one deadline for all; the agent's
+        ``request_timeout`` by default). Each recipient gets a request of its own, sent at
+        once: its own message id, ``to`` naming it alone, and one ``correlation_id`` shared by
+        every copy (the report's ``multicast_id``; a forward, ``parent=``, keeps its
+        parent's conversation). The other keyword options are :meth:`request`'s and apply to
+        every copy.
+
+        Returns a :class:`MulticastReport`: per recipient, in the order of ``to``, replied
+        (the reply), refused (its code and reason), no responders, silent (nothing by the
+        deadline), not awaited (the collection ended first: its request is dropped, a late
+        reply ignored) or failed (on this side), and whether enough replies came (``met``).
+        Raises :class:`ChorusError` 5018 before anything is sent for no recipients, more than
+        :data:`~chorus_sdk.multicast.MAX_MULTICAST_RECIPIENTS`, an invalid or repeated agent
+        id, an invalid command name, an ``n`` of 0 or more than the recipients, or ``id=``;
+        a recipient's failure is in the report, not raised (as ``Agent::multicast`` in Rust)."""
+        if not _CALL_OPTIONS.issuperset(kw):
+            raise TypeError(f"unknown request options {sorted(set(kw) - _CALL_OPTIONS)}; the known ones: {sorted(_CALL_OPTIONS)}")
+        collect = Collect.all() if collect is None else collect
+        recipients = check_multicast(to, command, collect, kw.get("id"))
+        parent = kw.get("parent")
+        multicast_id = parent.conversation if parent is not None else uuid7()
+        # Encoded once, for every copy (and its failure raised before anything is sent).
+        probe = Envelope.new(Kind.REQUEST, Performative.REQUEST, self.id)
+        self.set_payload(probe, payload, kw.get("content_type"))
+        encoded = Reply(probe.payload, probe.content_type)
+        timeout = kw.get("timeout")
+        wait = self.request_timeout if timeout is None else timeout
+
+        async def send(agent: str) -> Envelope:
+            env = self._envelope(Kind.REQUEST, Performative.REQUEST, parent)
+            if parent is None:
+                env.correlation_id = multicast_id
+            env.to = [agent]
+            env.name = command
+            subject = self.subjects.command(agent, command)
+            reply: Envelope = await self._call(subject, env, encoded, True, None, kw, f"agent:{agent}", agent, None)
+            return reply
+
+        return await collect_replies(recipients, send, collect, wait, multicast_id)
+
     async def _call(
         self,
         subject: str,
@@ -305,6 +351,8 @@ class Outbound(AgentState):
         env.delivery = kw.get("delivery") or Delivery.AT_MOST_ONCE
         if (id := kw.get("id")) is not None:
             env.id = id
+        if (priority := kw.get("priority")) is not None:
+            env.priority = priority
         _set_context(env, kw.get("session"), kw.get("customer"))
         headers, content_type, encoding, encrypt_for = kw.get("headers"), kw.get("content_type"), kw.get("encoding"), kw.get("encrypt_for")
         wait = self.request_timeout if timeout is None else timeout
@@ -313,7 +361,7 @@ class Outbound(AgentState):
             wait_ms = min(wait_ms, max(1, env.deadline_ms - env.timestamp_ms))
         env.ttl_ms = wait_ms
         env.expect = Expect(Performative.INFORM, wait_ms)
-        env.headers = dict(headers or {})
+        env.headers = check_headers(headers)
         self.set_payload(env, payload, content_type)
         if encrypt_for:
             await self._encrypt(env, encrypt_for)
@@ -325,7 +373,7 @@ class Outbound(AgentState):
         if raw:
             return reply
         try:
-            return typed(_value(reply), returns)
+            return typed(reply_value(reply), returns)
         except DecodeError as e:
             raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from e
 
@@ -467,7 +515,7 @@ class Outbound(AgentState):
 
     async def _exchange(self, subject: str, env: Envelope, data: bytes, wait: float) -> Envelope:
         try:
-            msg = await self.nc.request(subject, data, timeout=wait, headers=self.nats_headers(env))
+            msg = await self.nc.request(subject, data, timeout=wait)
         except nats.errors.NoRespondersError as err:
             raise NoResponders(f"nobody serves {subject}") from err
         except nats.errors.TimeoutError as err:
@@ -513,7 +561,7 @@ class Outbound(AgentState):
         env.name = command
         env.priority = priority
         env.delivery = delivery
-        env.headers = dict(headers or {})
+        env.headers = check_headers(headers)
         if ttl is not None:
             env.ttl_ms = max(1, int(ttl * 1000))
         self.set_payload(env, payload, content_type)
@@ -526,7 +574,12 @@ class Outbound(AgentState):
             await self._publish_envelope(self.subjects.command(agent, command), env)
             return 0
         high = priority in (Priority.HIGH, Priority.CRITICAL)
-        subject = self.subjects.durable_inbox(agent, high, command)
+        return await self._store(self.subjects.durable_inbox(agent, high, command), env)
+
+    async def _store(self, subject: str, env: Envelope) -> int:
+        """Stores ``env`` (a durable class) in an agent's inbox on ``subject`` (section 7.5);
+        its stream sequence once the stream has it."""
+        delivery = env.delivery
         data = self.encode_for(subject, env)
         limit = (self.max_message_bytes or self.nc.max_payload) - 4096
         if len(data) > limit:
@@ -534,12 +587,12 @@ class Outbound(AgentState):
                 StatusCode.DATA_FORMAT,
                 f"durable message of {len(data)} bytes exceeds the limit of max_payload - 4096 = {limit} bytes",
             )
-        nats_headers = self.nats_headers(env) or {}
-        if delivery is Delivery.EXACTLY_ONCE:
-            nats_headers["Nats-Msg-Id"] = str(env.id)
+        # Trace context travels in the envelope only (PROTOCOL.md section 3.4): the one header
+        # is the server's dedupe id, on exactly-once publishes.
+        nats_headers = {"Nats-Msg-Id": str(env.id)} if delivery is Delivery.EXACTLY_ONCE else None
         js = self.nc.jetstream(timeout=self.request_timeout)
         try:
-            ack = await js.publish(subject, data, headers=nats_headers or None)
+            ack = await js.publish(subject, data, headers=nats_headers)
         except nats.errors.TimeoutError as err:
             raise Timeout(f"the inbox stream did not acknowledge {subject}") from err
         except nats.js.errors.NoStreamResponseError as err:
@@ -548,6 +601,77 @@ class Outbound(AgentState):
                 f"no stream stores {subject}: start the coordinator (chorus serve) or a durable agent first",
             ) from err
         return int(ack.seq)
+
+    async def notify(
+        self,
+        to: str | NotifyTarget,
+        name: str,
+        payload: Payload = None,
+        *,
+        priority: Priority = Priority.NORMAL,
+        headers: dict[str, str] | None = None,
+        session: str | None = None,
+        customer: str | None = None,
+        durable: bool = False,
+        ttl: float | None = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+        parent: Envelope | None = None,
+    ) -> NotifyReport:
+        """Sends notification ``name`` (section 7.14): a push that expects no reply and needs
+        no topic subscription on the receiver's side, taken by its :meth:`notification`
+        handlers (``Agent::notify`` in Rust).
+
+        ``to`` an agent id: published on its notification subject (``durable=True``: stored in
+        its durable inbox), without waiting for the receiver; the report has its one line,
+        ``delivered`` (published, whether or not anyone listened) or ``stored``. ``to`` a
+        :class:`NotifyTarget` (a group, a capability's holders, or all): sent to the
+        coordinator, which pushes one copy to each live member (stored in each inbox when
+        durable) and reports per recipient (``delivered``, ``stored`` or ``failed``); it waits
+        ``timeout`` seconds for that report (the agent's ``request_timeout`` by default).
+        ``ttl`` bounds how long a durable one may wait for its recipient (then it is
+        dead-lettered as expired).
+
+        Raises :class:`~chorus_sdk.SubjectError` for a bad agent id, group, capability or
+        name; :class:`ChorusError` (5018) for headers past their limits; for a group,
+        :class:`~chorus_sdk.Timeout` or :class:`~chorus_sdk.NoResponders` when no coordinator
+        reports. A group member's failure is in the report, not an error."""
+        validate_token("notification name", name)
+        env = self._envelope(Kind.NOTIFICATION, Performative.INFORM, parent)
+        _set_context(env, session, customer)
+        env.name = name
+        env.priority = priority
+        env.delivery = Delivery.AT_LEAST_ONCE if durable else Delivery.AT_MOST_ONCE
+        env.headers = check_headers(headers)
+        self.set_payload(env, payload, content_type)
+        if isinstance(to, NotifyTarget):
+            if ttl is not None:
+                # The copies expire together, at one moment.
+                at = now_ms() + max(1, int(ttl * 1000))
+                env.deadline_ms = at if env.deadline_ms is None else min(env.deadline_ms, at)
+            wait = self.request_timeout if timeout is None else timeout
+            env.ttl_ms = max(1, int(wait * 1000))
+            env.expect = Expect(Performative.INFORM, env.ttl_ms)
+            subject = self.subjects.broadcast(
+                group=to.name if to.kind == "group" else None,
+                capability=to.name if to.kind == "capability" else None,
+            )
+            return NotifyReport.from_broadcast(reply_value(await self.exchange(subject, env, wait)))
+        validate_token("agent id", to)
+        env.to = [to]
+        if ttl is not None:
+            env.ttl_ms = max(1, int(ttl * 1000))
+        if not self._payloads.fits_inline(len(env.payload)):
+            await self._payloads.fit(env)
+        if durable:
+            high = priority in (Priority.HIGH, Priority.CRITICAL)
+            await self._store(self.subjects.durable_notification(to, high), env)
+            outcome = STORED
+        else:
+            await self._publish_envelope(self.subjects.notification(to), env)
+            outcome = DELIVERED
+        self.stats.notifications_sent += 1
+        return NotifyReport(env.id, [NotifyRecipient(to, outcome)])
 
     async def discover(
         self,
@@ -573,7 +697,7 @@ class Outbound(AgentState):
         env.ttl_ms = int(wait * 1000)
         env.expect = Expect(Performative.INFORM, env.ttl_ms)
         self.set_payload(env, query, CONTENT_TYPE_MSGPACK)
-        found = _value(await self.exchange(self.subjects.discover, env, wait))
+        found = reply_value(await self.exchange(self.subjects.discover, env, wait))
         return list(found or [])
 
     async def broadcast(
@@ -595,9 +719,17 @@ class Outbound(AgentState):
         env.expect = Expect(Performative.INFORM, timeout_ms)
         env.ttl_ms = timeout_ms + 5000
         self.set_payload(env, payload, content_type)
-        report = _value(await self.exchange(subject, env, timeout + 5.0))
+        report = reply_value(await self.exchange(subject, env, timeout + 5.0))
         return dict(report or {})
 
+    async def ledger(self) -> Ledger:
+        """The bus's credits ledger (docs/PROTOCOL.md section 7.15): the negotiations settled
+        at a price, by round, read by :meth:`~chorus_sdk.credits.Ledger.entries` and summed by
+        :func:`~chorus_sdk.credits.balances`."""
+        if self._ledger is None:
+            js = self.nc.jetstream(timeout=self.request_timeout)
+            self._ledger = await Ledger.open(js, self.subjects.bucket_name(CREDITS_BUCKET))
+        return self._ledger
 
 
 def _set_context(env: Envelope, session: str | None, customer: str | None) -> None:
@@ -634,6 +766,8 @@ class CallOptions(TypedDict, total=False):
     #: The envelope's ``session_id`` and ``customer_id``.
     session: str | None
     customer: str | None
+    #: Its priority (``NORMAL`` when not given): a receiver with a backlog serves higher first.
+    priority: Priority | None
 
 
 _CALL_OPTIONS = frozenset(CallOptions.__annotations__)
@@ -657,13 +791,4 @@ class _Attempts:
         return self.retry is None and not self.dead_letter and self.routed_capability is None
 
 
-def _value(reply: Envelope) -> Any:
-    if not reply.payload:
-        return None
-    if reply.content_type in (CONTENT_TYPE_MSGPACK, CONTENT_TYPE_JSON):
-        try:
-            return decode_payload(reply.payload, reply.content_type)
-        except DecodeError as e:
-            raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from e
-    return reply.payload
 

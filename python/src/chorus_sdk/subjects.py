@@ -6,6 +6,9 @@ import re
 from dataclasses import dataclass
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# The last token of an agent's notification subjects (section 7.14): under its command
+# wildcard, so the subscriptions it has carry notifications, and never a command name.
+NOTIFY_TOKEN = "$notify"
 MAX_DOTTED_TOKENS = 16
 
 
@@ -59,6 +62,19 @@ class Subjects:
         validate_token("agent id", agent)
         validate_token("command name", command)
         return f"{self.root}.agent.{agent}.{command}"
+
+    def notification(self, agent: str) -> str:
+        """``<root>.agent.<agent>.$notify``: notifications to one agent (section 7.14)."""
+        return f"{self.root}.agent.{validate_token('agent id', agent)}.{NOTIFY_TOKEN}"
+
+    def durable_notification(self, agent: str, high: bool) -> str:
+        """``<root>.inbox.<agent>.<lane>.$notify``: durable notifications in an agent's inbox."""
+        validate_token("agent id", agent)
+        return f"{self.root}.inbox.{agent}.{'high' if high else 'normal'}.{NOTIFY_TOKEN}"
+
+    def is_notification(self, subject: str) -> bool:
+        """Whether ``subject`` is one of an agent's notification subjects, core or durable."""
+        return (self.command_name(subject) or self.durable_command(subject)) == NOTIFY_TOKEN
 
     def agent_inbound(self, agent: str) -> str:
         return f"{self.root}.agent.{validate_token('agent id', agent)}.*"

@@ -23,7 +23,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
 from ._host import Host
 from .codec import DecodeError, decode, decode_payload, typed
-from .context import Context, Reply
+from .context import Context, Reply, check_headers
 from .envelope import (
     CONTENT_TYPE_JSON,
     CONTENT_TYPE_MSGPACK,
@@ -1166,7 +1166,7 @@ async def submit(
     if deadline is not None:
         env.deadline_ms = env.timestamp_ms + int(deadline * 1000)
     env.expect = Expect(Performative.CONFIRM if verify else Performative.AGREE, int(timeout * 1000))
-    env.headers = dict(headers or {})
+    env.headers = check_headers(headers)
     env.session_id, env.customer_id = session, customer
     agent.set_payload(env, payload, content_type)
     await store.transition(task, (0, TaskState.UNKNOWN), env)

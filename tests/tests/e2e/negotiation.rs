@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use chorus_sdk::credits::{BalanceBy, LedgerEntry, Recorded, balances};
 use chorus_sdk::negotiate::{Answer, Negotiation, Policy, Proposal, Settlement};
 use chorus_sdk::{Context, HandlerError, StatusCode, TaskContext, TaskState};
 use chorus_tests::{WAIT, agent, coordinator, eventually, server, within};
@@ -81,7 +82,8 @@ async fn a_round_with_ten_bidders_awards_the_cheapest_tells_the_losers_and_settl
                 .payload(&"bonjour")
                 .expect("payload")
                 .deadline(Duration::from_millis(800))
-                .policy(Policy::Cheapest),
+                .policy(Policy::Cheapest)
+                .customer("acme"),
         ),
     )
     .await
@@ -148,6 +150,55 @@ async fn a_round_with_ten_bidders_awards_the_cheapest_tells_the_losers_and_settl
         (settlement.asked, settlement.proposals, settlement.refusals),
         (10, 6, 3)
     );
+    assert_eq!(settlement.customer.as_deref(), Some("acme"));
+    assert!(settlement.credited);
+
+    // The price is in the credits ledger under the round, once: recording it again (a
+    // higher price, say) leaves the entry as it was.
+    let ledger = requester.ledger().await.expect("the ledger");
+    let entry = ledger
+        .entry(award.round)
+        .await
+        .expect("read")
+        .expect("an entry");
+    assert_eq!(
+        (entry.payer.as_str(), entry.payee.as_str(), entry.price),
+        ("requester", "translator-2", 3.0)
+    );
+    assert_eq!(
+        (entry.customer.as_deref(), entry.task),
+        (Some("acme"), award.task.id())
+    );
+    let again = LedgerEntry {
+        price: 99.0,
+        ..entry.clone()
+    };
+    assert_eq!(
+        ledger.record(&again).await.expect("record"),
+        Recorded::Already(entry.clone())
+    );
+    let entries = ledger.entries().await.expect("entries");
+    assert_eq!(entries, [entry]);
+    let by_agent = balances(&entries, BalanceBy::Agent);
+    let line = |name: &str| by_agent.iter().find(|b| b.name == name).cloned();
+    assert_eq!(
+        line("translator-2").map(|b| (b.earned, b.spent)),
+        Some((3.0, 0.0))
+    );
+    assert_eq!(
+        line("requester").map(|b| (b.earned, b.spent)),
+        Some((0.0, 3.0))
+    );
+    // A price that is not one is refused.
+    let negative = LedgerEntry {
+        round: uuid::Uuid::now_v7(),
+        price: -1.0,
+        ..again
+    };
+    assert!(matches!(
+        ledger.record(&negative).await,
+        Err(chorus_sdk::SdkError::InvalidCall(_))
+    ));
     coordinator.shutdown().await;
 }
 

@@ -630,30 +630,6 @@ async fn tasks_work_under_per_agent_credentials() {
     assert_eq!(updates.last().expect("an update").from(), "worker");
 }
 
-/// Runs `chorus --server <url> <args>` off the runtime (which keeps serving the agents) and
-/// returns its exit status and output.
-async fn chorus(server: &chorus_tests::NatsServer, args: &[&str]) -> (bool, String, String) {
-    let binary = chorus_tests::chorus_binary();
-    let mut all = vec!["--server".to_owned(), server.url().to_owned()];
-    all.extend(args.iter().map(|a| (*a).to_owned()));
-    let out = within(
-        Duration::from_secs(120),
-        "chorus task",
-        tokio::process::Command::new(binary)
-            .args(&all)
-            .env_remove("CHORUS_CONTEXT")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("run chorus");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_submits_lists_shows_watches_and_cancels_tasks() {
     let server = server();
@@ -677,7 +653,7 @@ async fn the_cli_submits_lists_shows_watches_and_cancels_tasks() {
         .await
         .expect("serve the task");
 
-    let (ok, out, err) = chorus(
+    let (ok, out, err) = chorus_tests::run_chorus(
         &server,
         &[
             "task",
@@ -705,13 +681,13 @@ async fn the_cli_submits_lists_shows_watches_and_cancels_tasks() {
         assert!(out.contains(expected), "{expected:?} in {out}");
     }
 
-    let (ok, out, err) = chorus(&server, &["task", "ls", "--json"]).await;
+    let (ok, out, err) = chorus_tests::run_chorus(&server, &["task", "ls", "--json"]).await;
     assert!(ok, "{err}");
     let list: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(list[0]["id"], id.as_str());
     assert_eq!(list[0]["state"], "completed");
 
-    let (ok, out, err) = chorus(&server, &["task", "show", &id, "--json"]).await;
+    let (ok, out, err) = chorus_tests::run_chorus(&server, &["task", "show", &id, "--json"]).await;
     assert!(ok, "{err}");
     let report: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(report["state"], "completed");
@@ -719,33 +695,35 @@ async fn the_cli_submits_lists_shows_watches_and_cancels_tasks() {
     assert_eq!(report["attempts"][0]["agent"], "counter");
     assert_eq!(report["target"], "counter.count");
 
-    let (ok, out, err) = chorus(
+    let (ok, out, err) = chorus_tests::run_chorus(
         &server,
         &["task", "submit", "--to", "counter", "--command", "hang"],
     )
     .await;
     assert!(ok, "{err}");
     let hung = out.trim().to_owned();
-    let (ok, out, err) = chorus(&server, &["task", "cancel", &hung]).await;
+    let (ok, out, err) = chorus_tests::run_chorus(&server, &["task", "cancel", &hung]).await;
     assert!(ok, "{out}{err}");
     assert!(
         out.contains("state     cancelled (5020 cancelled)"),
         "{out}"
     );
-    let (ok, out, _) = chorus(&server, &["task", "watch", &hung]).await;
+    let (ok, out, _) = chorus_tests::run_chorus(&server, &["task", "watch", &hung]).await;
     assert!(!ok, "a task that did not complete exits 1");
     assert!(out.contains("cancel requested"), "{out}");
-    let (ok, out, _) = chorus(&server, &["task", "ls", "--state", "cancelled"]).await;
+    let (ok, out, _) =
+        chorus_tests::run_chorus(&server, &["task", "ls", "--state", "cancelled"]).await;
     assert!(ok && out.contains(&hung) && !out.contains(&id), "{out}");
 
     let missing = uuid::Uuid::now_v7().to_string();
-    let (ok, _, err) = chorus(&server, &["task", "show", &missing]).await;
+    let (ok, _, err) = chorus_tests::run_chorus(&server, &["task", "show", &missing]).await;
     assert!(!ok);
     assert!(
         err.contains(&format!("no task {missing} is recorded")),
         "{err}"
     );
-    let (ok, _, err) = chorus(&server, &["task", "ls", "--state", "sleeping"]).await;
+    let (ok, _, err) =
+        chorus_tests::run_chorus(&server, &["task", "ls", "--state", "sleeping"]).await;
     assert!(!ok && err.contains("not a task state"), "{err}");
 }
 
@@ -1145,4 +1123,142 @@ async fn a_worker_gone_without_a_goodbye_fails_its_task_without_a_deadline() {
         Some("vanishing left without finishing the task")
     );
     coordinator.shutdown().await;
+}
+
+/// What the agents of an escalation saw: each `summarize` asked of the worker and of the
+/// supervisor, with the document and the application headers it came with.
+type Asked = Arc<Mutex<Vec<(String, String, std::collections::BTreeMap<String, String>)>>>;
+
+/// Serves `summarize` on `id`, answering `text` and recording each time it is asked in `asked`.
+async fn recording_summarizer(
+    server: &chorus_tests::NatsServer,
+    id: &str,
+    text: &'static str,
+    asked: &Asked,
+) -> chorus_sdk::Agent {
+    let a = agent(server, id).await;
+    let asked = Arc::clone(asked);
+    a.on_task("summarize", move |task: TaskContext, doc: String| {
+        asked
+            .lock()
+            .expect("lock")
+            .push((task.agent_id().to_owned(), doc, task.headers().clone()));
+        async move {
+            Ok(Summary {
+                summary: text.to_owned(),
+            })
+        }
+    })
+    .await
+    .expect("serve summarize");
+    a
+}
+
+#[tokio::test]
+async fn a_worker_that_fails_verification_its_allowed_retries_is_escalated_to_the_supervisor_who_completes_it()
+ {
+    let server = server();
+    let asked: Asked = Arc::default();
+    let _drafter = recording_summarizer(&server, "drafter", "short", &asked).await;
+    let _chief = recording_summarizer(&server, "chief", PASSING_SUMMARY, &asked).await;
+    let boss = agent(&server, "boss").await;
+    // The worker gets two more tries after its first failure, then the supervisor: four attempts.
+    let verification = chorus_sdk::task::Verification::schema(&summary_schema())
+        .expect("schema compiles")
+        .retries(2)
+        .escalate_to("chief")
+        .max_attempts(4);
+    let task = submit_summary(
+        &boss,
+        Call::agent("drafter", "summarize").header("x-ticket", "T-9"),
+    )
+    .await;
+    let report = passing_summary(&boss, &task, &verification).await;
+    assert_eq!(
+        (report.status, report.requester.as_str()),
+        (StatusCode::OK, "boss")
+    );
+    assert_eq!(
+        turns(&report),
+        [
+            ("drafter", Some(false)),
+            ("drafter", Some(false)),
+            ("drafter", Some(false)),
+            ("chief", Some(true)),
+        ]
+    );
+    assert!(report.attempts.iter().all(|a| a.ended_ms.is_some()));
+    // Each failed attempt's note is its verdict and who got the task next.
+    let notes: Vec<_> = report
+        .attempts
+        .iter()
+        .map(|a| a.note.as_deref().unwrap_or_default())
+        .collect();
+    for (note, next) in notes.iter().zip(["drafter", "drafter", "chief"]) {
+        assert!(note.starts_with("does not meet the schema"), "{note}");
+        assert!(note.ends_with(&format!("; reassigned to {next}")), "{note}");
+    }
+    // The supervisor was asked once, after the worker's three tries, with the submission as it
+    // was: the same document and the requester's headers.
+    let header = std::collections::BTreeMap::from([("x-ticket".to_owned(), "T-9".to_owned())]);
+    let seen = asked.lock().expect("lock").clone();
+    let expected: Vec<_> = ["drafter", "drafter", "drafter", "chief"]
+        .into_iter()
+        .map(|a| (a.to_owned(), "a long document".to_owned(), header.clone()))
+        .collect();
+    assert_eq!(seen, expected);
+    // Every new attempt is a `submitted` from the requester, to that agent alone, and the
+    // requester writes `completed` with the supervisor's output.
+    let updates = collect(task.updates_after(0).await.expect("follow the task")).await;
+    let submissions: Vec<_> = updates
+        .iter()
+        .filter(|u| u.state() == Some(TaskState::Submitted))
+        .map(|u| {
+            (
+                u.from().to_owned(),
+                u.envelope.to.clone(),
+                u.envelope.headers.clone(),
+            )
+        })
+        .collect();
+    let to = |a: &str| ("boss".to_owned(), vec![a.to_owned()], header.clone());
+    assert_eq!(
+        submissions,
+        [to("drafter"), to("drafter"), to("drafter"), to("chief")]
+    );
+    let last = updates.last().expect("updates");
+    assert_eq!(
+        (last.state(), last.from()),
+        (Some(TaskState::Completed), "boss")
+    );
+
+    // With one attempt fewer allowed, the worker's tries use them all: the supervisor is never
+    // asked and the task fails with 5025 and the chain of verdicts.
+    asked.lock().expect("lock").clear();
+    let task = submit_summary(&boss, Call::agent("drafter", "summarize")).await;
+    let report = within(
+        WAIT,
+        "verification",
+        boss.verify(&task, &verification.max_attempts(3)),
+    )
+    .await
+    .expect("verify");
+    assert_eq!(
+        (report.state, report.status),
+        (TaskState::Failed, StatusCode::UNVERIFIED)
+    );
+    let turns: Vec<_> = report.attempts.iter().map(|a| a.agent.as_str()).collect();
+    assert_eq!(turns, ["drafter", "drafter", "drafter"]);
+    let reason = report.reason.as_deref().expect("a reason");
+    assert!(
+        reason.starts_with("no result passed verification in 3 attempts: attempt 1 by drafter"),
+        "{reason}"
+    );
+    let asked: Vec<_> = asked
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|a| a.0.clone())
+        .collect();
+    assert_eq!(asked, ["drafter", "drafter", "drafter"]);
 }

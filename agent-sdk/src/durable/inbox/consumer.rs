@@ -37,7 +37,7 @@ impl DurableInbox {
 
     /// The agent's own looks for stored commands, in case bells were lost: every `recheck`
     /// (jittered), after the connection came back or dropped messages, when a lane asks
-    /// (`look_soon`), and every 5 s while looks fail (JetStream out of reach: a leaf node cut
+    /// (`look_soon`), and while looks fail (JetStream out of reach: a leaf node cut
     /// off from its hub, a cluster without a leader). A lane found with commands is rung as a
     /// bell would. The only place an on-demand inbox looks again after a failure.
     pub(super) fn spawn_looker(self: &Arc<Self>, rings: Rings, recheck: Duration) {
@@ -45,6 +45,9 @@ impl DurableInbox {
         let mut events = Some(self.link.broker.events());
         self.tracker.spawn(async move {
             let mut look_in = recheck;
+            // Looks that failed in a row: the next waits twice as long as the last, from
+            // `FIRST_LOOK_RETRY` up to `LOOK_RETRY`.
+            let mut failed = 0u32;
             loop {
                 let next_look = tokio::time::Instant::now()
                     + look_in.mul_f64(0.75 + 0.5 * crate::retry::random_fraction());
@@ -65,11 +68,13 @@ impl DurableInbox {
                                 return;
                             }
                         }
+                        failed = 0;
                         recheck
                     }
                     Err(err) => {
                         tracing::debug!(agent = %inbox.link.id, error = %Report(&err), "durable inbox: stored commands not looked for; looking again soon");
-                        recheck.min(LOOK_RETRY)
+                        failed = failed.saturating_add(1);
+                        look_retry(failed).min(recheck)
                     }
                 };
             }
@@ -253,6 +258,15 @@ impl DurableInbox {
     }
 }
 
+/// The wait before the next look after `failed` looks failed in a row: from
+/// `FIRST_LOOK_RETRY` (JetStream just back, a leader being elected), twice as long each time,
+/// up to `LOOK_RETRY`.
+fn look_retry(failed: u32) -> Duration {
+    FIRST_LOOK_RETRY
+        .saturating_mul(1u32 << failed.saturating_sub(1).min(16))
+        .min(LOOK_RETRY)
+}
+
 /// Sleeps until `at`; forever without one.
 pub(super) async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     match at {
@@ -306,5 +320,17 @@ async fn bells_may_be_lost(
             *events = None;
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_look_is_tried_again_sooner_first_then_every_five_seconds() {
+        let waits: Vec<u128> = (1..=7).map(|n| look_retry(n).as_millis()).collect();
+        assert_eq!(waits, [250, 500, 1000, 2000, 4000, 5000, 5000]);
+        assert_eq!(look_retry(u32::MAX), LOOK_RETRY);
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chorus_broker_adapter::{Deliveries, Delivery};
 use opentelemetry::trace::SpanKind;
 
-use crate::inbound::{Target, Via};
+use crate::inbound::{Outcome, Retry, Target, Via};
 use crate::protocol::envelope::Kind;
 use crate::stats::AgentCounters;
 use crate::sync::read;
@@ -120,27 +120,49 @@ impl DurableInbox {
         if delivery.delivered() > 1 || seen_here {
             AgentCounters::bump(&counters.redelivered);
         }
-        let target = match self
-            .link
-            .subjects
-            .durable_command(delivery.subject())
-            .and_then(|name| self.pipeline.endpoints.command(name))
-        {
-            Some(endpoint) => Target::Endpoint(endpoint),
-            None => Target::Unknown(delivery.subject().to_owned()),
+        let command = self.link.subjects.durable_command(delivery.subject());
+        let target = if command == Some(crate::subject::NOTIFY_TOKEN) {
+            Target::Notification
+        } else {
+            match command.and_then(|name| self.pipeline.endpoints.command(name)) {
+                Some(endpoint) => Target::Endpoint(endpoint),
+                None => Target::Unknown(delivery.subject().to_owned()),
+            }
         };
-        let processed = self
-            .pipeline
-            .run(
-                &delivery.shared_subject(),
-                decoded,
-                target,
-                Via {
-                    span: SpanKind::Consumer,
-                    attempt: u32::try_from(delivery.delivered()).unwrap_or(u32::MAX),
-                },
-            )
-            .await;
+        let mut decoded = decoded;
+        let mut paused = 0;
+        let processed = loop {
+            let processed = self
+                .pipeline
+                .run(
+                    &delivery.shared_subject(),
+                    decoded,
+                    target.clone(),
+                    Via {
+                        span: SpanKind::Consumer,
+                        attempt: u32::try_from(delivery.delivered()).unwrap_or(u32::MAX),
+                    },
+                )
+                .await;
+            // A pause the bus asked for (its exactly-once store unreachable in a leader
+            // election, a rate limit) is waited out here, the delivery held and kept alive by
+            // the keeper, so an outage does not use up the deliveries the server makes.
+            let pause = match &processed.outcome {
+                Outcome::Failed(f) if paused < PAUSES_IN_PLACE && self.holds(&delivery) => {
+                    match f.retry {
+                        Retry::After(pause) => pause,
+                        _ => break processed,
+                    }
+                }
+                _ => break processed,
+            };
+            paused += 1;
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = self.stop.cancelled() => break processed,
+            }
+            decoded = self.pipeline.decode(delivery.subject(), delivery.payload());
+        };
         let kind = processed.request.as_ref().map_or(Kind::Unknown, |r| r.kind);
         let settle = super::settle::settle(
             &read(&self.retry_policies),
@@ -153,6 +175,11 @@ impl DurableInbox {
             tracing::debug!(agent = %self.link.id, seq = delivery.stream_seq(), delivered = delivery.delivered(), ?delay, "durable attempt failed; retrying");
         }
         let message_id = processed.request.as_ref().map(|r| r.id);
+        if matches!(settle, Settle::Nak(_)) && !self.holds(&delivery) {
+            // A later copy of the message is held now and settles it: a nak from this one
+            // would only have the server deliver it once more.
+            return;
+        }
         self.apply(&delivery, settle, message_id).await;
         let mut held = self.held();
         // A later copy of the same message (redelivered meanwhile) stays held.
@@ -162,6 +189,19 @@ impl DurableInbox {
         {
             held.remove(&delivery.stream_seq());
         }
+    }
+}
+
+/// How many pauses the bus asks for (`Retry::After`) one delivery waits out in place before
+/// it is naked: ten of one second outlast a cluster's leader election.
+const PAUSES_IN_PLACE: u32 = 10;
+
+impl DurableInbox {
+    /// Whether `delivery` is the copy of its message held now (not one a redelivery replaced).
+    fn holds(&self, delivery: &Arc<Delivery>) -> bool {
+        self.held()
+            .get(&delivery.stream_seq())
+            .is_some_and(|h| Arc::ptr_eq(h, delivery))
     }
 }
 

@@ -54,8 +54,12 @@ pub const DEFAULT_INBOX_RELEASE_AFTER: Duration = Duration::from_secs(30);
 /// lost (each look is one request to the server).
 pub const DEFAULT_INBOX_RECHECK: Duration = Duration::from_secs(60);
 /// How soon an agent looks for stored commands again after a look failed (JetStream out of
-/// reach), while it lasts.
+/// reach), while it lasts: the first time after `FIRST_LOOK_RETRY`, twice as long each further
+/// time, up to this.
 const LOOK_RETRY: Duration = Duration::from_secs(5);
+/// The first wait after a look failed: right after a reconnect JetStream may still be electing
+/// its leaders, and a command stored meanwhile should not wait the full `LOOK_RETRY`.
+const FIRST_LOOK_RETRY: Duration = Duration::from_millis(250);
 /// How long the server keeps an on-demand consumer no client pulls from (its agent crashed or
 /// left): its deliveries' counts last this long across a restart.
 pub const ABANDONED_CONSUMER_AFTER: Duration = Duration::from_secs(3600);
@@ -77,8 +81,9 @@ pub enum InboxConsumers {
     /// a bell opens that lane's consumer, and the agent deletes it again once nothing has
     /// arrived for `release_after` and the server has nothing pending for it. An agent looks
     /// for stored commands itself (one request for both lanes) when it starts, after it
-    /// reconnects or misses messages as a slow consumer, every `recheck` (jittered), and every
-    /// 5 s while looks fail; so a lost bell delays a command by at most `recheck`, and each
+    /// reconnects or misses messages as a slow consumer, every `recheck` (jittered), and while
+    /// looks fail after 0.25 s, then twice as long each time up to every 5 s; so a lost bell
+    /// delays a command by at most `recheck`, and each
     /// idle agent costs the server one look per `recheck`.
     OnDemand {
         /// Quiet time after which a consumer with nothing pending is deleted.
@@ -317,14 +322,19 @@ impl DurableInbox {
         Ok(spec)
     }
 
-    /// Creates or updates the consumer and starts pulling from it.
+    /// Creates or updates the consumer and starts pulling from it. The pull is renewed when
+    /// the connection comes back, so a restarted server (which has forgotten every pull
+    /// request) delivers again as soon as it answers.
     async fn open(&self, spec: &ConsumerSpec) -> Result<Deliveries, chorus_broker_adapter::Error> {
         let link = &self.link;
         let stream = link.subjects.stream_name(INBOX_STREAM);
+        // Heard before the consumer is made, so a reconnect meanwhile renews the pull too.
+        let events = link.broker.events();
         let consumer = link.js.ensure_consumer(&stream, spec).await?;
-        consumer
+        Ok(consumer
             .messages(self.max_in_flight.min(MAX_PULL_BATCH))
-            .await
+            .await?
+            .renew_on_reconnect(events))
     }
 
     /// Sleeps `delay`; `false` if the agent stops meanwhile.

@@ -147,8 +147,12 @@ pub(super) fn settle(
     };
     let policy = policies.for_message(subject, kind);
     let last_attempt = delivered >= u64::from(policy.max_attempts);
+    // The consumer's own limit: past it the server delivers the message no more, so a pause
+    // there is a dead letter written here, not a nak nothing would follow.
+    let last_delivery = delivered >= u64::from(policies.max_attempts());
     let reason = match failure.retry {
-        Retry::After(delay) => return Settle::Nak(delay),
+        Retry::After(delay) if !last_delivery => return Settle::Nak(delay),
+        Retry::After(_) => DeadLetterReason::MaxAttempts,
         Retry::Attempts if !last_attempt => {
             return Settle::Nak(policy.delay(delivered, crate::retry::random_fraction()));
         }
@@ -265,10 +269,25 @@ mod tests {
     }
 
     #[test]
-    fn a_pause_is_a_nak_with_that_delay_whatever_the_attempt() {
+    fn a_pause_is_a_nak_with_that_delay_until_the_last_delivery_the_server_makes() {
         let pause = Duration::from_secs(1);
-        let over = failed(StatusCode::RATE_LIMITED, Retry::After(pause));
-        assert_eq!(settle_nth(100, over), Settle::Nak(pause));
+        let over = || failed(StatusCode::UNAVAILABLE, Retry::After(pause));
+        let max = u64::from(RetryPolicies::default().max_attempts());
+        for delivered in 1..max {
+            assert_eq!(
+                settle_nth(delivered, over()),
+                Settle::Nak(pause),
+                "{delivered}"
+            );
+        }
+        // The server sends it no more after this one: a nak would leave it unhandled.
+        let Settle::DeadLetter(note) = settle_nth(max, over()) else {
+            panic!("expected a dead letter at delivery {max}");
+        };
+        assert_eq!(
+            (note.reason, note.status),
+            (DeadLetterReason::MaxAttempts, StatusCode::UNAVAILABLE)
+        );
     }
 
     #[test]

@@ -91,6 +91,10 @@ string_enum! {
         Heartbeat = "heartbeat",
         /// An error report that is not a reply (for example, a dead letter notice).
         Error = "error",
+        /// A push to one agent (or, through the coordinator, each member of a group) that
+        /// expects no reply and needs no topic subscription: it travels on the agent's own
+        /// subjects (`docs/PROTOCOL.md` section 7.14).
+        Notification = "notification",
     }
 }
 

@@ -66,6 +66,7 @@ function followTap(table) {
     row.appendChild(text("td", m.subject));
     row.appendChild(text("td", m.status));
     row.appendChild(text("td", m.trace_id));
+    row.appendChild(text("td", m.task));
     row.appendChild(text("td", m.payload));
     log.insertBefore(row, log.firstChild);
     while (log.childNodes.length > 500) { log.removeChild(log.lastChild); }
