@@ -613,6 +613,51 @@ impl Folded {
     }
 }
 
+/// How many times a blocking send follows its task again after the task stream's reader
+/// failed (a consumer lost under load, a reconnect), before it answers with the task as it is.
+const FOLLOW_TRIES: usize = 3;
+
+/// Waits until the task reaches a state where a blocking send stops (a final state or a
+/// question) or `deadline` passes, reading its changes after `seq`. A reader that fails is
+/// opened again from the last change it gave, at most [`FOLLOW_TRIES`] times: a transient
+/// error does not end the wait early with the task still working.
+async fn until_stopped(handle: &TaskHandle, mut seq: u64, deadline: tokio::time::Instant) {
+    for _ in 0..FOLLOW_TRIES {
+        let mut updates = match tokio::time::timeout_at(deadline, handle.updates_after(seq)).await {
+            Err(_) => return,
+            Ok(Ok(updates)) => updates,
+            Ok(Err(e)) => {
+                tracing::warn!(task = %handle.id(), error = %e, "following the task failed");
+                continue;
+            }
+        };
+        let stopped = loop {
+            let Ok(next) = tokio::time::timeout_at(deadline, updates.next()).await else {
+                break true;
+            };
+            match next {
+                Some(Ok(u)) => {
+                    seq = u.seq;
+                    if u.state().is_some_and(stops) {
+                        break true;
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(task = %handle.id(), error = %e, "reading the task failed; following it again");
+                    break false;
+                }
+                // The updates end after the task's final state.
+                None => break true,
+            }
+        };
+        // Left before its end (at a question, on time or on an error): its consumer goes now.
+        updates.close().await;
+        if stopped {
+            return;
+        }
+    }
+}
+
 /// One call of a method, by one caller, on one endpoint.
 pub(super) struct Method<'a> {
     pub(super) state: &'a GatewayState,
@@ -919,17 +964,8 @@ impl Method<'_> {
         }
         // Blocking: until it finishes or asks, within the longest request timeout.
         let wait = Duration::from_millis(self.state.config.max_request_timeout_ms);
-        let mut updates = task.handle.updates_after(task.folded.last_seq).await?;
-        let _ = tokio::time::timeout(wait, async {
-            while let Some(Ok(u)) = updates.next().await {
-                if u.state().is_some_and(stops) {
-                    break;
-                }
-            }
-        })
-        .await;
-        // Left before its end (at a question, or on time): its consumer goes now.
-        updates.close().await;
+        let deadline = tokio::time::Instant::now() + wait;
+        until_stopped(&task.handle, task.folded.last_seq, deadline).await;
         let task = self.load(task.handle).await?;
         Ok(json!({"task": task.folded.task(history, true)}))
     }
