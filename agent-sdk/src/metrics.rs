@@ -140,6 +140,7 @@ struct AgentsCollector {
     traffic: IntCounterVec,
     connection: IntCounterVec,
     inbox_consumers: IntCounterVec,
+    batched: IntCounterVec,
     in_flight: IntGaugeVec,
     active_connections: IntGaugeVec,
     descs: Vec<Desc>,
@@ -178,6 +179,14 @@ impl AgentsCollector {
             &["agent", "event"],
         )
         .expect("static metric definition");
+        let batched = IntCounterVec::new(
+            Opts::new(
+                "chorus_agent_batched_total",
+                "What this agent's batchers sent, by unit: batches, and the messages in them (messages / batches is the mean batch).",
+            ),
+            &["agent", "unit"],
+        )
+        .expect("static metric definition");
         let in_flight = IntGaugeVec::new(
             Opts::new(
                 "chorus_agent_in_flight",
@@ -200,6 +209,7 @@ impl AgentsCollector {
             traffic.desc(),
             connection.desc(),
             inbox_consumers.desc(),
+            batched.desc(),
             in_flight.desc(),
         ]
         .into_iter()
@@ -211,6 +221,7 @@ impl AgentsCollector {
             traffic,
             connection,
             inbox_consumers,
+            batched,
             in_flight,
             active_connections,
             descs,
@@ -257,6 +268,7 @@ impl Collector for AgentsCollector {
             &self.traffic,
             &self.connection,
             &self.inbox_consumers,
+            &self.batched,
         ] {
             v.reset();
         }
@@ -310,6 +322,12 @@ impl Collector for AgentsCollector {
                     .with_label_values(&[agent, event])
                     .inc_by(n);
             }
+            for (unit, n) in [
+                ("batches", a.batches_sent),
+                ("messages", a.batched_messages),
+            ] {
+                self.batched.with_label_values(&[agent, unit]).inc_by(n);
+            }
             let b = &s.broker;
             for (event, n) in [
                 ("disconnects", b.disconnects),
@@ -330,6 +348,7 @@ impl Collector for AgentsCollector {
         out.extend(self.traffic.collect());
         out.extend(self.connection.collect());
         out.extend(self.inbox_consumers.collect());
+        out.extend(self.batched.collect());
         out.extend(self.in_flight.collect());
         out.extend(self.active_connections.collect());
         out

@@ -94,7 +94,12 @@ duplicates_suppressed,
     /// Durable inbox consumers this agent created on the server because commands waited.
     inbox_consumers_opened,
     /// Durable inbox consumers it deleted once nothing waited for a while.
-    inbox_consumers_released,}
+    inbox_consumers_released,
+    /// Batches a [`Batcher`](crate::Batcher) sent.
+    batches_sent,
+    /// Messages (events and commands) sent in those batches: divided by `batches_sent`, the
+    /// mean batch.
+    batched_messages,}
 
 impl AgentCounters {
     pub(crate) fn bump(counter: &AtomicU64) {

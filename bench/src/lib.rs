@@ -365,6 +365,73 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         ));
     }
 
+    if want("batching") {
+        // Automatic batching (a Batcher: 100 messages or 5 ms) beside sending one at a time,
+        // each message confirmed either way: what batching saves is the round trips.
+        let batching = chorus_sdk::Batching::new()
+            .max_messages(100)
+            .max_delay(Duration::from_millis(5));
+        for (what, name, count) in [
+            (
+                scenarios::Batched::Commands,
+                "durable at-least-once commands",
+                if q { 300 } else { 3_000 },
+            ),
+            (
+                scenarios::Batched::Events,
+                "events",
+                if q { 1_000 } else { 10_000 },
+            ),
+        ] {
+            progress(&format!("batching: {name} x {count}"));
+            let (mut single, mut batched) = (Vec::new(), Vec::new());
+            let (mut sent, mut received) = (0, 0);
+            for _ in 0..rounds {
+                for (out, how) in [(&mut single, None), (&mut batched, Some(batching))] {
+                    let t = scenarios::chorus_batching(&bus, count, what, how).await?;
+                    out.push(t.per_second());
+                    sent += t.sent;
+                    received += t.received;
+                }
+            }
+            let (single, batched) = (report::median(single), report::median(batched));
+            let ratio = match (single, batched) {
+                (Some(s), Some(b)) if s > 0.0 => Some(b / s),
+                _ => None,
+            };
+            rows.push(Row {
+                chorus: single,
+                ..Row::chorus_only(
+                    &format!("{name}, 128 B, one at a time, each confirmed"),
+                    "msg/s",
+                    0.0,
+                    "(reported: the reference for the row below)",
+                    None,
+                )
+            });
+            rows.push(
+                Row {
+                    chorus: batched,
+                    ratio,
+                    met: ratio.map(|r| r >= 2.0),
+                    ..Row::chorus_only(
+                        &format!("{name}, 128 B, batched (100 msgs / 5 ms)"),
+                        "msg/s",
+                        0.0,
+                        "ratio to one at a time (row above) >= 2, no loss",
+                        None,
+                    )
+                }
+                .counts(sent, received),
+            );
+            if sent != received
+                && let Some(last) = rows.last_mut()
+            {
+                last.met = Some(false);
+            }
+        }
+    }
+
     let count = if q { 200 } else { 2_000 };
     if want("fan-out") {
         progress(&format!("fan-out to 100 x {count}"));

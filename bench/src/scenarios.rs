@@ -737,6 +737,119 @@ pub(crate) async fn chorus_durable(
     })
 }
 
+/// What the batching scenario sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Batched {
+    /// At-least-once commands to a durable worker, each stored (acked) before the sender
+    /// counts it sent.
+    Commands,
+    /// Events to a subscriber, each flushed (the server has it) before the sender counts it
+    /// sent.
+    Events,
+}
+
+/// Chorus: `count` messages of 128 B, each confirmed (a durable command's ack, an event's
+/// flush), sent one at a time (`batching` none: `send`/`publish`, then the confirmation,
+/// then the next), or through a [`chorus_sdk::Batcher`] (queued, confirmed per batch).
+/// Timed from the first send until every message is confirmed and received.
+pub(crate) async fn chorus_batching(
+    bus: &Bus<'_>,
+    count: u64,
+    what: Batched,
+    batching: Option<chorus_sdk::Batching>,
+) -> anyhow::Result<Throughput> {
+    let id = format!("bench-batch-{}", uuid::Uuid::now_v7().simple());
+    let topic = format!("bench.batch.{}", uuid::Uuid::now_v7().simple());
+    let worker = bus
+        .options(&id)
+        .heartbeat_interval(Duration::ZERO)
+        .service_discovery(false)
+        .durable_inbox(what == Batched::Commands)
+        .queue_capacity(QUEUE_CAPACITY)
+        .connect()
+        .await?;
+    let tally = Arc::new(Tally::new(count));
+    let counter = match what {
+        Batched::Commands => {
+            worker
+                .handle_command("work", SignalHandler(Arc::clone(&tally)))
+                .await?;
+            None
+        }
+        Batched::Events => {
+            let mut events = worker.subscribe(&topic).await?;
+            let tally = Arc::clone(&tally);
+            Some(tokio::spawn(async move {
+                while events.next().await.is_some() {
+                    tally.hit();
+                }
+            }))
+        }
+    };
+    let sender = agent(bus, "bench-batch-sender").await?;
+    let payload = Bytes::from(vec![7u8; 128]);
+    let command = || {
+        Call::agent(id.clone(), "work")
+            .command()
+            .delivery(DeliveryClass::AtLeastOnce)
+            .raw_payload(payload.clone(), "application/octet-stream")
+    };
+    let event = || {
+        chorus_sdk::Publish::topic(topic.clone())
+            .raw_payload(payload.clone(), "application/octet-stream")
+    };
+    let started = Instant::now();
+    match batching {
+        None => {
+            for _ in 0..count {
+                match what {
+                    Batched::Commands => {
+                        sender.send(command()).await?;
+                    }
+                    Batched::Events => {
+                        sender.publish_with(event()).await?;
+                        sender.broker().flush().await?;
+                    }
+                }
+            }
+        }
+        Some(batching) => {
+            let batcher = sender.batcher(batching)?;
+            let mut confirmations = futures::stream::FuturesOrdered::new();
+            for _ in 0..count {
+                match what {
+                    Batched::Commands => {
+                        let queued = batcher.send(command()).await?;
+                        confirmations.push_back(futures::future::Either::Left(async move {
+                            queued.await.map(drop)
+                        }));
+                    }
+                    Batched::Events => {
+                        let queued = batcher.publish(event()).await?;
+                        confirmations.push_back(futures::future::Either::Right(queued));
+                    }
+                }
+            }
+            while let Some(confirmed) = confirmations.next().await {
+                confirmed?;
+            }
+            batcher.close().await;
+        }
+    }
+    let (received, end) = tally.wait(IDLE).await;
+    sender.shutdown().await;
+    worker.shutdown().await;
+    if let Some(counter) = counter {
+        counter.abort();
+        let _ = counter.await;
+    }
+    Ok(Throughput {
+        sent: count,
+        received,
+        elapsed: end - started,
+    })
+}
+
 struct SignalHandler(Arc<Tally>);
 
 impl chorus_sdk::Handler for SignalHandler {

@@ -209,6 +209,7 @@ async def test_a_python_agent_exposes_the_series_a_rust_agent_does_with_the_same
         "chorus_agent_traffic_total",
         "chorus_agent_connection_events_total",
         "chorus_agent_inbox_consumers_total",
+        "chorus_agent_batched_total",
         "chorus_agent_in_flight",
         "chorus_agent_circuit_state",
         "chorus_agent_circuits_opened_total",
@@ -217,8 +218,8 @@ async def test_a_python_agent_exposes_the_series_a_rust_agent_does_with_the_same
     # The process's own metrics too.
     assert ours.shape("process_") == theirs.shape("process_")
     # The same series within each family (reasons, directions, events; histogram buckets).
-    for family in ("chorus_agent_refusals_total", "chorus_agent_traffic_total", "chorus_agent_connection_events_total", "chorus_agent_inbox_consumers_total"):
-        label = {"chorus_agent_refusals_total": "reason", "chorus_agent_traffic_total": "direction"}.get(family, "event")
+    for family in ("chorus_agent_refusals_total", "chorus_agent_traffic_total", "chorus_agent_connection_events_total", "chorus_agent_inbox_consumers_total", "chorus_agent_batched_total"):
+        label = {"chorus_agent_refusals_total": "reason", "chorus_agent_traffic_total": "direction", "chorus_agent_batched_total": "unit"}.get(family, "event")
         mine = sorted(l[label] for n, l, _ in ours.samples if n == family and l["agent"] == py.id)
         rusts = sorted(l[label] for n, l, _ in theirs.samples if n == family and l["agent"] == peer.id)
         assert mine == rusts, family

@@ -4,12 +4,14 @@
 //! takes them down at `shutdown`; `handlers` registers what the agent serves and `calls` is
 //! what it asks of others.
 
+mod batch;
 mod calls;
 mod config;
 mod handlers;
 mod negotiate;
 mod options;
 mod tasks;
+pub use batch::{Batcher, Batching, MAX_BATCH_DELAY, MAX_BATCH_MESSAGES, Queued};
 pub use config::{AgentConfig, BusConfig, MonitoringConfig, ReliabilityConfig, SecurityConfig};
 pub use tasks::TaskSummary;
 

@@ -104,6 +104,9 @@ class Stats:
     #: Requests (and discovery, broadcast, task calls) and events this agent sent.
     requests_sent: int = 0
     events_published: int = 0
+    #: Batches a :class:`~chorus_sdk.batch.Batcher` sent, and the messages in them.
+    batches_sent: int = 0
+    batched_messages: int = 0
 
 
 

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 from nats.aio.client import Client as NATS
 
 from ._connection import Connection
+from .batch import Batcher
 from .context import Context, Reply
 from . import config, service
 from .tasks import Check, TaskHandle, TaskReport, Verification
@@ -243,6 +244,13 @@ class Agent(Handlers):
                 wait.cancel()
         if connection.lost is not None:
             raise Unreachable(connection.lost.reason)
+
+    def batcher(self, max_messages: int = 100, max_delay: float = 0.005) -> Batcher:
+        """A publisher that gathers this agent's events and one-way commands into batches of up
+        to ``max_messages`` or ``max_delay`` seconds (:class:`~chorus_sdk.batch.Batcher`; the
+        Rust SDK's ``Agent::batcher``). Raises :class:`ChorusError` (5018) for settings out of
+        bounds, (5019) once the agent is shutting down."""
+        return Batcher(self, max_messages, max_delay)
 
     async def flush(self) -> None:
         """Waits until what this agent sent, and subscriptions made by late registrations,

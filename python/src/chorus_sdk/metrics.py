@@ -92,6 +92,12 @@ _INBOX_CONSUMERS = (
     "event",
     (("opened", "inbox_consumers_opened"), ("released", "inbox_consumers_released")),
 )
+_BATCHED = (
+    "chorus_agent_batched_total",
+    "What this agent's batchers sent, by unit: batches, and the messages in them (messages / batches is the mean batch).",
+    "unit",
+    (("batches", "batches_sent"), ("messages", "batched_messages")),
+)
 _CONNECTION_HELP = "NATS connection events: disconnects, reconnects, slow_consumer_drops, permission_violations, server_errors, client_errors."
 _HANDLED_HELP = "Inbound messages by kind and the status they were answered (or refused) with."
 _DURATION_HELP = "Time from sending a request or command to its reply, by reply status."
@@ -347,7 +353,7 @@ class Registry:
             by_destination[destination] = by_destination.get(destination, 0) + int(up)
         families: list[Family] = [
             (name, help_text, "counter", [((("agent", a), (label, value)), str(s.get(field, 0))) for a, s in sums.items() for value, field in members])
-            for name, help_text, label, members in (_REFUSALS, _TRAFFIC, _INBOX_CONSUMERS)
+            for name, help_text, label, members in (_REFUSALS, _TRAFFIC, _INBOX_CONSUMERS, _BATCHED)
         ]
         families.append(
             (
