@@ -374,7 +374,7 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         for (what, name, count) in [
             (
                 scenarios::Batched::Commands,
-                "durable at-least-once commands",
+                "durable commands",
                 if q { 300 } else { 3_000 },
             ),
             (
