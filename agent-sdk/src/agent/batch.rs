@@ -244,7 +244,9 @@ async fn run(
         let mut batch = Vec::with_capacity(batching.max_messages.min(1024));
         let deadline = Instant::now() + batching.max_delay;
         let mut flushed = push(&mut batch, first);
-        while !flushed && messages(&batch) < batching.max_messages {
+        // Messages in the batch (a flush request is not one).
+        let mut count = usize::from(!flushed);
+        while !flushed && count < batching.max_messages {
             let next = tokio::select! {
                 biased;
                 () = stop.cancelled(), if !stopping => {
@@ -255,7 +257,10 @@ async fn run(
                 next = timeout_at(deadline, items.recv()) => next,
             };
             match next {
-                Ok(Some(item)) => flushed = push(&mut batch, item),
+                Ok(Some(item)) => {
+                    flushed = push(&mut batch, item);
+                    count += usize::from(!flushed);
+                }
                 Ok(None) | Err(_) => break,
             }
         }
@@ -268,13 +273,6 @@ fn push(batch: &mut Vec<Item>, item: Item) -> bool {
     let flush = matches!(item, Item::Flush(_));
     batch.push(item);
     flush
-}
-
-fn messages(batch: &[Item]) -> usize {
-    batch
-        .iter()
-        .filter(|i| !matches!(i, Item::Flush(_)))
-        .count()
 }
 
 /// Sends one batch: its events handed to the connection and flushed once, then its commands
