@@ -16,6 +16,39 @@ use crate::protocol::envelope::{
 };
 use crate::protocol::status::StatusCode;
 
+/// The three payload setters of a builder with `payload` and `content_type` fields (a call
+/// and an event set their payload alike); `$json_note` ends `json_payload`'s first line.
+macro_rules! payload_setters {
+    ($json_note:literal) => {
+        /// The payload, as MessagePack.
+        ///
+        /// # Errors
+        /// [`SdkError::Codec`] when `value` does not encode as MessagePack.
+        pub fn payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
+            self.payload = encode_payload(value, CONTENT_TYPE_MSGPACK)?;
+            self.content_type = ContentType::default();
+            Ok(self)
+        }
+
+        #[doc = concat!("The payload, as JSON", $json_note, ".")]
+        ///
+        /// # Errors
+        /// [`SdkError::Codec`] when `value` does not encode as JSON.
+        pub fn json_payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
+            self.payload = encode_payload(value, CONTENT_TYPE_JSON)?;
+            self.content_type = CONTENT_TYPE_JSON.into();
+            Ok(self)
+        }
+
+        /// Payload bytes as they are, with their content type.
+        pub fn raw_payload(mut self, payload: Bytes, content_type: impl Into<ContentType>) -> Self {
+            self.payload = payload;
+            self.content_type = content_type.into();
+            self
+        }
+    };
+}
+
 /// The most application headers a message may carry ([`Call::header`]).
 pub const MAX_HEADERS: usize = 64;
 /// The longest application header name, in bytes.
@@ -255,32 +288,7 @@ impl Call {
         self
     }
 
-    /// The payload, as MessagePack.
-    ///
-    /// # Errors
-    /// [`SdkError::Codec`] when `value` does not encode as MessagePack.
-    pub fn payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
-        self.payload = encode_payload(value, CONTENT_TYPE_MSGPACK)?;
-        self.content_type = ContentType::default();
-        Ok(self)
-    }
-
-    /// The payload, as JSON; the handler's reply comes back as JSON too.
-    ///
-    /// # Errors
-    /// [`SdkError::Codec`] when `value` does not encode as JSON.
-    pub fn json_payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
-        self.payload = encode_payload(value, CONTENT_TYPE_JSON)?;
-        self.content_type = CONTENT_TYPE_JSON.into();
-        Ok(self)
-    }
-
-    /// Payload bytes as they are, with their content type.
-    pub fn raw_payload(mut self, payload: Bytes, content_type: impl Into<ContentType>) -> Self {
-        self.payload = payload;
-        self.content_type = content_type.into();
-        self
-    }
+    payload_setters!("; the handler's reply comes back as JSON too");
 
     /// How long to wait for the reply (default: the agent's request timeout). The message's
     /// TTL is set to the same, so it is not handled after the caller gave up.
@@ -361,32 +369,7 @@ impl Publish {
         }
     }
 
-    /// The payload, as MessagePack.
-    ///
-    /// # Errors
-    /// [`SdkError::Codec`] when `value` does not encode as MessagePack.
-    pub fn payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
-        self.payload = encode_payload(value, CONTENT_TYPE_MSGPACK)?;
-        self.content_type = ContentType::default();
-        Ok(self)
-    }
-
-    /// The payload, as JSON.
-    ///
-    /// # Errors
-    /// [`SdkError::Codec`] when `value` does not encode as JSON.
-    pub fn json_payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, SdkError> {
-        self.payload = encode_payload(value, CONTENT_TYPE_JSON)?;
-        self.content_type = CONTENT_TYPE_JSON.into();
-        Ok(self)
-    }
-
-    /// Payload bytes as they are, with their content type.
-    pub fn raw_payload(mut self, payload: Bytes, content_type: impl Into<ContentType>) -> Self {
-        self.payload = payload;
-        self.content_type = content_type.into();
-        self
-    }
+    payload_setters!("");
 
     /// Priority: a subscriber with a backlog takes urgent events first (docs/PROTOCOL.md,
     /// section 7.9, "Priority").
