@@ -171,8 +171,11 @@ class Batcher:
                 published.append(item)
             except Exception as e:  # noqa: BLE001 - the message's own failure, given to its waiter
                 _settle(item, error=e)
-        core = [i for i in commands if i.kwargs.get("delivery", agent.default_delivery) is Delivery.AT_MOST_ONCE]
-        durable = [i for i in commands if i not in core]
+        core: list[_Item] = []
+        durable: list[_Item] = []
+        for item in commands:
+            at_most_once = item.kwargs.get("delivery", agent.default_delivery) is Delivery.AT_MOST_ONCE
+            (core if at_most_once else durable).append(item)
         for item in core:
             try:
                 await agent.send(*item.args, **item.kwargs)
