@@ -26,6 +26,7 @@ selenium = pytest.importorskip("selenium")
 
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
@@ -147,6 +148,12 @@ def wait_for(browser: WebDriver, css: str) -> Any:
     return WebDriverWait(browser, WAIT).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
 
 
+def watch(browser: WebDriver) -> WebDriverWait[WebDriver]:
+    """A wait on a live page: an element the page re-renders between finding it and reading it
+    (a task's state, the tap's log) is read again on the next poll, not a failure."""
+    return WebDriverWait(browser, WAIT, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
+
+
 def shoot(browser: WebDriver, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SHOTS / f"{name}.png"))
@@ -247,12 +254,12 @@ def test_a_task_started_from_the_cli_shows_its_progress_and_chunks_live(console:
     browser.get(f"{console.url}/tasks/{task}")
     progress = wait_for(browser, "#task-progress")
     first = progress.text
-    WebDriverWait(browser, WAIT).until(lambda d: d.find_element(By.ID, "task-progress").text not in ("", first))
+    watch(browser).until(lambda d: d.find_element(By.ID, "task-progress").text not in ("", first))
     assert "reading source" in browser.find_element(By.ID, "task-progress").text
     # The writer streams its draft word by word: the chunks arrive on the open page.
     drafted = console.chorus("task", "submit", "--to", "writer", "--command", "draft", '"autumn"').strip().split()[-1]
     browser.get(f"{console.url}/tasks/{drafted}")
-    WebDriverWait(browser, WAIT).until(
+    watch(browser).until(
         lambda d: d.find_element(By.ID, "task-state").get_attribute("data-state") == "completed"
     )
     chunks = browser.find_element(By.ID, "task-chunks").text
@@ -265,7 +272,7 @@ def test_cancel_from_the_page_stops_the_researcher(console: Console, browser: We
     task = console.chorus("task", "submit", "--to", "researcher", "--command", "research", '"currents"').strip().split()[-1]
     browser.get(f"{console.url}/tasks/{task}")
     wait_for(browser, "#cancel").click()
-    WebDriverWait(browser, WAIT).until(lambda d: d.find_element(By.ID, "task-state").get_attribute("data-state") == "cancelled")
+    watch(browser).until(lambda d: d.find_element(By.ID, "task-state").get_attribute("data-state") == "cancelled")
     shown = json.loads(console.chorus("task", "show", task, "--json"))
     assert shown["state"] == "cancelled", shown
     console.demo.wait_for("researcher stops", within=WAIT)
@@ -433,7 +440,7 @@ def test_live_traffic_shows_a_negotiation_rounds_bids_and_award_and_pauses(conso
     WebDriverWait(browser, WAIT).until(seen(".bid.summarize"))
     WebDriverWait(browser, WAIT).until(seen("negotiation.settled"))
     browser.find_element(By.ID, "tap-pause").click()
-    WebDriverWait(browser, WAIT).until(lambda d: d.find_element(By.ID, "tap-state").text != "live")
+    watch(browser).until(lambda d: d.find_element(By.ID, "tap-state").text != "live")
     paused = len(browser.find_elements(By.CSS_SELECTOR, "#tap-log .tap-row"))
     # Paused: the demo's heartbeats and requests keep flowing, the log does not move.
     console.chorus("request", "--to", "calculator", "--command", "calculation", '{"operation": "add", "operands": [1, 2]}')
