@@ -327,7 +327,7 @@ pub(crate) async fn agents(
             capability: q.capability,
             group: q.group,
             available_only: q.available_only,
-            max_load: None,
+            ..DiscoverQuery::default()
         })
         .await?;
     let agents = records

@@ -23,7 +23,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode as Http};
-use chorus_sdk::{DiscoverQuery, StatusCode};
+use chorus_sdk::{DiscoverQuery, Priority, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -40,6 +40,9 @@ pub(crate) const AGENT_ID_HEADER: &str = "x-agent-id";
 pub(crate) const VERSION: &str = "1.0";
 /// The longest `message_id` or `correlation_id` taken, in characters.
 pub(crate) const MAX_ID_CHARS: usize = 128;
+/// IACP's capability query: a `request` with this intent and no `recipient.channel` is
+/// answered by the registry, not sent to a command of that name.
+pub(crate) const QUERY_INTENT: &str = "query";
 /// The application header that carries an IACP request's intent on the bus.
 pub(crate) const INTENT_HEADER: &str = "iacp-intent";
 
@@ -74,11 +77,41 @@ fn check_agent_id(headers: &HeaderMap, me: &str) -> ApiResult<()> {
 #[serde(deny_unknown_fields)]
 pub(crate) struct PeersQuery {
     capability: Option<String>,
+    /// Several capabilities, all of them: a list in a query's payload, comma-separated in a
+    /// URL (`capabilities=code_review,testing`).
+    #[serde(default, deserialize_with = "names")]
+    capabilities: Vec<String>,
     group: Option<String>,
     #[serde(default)]
     available_only: bool,
     max_load: Option<f32>,
+    #[serde(default, deserialize_with = "whole::opt_u64")]
+    max_tokens: Option<u64>,
+    priority: Option<String>,
 }
+
+/// A list of names, or one string of them separated by commas.
+fn names<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Names {
+        List(Vec<String>),
+        Text(String),
+    }
+    Ok(match Option::<Names>::deserialize(d)? {
+        None => Vec::new(),
+        Some(Names::List(list)) => list,
+        Some(Names::Text(text)) => text
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    })
+}
+
+/// The longest list of capabilities a query names.
+pub(crate) const MAX_QUERY_CAPABILITIES: usize = 32;
 
 impl PeersQuery {
     /// The live agents with `capability`, or all of them.
@@ -100,6 +133,8 @@ pub(crate) struct PeerCapability {
     models: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     throughput: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u64>,
 }
 
 /// A live agent as IACP's `discover` returns it.
@@ -131,39 +166,67 @@ pub(crate) fn peer(record: chorus_sdk::AgentRecord) -> Peer {
                 version: c.version,
                 models: c.models,
                 throughput: c.throughput.filter(|t| t.is_finite()),
+                max_tokens: c.max_tokens,
             })
             .collect(),
         commands: m.commands,
         groups: m.groups,
         load: if m.load.is_finite() { m.load } else { 0.0 },
         availability: format!("{:?}", m.availability).to_lowercase(),
-        eta_seconds: m.eta_ms.map(|ms| ms.div_ceil(1000)),
+        // The query's ETA (its capabilities, at its priority), else the agent's own.
+        eta_seconds: record.eta_ms.or(m.eta_ms).map(|ms| ms.div_ceil(1000)),
         last_seen_ms: record.last_seen_ms,
     }
 }
 
-/// The live agents `query` selects, as peers (checked names, `max_load` 0 to 1).
-pub(crate) async fn peers_of(edge: &Edge, query: PeersQuery) -> ApiResult<Vec<Peer>> {
-    if let Some(c) = &query.capability {
-        api::dotted("capability", c)?;
-    }
-    if let Some(g) = &query.group {
-        api::name("group", g)?;
-    }
-    if let Some(l) = query.max_load
-        && !(0.0..=1.0).contains(&l)
-    {
-        return Err(ApiError::bad_request("max_load is between 0 and 1"));
-    }
-    let records = edge
-        .agent
-        .discover(&DiscoverQuery {
-            capability: query.capability,
-            group: query.group,
-            available_only: query.available_only,
-            max_load: query.max_load,
+impl PeersQuery {
+    /// The registry's query: names checked, `max_load` 0 to 1, `priority` one of Chorus's.
+    pub(crate) fn checked(self) -> ApiResult<DiscoverQuery> {
+        if let Some(c) = &self.capability {
+            api::dotted("capability", c)?;
+        }
+        if self.capabilities.len() > MAX_QUERY_CAPABILITIES {
+            return Err(ApiError::bad_request(format!(
+                "capabilities: at most {MAX_QUERY_CAPABILITIES}"
+            )));
+        }
+        for c in &self.capabilities {
+            api::dotted("capabilities", c)?;
+        }
+        if let Some(g) = &self.group {
+            api::name("group", g)?;
+        }
+        if let Some(l) = self.max_load
+            && !(0.0..=1.0).contains(&l)
+        {
+            return Err(ApiError::bad_request("max_load is between 0 and 1"));
+        }
+        let priority = match self.priority.as_deref() {
+            None => None,
+            Some(p) => match p.parse::<Priority>() {
+                Ok(Priority::Unknown) | Err(_) => {
+                    return Err(ApiError::bad_request(format!(
+                        "priority {p:?}: critical, high, normal or low"
+                    )));
+                }
+                Ok(known) => Some(known),
+            },
+        };
+        Ok(DiscoverQuery {
+            capability: self.capability,
+            capabilities: self.capabilities,
+            group: self.group,
+            available_only: self.available_only,
+            max_load: self.max_load,
+            max_tokens: self.max_tokens,
+            priority,
         })
-        .await?;
+    }
+}
+
+/// The live agents `query` selects, as peers.
+pub(crate) async fn peers_of(edge: &Edge, query: PeersQuery) -> ApiResult<Vec<Peer>> {
+    let records = edge.agent.discover(&query.checked()?).await?;
     Ok(records.into_iter().map(peer).collect())
 }
 
@@ -221,6 +284,9 @@ pub(crate) enum Action<'a> {
     Request { to: &'a str, command: &'a str },
     /// A one-way command to `to`'s `command`.
     Notify { to: &'a str, command: &'a str },
+    /// IACP's capability query (a `request`, intent `query`, no `recipient.channel`),
+    /// answered from the registry: `to`'s capability manifest, or every peer that matches.
+    Query { to: Option<&'a str> },
     /// An answer to request `id`, which the caller polled.
     Answer { id: Uuid, reply: EdgeReply },
 }
@@ -301,6 +367,16 @@ pub(crate) fn action<'a>(env: &'a Envelope, me: &str) -> ApiResult<Action<'a>> {
         Ok((api::name("recipient.agent_id", to)?, command))
     };
     match env.message.kind.as_str() {
+        "request"
+            if env.message.intent.as_deref() == Some(QUERY_INTENT)
+                && env.recipient.channel.is_none() =>
+        {
+            let to = match env.recipient.agent_id.as_deref() {
+                Some(to) => Some(api::name("recipient.agent_id", to)?),
+                None => None,
+            };
+            Ok(Action::Query { to })
+        }
         "request" => {
             let (to, command) = target()?;
             Ok(Action::Request { to, command })
@@ -371,6 +447,9 @@ fn timestamp(ms: Option<u64>) -> String {
     };
     at.format(&format).unwrap_or_default()
 }
+
+/// Who answers a capability query that names no agent.
+pub(crate) const REGISTRY_SENDER: &str = "registry";
 
 /// A request the caller sent, as its reply's envelope refers to it.
 #[derive(Debug, Clone)]
@@ -577,6 +656,35 @@ pub(crate) async fn send(
                 None => call,
             };
             edge.agent.send(call).await?;
+        }
+        Action::Query { to } => {
+            credential.route(Route::Agents)?;
+            let query: PeersQuery = match &env.message.payload {
+                Value::Null => PeersQuery::default(),
+                payload => serde_json::from_value(payload.clone()).map_err(|e| {
+                    ApiError::bad_request(format!("a capability query's payload: {e}"))
+                })?,
+            };
+            let peers = peers_of(edge, query).await?;
+            let sent = Sent {
+                me: me.to_owned(),
+                message_id: message_id.clone(),
+                to: to.unwrap_or(REGISTRY_SENDER).to_owned(),
+                intent: env.message.intent.clone(),
+            };
+            let answer = match to {
+                None => response(&sent, REGISTRY_SENDER, json!({ "peers": peers })),
+                Some(to) => match peers.into_iter().find(|p| p.agent_id == to) {
+                    Some(peer) => response(&sent, to, json!(peer)),
+                    None => error(
+                        &sent,
+                        StatusCode::NO_RESPONDERS,
+                        &format!("no live agent {to} answers this query"),
+                    ),
+                },
+            };
+            let place = edge.iacp.reserve()?;
+            edge.iacp.deliver(place, answer);
         }
         Action::Request { to, command } => {
             // A request is also what `/v1/requests` is: its scopes must grant that too.

@@ -246,6 +246,7 @@ impl Agent {
             queue_capacity: options.queue_capacity,
             tracker: tracker.clone(),
             stop: stop.clone(),
+            waiting: Default::default(),
         });
         let presence = Arc::new(Presence {
             link: Arc::clone(&link),
@@ -258,6 +259,7 @@ impl Agent {
             groups: options.groups.clone(),
             capability_version: options.capability_version.clone(),
             capability_details: options.capability_details.clone(),
+            capability_max_tokens: options.capability_max_tokens.clone(),
             heartbeat_interval: options.heartbeat_interval,
             encryption_key: options.decryption.as_ref().map(|k| k.public_key()),
             metrics_url: options.metrics_url.clone(),
@@ -292,6 +294,7 @@ impl Agent {
             ),
             tracker.clone(),
             stop.clone(),
+            Arc::clone(&endpoints),
         ));
         let inner = Arc::new(Inner {
             link,

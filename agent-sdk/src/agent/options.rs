@@ -57,6 +57,7 @@ pub struct AgentOptions {
     pub(crate) capability_version: String,
     /// Per capability: the models behind it and its throughput (IACP), announced.
     pub(crate) capability_details: Vec<(String, Vec<String>, Option<f64>)>,
+    pub(crate) capability_max_tokens: Vec<(String, u64)>,
     pub(crate) routing: crate::outbound::Routing,
     pub(crate) routing_refresh: Duration,
     pub(crate) breaker: Option<crate::outbound::BreakerPolicy>,
@@ -108,6 +109,7 @@ impl AgentOptions {
             groups: Vec::new(),
             capability_version: DEFAULT_CAPABILITY_VERSION.to_owned(),
             capability_details: Vec::new(),
+            capability_max_tokens: Vec::new(),
             routing: crate::outbound::Routing::QueueGroup,
             routing_refresh: crate::outbound::DEFAULT_ROUTING_REFRESH,
             breaker: None,
@@ -314,6 +316,16 @@ impl AgentOptions {
             models.into_iter().map(Into::into).collect(),
             throughput.filter(|t| t.is_finite() && *t >= 0.0),
         ));
+        self
+    }
+
+    /// Announces the most tokens one request to `capability` may carry (IACP's
+    /// `max_tokens`): a discovery asking for more (`DiscoverQuery::max_tokens`) passes this
+    /// agent by. Unsaid, the capability states no limit.
+    pub fn capability_max_tokens(mut self, capability: impl Into<String>, tokens: u64) -> Self {
+        let capability = capability.into();
+        self.capability_max_tokens.retain(|(c, _)| *c != capability);
+        self.capability_max_tokens.push((capability, tokens));
         self
     }
 

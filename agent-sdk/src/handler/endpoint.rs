@@ -37,6 +37,8 @@ pub(crate) struct Endpoint {
     requests: AtomicU64,
     errors: AtomicU64,
     processing_ns: AtomicU64,
+    /// How long it takes lately (the ETA of its capability).
+    pub(crate) handling: crate::stats::Ewma,
     last_error: Mutex<String>,
 }
 
@@ -154,6 +156,7 @@ impl Endpoint {
             requests: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             processing_ns: AtomicU64::new(0),
+            handling: crate::stats::Ewma::default(),
             last_error: Mutex::new(String::new()),
         }
     }
@@ -161,6 +164,10 @@ impl Endpoint {
     /// Counts one handled request, how long it took and its error, if any.
     pub(crate) fn record(&self, took: Duration, error: Option<&str>) {
         AgentCounters::bump(&self.requests);
+        // A task's handler only accepts it: its runs are timed where they end.
+        if !self.is_task() {
+            self.handling.record(took);
+        }
         self.processing_ns.fetch_add(
             u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
@@ -196,6 +203,8 @@ pub(crate) struct Endpoints {
     all: Mutex<Vec<Arc<Endpoint>>>,
     /// Notification handlers by name; [`ANY_NOTIFICATION`] takes those without one.
     notifications: RwLock<HashMap<String, Arc<dyn EventHandler>>>,
+    /// How long any of them takes lately (the agent's ETA).
+    pub(crate) handling: crate::stats::Ewma,
 }
 
 /// The name under which a notification handler takes every notification that has no

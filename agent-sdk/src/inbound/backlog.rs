@@ -12,7 +12,7 @@ use crate::protocol::envelope::Priority;
 pub(crate) const MAX_OVERTAKES: u32 = 8;
 
 /// The priority classes, most urgent first: where a message of each priority waits.
-const CLASSES: usize = 4;
+pub(crate) const CLASSES: usize = 4;
 
 /// A class's queue keeps this much room when it empties; more is given back, so a burst of
 /// one priority does not hold memory after it has drained.
@@ -20,7 +20,7 @@ const KEPT_ROOM: usize = 64;
 
 /// The class of `priority`: 0 is served first. A priority from a newer version counts as
 /// normal.
-fn class(priority: Priority) -> usize {
+pub(crate) fn class(priority: Priority) -> usize {
     match priority {
         Priority::Critical => 0,
         Priority::High => 1,

@@ -503,10 +503,11 @@ impl Pipeline {
                 })
                 .await;
                 crate::trace::finish(Some(&otel), result.as_ref().err().map(|e| e.to_string()));
-                endpoint.record(
-                    started.elapsed(),
-                    result.as_ref().err().map(|e| e.reason.as_str()),
-                );
+                let took = started.elapsed();
+                endpoint.record(took, result.as_ref().err().map(|e| e.reason.as_str()));
+                if !endpoint.is_task() {
+                    self.endpoints.handling.record(took);
+                }
                 return self.outcome(request, &endpoint.name, result);
             }
         };

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::admit::{Refused, reply_encoding};
-use super::backlog::Backlog;
+use super::backlog::{Backlog, CLASSES, class};
 use super::outcome::{Failure, Outcome, Retry};
 use super::pipeline::{Pipeline, Target, Via};
 use super::reply;
@@ -31,6 +31,8 @@ use std::sync::atomic::Ordering;
 struct Waiting {
     msg: Message,
     decoded: Result<(Envelope, Encoding), Refused>,
+    /// Its priority class (`backlog::class`), counted in [`Dispatcher::waiting`].
+    class: usize,
 }
 
 /// One subscription's messages waiting for a handler slot: the reader adds, the dispatcher
@@ -122,12 +124,28 @@ pub(crate) struct Dispatcher {
     pub(crate) queue_capacity: usize,
     pub(crate) tracker: TaskTracker,
     pub(crate) stop: CancellationToken,
+    /// Messages waiting for a slot in every queue, per priority class, most urgent first
+    /// (counted on the slow path only: a message that finds a slot free is never queued).
+    pub(crate) waiting: [AtomicUsize; CLASSES],
 }
 
 impl Dispatcher {
     /// Handlers running right now.
     pub(crate) fn busy(&self) -> usize {
         self.max_in_flight - self.in_flight.available_permits()
+    }
+
+    /// Messages waiting for a slot, per priority.
+    pub(crate) fn waiting(&self) -> crate::registry::Waiting {
+        let n = |class: usize| {
+            u32::try_from(self.waiting[class].load(Ordering::Relaxed)).unwrap_or(u32::MAX)
+        };
+        crate::registry::Waiting {
+            critical: n(0),
+            high: n(1),
+            normal: n(2),
+            low: n(3),
+        }
     }
 
     /// Reads `sub` until the agent stops, handling what arrives by `route`.
@@ -204,7 +222,16 @@ impl Dispatcher {
                 let priority = decoded
                     .as_ref()
                     .map_or(Priority::Normal, |(env, _)| env.priority);
-                if let Err(refused) = queue.push(priority, Box::new(Waiting { msg, decoded })) {
+                let class = class(priority);
+                // Counted before it can be taken, so the count never goes below zero.
+                this.waiting[class].fetch_add(1, Ordering::Relaxed);
+                let waiting = Box::new(Waiting {
+                    msg,
+                    decoded,
+                    class,
+                });
+                if let Err(refused) = queue.push(priority, waiting) {
+                    this.waiting[class].fetch_sub(1, Ordering::Relaxed);
                     this.overflow(refused.msg, &reader_route).await;
                 }
             }
@@ -231,10 +258,11 @@ impl Dispatcher {
                 let Some(waiting) = queue.pop() else {
                     continue;
                 };
+                this.waiting[waiting.class].fetch_sub(1, Ordering::Relaxed);
                 let task = Arc::clone(&this);
                 let route = route.clone();
                 this.tracker.spawn(async move {
-                    let Waiting { msg, decoded } = *waiting;
+                    let Waiting { msg, decoded, .. } = *waiting;
                     task.process_decoded(msg, decoded, &route).await;
                     drop(permit);
                 });

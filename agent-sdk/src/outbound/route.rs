@@ -169,6 +169,7 @@ mod tests {
         AgentRecord {
             manifest,
             last_seen_ms: 0,
+            eta_ms: None,
         }
     }
 

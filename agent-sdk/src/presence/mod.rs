@@ -44,6 +44,7 @@ pub(crate) struct Presence {
     pub(crate) groups: Vec<String>,
     pub(crate) capability_version: String,
     pub(crate) capability_details: Vec<(String, Vec<String>, Option<f64>)>,
+    pub(crate) capability_max_tokens: Vec<(String, u64)>,
     pub(crate) heartbeat_interval: Duration,
     pub(crate) encryption_key: Option<String>,
     pub(crate) metrics_url: Option<String>,
@@ -91,6 +92,15 @@ impl Presence {
                     version: self.capability_version.clone(),
                     models: details.map(|(_, m, _)| m.clone()).unwrap_or_default(),
                     throughput: details.and_then(|(_, _, t)| *t),
+                    max_tokens: self
+                        .capability_max_tokens
+                        .iter()
+                        .find(|(c, _)| c == name)
+                        .map(|(_, n)| *n),
+                    handling_ms: endpoints
+                        .iter()
+                        .find(|e| e.kind == EndpointKind::Capability && e.name == *name)
+                        .and_then(|e| e.handling.ms()),
                 }
             })
             .collect();
@@ -102,7 +112,7 @@ impl Presence {
             .collect();
         commands.sort();
         let (load, availability) = self.load_and_availability();
-        Manifest {
+        let mut manifest = Manifest {
             agent: self.link.id.clone(),
             instance: self.instance.clone(),
             capabilities,
@@ -116,6 +126,8 @@ impl Presence {
             slots: u32::try_from(self.dispatcher.max_in_flight).ok(),
             availability,
             eta_ms: None,
+            handling_ms: self.endpoints.handling.ms(),
+            waiting: self.dispatcher.waiting(),
             public_key: self.out.identity.as_ref().map(|i| i.public_key()),
             encryption_key: self.encryption_key.clone(),
             heartbeat_ms: u64::try_from(self.heartbeat_interval.as_millis()).unwrap_or(u64::MAX),
@@ -130,7 +142,9 @@ impl Presence {
                 Vec::new()
             },
             endpoints: self.endpoints.info(),
-        }
+        };
+        manifest.eta_ms = manifest.eta_at(crate::Priority::Normal, &[]);
+        manifest
     }
 
     async fn send(&self, kind: Performative) -> Result<(), SdkError> {

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::protocol::envelope::Priority;
 use crate::protocol::status::StatusCode;
 
 /// Suffix of the registry bucket's name.
@@ -41,6 +42,14 @@ pub struct CapabilityInfo {
     /// for a model), if the agent says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throughput: Option<f64>,
+    /// The most tokens one request to it may carry (IACP's `max_tokens`), if the agent says:
+    /// a discovery asking for more passes it by. Unsaid means no stated limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// How long its recent requests took to handle, in ms (a moving average, most recent
+    /// weighing most), once it has handled one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handling_ms: Option<u64>,
 }
 
 /// An agent's capability manifest (IACP), sent in every heartbeat.
@@ -72,9 +81,18 @@ pub struct Manifest {
     /// Availability.
     #[serde(default)]
     pub availability: Availability,
-    /// Estimated time until it could start new work, in ms, if it knows.
+    /// Estimated time until new work of normal priority sent now would be done, in ms
+    /// (IACP's `eta_seconds`): [`estimate_eta_ms`] of its handling time, slots, load and what
+    /// waits. Unknown until it has handled something.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eta_ms: Option<u64>,
+    /// How long its recent messages took to handle, in ms (a moving average over every
+    /// command and capability, most recent weighing most), once it has handled one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handling_ms: Option<u64>,
+    /// Core messages waiting for a handler slot, by priority.
+    #[serde(default, skip_serializing_if = "Waiting::is_empty")]
+    pub waiting: Waiting,
     /// Its public signing key (an nkey), once signing is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_key: Option<String>,
@@ -228,6 +246,95 @@ impl Manifest {
     pub fn offers(&self, capability: &str) -> bool {
         self.capabilities.iter().any(|c| c.name == capability)
     }
+
+    /// Estimated time until work of `priority` for `capabilities` (any of its work when
+    /// empty), sent now, would be done, in ms: [`estimate_eta_ms`] with the slowest named
+    /// capability's handling time (the agent's own when none is known), its slots, the
+    /// handlers its load says are busy, and the messages waiting at `priority` or above.
+    /// `None` until the agent has handled something.
+    pub fn eta_at(&self, priority: Priority, capabilities: &[&str]) -> Option<u64> {
+        let named = self
+            .capabilities
+            .iter()
+            .filter(|c| capabilities.contains(&c.name.as_str()))
+            .filter_map(|c| c.handling_ms)
+            .max();
+        let handling = named.or(self.handling_ms)?;
+        let slots = self.slots.unwrap_or(1).max(1);
+        let load = if self.load.is_finite() {
+            self.load.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        // At most `slots`, so the cast cannot overflow.
+        let busy = (load * slots as f32).round() as u32;
+        Some(estimate_eta_ms(
+            handling,
+            slots,
+            busy,
+            self.waiting.at_or_above(priority),
+        ))
+    }
+}
+
+/// How many core messages wait for a handler slot, per priority.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Waiting {
+    /// Critical ones.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub critical: u32,
+    /// High ones.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub high: u32,
+    /// Normal ones (and those of a priority this version does not know).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub normal: u32,
+    /// Low ones.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub low: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl Waiting {
+    /// Nothing waits.
+    pub fn is_empty(&self) -> bool {
+        *self == Waiting::default()
+    }
+
+    /// Those taken before a new message of `priority`: its own priority and the more urgent
+    /// ones (the receiver takes the most urgent first, section 7.15).
+    pub fn at_or_above(&self, priority: Priority) -> u32 {
+        let levels = [self.critical, self.high, self.normal, self.low];
+        let rank = match priority {
+            Priority::Critical => 0,
+            Priority::High => 1,
+            Priority::Low => 3,
+            _ => 2,
+        };
+        levels[..=rank]
+            .iter()
+            .fold(0u32, |a, b| a.saturating_add(*b))
+    }
+}
+
+/// Estimated time until a message sent now would be handled, in ms: `handling_ms` when a slot
+/// is free for it; otherwise it waits for `busy + ahead - slots + 1` handlers to finish, which
+/// finish at `slots` per `handling_ms`, and then takes `handling_ms` itself.
+pub fn estimate_eta_ms(handling_ms: u64, slots: u32, busy: u32, ahead: u32) -> u64 {
+    let slots = u64::from(slots.max(1));
+    let before = u64::from(busy) + u64::from(ahead);
+    if before < slots {
+        return handling_ms;
+    }
+    let finishes = before - slots + 1;
+    handling_ms
+        .saturating_mul(finishes)
+        .div_ceil(slots)
+        .saturating_add(handling_ms)
 }
 
 /// A registry entry as discovery returns it.
@@ -237,6 +344,11 @@ pub struct AgentRecord {
     pub manifest: Manifest,
     /// When the coordinator last heard from the agent, ms since the epoch.
     pub last_seen_ms: u64,
+    /// Estimated time until the query's work (its capabilities, at its priority) sent now
+    /// would be done, in ms ([`Manifest::eta_at`]); absent when the agent has not handled
+    /// anything yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_ms: Option<u64>,
 }
 
 /// A discovery query. Empty fields match everything.
@@ -245,12 +357,24 @@ pub struct AgentRecord {
 pub struct DiscoverQuery {
     /// Only agents offering this capability.
     pub capability: Option<String>,
+    /// Only agents offering every one of these (IACP's `capabilities`), besides `capability`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
     /// Only agents in this group.
     pub group: Option<String>,
     /// Only agents whose availability is `available`.
     pub available_only: bool,
     /// Only agents at or below this load.
     pub max_load: Option<f32>,
+    /// Only agents whose named capabilities (any one of its capabilities, when the query
+    /// names none) take requests of this many tokens: a capability that states no
+    /// `max_tokens` takes any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// The priority the work would be sent at: each record's `eta_ms` is at that priority,
+    /// and the records come soonest first (unknown last) instead of least loaded first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
 }
 
 impl DiscoverQuery {
@@ -262,9 +386,32 @@ impl DiscoverQuery {
         }
     }
 
+    /// Every capability it names: `capability`, then `capabilities`.
+    pub fn named(&self) -> Vec<&str> {
+        let mut named: Vec<&str> = self.capability.iter().map(String::as_str).collect();
+        for c in &self.capabilities {
+            if !named.contains(&c.as_str()) {
+                named.push(c);
+            }
+        }
+        named
+    }
+
     /// Whether `m` matches.
     pub fn matches(&self, m: &Manifest) -> bool {
-        self.capability.as_deref().is_none_or(|c| m.offers(c))
+        let named = self.named();
+        named.iter().all(|c| m.offers(c))
+            && self.max_tokens.is_none_or(|tokens| {
+                let takes = |c: &CapabilityInfo| c.max_tokens.is_none_or(|max| max >= tokens);
+                if named.is_empty() {
+                    m.capabilities.iter().any(takes)
+                } else {
+                    m.capabilities
+                        .iter()
+                        .filter(|c| named.contains(&c.name.as_str()))
+                        .all(takes)
+                }
+            })
             && self
                 .group
                 .as_deref()
@@ -333,5 +480,96 @@ impl BroadcastReport {
             .iter()
             .filter(|r| r.outcome == outcome)
             .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(value: serde_json::Value) -> Manifest {
+        let mut base = serde_json::json!({
+            "agent": "a", "instance": "0", "heartbeat_ms": 1000, "started_ms": 0,
+        });
+        if let (Some(base), Some(more)) = (base.as_object_mut(), value.as_object()) {
+            base.extend(more.clone());
+        }
+        serde_json::from_value(base).expect("a manifest")
+    }
+
+    #[test]
+    fn the_eta_counts_the_handlers_ahead_at_the_rate_the_slots_free_up() {
+        // A free slot: its own handling time.
+        assert_eq!(estimate_eta_ms(100, 4, 2, 1), 100);
+        // Every slot busy, nothing waiting: one of 4 finishes in 100/4 ms, then 100.
+        assert_eq!(estimate_eta_ms(100, 4, 4, 0), 125);
+        // One slot, 3 busy-or-waiting ahead: 3 runs, then its own.
+        assert_eq!(estimate_eta_ms(100, 1, 1, 2), 400);
+        assert_eq!(estimate_eta_ms(100, 0, 1, 0), 200, "no slots read as one");
+        assert_eq!(
+            estimate_eta_ms(u64::MAX, 1, u32::MAX, u32::MAX),
+            u64::MAX,
+            "saturates"
+        );
+    }
+
+    #[test]
+    fn a_manifest_s_eta_is_at_a_priority_for_its_slowest_named_capability() {
+        let m = manifest(serde_json::json!({
+            "capabilities": [
+                {"name": "review", "handling_ms": 200},
+                {"name": "testing", "handling_ms": 50},
+                {"name": "new"},
+            ],
+            "handling_ms": 100, "slots": 1, "load": 1.0,
+            "waiting": {"high": 1, "normal": 2, "low": 4},
+        }));
+        // Priority high: the busy handler and the one high ahead.
+        assert_eq!(m.eta_at(Priority::High, &["review"]), Some(600));
+        // Normal waits behind high and normal too; low behind everything.
+        assert_eq!(m.eta_at(Priority::Normal, &["testing"]), Some(250));
+        assert_eq!(m.eta_at(Priority::Low, &[]), Some(900));
+        // The slowest of those named; a capability not yet timed takes the agent's own.
+        assert_eq!(
+            m.eta_at(Priority::Critical, &["review", "testing"]),
+            Some(400)
+        );
+        assert_eq!(m.eta_at(Priority::Critical, &["new"]), Some(200));
+        let untimed = manifest(serde_json::json!({}));
+        assert_eq!(untimed.eta_at(Priority::Normal, &[]), None);
+        assert_eq!(Waiting::default().at_or_above(Priority::Low), 0);
+    }
+
+    #[test]
+    fn a_query_takes_several_capabilities_and_a_token_count() {
+        let m = manifest(serde_json::json!({
+            "capabilities": [
+                {"name": "code_review", "max_tokens": 8192},
+                {"name": "testing"},
+                {"name": "small", "max_tokens": 1024},
+            ],
+        }));
+        let q =
+            |v: serde_json::Value| -> DiscoverQuery { serde_json::from_value(v).expect("a query") };
+        assert!(q(serde_json::json!({"capabilities": ["code_review", "testing"]})).matches(&m));
+        assert!(!q(serde_json::json!({"capabilities": ["code_review", "security"]})).matches(&m));
+        assert!(
+            q(serde_json::json!({"capability": "testing", "capabilities": ["code_review"]}))
+                .matches(&m)
+        );
+        // 4096 tokens: review states 8192, testing states no limit.
+        assert!(
+            q(serde_json::json!({"capabilities": ["code_review", "testing"], "max_tokens": 4096}))
+                .matches(&m)
+        );
+        assert!(!q(serde_json::json!({"capabilities": ["small"], "max_tokens": 4096})).matches(&m));
+        assert!(
+            !q(serde_json::json!({"capabilities": ["code_review"], "max_tokens": 10000}))
+                .matches(&m)
+        );
+        // Naming none: any one of its capabilities will do.
+        assert!(q(serde_json::json!({"max_tokens": 100000})).matches(&m));
+        let q = q(serde_json::json!({"capability": "a", "capabilities": ["b", "a"]}));
+        assert_eq!(q.named(), ["a", "b"]);
     }
 }

@@ -75,6 +75,17 @@ impl TaskUpdate {
         (self.kind == TaskMessage::Status).then(|| store::state_of(&self.envelope))
     }
 
+    /// How long the worker expects the task to take, when this is its acceptance and the
+    /// worker has run the task's kind before (its recent runs' moving average).
+    pub fn eta(&self) -> Option<std::time::Duration> {
+        if self.state() != Some(TaskState::Accepted) || self.envelope.payload.is_empty() {
+            return None;
+        }
+        decode_payload::<worker::Acceptance>(&self.envelope.payload, &self.envelope.content_type)
+            .ok()
+            .map(|a| std::time::Duration::from_millis(a.eta_ms))
+    }
+
     /// How much is done (0 to 1), when a progress message says.
     pub fn fraction(&self) -> Option<f32> {
         self.envelope.progress.as_ref().and_then(|p| p.fraction)

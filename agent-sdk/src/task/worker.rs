@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use super::store::{TaskStore, state_of};
 use crate::error::{HandlerError, SdkError};
+use crate::handler::endpoint::{Endpoint, Endpoints};
 use crate::handler::{BoxFuture, Context, Handler, Output};
 use crate::outbound::Call;
 use crate::protocol::codec::{self, decode_payload, encode_payload};
@@ -101,15 +102,39 @@ pub(crate) struct Tasks {
     pub(crate) store: Arc<TaskStore>,
     tracker: TaskTracker,
     stop: CancellationToken,
+    /// The agent's endpoints: a task's runs time its endpoint (its acceptance's ETA).
+    endpoints: Arc<Endpoints>,
+}
+
+/// What a task's acceptance carries (section 7.4): how long the worker expects it to take.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub(crate) struct Acceptance {
+    /// Its recent runs' moving average, in ms.
+    pub(crate) eta_ms: u64,
 }
 
 impl Tasks {
-    pub(crate) fn new(store: TaskStore, tracker: TaskTracker, stop: CancellationToken) -> Self {
+    pub(crate) fn new(
+        store: TaskStore,
+        tracker: TaskTracker,
+        stop: CancellationToken,
+        endpoints: Arc<Endpoints>,
+    ) -> Self {
         Tasks {
             store: Arc::new(store),
             tracker,
             stop,
+            endpoints,
         }
+    }
+
+    /// The task endpoint `env` was sent to (its command, else its capability).
+    fn endpoint_of(&self, env: &Envelope) -> Option<Arc<Endpoint>> {
+        let name = env.name.as_deref().or(env.capability.as_deref())?;
+        self.endpoints
+            .all()
+            .into_iter()
+            .find(|e| e.name == name && e.is_task())
     }
 
     /// Takes the task `ctx` submits, or refuses it with a code.
@@ -163,7 +188,17 @@ impl Tasks {
                 .await?;
             (seq, TaskState::Working, self.store.submission(id).await?)
         } else {
-            let accepted = self.store.state_message(id, TaskState::Accepted);
+            let mut accepted = self.store.state_message(id, TaskState::Accepted);
+            // IACP: "Yes. ETA 120s." The ETA of its recent runs, once it has run.
+            if let Some(eta_ms) = self.endpoint_of(&env).and_then(|e| e.handling.ms())
+                && let Ok(payload) = encode_payload(
+                    &Acceptance { eta_ms },
+                    crate::protocol::envelope::CONTENT_TYPE_MSGPACK,
+                )
+            {
+                accepted.payload = payload;
+                accepted.content_type = crate::protocol::envelope::CONTENT_TYPE_MSGPACK.into();
+            }
             let seq = self
                 .store
                 .transition(id, Some((seq, state_of(&last))), accepted)
@@ -193,8 +228,9 @@ impl Tasks {
         });
         self.listen(&run, inputs).await?;
         let tasks = Arc::clone(&self);
+        let endpoint = self.endpoint_of(&env);
         self.tracker
-            .spawn(async move { tasks.drive(run, ctx, handler).await });
+            .spawn(async move { tasks.drive(run, ctx, handler, endpoint).await });
         Ok(Output::default())
     }
 
@@ -250,8 +286,15 @@ impl Tasks {
 
     /// Runs the handler to its end, a cancel, the deadline or shutdown, and writes the task's
     /// terminal state.
-    async fn drive(self: Arc<Self>, run: Arc<Run>, ctx: Context, handler: Arc<dyn TaskHandler>) {
+    async fn drive(
+        self: Arc<Self>,
+        run: Arc<Run>,
+        ctx: Context,
+        handler: Arc<dyn TaskHandler>,
+        endpoint: Option<Arc<Endpoint>>,
+    ) {
         let id = run.id;
+        let begun = std::time::Instant::now();
         let started = run.last.lock().await.1 == TaskState::Working;
         if !started {
             let working = self.store.state_message(id, TaskState::Working);
@@ -286,6 +329,12 @@ impl Tasks {
             None => tokio::time::timeout(CANCEL_GRACE, &mut work).await.ok(),
         };
         drop(work);
+        if let (None, Some(_), Some(endpoint)) = (run.why.get(), &result, &endpoint) {
+            // A run that ended by itself: how long its kind takes.
+            let took = begun.elapsed();
+            endpoint.handling.record(took);
+            self.endpoints.handling.record(took);
+        }
         if run.handed_off.load(Ordering::Acquire) {
             // Another agent has it now and writes its end.
             run.finished.cancel();

@@ -98,6 +98,8 @@ fn manifest(i: usize) -> Manifest {
         version: "1".into(),
         models: Vec::new(),
         throughput: None,
+        max_tokens: None,
+        handling_ms: None,
     }];
     if i.is_multiple_of(RARE_EVERY) {
         capabilities.push(CapabilityInfo {
@@ -105,6 +107,8 @@ fn manifest(i: usize) -> Manifest {
             version: "1".into(),
             models: Vec::new(),
             throughput: None,
+            max_tokens: None,
+            handling_ms: None,
         });
     }
     Manifest {
@@ -122,6 +126,8 @@ fn manifest(i: usize) -> Manifest {
         slots: Some(1),
         availability: Availability::Available,
         eta_ms: None,
+        handling_ms: None,
+        waiting: Default::default(),
         public_key: None,
         encryption_key: None,
         heartbeat_ms: u64::try_from(HEARTBEAT.as_millis()).unwrap_or(u64::MAX),

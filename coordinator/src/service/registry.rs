@@ -125,7 +125,9 @@ impl Table {
     /// The agents `query` could match: those of its capability or group when it names one
     /// (the smaller set when it names both), every agent otherwise.
     fn candidates<'a>(&'a self, query: &DiscoverQuery) -> Box<dyn Iterator<Item = &'a Live> + 'a> {
-        let by_capability = query.capability.as_ref().map(|c| self.by_capability.get(c));
+        // One named capability narrows the candidates; `matches` checks the others.
+        let named = query.capability.as_ref().or(query.capabilities.first());
+        let by_capability = named.map(|c| self.by_capability.get(c));
         let by_group = query.group.as_ref().map(|g| self.by_group.get(g));
         let ids = match (by_capability, by_group) {
             (None, None) => return Box::new(self.live.values()),
@@ -244,6 +246,7 @@ impl Registry {
         let record = AgentRecord {
             manifest: manifest.clone(),
             last_seen_ms: now,
+            eta_ms: None,
         };
         let Ok(value) = serde_json::to_vec(&record) else {
             return;
@@ -409,24 +412,40 @@ impl Registry {
         (if all_compact { 2 } else { 1 }, live)
     }
 
-    /// Live agents matching `query`, least loaded first (ties by id).
+    /// Live agents matching `query`, each with its ETA for the query's work: least loaded
+    /// first, or soonest first (unknown last) when the query names a priority; ties by load,
+    /// then id.
     pub(crate) fn discover(&self, query: &DiscoverQuery) -> Vec<AgentRecord> {
         let now = now_ms();
+        let named = query.named();
+        let priority = query.priority.unwrap_or_default();
         let agents = self.agents();
         let mut found: Vec<AgentRecord> = agents
             .candidates(query)
             .filter(|l| self.is_live(l, now) && query.matches(&l.manifest))
             .map(|l| AgentRecord {
+                eta_ms: l.manifest.eta_at(priority, &named),
                 manifest: l.manifest.clone(),
                 last_seen_ms: l.last_seen_ms,
             })
             .collect();
-        found.sort_by(|a, b| {
+        drop(agents);
+        let by_load = |a: &AgentRecord, b: &AgentRecord| {
             a.manifest
                 .load
                 .total_cmp(&b.manifest.load)
                 .then_with(|| a.manifest.agent.cmp(&b.manifest.agent))
-        });
+        };
+        if query.priority.is_some() {
+            // `None` sorts first as an Option: unknown ETAs go last.
+            found.sort_by(|a, b| {
+                (a.eta_ms.is_none(), a.eta_ms)
+                    .cmp(&(b.eta_ms.is_none(), b.eta_ms))
+                    .then_with(|| by_load(a, b))
+            });
+        } else {
+            found.sort_by(by_load);
+        }
         found
     }
 

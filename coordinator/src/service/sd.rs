@@ -74,6 +74,7 @@ mod tests {
         AgentRecord {
             manifest,
             last_seen_ms: 0,
+            eta_ms: None,
         }
     }
 

@@ -347,7 +347,10 @@ impl Envelope {
     /// A reply to this message, from `from`, with `status`: same correlation, `in_reply_to`
     /// set, same content type, session and customer, hop count carried over.
     pub fn reply(&self, from: impl Into<Name>, status: StatusCode) -> Envelope {
-        let performative = if status.is_success() {
+        let performative = if status.is_success() && self.performative == Performative::Discover {
+            // Agentify: the answer to a `discover` is an `offer`.
+            Performative::Offer
+        } else if status.is_success() {
             Performative::Inform
         } else if status == StatusCode::LOOP_DETECTED
             || status == StatusCode::EXPIRED
