@@ -65,18 +65,29 @@ class Backlog(Generic[T]):
 class Slots:
     """An agent's handler slots (``max_in_flight``): a free slot is taken at once when nothing
     waits; otherwise a message waits its turn in a :class:`Backlog`, so a freed slot goes to the
-    most urgent waiting message."""
+    most urgent waiting message. It counts what waits per priority (the manifest's
+    ``waiting``)."""
 
     def __init__(self, slots: int) -> None:
         self._free = max(1, slots)
-        self._waiting: Backlog[asyncio.Future[None]] = Backlog()
+        # Each waiter with its priority class.
+        self._waiting: Backlog[tuple[int, asyncio.Future[None]]] = Backlog()
         # Waiters given a slot or cancelled that are still in the backlog.
         self._stale = 0
+        # Those still waiting, per class (critical, high, normal, low).
+        self._counts = [0, 0, 0, 0]
 
     @property
     def waiting(self) -> int:
         """Messages waiting for a slot."""
         return len(self._waiting) - self._stale
+
+    @property
+    def waiting_by_class(self) -> tuple[int, int, int, int]:
+        """Messages waiting for a slot, per priority: critical, high, normal (with the
+        priorities this version does not know), low."""
+        critical, high, normal, low = self._counts
+        return critical, high, normal, low
 
     async def acquire(self, priority: Priority) -> None:
         """Waits for a slot, served by ``priority``; cancelled, it takes none."""
@@ -84,7 +95,9 @@ class Slots:
             self._free -= 1
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.push(priority, waiter)
+        cls = _CLASS.get(priority, _NORMAL)
+        self._waiting.push(priority, (cls, waiter))
+        self._counts[cls] += 1
         try:
             await waiter
         except asyncio.CancelledError:
@@ -92,15 +105,20 @@ class Slots:
                 # Given a slot as it was cancelled: hand it on.
                 self.release()
             else:
+                # Marked done, so the release that meets it in the backlog passes it by.
+                waiter.cancel()
                 self._stale += 1
+                self._counts[cls] -= 1
             raise
 
     def release(self) -> None:
         """Gives a slot back: to the next waiting message, or free."""
-        while (waiter := self._waiting.pop()) is not None:
+        while (waiting := self._waiting.pop()) is not None:
+            cls, waiter = waiting
             if waiter.done():
                 self._stale -= 1
                 continue
+            self._counts[cls] -= 1
             waiter.set_result(None)
             return
         self._free += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, TypeVar, Union, cast
 from ._host import Host
@@ -32,11 +33,12 @@ from .exactly_once import ExactlyOnce
 from .negotiate import Bidding
 from .payloads import PayloadLimits, Payloads
 from .envelope import DEFAULT_HOP_LIMIT, Delivery, now_ms, uuid7
+from .eta import U64_MAX, Handling
 from .encryption import EncryptionKey
 from .service import EndpointStats
 from .signing import Identity, Verifier
 from .status import Unreachable
-from .subjects import Subjects, validate_token
+from .subjects import Subjects, validate_dotted, validate_token
 from .tasks import Tasks
 from .usage import DEFAULT_USAGE_INTERVAL, Usage
 
@@ -111,6 +113,23 @@ class Stats:
 
 
 
+def _max_tokens(given: Mapping[str, int] | None) -> dict[str, int]:
+    """The ``capability_max_tokens`` option checked: capability names, each with the most
+    tokens one request to it may carry (a whole number, 0 or more). Raises
+    :class:`ValueError` (:class:`~chorus_sdk.SubjectError` for a bad name)."""
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        raise ValueError(f"capability_max_tokens is a mapping of capability to token count, not {type(given).__name__}")
+    checked: dict[str, int] = {}
+    for capability, tokens in given.items():
+        validate_dotted("capability", capability)
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= U64_MAX:
+            raise ValueError(f"capability_max_tokens[{capability!r}] = {tokens!r}: a token count is a whole number, 0 or more")
+        checked[capability] = tokens
+    return checked
+
+
 class AgentState:
     """The settings and state every layer of an agent shares."""
 
@@ -132,6 +151,7 @@ class AgentState:
         hop_limit: int = DEFAULT_HOP_LIMIT,
         groups: list[str] | None = None,
         capability_version: str = "",
+        capability_max_tokens: Mapping[str, int] | None = None,
         max_message_bytes: int | None = None,
         durable_inbox: bool = True,
         service_discovery: bool = True,
@@ -172,6 +192,7 @@ class AgentState:
         self.hop_limit = hop_limit
         self.groups = [validate_token("group", g) for g in (groups or [])]
         self.capability_version = capability_version
+        self.capability_max_tokens = _max_tokens(capability_max_tokens)
         self.max_message_bytes = max_message_bytes
         self.durable_inbox = durable_inbox
         self.service_discovery = service_discovery
@@ -240,6 +261,8 @@ class AgentState:
         self._tasks: set[asyncio.Task[Any]] = set()
         # Handler slots, given by priority when messages wait for one (section 7.9).
         self._slots = Slots(max_in_flight)
+        # How long its handlers take lately (the manifest's handling_ms and eta_ms).
+        self._handling = Handling()
         self._waiting = 0
         self._busy = 0
         self._seq: dict[str, list[int]] = {}
@@ -248,7 +271,7 @@ class AgentState:
         self._durable: DurableInbox | None = None
         # The parts that serve the agent see it as their Host; every layer is mixed in by Agent.
         host = cast("Host", self)
-        self._task_worker = Tasks(host)
+        self._task_worker = Tasks(host, self._handling)
         self._exactly_once = ExactlyOnce(host)
         # Discovery is the sending layer's: a capability's holders say whether they read zstd.
         self._payloads = Payloads(

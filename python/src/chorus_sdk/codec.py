@@ -1205,7 +1205,9 @@ def decode_payload(data: bytes, content_type: str = CONTENT_TYPE_MSGPACK) -> Any
             return json.loads(data)
         if base in (CONTENT_TYPE_MSGPACK, "application/x-msgpack", "application/vnd.msgpack"):
             return msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException, msgpack.ExtraData) as e:
+    except (ValueError, TypeError, RecursionError, msgpack.UnpackException, msgpack.ExtraData) as e:
+        # TypeError: a MessagePack map keyed by a map or an array (unhashable here);
+        # RecursionError: JSON nested too deep.
         raise DecodeError(f"payload: {e}") from e
     raise DecodeError(f"unsupported payload content type {content_type!r}")
 

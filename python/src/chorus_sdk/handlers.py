@@ -115,12 +115,12 @@ class Handlers(Presence):
         """Serves task ``name`` (section 7.4): a submission to ``<root>.agent.<id>.<name>`` is
         taken (answered 5002) and ``handler`` runs with a :class:`TaskContext`; what it returns
         completes the task, a :class:`ChorusError` it raises fails it with that code."""
-        self.on_command(name, self._task_worker.endpoint(_as_async(handler)))
+        self.on_command(name, self._task_worker.endpoint(_as_async(handler), "command", name))
         self._endpoints.setdefault(("command", name), {})["task"] = True
 
     def on_task_capability(self, capability: str, handler: TaskHandler) -> None:
         """Serves tasks submitted to a capability."""
-        self.on_capability(capability, self._task_worker.endpoint(_as_async(handler)))
+        self.on_capability(capability, self._task_worker.endpoint(_as_async(handler), "capability", capability))
         self._endpoints.setdefault(("capability", capability), {})["task"] = True
 
     def describe(

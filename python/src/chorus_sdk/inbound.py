@@ -15,7 +15,7 @@ from .codec import DecodeError, Encoding, decode, encode_payload, sniff
 from .context import Context, Reply
 from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Delivery, Envelope, Kind, Performative, Priority, Seq, now_ms
 from .service import EndpointStats
-from .status import ChorusError, StatusCode, reply_performative
+from .status import ChorusError, StatusCode, is_success, reply_performative
 from .negotiate import bid_subject
 from .subjects import NOTIFY_TOKEN
 from .usage import UsageKind
@@ -250,10 +250,14 @@ class Inbound(Outbound):
                 return unopened
         ctx = Context(self, env, subject, attempt)
         started = time.perf_counter_ns()
+        # Its handling time (the manifest's handling_ms): a task's handler only accepts it,
+        # its runs are timed where they end.
+        timed = route != "event" and not self._endpoints.get((route, endpoint), {}).get("task")
+        run = self._timed(handler, ctx, route, endpoint) if timed else (lambda: self._invoke(handler, ctx))
         if env.delivery is Delivery.EXACTLY_ONCE and route != "event":
-            outcome = await self._exactly_once.run(env, lambda: self._invoke(handler, ctx))
+            outcome = await self._exactly_once.run(env, run)
         else:
-            outcome = await self._invoke(handler, ctx)
+            outcome = await run()
         if route != "event":
             self._endpoint_stats.setdefault(endpoint, EndpointStats()).record(
                 time.perf_counter_ns() - started,
@@ -300,6 +304,19 @@ class Inbound(Outbound):
         if denied is None and verified and self._seen_ids is not None:
             denied = await self._seen_ids.record(env)
         return denied
+
+    def _timed(self, handler: Callable[[Context], Awaitable[Any]], ctx: Context, kind: str, endpoint: str) -> Callable[[], Awaitable[Any]]:
+        """Runs ``handler`` as :meth:`_invoke` does, its time added to the handling time of
+        ``endpoint`` (of ``kind``) and the agent's, whatever it returns (a copy exactly-once
+        does not run again is not timed)."""
+
+        async def run() -> Any:
+            began = time.perf_counter_ns()
+            outcome = await self._invoke(handler, ctx)
+            self._handling.record(kind, endpoint, time.perf_counter_ns() - began)
+            return outcome
+
+        return run
 
     async def _invoke(self, handler: Callable[[Context], Awaitable[Any]], ctx: Context) -> Any:
         """Runs a handler: its value, or the :class:`ChorusError` to answer with (anything
@@ -363,12 +380,17 @@ class Inbound(Outbound):
         return None
 
     def reply_envelope(self, request: Envelope | None, outcome: Any) -> Envelope:
-        """The response to ``request`` for a handler's value or error (section 7.1)."""
+        """The response to ``request`` for a handler's value or error (section 7.1): a success
+        answers a ``discover`` with ``offer``, anything else with ``inform``."""
         if isinstance(outcome, ChorusError):
             status, reason = outcome.status, outcome.reason
         else:
             status, reason = int(StatusCode.OK), None
-        env = Envelope.new(Kind.RESPONSE, Performative.read(reply_performative(status)), self.id)
+        performative = Performative.read(reply_performative(status))
+        if request is not None and request.performative is Performative.DISCOVER and is_success(status):
+            # Agentify: the answer to a discover is an offer.
+            performative = Performative.OFFER
+        env = Envelope.new(Kind.RESPONSE, performative, self.id)
         env.status = status
         env.reason = reason or (None if status in (5001, 5002, 5021) else "")
         if request is not None:

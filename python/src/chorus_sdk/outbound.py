@@ -29,6 +29,7 @@ from .notify import DELIVERED, STORED, NotifyRecipient, NotifyReport, NotifyTarg
 from .durable import RetryPolicy
 from .credits import CREDITS_BUCKET, Ledger
 from .routing import LOOKUP_TIMEOUT, CircuitOpen, CircuitState, Routing
+from .eta import U64_MAX
 
 from ._state import MAX_SEQ_SUBJECTS, AgentState, Payload, R, log
 
@@ -680,22 +681,54 @@ class Outbound(AgentState):
         available_only: bool = False,
         max_load: float | None = None,
         timeout: float | None = None,
+        *,
+        capabilities: Sequence[str] | None = None,
+        max_tokens: int | None = None,
+        priority: Priority | str | None = None,
     ) -> list[dict[str, Any]]:
         """The live agents that match, least loaded first: ``[{"manifest": {...},
-        "last_seen_ms": ...}]`` (section 7.7; answered by the coordinator)."""
+        "last_seen_ms": ..., "eta_ms": ...}]`` (section 7.7; answered by the coordinator, with
+        an ``offer``).
+
+        ``capabilities`` names more capabilities an agent must all offer (besides
+        ``capability``); ``max_tokens`` keeps the agents whose named capabilities (any one of
+        theirs when none is named) take requests of that many tokens (a capability that
+        states no ``max_tokens`` takes any); ``priority`` is the priority the work would be
+        sent at: each record's ``eta_ms`` (how long until that work sent now would be done,
+        absent while the agent has handled nothing) is then at that priority, and the
+        records come soonest first, unknown last.
+
+        Raises :class:`~chorus_sdk.SubjectError` for a bad capability or group name,
+        :class:`TypeError` for ``capabilities`` given as one string, :class:`ValueError` for
+        a ``max_tokens`` that is not a whole number of 0 or more or an unknown ``priority``."""
         query: dict[str, Any] = {}
         if capability is not None:
             query["capability"] = validate_dotted("capability", capability)
+        if capabilities is not None:
+            if isinstance(capabilities, str):
+                raise TypeError("capabilities is a list of capability names, not one string (use capability=)")
+            named = [validate_dotted("capability", c) for c in capabilities]
+            if named:
+                query["capabilities"] = named
         if group is not None:
             query["group"] = validate_token("group", group)
         if available_only:
             query["available_only"] = True
         if max_load is not None:
             query["max_load"] = max_load
+        if max_tokens is not None:
+            if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 0 <= max_tokens <= U64_MAX:
+                raise ValueError(f"max_tokens {max_tokens!r}: a token count is a whole number, 0 or more")
+            query["max_tokens"] = max_tokens
+        if priority is not None:
+            known = Priority.read(priority.value if isinstance(priority, Priority) else str(priority))
+            if known is Priority.UNKNOWN:
+                raise ValueError(f"priority {priority!r}: one of critical, high, normal or low")
+            query["priority"] = known.value
         env = self._envelope(Kind.REQUEST, Performative.DISCOVER, None)
         wait = self.request_timeout if timeout is None else timeout
         env.ttl_ms = int(wait * 1000)
-        env.expect = Expect(Performative.INFORM, env.ttl_ms)
+        env.expect = Expect(Performative.OFFER, env.ttl_ms)
         self.set_payload(env, query, CONTENT_TYPE_MSGPACK)
         found = reply_value(await self.exchange(self.subjects.discover, env, wait))
         return list(found or [])

@@ -4,13 +4,15 @@ service discovery (``$SRV``), and the bus's wire level it follows."""
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 from nats.aio.msg import Msg
 
 from . import __version__
 from .codec import F32, DecodeError, Json, Struct, decode, decode_payload, encode_struct
-from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, Envelope, Kind, Performative
+from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, Envelope, Kind, Performative, Priority
+from .eta import PRIORITIES, estimate_eta_ms, waiting_at_or_above
 from . import service
 from .payloads import ZSTD
 from .service import EndpointStats
@@ -18,6 +20,9 @@ from .status import StatusCode
 
 from ._state import log
 from .inbound import Inbound
+
+# The keys of the manifest's ``waiting``, in the order the handler slots count them.
+WAITING_KEYS = tuple(p.value for p in PRIORITIES)
 
 
 class Presence(Inbound):
@@ -32,7 +37,7 @@ class Presence(Inbound):
         fields: list[tuple[str, Any]] = [
             ("agent", self.id),
             ("instance", self.instance),
-            ("capabilities", [Struct([("name", c), ("version", self.capability_version)]) for c in sorted(self._capabilities)]),
+            ("capabilities", [self._capability_info(c) for c in sorted(self._capabilities)]),
             ("commands", sorted(self._commands)),
             ("groups", sorted(self.groups)),
             ("content_types", [CONTENT_TYPE_MSGPACK, CONTENT_TYPE_JSON]),
@@ -40,6 +45,19 @@ class Presence(Inbound):
             ("slots", self.max_in_flight),
             ("availability", "away" if self._stopping else ("busy" if load >= 1.0 else "available")),
         ]
+        # How long its handlers take lately, what waits for a slot, and the ETA of new work of
+        # normal priority both give (IACP's eta_seconds), once it has handled something.
+        handling = self._handling.agent.ms
+        waiting = self._slots.waiting_by_class
+        if handling is not None:
+            # The handlers busy as the announced load says, as the coordinator reads it.
+            slots = max(self.max_in_flight, 1)
+            busy = math.floor(min(load, 1.0) * slots + 0.5)
+            ahead = waiting_at_or_above(dict(zip(WAITING_KEYS, waiting)), Priority.NORMAL)
+            fields.append(("eta_ms", estimate_eta_ms(handling, slots, busy, ahead)))
+            fields.append(("handling_ms", handling))
+        if any(waiting):
+            fields.append(("waiting", Struct([(k, n) for k, n in zip(WAITING_KEYS, waiting) if n])))
         if self.identity is not None:
             fields.append(("public_key", self.identity.public_key))
         if self.encryption_key is not None:
@@ -65,6 +83,18 @@ class Presence(Inbound):
         if open_circuits:
             fields.append(("open_circuits", open_circuits))
         return encode_struct(fields)
+
+    def _capability_info(self, capability: str) -> Struct:
+        """What the manifest says of one capability: its name and version, the most tokens one
+        request may carry (when the agent says), and how long it takes lately (once it ran)."""
+        info: list[tuple[str, Any]] = [("name", capability), ("version", self.capability_version)]
+        max_tokens = self.capability_max_tokens.get(capability)
+        if max_tokens is not None:
+            info.append(("max_tokens", max_tokens))
+        handling = self._handling.ms("capability", capability)
+        if handling is not None:
+            info.append(("handling_ms", handling))
+        return Struct(info)
 
     def _endpoint_infos(self) -> list[Struct]:
         """What the manifest says of the commands and capabilities still served that say

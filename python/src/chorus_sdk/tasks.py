@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 import logging
 import random
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ import nats.js.errors
 from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
 from ._host import Host
-from .codec import DecodeError, decode, decode_payload, typed
+from .codec import DecodeError, decode, decode_payload, encode_payload, typed
 from .context import Context, Reply, check_headers
 from .envelope import (
     CONTENT_TYPE_JSON,
@@ -36,6 +37,7 @@ from .envelope import (
     TaskState,
     now_ms,
 )
+from .eta import Handling
 from .schema import Schema, payload_json
 from .status import ChorusError, Refused, StatusCode, Timeout, is_success, label
 
@@ -366,21 +368,28 @@ TaskHandler = Callable[[TaskContext], Awaitable[Any]]
 
 
 class Tasks:
-    """Serves task handlers for one agent."""
+    """Serves task handlers for one agent. Each task endpoint is timed by its runs (from its
+    acceptance to its handler's own end) in ``handling``, the agent's handling times: what a
+    later acceptance says it expects (its ``eta_ms``)."""
 
-    def __init__(self, agent: Host) -> None:
+    def __init__(self, agent: Host, handling: Handling | None = None) -> None:
         self.agent = agent
         self.store = TaskStore(agent)
+        self.handling = handling if handling is not None else Handling()
 
-    def endpoint(self, handler: TaskHandler) -> Callable[[Context], Awaitable[Any]]:
+    def endpoint(self, handler: TaskHandler, kind: str = "command", name: str = "") -> Callable[[Context], Awaitable[Any]]:
+        """The handler that takes the tasks submitted to endpoint ``name`` of ``kind``
+        (``command`` or ``capability``), each run by ``handler``."""
+
         async def accept(ctx: Context) -> Any:
-            return await self.accept(ctx, handler)
+            return await self.accept(ctx, handler, (kind, name))
 
         return accept
 
-    async def accept(self, ctx: Context, handler: TaskHandler) -> None:
-        """Takes the task ``ctx`` submits (answering 5002), or takes it over from the agent
-        working on it (a handoff), or refuses it with a code."""
+    async def accept(self, ctx: Context, handler: TaskHandler, endpoint: tuple[str, str] = ("command", "")) -> None:
+        """Takes the task ``ctx`` submits (answering 5002; its acceptance says how long the
+        task is expected to take once ``endpoint`` has run one), or takes it over from the
+        agent working on it (a handoff), or refuses it with a code."""
         env = ctx.envelope
         if env.performative not in (Performative.ASSIGN, Performative.HANDOFF) or env.correlation_id is None:
             raise ChorusError(StatusCode.INVALID_ARGUMENT, "this command runs as a task: submit it as one")
@@ -411,7 +420,13 @@ class Tasks:
             governs = await store.submission(task)
             context_env = env
         else:
-            seq = await store.transition(task, (seq, current), store.state_message(task, TaskState.ACCEPTED))
+            accepted = store.state_message(task, TaskState.ACCEPTED)
+            # IACP: "Yes. ETA 120s." Its recent runs' moving average, once it has run.
+            eta_ms = self.handling.ms(*endpoint)
+            if eta_ms is not None:
+                accepted.payload = encode_payload({"eta_ms": eta_ms}, CONTENT_TYPE_MSGPACK)
+                accepted.content_type = CONTENT_TYPE_MSGPACK
+            seq = await store.transition(task, (seq, current), accepted)
             state = TaskState.ACCEPTED
             governs = context_env = record
         run = _Run(
@@ -427,7 +442,7 @@ class Tasks:
         )
         subs = await self._listen(run)
         context = TaskContext(agent, context_env, ctx.subject, run)
-        agent.spawn(self._drive(run, context, handler, subs), name="chorus-task")
+        agent.spawn(self._drive(run, context, handler, subs, endpoint), name="chorus-task")
 
     async def _listen(self, run: _Run) -> list[Any]:
         nc = self.agent.nc
@@ -451,8 +466,9 @@ class Tasks:
             run.halt("cancelled")
         return subs
 
-    async def _drive(self, run: _Run, ctx: TaskContext, handler: TaskHandler, subs: list[Any]) -> None:
+    async def _drive(self, run: _Run, ctx: TaskContext, handler: TaskHandler, subs: list[Any], endpoint: tuple[str, str]) -> None:
         store = self.store
+        begun = time.perf_counter_ns()
         try:
             if run.last[1] is not TaskState.WORKING:
                 try:
@@ -475,6 +491,9 @@ class Tasks:
                     await asyncio.wait_for(asyncio.shield(work), CANCEL_GRACE)
                 except (asyncio.TimeoutError, Exception):  # noqa: BLE001
                     work.cancel()
+            if run.why is None and work.done() and not work.cancelled():
+                # A run that ended by itself (done or failed): how long its kind takes.
+                self.handling.record(*endpoint, time.perf_counter_ns() - begun)
             if run.handed_off:
                 # Another agent has it now and writes its end.
                 if work.done() and not work.cancelled():
@@ -552,6 +571,24 @@ class TaskUpdate:
     def fraction(self) -> float | None:
         p = self.envelope.progress
         return p.fraction if self.kind == "progress" and p is not None else None
+
+    @property
+    def eta(self) -> float | None:
+        """How long the worker expects the task to take, in seconds, when this is its
+        acceptance and the worker has run the task's kind before (its recent runs' moving
+        average, the acceptance's ``eta_ms``); ``None`` otherwise, and for an acceptance
+        whose payload does not say it."""
+        env = self.envelope
+        if self.state is not TaskState.ACCEPTED or not env.payload:
+            return None
+        try:
+            said = decode_payload(env.payload, env.content_type)
+        except DecodeError:
+            return None
+        eta_ms = said.get("eta_ms") if isinstance(said, dict) else None
+        if isinstance(eta_ms, bool) or not isinstance(eta_ms, int) or eta_ms < 0:
+            return None
+        return eta_ms / 1000
 
     @property
     def chunk(self) -> int | None:

@@ -11,6 +11,7 @@ mod dashboard;
 mod delivery;
 mod demo;
 mod deploy;
+mod discovery;
 mod docs;
 mod examples;
 mod gateway;
