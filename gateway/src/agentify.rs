@@ -387,13 +387,9 @@ pub(crate) async fn frame(conn: &Connection<'_>, text: &str, tasks: &mut JoinSet
 /// The `offer` answering a `discover`: the live agents with `payload.capability`, as peers.
 async fn discover(conn: &Connection<'_>, edge: &Edge, m: &Message) -> ApiResult<Value> {
     conn.token.route(Route::Agents)?;
-    let capability = match m.payload.get("capability") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(c)) => Some(c.clone()),
-        Some(_) => return Err(ApiError::bad_request("payload.capability: a string")),
-    };
-    let peers =
-        crate::iacp::peers_of(edge, crate::iacp::PeersQuery::capability(capability)).await?;
+    // The same query as IACP's: `capability`, `capabilities`, `max_tokens`, `priority`, ...
+    let query = crate::iacp::PeersQuery::from_payload(&m.payload)?;
+    let peers = crate::iacp::peers_of(edge, query).await?;
     let mut frame = json!({
         "id": Uuid::now_v7().to_string(),
         "ts": now(),

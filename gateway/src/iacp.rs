@@ -85,7 +85,6 @@ pub(crate) struct PeersQuery {
     #[serde(default)]
     available_only: bool,
     max_load: Option<f32>,
-    #[serde(default, deserialize_with = "whole::opt_u64")]
     max_tokens: Option<u64>,
     priority: Option<String>,
 }
@@ -110,18 +109,36 @@ fn names<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error
     })
 }
 
-/// The longest list of capabilities a query names.
-pub(crate) const MAX_QUERY_CAPABILITIES: usize = 32;
-
 impl PeersQuery {
-    /// The live agents with `capability`, or all of them.
-    pub(crate) fn capability(capability: Option<String>) -> Self {
-        PeersQuery {
-            capability,
-            ..PeersQuery::default()
-        }
+    /// The query a message's payload holds (IACP's capability query, Agentify's `discover`):
+    /// the keys of the URL's query, the others ignored, as IACP asks (Agentify's carries
+    /// `customer_id`, which is not a filter).
+    pub(crate) fn from_payload(payload: &Value) -> ApiResult<PeersQuery> {
+        const KEYS: [&str; 7] = [
+            "capability",
+            "capabilities",
+            "group",
+            "available_only",
+            "max_load",
+            "max_tokens",
+            "priority",
+        ];
+        let known: serde_json::Map<String, Value> = match payload {
+            Value::Null => serde_json::Map::new(),
+            Value::Object(o) => o
+                .iter()
+                .filter(|(k, v)| KEYS.contains(&k.as_str()) && !v.is_null())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            _ => return Err(ApiError::bad_request("a query's payload is a JSON object")),
+        };
+        serde_json::from_value(Value::Object(known))
+            .map_err(|e| ApiError::bad_request(format!("a query's payload: {e}")))
     }
 }
+
+/// The longest list of capabilities a query names.
+pub(crate) const MAX_QUERY_CAPABILITIES: usize = 32;
 
 /// One capability of a peer, as IACP's capability manifest writes it.
 #[derive(Debug, Serialize)]
@@ -659,13 +676,7 @@ pub(crate) async fn send(
         }
         Action::Query { to } => {
             credential.route(Route::Agents)?;
-            let query: PeersQuery = match &env.message.payload {
-                Value::Null => PeersQuery::default(),
-                payload => serde_json::from_value(payload.clone()).map_err(|e| {
-                    ApiError::bad_request(format!("a capability query's payload: {e}"))
-                })?,
-            };
-            let peers = peers_of(edge, query).await?;
+            let peers = peers_of(edge, PeersQuery::from_payload(&env.message.payload)?).await?;
             let sent = Sent {
                 me: me.to_owned(),
                 message_id: message_id.clone(),
@@ -781,6 +792,66 @@ mod tests {
 
     fn envelope(value: Value) -> Envelope {
         serde_json::from_value(value).expect("an envelope")
+    }
+
+    #[test]
+    fn a_capability_query_reads_from_a_url_and_from_a_payload_alike() {
+        let from_url: PeersQuery = api::query(Some(
+            "capabilities=code_review,testing&max_tokens=4096&priority=high".into(),
+        ))
+        .expect("a query");
+        // As the seed writes it, with a field that is not a filter.
+        let from_payload = PeersQuery::from_payload(&json!({
+            "capabilities": ["code_review", "testing"], "max_tokens": 4096,
+            "priority": "high", "customer_id": "customer-123",
+        }))
+        .expect("a query");
+        for q in [from_url, from_payload] {
+            let q = q.checked().expect("valid");
+            assert_eq!(q.capabilities, ["code_review", "testing"]);
+            assert_eq!(
+                (q.max_tokens, q.priority),
+                (Some(4096), Some(Priority::High))
+            );
+        }
+        let refused = |v: Value| {
+            let e = PeersQuery::from_payload(&v)
+                .and_then(PeersQuery::checked)
+                .expect_err("refused");
+            format!("{e:?}")
+        };
+        assert!(refused(json!({"priority": "urgent"})).contains("priority"));
+        assert!(refused(json!({"capabilities": ["a b"]})).contains("capabilities"));
+        assert!(refused(json!({"max_tokens": -1})).contains("-1"));
+        assert!(refused(json!(["code_review"])).contains("object"));
+        let many: Vec<String> = (0..=MAX_QUERY_CAPABILITIES)
+            .map(|i| format!("c{i}"))
+            .collect();
+        assert!(refused(json!({ "capabilities": many })).contains("at most"));
+        // A URL still refuses a parameter it does not know (a typo filters nothing).
+        assert!(api::query::<PeersQuery>(Some("capabilites=a".into())).is_err());
+        // The query intent with no channel asks the registry; with one, the agent's command.
+        let asked = envelope(json!({
+            "version": "1.0", "recipient": {"agent_id": "reviewer-02"},
+            "message": {"type": "request", "intent": "query", "payload": {}},
+        }));
+        assert_eq!(
+            action(&asked, "me").ok(),
+            Some(Action::Query {
+                to: Some("reviewer-02")
+            })
+        );
+        let command = envelope(json!({
+            "version": "1.0", "recipient": {"agent_id": "reviewer-02", "channel": "query"},
+            "message": {"type": "request", "intent": "query", "payload": {}},
+        }));
+        assert_eq!(
+            action(&command, "me").ok(),
+            Some(Action::Request {
+                to: "reviewer-02",
+                command: "query"
+            })
+        );
     }
 
     fn seed_request(to: &str, intent: &str) -> Value {

@@ -82,7 +82,8 @@ fn iacp_schemas(name: &Value) -> Value {
                         "name": {"type": "string"},
                         "version": {"type": "string"},
                         "models": {"type": "array", "items": {"type": "string"}},
-                        "throughput": {"type": "number"}
+                        "throughput": {"type": "number"},
+                        "max_tokens": {"type": "integer"}
                     }
                 }},
                 "commands": {"type": "array", "items": {"type": "string"}},
@@ -246,6 +247,11 @@ fn build(config: &GatewayConfig) -> Value {
                 "parameters": [
                     capability, group, available_only,
                     {"name": "max_load", "in": "query", "schema": {"type": "number", "minimum": 0, "maximum": 1}},
+                    {"name": "capabilities", "in": "query", "description": "All of these, comma-separated",
+                     "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}(\\.[A-Za-z0-9_-]{1,64}){0,15}(,[A-Za-z0-9_-]{1,64}(\\.[A-Za-z0-9_-]{1,64}){0,15}){0,31}$"}},
+                    {"name": "max_tokens", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_SAFE}},
+                    {"name": "priority", "in": "query", "description": "Orders the peers soonest first at this priority",
+                     "schema": {"enum": ["critical", "high", "normal", "low"]}},
                     agent_id.clone()
                 ],
                 "responses": with_refusals("200", ok("The peers", "Peers"))

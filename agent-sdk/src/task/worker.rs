@@ -190,7 +190,7 @@ impl Tasks {
         } else {
             let mut accepted = self.store.state_message(id, TaskState::Accepted);
             // IACP: "Yes. ETA 120s." The ETA of its recent runs, once it has run.
-            if let Some(eta_ms) = self.endpoint_of(&env).and_then(|e| e.handling.ms())
+            if let Some(eta_ms) = self.endpoint_of(env).and_then(|e| e.handling.ms())
                 && let Ok(payload) = encode_payload(
                     &Acceptance { eta_ms },
                     crate::protocol::envelope::CONTENT_TYPE_MSGPACK,
@@ -228,7 +228,7 @@ impl Tasks {
         });
         self.listen(&run, inputs).await?;
         let tasks = Arc::clone(&self);
-        let endpoint = self.endpoint_of(&env);
+        let endpoint = self.endpoint_of(env);
         self.tracker
             .spawn(async move { tasks.drive(run, ctx, handler, endpoint).await });
         Ok(Output::default())

@@ -70,7 +70,14 @@ async fn a_query_names_several_capabilities_and_tokens_and_a_priority_orders_it_
     let both = ["code_review", "testing"];
     let slow = timed(&server, "a-slow", 120, &both, &[("code_review", 8192)]).await;
     let fast = timed(&server, "b-fast", 20, &both, &[]).await;
-    let _small = timed(&server, "c-small", 5, &["code_review"], &[("code_review", 1024)]).await;
+    let _small = timed(
+        &server,
+        "c-small",
+        5,
+        &["code_review"],
+        &[("code_review", 1024)],
+    )
+    .await;
     // Handled by `b-fast` alone: its own handling time, apart from the agent's.
     fast.on_capability("translate", |_ctx: Context, (): ()| async {
         tokio::time::sleep(Duration::from_millis(60)).await;
@@ -86,11 +93,7 @@ async fn a_query_names_several_capabilities_and_tokens_and_a_priority_orders_it_
                 .expect("warm");
         }
         client
-            .call(
-                Call::capability("translate")
-                    .payload(&())
-                    .expect("payload"),
-            )
+            .call(Call::capability("translate").payload(&()).expect("payload"))
             .await
             .expect("translate");
     }
@@ -113,10 +116,16 @@ async fn a_query_names_several_capabilities_and_tokens_and_a_priority_orders_it_
     println!("ETAs: b-fast {fast_eta} ms, a-slow {slow_eta} ms");
     // Idle, so the ETA is the handling time: at least the handler's sleep, and the fast one
     // well under the slow one whatever the machine adds.
-    assert!(fast_eta >= 20 && fast_eta < slow_eta, "b-fast: {fast_eta} ms");
+    assert!(
+        fast_eta >= 20 && fast_eta < slow_eta,
+        "b-fast: {fast_eta} ms"
+    );
     assert!(slow_eta >= 120, "a-slow: {slow_eta} ms");
     let manifest = &found[0].manifest;
-    assert_eq!(manifest.eta_ms, manifest.handling_ms, "idle: ETA = handling");
+    assert_eq!(
+        manifest.eta_ms, manifest.handling_ms,
+        "idle: ETA = handling"
+    );
     let translate = manifest
         .capabilities
         .iter()
@@ -203,7 +212,11 @@ async fn what_waits_for_a_slot_counts_at_its_priority_and_above() {
     }
     for _ in 0..3 {
         client
-            .call(Call::agent("single", "work").payload(&false).expect("payload"))
+            .call(
+                Call::agent("single", "work")
+                    .payload(&false)
+                    .expect("payload"),
+            )
             .await
             .expect("warm");
     }
@@ -224,7 +237,12 @@ async fn what_waits_for_a_slot_counts_at_its_priority_and_above() {
         });
     };
     send(&mut calls, true, Priority::Normal);
-    for p in [Priority::Low, Priority::Low, Priority::Normal, Priority::High] {
+    for p in [
+        Priority::Low,
+        Priority::Low,
+        Priority::Normal,
+        Priority::High,
+    ] {
         send(&mut calls, false, p);
     }
     let record = |priority: &'static str| {
@@ -316,7 +334,11 @@ async fn a_task_s_acceptance_carries_the_eta_of_its_recent_runs() {
     let mut etas = Vec::new();
     for _ in 0..2 {
         let task = boss
-            .submit(Call::agent("summarizer", "summarize").payload(&()).expect("payload"))
+            .submit(
+                Call::agent("summarizer", "summarize")
+                    .payload(&())
+                    .expect("payload"),
+            )
             .await
             .expect("submit");
         let mut updates = task.updates().await.expect("follow");

@@ -540,6 +540,7 @@ async fn the_heartbeat_manifest_and_the_srv_answers_are_as_documented() {
             "float 32" => value.is_f64(),
             "enum" => value.is_string(),
             t if t.starts_with("array") => value.is_array(),
+            t if t.starts_with("map") => value.is_object(),
             t => panic!("unknown type {t} in the manifest table"),
         };
         assert!(ok, "{name}: {value} is not a {ty}");
