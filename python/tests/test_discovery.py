@@ -233,12 +233,15 @@ async def coordinator_ready(agent: Agent) -> None:
     await eventually("the coordinator answers discovery", answers, WAIT)
 
 
-async def records(agent: Agent, ids: set[str], **query: Any) -> list[dict[str, Any]]:
-    """The records of agents ``ids`` a discovery returns, in its order."""
+async def records(agent: Agent, ids: set[str], quiet: bool = False, **query: Any) -> list[dict[str, Any]]:
+    """The records of agents ``ids`` a discovery returns, in its order; ``quiet``: none when
+    the discovery fails (asked again by :func:`eventually`)."""
     try:
-        found = await agent.discover(timeout=2.0, **query)
+        found = await agent.discover(timeout=5.0, **query)
     except ChorusError:
-        return []
+        if quiet:
+            return []
+        raise
     return [r for r in found if r["manifest"]["agent"] in ids]
 
 
@@ -253,11 +256,12 @@ async def test_a_python_agent_announces_its_handling_time_and_discovery_returns_
             return "done"
 
         async with steady:
+            await steady.flush()
             for _ in range(5):
                 assert await asker.request_capability("disc.steady", None, timeout=WAIT) == "done"
 
             async def timed() -> Any:
-                found = await records(asker, {steady.id}, capability="disc.steady")
+                found = await records(asker, {steady.id}, quiet=True, capability="disc.steady")
                 return found if found and "handling_ms" in found[0]["manifest"] else None
 
             (record,) = await eventually("py-steady's handling time in discovery", timed)
@@ -280,7 +284,9 @@ async def test_a_discovery_names_several_capabilities_and_a_token_count(server: 
         async def serve(agent: Agent, *capabilities: str) -> Agent:
             for c in capabilities:
                 agent.on_capability(c, _echo)
-            return await agent.connect()
+            await agent.connect()
+            await agent.flush()
+            return agent
 
         both = await serve(py_agent(server, "py-both", heartbeat_interval=0.2), "disc.review", "disc.testing")
         only = await serve(py_agent(server, "py-only-review", heartbeat_interval=0.2), "disc.review")
@@ -294,7 +300,7 @@ async def test_a_discovery_names_several_capabilities_and_a_token_count(server: 
                 return {r["manifest"]["agent"] for r in await records(asker, mine, **query)}
 
             async def all_in() -> bool:
-                return await ids() == mine
+                return {r["manifest"]["agent"] for r in await records(asker, mine, quiet=True)} == mine
 
             await eventually("five agents in discovery", all_in)
             assert await ids(capabilities=["disc.review", "disc.testing"]) == {both.id}
@@ -327,13 +333,15 @@ async def test_with_a_priority_the_soonest_come_first_and_what_waits_counts(serv
         slow.on_capability("disc.rank", _sleeping(0.3))
         fast.on_capability("disc.rank", _sleeping(0.01))
         async with slow, fast:
+            await slow.flush()
+            await fast.flush()
             for _ in range(3):
                 await asker.request_capability("disc.rank", None, at=slow.id, timeout=WAIT)
                 await asker.request_capability("disc.rank", None, at=fast.id, timeout=WAIT)
             pair = {slow.id, fast.id}
 
             async def settled() -> Any:
-                found = await records(asker, pair, capability="disc.rank")
+                found = await records(asker, pair, quiet=True, capability="disc.rank")
                 quiet = len(found) == 2 and all(r["manifest"]["load"] == 0 and "eta_ms" in r for r in found)
                 return found if quiet else None
 
@@ -342,7 +350,8 @@ async def test_with_a_priority_the_soonest_come_first_and_what_waits_counts(serv
             soonest = await records(asker, pair, capability="disc.rank", priority="high")
             assert [r["manifest"]["agent"] for r in soonest] == [fast.id, slow.id], soonest
             assert soonest[0]["eta_ms"] < soonest[1]["eta_ms"]
-            assert await records(asker, pair, capability="disc.rank", priority=Priority.LOW) == soonest
+            low = await records(asker, pair, capability="disc.rank", priority=Priority.LOW)
+            assert [(r["manifest"]["agent"], r["eta_ms"]) for r in low] == [(r["manifest"]["agent"], r["eta_ms"]) for r in soonest]
 
         # What waits for a slot, per priority, and the ETA at each priority the coordinator
         # computes from it: one slot, held; five requests behind it.
@@ -360,6 +369,7 @@ async def test_with_a_priority_the_soonest_come_first_and_what_waits_counts(serv
             return "done"
 
         async with queue:
+            await queue.flush()
             assert await asker.request_capability("disc.queue", "timed", timeout=WAIT) == "done"
             calls = [asyncio.create_task(asker.request_capability("disc.queue", "hold", priority=N, timeout=WAIT))]
             await asyncio.wait_for(held.wait(), WAIT)
@@ -368,7 +378,7 @@ async def test_with_a_priority_the_soonest_come_first_and_what_waits_counts(serv
             try:
 
                 async def waiting() -> Any:
-                    found = await records(asker, {queue.id}, capability="disc.queue", priority="low")
+                    found = await records(asker, {queue.id}, quiet=True, capability="disc.queue", priority="low")
                     full = found and found[0]["manifest"].get("waiting") == {"critical": 1, "high": 1, "normal": 2, "low": 1}
                     return found[0] if full and found[0]["manifest"]["load"] == 1.0 else None
 
@@ -437,7 +447,7 @@ async def test_a_rust_agents_handling_time_and_eta_read_from_python(server: Any,
             assert await asker.request_capability("interop.upper", f"word {i}", at=peer.id, timeout=WAIT) == f"WORD {i}"
 
         async def timed() -> Any:
-            found = await records(asker, {peer.id}, capability="interop.upper")
+            found = await records(asker, {peer.id}, quiet=True, capability="interop.upper")
             if not found:
                 return None
             caps = {c["name"]: c for c in found[0]["manifest"]["capabilities"]}
@@ -473,6 +483,7 @@ async def test_a_python_agents_fields_come_back_from_the_rust_coordinator_and_cl
         told = py_agent(server, "py-told", heartbeat_interval=0.2, capability_max_tokens={"disc.told": 4096, "disc.unserved": 1})
         told.on_capability("disc.told", _sleeping(0.02))
         async with told:
+            await told.flush()
             for _ in range(3):
                 await asker.request_capability("disc.told", None, timeout=WAIT)
             # What the Python agent says now (nothing runs any more: it stays so).
@@ -481,7 +492,7 @@ async def test_a_python_agents_fields_come_back_from_the_rust_coordinator_and_cl
             assert said["capabilities"] == [{"name": "disc.told", "version": "", "max_tokens": 4096, "handling_ms": fields["handling_ms"]}]
 
             async def current() -> Any:
-                found = await records(asker, {told.id}, capability="disc.told")
+                found = await records(asker, {told.id}, quiet=True, capability="disc.told")
                 return found[0] if found and found[0]["manifest"].get("handling_ms") == fields["handling_ms"] else None
 
             # Through the Rust coordinator's typed registry: the same fields, the same values.

@@ -17,7 +17,9 @@ use chorus_sdk::{
 use chorus_tests::{WAIT, agent, agent_options, coordinator, eventually, server, within};
 use futures::StreamExt;
 
-const HEARTBEAT: Duration = Duration::from_millis(200);
+/// Short, for answers that follow the agents quickly; not so short that a busy machine delays
+/// a heartbeat past the three intervals that declare an agent gone.
+const HEARTBEAT: Duration = Duration::from_millis(500);
 
 /// An agent whose command `warm` and capabilities each take `ms` to handle.
 async fn timed(
@@ -174,6 +176,63 @@ async fn a_query_names_several_capabilities_and_tokens_and_a_priority_orders_it_
     .await;
     assert_eq!(ids(&by_eta), ["b-fast", "a-slow", "c-small"]);
     assert_eq!(by_eta[2].eta_ms, None, "never handled: no ETA");
+
+    // The same query from the command line.
+    let cli = |args: &[&str]| {
+        let mut cli = std::process::Command::new(chorus_tests::chorus_binary());
+        cli.args(["--server", server.url(), "agents"])
+            .args(args)
+            .stdin(std::process::Stdio::null());
+        within(
+            WAIT,
+            "chorus agents",
+            tokio::task::spawn_blocking(move || cli.output()),
+        )
+    };
+    let listed = cli(&[
+        "--capability",
+        "code_review",
+        "--capability",
+        "testing",
+        "--max-tokens",
+        "4096",
+        "--priority",
+        "high",
+        "--json",
+    ])
+    .await
+    .expect("the CLI's task")
+    .expect("chorus agents runs");
+    assert!(listed.status.success(), "{listed:?}");
+    let records: Vec<AgentRecord> = serde_json::from_slice(&listed.stdout).expect("JSON records");
+    assert_eq!(
+        ids(&records),
+        ["b-fast", "a-slow"],
+        "{}",
+        String::from_utf8_lossy(&listed.stdout)
+    );
+    assert!(records.iter().all(|r| r.eta_ms.is_some()));
+    let table = cli(&["--capability", "code_review", "--priority", "low"])
+        .await
+        .expect("the CLI's task")
+        .expect("chorus agents runs");
+    let text = String::from_utf8_lossy(&table.stdout);
+    let rows: Vec<&str> = text.lines().collect();
+    assert!(rows[0].contains("eta"), "{text}");
+    assert!(
+        rows[1].starts_with("b-fast") && rows[1].contains(" ms "),
+        "{text}"
+    );
+    assert!(
+        rows[3].starts_with("c-small") && rows[3].contains(" - "),
+        "{text}"
+    );
+    let refused = cli(&["--priority", "urgent"])
+        .await
+        .expect("the CLI's task")
+        .expect("chorus agents runs");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("critical, high, normal, low"));
     drop(slow);
 }
 
