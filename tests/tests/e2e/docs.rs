@@ -155,3 +155,97 @@ fn protocol_task_transitions_match_the_sdk() {
         }
     }
 }
+
+/// docs/SEEDS.md: the summary's counts are those of its tables, and every test a row names
+/// (`e2e/file.rs::function`, `py/file.py::function`, `cli/file.rs::function`, or a path in
+/// full) exists.
+#[test]
+fn the_seeds_table_counts_its_rows_and_names_tests_that_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/SEEDS.md")).expect("docs/SEEDS.md");
+    let seeds = ["IAC", "AIXP", "002", "IACP", "Agentify"];
+    let cells = |line: &str| -> Vec<String> {
+        line.trim()
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_owned())
+            .collect()
+    };
+    // Counted per seed: rows, met, does not apply, open.
+    let mut counted = std::collections::BTreeMap::<&str, [usize; 4]>::new();
+    let mut named = Vec::new();
+    for line in doc.lines().filter(|l| l.starts_with("| ")) {
+        let row = cells(line);
+        let Some(seed) = seeds.iter().find(|s| **s == row[0]) else {
+            continue;
+        };
+        if row.len() != 4 {
+            continue; // the summary's rows
+        }
+        let met = &row[3];
+        let class = if met.starts_with("open") {
+            3
+        } else if met.starts_with("does not apply") {
+            2
+        } else {
+            1
+        };
+        let c = counted.entry(seed).or_default();
+        c[0] += 1;
+        c[class] += 1;
+        for word in met.split(|c: char| c.is_whitespace() || ";,()`".contains(c)) {
+            if let Some((file, function)) = word.split_once("::")
+                && (file.ends_with(".rs") || file.ends_with(".py"))
+            {
+                named.push((file.to_owned(), function.trim_end_matches('.').to_owned()));
+            }
+        }
+    }
+    let summary = doc.find("## Summary").expect("the summary");
+    let mut total = [0usize; 4];
+    for line in doc[summary..].lines().filter(|l| l.starts_with("| ")) {
+        let row = cells(line);
+        let Ok(numbers) = row[1..]
+            .iter()
+            .map(|n| n.parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+        else {
+            continue;
+        };
+        let expected = if row[0] == "all" {
+            total
+        } else {
+            let c = counted[row[0].as_str()];
+            for (t, n) in total.iter_mut().zip(c) {
+                *t += n;
+            }
+            c
+        };
+        assert_eq!(numbers, expected, "the summary's row for {}", row[0]);
+    }
+    assert!(total[0] > 200, "the tables were read: {total:?}");
+    let mut missing = Vec::new();
+    for (file, function) in named {
+        let path = match file.split_once('/') {
+            _ if root.join(&file).is_file() => root.join(&file),
+            Some(("e2e", rest)) => root.join("tests/tests/e2e").join(rest),
+            Some(("py", rest)) => root.join("python/tests").join(rest),
+            Some(("cli", rest)) => root.join("cli/tests").join(rest),
+            _ => root.join(&file),
+        };
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let defined = [
+            format!("fn {function}("),
+            format!("fn {function}<"),
+            format!("def {function}("),
+        ];
+        if !defined.iter().any(|d| text.contains(d.as_str())) {
+            missing.push(format!("{file}::{function}"));
+        }
+    }
+    missing.dedup();
+    assert!(
+        missing.is_empty(),
+        "docs/SEEDS.md names tests that are not there: {missing:#?}"
+    );
+}
