@@ -19,7 +19,7 @@ use axum::Json;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode as Http};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use chorus_sdk::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -219,15 +219,44 @@ pub(crate) async fn request(
     })
 }
 
-/// `POST /agent/message`: Agentify's request-reply.
+/// `POST /agent/message`: Agentify's request-reply. A refusal is answered as Agentify writes
+/// one too, a `failure` (or `refuse` when access was denied) message, with the HTTP status the
+/// gateway's other routes give it.
 pub(crate) async fn message(
     State(state): State<Arc<GatewayState>>,
     headers: HeaderMap,
     bytes: Bytes,
-) -> ApiResult<Json<Inform>> {
-    let (edge, credential) = api::edge(&state, &headers, Route::Agentify)?;
-    let m: Message = api::body(&bytes)?;
-    Ok(Json(request(&state, edge, &credential, &m).await?))
+) -> Response {
+    let m = api::body::<Message>(&bytes);
+    let (me, outcome) = match api::edge(&state, &headers, Route::Agentify) {
+        // Unauthenticated or not allowed: the caller is who its message says, if anyone.
+        Err(e) => {
+            let named = m.as_ref().ok().and_then(|m| m.sender.as_deref());
+            let me = named.map(|s| s.strip_prefix("agent.").unwrap_or(s).to_owned());
+            (me, Err(e))
+        }
+        Ok((edge, credential)) => {
+            let outcome = match &m {
+                Ok(m) => request(&state, edge, &credential, m).await,
+                Err(e) => Err(e.clone()),
+            };
+            (Some(edge.agent.id().to_owned()), outcome)
+        }
+    };
+    match outcome {
+        Ok(inform) => Json(inform).into_response(),
+        Err(e) => {
+            let frame = failure_to(me.as_deref(), m.as_ref().ok(), &e);
+            let mut response = (e.http(), Json(frame)).into_response();
+            if e.http() == Http::UNAUTHORIZED {
+                response.headers_mut().insert(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static("Bearer"),
+                );
+            }
+            response
+        }
+    }
 }
 
 /// `GET /agent/ws`: a WebSocket whose frames are Agentify messages (`ws.rs` runs it).
@@ -243,6 +272,11 @@ pub(crate) async fn upgrade(
 /// The `failure` (or, for a denial, `refuse`) that answers `m` (if it read as a message) sent
 /// by `me` with refusal `e`.
 pub(crate) fn failure(me: &str, m: Option<&Message>, e: &ApiError) -> Value {
+    failure_to(Some(me), m, e)
+}
+
+/// [`failure`], to `me` if known (an empty `to` otherwise).
+fn failure_to(me: Option<&str>, m: Option<&Message>, e: &ApiError) -> Value {
     let body = e.body();
     let denied = matches!(e.http(), Http::FORBIDDEN | Http::UNAUTHORIZED);
     let (kind, intent) = if denied {
@@ -258,7 +292,7 @@ pub(crate) fn failure(me: &str, m: Option<&Message>, e: &ApiError) -> Value {
         "ts": now(),
         "type": kind,
         "sender": sender,
-        "to": [format!("agent.{me}")],
+        "to": me.map(|me| format!("agent.{me}")).into_iter().collect::<Vec<_>>(),
         "intent": intent,
         "payload": {"error": body["reason"], "code": body["status"], "label": body["label"]},
     });

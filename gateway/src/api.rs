@@ -23,7 +23,7 @@ use super::scopes::{Grants, Route};
 use super::{Edge, GatewayState};
 
 /// A refusal: the HTTP status, the Chorus code and why.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ApiError {
     http: Http,
     status: StatusCode,

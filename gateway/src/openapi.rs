@@ -40,6 +40,21 @@ fn with_refusals(ok_status: &str, ok: Value) -> Value {
     responses
 }
 
+/// Agentify's route: its refusals are Agentify `failure` (or `refuse`) messages, with the same
+/// HTTP statuses as every route's.
+fn agentify_refusals(ok: Value) -> Value {
+    let mut responses = with_refusals("200", ok);
+    if let Some(all) = responses.as_object_mut() {
+        for (status, response) in all.iter_mut() {
+            if status != "200" && response.get("content").is_some() {
+                response["content"] = json!({"application/json": {"schema":
+                    {"$ref": "#/components/schemas/AgentifyFailure"}}});
+            }
+        }
+    }
+    responses
+}
+
 fn json_body(schema: &str) -> Value {
     json!({
         "required": true,
@@ -184,6 +199,28 @@ fn agentify_schemas(name: &Value, max_timeout: u64) -> Value {
                     "type": {"type": "string"},
                     "timeout": {"type": "integer", "minimum": 1, "maximum": max_timeout}
                 }}
+            }
+        },
+        "AgentifyFailure": {
+            "type": "object",
+            "required": ["id", "ts", "type", "sender", "to", "intent", "payload"],
+            "properties": {
+                "id": {"type": "string"},
+                "ts": {"type": "string"},
+                "type": {"enum": ["failure", "refuse"]},
+                "sender": {"type": "string"},
+                "to": {"type": "array", "items": {"type": "string"}},
+                "intent": {"type": "string", "description": "permission_denied for a refuse, else the Chorus label (timeout, no_responders, ...)"},
+                "payload": {
+                    "type": "object",
+                    "required": ["error", "code", "label"],
+                    "properties": {
+                        "error": {"type": "string"},
+                        "code": {"type": "integer", "minimum": 5001, "maximum": 5099},
+                        "label": {"type": "string"}
+                    }
+                },
+                "correlation": {"type": "object"}
             }
         },
         "AgentifyReply": {
@@ -344,7 +381,7 @@ fn build(config: &GatewayConfig) -> Value {
                 "operationId": "agentifyMessage",
                 "summary": "Agentify's request-reply",
                 "requestBody": json_body("AgentifyMessage"),
-                "responses": with_refusals("200", ok("The reply", "AgentifyReply"))
+                "responses": agentify_refusals(ok("The reply", "AgentifyReply"))
             }}
         },
         "components": {

@@ -89,14 +89,15 @@ def test_a_manifests_eta_is_at_a_priority_for_its_slowest_named_capability() -> 
     assert waiting_at_or_above({}, L) == 0
     assert waiting_at_or_above(m["waiting"], Priority.UNKNOWN) == 3, "an unknown priority waits as normal"
     # Whatever a manifest holds, it never raises.
-    for odd in [
+    odds: list[dict[str, Any]] = [
         {"handling_ms": "fast"},
         {"handling_ms": -1},
         {"handling_ms": True},
         {"handling_ms": 10, "slots": "many", "load": float("nan"), "waiting": [1, 2]},
         {"handling_ms": 10, "capabilities": [None, {"name": ["x"], "handling_ms": 5}, {"name": "x", "handling_ms": {}}]},
         {"handling_ms": 10, "waiting": {"normal": -3, "high": "2", "critical": 1.5}},
-    ]:
+    ]
+    for odd in odds:
         assert eta_at(odd, N, ["x"]) in (None, 10), odd
     assert eta_at([], N) is None  # type: ignore[arg-type]
 
@@ -144,7 +145,7 @@ def test_a_successful_reply_to_a_discover_is_an_offer() -> None:
 async def test_discover_and_max_tokens_check_their_arguments_before_anything_is_sent() -> None:
     agent = Agent("py-asker", heartbeat_interval=0)
     with pytest.raises(TypeError):
-        await agent.discover(capabilities="one.string")  # type: ignore[arg-type]
+        await agent.discover(capabilities="one.string")
     with pytest.raises(SubjectError):
         await agent.discover(capabilities=["fine", "not fine"])
     for tokens in (-1, 1.5, True, "4096"):
@@ -470,13 +471,6 @@ async def test_a_rust_agents_handling_time_and_eta_read_from_python(server: Any,
         assert second.eta is not None and second.eta >= 0.001, second.envelope
 
 
-async def customer_acceptance(agent: Agent, to: str, name: str, payload: Any) -> TaskUpdate:
-    handle = await agent.submit(payload, to=to, name=name)
-    updates = await asyncio.wait_for(_collect(handle), WAIT)
-    (accepted,) = [u for u in updates if u.state is TaskState.ACCEPTED]
-    return accepted
-
-
 async def test_a_python_agents_fields_come_back_from_the_rust_coordinator_and_cli_unchanged(server: Any, coordinator: Any) -> None:
     async with py_agent(server, "py-asker-e") as asker:
         await coordinator_ready(asker)
@@ -573,6 +567,15 @@ def _sleeping(seconds: float) -> Any:
         return "done"
 
     return handler
+
+
+async def customer_acceptance(agent: Agent, to: str, name: str, payload: Any) -> TaskUpdate:
+    """The acceptance of a task submitted to ``to``'s ``name``, once the task has ended."""
+    handle = await agent.submit(payload, to=to, name=name)
+    updates = await asyncio.wait_for(_collect(handle), WAIT)
+    (accepted,) = [u for u in updates if u.state is TaskState.ACCEPTED]
+    assert isinstance(accepted, TaskUpdate)
+    return accepted
 
 
 async def _collect(handle: Any) -> list[Any]:

@@ -257,6 +257,60 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
         (a.body["type"].as_str(), a.body["sender"].as_str()),
         (Some("inform"), Some("agent.calculator"))
     );
+    // Its refusals are Agentify messages too: a `failure` with the Chorus code and label, a
+    // `refuse` when access is denied, with the HTTP status of every route.
+    let a = curl(
+        gw,
+        "POST",
+        "/agent/message",
+        &[&ed_jwt],
+        Some(&json!({"id": "msg-1", "type": "request", "to": ["agent.nobody.add"], "intent": "calculate", "payload": {}})),
+    )
+    .await;
+    assert_eq!(a.status, 404, "{}", a.body);
+    assert_eq!(
+        (
+            a.body["type"].as_str(),
+            a.body["intent"].as_str(),
+            a.body["payload"]["code"].as_u64(),
+            a.body["to"].clone(),
+            a.body["correlation"]["reply_to"].as_str()
+        ),
+        (
+            Some("failure"),
+            Some("no_responders"),
+            Some(5012),
+            json!(["agent.ops"]),
+            Some("msg-1")
+        ),
+        "{}",
+        a.body
+    );
+    let a = curl(
+        gw,
+        "POST",
+        "/agent/message",
+        &[],
+        Some(&json!({"type": "request", "sender": "agent.ops", "to": ["agent.calculator.add"], "intent": "calculate", "payload": {}})),
+    )
+    .await;
+    assert_eq!(a.status, 401, "{}", a.body);
+    assert_eq!(
+        (
+            a.body["type"].as_str(),
+            a.body["intent"].as_str(),
+            a.body["payload"]["code"].as_u64(),
+            a.body["to"].clone()
+        ),
+        (
+            Some("refuse"),
+            Some("permission_denied"),
+            Some(5014),
+            json!(["agent.ops"])
+        ),
+        "{}",
+        a.body
+    );
 
     // An agent that requires a token gets the caller's JWT in the envelope and checks it
     // itself (here: signed by the identity provider, for the identity the message is from);
