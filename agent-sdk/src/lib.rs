@@ -70,10 +70,11 @@ pub use security::encryption;
 pub use sequence::EventNumbers;
 
 pub use agent::{
-    Agent, AgentConfig, AgentOptions, Batcher, Batching, BusConfig, DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_QUEUE_CAPACITY, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_SHUTDOWN_TIMEOUT, JETSTREAM_TIMEOUT, MAX_BATCH_DELAY, MAX_BATCH_MESSAGES,
-    MonitoringConfig, Queued, ReliabilityConfig, SecurityConfig, ShutdownReport, TaskSummary,
+    Agent, AgentConfig, AgentOptions, Batcher, Batching, BatchingConfig, BusConfig,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_QUEUE_CAPACITY,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, JETSTREAM_TIMEOUT, MAX_BATCH_DELAY,
+    MAX_BATCH_MESSAGES, MonitoringConfig, Queued, ReliabilityConfig, SecurityConfig,
+    ShutdownReport, TaskSummary,
 };
 pub use chorus_broker_adapter::{BrokerOptions, ConnectionEvent, Credentials, Report, TlsOptions};
 pub use codec::{CodecError, Encoding};

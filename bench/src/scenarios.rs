@@ -917,6 +917,7 @@ pub(crate) async fn publish_fake_heartbeats(
             }],
             commands: vec![],
             groups: vec![],
+            customer: None,
             content_types: vec![],
             load: (i % 100) as f32 / 100.0,
             slots: None,

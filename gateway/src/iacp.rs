@@ -87,6 +87,10 @@ pub(crate) struct PeersQuery {
     max_load: Option<f32>,
     max_tokens: Option<u64>,
     priority: Option<String>,
+    /// Agents serving this customer (dedicated to it, or to none); Agentify's `discover`
+    /// names it `customer_id`.
+    #[serde(alias = "customer_id")]
+    customer: Option<String>,
 }
 
 /// A list of names, or one string of them separated by commas.
@@ -114,7 +118,7 @@ impl PeersQuery {
     /// the keys of the URL's query, the others ignored, as IACP asks (Agentify's carries
     /// `customer_id`, which is not a filter).
     pub(crate) fn from_payload(payload: &Value) -> ApiResult<PeersQuery> {
-        const KEYS: [&str; 7] = [
+        const KEYS: [&str; 9] = [
             "capability",
             "capabilities",
             "group",
@@ -122,6 +126,8 @@ impl PeersQuery {
             "max_load",
             "max_tokens",
             "priority",
+            "customer",
+            "customer_id",
         ];
         let known: serde_json::Map<String, Value> = match payload {
             Value::Null => serde_json::Map::new(),
@@ -162,6 +168,8 @@ pub(crate) struct Peer {
     capabilities: Vec<PeerCapability>,
     commands: Vec<String>,
     groups: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    customer: Option<String>,
     load: f32,
     availability: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -188,6 +196,7 @@ pub(crate) fn peer(record: chorus_sdk::AgentRecord) -> Peer {
             .collect(),
         commands: m.commands,
         groups: m.groups,
+        customer: m.customer,
         load: if m.load.is_finite() { m.load } else { 0.0 },
         availability: format!("{:?}", m.availability).to_lowercase(),
         // The query's ETA (its capabilities, at its priority), else the agent's own.
@@ -213,6 +222,9 @@ impl PeersQuery {
         if let Some(g) = &self.group {
             api::name("group", g)?;
         }
+        if let Some(c) = &self.customer {
+            api::name("customer", c)?;
+        }
         if let Some(l) = self.max_load
             && !(0.0..=1.0).contains(&l)
         {
@@ -237,6 +249,7 @@ impl PeersQuery {
             max_load: self.max_load,
             max_tokens: self.max_tokens,
             priority,
+            customer: self.customer,
         })
     }
 }

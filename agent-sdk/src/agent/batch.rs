@@ -65,7 +65,7 @@ impl Batching {
         self
     }
 
-    fn check(&self) -> Result<(), SdkError> {
+    pub(crate) fn check(&self) -> Result<(), SdkError> {
         if !(1..=MAX_BATCH_MESSAGES).contains(&self.max_messages) {
             return Err(SdkError::InvalidCall(format!(
                 "batching: max_messages is between 1 and {MAX_BATCH_MESSAGES}, not {}",
@@ -151,6 +151,20 @@ impl Agent {
     /// [`SdkError::InvalidCall`] when `batching` is out of bounds; [`SdkError::ShuttingDown`]
     /// when the agent is stopping.
     pub fn batcher(&self, batching: Batching) -> Result<Batcher, SdkError> {
+        self.start_batcher(batching)
+    }
+
+    /// A batcher by the agent's own batching: `[batching]` in its configuration file
+    /// ([`AgentOptions::batching`](crate::AgentOptions::batching)), else [`Batching::new`]'s
+    /// 100 messages or 5 ms.
+    ///
+    /// # Errors
+    /// [`SdkError::ShuttingDown`] when the agent is stopping.
+    pub fn default_batcher(&self) -> Result<Batcher, SdkError> {
+        self.start_batcher(self.inner.batching)
+    }
+
+    fn start_batcher(&self, batching: Batching) -> Result<Batcher, SdkError> {
         batching.check()?;
         let inner = &self.inner;
         if inner.stop.is_cancelled() {

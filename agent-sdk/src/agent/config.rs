@@ -37,6 +37,8 @@ use crate::security::signing::SignaturePolicy;
 pub struct AgentConfig {
     /// The agent's id (the code may give it instead).
     pub id: Option<String>,
+    /// The customer it is dedicated to (unset: every customer).
+    pub customer: Option<String>,
     /// Where the bus is.
     pub bus: BusConfig,
     /// How the connection is secured: CA, client certificate and key, nkey seed file (the
@@ -48,6 +50,20 @@ pub struct AgentConfig {
     pub security: SecurityConfig,
     /// Heartbeats, usage reports, service discovery and where its metrics are.
     pub monitoring: MonitoringConfig,
+    /// How its default batcher gathers messages (002's `flow_control`).
+    pub batching: BatchingConfig,
+}
+
+/// `[batching]`: what [`Agent::default_batcher`](crate::Agent::default_batcher) (Python:
+/// `agent.batcher()`) batches by.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchingConfig {
+    /// The most messages a batch holds (002's `batch_size`; default 100).
+    pub max_messages: Option<usize>,
+    /// The longest a batch waits after its first message, in milliseconds (002's
+    /// `batch_timeout`; default 5).
+    pub max_delay_ms: Option<u64>,
 }
 
 /// `[bus]`.
@@ -203,6 +219,20 @@ impl AgentConfig {
         for group in &self.bus.groups {
             options = options.group(group.clone());
         }
+        if let Some(customer) = &self.customer {
+            options = options.customer(customer.clone());
+        }
+        let mut batching = crate::Batching::new();
+        if let Some(n) = self.batching.max_messages {
+            batching = batching.max_messages(n);
+        }
+        if let Some(ms) = self.batching.max_delay_ms {
+            batching = batching.max_delay(millis(ms));
+        }
+        batching
+            .check()
+            .map_err(|e| invalid("batching", crate::Report(&e)))?;
+        options = options.batching(batching);
         let r = &self.reliability;
         if let Some(class) = &r.default_delivery {
             options = options.default_delivery(match class.as_str() {
@@ -334,7 +364,8 @@ mod tests {
              [reliability]\ndefault_delivery = \"exactly_once\"\nrequest_timeout_ms = 1500\n\
              durable_inbox = false\nmax_in_flight = 7\nhop_limit = 4\n\
              [security]\nverify_signatures = \"require\"\n\
-             [monitoring]\nheartbeat_interval_ms = 250\nservice_discovery = false\n",
+             [monitoring]\nheartbeat_interval_ms = 250\nservice_discovery = false\n\
+             [batching]\nmax_messages = 20\nmax_delay_ms = 40\n",
         )
         .expect("as expected");
         let options = config.options(Some("from-code")).expect("as expected");
@@ -355,5 +386,31 @@ mod tests {
         );
         assert_eq!(options.heartbeat_interval, Duration::from_millis(250));
         assert!(!options.service_discovery);
+        assert_eq!(
+            options.batching,
+            crate::Batching::new()
+                .max_messages(20)
+                .max_delay(Duration::from_millis(40))
+        );
+        let dedicated = AgentConfig::parse("customer = \"acme\"\n").expect("as expected");
+        let options = dedicated.options(Some("a")).expect("as expected");
+        assert_eq!(options.customer.as_deref(), Some("acme"));
+        assert_eq!(options.batching, crate::Batching::new(), "the defaults");
+    }
+
+    #[test]
+    fn batching_out_of_bounds_is_refused_by_its_key() {
+        for bad in [
+            "max_messages = 0",
+            "max_messages = 10001",
+            "max_delay_ms = 0",
+            "max_delay_ms = 60001",
+        ] {
+            let config = AgentConfig::parse(&format!("[batching]\n{bad}\n")).expect("TOML");
+            let err = config.options(Some("a")).expect_err("refused");
+            assert!(err.to_string().contains("batching"), "{bad}: {err}");
+        }
+        let err = AgentConfig::parse("[batching]\nbatch_size = 3\n").expect_err("refused");
+        assert!(err.to_string().contains("batch_size"), "{err}");
     }
 }

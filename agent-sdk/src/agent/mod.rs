@@ -12,7 +12,9 @@ mod negotiate;
 mod options;
 mod tasks;
 pub use batch::{Batcher, Batching, MAX_BATCH_DELAY, MAX_BATCH_MESSAGES, Queued};
-pub use config::{AgentConfig, BusConfig, MonitoringConfig, ReliabilityConfig, SecurityConfig};
+pub use config::{
+    AgentConfig, BatchingConfig, BusConfig, MonitoringConfig, ReliabilityConfig, SecurityConfig,
+};
 pub use tasks::TaskSummary;
 
 use crate::Report;
@@ -121,6 +123,8 @@ pub(crate) struct Inner {
     ledger: tokio::sync::OnceCell<crate::credits::Ledger>,
     /// Replicas of the streams and buckets it makes.
     replicas: usize,
+    /// What [`Agent::default_batcher`] batches by.
+    pub(crate) batching: batch::Batching,
 }
 
 /// How long shutdown waits to store the last usage report.
@@ -136,6 +140,10 @@ impl Agent {
         for group in &options.groups {
             validate_token("group", group)?;
         }
+        if let Some(customer) = &options.customer {
+            validate_token("customer", customer)?;
+        }
+        options.batching.check()?;
         if let Some(url) = &options.metrics_url
             && crate::protocol::registry::MetricsTarget::parse(url).is_none()
         {
@@ -257,6 +265,7 @@ impl Agent {
             instance,
             started_ms: now_ms(),
             groups: options.groups.clone(),
+            customer: options.customer.clone(),
             capability_version: options.capability_version.clone(),
             capability_details: options.capability_details.clone(),
             capability_max_tokens: options.capability_max_tokens.clone(),
@@ -318,6 +327,7 @@ impl Agent {
             shared_connection: shared.is_some(),
             ledger: tokio::sync::OnceCell::new(),
             replicas: options.inbox_limits.replicas,
+            batching: options.batching,
         });
         inner.start(&options, verifier).await?;
         tracing::info!(agent = %inner.link.id, "agent connected");

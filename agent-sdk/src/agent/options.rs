@@ -54,6 +54,8 @@ pub struct AgentOptions {
     pub(crate) max_message_bytes: usize,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) groups: Vec<String>,
+    pub(crate) customer: Option<String>,
+    pub(crate) batching: super::batch::Batching,
     pub(crate) capability_version: String,
     /// Per capability: the models behind it and its throughput (IACP), announced.
     pub(crate) capability_details: Vec<(String, Vec<String>, Option<f64>)>,
@@ -107,6 +109,8 @@ impl AgentOptions {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             groups: Vec::new(),
+            customer: None,
+            batching: super::batch::Batching::default(),
             capability_version: DEFAULT_CAPABILITY_VERSION.to_owned(),
             capability_details: Vec::new(),
             capability_max_tokens: Vec::new(),
@@ -281,6 +285,22 @@ impl AgentOptions {
     #[cfg(feature = "fault-injection")]
     pub fn skip_acks(mut self, n: u64) -> Self {
         self.skip_acks = n;
+        self
+    }
+
+    /// The customer this agent is dedicated to (one token; Agentify's per-customer agents, a
+    /// hosting manifest's `customer`): its manifest says so, and a discovery for another
+    /// customer passes it by. Unset, it serves every customer.
+    pub fn customer(mut self, customer: impl Into<String>) -> Self {
+        self.customer = Some(customer.into());
+        self
+    }
+
+    /// The batching [`Agent::default_batcher`](crate::Agent::default_batcher) uses (002's
+    /// `flow_control`; `[batching]` in the agent's configuration file); checked when the
+    /// batcher is made.
+    pub fn batching(mut self, batching: super::batch::Batching) -> Self {
+        self.batching = batching;
         self
     }
 

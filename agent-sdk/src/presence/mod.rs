@@ -42,6 +42,7 @@ pub(crate) struct Presence {
     pub(crate) instance: String,
     pub(crate) started_ms: u64,
     pub(crate) groups: Vec<String>,
+    pub(crate) customer: Option<String>,
     pub(crate) capability_version: String,
     pub(crate) capability_details: Vec<(String, Vec<String>, Option<f64>)>,
     pub(crate) capability_max_tokens: Vec<(String, u64)>,
@@ -118,6 +119,7 @@ impl Presence {
             capabilities,
             commands,
             groups: self.groups.clone(),
+            customer: self.customer.clone(),
             content_types: vec![
                 CONTENT_TYPE_MSGPACK.to_owned(),
                 CONTENT_TYPE_JSON.to_owned(),

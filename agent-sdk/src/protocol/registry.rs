@@ -68,6 +68,9 @@ pub struct Manifest {
     /// Broadcast groups it belongs to.
     #[serde(default)]
     pub groups: Vec<String>,
+    /// The customer it is dedicated to, if any (unset: it serves every customer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub customer: Option<String>,
     /// Payload content types it accepts.
     #[serde(default)]
     pub content_types: Vec<String>,
@@ -375,6 +378,10 @@ pub struct DiscoverQuery {
     /// and the records come soonest first (unknown last) instead of least loaded first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub priority: Option<Priority>,
+    /// Only agents that serve this customer: those dedicated to it, and those dedicated to
+    /// none (Agentify's `discover` with a `customer_id`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer: Option<String>,
 }
 
 impl DiscoverQuery {
@@ -412,6 +419,10 @@ impl DiscoverQuery {
                         .all(takes)
                 }
             })
+            && self
+                .customer
+                .as_deref()
+                .is_none_or(|c| m.customer.as_deref().is_none_or(|own| own == c))
             && self
                 .group
                 .as_deref()

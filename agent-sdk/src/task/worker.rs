@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::store::{TaskStore, state_of};
 use crate::error::{HandlerError, SdkError};
-use crate::handler::endpoint::{Endpoint, Endpoints};
+use crate::handler::endpoint::{Endpoint, EndpointKind, Endpoints};
 use crate::handler::{BoxFuture, Context, Handler, Output};
 use crate::outbound::Call;
 use crate::protocol::codec::{self, decode_payload, encode_payload};
@@ -128,13 +128,18 @@ impl Tasks {
         }
     }
 
-    /// The task endpoint `env` was sent to (its command, else its capability).
+    /// The task endpoint `env` was sent to: its command, else its capability (a command and a
+    /// capability of the same name are timed apart).
     fn endpoint_of(&self, env: &Envelope) -> Option<Arc<Endpoint>> {
-        let name = env.name.as_deref().or(env.capability.as_deref())?;
+        let (name, kind) = match (&env.name, &env.capability) {
+            (Some(name), _) => (name.as_str(), EndpointKind::Command),
+            (None, Some(capability)) => (capability.as_str(), EndpointKind::Capability),
+            (None, None) => return None,
+        };
         self.endpoints
             .all()
             .into_iter()
-            .find(|e| e.name == name && e.is_task())
+            .find(|e| e.name == name && e.kind == kind && e.is_task())
     }
 
     /// Takes the task `ctx` submits, or refuses it with a code.

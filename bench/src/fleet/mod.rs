@@ -121,6 +121,7 @@ fn manifest(i: usize) -> Manifest {
         } else {
             Vec::new()
         },
+        customer: None,
         content_types: vec![CONTENT_TYPE_MSGPACK.into()],
         load: 0.0,
         slots: Some(1),

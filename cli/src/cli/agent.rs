@@ -38,6 +38,14 @@ pub(crate) struct Args {
     config: Option<std::path::PathBuf>,
 }
 
+/// The customer a host runs this process for (`CHORUS_CUSTOMER`, from its manifest's
+/// `customer`), so its agents' manifests say so and discovery by customer finds them.
+pub(crate) fn hosted_customer() -> Option<String> {
+    std::env::var(chorus_host::process::ENV_CUSTOMER)
+        .ok()
+        .filter(|c| !c.trim().is_empty())
+}
+
 fn ids(args: &Args, config: Option<&AgentConfig>) -> anyhow::Result<Vec<String>> {
     let from_env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     let listed = if !args.agents.is_empty() {
@@ -103,6 +111,9 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         let mut options = options_for(id)?;
         if let Some(on) = args.service_discovery {
             options = options.service_discovery(on);
+        }
+        if let Some(customer) = hosted_customer() {
+            options = options.customer(customer);
         }
         if let Some(connection) = &shared {
             options = options.connection(connection.clone());

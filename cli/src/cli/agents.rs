@@ -22,6 +22,9 @@ pub(crate) struct Args {
     /// it, and the agents listed soonest first.
     #[arg(long, value_parser = priority)]
     priority: Option<chorus_sdk::Priority>,
+    /// Only agents serving this customer: those dedicated to it, and those dedicated to none.
+    #[arg(long)]
+    customer: Option<String>,
     /// Only agents whose availability is `available`.
     #[arg(long)]
     available_only: bool,
@@ -41,6 +44,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         max_load: args.max_load,
         max_tokens: args.max_tokens,
         priority: args.priority,
+        customer: args.customer,
         ..Default::default()
     };
     let agent = conn.agent().await?;
@@ -73,6 +77,9 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
             eta,
             caps.join(", ")
         );
+        if let Some(customer) = &m.customer {
+            outln!("{:<24} customer: {customer}", "");
+        }
         if !m.open_circuits.is_empty() {
             outln!("{:<24} circuits open: {}", "", m.open_circuits.join(", "));
         }

@@ -44,10 +44,13 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     let _otel = chorus_cli::otel::from_env()?;
     let mut signals = crate::Signals::new()?;
     let (metrics, url) = super::up::serve_metrics(args.metrics_addr, None).await?;
-    let options = AgentOptions::new(&id)
+    let mut options = AgentOptions::new(&id)
         .broker(conn.broker_options()?)
         .root(conn.root())
         .metrics_url(&url);
+    if let Some(customer) = super::agent::hosted_customer() {
+        options = options.customer(customer);
+    }
     let say: fn(&str) = |line| outln!("{line}");
     let agent = role.start(options, say).await?;
     outln!("{id} ({}) running; metrics at {url}", args.name);

@@ -478,11 +478,26 @@ fn decode_presence(env: &Envelope, subject: &str) -> Option<Manifest> {
     (manifest.agent == subject_agent && env.from == subject_agent).then_some(manifest)
 }
 
-/// Whether two manifests would be stored the same (load and availability change constantly
-/// and are served from memory, so they do not cause writes).
+/// Whether two manifests would be stored the same (load, availability, handling times, what
+/// waits and the ETA change constantly and are served from memory, so they do not cause
+/// writes).
 fn same_record(a: &Manifest, b: &Manifest) -> bool {
+    fn offer(
+        m: &Manifest,
+    ) -> impl Iterator<Item = (&str, &str, &[String], Option<f64>, Option<u64>)> {
+        m.capabilities.iter().map(|c| {
+            (
+                c.name.as_str(),
+                c.version.as_str(),
+                c.models.as_slice(),
+                c.throughput,
+                c.max_tokens,
+            )
+        })
+    }
     a.instance == b.instance
-        && a.capabilities == b.capabilities
+        && offer(a).eq(offer(b))
+        && a.customer == b.customer
         && a.commands == b.commands
         && a.groups == b.groups
         && a.public_key == b.public_key
@@ -522,6 +537,9 @@ mod tests {
         busier.load = 0.9;
         busier.availability = chorus_sdk::registry::Availability::Busy;
         busier.eta_ms = Some(5_000);
+        busier.handling_ms = Some(40);
+        busier.capabilities[0].handling_ms = Some(35);
+        busier.waiting.high = 3;
         assert!(
             same_record(&before, &busier),
             "served from memory, not written"

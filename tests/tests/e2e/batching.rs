@@ -239,3 +239,41 @@ async fn shutdown_sends_what_is_queued_and_refuses_more() {
     assert!(publisher.batcher(Batching::new()).is_err());
     listener.shutdown().await;
 }
+
+/// 002's `flow_control` in an agent's configuration file: `[batching]` sets what
+/// `default_batcher` batches by, here 3 messages and a delay too long to matter.
+#[tokio::test]
+async fn the_configuration_file_s_batching_is_the_default_batcher_s() {
+    let server = server();
+    let listener = agent(&server, "config-listener").await;
+    let mut ticks = listener.subscribe("ticks").await.expect("subscribe");
+    let config = chorus_sdk::AgentConfig::parse(&format!(
+        "id = \"configured-batches\"\n[bus]\nservers = \"{}\"\n\
+         [batching]\nmax_messages = 3\nmax_delay_ms = 50000\n",
+        server.url()
+    ))
+    .expect("a configuration");
+    let publisher = within(
+        WAIT,
+        "connect",
+        config.options(None).expect("options").connect(),
+    )
+    .await
+    .expect("connect");
+    let batcher = publisher.default_batcher().expect("batcher");
+    for n in 0..3u32 {
+        let _sent = batcher.publish(tick(n)).await.expect("queued");
+    }
+    // Three make a full batch: it leaves without a flush, long before its delay.
+    for _ in 0..3 {
+        within(WAIT, "a tick", ticks.next())
+            .await
+            .expect("stream open");
+    }
+    let stats = eventually(WAIT, "one batch counted", || async {
+        let s = publisher.stats();
+        (s.batches_sent == 1).then_some(s)
+    })
+    .await;
+    assert_eq!(stats.batched_messages, 3);
+}

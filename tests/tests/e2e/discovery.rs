@@ -425,3 +425,75 @@ async fn a_task_s_acceptance_carries_the_eta_of_its_recent_runs() {
         "the first run's time: {eta:?}"
     );
 }
+
+/// Agentify's `discover` with a `customer_id`: the agents dedicated to that customer and those
+/// dedicated to none, not another customer's. A hosted agent learns its customer from the
+/// host (`CHORUS_CUSTOMER`, its manifest's `customer`).
+#[tokio::test]
+async fn a_discovery_for_a_customer_finds_its_own_agents_and_the_shared_ones() {
+    let server = server();
+    let _coordinator = coordinator(&server, false).await;
+    let client = agent(&server, "asker").await;
+    let serve = |id: &'static str, customer: Option<&'static str>| {
+        let server = &server;
+        async move {
+            let mut options = agent_options(server, id).heartbeat_interval(HEARTBEAT);
+            if let Some(c) = customer {
+                options = options.customer(c);
+            }
+            let a = within(WAIT, "agent connect", options.connect())
+                .await
+                .expect("connect");
+            a.on_capability("calculation", |_ctx: Context, (): ()| async {
+                Ok::<_, HandlerError>(())
+            })
+            .await
+            .expect("serve");
+            a
+        }
+    };
+    let _acme = serve("calc-acme", Some("acme")).await;
+    let _globex = serve("calc-globex", Some("globex")).await;
+    let _shared = serve("calc-shared", None).await;
+    // As a host starts a replica of a manifest with `customer = "acme"`.
+    let binary = tokio::task::spawn_blocking(chorus_tests::chorus_binary)
+        .await
+        .expect("the chorus binary");
+    let mut hosted = std::process::Command::new(binary);
+    hosted
+        .args([
+            "--server",
+            server.url(),
+            "agent",
+            "--capability",
+            "calculation",
+        ])
+        .env(chorus_host::process::ENV_AGENT_ID, "calc-hosted")
+        .env(chorus_host::process::ENV_CUSTOMER, "acme")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null());
+    let _hosted = chorus_tests::Processes(vec![hosted.spawn().expect("chorus agent starts")]);
+    let for_acme = eventually(WAIT, "the hosted agent registered", || async {
+        let found = discover(
+            &client,
+            serde_json::json!({"capability": "calculation", "customer": "acme"}),
+        )
+        .await;
+        (found.len() == 3).then_some(found)
+    })
+    .await;
+    assert_eq!(
+        sorted(&for_acme),
+        ["calc-acme", "calc-hosted", "calc-shared"]
+    );
+    let hosted_record = for_acme
+        .iter()
+        .find(|r| r.manifest.agent == "calc-hosted")
+        .expect("listed");
+    assert_eq!(hosted_record.manifest.customer.as_deref(), Some("acme"));
+    let for_globex = discover(&client, serde_json::json!({"customer": "globex"})).await;
+    assert!(!ids(&for_globex).contains(&"calc-acme"));
+    assert!(ids(&for_globex).contains(&"calc-globex"));
+    let everyone = discover(&client, serde_json::json!({"capability": "calculation"})).await;
+    assert_eq!(everyone.len(), 4, "no customer named: all of them");
+}
