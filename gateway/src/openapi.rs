@@ -289,6 +289,8 @@ fn build(config: &GatewayConfig) -> Value {
                     {"name": "max_tokens", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_SAFE}},
                     {"name": "priority", "in": "query", "description": "Orders the peers soonest first at this priority",
                      "schema": {"enum": ["critical", "high", "normal", "low"]}},
+                    {"name": "customer", "in": "query", "description": "Agents serving this customer: its own, and those dedicated to none",
+                     "schema": name},
                     agent_id.clone()
                 ],
                 "responses": with_refusals("200", ok("The peers", "Peers"))

@@ -236,6 +236,81 @@ async def test_the_iacp_reference_client_discovers_sends_and_polls_the_reply(
                 assert why in json.loads(malformed.value.read())["reason"]
 
 
+async def test_the_iacp_capability_query_is_answered_from_the_registry(
+    server: Any, tmp_path: Path, api_key_everywhere: None
+) -> None:
+    """IACP's capability query (section 3, "Capability Query/Response"), sent with the seed's
+    own ``send``: the registry answers with the recipient's capability manifest, its ETA from
+    the handling times it announces, or an error when it does not match."""
+    async def review(ctx: Context) -> Any:
+        await asyncio.sleep(0.03)
+        return {"issues": 0}
+
+    with gateway(server, tmp_path, "builder-01") as port:
+        async with py_agent(
+            server, "reviewer-02", heartbeat_interval=0.2, capability_max_tokens={"code_review": 8192}
+        ) as reviewer, py_agent(
+            server, "reviewer-03", heartbeat_interval=0.2, capability_max_tokens={"code_review": 1024}
+        ) as small:
+            reviewer.capability("code_review")(review)
+            reviewer.capability("testing")(review)
+            reviewer.command("warm")(review)
+            small.capability("code_review")(review)
+            await reviewer.flush()
+            await small.flush()
+            client = IACPClient("builder-01", api=f"http://127.0.0.1:{port}")
+            # Two handled requests give reviewer-02 a handling time, hence an ETA.
+            for _ in range(2):
+                warm = await asyncio.to_thread(client.send, "reviewer-02", "warm", {})
+                await _poll_until(client, lambda e, w=warm: e.get("correlation_id") == w)  # type: ignore[misc]
+            query = {"capabilities": ["code_review", "testing"], "max_tokens": 4096, "priority": "high"}
+
+            async def manifest() -> dict[str, Any]:
+                asked = await asyncio.to_thread(client.send, "reviewer-02", "query", query)
+                return await _poll_until(client, lambda e: e.get("correlation_id") == asked)
+
+            deadline = time.monotonic() + WAIT
+            while "eta_seconds" not in (answer := await manifest())["message"]["payload"]:
+                assert time.monotonic() < deadline, f"no ETA announced: {answer}"
+                await asyncio.sleep(0.1)
+            assert answer["message"]["type"] == "response" and answer["message"]["intent"] == "query"
+            assert answer["sender"] == {"agent_id": "reviewer-02"}
+            payload = answer["message"]["payload"]
+            # As the seed's response writes it: capabilities, availability, load, eta_seconds.
+            assert {c["name"] for c in payload["capabilities"]} == {"code_review", "testing"}
+            review_cap = next(c for c in payload["capabilities"] if c["name"] == "code_review")
+            assert review_cap["max_tokens"] == 8192
+            assert payload["availability"] == "available" and 0.0 <= payload["load"] <= 1.0
+            assert payload["eta_seconds"] >= 1, payload
+
+            # reviewer-03 offers code_review only, for 1024 tokens: it does not match.
+            asked = await asyncio.to_thread(client.send, "reviewer-03", "query", query)
+            error = await _poll_until(client, lambda e: e.get("correlation_id") == asked)
+            assert error["message"]["type"] == "error"
+            assert error["message"]["payload"]["code"] == StatusCode.NO_RESPONDERS
+
+            # Naming no agent, the registry answers with every peer that matches.
+            envelope = {
+                "version": "1.0", "message_id": str(uuid.uuid4()), "sender": {"agent_id": "builder-01"},
+                "message": {"type": "request", "intent": "query", "payload": {"capabilities": ["code_review"], "max_tokens": 2048}},
+            }
+            posted = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/messages", data=json.dumps(envelope).encode(), method="POST",
+                headers={"Content-Type": "application/json", "X-Agent-ID": "builder-01"},
+            )
+            await asyncio.to_thread(urllib.request.urlopen, posted)
+            listed = await _poll_until(client, lambda e: e.get("correlation_id") == envelope["message_id"])
+            assert listed["sender"] == {"agent_id": "registry"}
+            assert [p["agent_id"] for p in listed["message"]["payload"]["peers"]] == ["reviewer-02"]
+            # The same filters on /v1/peers, and a bad one refused by name.
+            url = f"http://127.0.0.1:{port}/v1/peers?capabilities=code_review,testing&max_tokens=4096&priority=low"
+            with await asyncio.to_thread(urllib.request.urlopen, url) as got:
+                assert [p["agent_id"] for p in json.loads(got.read())] == ["reviewer-02"]
+            with pytest.raises(urllib.error.HTTPError) as bad:
+                await asyncio.to_thread(urllib.request.urlopen, f"http://127.0.0.1:{port}/v1/peers?priority=urgent")
+            assert bad.value.code == 400 and "priority" in json.loads(bad.value.read())["reason"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Agentify over the WebSocket: the seed's frames, as written there.
 
@@ -247,6 +322,15 @@ SEED_WS_REQUEST = """{
   "intent": "calculate",
   "payload": { "a": 5, "b": 3, "op": "+" }
 }"""
+
+# "Discovery Flow", App Orchestrator -> Marketplace Orchestrator.
+SEED_DISCOVER = {
+    "type": "discover",
+    "sender": "agent.app.orchestrator",
+    "to": ["agent.marketplace.orchestrator"],
+    "intent": "find_agent",
+    "payload": {"capability": "calculation", "customer_id": "customer-123"},
+}
 
 # "Base Message", with its natural-language task, context, correlation and expectation.
 SEED_BASE_MESSAGE = {
@@ -300,8 +384,9 @@ async def test_agentify_frames_over_the_websocket_reach_a_calculator_and_its_tas
     console_port = _free_port()
     console = f'[gateway.console]\nlisten = "127.0.0.1:{console_port}"\n'
     with gateway(server, tmp_path, "app", console) as port:
-        async with py_agent(server, "calculator") as calculator:
+        async with py_agent(server, "calculator", heartbeat_interval=0.2) as calculator:
 
+            @calculator.capability("calculation")
             @calculator.command("calculation")
             async def calculation(ctx: Context) -> Any:
                 tasks_seen.append((ctx.headers.get("agentify-task"), ctx.envelope.customer_id, ctx.envelope.session_id))
@@ -350,6 +435,20 @@ async def test_agentify_frames_over_the_websocket_reach_a_calculator_and_its_tas
                 assert (refuse["type"], refuse["intent"], refuse["correlation"]["reply_to"]) == ("refuse", "permission_denied", "q3")
                 await ws.send("not json")
                 assert (await _frame(ws))["payload"]["code"] == 5006
+
+                # Flow 2's discover, as the seed writes it: an offer names the calculator (it
+                # serves every customer, so customer-123's discover finds it).
+                deadline = time.monotonic() + WAIT
+                while True:
+                    await ws.send(json.dumps(SEED_DISCOVER))
+                    offer = await _frame(ws)
+                    assert (offer["type"], offer["to"]) == ("offer", ["agent.app"]), offer
+                    found = {a["agent_id"]: a for a in offer["payload"]["agents"]}
+                    if "calculator" in found:
+                        break
+                    assert time.monotonic() < deadline, f"the calculator was never offered: {offer}"
+                    await asyncio.sleep(0.1)
+                assert [c["name"] for c in found["calculator"]["capabilities"]] == ["calculation"]
 
                 # A request to the identity is pushed as an Agentify request; an inform answers it.
                 asked = asyncio.create_task(calculator.request("app", "approve", {"amount": 3}, timeout=WAIT))
