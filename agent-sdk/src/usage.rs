@@ -50,6 +50,7 @@ struct Count {
     failed: u64,
     bytes_in: u64,
     bytes_out: u64,
+    handling_us: u64,
 }
 
 impl Count {
@@ -58,7 +59,23 @@ impl Count {
         self.failed += other.failed;
         self.bytes_in += other.bytes_in;
         self.bytes_out += other.bytes_out;
+        self.handling_us = self.handling_us.saturating_add(other.handling_us);
     }
+}
+
+/// How one counted message went.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Handled {
+    /// Its handler failed, or it was refused before it.
+    pub(crate) failed: bool,
+    /// The reply's payload size.
+    pub(crate) bytes_out: usize,
+    /// How long handling it took.
+    pub(crate) took: Duration,
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// What one agent counted since its last report.
@@ -82,32 +99,52 @@ impl Usage {
         }
     }
 
+    /// Whether it counts (a report interval was set).
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     /// Counts one handled message: `endpoint` (a command, capability or topic), its kind,
-    /// whether it `failed`, and the reply's payload size.
-    pub(crate) fn record(
-        &self,
-        env: &Envelope,
-        endpoint: &str,
-        kind: UsageKind,
-        failed: bool,
-        bytes_out: usize,
-    ) {
+    /// whether it `failed`, the reply's payload size and how long it took.
+    pub(crate) fn record(&self, env: &Envelope, endpoint: &str, kind: UsageKind, outcome: Handled) {
         if !self.enabled {
             return;
         }
-        let key = Key {
+        let count = Count {
+            handled: 1,
+            failed: u64::from(outcome.failed),
+            bytes_in: env.payload.len() as u64,
+            bytes_out: outcome.bytes_out as u64,
+            handling_us: micros(outcome.took),
+        };
+        Self::merge(
+            &mut lock(&self.rows).1,
+            Self::key(env, endpoint, kind),
+            count,
+        );
+    }
+
+    /// Adds the time a task of `endpoint`, submitted as `env`, ran (counted as handled when
+    /// it was accepted).
+    pub(crate) fn record_run(&self, env: &Envelope, endpoint: &str, took: Duration) {
+        if !self.enabled {
+            return;
+        }
+        let count = Count {
+            handling_us: micros(took),
+            ..Count::default()
+        };
+        let key = Self::key(env, endpoint, UsageKind::Task);
+        Self::merge(&mut lock(&self.rows).1, key, count);
+    }
+
+    fn key(env: &Envelope, endpoint: &str, kind: UsageKind) -> Key {
+        Key {
             endpoint: endpoint.to_owned(),
             kind,
             customer: env.customer_id.clone().unwrap_or_default(),
             session: env.session_id.clone().unwrap_or_default(),
-        };
-        let count = Count {
-            handled: 1,
-            failed: u64::from(failed),
-            bytes_in: env.payload.len() as u64,
-            bytes_out: bytes_out as u64,
-        };
-        Self::merge(&mut lock(&self.rows).1, key, count);
+        }
     }
 
     fn merge(rows: &mut HashMap<Key, Count>, key: Key, count: Count) {
@@ -146,6 +183,7 @@ impl Usage {
                 failed: c.failed,
                 bytes_in: c.bytes_in,
                 bytes_out: c.bytes_out,
+                handling_us: c.handling_us,
             })
             .collect();
         rows.sort_by(|a, b| {
@@ -177,6 +215,7 @@ impl Usage {
                 failed: row.failed,
                 bytes_in: row.bytes_in,
                 bytes_out: row.bytes_out,
+                handling_us: row.handling_us,
             };
             Self::merge(&mut guard.1, key, count);
         }
@@ -229,14 +268,35 @@ mod tests {
     fn messages_are_counted_by_endpoint_customer_and_session_and_taken_once() {
         let usage = Usage::new("calc", "run1", true);
         let acme = message(Some("acme"), Some("s1"), b"12345");
-        usage.record(&acme, "add", UsageKind::Request, false, 3);
-        usage.record(&acme, "add", UsageKind::Request, true, 0);
+        usage.record(
+            &acme,
+            "add",
+            UsageKind::Request,
+            Handled {
+                failed: false,
+                bytes_out: 3,
+                took: Duration::from_micros(250),
+            },
+        );
+        usage.record(
+            &acme,
+            "add",
+            UsageKind::Request,
+            Handled {
+                failed: true,
+                bytes_out: 0,
+                took: Duration::from_micros(250),
+            },
+        );
         usage.record(
             &message(None, None, b""),
             "add",
             UsageKind::Request,
-            false,
-            1,
+            Handled {
+                failed: false,
+                bytes_out: 1,
+                took: Duration::from_micros(250),
+            },
         );
         let report = usage.take().expect("something counted");
         assert_eq!((report.agent.as_str(), report.seq), ("calc", 1));
@@ -266,16 +326,22 @@ mod tests {
             &message(Some("acme"), None, b"x"),
             "add",
             UsageKind::Command,
-            false,
-            0,
+            Handled {
+                failed: false,
+                bytes_out: 0,
+                took: Duration::from_micros(250),
+            },
         );
         let first = usage.take().expect("counted");
         usage.record(
             &message(Some("acme"), None, b"x"),
             "add",
             UsageKind::Command,
-            false,
-            0,
+            Handled {
+                failed: false,
+                bytes_out: 0,
+                took: Duration::from_micros(250),
+            },
         );
         usage.put_back(first);
         let next = usage.take().expect("both");
@@ -285,7 +351,16 @@ mod tests {
 
         for i in 0..MAX_USAGE_ROWS + 10 {
             let env = message(Some("acme"), Some(&format!("s{i}")), b"");
-            usage.record(&env, "add", UsageKind::Event, false, 0);
+            usage.record(
+                &env,
+                "add",
+                UsageKind::Event,
+                Handled {
+                    failed: false,
+                    bytes_out: 0,
+                    took: Duration::from_micros(250),
+                },
+            );
         }
         let report = usage.take().expect("counted");
         assert_eq!(report.rows.len(), MAX_USAGE_ROWS + 1);

@@ -229,9 +229,13 @@ impl AgentConfig {
         if let Some(ms) = self.batching.max_delay_ms {
             batching = batching.max_delay(millis(ms));
         }
-        batching
-            .check()
-            .map_err(|e| invalid("batching", crate::Report(&e)))?;
+        batching.check().map_err(|e| match e {
+            // Its message names `batching` and the bound already.
+            SdkError::InvalidCall(why) => {
+                SdkError::InvalidCall(format!("agent configuration: {why}"))
+            }
+            other => other,
+        })?;
         options = options.batching(batching);
         let r = &self.reliability;
         if let Some(class) = &r.default_delivery {

@@ -242,7 +242,7 @@ impl Agent {
                         options.inbox_limits.replicas,
                     )
                 }),
-            usage,
+            usage: Arc::clone(&usage),
             tracker: tracker.clone(),
             stop: stop.clone(),
             notifier: Arc::new(Sender::new(Arc::clone(&out))),
@@ -304,6 +304,7 @@ impl Agent {
             tracker.clone(),
             stop.clone(),
             Arc::clone(&endpoints),
+            Arc::clone(&usage),
         ));
         let inner = Arc::new(Inner {
             link,

@@ -284,12 +284,15 @@ impl Pipeline {
             Target::Event(_) => Some((None, false)),
             Target::Unknown(_) | Target::Notification => None,
         };
+        // Timed only when usage is counted: two clock reads per message otherwise saved.
+        let started = (counted.is_some() && self.usage.enabled()).then(std::time::Instant::now);
         let processed = self.steps(subject, decoded, target, via).await;
         let kind = processed.request.as_ref().map_or(Kind::Unknown, |r| r.kind);
         if !matches!(processed.outcome, Outcome::Repeated(_)) {
             self.record_handled(kind, processed.outcome.status());
             if let (Some((name, task)), Some(request)) = (counted, &processed.request) {
-                self.record_usage(request, name, task, &processed.outcome);
+                let took = started.map(|s| s.elapsed()).unwrap_or_default();
+                self.record_usage(request, name, task, &processed.outcome, took);
             }
         }
         processed
@@ -559,6 +562,7 @@ impl Pipeline {
         name: Option<String>,
         task: bool,
         outcome: &Outcome,
+        took: std::time::Duration,
     ) {
         let kind = match request.kind {
             _ if task => UsageKind::Task,
@@ -576,8 +580,12 @@ impl Pipeline {
             Outcome::Done(output) => (false, output.payload.len()),
             _ => (true, 0),
         };
-        self.usage
-            .record(request, &endpoint, kind, failed, bytes_out);
+        let handled = crate::usage::Handled {
+            failed,
+            bytes_out,
+            took,
+        };
+        self.usage.record(request, &endpoint, kind, handled);
     }
 
     /// Counts one message's outcome in `chorus_handled_total`.

@@ -80,6 +80,10 @@ pub struct UsageRow {
     /// Reply payload bytes sent.
     #[serde(default)]
     pub bytes_out: u64,
+    /// Time spent handling them, in µs (Agentify's `duration`): each handler's run, a task's
+    /// from its acceptance to its end.
+    #[serde(default)]
+    pub handling_us: u64,
 }
 
 /// What one agent counted between two reports.
@@ -178,6 +182,9 @@ pub struct UsageLine {
     pub bytes_in: u64,
     /// Reply payload bytes sent.
     pub bytes_out: u64,
+    /// Time spent handling them, in µs.
+    #[serde(default)]
+    pub handling_us: u64,
 }
 
 /// A summary: its lines, busiest first, and how many reports it read.
@@ -225,11 +232,13 @@ pub fn summarize<'a>(
                 failed: 0,
                 bytes_in: 0,
                 bytes_out: 0,
+                handling_us: 0,
             });
             line.handled += row.handled;
             line.failed += row.failed;
             line.bytes_in += row.bytes_in;
             line.bytes_out += row.bytes_out;
+            line.handling_us = line.handling_us.saturating_add(row.handling_us);
         }
     }
     let mut lines: Vec<UsageLine> = groups.into_values().collect();
@@ -258,6 +267,7 @@ mod tests {
             failed: 1,
             bytes_in: 10 * handled,
             bytes_out: 20 * handled,
+            handling_us: 100 * handled,
         }
     }
 

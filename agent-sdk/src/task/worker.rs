@@ -104,6 +104,8 @@ pub(crate) struct Tasks {
     stop: CancellationToken,
     /// The agent's endpoints: a task's runs time its endpoint (its acceptance's ETA).
     endpoints: Arc<Endpoints>,
+    /// Where a task's run time is counted.
+    usage: Arc<crate::usage::Usage>,
 }
 
 /// What a task's acceptance carries (section 7.4): how long the worker expects it to take.
@@ -119,12 +121,14 @@ impl Tasks {
         tracker: TaskTracker,
         stop: CancellationToken,
         endpoints: Arc<Endpoints>,
+        usage: Arc<crate::usage::Usage>,
     ) -> Self {
         Tasks {
             store: Arc::new(store),
             tracker,
             stop,
             endpoints,
+            usage,
         }
     }
 
@@ -300,6 +304,7 @@ impl Tasks {
     ) {
         let id = run.id;
         let begun = std::time::Instant::now();
+        let submission = Arc::clone(&ctx.request);
         let started = run.last.lock().await.1 == TaskState::Working;
         if !started {
             let working = self.store.state_message(id, TaskState::Working);
@@ -334,11 +339,16 @@ impl Tasks {
             None => tokio::time::timeout(CANCEL_GRACE, &mut work).await.ok(),
         };
         drop(work);
+        let took = begun.elapsed();
         if let (None, Some(_), Some(endpoint)) = (run.why.get(), &result, &endpoint) {
             // A run that ended by itself: how long its kind takes.
-            let took = begun.elapsed();
             endpoint.handling.record(took);
             self.endpoints.handling.record(took);
+        }
+        if let Some(endpoint) = &endpoint {
+            // Usage counted the task when it was accepted; its time is the run's, however it
+            // ended.
+            self.usage.record_run(&submission, &endpoint.name, took);
         }
         if run.handed_off.load(Ordering::Acquire) {
             // Another agent has it now and writes its end.

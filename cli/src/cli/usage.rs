@@ -75,6 +75,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         " failed".into(),
         "  bytes in".into(),
         " bytes out".into(),
+        "  handling ms".into(),
     ]);
     outln!("{}", header.join(" "));
     for line in &summary.lines {
@@ -89,6 +90,8 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         cells.push(format!("{:>7}", line.failed));
         cells.push(format!("{:>10}", line.bytes_in));
         cells.push(format!("{:>10}", line.bytes_out));
+        // Agentify's `duration`: the time spent, in ms.
+        cells.push(format!("{:>13}", line.handling_us.div_ceil(1000)));
         outln!("{}", cells.join(" "));
     }
     eprintln!("{} usage report(s) in the window", summary.reports);

@@ -187,3 +187,80 @@ async fn usage_is_counted_per_customer_and_session_exactly_and_survives_a_coordi
     let bytes: u64 = by_customer.lines.iter().map(|l| l.bytes_in).sum();
     assert!(bytes > 0, "payload bytes are counted");
 }
+
+/// Agentify's usage tracking counts the time spent per action (`duration`): a request's
+/// handler run, and a task's run from its acceptance to its end, summed per customer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_counts_the_time_spent_handling_each_customers_work() {
+    let server = server();
+    let _coordinator = coordinator(&server, false).await;
+    let worker = agent_options(&server, "usage-timer")
+        .usage_interval(Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("agent");
+    worker
+        .on_command("slow", |_ctx: Context, (): ()| async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok::<_, HandlerError>(())
+        })
+        .await
+        .expect("slow");
+    worker
+        .on_task(
+            "brew",
+            |_task: chorus_sdk::TaskContext, (): ()| async move {
+                tokio::time::sleep(Duration::from_millis(80)).await;
+                Ok::<_, HandlerError>("brewed")
+            },
+        )
+        .await
+        .expect("brew");
+    let caller = agent(&server, "usage-timer-caller").await;
+    for _ in 0..3 {
+        let call = Call::agent("usage-timer", "slow")
+            .payload(&())
+            .expect("payload")
+            .customer("initech");
+        caller.call(call).await.expect("answered");
+    }
+    let task = caller
+        .submit(
+            Call::agent("usage-timer", "brew")
+                .payload(&())
+                .expect("payload")
+                .customer("initech"),
+        )
+        .await
+        .expect("submitted");
+    within(Duration::from_secs(10), "the task", task.result())
+        .await
+        .expect("a result");
+    // Shutdown reports what is left.
+    worker.shutdown().await;
+    let summary = usage(&server, "customer,kind");
+    let line = |kind: &str| {
+        summary
+            .lines
+            .iter()
+            .find(|l| l.group["customer"] == "initech" && l.group["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} line: {summary:?}"))
+            .clone()
+    };
+    let requests = line("request");
+    let tasks = line("task");
+    println!(
+        "handling time: 3 requests {} µs, 1 task {} µs",
+        requests.handling_us, tasks.handling_us
+    );
+    assert_eq!((requests.handled, tasks.handled), (3, 1));
+    // At least the handlers' sleeps; an upper bound only against a unit mix-up (ms for µs).
+    assert!(
+        (150_000..30_000_000).contains(&requests.handling_us),
+        "{requests:?}"
+    );
+    assert!(
+        (80_000..10_000_000).contains(&tasks.handling_us),
+        "{tasks:?}"
+    );
+}
