@@ -2,16 +2,19 @@
 when it holds N messages, T seconds after its first one, or on flush; each message still
 reaches its receiver as its own envelope, in order; durable commands come back with their
 stream sequences; what is queued when the agent shuts down is sent, and queuing after is
-refused. A Rust agent (the interop peer) receives a Python batch like any other."""
+refused; ``[batching]`` in an agent's configuration file (or ``batching=``) is what
+``agent.batcher()`` batches by when not told. A Rust agent (the interop peer) receives a Python
+batch like any other."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chorus_sdk import MAX_BATCH_DELAY, MAX_BATCH_MESSAGES, Agent, ChorusError, Context, StatusCode
+from chorus_sdk import MAX_BATCH_DELAY, MAX_BATCH_MESSAGES, Agent, Batching, ChorusError, Context, StatusCode
 from chorus_sdk.envelope import Delivery
 
 from .conftest import eventually, py_agent
@@ -131,3 +134,53 @@ async def test_shutdown_sends_what_is_queued_and_refuses_more(server: Any) -> No
         await batcher.publish("ticks", 5)
     assert refused.value.status == StatusCode.UNAVAILABLE
     await listener.shutdown()
+
+
+async def test_the_configuration_files_batching_is_what_batcher_uses_when_not_told(server: Any, tmp_path: Path) -> None:
+    """002's ``flow_control`` in an agent's configuration file, as the Rust e2e
+    ``batching::the_configuration_file_s_batching_is_the_default_batcher_s``: ``[batching]``
+    sets what ``agent.batcher()`` batches by, here 3 messages and a delay too long to matter."""
+    listener, got = await _listener(server, "py-config-listener")
+    path = tmp_path / "batches.toml"
+    path.write_text(
+        f'id = "py-configured-batches"\n[bus]\nservers = "{server.url}"\n'
+        "[monitoring]\nheartbeat_interval_ms = 0\n"
+        "[batching]\nmax_messages = 3\nmax_delay_ms = 50000\n"
+    )
+    async with Agent.from_config(path) as publisher:
+        assert publisher.batching == Batching(3, 50.0)
+        batcher = publisher.batcher()
+        assert (batcher.max_messages, batcher.max_delay) == (3, 50.0)
+        queued = [await batcher.publish("ticks", n) for n in range(3)]
+        # Three make a full batch: it leaves without a flush, long before its delay.
+        seen = [(await asyncio.wait_for(got.get(), WAIT))[0] for _ in range(3)]
+        await asyncio.wait_for(asyncio.gather(*queued), WAIT)
+        assert seen == [0, 1, 2]
+
+        async def one_batch() -> bool:
+            return publisher.stats.batches_sent == 1
+
+        await eventually("one batch counted", one_batch, WAIT)
+        assert publisher.stats.batched_messages == 3
+        from chorus_sdk import metrics
+
+        text = metrics.registry().render()
+        assert 'chorus_agent_batched_total{agent="py-configured-batches",unit="batches"} 1' in text, text
+        assert 'chorus_agent_batched_total{agent="py-configured-batches",unit="messages"} 3' in text, text
+        # What the call says wins, each setting on its own; the other stays the agent's.
+        told = publisher.batcher(max_messages=2)
+        assert (told.max_messages, told.max_delay) == (2, 50.0)
+        quick = publisher.batcher(max_delay=0.01)
+        assert (quick.max_messages, quick.max_delay) == (3, 0.01)
+        await told.close()
+        await quick.close()
+        await batcher.close()
+    await listener.shutdown()
+
+
+def test_an_agents_batching_is_checked_when_it_is_made() -> None:
+    assert Agent("py-default-batching").batching == Batching(100, 0.005), "Batching::new()'s 100 or 5 ms"
+    assert Agent("py-pair-batching", batching=(7, 0.25)).batching == Batching(max_messages=7, max_delay=0.25)
+    for bad in [(0, 0.005), (MAX_BATCH_MESSAGES + 1, 0.005), (10, 0.0), (10, MAX_BATCH_DELAY + 1), (True, 0.1), (10,)]:
+        with pytest.raises(ValueError, match="batching"):
+            Agent("py-bad-batching", batching=bad)  # type: ignore[arg-type]

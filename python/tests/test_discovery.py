@@ -4,13 +4,16 @@ capability), what waits for a handler slot per priority (``waiting``), the ETA b
 (``eta_ms``) and the most tokens a capability takes (``max_tokens``); a discovery names several
 capabilities, a token count and a priority, and the Rust coordinator returns each record with
 its ETA, soonest first; a discover is answered with ``offer``; a task's acceptance carries the
-worker's ETA. The pure parts first, then a Python agent, the Rust coordinator and the Rust peer
+worker's ETA; an agent dedicated to a customer says so (``customer``), and a discovery for a
+customer finds its agents and the shared ones, not another customer's. The pure parts first, then a Python agent, the Rust coordinator and the Rust peer
 (``agent-sdk/examples/interop_peer``) on a real nats-server."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +29,7 @@ from chorus_sdk.status import ChorusError
 from chorus_sdk.subjects import Subjects
 from chorus_sdk.tasks import TaskUpdate
 
-from .conftest import Coordinator, NatsServer, eventually, py_agent, rust_binary
+from .conftest import ChorusProcess, Coordinator, NatsServer, eventually, py_agent, rust_binary
 
 WAIT = 20.0
 MS = 1_000_000  # ns
@@ -161,6 +164,23 @@ async def test_discover_and_max_tokens_check_their_arguments_before_anything_is_
         Agent("py-bad", capability_max_tokens={"llm": 2.5})  # type: ignore[dict-item]
     with pytest.raises(SubjectError):
         Agent("py-bad", capability_max_tokens={"not a name": 10})
+
+
+async def test_a_dedicated_agents_manifest_names_its_customer_after_its_groups() -> None:
+    """Section 7.7: ``customer`` right after ``groups``, as the Rust SDK's ``Manifest`` orders
+    it; unsaid for an agent that serves every customer. A customer is one token, in the agent's
+    options and in a discovery, checked before anything is sent."""
+    dedicated = decode_payload(Agent("py-dedicated", heartbeat_interval=0, groups=["night"], customer="acme").manifest())
+    keys = list(dedicated)
+    assert dedicated["customer"] == "acme"
+    assert keys[keys.index("groups") + 1] == "customer", keys
+    shared = decode_payload(Agent("py-shared", heartbeat_interval=0).manifest())
+    assert "customer" not in shared
+    for bad in ("acme.eu", "", "a b", "x" * 65):
+        with pytest.raises(SubjectError):
+            Agent("py-bad", customer=bad)
+        with pytest.raises(SubjectError):
+            await Agent("py-asker", heartbeat_interval=0).discover(customer=bad)
 
 
 async def test_a_python_manifest_says_its_handling_time_its_eta_and_its_token_limit() -> None:
@@ -436,8 +456,121 @@ async def test_a_python_workers_acceptance_carries_its_eta_once_it_has_run_the_t
         assert again.eta is not None and again.eta < second.eta
 
 
+async def test_a_discovery_for_a_customer_finds_its_own_agents_and_the_shared_ones(server: Any, coordinator: Any) -> None:
+    """Agentify's ``discover`` with a ``customer_id``, through the Rust coordinator: the agents
+    dedicated to that customer and those dedicated to none, not another customer's."""
+    async with py_agent(server, "py-asker-f") as asker:
+        await coordinator_ready(asker)
+        acme = py_agent(server, "py-calc-acme", heartbeat_interval=0.2, customer="acme")
+        globex = py_agent(server, "py-calc-globex", heartbeat_interval=0.2, customer="globex")
+        shared = py_agent(server, "py-calc-shared", heartbeat_interval=0.2)
+        mine = {acme.id, globex.id, shared.id}
+        for a in (acme, globex, shared):
+            a.on_capability("disc.calculation", _echo)
+        async with acme, globex, shared:
+
+            async def ids(**query: Any) -> set[str]:
+                return {r["manifest"]["agent"] for r in await records(asker, mine, **query)}
+
+            async def all_in() -> bool:
+                found = await records(asker, mine, quiet=True, capability="disc.calculation")
+                return {r["manifest"]["agent"] for r in found} == mine
+
+            await eventually("three agents in discovery", all_in)
+            assert await ids(capability="disc.calculation", customer="acme") == {acme.id, shared.id}
+            assert await ids(capability="disc.calculation", customer="globex") == {globex.id, shared.id}
+            assert await ids(capability="disc.calculation", customer="initech") == {shared.id}, "a customer with none of its own"
+            assert await ids(capability="disc.calculation") == mine, "no customer named: all of them"
+            # Each manifest's customer as the agent said it, through the coordinator's registry.
+            said = {
+                r["manifest"]["agent"]: r["manifest"].get("customer")
+                for r in await records(asker, mine, capability="disc.calculation")
+            }
+            assert said == {acme.id: "acme", globex.id: "globex", shared.id: None}
+
+
 # ---------------------------------------------------------------------------------------------
 # Across languages
+
+
+async def test_a_hosted_rust_agents_customer_is_read_and_a_python_agents_reaches_chorus_agents(
+        server: Any, coordinator: Any) -> None:
+    """As ``chorus host`` starts a replica of a manifest with ``customer = "acme"``:
+    ``chorus agent`` with ``CHORUS_AGENT_ID`` and ``CHORUS_CUSTOMER`` announces that customer,
+    which a Python discovery reads; a Python agent's customer reaches the Rust SDK's discovery
+    and decoding (``chorus agents --customer acme --json``)."""
+    hosted = ChorusProcess(
+        server.url, "agent", "--capability", "disc.hosted", CHORUS_AGENT_ID="rust-hosted-acme", CHORUS_CUSTOMER="acme")
+    try:
+        await asyncio.to_thread(hosted.wait_for, "rust-hosted-acme serving disc.hosted", WAIT)
+        async with py_agent(server, "py-asker-g") as asker:
+            await coordinator_ready(asker)
+
+            async def hosted_for_acme() -> Any:
+                return await records(asker, {"rust-hosted-acme"}, quiet=True, capability="disc.hosted", customer="acme")
+
+            (record,) = await eventually("the hosted Rust agent found for acme", hosted_for_acme)
+            assert record["manifest"]["customer"] == "acme"
+            assert await records(asker, {"rust-hosted-acme"}, capability="disc.hosted", customer="globex") == []
+
+            acme = py_agent(server, "py-hosted-acme", heartbeat_interval=0.2, customer="acme")
+            globex = py_agent(server, "py-hosted-globex", heartbeat_interval=0.2, customer="globex")
+            for a in (acme, globex):
+                a.on_capability("disc.hosted", _echo)
+            async with acme, globex:
+                everyone = {"rust-hosted-acme", acme.id, globex.id}
+
+                async def all_in() -> bool:
+                    found = await records(asker, everyone, quiet=True, capability="disc.hosted")
+                    return {r["manifest"]["agent"] for r in found} == everyone
+
+                await eventually("the Rust and Python agents in discovery", all_in)
+                proc = await asyncio.create_subprocess_exec(
+                    rust_binary("chorus"), "--server", server.url, "agents", "--json",
+                    "--capability", "disc.hosted", "--customer", "acme",
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                )
+                out, err = await asyncio.wait_for(proc.communicate(), WAIT)
+                assert proc.returncode == 0, err.decode()
+                printed = {r["manifest"]["agent"]: r["manifest"].get("customer") for r in json.loads(out)}
+                assert printed == {"rust-hosted-acme": "acme", acme.id: "acme"}, printed
+    finally:
+        await asyncio.to_thread(hosted.stop)
+
+
+async def test_the_python_demo_agent_takes_its_customer_from_its_host(server: Any, coordinator: Any) -> None:
+    """``python -m chorus_sdk.demo`` as a host starts it: its id, server and customer from
+    ``CHORUS_AGENT_ID``, ``CHORUS_NATS_URL`` and ``CHORUS_CUSTOMER``, as the Rust demo agents."""
+    env = {**os.environ, "CHORUS_AGENT_ID": "py-analyst-acme", "CHORUS_NATS_URL": server.url, "CHORUS_CUSTOMER": "acme"}
+    demo = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "chorus_sdk.demo", env=env,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        assert demo.stdout is not None
+        line = await asyncio.wait_for(demo.stdout.readline(), WAIT)
+        assert b"py-analyst-acme ready" in line, line
+        async with py_agent(server, "py-asker-h") as asker:
+            await coordinator_ready(asker)
+
+            async def found(customer: str) -> Any:
+                return await records(asker, {"py-analyst-acme"}, quiet=True, customer=customer)
+
+            async def for_acme() -> Any:
+                return await found("acme")
+
+            (record,) = await eventually("the demo agent found for acme", for_acme)
+            assert record["manifest"]["customer"] == "acme"
+            assert await found("globex") == []
+    finally:
+        # The end of its standard input stops it.
+        assert demo.stdin is not None
+        demo.stdin.close()
+        try:
+            await asyncio.wait_for(demo.wait(), WAIT)
+        except asyncio.TimeoutError:
+            demo.kill()
+            await demo.wait()
 
 
 async def test_a_rust_agents_handling_time_and_eta_read_from_python(server: Any, coordinator: Any, rust_peer: Any) -> None:

@@ -9,7 +9,7 @@
 __version__ = "0.1.0"
 
 from .agent import Agent, Stats  # noqa: E402
-from .batch import MAX_BATCH_DELAY, MAX_BATCH_MESSAGES, Batcher  # noqa: E402
+from .batch import MAX_BATCH_DELAY, MAX_BATCH_MESSAGES, Batcher, Batching  # noqa: E402
 from .config import ConfigError  # noqa: E402
 from .codec import DecodeError, Encoding, decode, decode_payload, encode, encode_payload  # noqa: E402
 from .context import MAX_HEADER_NAME_BYTES, MAX_HEADERS, MAX_HEADERS_BYTES, Context, Reply  # noqa: E402
@@ -39,6 +39,7 @@ from .usage import UsageKind, UsageReport, UsageRow  # noqa: E402
 
 __all__ = [
     "Batcher",
+    "Batching",
     "MAX_BATCH_DELAY",
     "MAX_BATCH_MESSAGES",
     "ConfigError",

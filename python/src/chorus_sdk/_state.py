@@ -21,6 +21,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 
 from ._backlog import Slots
+from .batch import Batching
 from ._connection import Connection
 from .credits import Ledger
 from . import metrics
@@ -130,6 +131,21 @@ def _max_tokens(given: Mapping[str, int] | None) -> dict[str, int]:
     return checked
 
 
+def _batching(given: Batching | tuple[int, float] | None) -> Batching:
+    """The ``batching`` option checked: a :class:`~chorus_sdk.batch.Batching`, or a
+    ``(max_messages, max_delay)`` pair (seconds); ``None``, the default. Raises
+    :class:`ValueError` naming what is out of bounds."""
+    if given is None:
+        return Batching()
+    if not isinstance(given, tuple) or len(given) != 2:
+        raise ValueError(f"batching is a Batching(max_messages, max_delay), not {given!r}")
+    batching = Batching(*given)
+    problem = batching.problem()
+    if problem is not None:
+        raise ValueError(problem)
+    return batching
+
+
 class AgentState:
     """The settings and state every layer of an agent shares."""
 
@@ -150,6 +166,8 @@ class AgentState:
         queue_capacity: int = DEFAULT_QUEUE_CAPACITY,
         hop_limit: int = DEFAULT_HOP_LIMIT,
         groups: list[str] | None = None,
+        customer: str | None = None,
+        batching: Batching | tuple[int, float] | None = None,
         capability_version: str = "",
         capability_max_tokens: Mapping[str, int] | None = None,
         max_message_bytes: int | None = None,
@@ -191,6 +209,11 @@ class AgentState:
         self.queue_capacity = queue_capacity
         self.hop_limit = hop_limit
         self.groups = [validate_token("group", g) for g in (groups or [])]
+        # The customer it is dedicated to (its manifest's ``customer``): a discovery for
+        # another customer passes it by. None: it serves every customer.
+        self.customer = validate_token("customer", customer) if customer is not None else None
+        # What ``batcher()`` batches by when not told (``[batching]`` in a configuration file).
+        self.batching = _batching(batching)
         self.capability_version = capability_version
         self.capability_max_tokens = _max_tokens(capability_max_tokens)
         self.max_message_bytes = max_message_bytes

@@ -245,12 +245,19 @@ class Agent(Handlers):
         if connection.lost is not None:
             raise Unreachable(connection.lost.reason)
 
-    def batcher(self, max_messages: int = 100, max_delay: float = 0.005) -> Batcher:
+    def batcher(self, max_messages: int | None = None, max_delay: float | None = None) -> Batcher:
         """A publisher that gathers this agent's events and one-way commands into batches of up
         to ``max_messages`` or ``max_delay`` seconds (:class:`~chorus_sdk.batch.Batcher`; the
-        Rust SDK's ``Agent::batcher``). Raises :class:`ChorusError` (5018) for settings out of
-        bounds, (5019) once the agent is shutting down."""
-        return Batcher(self, max_messages, max_delay)
+        Rust SDK's ``Agent::batcher``). Either not given is the agent's own batching
+        (``batching=``, ``[batching]`` in its configuration file; by default 100 messages or
+        5 ms), as the Rust SDK's ``Agent::default_batcher``. Raises :class:`ChorusError` (5018)
+        for settings out of bounds, (5019) once the agent is shutting down."""
+        own = self.batching
+        return Batcher(
+            self,
+            own.max_messages if max_messages is None else max_messages,
+            own.max_delay if max_delay is None else max_delay,
+        )
 
     async def flush(self) -> None:
         """Waits until what this agent sent, and subscriptions made by late registrations,

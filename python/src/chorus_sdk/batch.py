@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .envelope import Delivery
 from .status import ChorusError, StatusCode
@@ -24,6 +24,26 @@ log = logging.getLogger("chorus_sdk")
 #: The most messages one batch may be set to hold, and the longest it may wait (seconds).
 MAX_BATCH_MESSAGES = 10_000
 MAX_BATCH_DELAY = 60.0
+
+
+class Batching(NamedTuple):
+    """What a :class:`Batcher` batches by (the Rust SDK's ``Batching``): a batch is sent when it
+    holds ``max_messages`` (1 to :data:`MAX_BATCH_MESSAGES`), or ``max_delay`` seconds after its
+    first message (above zero, at most :data:`MAX_BATCH_DELAY`); by default 100 messages or
+    5 ms. An agent's own (``Agent(batching=...)``, ``[batching]`` in its configuration file) is
+    what :meth:`Agent.batcher <chorus_sdk.Agent.batcher>` uses when not told."""
+
+    max_messages: int = 100
+    max_delay: float = 0.005
+
+    def problem(self) -> str | None:
+        """What is out of bounds, said as the Rust SDK says it; ``None`` when both are in."""
+        n, delay = self.max_messages, self.max_delay
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BATCH_MESSAGES:
+            return f"batching: max_messages is between 1 and {MAX_BATCH_MESSAGES}, not {n!r}"
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 < delay <= MAX_BATCH_DELAY:
+            return f"batching: max_delay is above zero and at most {MAX_BATCH_DELAY:g} s, not {delay!r}"
+        return None
 
 
 def _stopped() -> ChorusError:
@@ -49,10 +69,9 @@ class Batcher:
     for a command, or the error sending it raised."""
 
     def __init__(self, agent: Agent, max_messages: int = 100, max_delay: float = 0.005) -> None:
-        if not 1 <= max_messages <= MAX_BATCH_MESSAGES:
-            raise ChorusError(StatusCode.INVALID_ARGUMENT, f"batching: max_messages is between 1 and {MAX_BATCH_MESSAGES}, not {max_messages}")
-        if not 0 < max_delay <= MAX_BATCH_DELAY:
-            raise ChorusError(StatusCode.INVALID_ARGUMENT, f"batching: max_delay is above zero and at most {MAX_BATCH_DELAY:g} s, not {max_delay}")
+        problem = Batching(max_messages, max_delay).problem()
+        if problem is not None:
+            raise ChorusError(StatusCode.INVALID_ARGUMENT, problem)
         if agent.stopping:
             raise _stopped()
         self._agent = agent

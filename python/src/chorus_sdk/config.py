@@ -14,14 +14,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .batch import MAX_BATCH_DELAY, MAX_BATCH_MESSAGES, Batching
 from .codec import Encoding
 from .envelope import Delivery
 from .signing import Identity, Verifier
+from .subjects import SubjectError, validate_token
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - the same parser, from PyPI
     import tomli as tomllib
+
+# The keys outside any section: the agent's id and the customer it is dedicated to.
+TOP_LEVEL = ("id", "customer")
 
 # Each section's keys and the type of each.
 SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -42,6 +47,8 @@ SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "service_discovery": bool,
         "metrics_url": str,
     },
+    # What ``agent.batcher()`` batches by when not told (the Rust SDK's ``default_batcher``).
+    "batching": {"max_messages": int, "max_delay_ms": int},
 }
 
 ENCODINGS = {"json": Encoding.JSON, "msgpack": Encoding.MSGPACK, "compact": Encoding.COMPACT}
@@ -58,15 +65,15 @@ class ConfigError(ValueError):
 
 def _check(raw: Mapping[str, Any]) -> None:
     for name, value in raw.items():
-        if name == "id":
+        if name in TOP_LEVEL:
             if not isinstance(value, str):
-                raise ConfigError(f"agent configuration: id: a string, not {value!r}")
+                raise ConfigError(f"agent configuration: {name}: a string, not {value!r}")
             continue
         keys = SECTIONS.get(name)
         if keys is None or not isinstance(value, dict):
             raise ConfigError(
                 f"agent configuration: {name}: not a key this version knows "
-                f"(id, or a section: {', '.join(SECTIONS)})")
+                f"({', '.join(TOP_LEVEL)}, or a section: {', '.join(SECTIONS)})")
         for key, item in value.items():
             kind = keys.get(key)
             if kind is None:
@@ -128,6 +135,13 @@ def agent_arguments(raw: Mapping[str, Any], id: str | None = None) -> dict[str, 
         out["encoding"] = _one_of("bus.encoding", bus["encoding"], ENCODINGS)
     if "groups" in bus:
         out["groups"] = list(bus["groups"])
+    if "customer" in raw:
+        try:
+            out["customer"] = validate_token("customer", raw["customer"])
+        except SubjectError as e:
+            raise ConfigError(f"agent configuration: customer: {e}") from e
+    if "batching" in raw:
+        out["batching"] = _batching(raw["batching"])
     transport = raw.get("transport", {})
     nats: dict[str, Any] = {}
     if "tls_ca" in transport or "tls_cert" in transport:
@@ -181,6 +195,25 @@ def agent_arguments(raw: Mapping[str, Any], id: str | None = None) -> dict[str, 
         if key in monitoring:
             out[key] = monitoring[key]
     return out
+
+
+def _batching(section: Mapping[str, int]) -> Batching:
+    """``[batching]``: the most messages a batch holds (1 to 10,000; default 100) and the
+    longest it waits after its first message (``max_delay_ms``, above 0 and at most 60,000;
+    default 5), each out of bounds refused by its key, as the Rust SDK refuses them."""
+    default = Batching()
+    max_messages = section.get("max_messages", default.max_messages)
+    if not 1 <= max_messages <= MAX_BATCH_MESSAGES:
+        raise ConfigError(
+            f"agent configuration: batching.max_messages: between 1 and {MAX_BATCH_MESSAGES}, not {max_messages}")
+    if "max_delay_ms" not in section:
+        return Batching(max_messages, default.max_delay)
+    max_delay_ms = section["max_delay_ms"]
+    if not 0 < max_delay_ms <= MAX_BATCH_DELAY * 1000:
+        raise ConfigError(
+            f"agent configuration: batching.max_delay_ms: above 0 and at most {MAX_BATCH_DELAY * 1000:.0f}, "
+            f"not {max_delay_ms}")
+    return Batching(max_messages, max_delay_ms / 1000)
 
 
 def _one_of(key: str, value: str, vocabulary: Mapping[str, Any]) -> Any:

@@ -7,7 +7,9 @@ topic as a task streamed chunk by chunk.
 It prints ``chorus_sdk.demo: py-analyst ready`` once subscribed, and stops on Ctrl-C, SIGTERM or
 the end of its standard input when that is a pipe (its parent's). A host runs it from
 ``deploy/demo/python/py-analyst.toml`` (``chorus up --python``): its id is then the replica's,
-``CHORUS_AGENT_ID``, and its server ``CHORUS_NATS_URL``.
+``CHORUS_AGENT_ID``, its server ``CHORUS_NATS_URL``, and the customer it is dedicated to
+``CHORUS_CUSTOMER`` (the hosting manifest's ``customer``, when set): its manifest says so, and
+a discovery for that customer finds it, one for another passes it by.
 """
 
 from __future__ import annotations
@@ -25,8 +27,15 @@ from . import Agent, ChorusError, Context, StatusCode, TaskContext
 AGENT_ID = os.environ.get("CHORUS_AGENT_ID") or "py-analyst"
 
 
+def hosted_customer() -> str | None:
+    """The customer a host runs this process for (``CHORUS_CUSTOMER``), as the Rust
+    ``chorus agent`` and demo agents read it: unset or blank, none."""
+    customer = os.environ.get("CHORUS_CUSTOMER")
+    return customer if customer is not None and customer.strip() else None
+
+
 def analyst(server: str) -> Agent:
-    agent = Agent(AGENT_ID, servers=server, heartbeat_interval=2.0)
+    agent = Agent(AGENT_ID, servers=server, heartbeat_interval=2.0, customer=hosted_customer())
 
     @agent.command("review")
     async def review(ctx: Context) -> dict[str, Any]:

@@ -685,6 +685,7 @@ class Outbound(AgentState):
         capabilities: Sequence[str] | None = None,
         max_tokens: int | None = None,
         priority: Priority | str | None = None,
+        customer: str | None = None,
     ) -> list[dict[str, Any]]:
         """The live agents that match, least loaded first: ``[{"manifest": {...},
         "last_seen_ms": ..., "eta_ms": ...}]`` (section 7.7; answered by the coordinator, with
@@ -696,9 +697,11 @@ class Outbound(AgentState):
         states no ``max_tokens`` takes any); ``priority`` is the priority the work would be
         sent at: each record's ``eta_ms`` (how long until that work sent now would be done,
         absent while the agent has handled nothing) is then at that priority, and the
-        records come soonest first, unknown last.
+        records come soonest first, unknown last. ``customer`` keeps the agents that serve that
+        customer: those dedicated to it (a manifest's ``customer``) and those dedicated to
+        none, not another customer's (Agentify's ``discover`` with a ``customer_id``).
 
-        Raises :class:`~chorus_sdk.SubjectError` for a bad capability or group name,
+        Raises :class:`~chorus_sdk.SubjectError` for a bad capability, group or customer name,
         :class:`TypeError` for ``capabilities`` given as one string, :class:`ValueError` for
         a ``max_tokens`` that is not a whole number of 0 or more or an unknown ``priority``."""
         query: dict[str, Any] = {}
@@ -725,6 +728,8 @@ class Outbound(AgentState):
             if known is Priority.UNKNOWN:
                 raise ValueError(f"priority {priority!r}: one of critical, high, normal or low")
             query["priority"] = known.value
+        if customer is not None:
+            query["customer"] = validate_token("customer", customer)
         env = self._envelope(Kind.REQUEST, Performative.DISCOVER, None)
         wait = self.request_timeout if timeout is None else timeout
         env.ttl_ms = int(wait * 1000)

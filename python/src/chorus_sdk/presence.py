@@ -40,6 +40,8 @@ class Presence(Inbound):
             ("capabilities", [self._capability_info(c) for c in sorted(self._capabilities)]),
             ("commands", sorted(self._commands)),
             ("groups", sorted(self.groups)),
+            # The customer it is dedicated to, when it is (section 7.7); unsaid, every one.
+            *([("customer", self.customer)] if self.customer is not None else []),
             ("content_types", [CONTENT_TYPE_MSGPACK, CONTENT_TYPE_JSON]),
             ("load", F32(min(load, 1.0))),
             ("slots", self.max_in_flight),
