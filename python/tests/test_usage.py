@@ -1,6 +1,6 @@
 """Usage accounting and many agents on one connection, at parity with the Rust SDK (issue 36):
-a Python agent counts what it handles per endpoint, kind, customer and session, reports it to
-the usage stream (a report not stored goes with the next, under the next number), and the
+a Python agent counts what it handles per endpoint, kind, customer and session, and the time it
+spent handling it (a task's from its acceptance to its end), reports it to the usage stream (a report not stored goes with the next, under the next number), and the
 Rust coordinator sums it for `chorus usage`, exactly and the same after it restarts; twenty
 Python agents serve on one nats-py connection, and one shutting down leaves it to the rest.
 The specification is docs/PROTOCOL.md section 7.13."""
@@ -20,7 +20,7 @@ import pytest
 
 from chorus_sdk import Agent, ChorusError, Context, NoResponders, StatusCode, TaskContext, Timeout, UsageKind, UsageReport
 from chorus_sdk.envelope import Envelope, Kind, Performative
-from chorus_sdk.usage import MAX_USAGE_ROWS, OVERFLOW, Usage
+from chorus_sdk.usage import MAX_USAGE_ROWS, OVERFLOW, Usage, UsageRow
 
 from .conftest import Coordinator, NatsServer, eventually, py_agent, rust_binary
 
@@ -40,31 +40,55 @@ def message(customer: str | None, session: str | None, payload: bytes) -> Envelo
 def test_counts_are_kept_per_key_taken_once_put_back_with_the_next_and_bounded() -> None:
     usage = Usage("calc", "run1", True)
     acme = message("acme", "s1", b"12345")
-    usage.record(acme, "add", UsageKind.REQUEST, False, 3)
-    usage.record(acme, "add", UsageKind.REQUEST, True, 0)
-    usage.record(message(None, None, b""), "add", UsageKind.REQUEST, False, 1)
+    usage.record(acme, "add", UsageKind.REQUEST, False, 3, 250)
+    usage.record(acme, "add", UsageKind.REQUEST, True, 0, 250)
+    usage.record(message(None, None, b""), "add", UsageKind.REQUEST, False, 1, 250)
     first = usage.take()
     assert first is not None and (first.agent, first.seq, first.message_id) == ("calc", 1, "calc-run1-1")
-    assert [(r.customer, r.session, r.handled, r.failed, r.bytes_in, r.bytes_out) for r in first.rows] == [
-        ("", "", 1, 0, 0, 1),
-        ("acme", "s1", 2, 1, 10, 3),
+    assert [(r.customer, r.session, r.handled, r.failed, r.bytes_in, r.bytes_out, r.handling_us) for r in first.rows] == [
+        ("", "", 1, 0, 0, 1, 250),
+        ("acme", "s1", 2, 1, 10, 3, 500),
     ]
     assert usage.take() is None, "taken once"
     # Not stored: merged into the next, which has the next number.
-    usage.record(acme, "add", UsageKind.REQUEST, False, 3)
+    usage.record(acme, "add", UsageKind.REQUEST, False, 3, 250)
     usage.put_back(first)
     second = usage.take()
     assert second is not None and second.seq == 2 and second.from_ms <= first.from_ms
     assert sum(r.handled for r in second.rows) == 4
+    assert sum(r.handling_us for r in second.rows) == 1000, "the time spent is merged too"
     assert UsageReport.decode(second.encode()) == second, "the wire form reads back"
+    assert second.to_json()["rows"][0]["handling_us"] == 250
+
+    # A task: counted when accepted, its run's time added to the same row when it ends.
+    usage.record(acme, "draft", UsageKind.TASK, False, 0, 100)
+    usage.record_run(acme, "draft", 80_000)
+    third = usage.take()
+    assert third is not None
+    [task] = third.rows
+    assert (task.endpoint, task.kind, task.customer, task.handled, task.handling_us) == (
+        "draft",
+        UsageKind.TASK,
+        "acme",
+        1,
+        80_100,
+    )
 
     for i in range(MAX_USAGE_ROWS + 10):
-        usage.record(message("acme", f"s{i}", b""), "ping", UsageKind.EVENT, False, 0)
+        usage.record(message("acme", f"s{i}", b""), "ping", UsageKind.EVENT, False, 0, 7)
+    # A task's run time beyond the bound goes to the overflow row too.
+    usage.record_run(message("acme", "late", b""), "ping", 1000)
     bounded = usage.take()
-    assert bounded is not None and len(bounded.rows) == MAX_USAGE_ROWS + 1
-    [overflow] = [r for r in bounded.rows if r.session == OVERFLOW]
-    assert (overflow.customer, overflow.handled) == (OVERFLOW, 10)
+    assert bounded is not None and len(bounded.rows) == MAX_USAGE_ROWS + 2
+    overflows = {r.kind: r for r in bounded.rows if r.session == OVERFLOW}
+    assert {k: (r.customer, r.handled, r.handling_us) for k, r in overflows.items()} == {
+        UsageKind.EVENT: (OVERFLOW, 10, 70),
+        UsageKind.TASK: (OVERFLOW, 0, 1000),
+    }
     assert sum(r.handled for r in bounded.rows) == MAX_USAGE_ROWS + 10
+    assert sum(r.handling_us for r in bounded.rows) == 7 * (MAX_USAGE_ROWS + 10) + 1000, "none lost"
+    # A row from an agent that does not time its work reads as none spent.
+    assert UsageRow.from_json({"endpoint": "add", "kind": "request", "handled": 1}).handling_us == 0
 
     off = Usage("calc", "run1", False)
     off.record(acme, "add", UsageKind.REQUEST, False, 3)
@@ -157,8 +181,9 @@ async def coordinator_ready(server: NatsServer) -> None:
         await eventually("the coordinator", answers, WAIT)
 
 
-def chorus_usage(server: NatsServer, by: str) -> dict[tuple[str, ...], tuple[int, int, int, int]]:
-    """`chorus usage --by <by> --json`: (handled, failed, bytes in, bytes out) by group."""
+def chorus_usage(server: NatsServer, by: str) -> dict[tuple[str, ...], tuple[int, int, int, int, int]]:
+    """`chorus usage --by <by> --json`: (handled, failed, bytes in, bytes out, handling µs) by
+    group."""
     with tempfile.TemporaryDirectory(prefix="chorus-usage-") as config:
         env = {k: v for k, v in os.environ.items() if k != "CHORUS_CONTEXT"}
         done = subprocess.run(
@@ -172,7 +197,13 @@ def chorus_usage(server: NatsServer, by: str) -> dict[tuple[str, ...], tuple[int
     summary = json.loads(done.stdout)
     keys = by.split(",")
     return {
-        tuple(line["group"][k] for k in keys): (line["handled"], line["failed"], line["bytes_in"], line["bytes_out"])
+        tuple(line["group"][k] for k in keys): (
+            line["handled"],
+            line["failed"],
+            line["bytes_in"],
+            line["bytes_out"],
+            line["handling_us"],
+        )
         for line in summary["lines"]
     }
 
@@ -251,8 +282,56 @@ async def test_usage_is_summed_by_the_coordinator_per_customer_and_session_exact
         }
         assert by_kind[("acme", "request")][2] > 0 and by_kind[("acme", "request")][3] > 0, "payload bytes in and out"
         assert by_kind[("", "event")][3] == 0, "an event has no reply"
+        assert all(v[4] > 0 for v in by_kind.values()), f"the time spent handling each kind: {by_kind}"
     finally:
         coordinator.stop()
+
+
+async def test_usage_counts_the_time_spent_handling_each_customers_work() -> None:
+    """Agentify's usage tracking counts the time spent per action (``duration``): a request's
+    run through the pipeline, and a task's run from its acceptance to its end, summed per
+    customer by the Rust coordinator (as the Rust e2e test
+    ``usage_counts_the_time_spent_handling_each_customers_work``)."""
+    # A server of its own: the other tests' sums stay exact.
+    server = NatsServer()
+    server.start()
+    coordinator = Coordinator(server.url)
+    try:
+        await coordinator_ready(server)
+        async with py_agent(server, "py-usage-timer", usage_interval=0.2) as worker, py_agent(
+            server, "py-usage-timer-caller"
+        ) as caller:
+
+            @worker.command("slow")
+            async def slow(ctx: Context) -> None:
+                await asyncio.sleep(0.05)
+
+            @worker.task("brew")
+            async def brew(task: TaskContext) -> str:
+                await asyncio.sleep(0.08)
+                return "brewed"
+
+            await worker.flush()
+            for _ in range(3):
+                await caller.request(worker.id, "slow", None, customer="initech")
+            task = await caller.submit(None, to=worker.id, name="brew", customer="initech")
+            assert (await task.result(timeout=WAIT)).data() == "brewed"
+        # Shut down: it reported what was left, the task's run time with it.
+
+        async def lines() -> dict[tuple[str, ...], tuple[int, int, int, int, int]] | None:
+            by_kind = await asyncio.to_thread(chorus_usage, server, "customer,kind")
+            counted = {k: v for k, v in by_kind.items() if k[0] == "initech"}
+            done = {k: v[0] for k, v in counted.items()} == {("initech", "request"): 3, ("initech", "task"): 1}
+            return counted if done else None
+
+        by_kind = await eventually("the summary by customer and kind", lines, WAIT, 0.5)
+        requests, tasks = by_kind[("initech", "request")], by_kind[("initech", "task")]
+        # At least the handlers' sleeps; an upper bound only against a unit mix-up (ms for µs).
+        assert 150_000 <= requests[4] < 30_000_000, requests
+        assert 80_000 <= tasks[4] < 10_000_000, tasks
+    finally:
+        coordinator.stop()
+        server.stop()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -294,7 +294,7 @@ class AgentState:
         self._durable: DurableInbox | None = None
         # The parts that serve the agent see it as their Host; every layer is mixed in by Agent.
         host = cast("Host", self)
-        self._task_worker = Tasks(host, self._handling)
+        self._task_worker = Tasks(host, self._handling, self._usage)
         self._exactly_once = ExactlyOnce(host)
         # Discovery is the sending layer's: a capability's holders say whether they read zstd.
         self._payloads = Payloads(

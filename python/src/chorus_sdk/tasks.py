@@ -40,6 +40,7 @@ from .envelope import (
 from .eta import Handling
 from .schema import Schema, payload_json
 from .status import ChorusError, Refused, StatusCode, Timeout, is_success, label
+from .usage import Usage
 
 
 log = logging.getLogger("chorus_sdk")
@@ -370,12 +371,14 @@ TaskHandler = Callable[[TaskContext], Awaitable[Any]]
 class Tasks:
     """Serves task handlers for one agent. Each task endpoint is timed by its runs (from its
     acceptance to its handler's own end) in ``handling``, the agent's handling times: what a
-    later acceptance says it expects (its ``eta_ms``)."""
+    later acceptance says it expects (its ``eta_ms``). Each run's time, however it ends, is
+    added to the agent's ``usage`` (which counted the task when it was accepted)."""
 
-    def __init__(self, agent: Host, handling: Handling | None = None) -> None:
+    def __init__(self, agent: Host, handling: Handling | None = None, usage: Usage | None = None) -> None:
         self.agent = agent
         self.store = TaskStore(agent)
         self.handling = handling if handling is not None else Handling()
+        self.usage = usage
 
     def endpoint(self, handler: TaskHandler, kind: str = "command", name: str = "") -> Callable[[Context], Awaitable[Any]]:
         """The handler that takes the tasks submitted to endpoint ``name`` of ``kind``
@@ -442,7 +445,7 @@ class Tasks:
         )
         subs = await self._listen(run)
         context = TaskContext(agent, context_env, ctx.subject, run)
-        agent.spawn(self._drive(run, context, handler, subs, endpoint), name="chorus-task")
+        agent.spawn(self._drive(run, context, handler, subs, endpoint, env), name="chorus-task")
 
     async def _listen(self, run: _Run) -> list[Any]:
         nc = self.agent.nc
@@ -466,7 +469,12 @@ class Tasks:
             run.halt("cancelled")
         return subs
 
-    async def _drive(self, run: _Run, ctx: TaskContext, handler: TaskHandler, subs: list[Any], endpoint: tuple[str, str]) -> None:
+    async def _drive(
+        self, run: _Run, ctx: TaskContext, handler: TaskHandler, subs: list[Any], endpoint: tuple[str, str], submission: Envelope
+    ) -> None:
+        """Runs the handler to its end, a cancel, the deadline or shutdown, and writes the
+        task's terminal state; ``submission`` is the message that was accepted (its usage
+        row)."""
         store = self.store
         begun = time.perf_counter_ns()
         try:
@@ -491,9 +499,14 @@ class Tasks:
                     await asyncio.wait_for(asyncio.shield(work), CANCEL_GRACE)
                 except (asyncio.TimeoutError, Exception):  # noqa: BLE001
                     work.cancel()
+            took = time.perf_counter_ns() - begun
             if run.why is None and work.done() and not work.cancelled():
                 # A run that ended by itself (done or failed): how long its kind takes.
-                self.handling.record(*endpoint, time.perf_counter_ns() - begun)
+                self.handling.record(*endpoint, took)
+            if self.usage is not None and endpoint[1]:
+                # Usage counted the task when it was accepted; its time is the run's, however
+                # it ended.
+                self.usage.record_run(submission, endpoint[1], took // 1000)
             if run.handed_off:
                 # Another agent has it now and writes its end.
                 if work.done() and not work.cancelled():

@@ -4,9 +4,11 @@ section 7.13), as the Rust SDK's ``chorus_sdk::usage``.
 Every agent counts, in its inbound pipeline, each command, request, event (with a topic) and
 task that came for one of its endpoints, after its handler ran or it was refused: one more
 ``handled``, one more ``failed`` when the handler failed or the message was refused, its payload
-size in ``bytes_in`` and its reply's payload size in ``bytes_out``, under the endpoint (the
-command or capability, or the event's topic), the kind, and the envelope's ``customer_id`` and
-``session_id``. Every ``usage_interval`` seconds, and once more at shutdown, an agent that
+size in ``bytes_in``, its reply's payload size in ``bytes_out`` and the time its run through
+the pipeline took in ``handling_us``, under the endpoint (the command or capability, or the
+event's topic), the kind, and the envelope's ``customer_id`` and ``session_id``; a task's run,
+from its acceptance to its end (however it ends), adds its time to the row that counted its
+acceptance. Every ``usage_interval`` seconds, and once more at shutdown, an agent that
 counted anything publishes what it counted since its last report as one :class:`UsageReport`
 to ``<root>.usage.<agent-id>``, stored by the coordinator's stream ``<ROOT>_USAGE``; a report
 that is not stored (no stream yet, the server away) is merged into the next one.
@@ -75,6 +77,9 @@ class UsageRow:
     bytes_in: int = 0
     #: Reply payload bytes sent.
     bytes_out: int = 0
+    #: Time spent handling them, in µs (Agentify's ``duration``): each message's run through
+    #: the pipeline, a task's from its acceptance to its end.
+    handling_us: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The row as it is on the wire."""
@@ -87,6 +92,7 @@ class UsageRow:
             "failed": self.failed,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
+            "handling_us": self.handling_us,
         }
 
     @classmethod
@@ -110,6 +116,7 @@ class UsageRow:
             _count(value, "failed"),
             _count(value, "bytes_in"),
             _count(value, "bytes_out"),
+            _count(value, "handling_us"),
         )
 
 
@@ -196,8 +203,14 @@ def _count(value: dict[str, Any], name: str, required: bool = False) -> int:
     return count
 
 
-# A row's key and its counts: handled, failed, bytes in, bytes out.
+# A row's key (endpoint, kind, customer, session); its counts are handled, failed, bytes in,
+# bytes out and handling µs.
 _Key = tuple[str, UsageKind, str, str]
+_Counts = tuple[int, int, int, int, int]
+
+
+def _key(env: Envelope, endpoint: str, kind: UsageKind) -> _Key:
+    return (endpoint, kind, env.customer_id or "", env.session_id or "")
 
 
 class Usage:
@@ -220,21 +233,30 @@ class Usage:
         """Whether something was counted that no stored report holds yet."""
         return bool(self._rows)
 
-    def record(self, env: Envelope, endpoint: str, kind: UsageKind, failed: bool, bytes_out: int) -> None:
+    def record(
+        self, env: Envelope, endpoint: str, kind: UsageKind, failed: bool, bytes_out: int, handling_us: int = 0
+    ) -> None:
         """Counts one handled message: at ``endpoint`` (a command, capability or topic), of
-        ``kind``, whether it ``failed``, and its reply's payload size."""
+        ``kind``, whether it ``failed``, its reply's payload size and how long handling it took
+        (µs)."""
         if not self.enabled:
             return
-        key = (endpoint, kind, env.customer_id or "", env.session_id or "")
-        self._merge(key, (1, 1 if failed else 0, len(env.payload), bytes_out))
+        self._merge(_key(env, endpoint, kind), (1, 1 if failed else 0, len(env.payload), bytes_out, handling_us))
 
-    def _merge(self, key: _Key, counts: tuple[int, int, int, int]) -> None:
+    def record_run(self, env: Envelope, endpoint: str, handling_us: int) -> None:
+        """Adds the time (µs) a task of ``endpoint``, submitted as ``env``, ran (counted as
+        handled when it was accepted)."""
+        if not self.enabled:
+            return
+        self._merge(_key(env, endpoint, UsageKind.TASK), (0, 0, 0, 0, handling_us))
+
+    def _merge(self, key: _Key, counts: _Counts) -> None:
         rows = self._rows
         row = rows.get(key)
         if row is None:
             if len(rows) >= MAX_USAGE_ROWS:
                 key = (key[0], key[1], OVERFLOW, OVERFLOW)
-            row = rows.setdefault(key, [0, 0, 0, 0])
+            row = rows.setdefault(key, [0, 0, 0, 0, 0])
         for i, n in enumerate(counts):
             row[i] += n
 
@@ -260,7 +282,7 @@ class Usage:
         for row in report.rows:
             self._merge(
                 (row.endpoint, row.kind, row.customer, row.session),
-                (row.handled, row.failed, row.bytes_in, row.bytes_out),
+                (row.handled, row.failed, row.bytes_in, row.bytes_out, row.handling_us),
             )
 
     async def report(self, nc: NATS, subjects: Subjects, timeout: float) -> bool:
