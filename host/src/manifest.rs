@@ -248,7 +248,14 @@ pub struct Resources {
     /// CPU limit in cores (0.5 is half a core), above 0 and at most [`MAX_CPU`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<f64>,
+    /// GPUs each replica needs (Agentify's `gpu_required`), 1 to [`MAX_GPUS`]: only a host
+    /// that announces that many free (`chorus host --gpus`) takes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
 }
+
+/// The most GPUs a replica may ask for.
+pub const MAX_GPUS: u32 = 64;
 
 /// Where replicas may be placed.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -260,6 +267,10 @@ pub struct Placement {
     /// Only these hosts; empty means any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<String>,
+    /// Hosts in this region first (Agentify's `preferred_region`; `chorus host --region`),
+    /// others when none there has room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preferred_region: Option<String>,
 }
 
 /// When and how fast a replica that stopped is started again.
@@ -660,6 +671,14 @@ impl Manifest {
                 ),
             ));
         }
+        if let Some(gpus) = self.resources.gpus
+            && !(1..=MAX_GPUS).contains(&gpus)
+        {
+            return Err(ManifestError::invalid(
+                "resources.gpus",
+                format!("{gpus} GPUs is impossible: give 1..={MAX_GPUS}"),
+            ));
+        }
         Ok(())
     }
 
@@ -667,6 +686,9 @@ impl Manifest {
         let placement = &self.placement;
         if let Some(agent) = &placement.co_locate_with {
             check_token("placement.co_locate_with", "agent id", agent)?;
+        }
+        if let Some(region) = &placement.preferred_region {
+            check_token("placement.preferred_region", "region", region)?;
         }
         check_count("placement.hosts", placement.hosts.len(), MAX_HOSTS)?;
         for (i, host) in placement.hosts.iter().enumerate() {
@@ -941,10 +963,12 @@ working_dir = "agents/calc"
 [resources]
 memory_mb = 256
 cpu = 0.5
+gpus = 1
 
 [placement]
 co_locate_with = "orchestrator"
 hosts = ["host-a"]
+preferred_region = "eu-west"
 
 [restart]
 policy = "on-failure"
@@ -1019,10 +1043,12 @@ nkey_file = "secrets/calculator.nk"
             resources: Resources {
                 memory_mb: Some(256),
                 cpu: Some(0.5),
+                gpus: Some(1),
             },
             placement: Placement {
                 co_locate_with: Some("orchestrator".into()),
                 hosts: vec!["host-a".into()],
+                preferred_region: Some("eu-west".into()),
             },
             restart: Restart {
                 policy: RestartPolicy::OnFailure,
@@ -1287,6 +1313,22 @@ nkey_file = "secrets/calculator.nk"
         refused(
             &minimal_with(&format!("args = [{}]", many.join(", "))),
             "run.args",
+        );
+    }
+
+    #[test]
+    fn gpus_and_a_region_are_checked() {
+        let m = Manifest::from_toml(&minimal_with(
+            "[resources]\ngpus = 2\n[placement]\npreferred_region = \"eu-west\"",
+        ))
+        .expect("valid");
+        assert_eq!(m.resources.gpus, Some(2));
+        assert_eq!(m.placement.preferred_region.as_deref(), Some("eu-west"));
+        refused(&minimal_with("[resources]\ngpus = 0"), "resources.gpus");
+        refused(&minimal_with("[resources]\ngpus = 65"), "resources.gpus");
+        refused(
+            &minimal_with("[placement]\npreferred_region = \"eu west\""),
+            "placement.preferred_region",
         );
     }
 

@@ -4,9 +4,10 @@
 //!
 //! The rules, in order: only the manifest's `placement.hosts` if it names any; only the host
 //! where `placement.co_locate_with` runs if it names an agent; only hosts with room (agent
-//! slots, memory and CPU the manifest asks for, against what is already placed there); then
-//! the host with the fewest replicas of the same deployment (replicas spread), then the least
-//! loaded (placed agents over slots), then by name. When none is left the answer is a refusal
+//! slots, memory, CPU and GPUs the manifest asks for, against what is already placed there);
+//! then a host in the manifest's preferred region, then the host with the fewest replicas of
+//! the same deployment (replicas spread), then the least loaded (placed agents over slots),
+//! then by name. When none is left the answer is a refusal
 //! that says, host by host, why.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -35,6 +36,8 @@ pub struct Usage {
     pub memory_mb: u64,
     /// CPU their manifests ask for, cores.
     pub cpu: f64,
+    /// GPUs their manifests ask for.
+    pub gpus: u32,
     /// The replicas placed or running there, per deployment (numbers, not agent ids: a round
     /// counts every placed replica, and making 100,000 ids each time is what it would cost).
     pub replicas: BTreeMap<String, BTreeSet<u32>>,
@@ -46,6 +49,9 @@ impl Usage {
         self.agents += 1;
         self.memory_mb += manifest.resources.memory_mb.unwrap_or(0);
         self.cpu += manifest.resources.cpu.unwrap_or(0.0);
+        self.gpus = self
+            .gpus
+            .saturating_add(manifest.resources.gpus.unwrap_or(0));
         match self.replicas.get_mut(&manifest.id) {
             Some(set) => {
                 set.insert(replica);
@@ -96,7 +102,25 @@ impl Candidate {
                 (cap.cpu - used.cpu).max(0.0)
             ));
         }
+        // GPUs are counted whatever the host says: one without any takes no GPU agent.
+        if let Some(need) = manifest.resources.gpus
+            && used.gpus.saturating_add(need) > cap.gpus
+        {
+            return Some(format!(
+                "needs {need} GPU, {} free",
+                cap.gpus.saturating_sub(used.gpus)
+            ));
+        }
         None
+    }
+
+    /// Whether it is outside the manifest's preferred region (hosts inside go first).
+    fn elsewhere(&self, manifest: &Manifest) -> bool {
+        manifest
+            .placement
+            .preferred_region
+            .as_ref()
+            .is_some_and(|r| self.capacity.region.as_ref() != Some(r))
     }
 
     fn load(&self) -> f64 {
@@ -156,8 +180,9 @@ pub fn place<'a>(
     pool.into_iter()
         .min_by(|a, b| {
             let same = |c: &Candidate| c.used.of(&manifest.id);
-            same(a)
-                .cmp(&same(b))
+            a.elsewhere(manifest)
+                .cmp(&b.elsewhere(manifest))
+                .then(same(a).cmp(&same(b)))
                 .then(a.load().total_cmp(&b.load()))
                 .then(a.name.cmp(&b.name))
         })
@@ -182,7 +207,7 @@ mod tests {
             capacity: Capacity {
                 agents,
                 memory_mb,
-                cpu: 0.0,
+                ..Capacity::default()
             },
             used: Usage::default(),
         }
@@ -271,5 +296,40 @@ mod tests {
         a.used.cpu = 1.0;
         let err = place(&m, &[a]).expect_err("no cpu");
         assert!(err.contains("needs 1.5 CPU, 1.00 free"), "{err}");
+    }
+
+    #[test]
+    fn gpus_go_only_to_hosts_that_have_them_free() {
+        let m = manifest("[resources]\ngpus = 1");
+        let plain = host("plain", 10, 0);
+        let mut gpu = host("gpu", 10, 0);
+        gpu.capacity.gpus = 1;
+        assert_eq!(
+            place(&m, &[plain.clone(), gpu.clone()]),
+            Ok("gpu".to_owned())
+        );
+        gpu.used.add(&m, 1);
+        assert_eq!(gpu.used.gpus, 1);
+        let err = place(&m, &[plain, gpu]).expect_err("the GPU is taken");
+        assert!(err.contains("plain: needs 1 GPU, 0 free"), "{err}");
+        assert!(err.contains("gpu: needs 1 GPU, 0 free"), "{err}");
+        // An agent that needs none still goes anywhere.
+        assert!(place(&manifest(""), &[host("plain", 10, 0)]).is_ok());
+    }
+
+    #[test]
+    fn a_preferred_region_goes_first_and_others_take_what_it_cannot() {
+        let m = manifest("[placement]\npreferred_region = \"eu-west\"");
+        let mut us = host("a-us", 10, 0);
+        us.capacity.region = Some("us-east".into());
+        let mut eu = host("b-eu", 1, 0);
+        eu.capacity.region = Some("eu-west".into());
+        // Though a-us comes first by name and is as empty.
+        assert_eq!(place(&m, &[us.clone(), eu.clone()]), Ok("b-eu".to_owned()));
+        // Full in the region: elsewhere, as a preference is not a requirement.
+        eu.used.add(&m, 1);
+        assert_eq!(place(&m, &[us.clone(), eu]), Ok("a-us".to_owned()));
+        // No host says its region: as if none were preferred.
+        assert_eq!(place(&m, &[host("x", 5, 0)]), Ok("x".to_owned()));
     }
 }

@@ -90,6 +90,16 @@ pub struct Capacity {
     /// CPU cores it may give its agents (0: not limited).
     #[serde(default)]
     pub cpu: f64,
+    /// GPUs it has for its agents (0: none; a manifest that asks for one is not placed here).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gpus: u32,
+    /// The region it is in, if it says (a manifest's `placement.preferred_region`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A host's report, written to the hosts bucket every report interval and on every change.

@@ -300,6 +300,7 @@ mod tests {
                 agents: 10,
                 memory_mb: 0,
                 cpu: 0.0,
+                ..Capacity::default()
             },
             replicas: running
                 .iter()
@@ -492,6 +493,7 @@ mod tests {
                     agents: 1_000_000,
                     memory_mb: 0,
                     cpu: 0.0,
+                    ..Capacity::default()
                 },
                 ..report(&format!("h{h}"), 0, &[])
             })

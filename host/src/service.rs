@@ -61,6 +61,7 @@ impl HostOptions {
                 agents: DEFAULT_MAX_AGENTS,
                 memory_mb: 0,
                 cpu: 0.0,
+                ..Capacity::default()
             },
             report_interval: DEFAULT_REPORT_INTERVAL,
             bucket_replicas: 1,

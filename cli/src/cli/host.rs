@@ -35,6 +35,15 @@ pub(crate) struct Args {
     /// CPU cores it may give its agents (0: not counted).
     #[arg(long, default_value_t = 0.0)]
     cpus: f64,
+    /// GPUs it has for its agents: a manifest's `resources.gpus` are counted against them (0:
+    /// it takes no agent that needs one). Placement counts them; the agents' processes see
+    /// the machine's devices as they are.
+    #[arg(long, default_value_t = 0)]
+    gpus: u32,
+    /// The region it is in (one name), for manifests that prefer one
+    /// (`placement.preferred_region`).
+    #[arg(long)]
+    region: Option<String>,
     /// Where its agents' output is kept, one file per agent, rotated [default: the user's
     /// state folder, chorus/hosts/<name>/logs].
     #[arg(long)]
@@ -77,6 +86,8 @@ impl Args {
             max_agents: DEFAULT_MAX_AGENTS,
             memory_mb: 0,
             cpus: 0.0,
+            gpus: 0,
+            region: None,
             log_dir: Some(log_dir),
             log_file_bytes: chorus_host::process::DEFAULT_LOG_FILE_BYTES,
             log_files: chorus_host::process::DEFAULT_LOG_FILES,
@@ -114,6 +125,9 @@ pub(crate) async fn start(
         None => machine_name()?,
     };
     chorus_sdk::subject::validate_token("host name", &name)?;
+    if let Some(region) = &args.region {
+        chorus_sdk::subject::validate_token("region", region)?;
+    }
     let log_dir = match args.log_dir {
         Some(dir) => dir,
         None => state_dir()?
@@ -164,6 +178,8 @@ pub(crate) async fn start(
             agents: args.max_agents,
             memory_mb: args.memory_mb,
             cpu: args.cpus,
+            gpus: args.gpus,
+            region: args.region.clone(),
         },
         report_interval: if args.report_interval.is_zero() {
             DEFAULT_REPORT_INTERVAL

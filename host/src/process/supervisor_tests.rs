@@ -786,6 +786,7 @@ fn limits_go_to_a_cgroup_where_the_host_has_one() {
     let resources = Resources {
         memory_mb: Some(128),
         cpu: Some(1.5),
+        gpus: None,
     };
     let plan = plan_limits(Some(&host), "calc-2", &resources);
     assert_eq!(
@@ -813,6 +814,7 @@ fn limits_go_to_a_cgroup_where_the_host_has_one() {
     let cpu_only = Resources {
         memory_mb: None,
         cpu: Some(0.25),
+        gpus: None,
     };
     assert_eq!(
         plan_limits(None, "a", &cpu_only).enforcement,

@@ -662,3 +662,84 @@ async fn the_five_commands_of_the_hosting_guide_run_as_written() {
         text(&out)
     );
 }
+
+/// Agentify's host requirements: a manifest that needs a GPU goes to a host that has one free,
+/// and is refused with the reason when none has; one that prefers a region goes to a host
+/// there. A manifest's `customer` reaches its agent, which discovery by customer finds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_and_a_preferred_region_choose_the_host_and_the_customer_reaches_the_agent() {
+    let bus = Bus::start().await;
+    let mut hosts = Processes::default();
+    hosts
+        .0
+        .push(bus.host("plain", &["--region", "us-east", "--max-agents", "10"]));
+    hosts.0.push(bus.host(
+        "gpu",
+        &["--gpus", "1", "--region", "eu-west", "--max-agents", "10"],
+    ));
+    bus.hosts_live(&["plain", "gpu"]).await;
+    let listed = bus.hosts().await;
+    let gpu_host = listed
+        .iter()
+        .find(|h| h["report"]["name"] == "gpu")
+        .expect("the gpu host");
+    assert_eq!(gpu_host["report"]["capacity"]["gpus"], 1);
+    assert_eq!(gpu_host["report"]["capacity"]["region"], "eu-west");
+
+    let bus = &bus;
+    let deploy = |name: &str, extra: &str| {
+        let path = bus.manifest(name, &echo_manifest(name, extra));
+        async move {
+            bus.run(&["deploy", path.to_str().expect("utf-8")], DEPLOY_WAIT)
+                .await
+        }
+    };
+    // The plain host comes first by name and is as empty: the GPU decides.
+    let out = deploy("vision", "customer = \"acme\"\n[resources]\ngpus = 1").await;
+    assert!(out.status.success(), "{}", text(&out));
+    let out = deploy("vision2", "[resources]\ngpus = 1").await;
+    assert!(!out.status.success(), "{}", text(&out));
+    let refusal = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(refusal.contains("gpu: needs 1 GPU, 0 free"), "{refusal}");
+    assert!(refusal.contains("plain: needs 1 GPU, 0 free"), "{refusal}");
+    // A preferred region wins over spreading by name.
+    let out = deploy("summarizer", "[placement]\npreferred_region = \"eu-west\"").await;
+    assert!(out.status.success(), "{}", text(&out));
+    let views = bus.deployments().await;
+    let host_of = |id: &str| {
+        views
+            .iter()
+            .find(|d| d.deployment == id)
+            .and_then(|d| d.placed.first())
+            .map(|p| p.host.clone())
+    };
+    assert_eq!(host_of("vision").as_deref(), Some("gpu"));
+    assert_eq!(host_of("summarizer").as_deref(), Some("gpu"));
+
+    // The hosted agent knows its customer: discovery for acme finds it, for globex not.
+    let caller = agent(&bus.server, "region-caller").await;
+    let for_customer = |customer: &'static str| {
+        let caller = caller.clone();
+        async move {
+            caller
+                .discover(&chorus_sdk::DiscoverQuery {
+                    capability: Some("vision".into()),
+                    customer: Some(customer.into()),
+                    ..Default::default()
+                })
+                .await
+                .expect("discovery answers")
+        }
+    };
+    let found = eventually(
+        chorus_tests::WAIT,
+        "the vision agent registered",
+        || async {
+            let found = for_customer("acme").await;
+            (!found.is_empty()).then_some(found)
+        },
+    )
+    .await;
+    assert_eq!(found[0].manifest.customer.as_deref(), Some("acme"));
+    assert!(for_customer("globex").await.is_empty());
+}
