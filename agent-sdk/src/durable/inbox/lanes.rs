@@ -211,3 +211,205 @@ pub(super) fn lane_of(sender: &str, lanes: usize) -> usize {
     sender.hash(&mut h);
     (h.finish() % lanes.max(1) as u64) as usize
 }
+
+/// The ordering promise of docs/PROTOCOL.md section 7.9 ("Ordering"), model-checked: every
+/// reachable state of a model of the durable inbox, for every order the stream can hold the
+/// senders' messages in, every interleaving of the lanes, every redelivery time and every
+/// pattern of failed attempts (within bounds), is explored, and in each one a sender's messages
+/// are first handled in the order it sent them, and every message is in the end handled
+/// successfully. The model keeps what the promise rests on: the stream delivers in the order it
+/// stored; each delivery goes to the lane [`lane_of`] (the real function) picks for its sender;
+/// a lane handles its deliveries one at a time, in the order it got them; a failed attempt is
+/// given back to the server, which redelivers it at any later moment, behind what was
+/// delivered meanwhile. A lane choice that ignores the sender breaks the promise, and the same
+/// check finds the counterexample.
+#[cfg(test)]
+mod ordering_model {
+    use std::collections::{BTreeSet, HashSet, VecDeque};
+
+    /// A message: its sender and its number in that sender's sequence.
+    type Msg = (usize, u32);
+
+    #[derive(Clone, PartialEq, Eq, Hash)]
+    struct State {
+        /// How much of the stream has been delivered.
+        delivered: usize,
+        /// Failed attempts waiting to be redelivered.
+        naked: BTreeSet<Msg>,
+        /// Each lane's deliveries, in the order it got them.
+        lanes: Vec<VecDeque<Msg>>,
+        /// Messages handled successfully.
+        done: BTreeSet<Msg>,
+        /// Messages attempted at least once.
+        tried: BTreeSet<Msg>,
+        /// Per sender, the last message number attempted for the first time.
+        first: Vec<u32>,
+        /// Failed attempts so far.
+        failures: u32,
+    }
+
+    struct Model<'a> {
+        stream: &'a [Msg],
+        lane: &'a dyn Fn(Msg) -> usize,
+        lanes: usize,
+        max_failures: u32,
+    }
+
+    /// Explores every state reachable from the start; returns the states seen, or the first
+    /// violation found.
+    fn check(model: &Model<'_>, senders: usize) -> Result<usize, String> {
+        let start = State {
+            delivered: 0,
+            naked: BTreeSet::new(),
+            lanes: vec![VecDeque::new(); model.lanes],
+            done: BTreeSet::new(),
+            tried: BTreeSet::new(),
+            first: vec![0; senders],
+            failures: 0,
+        };
+        let mut seen = HashSet::new();
+        let mut todo = vec![start];
+        while let Some(state) = todo.pop() {
+            if !seen.insert(state.clone()) {
+                continue;
+            }
+            let mut next = Vec::new();
+            // The stream delivers its next message, to its sender's lane.
+            if let Some(&m) = model.stream.get(state.delivered) {
+                let mut s = state.clone();
+                s.delivered += 1;
+                s.lanes[(model.lane)(m)].push_back(m);
+                next.push(s);
+            }
+            // The server redelivers a failed attempt, at any moment.
+            for &m in &state.naked {
+                let mut s = state.clone();
+                s.naked.remove(&m);
+                s.lanes[(model.lane)(m)].push_back(m);
+                next.push(s);
+            }
+            // A lane handles its first delivery: it succeeds, or fails and is given back.
+            for lane in 0..model.lanes {
+                let Some(&m) = state.lanes[lane].front() else {
+                    continue;
+                };
+                let mut s = state.clone();
+                s.lanes[lane].pop_front();
+                if s.tried.insert(m) {
+                    let (sender, n) = m;
+                    if n != s.first[sender] + 1 {
+                        return Err(format!(
+                            "sender {sender}'s message {n} handled first after {} (stream {:?})",
+                            s.first[sender], model.stream
+                        ));
+                    }
+                    s.first[sender] = n;
+                }
+                let mut ok = s.clone();
+                ok.done.insert(m);
+                next.push(ok);
+                if s.failures < model.max_failures {
+                    s.failures += 1;
+                    s.naked.insert(m);
+                    next.push(s);
+                }
+            }
+            if next.is_empty() && state.done.len() != model.stream.len() {
+                return Err(format!(
+                    "stuck with {} of {} handled",
+                    state.done.len(),
+                    model.stream.len()
+                ));
+            }
+            todo.extend(next);
+        }
+        Ok(seen.len())
+    }
+
+    /// Every order the stream can hold `counts[s]` messages of each sender `s` in (each
+    /// sender's own in its order).
+    fn streams(counts: &[u32]) -> Vec<Vec<Msg>> {
+        fn go(counts: &[u32], sent: &mut Vec<u32>, now: &mut Vec<Msg>, out: &mut Vec<Vec<Msg>>) {
+            if sent.iter().zip(counts).all(|(s, c)| s == c) {
+                out.push(now.clone());
+                return;
+            }
+            for sender in 0..counts.len() {
+                if sent[sender] < counts[sender] {
+                    sent[sender] += 1;
+                    now.push((sender, sent[sender]));
+                    go(counts, sent, now, out);
+                    now.pop();
+                    sent[sender] -= 1;
+                }
+            }
+        }
+        let mut out = Vec::new();
+        go(
+            counts,
+            &mut vec![0; counts.len()],
+            &mut Vec::new(),
+            &mut out,
+        );
+        out
+    }
+
+    /// Three senders of which two share a lane of two, by the real lane choice.
+    fn senders() -> Vec<String> {
+        let names: Vec<String> = (0..64).map(|i| format!("sender-{i}")).collect();
+        for a in &names {
+            for b in &names {
+                for c in &names {
+                    let (la, lb, lc) = (
+                        super::lane_of(a, 2),
+                        super::lane_of(b, 2),
+                        super::lane_of(c, 2),
+                    );
+                    if a < b && la == lb && lc != la {
+                        return vec![a.clone(), b.clone(), c.clone()];
+                    }
+                }
+            }
+        }
+        panic!("no three senders split two and one over two lanes");
+    }
+
+    #[test]
+    fn each_senders_messages_are_first_handled_in_the_order_it_sent_them() {
+        let names = senders();
+        let lane = |(sender, _): Msg| super::lane_of(&names[sender], 2);
+        let mut states = 0;
+        let orders = streams(&[2, 2, 1]);
+        for stream in &orders {
+            let model = Model {
+                stream,
+                lane: &lane,
+                lanes: 2,
+                max_failures: 2,
+            };
+            states += check(&model, 3).unwrap_or_else(|e| panic!("the promise breaks: {e}"));
+        }
+        println!(
+            "ordering model: {} stream orders, {states} states, every one in order",
+            orders.len()
+        );
+        assert_eq!(orders.len(), 30);
+        assert!(states > 10_000, "the space was explored: {states}");
+    }
+
+    #[test]
+    fn lanes_that_ignore_the_sender_break_it_and_the_check_says_where() {
+        // By message number: one sender's messages land in different lanes, which run side
+        // by side.
+        let by_number = |(_, n): Msg| n as usize % 2;
+        let stream = [(0, 1), (0, 2)];
+        let model = Model {
+            stream: &stream,
+            lane: &by_number,
+            lanes: 2,
+            max_failures: 0,
+        };
+        let err = check(&model, 1).expect_err("out of order");
+        assert!(err.contains("message 2 handled first after 0"), "{err}");
+    }
+}
