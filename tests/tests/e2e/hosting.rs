@@ -181,6 +181,15 @@ async fn ask(
     Ok((reply.envelope.from.to_string(), pid))
 }
 
+/// The host of `deployment`'s first placed replica.
+fn first_host(views: &[DeploymentView], deployment: &str) -> Option<String> {
+    views
+        .iter()
+        .find(|d| d.deployment == deployment)
+        .and_then(|d| d.placed.first())
+        .map(|p| p.host.clone())
+}
+
 fn alive(pid: u32) -> bool {
     // A zombie (exited, not yet reaped) is not alive.
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
@@ -401,13 +410,7 @@ async fn co_location_places_beside_the_target_and_refuses_when_its_host_is_full(
         .await;
     assert!(out.status.success(), "{}", text(&out));
     let views = bus.deployments().await;
-    let host_of = |id: &str| {
-        views
-            .iter()
-            .find(|d| d.deployment == id)
-            .and_then(|d| d.placed.first())
-            .map(|p| p.host.clone())
-    };
+    let host_of = |id: &str| first_host(&views, id);
     assert_eq!(host_of("helper").as_deref(), Some("small"));
 
     // The small host is now full: a second helper beside orch is refused, with the reason.
@@ -706,13 +709,7 @@ async fn gpus_and_a_preferred_region_choose_the_host_and_the_customer_reaches_th
     let out = deploy("summarizer", "[placement]\npreferred_region = \"eu-west\"").await;
     assert!(out.status.success(), "{}", text(&out));
     let views = bus.deployments().await;
-    let host_of = |id: &str| {
-        views
-            .iter()
-            .find(|d| d.deployment == id)
-            .and_then(|d| d.placed.first())
-            .map(|p| p.host.clone())
-    };
+    let host_of = |id: &str| first_host(&views, id);
     assert_eq!(host_of("vision").as_deref(), Some("gpu"));
     assert_eq!(host_of("summarizer").as_deref(), Some("gpu"));
 
