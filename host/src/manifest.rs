@@ -188,6 +188,9 @@ pub struct Manifest {
     /// The customer it runs for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub customer: Option<String>,
+    /// Where its program comes from, when the host is to fetch and build it first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<Build>,
     /// The program to run.
     pub run: Run,
     /// Limits on memory and CPU.
@@ -236,6 +239,35 @@ pub struct Run {
     /// (comma-separated) and is started again with the new list when they change.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shared: bool,
+}
+
+/// A program the host fetches and builds before it starts the agent (Agentify's build
+/// configuration): a clone of `repository` at `branch`, then `command` run in it. The host
+/// builds once per deployment and source, not per replica; `run.working_dir` and a relative
+/// `run.command` are then taken inside the clone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Build {
+    /// What `git clone` takes: a URL or a path on the host.
+    pub repository: String,
+    /// The branch or tag; the repository's default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    /// Run with `sh -c` in the clone, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// How long the clone and the build may take together.
+    #[serde(default = "default_build_timeout", with = "duration_text")]
+    pub timeout: Duration,
+}
+
+/// How long a build may take unless its manifest says.
+pub const DEFAULT_BUILD_TIMEOUT: Duration = Duration::from_secs(600);
+/// The longest `build.repository` and `build.command`, in bytes.
+pub const MAX_BUILD_TEXT: usize = 4096;
+
+fn default_build_timeout() -> Duration {
+    DEFAULT_BUILD_TIMEOUT
 }
 
 /// Limits on what one replica may use.
@@ -392,6 +424,7 @@ impl Manifest {
             commands: Vec::new(),
             replicas: DEFAULT_REPLICAS,
             customer: None,
+            build: None,
             run: Run {
                 command: command.into(),
                 args: Vec::new(),
@@ -466,12 +499,15 @@ impl Manifest {
             _ => Path::new("."),
         };
         let folder = std::path::absolute(folder).map_err(read_error)?;
-        for relative in [
-            &mut manifest.run.working_dir,
-            &mut manifest.credentials.nkey_file,
-        ]
-        .into_iter()
-        .flatten()
+        // A built agent's folder is inside its clone, which only the host knows.
+        let working_dir = if manifest.build.is_some() {
+            None
+        } else {
+            manifest.run.working_dir.as_mut()
+        };
+        for relative in [working_dir, manifest.credentials.nkey_file.as_mut()]
+            .into_iter()
+            .flatten()
         {
             if relative.is_relative() {
                 *relative = folder.join(&*relative);
@@ -528,6 +564,7 @@ impl Manifest {
     /// [`ManifestError::Invalid`] naming the first field found wrong and what is wrong with it.
     pub fn validate(&self) -> Result<(), ManifestError> {
         self.validate_identity()?;
+        self.validate_build()?;
         self.validate_run()?;
         self.validate_resources()?;
         self.validate_placement()?;
@@ -599,6 +636,50 @@ impl Manifest {
             check_token("customer", "customer", customer)?;
         }
         Ok(())
+    }
+
+    fn validate_build(&self) -> Result<(), ManifestError> {
+        let Some(build) = &self.build else {
+            return Ok(());
+        };
+        let text = |field: &str, value: &str| -> Result<(), ManifestError> {
+            if value.trim().is_empty() {
+                return Err(ManifestError::invalid(field, "is empty"));
+            }
+            if value.len() > MAX_BUILD_TEXT {
+                return Err(ManifestError::invalid(
+                    field,
+                    format!("is longer than {MAX_BUILD_TEXT} bytes"),
+                ));
+            }
+            check_no_nul(field, value)
+        };
+        text("build.repository", &build.repository)?;
+        if build.repository.starts_with('-') || build.repository.contains(['\n', '\r']) {
+            return Err(ManifestError::invalid(
+                "build.repository",
+                "not a repository: it starts with '-' or has a line break",
+            ));
+        }
+        if let Some(branch) = &build.branch {
+            let fine = !branch.is_empty()
+                && branch.len() <= 255
+                && !branch.starts_with('-')
+                && branch
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._/-".contains(c));
+            if !fine {
+                return Err(ManifestError::invalid(
+                    "build.branch",
+                    "not a branch name: letters, digits, '.', '_', '/' and '-', not starting \
+                     with '-', at most 255",
+                ));
+            }
+        }
+        if let Some(command) = &build.command {
+            text("build.command", command)?;
+        }
+        check_duration("build.timeout", build.timeout)
     }
 
     fn validate_run(&self) -> Result<(), ManifestError> {
@@ -954,6 +1035,12 @@ commands = ["add"]
 replicas = 1
 customer = "acme"
 
+[build]
+repository = "https://git.example.com/agents/calculator.git"
+branch = "main"
+command = "make agent"
+timeout = "5m"
+
 [run]
 command = "calculator-agent"
 args = ["--fast"]
@@ -1033,6 +1120,12 @@ nkey_file = "secrets/calculator.nk"
             commands: vec!["add".into()],
             replicas: 1,
             customer: Some("acme".into()),
+            build: Some(Build {
+                repository: "https://git.example.com/agents/calculator.git".into(),
+                branch: Some("main".into()),
+                command: Some("make agent".into()),
+                timeout: Duration::from_secs(300),
+            }),
             run: Run {
                 command: "calculator-agent".into(),
                 args: vec!["--fast".into()],
@@ -1317,6 +1410,59 @@ nkey_file = "secrets/calculator.nk"
     }
 
     #[test]
+    fn a_build_is_checked_and_keeps_the_working_folder_inside_the_clone() {
+        let with = |build: &str| minimal_with(&format!("[build]\n{build}"));
+        let m = Manifest::from_toml(&with("repository = \"/srv/agents/calc.git\"")).expect("valid");
+        let build = m.build.expect("a build");
+        assert_eq!((build.branch, build.command), (None, None));
+        assert_eq!(build.timeout, DEFAULT_BUILD_TIMEOUT);
+        refused(&with("repository = \"\""), "build.repository");
+        refused(
+            &with("repository = \"--upload-pack=x\""),
+            "build.repository",
+        );
+        refused(&with("repository = \"r\"\nbranch = \"-x\""), "build.branch");
+        refused(
+            &with("repository = \"r\"\nbranch = \"a b\""),
+            "build.branch",
+        );
+        refused(
+            &with("repository = \"r\"\ncommand = \" \""),
+            "build.command",
+        );
+        refused(
+            &with("repository = \"r\"\ntimeout = \"0s\""),
+            "build.timeout",
+        );
+        let unknown = Manifest::from_toml(&with("url = \"r\"")).expect_err("refused");
+        assert!(unknown.to_string().contains("build.url"), "{unknown}");
+        // From a file, the working folder stays relative: it is inside the clone.
+        let dir = tempfile::tempdir().expect("a folder");
+        let path = dir.path().join("calc.toml");
+        std::fs::write(
+            &path,
+            "id = \"calc\"\n[build]\nrepository = \"/srv/calc.git\"\n\
+             [run]\ncommand = \"./target/calc\"\nworking_dir = \"agent\"\n",
+        )
+        .expect("written");
+        let loaded = Manifest::load(&path).expect("valid");
+        assert_eq!(loaded.run.working_dir, Some(PathBuf::from("agent")));
+        let built = crate::build::in_clone(&loaded, Path::new("/builds/calc/k"));
+        assert_eq!(
+            built.run.working_dir,
+            Some(PathBuf::from("/builds/calc/k/agent"))
+        );
+        assert_eq!(built.run.command, "/builds/calc/k/target/calc");
+        let on_path = Manifest::new("calc", "calc-agent");
+        assert_eq!(
+            crate::build::in_clone(&on_path, Path::new("/b"))
+                .run
+                .command,
+            "calc-agent"
+        );
+    }
+
+    #[test]
     fn gpus_and_a_region_are_checked() {
         let m = Manifest::from_toml(&minimal_with(
             "[resources]\ngpus = 2\n[placement]\npreferred_region = \"eu-west\"",
@@ -1455,7 +1601,11 @@ nkey_file = "secrets/calculator.nk"
         let folder = dir.path().join("deploy");
         std::fs::create_dir(&folder).expect("folder");
         let path = folder.join("calc.toml");
-        std::fs::write(&path, FULL).expect("write");
+        // Without its build: a built agent's folder is inside its clone (tested apart).
+        let start = FULL.find("[build]").expect("a build");
+        let end = FULL.find("[run]").expect("a run");
+        let unbuilt = format!("{}{}", &FULL[..start], &FULL[end..]);
+        std::fs::write(&path, unbuilt).expect("write");
         let manifest = Manifest::load(&path).expect("loads");
         let folder = std::path::absolute(&folder).expect("absolute");
         assert_eq!(manifest.run.working_dir, Some(folder.join("agents/calc")));

@@ -50,6 +50,9 @@ pub struct HostOptions {
     pub report_interval: Duration,
     /// Replicas of the hosts bucket, if this host has to make it (1 on one server).
     pub bucket_replicas: usize,
+    /// Where agents built from a repository are cloned and built (default: beside the
+    /// supervisor's log folder, `<log_dir>.builds`).
+    pub build_dir: Option<std::path::PathBuf>,
 }
 
 impl HostOptions {
@@ -65,6 +68,7 @@ impl HostOptions {
             },
             report_interval: DEFAULT_REPORT_INTERVAL,
             bucket_replicas: 1,
+            build_dir: None,
         }
     }
 }
@@ -103,6 +107,28 @@ struct Watch {
     confirmed: bool,
 }
 
+/// How long a failed build is left failed: a deploy that comes later builds again (the
+/// coordinator stops asking once the host reports the failure, so this bounds rebuilds to
+/// what the operator asks for).
+const BUILD_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// A deployment's build on this host (its manifest's `[build]`).
+#[derive(Debug)]
+struct Built {
+    /// Which source ([`crate::build::key_of`]).
+    key: String,
+    state: BuildState,
+    /// The replicas asked for while it builds, or when it failed: reported failed then.
+    wanted: BTreeSet<u32>,
+}
+
+#[derive(Debug)]
+enum BuildState {
+    Building,
+    Ready,
+    Failed { reason: String, at: Instant },
+}
+
 /// The one process of a shared deployment on this host.
 #[derive(Debug, Clone)]
 struct Group {
@@ -137,6 +163,10 @@ struct State {
     groups: Mutex<HashMap<String, Group>>,
     hosts: Kv,
     changed: tokio::sync::Notify,
+    /// Where builds go, one folder per deployment.
+    build_dir: std::path::PathBuf,
+    /// Builds, by deployment.
+    builds: Arc<Mutex<HashMap<String, Built>>>,
 }
 
 /// A running host. [`shutdown`](Host::shutdown) stops its agents and waits.
@@ -216,7 +246,13 @@ impl Host {
                 source: Box::new(err),
             })?;
         let (tracker, stop) = (TaskTracker::new(), CancellationToken::new());
+        let build_dir = options
+            .build_dir
+            .clone()
+            .unwrap_or_else(|| supervisor.log_dir.with_extension("builds"));
         let state = Arc::new(State {
+            build_dir,
+            builds: Arc::default(),
             name: options.name.clone(),
             agent_id,
             instance: uuid::Uuid::now_v7().simple().to_string(),
@@ -441,6 +477,7 @@ impl State {
         let kept = lock(&self.manifests).remove(&req.target);
         if let Some(manifest) = kept {
             lock(&self.groups).remove(&req.target);
+            lock(&self.builds).remove(&req.target);
             let replicas = lock(&self.assigned).remove(&req.target).unwrap_or_default();
             for replica in replicas {
                 let agent = manifest.replica_id(replica);
@@ -508,6 +545,19 @@ impl State {
         manifest: &Manifest,
         wanted: BTreeSet<u32>,
     ) -> Result<HostChange, HandlerError> {
+        // Built from a repository: from its clone, once the build is done; until then the
+        // replicas are not started (the coordinator asks again) and not reported.
+        let in_clone;
+        let manifest = match &manifest.build {
+            Some(build) if !wanted.is_empty() => match self.built(manifest, build, &wanted) {
+                Some(dir) => {
+                    in_clone = crate::build::in_clone(manifest, &dir);
+                    &in_clone
+                }
+                None => return Ok(HostChange::default()),
+            },
+            _ => manifest,
+        };
         let have = lock(&self.assigned)
             .get(&manifest.id)
             .cloned()
@@ -563,6 +613,65 @@ impl State {
             Some(err) => Err(process_error(err)),
             None => Ok(change),
         }
+    }
+
+    /// The clone `manifest` runs from once its build is done; `None` while it builds (started
+    /// here if it is not yet), or when it failed (reported so, built again when asked
+    /// [`BUILD_RETRY_AFTER`] after).
+    fn built(
+        &self,
+        manifest: &Manifest,
+        build: &crate::manifest::Build,
+        wanted: &BTreeSet<u32>,
+    ) -> Option<std::path::PathBuf> {
+        let key = crate::build::key_of(build);
+        let (dir, log) = crate::build::folder_of(&self.build_dir, manifest, build);
+        let mut builds = lock(&self.builds);
+        if let Some(b) = builds.get_mut(&manifest.id).filter(|b| b.key == key) {
+            b.wanted.clone_from(wanted);
+            match &b.state {
+                BuildState::Ready => return Some(dir),
+                BuildState::Building => return None,
+                BuildState::Failed { at, .. } if at.elapsed() < BUILD_RETRY_AFTER => return None,
+                BuildState::Failed { .. } => {}
+            }
+        }
+        builds.insert(
+            manifest.id.clone(),
+            Built {
+                key: key.clone(),
+                state: BuildState::Building,
+                wanted: wanted.clone(),
+            },
+        );
+        drop(builds);
+        tracing::info!(host = %self.name, deployment = %manifest.id, repository = %build.repository, "building");
+        let (builds, spec, id, stop) = (
+            Arc::clone(&self.builds),
+            build.clone(),
+            manifest.id.clone(),
+            self.stop.clone(),
+        );
+        self.tasks.spawn(async move {
+            let outcome = tokio::select! {
+                outcome = crate::build::run(&spec, &dir, &log) => outcome,
+                () = stop.cancelled() => return,
+            };
+            match &outcome {
+                Ok(()) => tracing::info!(deployment = %id, "built"),
+                Err(reason) => tracing::warn!(deployment = %id, %reason, "build failed"),
+            }
+            if let Some(b) = lock(&builds).get_mut(&id).filter(|b| b.key == key) {
+                b.state = match outcome {
+                    Ok(()) => BuildState::Ready,
+                    Err(reason) => BuildState::Failed {
+                        reason,
+                        at: Instant::now(),
+                    },
+                };
+            }
+        });
+        None
     }
 
     /// A shared deployment: one process serves every replica placed here, started again with
@@ -745,6 +854,30 @@ impl State {
                         replicas.push(status);
                     }
                 }
+            }
+        }
+        // Replicas whose build failed: failed, with the reason, for the coordinator to record.
+        for (deployment, built) in lock(&self.builds).iter() {
+            let BuildState::Failed { reason, .. } = &built.state else {
+                continue;
+            };
+            for replica in &built.wanted {
+                replicas.push(crate::process::ReplicaStatus {
+                    agent_id: crate::manifest::replica_id(deployment, *replica),
+                    deployment: deployment.clone(),
+                    replica: *replica,
+                    pid: None,
+                    state: ReplicaState::Failed {
+                        reason: format!("build failed: {reason}"),
+                    },
+                    restarts: 0,
+                    started: None,
+                    rss_bytes: None,
+                    cpu_seconds: None,
+                    limits: crate::process::Enforcement::None,
+                    last_exit: None,
+                    healthy: None,
+                });
             }
         }
         HostReport {

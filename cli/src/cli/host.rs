@@ -48,6 +48,10 @@ pub(crate) struct Args {
     /// state folder, chorus/hosts/<name>/logs].
     #[arg(long)]
     log_dir: Option<PathBuf>,
+    /// Where agents built from a repository (a manifest's `[build]`) are cloned and built
+    /// [default: beside the log folder, `<log dir>.builds`].
+    #[arg(long)]
+    build_dir: Option<PathBuf>,
     /// Size at which an agent's log file is rotated, bytes.
     #[arg(long, default_value_t = chorus_host::process::DEFAULT_LOG_FILE_BYTES)]
     log_file_bytes: u64,
@@ -89,6 +93,7 @@ impl Args {
             gpus: 0,
             region: None,
             log_dir: Some(log_dir),
+            build_dir: None,
             log_file_bytes: chorus_host::process::DEFAULT_LOG_FILE_BYTES,
             log_files: chorus_host::process::DEFAULT_LOG_FILES,
             allow: Vec::new(),
@@ -187,6 +192,7 @@ pub(crate) async fn start(
             args.report_interval
         },
         bucket_replicas: 1,
+        build_dir: args.build_dir.clone(),
     };
     let broker = conn.broker_options()?;
     let identity = conn.security.identity()?;

@@ -740,3 +740,88 @@ async fn gpus_and_a_preferred_region_choose_the_host_and_the_customer_reaches_th
     assert_eq!(found[0].manifest.customer.as_deref(), Some("acme"));
     assert!(for_customer("globex").await.is_empty());
 }
+
+/// Agentify's build configuration: a manifest's `[build]` has its host clone the repository
+/// and run the build command before the agent starts from the clone; a build that fails ends
+/// in a `deploy_failure` naming the step, its exit and its last line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_built_from_a_repository_runs_from_its_clone_and_a_failed_build_is_reported() {
+    let bus = Bus::start().await;
+    // A repository whose build writes the agent's program: `chorus agent` serving `built`.
+    let repo = bus.dir.path().join("agent-repo");
+    std::fs::create_dir(&repo).expect("repository folder");
+    std::fs::write(
+        repo.join("make-agent.sh"),
+        "mkdir -p bin\nprintf '#!/bin/sh\\nexec chorus agent --capability built\\n' > bin/agent\nchmod +x bin/agent\necho built the agent\n",
+    )
+    .expect("build script");
+    for args in [
+        vec!["init", "--quiet"],
+        vec!["add", "make-agent.sh"],
+        vec![
+            "-c",
+            "user.name=chorus",
+            "-c",
+            "user.email=chorus@localhost",
+            "commit",
+            "--quiet",
+            "-m",
+            "an agent",
+        ],
+    ] {
+        let status = Command::new("git")
+            .args(&args)
+            .current_dir(&repo)
+            .status()
+            .expect("git runs");
+        assert!(status.success(), "git {args:?}");
+    }
+    let mut hosts = Processes::default();
+    hosts.0.push(bus.host("builder", &[]));
+    bus.hosts_live(&["builder"]).await;
+    let manifest = |id: &str, command: &str| {
+        format!(
+            "id = \"{id}\"\ncapabilities = [\"built\"]\n\n[build]\nrepository = \"{}\"\ncommand = \"{command}\"\ntimeout = \"1m\"\n\n[run]\ncommand = \"./bin/agent\"\n\n[restart]\ninitial_backoff = \"100ms\"\nmax_backoff = \"1s\"\n",
+            repo.display()
+        )
+    };
+    let path = bus.manifest("built", &manifest("built", "sh make-agent.sh"));
+    let out = bus
+        .run(&["deploy", path.to_str().expect("utf-8")], DEPLOY_WAIT)
+        .await;
+    assert!(out.status.success(), "{}", text(&out));
+    let caller = agent(&bus.server, "build-caller").await;
+    let (answered_by, _) = eventually(chorus_tests::WAIT, "the built agent answers", || async {
+        ask(&caller, "built", None).await.ok()
+    })
+    .await;
+    assert_eq!(answered_by, "built");
+    // The build's output is kept beside its clone.
+    let builds = bus.dir.path().join("builder.builds").join("built");
+    let logs: Vec<String> = std::fs::read_dir(&builds)
+        .expect("the builds folder")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .map(|e| std::fs::read_to_string(e.path()).expect("a log"))
+        .collect();
+    assert!(
+        logs.iter().any(|l| l.contains("built the agent")),
+        "{logs:?}"
+    );
+
+    // A build that fails: refused with its reason, and nothing runs.
+    let broken = bus.manifest(
+        "broken",
+        &manifest("broken", "echo no compiler here >&2; exit 3"),
+    );
+    let out = bus
+        .run(&["deploy", broken.to_str().expect("utf-8")], DEPLOY_WAIT)
+        .await;
+    assert!(!out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        said.contains("build failed: build exited with 3: no compiler here"),
+        "{}",
+        text(&out)
+    );
+}
