@@ -224,6 +224,25 @@ fn the_seeds_table_counts_its_rows_and_names_tests_that_exist() {
         assert_eq!(numbers, expected, "the summary's row for {}", row[0]);
     }
     assert!(total[0] > 200, "the tables were read: {total:?}");
+    // PROTOCOL.md's appendix repeats the summary: the same lines.
+    let summary_lines = |text: &str, from: usize| -> Vec<String> {
+        text[from..]
+            .lines()
+            .skip_while(|l| !l.starts_with("| seed | rows"))
+            .take_while(|l| l.starts_with('|'))
+            .map(str::to_owned)
+            .collect()
+    };
+    let protocol =
+        std::fs::read_to_string(root.join("docs/PROTOCOL.md")).expect("docs/PROTOCOL.md");
+    let appendix = protocol
+        .find("<!-- seeds-summary")
+        .expect("the seeds summary in PROTOCOL.md");
+    assert_eq!(
+        summary_lines(&protocol, appendix),
+        summary_lines(&doc, summary),
+        "PROTOCOL.md's appendix and SEEDS.md's summary differ"
+    );
     let mut missing = Vec::new();
     for (file, function) in named {
         let path = match file.split_once('/') {
