@@ -245,17 +245,7 @@ pub(crate) async fn message(
     };
     match outcome {
         Ok(inform) => Json(inform).into_response(),
-        Err(e) => {
-            let frame = failure_to(me.as_deref(), m.as_ref().ok(), &e);
-            let mut response = (e.http(), Json(frame)).into_response();
-            if e.http() == Http::UNAUTHORIZED {
-                response.headers_mut().insert(
-                    axum::http::header::WWW_AUTHENTICATE,
-                    axum::http::HeaderValue::from_static("Bearer"),
-                );
-            }
-            response
-        }
+        Err(e) => api::refusal(e.http(), failure_to(me.as_deref(), m.as_ref().ok(), &e)),
     }
 }
 

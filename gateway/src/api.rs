@@ -72,14 +72,19 @@ impl IntoResponse for ApiError {
             label: self.status.label(),
             reason: &self.reason,
         };
-        let mut response = (self.http, Json(body)).into_response();
-        if self.http == Http::UNAUTHORIZED {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        response
+        refusal(self.http, body)
     }
+}
+
+/// A refusal's response: `body` as JSON with status `http`, and the challenge a 401 carries.
+pub(crate) fn refusal(http: Http, body: impl Serialize) -> Response {
+    let mut response = (http, Json(body)).into_response();
+    if http == Http::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
 }
 
 impl From<AuthError> for ApiError {

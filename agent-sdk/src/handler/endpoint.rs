@@ -162,10 +162,10 @@ impl Endpoint {
     }
 
     /// Counts one handled request, how long it took and its error, if any.
-    pub(crate) fn record(&self, took: Duration, error: Option<&str>) {
+    /// A task's handler only accepts it (`task`): its runs are timed where they end, not here.
+    pub(crate) fn record(&self, took: Duration, error: Option<&str>, task: bool) {
         AgentCounters::bump(&self.requests);
-        // A task's handler only accepts it: its runs are timed where they end.
-        if !self.is_task() {
+        if !task {
             self.handling.record(took);
         }
         self.processing_ns.fetch_add(

@@ -18,15 +18,9 @@ pub(crate) const CLASSES: usize = 4;
 /// one priority does not hold memory after it has drained.
 const KEPT_ROOM: usize = 64;
 
-/// The class of `priority`: 0 is served first. A priority from a newer version counts as
-/// normal.
+/// The class of `priority`: 0 is served first ([`Priority::rank`]).
 pub(crate) fn class(priority: Priority) -> usize {
-    match priority {
-        Priority::Critical => 0,
-        Priority::High => 1,
-        Priority::Low => 3,
-        _ => 2,
-    }
+    priority.rank()
 }
 
 /// A bounded queue of waiting items, each with a priority.

@@ -507,8 +507,9 @@ impl Pipeline {
                 .await;
                 crate::trace::finish(Some(&otel), result.as_ref().err().map(|e| e.to_string()));
                 let took = started.elapsed();
-                endpoint.record(took, result.as_ref().err().map(|e| e.reason.as_str()));
-                if !endpoint.is_task() {
+                let task = endpoint.is_task();
+                endpoint.record(took, result.as_ref().err().map(|e| e.reason.as_str()), task);
+                if !task {
                     self.endpoints.handling.record(took);
                 }
                 return self.outcome(request, &endpoint.name, result);

@@ -312,13 +312,7 @@ impl Waiting {
     /// ones (the receiver takes the most urgent first, section 7.15).
     pub fn at_or_above(&self, priority: Priority) -> u32 {
         let levels = [self.critical, self.high, self.normal, self.low];
-        let rank = match priority {
-            Priority::Critical => 0,
-            Priority::High => 1,
-            Priority::Low => 3,
-            _ => 2,
-        };
-        levels[..=rank]
+        levels[..=priority.rank()]
             .iter()
             .fold(0u32, |a, b| a.saturating_add(*b))
     }

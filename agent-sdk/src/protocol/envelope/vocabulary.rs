@@ -217,3 +217,16 @@ impl Default for Priority {
         Priority::Normal
     }
 }
+
+impl Priority {
+    /// Its rank in a receiver's queue, 0 taken first: critical 0, high 1, normal 2, low 3; a
+    /// priority from a newer version ranks as normal (section 7.9, "Priority").
+    pub fn rank(self) -> usize {
+        match self {
+            Priority::Critical => 0,
+            Priority::High => 1,
+            Priority::Low => 3,
+            _ => 2,
+        }
+    }
+}
