@@ -31,9 +31,10 @@ async fn publish_burst(
 ) -> Result<Instant> {
     settle(publisher).await?;
     let payload = Bytes::from(vec![0x5a; size]);
+    let subject = chorus_broker_adapter::Subject::from(subject);
     let started = Instant::now();
     for _ in 0..count {
-        publisher.publish(subject, payload.clone()).await?;
+        publisher.publish_to(&subject, payload.clone()).await?;
     }
     publisher.flush().await?;
     Ok(started)
@@ -89,6 +90,22 @@ pub(crate) async fn pubsub(
         elapsed: end - started,
     })
 }
+
+/// The raw side's yardstick: [`chorus_broker_adapter::raw::plain_pubsub`], the plainest
+/// async-nats program, with `count` messages of `size` bytes.
+pub(crate) async fn plain_pubsub(url: &str, count: u64, size: usize) -> Result<Throughput> {
+    let subject = unique("baseline.plain");
+    let (received, elapsed) =
+        chorus_broker_adapter::raw::plain_pubsub(url, &subject, count, size, PLAIN_LIMIT).await?;
+    Ok(Throughput {
+        sent: count,
+        received,
+        elapsed,
+    })
+}
+
+/// How long the yardstick may take to deliver its messages.
+const PLAIN_LIMIT: Duration = Duration::from_secs(60);
 
 /// Waits until the server has processed this connection's protocol so far.
 async fn settle(client: &RawClient) -> Result<()> {

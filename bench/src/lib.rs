@@ -146,11 +146,23 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         }
         progress(&format!("events {size} B x {count}"));
         let mut p = Pair::new();
+        // The raw side beside the plainest async-nats program (its yardstick), each round.
+        let mut yardstick = Pair::new();
         for _ in 0..rounds {
+            if size == 128 {
+                let cpu = Usage::start();
+                let y = baseline::plain_pubsub(&url, count, size).await?;
+                yardstick.raw_cpu(cpu, y.received);
+                yardstick.raw.push(y.per_second());
+            }
             let cpu = Usage::start();
             let r = baseline::pubsub(&url, count, size, 1, IDLE).await?;
             p.raw_cpu(cpu, r.received);
             p.raw.push(r.per_second());
+            if size == 128 {
+                yardstick.chorus_cpu.extend(p.raw_cpu.last().copied());
+                yardstick.chorus.push(r.per_second());
+            }
             let cpu = Usage::start();
             let c = scenarios::chorus_events(&bus, count, size, 1).await?;
             p.chorus_cpu(cpu, c.received);
@@ -165,6 +177,15 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             ">= 0.85 of raw, no loss",
             move |r| r >= 0.85 && lossless,
         ));
+        if size == 128 {
+            // Its "raw" column is the plain program, its "chorus" column the raw side above.
+            rows.push(yardstick.row(
+                "the raw side above / a plain async-nats program, 128 B",
+                "msg/s",
+                ">= 0.95: the raw side as fast as plain async-nats",
+                |r| r >= 0.95,
+            ));
+        }
     }
 
     // The sender's share of the events' cost: the same 128-byte events with nobody
@@ -460,7 +481,7 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         let count = if q { 200 } else { 20_000 };
         progress(&format!("signed and verified events x {count}"));
         let cpu = Usage::start();
-        let signed = scenarios::secure_events(&bus, count, false).await?;
+        let signed = scenarios::secure_events(&bus, count, scenarios::Secured::Events).await?;
         let signed_cpu = cpu.per_message_us(signed.received);
         let met = signed.per_second() >= 50_000.0 && signed.received == signed.sent;
         rows.push(Row {
@@ -488,18 +509,31 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             )
             .counts(signed.sent, signed.received)
         });
-        progress(&format!("encrypted and signed commands x {count}"));
-        let sealed = scenarios::secure_events(&bus, count, true).await?;
-        rows.push(
-            Row::chorus_only(
-                "encrypted (and signed) one-way commands, 128 B",
-                "msg/s",
-                sealed.per_second(),
-                "(reported)",
-                None,
-            )
-            .counts(sealed.sent, sealed.received),
-        );
+        // Encrypted commands beside the same commands signed only, each round: "raw" is the
+        // signed-only figure here, the ratio what encryption leaves of it.
+        progress(&format!("signed commands, encrypted and not, x {count}"));
+        let mut p = Pair::new();
+        for _ in 0..rounds {
+            let cpu = Usage::start();
+            let plain = scenarios::secure_events(&bus, count, scenarios::Secured::Commands).await?;
+            p.raw_cpu(cpu, plain.received);
+            p.raw.push(plain.per_second());
+            let cpu = Usage::start();
+            let sealed =
+                scenarios::secure_events(&bus, count, scenarios::Secured::EncryptedCommands)
+                    .await?;
+            p.chorus_cpu(cpu, sealed.received);
+            p.chorus.push(sealed.per_second());
+            p.sent += sealed.sent;
+            p.received += sealed.received;
+        }
+        let lossless = p.sent == p.received;
+        rows.push(p.row(
+            "encrypted and signed commands / signed only, 128 B (raw column: signed only)",
+            "msg/s",
+            ">= 0.5: encrypted within 2x of signed only",
+            move |r| r >= 0.5 && lossless,
+        ));
     }
 
     if want("gateway") {

@@ -2,7 +2,7 @@
 //! holding a thousand agents (`chorus serve`), each in its own process started from the
 //! `chorus` executable the benchmark was given.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use chorus_sdk::{AgentOptions, DiscoverQuery};
@@ -54,21 +54,72 @@ async fn idle_rss(mut child: tokio::process::Child) -> anyhow::Result<u64> {
 }
 
 /// RSS of an idle agent built on the SDK alone, as a user's agent is: the `event_listener`
-/// example (one agent, one subscription, heartbeats on), found beside the `chorus` executable
-/// (`<target>/<profile>/examples/event_listener`). `chorus listen` carries the whole CLI, the
-/// coordinator and this benchmark in its executable, whose pages the kernel maps as it runs.
+/// example (one agent, one subscription, heartbeats on), built by [`build_example`] beside the
+/// `chorus` executable (`<target>/<profile>/examples/event_listener`). `chorus listen` carries
+/// the whole CLI, the coordinator and this benchmark in its executable, whose pages the kernel
+/// maps as it runs.
 pub(crate) async fn idle_sdk_agent_rss(program: &Path, url: &str) -> anyhow::Result<u64> {
-    let example = program
-        .parent()
-        .map(|dir| dir.join("examples").join("event_listener"))
-        .filter(|path| path.exists())
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "build it beside chorus first: cargo build --release -p chorus-sdk --example event_listener"
-            )
-        })?;
+    let example = build_example(program, "event_listener").await?;
     // It prints "event_listener: listening on ..." to stdout once subscribed.
     idle_rss(start(&example, &[], &[("CHORUS_NATS_URL", url)], false).await?).await
+}
+
+/// How long building an example may take (the SDK is built already when `chorus` is, so this
+/// is mostly linking; a first build of a cold cache takes minutes).
+const BUILD_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// Builds the SDK's example `name` with the profile and into the target directory of
+/// `program` (`<target>/<profile>/chorus`), so that the figure is of today's code, and returns
+/// its path. Cargo runs in the current directory, which must be in the Chorus workspace (as
+/// `chorus bench` is run from a clone); where it cannot run, an example built before is used,
+/// and without one the error says how to build it.
+pub(crate) async fn build_example(program: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    let profile_dir = program
+        .parent()
+        .ok_or_else(|| anyhow::anyhow!("{} has no directory", program.display()))?;
+    let example = profile_dir.join("examples").join(name);
+    let profile = match profile_dir.file_name().and_then(|p| p.to_str()) {
+        Some("debug") => "dev",
+        Some(p) => p,
+        None => anyhow::bail!(
+            "{} is not in a cargo profile's directory",
+            program.display()
+        ),
+    };
+    let target = profile_dir
+        .parent()
+        .ok_or_else(|| anyhow::anyhow!("{} is not in a target directory", program.display()))?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let built = tokio::time::timeout(
+        BUILD_TIMEOUT,
+        tokio::process::Command::new(cargo)
+            .args(["build", "--quiet", "-p", "chorus-sdk", "--example", name])
+            .args(["--profile", profile, "--target-dir"])
+            .arg(target)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await;
+    let why = match built {
+        Ok(Ok(out)) if out.status.success() => return Ok(example),
+        Ok(Ok(out)) => {
+            let said = String::from_utf8_lossy(&out.stderr);
+            let last = said.lines().rev().find(|l| !l.trim().is_empty());
+            format!("cargo build {} ({})", out.status, last.unwrap_or("").trim())
+        }
+        Ok(Err(e)) => format!("cargo could not run ({e})"),
+        Err(_) => format!("cargo build took over {} s", BUILD_TIMEOUT.as_secs()),
+    };
+    if example.exists() {
+        eprintln!("chorus bench: {why}; measuring the {name} built before");
+        return Ok(example);
+    }
+    anyhow::bail!(
+        "{why}; run chorus bench from a Chorus clone, or build it beside chorus: cargo build --profile {profile} -p chorus-sdk --example {name}"
+    )
 }
 
 /// RSS of `chorus serve` in its own process once it holds `agents` registered agents.

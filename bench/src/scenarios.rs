@@ -959,12 +959,23 @@ async fn register_fakes(url: &str, agents: usize) -> anyhow::Result<Agent> {
     Ok(publisher)
 }
 
-/// Signed events from one agent to another that verifies every signature; with `encrypt`,
-/// one-way commands encrypted for the receiver as well.
+/// What [`secure_events`] sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Secured {
+    /// Signed events.
+    Events,
+    /// Signed one-way commands.
+    Commands,
+    /// Signed one-way commands, encrypted for the receiver (in sessions, as agents send).
+    EncryptedCommands,
+}
+
+/// Signed messages from one agent to another that verifies every signature: events, or
+/// one-way commands, encrypted for the receiver or not.
 pub(crate) async fn secure_events(
     bus: &Bus<'_>,
     count: u64,
-    encrypt: bool,
+    mode: Secured,
 ) -> anyhow::Result<Throughput> {
     use chorus_sdk::encryption::EncryptionKey;
     use chorus_sdk::security::{Identity, SignaturePolicy};
@@ -992,7 +1003,7 @@ pub(crate) async fn secure_events(
     // The counting task of the events case, stopped and awaited at the end.
     let stop = CancellationToken::new();
     let mut counter = None;
-    if encrypt {
+    if mode != Secured::Events {
         receiver
             .handle_command("sealed", SignalHandler(Arc::clone(&tally)))
             .await?;
@@ -1019,18 +1030,24 @@ pub(crate) async fn secure_events(
     let payload = Bytes::from(vec![0x5a; 128]);
     let started = Instant::now();
     for _ in 0..count {
-        if encrypt {
-            sender
-                .send(
-                    Call::agent("bench-verifier", "sealed")
-                        .raw_payload(payload.clone(), "application/octet-stream")
-                        .encrypt_for(["bench-verifier"]),
-                )
-                .await?;
-        } else {
-            sender
-                .publish_raw(&topic, payload.clone(), "application/octet-stream")
-                .await?;
+        let command = || {
+            Call::agent("bench-verifier", "sealed")
+                .raw_payload(payload.clone(), "application/octet-stream")
+        };
+        match mode {
+            Secured::Events => {
+                sender
+                    .publish_raw(&topic, payload.clone(), "application/octet-stream")
+                    .await?;
+            }
+            Secured::Commands => {
+                sender.send(command()).await?;
+            }
+            Secured::EncryptedCommands => {
+                sender
+                    .send(command().encrypt_for(["bench-verifier"]))
+                    .await?;
+            }
         }
     }
     sender.broker().flush().await?;

@@ -27,6 +27,67 @@ where
     move |e| Error::with_source(ErrorKind::Broker, what, e)
 }
 
+/// The yardstick the raw baseline is checked against: the plainest async-nats program, with
+/// nothing of the bench's own around it. Two connections with the library's default options,
+/// a subscriber counting in a loop, a publisher sending `count` messages of `size` bytes to a
+/// literal subject and flushing. Returns the messages received and the time from the first
+/// send to the last receipt; the count ends at `limit` after the first send whatever arrived,
+/// so a loss ends the count rather than the run.
+pub async fn plain_pubsub(
+    url: &str,
+    subject: &str,
+    count: u64,
+    size: usize,
+    limit: std::time::Duration,
+) -> Result<(u64, std::time::Duration)> {
+    let subscriber = async_nats::connect(url)
+        .await
+        .map_err(err("plain connect"))?;
+    let mut sub = subscriber
+        .subscribe(subject.to_owned())
+        .await
+        .map_err(err("plain subscribe"))?;
+    subscriber.flush().await.map_err(err("plain flush"))?;
+    let publisher = async_nats::connect(url)
+        .await
+        .map_err(err("plain connect"))?;
+    publisher.flush().await.map_err(err("plain flush"))?;
+    let started = std::time::Instant::now();
+    let counter = tokio::spawn(async move {
+        let _subscriber = subscriber;
+        let deadline = tokio::time::sleep(limit);
+        tokio::pin!(deadline);
+        let mut n = 0u64;
+        let mut last = started;
+        while n < count {
+            tokio::select! {
+                biased;
+                msg = sub.next() => match msg {
+                    Some(_) => {
+                        n += 1;
+                        last = std::time::Instant::now();
+                    }
+                    None => break,
+                },
+                () = &mut deadline => break,
+            }
+        }
+        (n, last)
+    });
+    let payload = Bytes::from(vec![0x5a; size]);
+    for _ in 0..count {
+        publisher
+            .publish(subject.to_owned(), payload.clone())
+            .await
+            .map_err(err("plain publish"))?;
+    }
+    publisher.flush().await.map_err(err("plain flush"))?;
+    let (n, last) = counter
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Broker, "plain subscriber", e))?;
+    Ok((n, last.saturating_duration_since(started)))
+}
+
 /// A plain async-nats connection with the library's defaults.
 #[derive(Debug, Clone)]
 pub struct RawClient {
@@ -34,10 +95,14 @@ pub struct RawClient {
 }
 
 impl RawClient {
-    /// Connects to `url` with connection name `name`.
+    /// Connects to `url` with connection name `name`, and the two client options Chorus's
+    /// connections set that change the cost of a message: the same subscription buffer, and no
+    /// subject validation in the client (Chorus validates its subjects itself, once).
     pub async fn connect(url: &str, name: &str) -> Result<RawClient> {
         let client = async_nats::ConnectOptions::new()
             .name(name)
+            .subscription_capacity(crate::options::DEFAULT_SUBSCRIPTION_CAPACITY)
+            .skip_subject_validation(true)
             .connect(url)
             .await
             .map_err(err("raw connect"))?;
@@ -52,6 +117,15 @@ impl RawClient {
             .await
             .map_err(err("raw subscribe"))?;
         Ok(RawSubscription { sub })
+    }
+
+    /// Publishes `payload` to a subject built once ([`async_nats::Subject`] clones share its
+    /// bytes), as a program that sends many messages to one subject does.
+    pub async fn publish_to(&self, subject: &async_nats::Subject, payload: Bytes) -> Result<()> {
+        self.client
+            .publish(subject.clone(), payload)
+            .await
+            .map_err(err("raw publish"))
     }
 
     /// Publishes `payload` to `subject`.

@@ -188,6 +188,7 @@ impl Agent {
             encryption_keys: std::sync::RwLock::new(
                 options.encryption_trust.iter().cloned().collect(),
             ),
+            sessions: crate::security::encryption::EncryptionSessions::new(options.rekey),
             encode_chunk: std::sync::Mutex::new(bytes::BytesMut::new()),
             sequencer: Default::default(),
             routing: options.routing,

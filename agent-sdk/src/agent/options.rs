@@ -88,6 +88,7 @@ pub struct AgentOptions {
     pub(crate) rate_limit: Option<RateLimit>,
     pub(crate) decryption: Option<Arc<EncryptionKey>>,
     pub(crate) encryption_trust: Vec<(String, String)>,
+    pub(crate) rekey: crate::security::encryption::Rekey,
     pub(crate) metrics_url: Option<String>,
     #[cfg(feature = "fault-injection")]
     pub(crate) skip_acks: u64,
@@ -141,6 +142,7 @@ impl AgentOptions {
             decryption: None,
             token: None,
             encryption_trust: Vec::new(),
+            rekey: crate::security::encryption::Rekey::default(),
             metrics_url: None,
             #[cfg(feature = "fault-injection")]
             skip_acks: 0,
@@ -175,6 +177,14 @@ impl AgentOptions {
     ) -> Self {
         self.encryption_trust
             .push((agent.into(), public_key.into()));
+        self
+    }
+
+    /// When this agent begins a new encryption session with a recipient (docs/PROTOCOL.md
+    /// section 4.2): after `rekey.messages` messages to it or `rekey.age`, whichever comes
+    /// first. The default is 100,000 messages or 10 minutes.
+    pub fn encryption_rekey(mut self, rekey: crate::security::encryption::Rekey) -> Self {
+        self.rekey = rekey;
         self
     }
 

@@ -103,6 +103,8 @@ pub(crate) struct Outbound {
     pub(crate) identity: Option<Arc<Identity>>,
     /// Recipients' public encryption keys: configured ones, then the registry's.
     pub(crate) encryption_keys: RwLock<HashMap<String, String>>,
+    /// This agent's encryption sessions, one per recipient key.
+    pub(crate) sessions: crate::security::encryption::EncryptionSessions,
     /// The chunk encoded messages are sliced from ([`Outbound::encode`]).
     pub(crate) encode_chunk: std::sync::Mutex<bytes::BytesMut>,
     /// Each published subject's count, stamped in its events.
@@ -199,7 +201,7 @@ impl Outbound {
             })
             .collect::<Result<Vec<_>, _>>()?;
         drop(keys);
-        crate::security::encryption::encrypt(env, &recipients)
+        crate::security::encryption::encrypt_in_sessions(env, &recipients, &self.sessions)
             .map_err(|e| SdkError::Encryption(e.to_string()))
     }
 

@@ -6,6 +6,7 @@
 pub(crate) mod access;
 mod connection;
 pub mod encryption;
+mod session;
 pub(crate) mod signing;
 
 pub use connection::{ConnectionSecurity, ConnectionSecurityError};

@@ -25,7 +25,7 @@ from .envelope import (  # noqa: E402
     Priority,
     TaskState,
 )
-from .encryption import EncryptionKey  # noqa: E402
+from .encryption import EncryptionKey, Rekey  # noqa: E402
 from .negotiate import Answer, Award, Bid, CounterOffer, NoAward, Policy, Proposal, RoundResult, RoundResults, Settlement  # noqa: E402
 from .payloads import PayloadLimits  # noqa: E402
 from .access import RateLimit  # noqa: E402
@@ -65,6 +65,7 @@ __all__ = [
     "Settlement",
     "Routing",
     "RateLimit",
+    "Rekey",
     "CircuitState",
     "CircuitOpen",
     "BreakerPolicy",

@@ -35,7 +35,7 @@ from .negotiate import Bidding
 from .payloads import PayloadLimits, Payloads
 from .envelope import DEFAULT_HOP_LIMIT, Delivery, now_ms, uuid7
 from .eta import U64_MAX, Handling
-from .encryption import EncryptionKey
+from .encryption import EncryptionKey, Rekey, Sessions
 from .service import EndpointStats
 from .signing import Identity, Verifier
 from .status import Unreachable
@@ -146,6 +146,15 @@ def _batching(given: Batching | tuple[int, float] | None) -> Batching:
     return batching
 
 
+def _rekey(given: Rekey | tuple[int, float] | None) -> Rekey:
+    """``encryption_rekey=``: a :class:`Rekey`, or its messages and age (seconds) as a pair."""
+    if given is None or isinstance(given, Rekey):
+        return given or Rekey()
+    if not isinstance(given, tuple) or len(given) != 2:
+        raise ValueError(f"encryption_rekey is a Rekey(messages, age), not {given!r}")
+    return Rekey(*given)
+
+
 class AgentState:
     """The settings and state every layer of an agent shares."""
 
@@ -160,6 +169,7 @@ class AgentState:
         identity: Identity | None = None,
         verifier: Verifier | None = None,
         encryption_key: EncryptionKey | None = None,
+        encryption_rekey: Rekey | tuple[int, float] | None = None,
         heartbeat_interval: float = 5.0,
         request_timeout: float = 5.0,
         max_in_flight: int = 64,
@@ -203,6 +213,8 @@ class AgentState:
         self.verifier = verifier
         self.encryption_key = encryption_key
         self._encryption_trust: dict[str, str] = {}
+        # The sessions payloads are sealed in for each recipient key (section 4.2).
+        self._encryption_sessions = Sessions(_rekey(encryption_rekey))
         self.heartbeat_interval = heartbeat_interval
         self.request_timeout = request_timeout
         self.max_in_flight = max_in_flight

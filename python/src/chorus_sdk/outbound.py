@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from .codec import DecodeError, Encoding, decode, encode, encode_payload, typed
 from .context import Reply, check_headers
 from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Delivery, Envelope, Expect, Kind, Performative, Priority, Seq, now_ms, uuid7
-from .encryption import encrypt
+from .encryption import encrypt_in_sessions
 from .status import ChorusError, NoResponders, Refused, StatusCode, Timeout, Unreachable, is_success
 from .subjects import validate_dotted, validate_token
 
@@ -56,8 +56,9 @@ class Outbound(AgentState):
         return self
 
     async def _encrypt(self, env: Envelope, recipients: list[str]) -> None:
-        """Seals ``env``'s payload for ``recipients``; keys from :meth:`trust_encryption`, else
-        from the registry (discovery). 5007 when one has no known key."""
+        """Seals ``env``'s payload for ``recipients`` in this agent's sessions (section 4.2);
+        keys from :meth:`trust_encryption`, else from the registry (discovery). 5007 when one
+        has no known key."""
         missing = [a for a in recipients if a not in self._encryption_trust]
         if missing:
             try:
@@ -73,7 +74,7 @@ class Outbound(AgentState):
             if key is None:
                 raise ChorusError(StatusCode.ACCESS, f"no encryption key is known for {agent}")
             keys.append((agent, key))
-        encrypt(env, keys)
+        encrypt_in_sessions(env, keys, self._encryption_sessions)
 
 
     # -----------------------------------------------------------------------------------------

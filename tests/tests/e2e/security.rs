@@ -1349,3 +1349,175 @@ async fn the_signature_covers_the_ciphertext() {
     );
     assert_eq!(bob.stats().handled_ok, 1);
 }
+
+/// Keeps every message published on `subject` in `copies`, until the returned task is
+/// aborted.
+async fn tap_copies(
+    url: &str,
+    subject: &str,
+    copies: &std::sync::Arc<std::sync::Mutex<Vec<Bytes>>>,
+) -> tokio::task::JoinHandle<()> {
+    use futures::StreamExt;
+    let tap = chorus_broker_adapter::BrokerOptions::new([url])
+        .connect()
+        .await
+        .expect("tap");
+    let mut sub = tap.subscribe(subject).await.expect("tap");
+    tap.sync(WAIT).await.expect("sync");
+    let copies = std::sync::Arc::clone(copies);
+    tokio::spawn(async move {
+        let _tap = tap;
+        while let Some(msg) = sub.next().await {
+            copies.lock().expect("copies").push(msg.payload().clone());
+        }
+    })
+}
+
+/// PROTOCOL.md 4.2: a stream of signed, encrypted commands in sessions of 10 messages, with
+/// the only server restarted in the middle: every command is handled once with its payload,
+/// the session in use when the server went away goes on after it (the same header, the next
+/// numbers), a new session begins every 10 messages, and a captured message sent again is
+/// refused as a replay.
+#[tokio::test]
+async fn an_encrypted_stream_goes_on_across_a_re_key_and_a_server_restart_and_refuses_a_replay() {
+    use chorus_sdk::Call;
+    use chorus_sdk::encryption::{EncryptionKey, Rekey, SESSION_ALG};
+    use std::sync::{Arc, Mutex};
+    const SENT: u32 = 40;
+    const RESTART_AFTER: u32 = 25;
+    let mut server = server();
+    let alice = Identity::generate();
+    let bob_key = EncryptionKey::generate();
+    let bob_public = bob_key.public_key();
+    let bob = agent_options(&server, "bob-stream")
+        .encryption_key(bob_key)
+        .verify_signatures(SignaturePolicy {
+            require_signed: true,
+            ..SignaturePolicy::default()
+        })
+        .trust("alice-stream", alice.public_key())
+        .connect()
+        .await
+        .expect("bob");
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&handled);
+    bob.on_command("secret", move |_ctx: Context, n: u32| {
+        let log = Arc::clone(&log);
+        async move {
+            log.lock().expect("log").push(n);
+            Ok::<_, HandlerError>(n)
+        }
+    })
+    .await
+    .expect("register");
+    let alice_agent = agent_options(&server, "alice-stream")
+        .identity(Identity::from_seed(&alice.seed().expect("seed")).expect("identity"))
+        .trust_encryption("bob-stream", bob_public)
+        .encryption_rekey(Rekey {
+            messages: 10,
+            age: std::time::Duration::from_secs(600),
+        })
+        .connect()
+        .await
+        .expect("alice");
+    let send = |n: u32| {
+        Call::agent("bob-stream", "secret")
+            .payload(&n)
+            .expect("payload")
+            .encrypt_for(["bob-stream"])
+    };
+    // Every copy bob is sent, as it crossed the bus, before and after the restart.
+    let copies = Arc::new(Mutex::new(Vec::new()));
+    let tapping = tap_copies(server.url(), "chorus.agent.bob-stream.secret", &copies).await;
+    for n in 0..RESTART_AFTER {
+        let back: u32 = alice_agent
+            .call(send(n))
+            .await
+            .expect("handled")
+            .payload_as()
+            .expect("n");
+        assert_eq!(back, n);
+    }
+    tapping.abort();
+    server.kill();
+    server.restart().expect("restart");
+    let tapping = tap_copies(server.url(), "chorus.agent.bob-stream.secret", &copies).await;
+    // Both agents back on the restarted server, their subscriptions restored.
+    eventually(WAIT, "both agents reconnected", || async {
+        let mut back = true;
+        for agent in [&alice_agent, &bob] {
+            back &= agent.broker().is_connected() && agent.broker().sync(WAIT).await.is_ok();
+        }
+        back.then_some(())
+    })
+    .await;
+    for n in RESTART_AFTER..SENT {
+        let back: u32 = alice_agent
+            .call(send(n))
+            .await
+            .expect("handled")
+            .payload_as()
+            .expect("n");
+        assert_eq!(back, n);
+    }
+    // Every command handled once, in order.
+    assert_eq!(*handled.lock().expect("log"), (0..SENT).collect::<Vec<_>>());
+
+    // The copies on the wire: sessions of 10, one of them across the restart.
+    eventually(WAIT, "the tap saw every command", || async {
+        (copies.lock().expect("copies").len() >= SENT as usize).then_some(())
+    })
+    .await;
+    tapping.abort();
+    let wire: Vec<(Vec<u8>, u64, Envelope)> = copies
+        .lock()
+        .expect("copies")
+        .iter()
+        .map(|bytes| {
+            let (env, _) = codec::decode(bytes).expect("envelope");
+            let enc = env.encryption.clone().expect("encrypted");
+            assert_eq!(enc.alg, SESSION_ALG);
+            let key = &enc.recipients[0].key;
+            assert_eq!(key.len(), 136);
+            let seq = u64::from_be_bytes(key[80..88].try_into().expect("8 bytes"));
+            (key[..80].to_vec(), seq, env)
+        })
+        .collect();
+    assert_eq!(wire.len(), SENT as usize);
+    let mut headers: Vec<&Vec<u8>> = wire.iter().map(|(h, _, _)| h).collect();
+    headers.dedup();
+    assert_eq!(
+        headers.len(),
+        (SENT as usize).div_ceil(10),
+        "a session every 10 messages"
+    );
+    let numbers: Vec<u64> = wire.iter().map(|(_, seq, _)| *seq).collect();
+    let expected: Vec<u64> = (0..wire.len() as u64).map(|i| i % 10).collect();
+    assert_eq!(
+        numbers, expected,
+        "each session numbered from 0, one after the other"
+    );
+    let at = RESTART_AFTER as usize;
+    assert_eq!(
+        wire[at - 1].0,
+        wire[at].0,
+        "the session in use at the restart went on after it"
+    );
+
+    // A captured message sent again: refused, not handled again.
+    let raw = raw_broker(&server).await;
+    let captured = &wire[5].2;
+    let replay = ask(&raw, "chorus.agent.bob-stream.secret", captured).await;
+    assert_eq!(replay.status, Some(StatusCode::REPLAY), "{replay:?}");
+    assert_eq!(
+        handled
+            .lock()
+            .expect("log")
+            .iter()
+            .filter(|&&n| n == 5)
+            .count(),
+        1
+    );
+    alice_agent.shutdown().await;
+    bob.shutdown().await;
+}
