@@ -91,21 +91,53 @@ pub(crate) async fn pubsub(
     })
 }
 
-/// The raw side's yardstick: [`chorus_broker_adapter::raw::plain_pubsub`], the plainest
-/// async-nats program, with `count` messages of `size` bytes.
-pub(crate) async fn plain_pubsub(url: &str, count: u64, size: usize) -> Result<Throughput> {
-    let subject = unique("baseline.plain");
-    let (received, elapsed) =
-        chorus_broker_adapter::raw::plain_pubsub(url, &subject, count, size, PLAIN_LIMIT).await?;
+/// The raw side's yardstick: the plainest async-nats program
+/// (`chorus_broker_adapter::raw::plain_pubsub`, the adapter's example `plain_pubsub`) run as a
+/// process of its own, as an independent program would be, with `count` messages of `size`
+/// bytes; built beside `program` first.
+pub(crate) async fn plain_pubsub(
+    program: &std::path::Path,
+    url: &str,
+    count: u64,
+    size: usize,
+) -> anyhow::Result<Throughput> {
+    let example =
+        crate::memory::build_example(program, "chorus-broker-adapter", &["raw"], "plain_pubsub")
+            .await?;
+    let run = tokio::process::Command::new(&example)
+        .args([url, &count.to_string(), &size.to_string()])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(PLAIN_LIMIT, run)
+        .await
+        .map_err(|_| anyhow::anyhow!("plain_pubsub took over {PLAIN_LIMIT:?}"))??;
+    let said = String::from_utf8_lossy(&out.stdout);
+    anyhow::ensure!(
+        out.status.success(),
+        "plain_pubsub {}: {}{}",
+        out.status,
+        said.trim(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    // "<received> of <count> messages of <size> B in <elapsed>: <rate> msg/s"
+    let mut words = said.split_whitespace();
+    let received: u64 = words.next().unwrap_or("").parse()?;
+    let rate: f64 = said
+        .rsplit(": ")
+        .next()
+        .and_then(|r| r.trim().strip_suffix(" msg/s"))
+        .ok_or_else(|| anyhow::anyhow!("plain_pubsub said {said:?}"))?
+        .parse()?;
     Ok(Throughput {
         sent: count,
         received,
-        elapsed,
+        elapsed: Duration::from_secs_f64(received as f64 / rate.max(1e-9)),
     })
 }
 
 /// How long the yardstick may take to deliver its messages.
-const PLAIN_LIMIT: Duration = Duration::from_secs(60);
+const PLAIN_LIMIT: Duration = Duration::from_secs(120);
 
 /// Waits until the server has processed this connection's protocol so far.
 async fn settle(client: &RawClient) -> Result<()> {

@@ -59,7 +59,7 @@ async fn idle_rss(mut child: tokio::process::Child) -> anyhow::Result<u64> {
 /// the whole CLI, the coordinator and this benchmark in its executable, whose pages the kernel
 /// maps as it runs.
 pub(crate) async fn idle_sdk_agent_rss(program: &Path, url: &str) -> anyhow::Result<u64> {
-    let example = build_example(program, "event_listener").await?;
+    let example = build_example(program, "chorus-sdk", &[], "event_listener").await?;
     // It prints "event_listener: listening on ..." to stdout once subscribed.
     idle_rss(start(&example, &[], &[("CHORUS_NATS_URL", url)], false).await?).await
 }
@@ -68,12 +68,17 @@ pub(crate) async fn idle_sdk_agent_rss(program: &Path, url: &str) -> anyhow::Res
 /// is mostly linking; a first build of a cold cache takes minutes).
 const BUILD_TIMEOUT: Duration = Duration::from_secs(900);
 
-/// Builds the SDK's example `name` with the profile and into the target directory of
-/// `program` (`<target>/<profile>/chorus`), so that the figure is of today's code, and returns
-/// its path. Cargo runs in the current directory, which must be in the Chorus workspace (as
+/// Builds the example `name` of `package` (with `features`) with the profile and into the
+/// target directory of `program` (`<target>/<profile>/chorus`), so that the figure is of
+/// today's code, and returns its path. Cargo runs in the current directory, which must be in the Chorus workspace (as
 /// `chorus bench` is run from a clone); where it cannot run, an example built before is used,
 /// and without one the error says how to build it.
-pub(crate) async fn build_example(program: &Path, name: &str) -> anyhow::Result<PathBuf> {
+pub(crate) async fn build_example(
+    program: &Path,
+    package: &str,
+    features: &[&str],
+    name: &str,
+) -> anyhow::Result<PathBuf> {
     let profile_dir = program
         .parent()
         .ok_or_else(|| anyhow::anyhow!("{} has no directory", program.display()))?;
@@ -93,7 +98,8 @@ pub(crate) async fn build_example(program: &Path, name: &str) -> anyhow::Result<
     let built = tokio::time::timeout(
         BUILD_TIMEOUT,
         tokio::process::Command::new(cargo)
-            .args(["build", "--quiet", "-p", "chorus-sdk", "--example", name])
+            .args(["build", "--quiet", "-p", package, "--example", name])
+            .args(features.iter().flat_map(|f| ["--features", f]))
             .args(["--profile", profile, "--target-dir"])
             .arg(target)
             .stdin(std::process::Stdio::null())
@@ -118,7 +124,11 @@ pub(crate) async fn build_example(program: &Path, name: &str) -> anyhow::Result<
         return Ok(example);
     }
     anyhow::bail!(
-        "{why}; run chorus bench from a Chorus clone, or build it beside chorus: cargo build --profile {profile} -p chorus-sdk --example {name}"
+        "{why}; run chorus bench from a Chorus clone, or build it beside chorus: cargo build --profile {profile} -p {package} --example {name}{}",
+        features
+            .iter()
+            .map(|f| format!(" --features {f}"))
+            .collect::<String>()
     )
 }
 

@@ -138,6 +138,8 @@ struct Figures {
     connections: u64,
     subscriptions: u64,
     heartbeats_per_second: f64,
+    /// Each agent's heartbeat interval.
+    heartbeat: Duration,
     discovery: Vec<Duration>,
     broadcast: (Duration, usize),
 }
@@ -146,13 +148,16 @@ struct Figures {
 /// reached (memory, time) is a row saying why.
 pub(crate) async fn hosted(
     program: &Path,
-    sizes: &[usize],
+    sizes: &[(usize, Duration)],
     progress: fn(&str),
 ) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
-    for &n in sizes {
-        progress(&format!("{n} real SDK agents in host processes"));
-        match run(program, n, progress).await {
+    for &(n, heartbeat) in sizes {
+        progress(&format!(
+            "{n} real SDK agents in host processes, a heartbeat every {} s each",
+            heartbeat.as_secs_f64()
+        ));
+        match run(program, n, heartbeat, progress).await {
             Ok(f) => rows.extend(rows_of(&f)),
             Err(e) => {
                 // Said at once: the rows come only at the end of every size.
@@ -161,7 +166,13 @@ pub(crate) async fn hosted(
                     chorus: None,
                     goal: format!("not reached: {e:#}"),
                     met: Some(false),
-                    ..Row::chorus_only(&format!("{n} hosted agents"), "", 0.0, "", None)
+                    ..Row::chorus_only(
+                        &format!("{n} hosted agents, heartbeats every {heartbeat:?}"),
+                        "",
+                        0.0,
+                        "",
+                        None,
+                    )
                 });
             }
         }
@@ -171,7 +182,12 @@ pub(crate) async fn hosted(
 
 fn rows_of(f: &Figures) -> Vec<Row> {
     let n = f.agents;
-    let at = |what: &str| format!("{n} hosted SDK agents in {} processes: {what}", f.processes);
+    let at = |what: &str| {
+        format!(
+            "{n} hosted SDK agents in {} processes, heartbeats every {:?}: {what}",
+            f.processes, f.heartbeat
+        )
+    };
     let mut discovery = f.discovery.clone();
     discovery.sort();
     let (took, delivered) = f.broadcast;
@@ -268,18 +284,27 @@ async fn host(
         .spawn()?)
 }
 
-/// A shared deployment of `replicas` `chorus agent`s serving `capability`, on `host`.
+/// A shared deployment of `replicas` `chorus agent`s serving `capability`, on `host`, each
+/// heartbeating every `heartbeat` (the host's health check following it).
 fn manifest(
     program: &Path,
     id: &str,
     replicas: usize,
     capability: &str,
     host: &str,
+    heartbeat: Duration,
 ) -> anyhow::Result<Manifest> {
     let mut m = Manifest::new(id, program.to_string_lossy().into_owned());
     m.replicas = u32::try_from(replicas)?;
     m.capabilities = vec![capability.to_owned()];
-    m.run.args = vec!["agent".into(), "--capability".into(), capability.into()];
+    m.run.args = vec![
+        "agent".into(),
+        "--capability".into(),
+        capability.into(),
+        "--heartbeat-ms".into(),
+        heartbeat.as_millis().to_string(),
+    ];
+    m.health.interval = heartbeat;
     m.run.shared = true;
     m.placement.hosts = vec![host.to_owned()];
     // Thousands of agents connect one after another before the last heartbeats.
@@ -288,7 +313,12 @@ fn manifest(
     Ok(m)
 }
 
-async fn run(program: &Path, n: usize, progress: fn(&str)) -> anyhow::Result<Figures> {
+async fn run(
+    program: &Path,
+    n: usize,
+    heartbeat: Duration,
+    progress: fn(&str),
+) -> anyhow::Result<Figures> {
     let (server, url, monitor) = monitored_server().await?;
     let coordinator = Coordinator::start(program, &url).await?;
     let logs = tempfile::tempdir()?;
@@ -337,6 +367,7 @@ async fn run(program: &Path, n: usize, progress: fn(&str)) -> anyhow::Result<Fig
                 replicas,
                 WORK,
                 &format!("h{}", i % hosts_n),
+                heartbeat,
             )?;
             let view: DeploymentView = ask(
                 coordinator_commands::DEPLOY,
@@ -346,7 +377,7 @@ async fn run(program: &Path, n: usize, progress: fn(&str)) -> anyhow::Result<Fig
             .payload_as()?;
             anyhow::ensure!(view.failed.is_empty(), "not placed: {:?}", view.failed);
         }
-        let m = manifest(program, "rare", rare, "rare", "h0")?;
+        let m = manifest(program, "rare", rare, "rare", "h0", heartbeat)?;
         ask(
             coordinator_commands::DEPLOY,
             serde_json::to_value(DeployRequest { manifest: m })?,
@@ -442,6 +473,7 @@ async fn run(program: &Path, n: usize, progress: fn(&str)) -> anyhow::Result<Fig
             connections,
             subscriptions,
             heartbeats_per_second,
+            heartbeat,
             discovery,
             broadcast,
         })

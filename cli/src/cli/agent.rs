@@ -31,6 +31,12 @@ pub(crate) struct Args {
     /// cost the server and the process (docs/SCALE.md).
     #[arg(long, action = clap::ArgAction::Set)]
     service_discovery: Option<bool>,
+    /// How often each agent announces itself (its heartbeat), in ms [default: the SDK's
+    /// 5000, or the configuration file's]. Longer for large fleets: every part's heartbeat
+    /// work divides with it (docs/SCALE.md); the host's health check follows the manifest's
+    /// `[health] interval`, so set it to match.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    heartbeat_ms: Option<u64>,
     /// An agent configuration file (docs/AGENT-CONFIG.md): the bus, its TLS and credentials,
     /// delivery, signing and monitoring, as both SDKs read it; its `id` names the agent when
     /// --agents does not. The connection flags are not used then.
@@ -111,6 +117,9 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
         let mut options = options_for(id)?;
         if let Some(on) = args.service_discovery {
             options = options.service_discovery(on);
+        }
+        if let Some(ms) = args.heartbeat_ms {
+            options = options.heartbeat_interval(std::time::Duration::from_millis(ms));
         }
         if let Some(customer) = hosted_customer() {
             options = options.customer(customer);
