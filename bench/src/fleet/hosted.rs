@@ -29,6 +29,8 @@ const WORK: &str = "fleet.work";
 /// How long the hosted agents have to be live after the deploys were taken.
 const LIVE_DEADLINE: Duration = Duration::from_secs(600);
 
+/// How long a deployment refused for want of a live host is asked for again.
+const DEPLOY_RETRY: Duration = Duration::from_secs(120);
 /// How often the CPU of the run's parts is sampled while the agents come up.
 const CPU_SAMPLE_EVERY: Duration = Duration::from_secs(30);
 
@@ -369,13 +371,29 @@ async fn run(
                 &format!("h{}", i % hosts_n),
                 heartbeat,
             )?;
-            let view: DeploymentView = ask(
-                coordinator_commands::DEPLOY,
-                serde_json::to_value(DeployRequest { manifest: m })?,
-            )
-            .await?
-            .payload_as()?;
-            anyhow::ensure!(view.failed.is_empty(), "not placed: {:?}", view.failed);
+            // A host saturated by the agents it starts may report late and be taken for
+            // gone for a moment: its deployment is asked for again until it is placed.
+            let asked = Instant::now();
+            loop {
+                let view: DeploymentView = ask(
+                    coordinator_commands::DEPLOY,
+                    serde_json::to_value(DeployRequest {
+                        manifest: m.clone(),
+                    })?,
+                )
+                .await?
+                .payload_as()?;
+                let Some((_, why)) = view.failed.first_key_value() else {
+                    break;
+                };
+                let refused = format!(
+                    "deployment w{i}: {} replicas not placed ({why})",
+                    view.failed.len()
+                );
+                anyhow::ensure!(asked.elapsed() < DEPLOY_RETRY, "{refused}");
+                progress(&format!("{refused}; asked again"));
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
         }
         let m = manifest(program, "rare", rare, "rare", "h0", heartbeat)?;
         ask(
