@@ -1266,28 +1266,53 @@ async fn broadcast_copies_are_signed_by_the_coordinator_and_forged_broadcasts_ar
     coordinator.shutdown().await;
 }
 
+/// A recipient `id` of signed, encrypted commands: a new encryption key, signatures required,
+/// `sender`'s key trusted. Returns it and its public encryption key.
+async fn sealed_recipient(
+    server: &chorus_tests::NatsServer,
+    id: &str,
+    sender: &str,
+    sender_key: &Identity,
+) -> (chorus_sdk::Agent, String) {
+    let key = chorus_sdk::encryption::EncryptionKey::generate();
+    let public = key.public_key();
+    let agent = agent_options(server, id)
+        .encryption_key(key)
+        .verify_signatures(SignaturePolicy {
+            require_signed: true,
+            ..SignaturePolicy::default()
+        })
+        .trust(sender, sender_key.public_key())
+        .connect()
+        .await
+        .expect("the recipient");
+    (agent, public)
+}
+
+/// The options of a sender `id` signing as `identity` that knows `recipient`'s public
+/// encryption key.
+fn sealed_sender(
+    server: &chorus_tests::NatsServer,
+    id: &str,
+    identity: &Identity,
+    recipient: &str,
+    public: String,
+) -> chorus_sdk::AgentOptions {
+    agent_options(server, id)
+        .identity(Identity::from_seed(&identity.seed().expect("seed")).expect("identity"))
+        .trust_encryption(recipient, public)
+}
+
 /// SECURITY.md: the signature covers the ciphertext, so a relay that cannot read a message can
 /// still verify it, and a changed ciphertext is refused as tampering (5004) before anything
 /// tries to open it.
 #[tokio::test]
 async fn the_signature_covers_the_ciphertext() {
     use chorus_sdk::Call;
-    use chorus_sdk::encryption::EncryptionKey;
     use futures::StreamExt;
     let server = server();
     let alice = Identity::generate();
-    let bob_key = EncryptionKey::generate();
-    let bob_public = bob_key.public_key();
-    let bob = agent_options(&server, "bob")
-        .encryption_key(bob_key)
-        .verify_signatures(SignaturePolicy {
-            require_signed: true,
-            ..SignaturePolicy::default()
-        })
-        .trust("alice", alice.public_key())
-        .connect()
-        .await
-        .expect("bob");
+    let (bob, bob_public) = sealed_recipient(&server, "bob", "alice", &alice).await;
     bob.on_command("secret", |_ctx: Context, text: String| async move {
         Ok::<_, HandlerError>(text.len())
     })
@@ -1296,9 +1321,7 @@ async fn the_signature_covers_the_ciphertext() {
     let tap = raw_broker(&server).await;
     let mut copies = tap.subscribe("chorus.agent.bob.*").await.expect("tap");
     tap.sync(WAIT).await.expect("sync");
-    let alice_agent = agent_options(&server, "alice")
-        .identity(Identity::from_seed(&alice.seed().expect("seed")).expect("identity"))
-        .trust_encryption("bob", bob_public)
+    let alice_agent = sealed_sender(&server, "alice", &alice, "bob", bob_public)
         .connect()
         .await
         .expect("alice");
@@ -1381,24 +1404,13 @@ async fn tap_copies(
 #[tokio::test]
 async fn an_encrypted_stream_goes_on_across_a_re_key_and_a_server_restart_and_refuses_a_replay() {
     use chorus_sdk::Call;
-    use chorus_sdk::encryption::{EncryptionKey, Rekey, SESSION_ALG};
+    use chorus_sdk::encryption::{Rekey, SESSION_ALG};
     use std::sync::{Arc, Mutex};
     const SENT: u32 = 40;
     const RESTART_AFTER: u32 = 25;
     let mut server = server();
     let alice = Identity::generate();
-    let bob_key = EncryptionKey::generate();
-    let bob_public = bob_key.public_key();
-    let bob = agent_options(&server, "bob-stream")
-        .encryption_key(bob_key)
-        .verify_signatures(SignaturePolicy {
-            require_signed: true,
-            ..SignaturePolicy::default()
-        })
-        .trust("alice-stream", alice.public_key())
-        .connect()
-        .await
-        .expect("bob");
+    let (bob, bob_public) = sealed_recipient(&server, "bob-stream", "alice-stream", &alice).await;
     let handled = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&handled);
     bob.on_command("secret", move |_ctx: Context, n: u32| {
@@ -1410,9 +1422,7 @@ async fn an_encrypted_stream_goes_on_across_a_re_key_and_a_server_restart_and_re
     })
     .await
     .expect("register");
-    let alice_agent = agent_options(&server, "alice-stream")
-        .identity(Identity::from_seed(&alice.seed().expect("seed")).expect("identity"))
-        .trust_encryption("bob-stream", bob_public)
+    let alice_agent = sealed_sender(&server, "alice-stream", &alice, "bob-stream", bob_public)
         .encryption_rekey(Rekey {
             messages: 10,
             age: std::time::Duration::from_secs(600),
