@@ -218,7 +218,8 @@ impl Sessions {
     /// The header, keys and sequence number of the next message to the recipient whose public
     /// key is `public` (base64): from its current session, or a new one when there is none or
     /// the current one is due for a new key. `open_new` seals a new session's secret to the
-    /// key (HPKE), and is called outside the lock's hot path only when a session begins.
+    /// key (HPKE); it runs under the lock, and only when a session begins (once per 100,000
+    /// messages by default), so that concurrent senders to one recipient begin one session.
     pub(crate) fn next(
         &self,
         public: &str,

@@ -1439,14 +1439,16 @@ async fn an_encrypted_stream_goes_on_across_a_re_key_and_a_server_restart_and_re
     // Every copy bob is sent, as it crossed the bus, before and after the restart.
     let copies = Arc::new(Mutex::new(Vec::new()));
     let tapping = tap_copies(server.url(), "chorus.agent.bob-stream.secret", &copies).await;
+    // Each command is answered with its own number.
+    let ask_n = |n: u32| {
+        let call = alice_agent.call(send(n));
+        async move {
+            let back: u32 = call.await.expect("handled").payload_as().expect("n");
+            assert_eq!(back, n);
+        }
+    };
     for n in 0..RESTART_AFTER {
-        let back: u32 = alice_agent
-            .call(send(n))
-            .await
-            .expect("handled")
-            .payload_as()
-            .expect("n");
-        assert_eq!(back, n);
+        ask_n(n).await;
     }
     tapping.abort();
     server.kill();
@@ -1462,13 +1464,7 @@ async fn an_encrypted_stream_goes_on_across_a_re_key_and_a_server_restart_and_re
     })
     .await;
     for n in RESTART_AFTER..SENT {
-        let back: u32 = alice_agent
-            .call(send(n))
-            .await
-            .expect("handled")
-            .payload_as()
-            .expect("n");
-        assert_eq!(back, n);
+        ask_n(n).await;
     }
     // Every command handled once, in order.
     assert_eq!(*handled.lock().expect("log"), (0..SENT).collect::<Vec<_>>());
