@@ -95,7 +95,7 @@ pub(crate) struct Inform {
     to: Vec<String>,
     intent: &'static str,
     status: u16,
-    payload: Value,
+    payload: Box<serde_json::value::RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     correlation: Option<Value>,
 }

@@ -12,9 +12,11 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode as Http, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use chorus_sdk::envelope::CONTENT_TYPE_JSON;
 use chorus_sdk::{Call, DeliveryClass, DiscoverQuery, Priority, SdkError, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::auth::AuthError;
@@ -260,6 +262,11 @@ pub(crate) mod whole {
 }
 
 pub(crate) fn body<T: DeserializeOwned>(bytes: &Bytes) -> ApiResult<T> {
+    body_borrowed(bytes)
+}
+
+/// The body read as `T`, which may borrow from it.
+pub(crate) fn body_borrowed<'a, T: Deserialize<'a>>(bytes: &'a Bytes) -> ApiResult<T> {
     serde_json::from_slice(bytes)
         .map_err(|e| ApiError::new(StatusCode::DATA_FORMAT, format!("the body: {e}")))
 }
@@ -610,16 +617,47 @@ impl ApiError {
 // ---------------------------------------------------------------------------------------
 // POST /v1/requests
 
+/// A request: its payload a JSON value (`serde_json::Value`, from a WebSocket frame already
+/// read), or the JSON text of an HTTP body as it came (`Option<&RawValue>`), which is sent on
+/// without being parsed into a tree and written again.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RequestBody {
+pub(crate) struct RequestBody<P = serde_json::Value> {
     to: Option<String>,
     command: Option<String>,
     capability: Option<String>,
     #[serde(default)]
-    payload: serde_json::Value,
+    payload: P,
     #[serde(default, deserialize_with = "whole::opt_u64")]
     timeout_ms: Option<u64>,
+}
+
+/// How a request's payload goes on the bus.
+pub(crate) trait RequestPayload {
+    /// `call` carrying this payload, as JSON.
+    fn onto(&self, call: Call) -> ApiResult<Call>;
+}
+
+impl RequestPayload for serde_json::Value {
+    fn onto(&self, call: Call) -> ApiResult<Call> {
+        Ok(call.json_payload(self)?)
+    }
+}
+
+/// The payload's text within the HTTP body `body` (it borrows from it: no copy).
+pub(crate) struct RawPayload<'a> {
+    body: &'a Bytes,
+    raw: Option<&'a RawValue>,
+}
+
+impl RequestPayload for RawPayload<'_> {
+    fn onto(&self, call: Call) -> ApiResult<Call> {
+        let payload = match self.raw {
+            Some(raw) => self.body.slice_ref(raw.get().as_bytes()),
+            None => Bytes::from_static(b"null"),
+        };
+        Ok(call.raw_payload(payload, CONTENT_TYPE_JSON))
+    }
 }
 
 #[derive(Serialize)]
@@ -627,7 +665,9 @@ pub(crate) struct ReplyView {
     pub(crate) status: u16,
     pub(crate) label: &'static str,
     pub(crate) from: String,
-    pub(crate) payload: serde_json::Value,
+    /// The reply's payload as JSON text: a JSON payload as it came (checked to be JSON, not
+    /// parsed into a tree), another encoding read and written as JSON.
+    pub(crate) payload: Box<RawValue>,
 }
 
 pub(crate) fn timeout(state: &GatewayState, ms: Option<u64>) -> ApiResult<Duration> {
@@ -645,19 +685,27 @@ pub(crate) fn timeout(state: &GatewayState, ms: Option<u64>) -> ApiResult<Durati
 pub(crate) async fn ask(
     edge: &Edge,
     call: Call,
-    payload: &serde_json::Value,
+    payload: &impl RequestPayload,
 ) -> ApiResult<ReplyView> {
-    let reply = edge.agent.call(call.json_payload(payload)?).await?;
+    let reply = edge.agent.call(payload.onto(call)?).await?;
+    let unreadable = |e: &dyn std::fmt::Display| {
+        ApiError::new(
+            StatusCode::DATA_FORMAT,
+            format!("the reply's payload does not read as JSON: {e}"),
+        )
+        .with_http(Http::BAD_GATEWAY)
+    };
     let payload = if reply.payload().is_empty() {
-        serde_json::Value::Null
+        RawValue::NULL.to_owned()
+    } else if reply.envelope.content_type.as_str() == CONTENT_TYPE_JSON {
+        serde_json::from_slice::<&RawValue>(reply.payload())
+            .map_err(|e| unreadable(&e))?
+            .to_owned()
     } else {
-        reply.payload_as::<serde_json::Value>().map_err(|e| {
-            ApiError::new(
-                StatusCode::DATA_FORMAT,
-                format!("the reply's payload does not read as JSON: {e}"),
-            )
-            .with_http(Http::BAD_GATEWAY)
-        })?
+        let value = reply
+            .payload_as::<serde_json::Value>()
+            .map_err(|e| unreadable(&e))?;
+        serde_json::value::to_raw_value(&value).map_err(|e| unreadable(&e))?
     };
     Ok(ReplyView {
         status: reply.status().0,
@@ -673,7 +721,18 @@ pub(crate) async fn request(
     bytes: Bytes,
 ) -> ApiResult<Json<ReplyView>> {
     let (edge, credential) = edge(&state, &headers, Route::Requests)?;
-    let b: RequestBody = body(&bytes)?;
+    let b: RequestBody<Option<&RawValue>> = body_borrowed(&bytes)?;
+    let payload = RawPayload {
+        body: &bytes,
+        raw: b.payload,
+    };
+    let b = RequestBody {
+        payload,
+        to: b.to,
+        command: b.command,
+        capability: b.capability,
+        timeout_ms: b.timeout_ms,
+    };
     Ok(Json(request_as(&state, edge, &credential, b).await?))
 }
 
@@ -699,11 +758,11 @@ pub(crate) fn call_to(
 }
 
 /// Asks what `b` names as `edge` and waits for the reply.
-pub(crate) async fn request_as(
+pub(crate) async fn request_as<P: RequestPayload>(
     state: &GatewayState,
     edge: &Edge,
     credential: &Credential,
-    b: RequestBody,
+    b: RequestBody<P>,
 ) -> ApiResult<ReplyView> {
     let (to, command, capability) = (
         b.to.as_deref(),

@@ -269,7 +269,7 @@ async fn handle(
                         Err(e) => Err(malformed(format!("the send frame: {e}"))),
                     }
                 } else {
-                    match serde_json::from_value(frame) {
+                    match serde_json::from_value::<api::RequestBody>(frame) {
                         Ok(b) => api::request_as(&state, edge, token, b)
                             .await
                             .map(|r| json!(r)),

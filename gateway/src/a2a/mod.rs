@@ -613,6 +613,20 @@ impl Folded {
     }
 }
 
+/// A message's task, submitted and not read back yet.
+struct New<'p> {
+    id: Uuid,
+    handle: TaskHandle,
+    push_config: Option<&'p Value>,
+    at_once: bool,
+}
+
+/// What a message began: a new task, or an answer to a task's question.
+enum Begun<'p> {
+    New(New<'p>),
+    Answered(Started),
+}
+
 /// How many times a blocking send follows its task again after the task stream's reader
 /// failed (a consumer lost under load, a reconnect), before it answers with the task as it is.
 const FOLLOW_TRIES: usize = 3;
@@ -846,6 +860,102 @@ impl Method<'_> {
 
     /// Submits the message's task, or answers the question of the task it names.
     async fn start(&self, params: &Value) -> Result<Started, RpcError> {
+        match self.begin(params).await? {
+            Begun::Answered(started) => Ok(started),
+            Begun::New(new) => self.read_new(new).await,
+        }
+    }
+
+    /// A task just submitted, read back (and its push config created, if the message gave
+    /// one).
+    async fn read_new(&self, new: New<'_>) -> Result<Started, RpcError> {
+        let New {
+            id,
+            handle,
+            push_config,
+            at_once,
+        } = new;
+        let task = self.load(handle).await?;
+        if let (Some(config), Some(push)) = (push_config, &self.state.push) {
+            let handle = self.edge.agent.task(id).await?;
+            push.create(
+                &self.edge.agent,
+                handle,
+                Folded::new(id, &task.updates),
+                config,
+            )?;
+        }
+        Ok(Started {
+            task,
+            at_once,
+            answered: None,
+        })
+    }
+
+    /// Follows a task just submitted from its submission until it finishes or asks (or the
+    /// longest request timeout passes), and folds what it read. A reader that fails is opened
+    /// again after the last message it gave, at most [`FOLLOW_TRIES`] times; a task with more
+    /// messages than a view reads, or one never read, is read back as any other.
+    async fn follow_new(&self, handle: TaskHandle) -> Result<Folded, RpcError> {
+        let wait = Duration::from_millis(self.state.config.max_request_timeout_ms);
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut read: Vec<TaskUpdate> = Vec::new();
+        let mut complete = false;
+        'tries: for _ in 0..FOLLOW_TRIES {
+            let after = read.last().map_or(0, |u| u.seq);
+            let mut updates = match tokio::time::timeout_at(deadline, handle.updates_after(after))
+                .await
+            {
+                Err(_) => break,
+                Ok(Ok(updates)) => updates,
+                Ok(Err(e)) => {
+                    tracing::warn!(task = %handle.id(), error = %e, "following the task failed");
+                    continue;
+                }
+            };
+            loop {
+                let Ok(next) = tokio::time::timeout_at(deadline, updates.next()).await else {
+                    complete = true;
+                    break;
+                };
+                match next {
+                    Some(Ok(u)) => {
+                        let stopped = u.state().is_some_and(stops);
+                        read.push(u);
+                        if stopped || read.len() >= MAX_TASK_MESSAGES {
+                            complete = stopped;
+                            break;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(task = %handle.id(), error = %e, "reading the task failed; following it again");
+                        updates.close().await;
+                        continue 'tries;
+                    }
+                    None => {
+                        complete = true;
+                        break;
+                    }
+                }
+            }
+            // Its consumer is removed after the answer, not before it: the gateway's tracker
+            // owns the close (bounded by the broker's request timeout; the server drops an
+            // idle consumer by itself after 30 s in any case).
+            self.state.tracker.spawn(updates.close());
+            break;
+        }
+        if complete && !read.is_empty() {
+            return Ok(Folded::new(handle.id(), &read));
+        }
+        // Not settled within the view's reach, or not read: from the stream, as it stands
+        // after waiting for the rest.
+        until_stopped(&handle, read.last().map_or(0, |u| u.seq), deadline).await;
+        Ok(self.load(handle).await?.folded)
+    }
+
+    /// Submits the message's task, or answers the question of the task it names; a new task
+    /// is not read back yet.
+    async fn begin<'p>(&self, params: &'p Value) -> Result<Begun<'p>, RpcError> {
         let message = params
             .get("message")
             .filter(|m| m.is_object())
@@ -887,11 +997,11 @@ impl Method<'_> {
             let asked = owned.folded.state_seq;
             owned.handle.respond(&input).await?;
             let task = self.load(owned.handle).await?;
-            return Ok(Started {
+            return Ok(Begun::Answered(Started {
                 task,
                 at_once,
                 answered: Some(asked),
-            });
+            }));
         }
         // A push config given with the message is checked before anything is submitted.
         let push_config = params
@@ -932,21 +1042,12 @@ impl Method<'_> {
                 .await
                 .map_err(|_| RpcError::from(refused))?,
         };
-        let task = self.load(handle).await?;
-        if let (Some(config), Some(push)) = (push_config, &self.state.push) {
-            let handle = self.edge.agent.task(id).await?;
-            push.create(
-                &self.edge.agent,
-                handle,
-                Folded::new(id, &task.updates),
-                config,
-            )?;
-        }
-        Ok(Started {
-            task,
+        Ok(Begun::New(New {
+            id,
+            handle,
+            push_config,
             at_once,
-            answered: None,
-        })
+        }))
     }
 
     async fn send_message(
@@ -954,11 +1055,21 @@ impl Method<'_> {
         params: &Value,
         history: Option<usize>,
     ) -> Result<Value, RpcError> {
+        // A new task the caller waits for: followed from its submission, one read of the
+        // task stream (not one to read it back, one to follow it and one for its end).
+        let started = match self.begin(params).await? {
+            Begun::New(new) if !new.at_once && new.push_config.is_none() => {
+                let folded = self.follow_new(new.handle).await?;
+                return Ok(json!({"task": folded.task(history, true)}));
+            }
+            Begun::New(new) => self.read_new(new).await?,
+            Begun::Answered(started) => started,
+        };
         let Started {
             task,
             at_once,
             answered,
-        } = self.start(params).await?;
+        } = started;
         if at_once || task.folded.settled(answered) {
             return Ok(json!({"task": task.folded.task(history, true)}));
         }

@@ -1812,3 +1812,130 @@ impl LocalHttp {
         let _ = within(WAIT, "the test's HTTP server stops", self.task).await;
     }
 }
+
+/// Replies by its kind: `echo` with the request's payload and content type as they
+/// came, `packed` with `{"n": 7}` in MessagePack, `empty` with nothing, `broken` with text that
+/// says it is JSON and is not.
+struct Shapes(&'static str);
+
+impl chorus_sdk::Handler for Shapes {
+    fn call(
+        &self,
+        ctx: chorus_sdk::Context,
+    ) -> chorus_sdk::BoxFuture<Result<chorus_sdk::Output, HandlerError>> {
+        use chorus_sdk::envelope::{CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK};
+        let m = ctx.message();
+        let (payload, content_type) = match self.0 {
+            "echo" => (m.payload.clone(), m.content_type.clone()),
+            "packed" => (
+                chorus_sdk::codec::encode_payload(&json!({"n": 7}), CONTENT_TYPE_MSGPACK)
+                    .expect("MessagePack"),
+                CONTENT_TYPE_MSGPACK.into(),
+            ),
+            "empty" => (bytes::Bytes::new(), CONTENT_TYPE_JSON.into()),
+            _ => (
+                bytes::Bytes::from_static(b"{\"half\": "),
+                CONTENT_TYPE_JSON.into(),
+            ),
+        };
+        Box::pin(async move {
+            Ok(chorus_sdk::Output {
+                payload,
+                content_type,
+            })
+        })
+    }
+}
+
+/// Issue 38, item 3: a request's JSON payload crosses the gateway as its caller wrote it, and
+/// a JSON reply as its agent wrote it, without being read into a tree and written again: a
+/// number wider than 64 bits, `2.50` and an escaped character arrive digit for digit, and the
+/// agent receives exactly the body's bytes. A reply in another encoding is written as JSON, an
+/// empty one as `null`, and one that says it is JSON and is not is 502 with 5006.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_payload_crosses_the_gateway_as_written_both_ways() {
+    let server = server();
+    let (coordinator, gw) = with_gateway(
+        &server,
+        GatewayConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            identities: vec![EdgeIdentity {
+                id: "web-ui".into(),
+                nkey_seed_file: None,
+                tenant: None,
+            }],
+            api_keys: vec![ApiKey {
+                identity: "web-ui".into(),
+                sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
+                scopes: Vec::new(),
+            }],
+            ..GatewayConfig::default()
+        },
+    )
+    .await;
+    let shapes = agent(&server, "shapes").await;
+    for command in ["echo", "packed", "empty", "broken"] {
+        shapes
+            .handle_command(command, Shapes(command))
+            .await
+            .expect("handler");
+    }
+    let key = format!("X-API-Key: {API_KEY}");
+    let post = |body: String| {
+        let args = vec![
+            "-H".to_owned(),
+            key.clone(),
+            "-H".to_owned(),
+            "content-type: application/json".to_owned(),
+            "--data-binary".to_owned(),
+            body,
+        ];
+        async move { chorus_tests::curl(gw, "POST", "/v1/requests", &args, 25).await }
+    };
+
+    // As written, both ways: the reply's payload is the request's, byte for byte.
+    let payload = r#"{"big": 123456789012345678901234567890, "price": 2.50, "say": "\u00e9"}"#;
+    let (status, _, body) = post(format!(
+        r#"{{"to": "shapes", "command": "echo", "payload": {payload}}}"#
+    ))
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(&format!(r#""payload":{payload}"#)),
+        "the payload changed on its way: {body}"
+    );
+    // Not JSON text at all: refused before the bus, naming the body.
+    let (status, _, body) =
+        post(r#"{"to": "shapes", "command": "echo", "payload": 01}"#.into()).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("the body"), "{body}");
+
+    let ask = |command: &'static str| {
+        let post = &post;
+        async move {
+            let (status, _, body) =
+                post(format!(r#"{{"to": "shapes", "command": "{command}"}}"#)).await;
+            let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            (status, body)
+        }
+    };
+    // No payload given: the agent gets JSON null, which it echoes.
+    let (status, body) = ask("echo").await;
+    assert_eq!((status, &body["payload"]), (200, &Value::Null), "{body}");
+    let (status, body) = ask("packed").await;
+    assert_eq!(
+        (status, &body["payload"]),
+        (200, &json!({"n": 7})),
+        "{body}"
+    );
+    let (status, body) = ask("empty").await;
+    assert_eq!((status, &body["payload"]), (200, &Value::Null), "{body}");
+    let (status, body) = ask("broken").await;
+    assert_eq!(
+        (status, body["status"].as_u64()),
+        (502, Some(5006)),
+        "{body}"
+    );
+    shapes.shutdown().await;
+    assert!(within(WAIT, "coordinator shutdown", coordinator.shutdown()).await);
+}
