@@ -239,23 +239,44 @@ pub(crate) async fn request_throughput(
     })
 }
 
-/// Publishes `count` messages of `size` bytes to a JetStream stream with `in_flight` acks
-/// outstanding while a durable pull consumer takes and acks them; the time is from the first
-/// publish to the last message consumed.
+/// How [`jetstream_roundtrip`] publishes and consumes: today's design (what Chorus's durable
+/// path does, with async-nats alone) and the candidates measured beside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum JsDesign {
+    /// One publish per message, its ack awaited with the others in flight; a plain durable
+    /// pull consumer.
+    Today,
+    /// Atomic batches of this many messages (nats-server 2.12+), one ack per batch, as many
+    /// batches in flight as make the same number of messages outstanding.
+    AtomicBatches(usize),
+    /// Publishes as today; the pull consumer in a priority group (nats-server 2.12+).
+    PriorityGroup,
+}
+
+/// Publishes `count` messages of `size` bytes to a JetStream stream with `in_flight` messages
+/// awaiting their acks while a durable pull consumer takes and acks them, as `design` says;
+/// the time is from the first publish to the last message consumed.
 pub(crate) async fn jetstream_roundtrip(
     url: &str,
     count: u64,
     size: usize,
     in_flight: usize,
+    design: JsDesign,
 ) -> Result<Throughput> {
     use futures::stream::FuturesUnordered;
     let client = RawClient::connect(url, "baseline-js").await?;
     let js: RawJetStream = client.jetstream();
     let name = format!("BASELINE_{}", uuid::Uuid::now_v7().simple());
     let subject = format!("baseline.js.{name}");
-    let stream = js.create_work_queue(&name, &subject).await?;
+    let stream = match design {
+        JsDesign::AtomicBatches(_) => js.create_atomic_work_queue(&name, &subject).await?,
+        _ => js.create_work_queue(&name, &subject).await?,
+    };
     let max_ack_pending = i64::try_from(in_flight).unwrap_or(i64::MAX);
-    let mut messages = stream.pull("baseline", max_ack_pending).await?;
+    let mut messages = match design {
+        JsDesign::PriorityGroup => stream.pull_in_group("baseline", max_ack_pending).await?,
+        _ => stream.pull("baseline", max_ack_pending).await?,
+    };
     let reader = tokio::spawn(async move {
         let mut received = 0u64;
         while received < count {
@@ -272,14 +293,48 @@ pub(crate) async fn jetstream_roundtrip(
     let payload = Bytes::from(vec![7u8; size]);
     let started = Instant::now();
     let mut pending = FuturesUnordered::new();
-    for _ in 0..count {
-        while pending.len() >= in_flight {
-            let _ = pending.next().await;
+    let published = async {
+        match design {
+            JsDesign::AtomicBatches(batch) => {
+                let batch = batch.max(1);
+                let batches_in_flight = (in_flight / batch).max(1);
+                let mut left = count;
+                while left > 0 {
+                    while pending.len() >= batches_in_flight {
+                        if let Some(acked) = pending.next().await {
+                            acked?;
+                        }
+                    }
+                    let n = usize::try_from(left).unwrap_or(usize::MAX).min(batch);
+                    let payloads = vec![payload.clone(); n];
+                    let ack = js.publish_atomic_batch(&subject, &payloads).await?;
+                    pending.push(ack.wait());
+                    left -= n as u64;
+                }
+            }
+            JsDesign::Today | JsDesign::PriorityGroup => {
+                for _ in 0..count {
+                    while pending.len() >= in_flight {
+                        let _ = pending.next().await;
+                    }
+                    let ack = js.publish(&subject, payload.clone()).await?;
+                    pending.push(ack.wait());
+                }
+            }
         }
-        let ack = js.publish(&subject, payload.clone()).await?;
-        pending.push(ack.wait());
+        while let Some(acked) = pending.next().await {
+            if matches!(design, JsDesign::AtomicBatches(_)) {
+                acked?;
+            }
+        }
+        Result::Ok(())
     }
-    while pending.next().await.is_some() {}
+    .await;
+    if let Err(e) = published {
+        reader.abort();
+        let _ = js.delete_stream(&name).await;
+        return Err(e);
+    }
     let (received, end) = reader
         .await
         .map_err(|e| Error::with_source(ErrorKind::Broker, "baseline reader", e))?;

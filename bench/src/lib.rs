@@ -29,10 +29,14 @@ use chorus_nats_server::NatsServer;
 use chorus_sdk::durable::{BATCH_ACKS_IN_FLIGHT, InboxConsumers};
 use futures::future::BoxFuture;
 
+use baseline::JsDesign;
 use measure::{IDLE, Usage};
 use report::{Pair, percentile};
 /// How long each request-throughput measurement runs.
 const THROUGHPUT_WINDOW: Duration = Duration::from_secs(3);
+/// Messages per atomic batch in the durable path's candidate row (a quarter of the acks in
+/// flight: four batches outstanding).
+const ATOMIC_BATCH: usize = 64;
 /// The same with `--quick`.
 const QUICK_THROUGHPUT_WINDOW: Duration = Duration::from_secs(1);
 /// Chunks each streamed task of the task rows sends.
@@ -339,9 +343,17 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         let mut p = Pair::new();
         let mut writes = Pair::new();
         let mut held = Pair::new();
+        let (mut atomic, mut grouped) = (Pair::new(), Pair::new());
         for _ in 0..rounds {
             let usage = Usage::start();
-            let r = baseline::jetstream_roundtrip(&url, count, 128, BATCH_ACKS_IN_FLIGHT).await?;
+            let r = baseline::jetstream_roundtrip(
+                &url,
+                count,
+                128,
+                BATCH_ACKS_IN_FLIGHT,
+                JsDesign::Today,
+            )
+            .await?;
             p.raw_cpu(usage, r.received);
             writes.raw.extend(usage.writes_per_message(r.received));
             p.raw.push(r.per_second());
@@ -359,6 +371,27 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             held.chorus.push(c.per_second());
             held.sent += c.sent;
             held.received += c.received;
+            // The candidates for the durable path (issue 38), with async-nats alone beside
+            // today's design in the same round: a refusal by the server is said, not fatal.
+            for (design, pair) in [
+                (JsDesign::AtomicBatches(ATOMIC_BATCH), &mut atomic),
+                (JsDesign::PriorityGroup, &mut grouped),
+            ] {
+                match baseline::jetstream_roundtrip(&url, count, 128, BATCH_ACKS_IN_FLIGHT, design)
+                    .await
+                {
+                    Ok(t) => {
+                        pair.raw.push(r.per_second());
+                        pair.chorus.push(t.per_second());
+                        pair.sent += t.sent;
+                        pair.received += t.received;
+                    }
+                    Err(e) => progress(&format!(
+                        "raw JetStream, {design:?}: not measured: {}",
+                        chorus_sdk::Report(&e)
+                    )),
+                }
+            }
         }
         held.raw.clone_from(&p.raw);
         held.raw_cpu.clone_from(&p.raw_cpu);
@@ -376,6 +409,23 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             "(reported)",
             |_| true,
         ));
+        for (pair, what) in [
+            (
+                atomic,
+                format!(
+                    "raw JetStream, atomic batches of {ATOMIC_BATCH} (raw: one publish each, \
+                     {BATCH_ACKS_IN_FLIGHT} acks in flight)"
+                ),
+            ),
+            (
+                grouped,
+                "raw JetStream, the pull consumer in a priority group (raw: a plain one)".into(),
+            ),
+        ] {
+            if !pair.chorus.is_empty() {
+                rows.push(pair.row(&what, "msg/s", "(reported: a candidate)", |_| true));
+            }
+        }
         // Acks are not sent one write each: the connection writes whatever is queued
         // (publishes, acks, pulls) in one call. This row counts the writes.
         rows.push(writes.row(
@@ -545,11 +595,12 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
             api_key: key,
             ..
         } = opts.coordinator.start_with_gateway(&url, false).await?;
-        let (mut nats_l, mut http_l) = (Vec::new(), Vec::new());
+        let (mut nats_l, mut http_l, mut floor_l) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
-            let (nats, http) = scenarios::gateway_latency(&bus, addr, &key, n, 128).await?;
-            nats_l.extend(nats);
-            http_l.extend(http);
+            let t = scenarios::gateway_latency(&bus, addr, &key, n, 128).await?;
+            nats_l.extend(t.nats);
+            http_l.extend(t.http);
+            floor_l.extend(t.floor);
         }
         progress(&format!(
             "MCP tools/call through the gateway and the same native request x {n}"
@@ -580,8 +631,13 @@ pub async fn run(opts: &BenchOptions, progress: fn(&str)) -> anyhow::Result<(Vec
         coordinator.shutdown().await;
         rows.extend(reported_latencies(
             "request-reply {} through the HTTP gateway (raw: the same over NATS)",
-            nats_l,
+            nats_l.clone(),
             http_l,
+        ));
+        rows.extend(reported_latencies(
+            "its HTTP round trip alone {}, a 404 from the gateway (raw: over NATS)",
+            nats_l,
+            floor_l,
         ));
         rows.extend(reported_latencies(
             "MCP tools/call {} through the gateway (raw: the same as a native Chorus request)",

@@ -174,16 +174,28 @@ pub(crate) async fn chorus_latency(
     Ok(out)
 }
 
-/// Sequential JSON requests to an echo agent two ways, alternating request by request: with
-/// the SDK over NATS (the first list) and through the HTTP gateway at `gateway` as the edge
-/// identity `api_key` names (the second), the same 128-byte-ish string payload both ways.
+/// The three lists of [`gateway_latency`].
+pub(crate) struct GatewayTimings {
+    /// The request with the SDK over NATS.
+    pub(crate) nats: Vec<Duration>,
+    /// The same request through the gateway.
+    pub(crate) http: Vec<Duration>,
+    /// The same HTTP request to a path the gateway answers 404 at once: its HTTP round trip
+    /// alone, without the bus (the yardstick of the gateway's own share).
+    pub(crate) floor: Vec<Duration>,
+}
+
+/// Sequential JSON requests to an echo agent, alternating request by request: with the SDK
+/// over NATS, through the HTTP gateway at `gateway` as the edge identity `api_key` names,
+/// the same 128-byte-ish string payload both ways, and the same HTTP request to a path the
+/// gateway does not route (its HTTP round trip alone).
 pub(crate) async fn gateway_latency(
     bus: &Bus<'_>,
     gateway: std::net::SocketAddr,
     api_key: &str,
     n: usize,
     size: usize,
-) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+) -> anyhow::Result<GatewayTimings> {
     let echo = echo_agent(bus, "bench-gw-echo").await?;
     let client = agent(bus, "bench-gw-client").await?;
     let text = "x".repeat(size.saturating_sub(2));
@@ -192,20 +204,39 @@ pub(crate) async fn gateway_latency(
     )?;
     let header = format!("x-api-key: {api_key}");
     let mut http = crate::http::HttpClient::connect(gateway).await?;
-    let timed = alternating(
-        n,
-        async |_| {
+    let mut timings = GatewayTimings {
+        nats: Vec::with_capacity(n),
+        http: Vec::with_capacity(n),
+        floor: Vec::with_capacity(n),
+    };
+    let timed = async {
+        for i in 0..n + WARM_UP {
             let call = Call::agent("bench-gw-echo", "echo").json_payload(&text)?;
             let t = Instant::now();
             client.call(call).await?;
-            Ok(t.elapsed())
-        },
-        async |_| timed_request(&mut http, "the gateway", &header, &body).await,
-    )
+            let nats = t.elapsed();
+            let http_took = timed_request(&mut http, "the gateway", &header, &body).await?;
+            let t = Instant::now();
+            let (status, answer) = http.post_json("/v1/unrouted", &header, &body).await?;
+            let floor = t.elapsed();
+            if status != 404 {
+                anyhow::bail!(
+                    "the gateway answered {status} for an unrouted path: {}",
+                    String::from_utf8_lossy(&answer)
+                );
+            }
+            if i >= WARM_UP {
+                timings.nats.push(nats);
+                timings.http.push(http_took);
+                timings.floor.push(floor);
+            }
+        }
+        anyhow::Ok(())
+    }
     .await;
     client.shutdown().await;
     echo.shutdown().await;
-    timed
+    timed.map(|()| timings)
 }
 
 /// `n` timings each of `first` and `second`, called alternately (each with the call's number),

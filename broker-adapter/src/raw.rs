@@ -226,6 +226,56 @@ impl RawJetStream {
         Ok(RawStream { stream })
     }
 
+    /// Creates a work-queue stream `name` capturing `subject` that takes atomic batches
+    /// (`allow_atomic`, nats-server 2.12+): see [`RawJetStream::publish_atomic_batch`].
+    pub async fn create_atomic_work_queue(&self, name: &str, subject: &str) -> Result<RawStream> {
+        let stream = self
+            .js
+            .create_stream(jetstream::stream::Config {
+                name: name.to_owned(),
+                subjects: vec![subject.to_owned()],
+                retention: jetstream::stream::RetentionPolicy::WorkQueue,
+                allow_atomic_publish: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(err("raw stream"))?;
+        Ok(RawStream { stream })
+    }
+
+    /// Publishes `payloads` to `subject` as one atomic batch (`Nats-Batch-Id`, a sequence per
+    /// message, `Nats-Batch-Commit` on the last): the messages before the last are plain
+    /// publishes without a reply, the last waits for the one ack of the whole batch.
+    pub async fn publish_atomic_batch(&self, subject: &str, payloads: &[Bytes]) -> Result<RawAck> {
+        use async_nats::header::{
+            NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL, NATS_BATCH_ID, NATS_BATCH_SEQUENCE,
+        };
+        static BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let client = self.js.client();
+        let n = BATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("bench-{}-{n}", std::process::id());
+        let last = payloads.len().saturating_sub(1);
+        for (i, payload) in payloads.iter().enumerate() {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(NATS_BATCH_ID, id.as_str());
+            headers.insert(NATS_BATCH_SEQUENCE, (i + 1).to_string().as_str());
+            if i == last {
+                headers.insert(NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL);
+                let ack = self
+                    .js
+                    .publish_with_headers(subject.to_owned(), headers, payload.clone())
+                    .await
+                    .map_err(err("raw js batch commit"))?;
+                return Ok(RawAck { ack });
+            }
+            client
+                .publish_with_headers(subject.to_owned(), headers, payload.clone())
+                .await
+                .map_err(err("raw js batch publish"))?;
+        }
+        Err(Error::new(ErrorKind::InvalidInput, "an empty batch"))
+    }
+
     /// Deletes stream `name`.
     pub async fn delete_stream(&self, name: &str) -> Result<()> {
         self.js
@@ -318,6 +368,33 @@ impl RawStream {
             .await
             .map_err(err("raw consumer"))?;
         let messages = consumer.messages().await.map_err(err("raw messages"))?;
+        Ok(RawDeliveries { messages })
+    }
+
+    /// The same consumer in a priority group (`priority_policy` `prioritized`, nats-server
+    /// 2.12+), pulled as the group's one member.
+    pub async fn pull_in_group(
+        &self,
+        durable: &str,
+        max_ack_pending: i64,
+    ) -> Result<RawDeliveries> {
+        let consumer = self
+            .stream
+            .create_consumer(jetstream::consumer::pull::Config {
+                durable_name: Some(durable.to_owned()),
+                max_ack_pending,
+                priority_policy: jetstream::consumer::PriorityPolicy::Prioritized,
+                priority_groups: vec!["bench".to_owned()],
+                ..Default::default()
+            })
+            .await
+            .map_err(err("raw consumer"))?;
+        let messages = consumer
+            .stream()
+            .group("bench")
+            .messages()
+            .await
+            .map_err(err("raw messages"))?;
         Ok(RawDeliveries { messages })
     }
 }
