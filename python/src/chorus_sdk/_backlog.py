@@ -28,12 +28,14 @@ class Backlog(Generic[T]):
 
     def __init__(self, capacity: int | None = None) -> None:
         self._classes: tuple[deque[tuple[int, T]], ...] = tuple(deque() for _ in range(4))
+        # Items held, over every class (kept as they come and go: asked once per message).
+        self._length = 0
         self._arrivals = 0
         self._overtakes = 0
         self._capacity = None if capacity is None else max(1, capacity)
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._classes)
+        return self._length
 
     def push(self, priority: Priority, item: T) -> bool:
         """Adds ``item`` behind the others of its priority; ``False`` (nothing added) when the
@@ -42,12 +44,15 @@ class Backlog(Generic[T]):
             return False
         self._classes[_CLASS.get(priority, _NORMAL)].append((self._arrivals, item))
         self._arrivals += 1
+        self._length += 1
         return True
 
     def pop(self) -> T | None:
         """Takes the next item, ``None`` when there is none: the first of the most urgent
         priority, unless the item that has waited longest was overtaken ``MAX_OVERTAKES`` times
         in a row, which then goes."""
+        if not self._length:
+            return None
         heads = [(q[0][0], i) for i, q in enumerate(self._classes) if q]
         if not heads:
             return None
@@ -59,6 +64,7 @@ class Backlog(Generic[T]):
         else:
             self._overtakes += 1
             chosen = urgent
+        self._length -= 1
         return self._classes[chosen].popleft()[1]
 
 
@@ -89,10 +95,17 @@ class Slots:
         critical, high, normal, low = self._counts
         return critical, high, normal, low
 
+    def try_acquire(self) -> bool:
+        """Takes a free slot when one is free and nothing waits for it (what :meth:`acquire`
+        does first, without a coroutine); ``False``: none taken, :meth:`acquire` waits."""
+        if self._free > 0 and self._waiting._length == self._stale:
+            self._free -= 1
+            return True
+        return False
+
     async def acquire(self, priority: Priority) -> None:
         """Waits for a slot, served by ``priority``; cancelled, it takes none."""
-        if self._free > 0 and self.waiting == 0:
-            self._free -= 1
+        if self.try_acquire():
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         cls = _CLASS.get(priority, _NORMAL)
@@ -113,6 +126,10 @@ class Slots:
 
     def release(self) -> None:
         """Gives a slot back: to the next waiting message, or free."""
+        if not self._waiting._length:
+            # Nothing waits (the usual case): free, without a look at the backlog.
+            self._free += 1
+            return
         while (waiting := self._waiting.pop()) is not None:
             cls, waiter = waiting
             if waiter.done():

@@ -1158,10 +1158,16 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} cannot be a payload (plain values, dataclasses or pydantic models)")
 
 
+# Content types that are their own base type (nothing to parse off).
+_PLAIN_TYPES = frozenset({CONTENT_TYPE_MSGPACK, CONTENT_TYPE_JSON})
+
+
 def encode_payload(value: Any, content_type: str = CONTENT_TYPE_MSGPACK) -> bytes:
     """A payload value in ``content_type`` (MessagePack or JSON). Dataclasses and pydantic
     models are written as their fields."""
-    base = content_type.split(";")[0].strip()
+    # The usual content types as they are; parameters (``; charset=``) and spaces parsed off
+    # the others.
+    base = content_type if content_type in _PLAIN_TYPES else content_type.split(";")[0].strip()
     try:
         if base == CONTENT_TYPE_JSON:
             return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_plain).encode("utf-8")
@@ -1199,7 +1205,7 @@ def typed(value: Any, cls: type[T] | None) -> Any:
 
 def decode_payload(data: bytes, content_type: str = CONTENT_TYPE_MSGPACK) -> Any:
     """A payload's value; raises :class:`DecodeError` (5006) when it does not read."""
-    base = content_type.split(";")[0].strip()
+    base = content_type if content_type in _PLAIN_TYPES else content_type.split(";")[0].strip()
     try:
         if base == CONTENT_TYPE_JSON:
             return json.loads(data)

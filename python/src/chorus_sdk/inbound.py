@@ -109,7 +109,9 @@ class Inbound(Outbound):
         try:
             # With a backlog, the next free slot goes to the most urgent message waiting
             # (section 7.9, "Priority"); bytes that did not decode wait as normal.
-            await self._slots.acquire(Priority.NORMAL if isinstance(decoded, DecodeError) else decoded[0].priority)
+            slots = self._slots
+            if not slots.try_acquire():
+                await slots.acquire(Priority.NORMAL if isinstance(decoded, DecodeError) else decoded[0].priority)
             try:
                 self._waiting -= 1
                 self._busy += 1
@@ -118,7 +120,7 @@ class Inbound(Outbound):
                 finally:
                     self._busy -= 1
             finally:
-                self._slots.release()
+                slots.release()
         except asyncio.CancelledError:
             raise
         except CONNECTION_GONE as e:
@@ -156,8 +158,8 @@ class Inbound(Outbound):
         # Timed only when usage is counted: two clock reads per message otherwise saved.
         started = time.perf_counter_ns() if self._usage.enabled else 0
         outcome = await self._handle(env, subject, route, name, attempt)
-        if env.delivery is not Delivery.EXACTLY_ONCE or stats.duplicates == duplicates:
-            self._metrics.message(env.kind.value, outcome.status if isinstance(outcome, ChorusError) else StatusCode.OK)
+        if env.delivery is not _EXACTLY_ONCE or stats.duplicates == duplicates:
+            self._metrics.message(_KIND_LABELS[env.kind], outcome.status if isinstance(outcome, ChorusError) else _OK)
             if self._usage.enabled:
                 outcome = self._count_usage(env, subject, route, name, outcome, started)
         return outcome
@@ -175,15 +177,15 @@ class Inbound(Outbound):
                 return outcome
             endpoint = env.topic
         elif route == "command":
-            endpoint = self.subjects.command_name(subject) or self.subjects.durable_command(subject) or ""
+            endpoint = self.subjects.command_of(subject)
             if endpoint not in self._commands:
                 return outcome
-            task = bool(self._endpoints.get(("command", endpoint), {}).get("task"))
+            task = bool(self._endpoints.get(("command", endpoint), _NOT_SAID).get("task"))
         elif route == "capability":
             if name not in self._capabilities:
                 return outcome
             endpoint = name
-            task = bool(self._endpoints.get(("capability", name), {}).get("task"))
+            task = bool(self._endpoints.get(("capability", name), _NOT_SAID).get("task"))
         elif route == "bid":
             if name not in self._bidding.bids:
                 return outcome
@@ -219,7 +221,7 @@ class Inbound(Outbound):
         # endpoint's counts all go by it.
         endpoint = name
         if route == "command":
-            endpoint = self.subjects.command_name(subject) or self.subjects.durable_command(subject) or ""
+            endpoint = self.subjects.command_of(subject)
             if endpoint == NOTIFY_TOKEN:
                 return await self._notification(env, subject, attempt)
             handler = self._commands.get(endpoint)
@@ -234,7 +236,8 @@ class Inbound(Outbound):
             self.stats.refused += 1
             self.stats.unknown_command += 1
             return ChorusError(StatusCode.UNKNOWN_COMMAND, f"no handler for {subject}")
-        if route != "event":
+        # Without access rules there is nothing to work out (nor a coroutine to make for it).
+        if route != "event" and self._has_access_rules():
             denied = await self._authorize(env, endpoint)
             if denied is not None:
                 self.stats.refused += 1
@@ -252,20 +255,27 @@ class Inbound(Outbound):
                 self.stats.refused += 1
                 return unopened
         ctx = Context(self, env, subject, attempt)
+        if route == "event":
+            return await self._invoke(handler, ctx)
         started = time.perf_counter_ns()
         # Its handling time (the manifest's handling_ms): a task's handler only accepts it,
         # its runs are timed where they end.
-        timed = route != "event" and not self._endpoints.get((route, endpoint), {}).get("task")
-        run = self._timed(handler, ctx, route, endpoint) if timed else (lambda: self._invoke(handler, ctx))
-        if env.delivery is Delivery.EXACTLY_ONCE and route != "event":
+        timed = not self._endpoints.get((route, endpoint), _NOT_SAID).get("task")
+        if env.delivery is _EXACTLY_ONCE:
+            run = self._timed(handler, ctx, route, endpoint) if timed else (lambda: self._invoke(handler, ctx))
             outcome = await self._exactly_once.run(env, run)
+            ended = time.perf_counter_ns()
         else:
-            outcome = await run()
-        if route != "event":
-            self._endpoint_stats.setdefault(endpoint, EndpointStats()).record(
-                time.perf_counter_ns() - started,
-                f"{outcome.status} {outcome.reason}" if isinstance(outcome, ChorusError) else None,
-            )
+            # Run here rather than through _timed's closure (the same clock reads serve both
+            # the handling time and the endpoint's).
+            outcome = await self._invoke(handler, ctx)
+            ended = time.perf_counter_ns()
+            if timed:
+                self._handling.record(route, endpoint, ended - started)
+        stats = self._endpoint_stats.get(endpoint)
+        if stats is None:
+            stats = self._endpoint_stats[endpoint] = EndpointStats()
+        stats.record(ended - started, f"{outcome.status} {outcome.reason}" if isinstance(outcome, ChorusError) else None)
         return outcome
 
     async def _notification(self, env: Envelope, subject: str, attempt: int) -> Any:
@@ -293,14 +303,16 @@ class Inbound(Outbound):
         outcome = await self._invoke(handler, Context(self, env, subject, attempt))
         return outcome if isinstance(outcome, ChorusError) else None
 
+    def _has_access_rules(self) -> bool:
+        """Whether :meth:`_authorize` has anything to apply: required permissions, a rate
+        limit, or ids kept across restarts."""
+        return self._seen_ids is not None or self.access.rate_limit is not None or bool(self._required)
+
     async def _authorize(self, env: Envelope, endpoint: str) -> ChorusError | None:
-        """The application's access rules for a command or request that passed admission:
-        the permissions its endpoint requires (5007), the sender's rate (5013), and a verified
-        id seen before a restart (5015, when ids are kept)."""
+        """The application's access rules for a command or request that passed admission
+        (:meth:`_has_access_rules`): the permissions its endpoint requires (5007), the sender's
+        rate (5013), and a verified id seen before a restart (5015, when ids are kept)."""
         access = self.access
-        if self._seen_ids is None and access.rate_limit is None and not self._required:
-            # No rules to apply: nothing to work out.
-            return None
         # Admitted with a signature by an agent that verifies: the signature proved the sender.
         verified = self.verifier is not None and env.signature is not None
         denied = access.check(env.from_, verified, endpoint, self._required.get(endpoint, ()))
@@ -343,7 +355,7 @@ class Inbound(Outbound):
 
     def _admit(self, env: Envelope, subject: str) -> ChorusError | None:
         # Each refusal counted by its reason (chorus_agent_refusals_total), as in Rust.
-        if env.kind is Kind.UNKNOWN:
+        if env.kind is _UNKNOWN_KIND:
             self.stats.bad_input += 1
             return ChorusError(StatusCode.DATA_FORMAT, "unknown message kind")
         expires = env.expires_ms()
@@ -388,12 +400,16 @@ class Inbound(Outbound):
         if isinstance(outcome, ChorusError):
             status, reason = outcome.status, outcome.reason
         else:
-            status, reason = int(StatusCode.OK), None
-        performative = Performative.read(reply_performative(status))
-        if request is not None and request.performative is Performative.DISCOVER and is_success(status):
+            status, reason = _OK, None
+        performative = _REPLY_PERFORMATIVES.get(status)
+        if performative is None:
+            performative = Performative.read(reply_performative(status))
+            if len(_REPLY_PERFORMATIVES) < 1024:
+                _REPLY_PERFORMATIVES[status] = performative
+        if request is not None and request.performative is _DISCOVER and is_success(status):
             # Agentify: the answer to a discover is an offer.
             performative = Performative.OFFER
-        env = Envelope.new(Kind.RESPONSE, performative, self.id)
+        env = Envelope.new(_RESPONSE, performative, self.id)
         env.status = status
         env.reason = reason or (None if status in (5001, 5002, 5021) else "")
         if request is not None:
@@ -451,6 +467,19 @@ class Inbound(Outbound):
             self.stats.replies_sent += 1
 
 
+_OK = int(StatusCode.OK)
+# The members the pipeline reads for every message, looked up once: before Python 3.12 each
+# read of an Enum's member off its class (``Kind.RESPONSE``), or of its ``value``, is a
+# descriptor call.
+_EXACTLY_ONCE = Delivery.EXACTLY_ONCE
+_UNKNOWN_KIND = Kind.UNKNOWN
+_RESPONSE = Kind.RESPONSE
+_DISCOVER = Performative.DISCOVER
+_KIND_LABELS = {kind: kind.value for kind in Kind}
+# The performative of a reply by its status (section 7.1), as replies are made.
+_REPLY_PERFORMATIVES: dict[int, Performative] = {}
+# What the manifest says of an endpoint it has nothing for (read only).
+_NOT_SAID: dict[str, Any] = {}
 # The usage kind of each kind of message counted (section 7.13).
 _USAGE_KINDS = {Kind.REQUEST: UsageKind.REQUEST, Kind.COMMAND: UsageKind.COMMAND, Kind.EVENT: UsageKind.EVENT}
 

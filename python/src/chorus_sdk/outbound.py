@@ -20,7 +20,7 @@ from .codec import DecodeError, Encoding, decode, encode, encode_payload, typed
 from .context import Reply, check_headers
 from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Delivery, Envelope, Expect, Kind, Performative, Priority, Seq, now_ms, uuid7
 from .encryption import encrypt_in_sessions
-from .status import ChorusError, NoResponders, Refused, StatusCode, Timeout, Unreachable, is_success
+from .status import SUCCESS, ChorusError, NoResponders, Refused, StatusCode, Timeout, Unreachable
 from .subjects import validate_dotted, validate_token
 
 from .dead_letters import DeadLetter, write_dead_letter
@@ -37,6 +37,12 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 O = TypeVar("O", bound="Outbound")
+
+# What every request reads, looked up once: before Python 3.12 each read of an Enum's member
+# off its class (``Kind.REQUEST``) is a descriptor call.
+_REQUEST, _ASK, _INFORM = Kind.REQUEST, Performative.REQUEST, Performative.INFORM
+_AT_MOST_ONCE = Delivery.AT_MOST_ONCE
+_OK = int(StatusCode.OK)
 
 
 class Outbound(AgentState):
@@ -210,7 +216,7 @@ class Outbound(AgentState):
         parent's); ``id`` fixes the message id; ``priority`` orders it in a receiver's backlog
         (section 7.9)."""
         subject = self.subjects.command(agent, command)
-        env = self._envelope(Kind.REQUEST, Performative.REQUEST, kw.get("parent"))
+        env = self._envelope(_REQUEST, _ASK, kw.get("parent"))
         env.to = [agent]
         env.name = command
         return await self._call(subject, env, payload, raw, returns, kw, f"agent:{agent}", agent, None)
@@ -269,7 +275,7 @@ class Outbound(AgentState):
         as :meth:`request` otherwise. ``routing`` (by default the agent's
         ``capability_routing``) picks the holder: the queue group, or the least-loaded live
         holder the registry knows."""
-        env = self._envelope(Kind.REQUEST, Performative.REQUEST, kw.get("parent"))
+        env = self._envelope(_REQUEST, _ASK, kw.get("parent"))
         env.capability = capability
         if at is not None:
             env.to = [at]
@@ -346,31 +352,39 @@ class Outbound(AgentState):
     ) -> Any:
         """A request's envelope completed by its options, sent (retried, dead-lettered,
         through its breaker and routing as they ask) and its answer read."""
-        if not _CALL_OPTIONS.issuperset(kw):
-            raise TypeError(f"unknown request options {sorted(set(kw) - _CALL_OPTIONS)}; the known ones: {sorted(_CALL_OPTIONS)}")
-        timeout = kw.get("timeout")
-        options = _Attempts(destination, dead_letter_agent, routed_capability, kw.get("retry"), kw.get("dead_letter", False))
-        env.delivery = kw.get("delivery") or Delivery.AT_MOST_ONCE
-        if (id := kw.get("id")) is not None:
-            env.id = id
-        if (priority := kw.get("priority")) is not None:
-            env.priority = priority
-        _set_context(env, kw.get("session"), kw.get("customer"))
-        headers, content_type, encoding, encrypt_for = kw.get("headers"), kw.get("content_type"), kw.get("encoding"), kw.get("encrypt_for")
+        if kw:
+            if not _CALL_OPTIONS.issuperset(kw):
+                raise TypeError(f"unknown request options {sorted(set(kw) - _CALL_OPTIONS)}; the known ones: {sorted(_CALL_OPTIONS)}")
+            timeout = kw.get("timeout")
+            retry, dead_letter = kw.get("retry"), kw.get("dead_letter", False)
+            env.delivery = kw.get("delivery") or _AT_MOST_ONCE
+            if (id := kw.get("id")) is not None:
+                env.id = id
+            if (priority := kw.get("priority")) is not None:
+                env.priority = priority
+            _set_context(env, kw.get("session"), kw.get("customer"))
+            headers, content_type, encoding, encrypt_for = kw.get("headers"), kw.get("content_type"), kw.get("encoding"), kw.get("encrypt_for")
+        else:
+            # No options: every one its default, without a dozen lookups (a call each time).
+            timeout = retry = headers = content_type = encoding = encrypt_for = None
+            dead_letter = False
+            env.delivery = _AT_MOST_ONCE
         wait = self.request_timeout if timeout is None else timeout
         wait_ms = max(1, int(wait * 1000))
         if env.deadline_ms is not None:
             wait_ms = min(wait_ms, max(1, env.deadline_ms - env.timestamp_ms))
         env.ttl_ms = wait_ms
-        env.expect = Expect(Performative.INFORM, wait_ms)
+        env.expect = Expect(_INFORM, wait_ms)
         env.headers = check_headers(headers)
         self.set_payload(env, payload, content_type)
         if encrypt_for:
             await self._encrypt(env, encrypt_for)
-        if options.plain and self._breakers.policy is None:
-            # Nothing between the call and its exchange: no frames added to the hot path.
+        if retry is None and not dead_letter and routed_capability is None and self._breakers.policy is None:
+            # No retries, dead letter, routing or breaker: nothing between the call and its
+            # exchange, no frames (nor an _Attempts) added to the hot path.
             reply = await self.exchange(subject, env, wait_ms / 1000, encoding)
         else:
+            options = _Attempts(destination, dead_letter_agent, routed_capability, retry, dead_letter)
             reply = await self._attempts(subject, env, wait_ms / 1000, encoding, options)
         if raw:
             return reply
@@ -499,7 +513,7 @@ class Outbound(AgentState):
         # a call cancelled half way is not.
         self.stats.requests_sent += 1
         started = time.perf_counter()
-        status = int(StatusCode.OK)
+        status = _OK
         try:
             return await self._exchange(subject, env, data, wait)
         except ChorusError as e:
@@ -530,7 +544,7 @@ class Outbound(AgentState):
             raise ChorusError(StatusCode.DATA_FORMAT, f"the reply did not decode: {e.reason}") from e
         if self.verifier is not None:
             self.verifier.verify(msg.subject, reply)
-        if reply.status is not None and not is_success(reply.status):
+        if reply.status is not None and reply.status not in SUCCESS:
             raise Refused(reply.status, reply.reason or "")
         if reply.content_encoding is not None or reply.content_type == CONTENT_TYPE_OBJECT:
             await self._payloads.open_reply(reply)
@@ -823,11 +837,6 @@ class _Attempts:
     routed_capability: str | None
     retry: RetryPolicy | None
     dead_letter: bool
-
-    @property
-    def plain(self) -> bool:
-        """Whether it asks for no retries, dead letter or routing."""
-        return self.retry is None and not self.dead_letter and self.routed_capability is None
 
 
 

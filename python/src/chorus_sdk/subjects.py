@@ -56,12 +56,28 @@ class Subjects:
     def __init__(self, root: str = "chorus") -> None:
         self.root = validate_dotted("subject root", root)
         self._implied: dict[str, Implied] = {}
+        # The command of each inbound command subject seen (``command_of``), as ``_implied``.
+        self._commands: dict[str, str] = {}
+        # Command subjects made (``command``), by agent and command.
+        self._command_subjects: dict[tuple[str, str], str] = {}
         self._prefix = self.root + "."
 
     def command(self, agent: str, command: str) -> str:
-        validate_token("agent id", agent)
-        validate_token("command name", command)
-        return f"{self.root}.agent.{agent}.{command}"
+        # Kept once made (a request's subject, each call): only checked names get a slot.
+        key = (agent, command)
+        try:
+            found = self._command_subjects.get(key)
+        except TypeError:
+            # Unhashable: not a name, which validate_token says.
+            found = None
+        if found is None:
+            validate_token("agent id", agent)
+            validate_token("command name", command)
+            found = f"{self.root}.agent.{agent}.{command}"
+            if len(self._command_subjects) >= 4096:
+                self._command_subjects.clear()
+            self._command_subjects[key] = found
+        return found
 
     def notification(self, agent: str) -> str:
         """``<root>.agent.<agent>.$notify``: notifications to one agent (section 7.14)."""
@@ -74,7 +90,19 @@ class Subjects:
 
     def is_notification(self, subject: str) -> bool:
         """Whether ``subject`` is one of an agent's notification subjects, core or durable."""
-        return (self.command_name(subject) or self.durable_command(subject)) == NOTIFY_TOKEN
+        return self.command_of(subject) == NOTIFY_TOKEN
+
+    def command_of(self, subject: str) -> str:
+        """The command of an agent's command subject, core (:meth:`command_name`) or durable
+        (:meth:`durable_command`); ``""`` for another subject. Worked out once per subject
+        (the inbound pipeline asks it several times per message)."""
+        found = self._commands.get(subject)
+        if found is None:
+            found = self.command_name(subject) or self.durable_command(subject) or ""
+            if len(self._commands) >= 4096:
+                self._commands.clear()
+            self._commands[subject] = found
+        return found
 
     def agent_inbound(self, agent: str) -> str:
         return f"{self.root}.agent.{validate_token('agent id', agent)}.*"
