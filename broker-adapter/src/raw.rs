@@ -213,29 +213,23 @@ pub struct RawJetStream {
 impl RawJetStream {
     /// Creates a work-queue stream `name` capturing `subject`.
     pub async fn create_work_queue(&self, name: &str, subject: &str) -> Result<RawStream> {
-        let stream = self
-            .js
-            .create_stream(jetstream::stream::Config {
-                name: name.to_owned(),
-                subjects: vec![subject.to_owned()],
-                retention: jetstream::stream::RetentionPolicy::WorkQueue,
-                ..Default::default()
-            })
-            .await
-            .map_err(err("raw stream"))?;
-        Ok(RawStream { stream })
+        self.work_queue(name, subject, false).await
     }
 
     /// Creates a work-queue stream `name` capturing `subject` that takes atomic batches
     /// (`allow_atomic`, nats-server 2.12+): see [`RawJetStream::publish_atomic_batch`].
     pub async fn create_atomic_work_queue(&self, name: &str, subject: &str) -> Result<RawStream> {
+        self.work_queue(name, subject, true).await
+    }
+
+    async fn work_queue(&self, name: &str, subject: &str, atomic: bool) -> Result<RawStream> {
         let stream = self
             .js
             .create_stream(jetstream::stream::Config {
                 name: name.to_owned(),
                 subjects: vec![subject.to_owned()],
                 retention: jetstream::stream::RetentionPolicy::WorkQueue,
-                allow_atomic_publish: true,
+                allow_atomic_publish: atomic,
                 ..Default::default()
             })
             .await

@@ -1430,24 +1430,7 @@ async fn tokens_are_checked_against_a_rotating_key_set() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_a2a_endpoint_refuses_malformed_json_rpc_with_the_codes_the_spec_gives() {
     let server = server();
-    let (coordinator, gw) = with_gateway(
-        &server,
-        GatewayConfig {
-            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
-            identities: vec![EdgeIdentity {
-                id: "web-ui".into(),
-                nkey_seed_file: None,
-                tenant: None,
-            }],
-            api_keys: vec![ApiKey {
-                identity: "web-ui".into(),
-                sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
-                scopes: Vec::new(),
-            }],
-            ..GatewayConfig::default()
-        },
-    )
-    .await;
+    let (coordinator, gw) = with_web_ui_gateway(&server).await;
     let key = format!("X-API-Key: {API_KEY}");
     let headers = [key.as_str(), "A2A-Version: 1.0"];
     let message = json!({"role": "ROLE_USER", "parts": [{"text": "hi"}]});
@@ -1526,6 +1509,30 @@ pub(crate) async fn with_gateway(
     .expect("coordinator with a gateway");
     let gw = coordinator.gateway_addr().expect("the gateway listens");
     (coordinator, gw)
+}
+
+/// A gateway with one edge identity, `web-ui`, reached with [`API_KEY`].
+async fn with_web_ui_gateway(
+    server: &chorus_tests::NatsServer,
+) -> (chorus_coordinator::Coordinator, SocketAddr) {
+    with_gateway(
+        server,
+        GatewayConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            identities: vec![EdgeIdentity {
+                id: "web-ui".into(),
+                nkey_seed_file: None,
+                tenant: None,
+            }],
+            api_keys: vec![ApiKey {
+                identity: "web-ui".into(),
+                sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
+                scopes: Vec::new(),
+            }],
+            ..GatewayConfig::default()
+        },
+    )
+    .await
 }
 
 /// A JWT for `sub` carrying `claims` besides the usual ones, signed with SECRET.
@@ -1855,24 +1862,7 @@ impl chorus_sdk::Handler for Shapes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_json_payload_crosses_the_gateway_as_written_both_ways() {
     let server = server();
-    let (coordinator, gw) = with_gateway(
-        &server,
-        GatewayConfig {
-            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
-            identities: vec![EdgeIdentity {
-                id: "web-ui".into(),
-                nkey_seed_file: None,
-                tenant: None,
-            }],
-            api_keys: vec![ApiKey {
-                identity: "web-ui".into(),
-                sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
-                scopes: Vec::new(),
-            }],
-            ..GatewayConfig::default()
-        },
-    )
-    .await;
+    let (coordinator, gw) = with_web_ui_gateway(&server).await;
     let shapes = agent(&server, "shapes").await;
     for command in ["echo", "packed", "empty", "broken"] {
         shapes
