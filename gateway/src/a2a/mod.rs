@@ -631,28 +631,35 @@ enum Begun<'p> {
 /// failed (a consumer lost under load, a reconnect), before it answers with the task as it is.
 const FOLLOW_TRIES: usize = 3;
 
-/// Waits until the task reaches a state where a blocking send stops (a final state or a
-/// question) or `deadline` passes, reading its changes after `seq`. A reader that fails is
-/// opened again from the last change it gave, at most [`FOLLOW_TRIES`] times: a transient
-/// error does not end the wait early with the task still working.
-async fn until_stopped(handle: &TaskHandle, mut seq: u64, deadline: tokio::time::Instant) {
+/// Follows the task's changes after `seq` until `each` breaks (it is handed every change, in
+/// order), the task's changes end, or `deadline` passes: `true`. A reader that fails is opened
+/// again from the last change it gave, at most [`FOLLOW_TRIES`] times (a transient error does
+/// not end the wait early with the task still working): `false` when none got there. The
+/// reader's consumer is removed by a task `tracker` owns, so the caller need not wait for it.
+async fn follow_task(
+    handle: &TaskHandle,
+    mut seq: u64,
+    deadline: tokio::time::Instant,
+    tracker: &tokio_util::task::TaskTracker,
+    mut each: impl FnMut(TaskUpdate) -> std::ops::ControlFlow<()>,
+) -> bool {
     for _ in 0..FOLLOW_TRIES {
         let mut updates = match tokio::time::timeout_at(deadline, handle.updates_after(seq)).await {
-            Err(_) => return,
+            Err(_) => return true,
             Ok(Ok(updates)) => updates,
             Ok(Err(e)) => {
                 tracing::warn!(task = %handle.id(), error = %e, "following the task failed");
                 continue;
             }
         };
-        let stopped = loop {
+        let done = loop {
             let Ok(next) = tokio::time::timeout_at(deadline, updates.next()).await else {
                 break true;
             };
             match next {
                 Some(Ok(u)) => {
                     seq = u.seq;
-                    if u.state().is_some_and(stops) {
+                    if each(u).is_break() {
                         break true;
                     }
                 }
@@ -664,12 +671,33 @@ async fn until_stopped(handle: &TaskHandle, mut seq: u64, deadline: tokio::time:
                 None => break true,
             }
         };
-        // Left before its end (at a question, on time or on an error): its consumer goes now.
-        updates.close().await;
-        if stopped {
-            return;
+        // Left before its end (at a question, on time or on an error): its consumer goes, after
+        // the answer rather than before it (bounded by the broker's request timeout; the server
+        // drops an idle consumer by itself after 30 s in any case).
+        tracker.spawn(updates.close());
+        if done {
+            return true;
         }
     }
+    false
+}
+
+/// Waits until the task reaches a state where a blocking send stops (a final state or a
+/// question) or `deadline` passes, reading its changes after `seq` ([`follow_task`]).
+async fn until_stopped(
+    handle: &TaskHandle,
+    seq: u64,
+    deadline: tokio::time::Instant,
+    tracker: &tokio_util::task::TaskTracker,
+) {
+    follow_task(handle, seq, deadline, tracker, |u| {
+        if u.state().is_some_and(stops) {
+            std::ops::ControlFlow::Break(())
+        } else {
+            std::ops::ControlFlow::Continue(())
+        }
+    })
+    .await;
 }
 
 /// One call of a method, by one caller, on one endpoint.
@@ -899,57 +927,26 @@ impl Method<'_> {
     async fn follow_new(&self, handle: TaskHandle) -> Result<Folded, RpcError> {
         let wait = Duration::from_millis(self.state.config.max_request_timeout_ms);
         let deadline = tokio::time::Instant::now() + wait;
+        let tracker = &self.state.tracker;
         let mut read: Vec<TaskUpdate> = Vec::new();
-        let mut complete = false;
-        'tries: for _ in 0..FOLLOW_TRIES {
-            let after = read.last().map_or(0, |u| u.seq);
-            let mut updates = match tokio::time::timeout_at(deadline, handle.updates_after(after))
-                .await
-            {
-                Err(_) => break,
-                Ok(Ok(updates)) => updates,
-                Ok(Err(e)) => {
-                    tracing::warn!(task = %handle.id(), error = %e, "following the task failed");
-                    continue;
-                }
-            };
-            loop {
-                let Ok(next) = tokio::time::timeout_at(deadline, updates.next()).await else {
-                    complete = true;
-                    break;
-                };
-                match next {
-                    Some(Ok(u)) => {
-                        let stopped = u.state().is_some_and(stops);
-                        read.push(u);
-                        if stopped || read.len() >= MAX_TASK_MESSAGES {
-                            complete = stopped;
-                            break;
-                        }
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(task = %handle.id(), error = %e, "reading the task failed; following it again");
-                        updates.close().await;
-                        continue 'tries;
-                    }
-                    None => {
-                        complete = true;
-                        break;
-                    }
-                }
+        let followed = follow_task(&handle, 0, deadline, tracker, |u| {
+            let stopped = u.state().is_some_and(stops);
+            read.push(u);
+            if stopped || read.len() >= MAX_TASK_MESSAGES {
+                std::ops::ControlFlow::Break(())
+            } else {
+                std::ops::ControlFlow::Continue(())
             }
-            // Its consumer is removed after the answer, not before it: the gateway's tracker
-            // owns the close (bounded by the broker's request timeout; the server drops an
-            // idle consumer by itself after 30 s in any case).
-            self.state.tracker.spawn(updates.close());
-            break;
-        }
-        if complete && !read.is_empty() {
+        })
+        .await;
+        // Read to where a send stops (or to the deadline) within the view's reach: folded.
+        if followed && !read.is_empty() && read.len() < MAX_TASK_MESSAGES {
             return Ok(Folded::new(handle.id(), &read));
         }
-        // Not settled within the view's reach, or not read: from the stream, as it stands
-        // after waiting for the rest.
-        until_stopped(&handle, read.last().map_or(0, |u| u.seq), deadline).await;
+        // Not read, or more than a view reads: from the stream, as it stands after waiting
+        // for the rest.
+        let after = read.last().map_or(0, |u| u.seq);
+        until_stopped(&handle, after, deadline, tracker).await;
         Ok(self.load(handle).await?.folded)
     }
 
@@ -1076,7 +1073,13 @@ impl Method<'_> {
         // Blocking: until it finishes or asks, within the longest request timeout.
         let wait = Duration::from_millis(self.state.config.max_request_timeout_ms);
         let deadline = tokio::time::Instant::now() + wait;
-        until_stopped(&task.handle, task.folded.last_seq, deadline).await;
+        until_stopped(
+            &task.handle,
+            task.folded.last_seq,
+            deadline,
+            &self.state.tracker,
+        )
+        .await;
         let task = self.load(task.handle).await?;
         Ok(json!({"task": task.folded.task(history, true)}))
     }
