@@ -12,6 +12,7 @@
 //! left alone (its replicas stay placed on it, nothing is sent to it): a host that restarts
 //! within the grace gets its agents back, one that does not has them moved.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -58,6 +59,16 @@ pub enum HostCommand {
     },
 }
 
+impl HostCommand {
+    /// The deployment it is about.
+    pub fn deployment(&self) -> &str {
+        match self {
+            HostCommand::Deploy { manifest, .. } => &manifest.id,
+            HostCommand::Terminate { deployment, .. } => deployment,
+        }
+    }
+}
+
 /// How a host's report reads at `now_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Liveness {
@@ -84,12 +95,13 @@ pub fn liveness(report: &HostReport, now_ms: u64, grace: Duration) -> Liveness {
 
 /// Decides what to change so that every deployment's replicas are placed on live hosts and
 /// every live host runs exactly what is placed on it.
-pub fn plan(
+pub fn plan<H: Borrow<HostReport>>(
     deployments: &BTreeMap<String, Deployment>,
-    hosts: &[HostReport],
+    hosts: &[H],
     now_ms: u64,
     grace: Duration,
 ) -> Plan {
+    let hosts: Vec<&HostReport> = hosts.iter().map(Borrow::borrow).collect();
     let state: BTreeMap<&str, Liveness> = hosts
         .iter()
         .map(|h| (h.name.as_str(), liveness(h, now_ms, grace)))
@@ -123,6 +135,7 @@ pub fn plan(
     // again for each deployment made a round quadratic in the agents).
     let live: Vec<&HostReport> = hosts
         .iter()
+        .copied()
         .filter(|h| state[h.name.as_str()] == Liveness::Live)
         .collect();
     // Per deployment, the replicas live hosts gave up on: (host, replica, reason).
@@ -421,7 +434,7 @@ mod tests {
     fn without_any_live_host_replicas_wait_and_are_placed_when_one_reports() {
         let m = manifest("calc", 2, "");
         let d = one(deployment(m.clone(), &[]));
-        let waiting = plan(&d, &[], NOW, GRACE);
+        let waiting = plan(&d, &[] as &[HostReport], NOW, GRACE);
         assert!(
             waiting.failures.is_empty() && waiting.commands.is_empty(),
             "{waiting:?}"

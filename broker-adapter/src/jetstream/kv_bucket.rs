@@ -6,11 +6,14 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 
 use crate::Result;
 use crate::classify::classified as js_err;
 use crate::events::Link;
+
+/// How many of a bucket's entries [`Kv::entries`] reads at once.
+const ENTRIES_IN_FLIGHT: usize = 16;
 
 /// What a key-value bucket should look like.
 #[derive(Debug, Clone)]
@@ -194,15 +197,19 @@ impl Kv {
     /// [`ErrorKind::Broker`](crate::ErrorKind::Broker) when the listing's consumer cannot be
     /// created or read.
     pub async fn entries(&self) -> Result<Vec<KvEntry>> {
-        let mut keys = self.store.keys().await.map_err(|e| js_err("kv keys", e))?;
-        let mut out = Vec::new();
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(|e| js_err("kv keys", e))?;
-            if let Some(entry) = self.get(&key).await? {
-                out.push(entry);
-            }
+        let mut listed = self.store.keys().await.map_err(|e| js_err("kv keys", e))?;
+        let mut keys = Vec::new();
+        while let Some(key) = listed.next().await {
+            keys.push(key.map_err(|e| js_err("kv keys", e))?);
         }
-        Ok(out)
+        // Read [`ENTRIES_IN_FLIGHT`] at a time, in the listing's order: a bucket of many keys
+        // is read in a few round trips' time, not one per key.
+        let reads: Vec<_> = keys.iter().map(|key| self.get(key)).collect();
+        let read: Vec<Option<KvEntry>> = futures::stream::iter(reads)
+            .buffered(ENTRIES_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        Ok(read.into_iter().flatten().collect())
     }
 
     /// Every change from now on, after the current value of every key.

@@ -3,9 +3,10 @@
 //! `reconcile_interval_ms` and after every change, so that each live host runs exactly what is
 //! placed on it and the replicas of a host gone for longer than `host_grace_ms` run elsewhere.
 //!
-//! The decision is `chorus_host::reconcile::plan`, pure and tested apart; this room reads the
-//! two buckets, writes back the deployments the plan changed (on the revision it read, so two
-//! coordinators never both win), sends the hosts their commands and publishes the failures.
+//! The decision is `chorus_host::reconcile::plan`, pure and tested apart; this room decides
+//! on the two buckets as its watches last showed them ([`seen`]), writes back the deployments
+//! the plan changed (on the revision seen, so two coordinators never both win), sends the
+//! hosts their commands and publishes the failures.
 //! It answers `deploy`, `scale`, `terminate`, `deployments`, `hosts` and `logs` as commands
 //! of the agent `coordinator`, in the coordinators' queue group.
 
@@ -23,17 +24,33 @@ use chorus_host::protocol::{
 };
 use chorus_host::reconcile::{HostCommand, Liveness, Plan, liveness, plan};
 use chorus_sdk::{Agent, Call, Context, HandlerError, Report, SdkError, StatusCode, Typed};
+use futures::StreamExt;
 
 use super::Shared;
 
 /// Lines `chorus logs` may ask for at most.
 pub const MAX_LOG_LINES: usize = 10_000;
 
-/// The hosting part of a coordinator: its two buckets and a lock that keeps its own
-/// reconciliations one at a time.
+mod seen;
+
+pub(super) use seen::follow;
+use seen::{Change, Seen};
+
+/// Commands a reconciliation sends to hosts at once.
+pub const TELLS_IN_FLIGHT: usize = 16;
+
+/// How long `terminate` waits for the deployments' watch to show its delete before it
+/// reconciles anyway (the next round stops what this one could not).
+const DELETE_SEEN_WITHIN: Duration = Duration::from_secs(5);
+
+/// The hosting part of a coordinator: its two buckets, what it has seen of them, and a lock
+/// that keeps its own reconciliations one at a time.
 pub(crate) struct Hosting {
     deployments: Kv,
     hosts: Kv,
+    /// The buckets as last seen ([`follow`] keeps it), behind a watch channel so that
+    /// `terminate` can wait for its delete to show.
+    seen: tokio::sync::watch::Sender<Seen>,
     round: tokio::sync::Mutex<()>,
 }
 
@@ -42,8 +59,31 @@ impl Hosting {
         Hosting {
             deployments,
             hosts,
+            seen: tokio::sync::watch::Sender::new(Seen::default()),
             round: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// What was last seen of the buckets, or 5xxx unavailable once they are no longer
+    /// followed. Not to be held across an await.
+    fn seen(&self) -> Result<tokio::sync::watch::Ref<'_, Seen>, HandlerError> {
+        let seen = self.seen.borrow();
+        if seen.followed {
+            Ok(seen)
+        } else {
+            Err(HandlerError::new(
+                StatusCode::UNAVAILABLE,
+                "this coordinator no longer follows the hosting buckets (see its log): ask \
+                 another, or restart it",
+            ))
+        }
+    }
+
+    /// Counts a deployment this coordinator wrote at `revision`.
+    fn written(&self, d: &Deployment, revision: u64) {
+        let change = Change::written(&d.manifest.id, revision, d.clone());
+        self.seen
+            .send_if_modified(|seen| seen.deployments.apply(change));
     }
 }
 
@@ -57,101 +97,50 @@ fn unavailable(what: &str) -> impl FnOnce(chorus_broker_adapter::Error) -> Handl
     move |err| HandlerError::new(StatusCode::UNAVAILABLE, format!("{what}: {}", Report(&err)))
 }
 
-/// The deployments, with their revisions.
-async fn read_deployments(kv: &Kv) -> Result<BTreeMap<String, (u64, Deployment)>, HandlerError> {
-    let mut out = BTreeMap::new();
-    for entry in kv
-        .entries()
-        .await
-        .map_err(unavailable("cannot read the deployments"))?
-    {
-        match serde_json::from_slice::<Deployment>(&entry.value) {
-            Ok(d) => {
-                out.insert(entry.key, (entry.revision, d));
-            }
-            Err(err) => {
-                tracing::warn!(key = %entry.key, error = %err, "unreadable deployment skipped")
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// One deployment, with its revision (none when there is none, or it does not decode, as
-/// [`read_deployments`] skips it).
-async fn read_deployment(kv: &Kv, id: &str) -> Result<Option<(u64, Deployment)>, HandlerError> {
-    let Some(entry) = kv
-        .get(id)
-        .await
-        .map_err(unavailable("cannot read the deployment"))?
-    else {
-        return Ok(None);
-    };
-    match serde_json::from_slice::<Deployment>(&entry.value) {
-        Ok(d) => Ok(Some((entry.revision, d))),
-        Err(err) => {
-            tracing::warn!(key = %id, error = %err, "unreadable deployment skipped");
-            Ok(None)
-        }
-    }
-}
-
-/// The hosts' latest reports. One that does not decode is left out, and said: the
-/// reconciliation then counts that host gone and places its replicas elsewhere.
-async fn read_hosts(kv: &Kv) -> Result<Vec<HostReport>, HandlerError> {
-    Ok(kv
-        .entries()
-        .await
-        .map_err(unavailable("cannot read the hosts' reports"))?
-        .into_iter()
-        .filter_map(|e| match serde_json::from_slice::<HostReport>(&e.value) {
-            Ok(report) => Some(report),
-            Err(err) => {
-                tracing::warn!(host = %e.key, error = %err, "unreadable host report skipped");
-                None
-            }
-        })
-        .collect())
-}
-
 impl Shared {
     /// One reconciliation: read, decide, write, tell the hosts, report failures.
     pub(crate) async fn reconcile(&self) -> Result<Plan, HandlerError> {
         let hosting = &self.hosting;
         let _one_at_a_time = hosting.round.lock().await;
-        let read = read_deployments(&hosting.deployments).await?;
-        let hosts = read_hosts(&hosting.hosts).await?;
-        let deployments: BTreeMap<String, Deployment> = read
-            .iter()
-            .map(|(k, (_, d))| (k.clone(), d.clone()))
-            .collect();
         let grace = Duration::from_millis(self.config.host_grace_ms);
-        let decided = plan(&deployments, &hosts, now_ms(), grace);
-        let mut lost = Vec::new();
-        for (id, next) in &decided.changed {
-            let revision = read.get(id).map_or(0, |(r, _)| *r);
+        // Decided on what was seen, in memory, then written on the revisions seen.
+        let (decided, revisions) = {
+            let seen = hosting.seen()?;
+            let decided = plan(&seen.deployments.live, &seen.hosts(), now_ms(), grace);
+            let revisions: Vec<u64> = decided
+                .changed
+                .keys()
+                .map(|id| seen.deployments.revision(id).unwrap_or(0))
+                .collect();
+            (decided, revisions)
+        };
+        let mut lost: Vec<String> = Vec::new();
+        for ((id, next), revision) in decided.changed.iter().zip(revisions) {
             let body = Bytes::from(serde_json::to_vec(next).unwrap_or_default());
-            if let Err(err) = hosting.deployments.update(id, body, revision).await {
-                // Another coordinator, or a deploy, wrote it first: the next round reads it.
-                tracing::debug!(deployment = %id, error = %Report(&err), "deployment changed meanwhile");
-                lost.push(id.clone());
+            match hosting.deployments.update(id, body, revision).await {
+                Ok(written) => hosting.written(next, written),
+                Err(err) => {
+                    // Another coordinator, or a deploy, wrote it first: the next round reads it.
+                    tracing::debug!(deployment = %id, error = %Report(&err), "deployment changed meanwhile");
+                    lost.push(id.clone());
+                }
             }
         }
         for (agent, from, to) in &decided.moved {
             tracing::info!(%agent, %from, %to, "host gone: replica placed elsewhere");
         }
-        for command in &decided.commands {
-            let (host, deployment) = match command {
-                HostCommand::Deploy { host, manifest, .. } => (host, &manifest.id),
-                HostCommand::Terminate { host, deployment } => (host, deployment),
-            };
-            if lost.contains(deployment) {
-                continue;
-            }
-            if let Err(err) = self.tell(command).await {
-                tracing::warn!(%host, %deployment, error = %Report(&err), "host did not take its command");
-            }
-        }
+        // Hosts are told at once (a busy one does not hold up the others), at most
+        // [`TELLS_IN_FLIGHT`] at a time.
+        let told: Vec<_> = decided
+            .commands
+            .iter()
+            .filter(|command| !lost.iter().any(|id| id == command.deployment()))
+            .map(|command| self.tell(command))
+            .collect();
+        futures::stream::iter(told)
+            .buffer_unordered(TELLS_IN_FLIGHT)
+            .collect::<()>()
+            .await;
         for failure in &decided.failures {
             tracing::warn!(agent = %failure.agent, reason = %failure.reason, "replica not running");
             if let Err(err) = self.agent.publish(hosting::DEPLOY_FAILURE, failure).await {
@@ -161,7 +150,19 @@ impl Shared {
         Ok(decided)
     }
 
-    async fn tell(&self, command: &HostCommand) -> Result<(), SdkError> {
+    /// Sends `command` to its host; a host that does not take it is said (the next round
+    /// sends it again).
+    async fn tell(&self, command: &HostCommand) {
+        if let Err(err) = self.send(command).await {
+            let host = match command {
+                HostCommand::Deploy { host, .. } | HostCommand::Terminate { host, .. } => host,
+            };
+            let deployment = command.deployment();
+            tracing::warn!(%host, %deployment, error = %Report(&err), "host did not take its command");
+        }
+    }
+
+    async fn send(&self, command: &HostCommand) -> Result<(), SdkError> {
         let call = match command {
             HostCommand::Deploy {
                 host,
@@ -181,18 +182,14 @@ impl Shared {
     }
 
     /// Where each replica of `id` is placed, and which failed.
-    async fn view(&self, id: &str) -> Result<DeploymentView, HandlerError> {
-        let hosting = &self.hosting;
-        let entry = hosting
+    fn view(&self, id: &str) -> Result<DeploymentView, HandlerError> {
+        let seen = self.hosting.seen()?;
+        let d = seen
             .deployments
+            .live
             .get(id)
-            .await
-            .map_err(unavailable("cannot read the deployment"))?
             .ok_or_else(|| no_deployment(id))?;
-        let d: Deployment = serde_json::from_slice(&entry.value)
-            .map_err(|e| HandlerError::new(StatusCode::INTERNAL, e.to_string()))?;
-        let hosts = read_hosts(&hosting.hosts).await?;
-        Ok(view_of(&d, &Reported::new(&hosts, Some(id))))
+        Ok(view_of(d, &Reported::new(&seen.hosts(), Some(id))))
     }
 }
 
@@ -203,7 +200,7 @@ struct Reported<'a>(HashMap<(&'a str, &'a str, u32), ReportedReplica<'a>>);
 
 impl<'a> Reported<'a> {
     /// Every replica the hosts report, or only those of deployment `only`.
-    fn new(hosts: &'a [HostReport], only: Option<&str>) -> Reported<'a> {
+    fn new(hosts: &[&'a HostReport], only: Option<&str>) -> Reported<'a> {
         Reported(
             hosts
                 .iter()
@@ -257,15 +254,13 @@ fn upgrade(shared: &Weak<Shared>) -> Result<Arc<Shared>, HandlerError> {
 
 /// Whether `agent` is one a host runs or is to run (the only agents whose machine Chorus
 /// knows, so the only ones another can be placed beside).
-fn hosted(
-    agent: &str,
-    deployments: &BTreeMap<String, (u64, Deployment)>,
-    hosts: &[HostReport],
-) -> bool {
+fn hosted(agent: &str, seen: &Seen) -> bool {
     let (deployment, replica) = deployment_of(agent);
-    deployments.get(deployment).is_some_and(|(_, d)| {
-        replica <= d.manifest.replicas && d.manifest.replica_id(replica) == agent
-    }) || hosts.iter().any(|h| h.find(agent).is_some())
+    seen.deployments
+        .live
+        .get(deployment)
+        .is_some_and(|d| replica <= d.manifest.replicas && d.manifest.replica_id(replica) == agent)
+        || seen.hosts.live.values().any(|h| h.find(agent).is_some())
 }
 
 async fn deploy(shared: &Shared, manifest: Manifest) -> Result<DeploymentView, HandlerError> {
@@ -273,41 +268,44 @@ async fn deploy(shared: &Shared, manifest: Manifest) -> Result<DeploymentView, H
         .validate()
         .map_err(|e| HandlerError::new(StatusCode::INVALID_ARGUMENT, e.to_string()))?;
     let hosting = &shared.hosting;
-    if let Some(target) = &manifest.placement.co_locate_with {
-        let deployments = read_deployments(&hosting.deployments).await?;
-        let hosts = read_hosts(&hosting.hosts).await?;
-        if !hosted(target, &deployments, &hosts) {
-            return Err(HandlerError::new(
-                StatusCode::INVALID_ARGUMENT,
-                format!(
-                    "placement.co_locate_with: no host runs an agent {target:?} (only hosted \
-                     agents can be placed beside: deploy it first)"
-                ),
-            ));
-        }
+    if let Some(target) = &manifest.placement.co_locate_with
+        && !hosted(target, &*hosting.seen()?)
+    {
+        return Err(HandlerError::new(
+            StatusCode::INVALID_ARGUMENT,
+            format!(
+                "placement.co_locate_with: no host runs an agent {target:?} (only hosted \
+                 agents can be placed beside: deploy it first)"
+            ),
+        ));
     }
-    // Only this deployment: the others are read by the reconciliation that follows.
-    let previous = read_deployment(&hosting.deployments, &manifest.id).await?;
-    let previous = previous.as_ref();
-    let deployment = Deployment {
+    let (placement, revision) = {
+        let seen = hosting.seen()?;
         // A redeploy keeps where replicas run (the hosts restart them with the new manifest)
         // and forgets past failures.
-        placement: previous
-            .map(|(_, d)| {
+        let placement = seen
+            .deployments
+            .live
+            .get(&manifest.id)
+            .map(|d| {
                 d.placement
                     .iter()
                     .filter(|(r, _)| **r <= manifest.replicas && !d.failed.contains_key(r))
                     .map(|(r, h)| (*r, h.clone()))
                     .collect()
             })
-            .unwrap_or_default(),
+            .unwrap_or_default();
+        (placement, seen.deployments.revision(&manifest.id))
+    };
+    let deployment = Deployment {
+        placement,
         failed: BTreeMap::new(),
         manifest,
         updated_ms: now_ms(),
     };
-    write(hosting, &deployment, previous.map(|(r, _)| *r)).await?;
+    write(hosting, &deployment, revision).await?;
     shared.reconcile().await?;
-    shared.view(&deployment.manifest.id).await
+    shared.view(&deployment.manifest.id)
 }
 
 async fn write(
@@ -324,7 +322,7 @@ async fn write(
         Some(revision) => hosting.deployments.update(id, body, revision).await,
         None => hosting.deployments.create(id, body).await,
     };
-    written.map(|_| ()).map_err(|err| {
+    let written = written.map_err(|err| {
         HandlerError::new(
             StatusCode::UNAVAILABLE,
             format!(
@@ -332,63 +330,77 @@ async fn write(
                 Report(&err)
             ),
         )
-    })
+    })?;
+    hosting.written(d, written);
+    Ok(())
 }
 
 async fn scale(shared: &Shared, req: ScaleRequest) -> Result<DeploymentView, HandlerError> {
     let hosting = &shared.hosting;
-    let entry = hosting
-        .deployments
-        .get(&req.deployment)
-        .await
-        .map_err(unavailable("cannot read the deployment"))?
-        .ok_or_else(|| no_deployment(&req.deployment))?;
-    let mut d: Deployment = serde_json::from_slice(&entry.value)
-        .map_err(|e| HandlerError::new(StatusCode::INTERNAL, e.to_string()))?;
+    let (mut d, revision) = {
+        let seen = hosting.seen()?;
+        let d = seen
+            .deployments
+            .live
+            .get(&req.deployment)
+            .ok_or_else(|| no_deployment(&req.deployment))?;
+        (d.clone(), seen.deployments.revision(&req.deployment))
+    };
     d.manifest.replicas = req.replicas;
     d.manifest
         .validate()
         .map_err(|e| HandlerError::new(StatusCode::INVALID_ARGUMENT, e.to_string()))?;
     d.failed.clear();
     d.updated_ms = now_ms();
-    write(hosting, &d, Some(entry.revision)).await?;
+    write(hosting, &d, revision).await?;
     shared.reconcile().await?;
-    shared.view(&req.deployment).await
+    shared.view(&req.deployment)
 }
 
 async fn terminate(shared: &Shared, req: TerminateRequest) -> Result<DeploymentView, HandlerError> {
-    let view = shared.view(&req.deployment).await?;
+    let view = shared.view(&req.deployment)?;
     let hosting = &shared.hosting;
     hosting
         .deployments
         .delete(&req.deployment)
         .await
         .map_err(unavailable("cannot remove the deployment"))?;
+    // The delete's revision is not returned: its own watch shows when it is seen.
+    let mut seen = hosting.seen.subscribe();
+    let gone = seen.wait_for(|s| !s.deployments.live.contains_key(&req.deployment));
+    if tokio::time::timeout(DELETE_SEEN_WITHIN, gone)
+        .await
+        .is_err()
+    {
+        tracing::debug!(deployment = %req.deployment, "delete not seen yet: the next round stops it");
+    }
     shared.reconcile().await?;
     Ok(view)
 }
 
 async fn list(shared: &Shared) -> Result<Vec<DeploymentView>, HandlerError> {
-    let hosting = &shared.hosting;
-    let hosts = read_hosts(&hosting.hosts).await?;
-    let reported = Reported::new(&hosts, None);
-    Ok(read_deployments(&hosting.deployments)
-        .await?
+    let seen = shared.hosting.seen()?;
+    let reported = Reported::new(&seen.hosts(), None);
+    Ok(seen
+        .deployments
+        .live
         .values()
-        .map(|(_, d)| view_of(d, &reported))
+        .map(|d| view_of(d, &reported))
         .collect())
 }
 
 /// The hosts, each with whether it is live and what it runs.
 async fn hosts(shared: &Shared) -> Result<Vec<serde_json::Value>, HandlerError> {
-    let hosting = &shared.hosting;
     let grace = Duration::from_millis(shared.config.host_grace_ms);
     let now = now_ms();
-    Ok(read_hosts(&hosting.hosts)
-        .await?
-        .into_iter()
+    Ok(shared
+        .hosting
+        .seen()?
+        .hosts
+        .live
+        .values()
         .map(|h| {
-            let state = match liveness(&h, now, grace) {
+            let state = match liveness(h, now, grace) {
                 Liveness::Live => "live",
                 Liveness::Silent => "silent",
                 Liveness::Gone => "gone",
@@ -405,14 +417,17 @@ async fn logs(shared: &Shared, req: LogsRequest) -> Result<LogLines, HandlerErro
             format!("lines: 1 to {MAX_LOG_LINES}, not {}", req.lines),
         ));
     }
-    let hosting = &shared.hosting;
     let grace = Duration::from_millis(shared.config.host_grace_ms);
     let now = now_ms();
-    let host = read_hosts(&hosting.hosts)
-        .await?
-        .into_iter()
+    let host = shared
+        .hosting
+        .seen()?
+        .hosts
+        .live
+        .values()
         .filter(|h| liveness(h, now, grace) != Liveness::Gone)
         .find(|h| h.find(&req.agent).is_some())
+        .map(|h| h.agent.clone())
         .ok_or_else(|| {
             HandlerError::new(
                 StatusCode::INVALID_ARGUMENT,
@@ -422,7 +437,7 @@ async fn logs(shared: &Shared, req: LogsRequest) -> Result<LogLines, HandlerErro
     let reply = shared
         .agent
         .call(
-            Call::agent(&host.agent, host_commands::LOGS)
+            Call::agent(&host, host_commands::LOGS)
                 .payload(&req)
                 .map_err(HandlerError::from)?,
         )
@@ -544,10 +559,11 @@ mod tests {
             updated_ms: 0,
         };
         // b still reports replica 1, placed on a: what a says of it counts.
-        let hosts = [
+        let (a, b) = (
             report("a", &m, &[1, 2], &[1]),
             report("b", &m, &[1, 3], &[3]),
-        ];
+        );
+        let hosts = [&a, &b];
         let seen = |view: &DeploymentView| -> Vec<(String, String, bool, bool)> {
             view.placed
                 .iter()

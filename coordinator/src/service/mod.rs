@@ -208,6 +208,7 @@ impl Coordinator {
                 ErrorKind::Broker,
                 "cannot serve the coordinator's subjects",
             ))?;
+        hosting::follow(&shared).await?;
         hosting::serve(&shared.agent, &shared)
             .await
             .map_err(Error::wrap(
