@@ -202,6 +202,7 @@ impl Coordinator {
             gateway: None,
         };
         tasks::spawn_registry_watch(&shared, &buckets.registry).await?;
+        tasks::spawn_registry_writer(&shared);
         endpoints::serve(&shared.agent, &shared)
             .await
             .map_err(Error::wrap(

@@ -8,6 +8,7 @@
 //! live agents heartbeat again within one interval.
 
 use chorus_sdk::Report;
+use futures::StreamExt;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
@@ -42,7 +43,26 @@ pub struct RegistryEvent {
 struct Live {
     manifest: Manifest,
     last_seen_ms: u64,
+    /// In the bucket.
     registered: bool,
+    /// A write of it is queued or in flight.
+    writing: bool,
+    /// What the bucket holds of it is older than `manifest`.
+    dirty: bool,
+}
+
+/// Registry writes waiting for the writer at most. A heartbeat that finds the queue full
+/// leaves its agent as it was (unregistered, or changed), and its next heartbeat asks again.
+pub const REGISTRY_WRITES_QUEUED: usize = 16_384;
+/// Registry writes (and their `registry.joined` events) in flight at once.
+pub const REGISTRY_WRITES_IN_FLIGHT: usize = 64;
+
+/// A write the registry's writer is to make: an agent's record, created when it joins or
+/// put when it changed.
+pub(crate) struct Write {
+    manifest: Manifest,
+    seen_ms: u64,
+    create: bool,
 }
 
 /// The agents one coordinator knows, with the ids of those offering each capability and in
@@ -102,6 +122,18 @@ impl Table {
         }
     }
 
+    /// Ends the write of `id`: stored, or not (its next heartbeat asks again).
+    fn written(&mut self, id: &str, stored: bool) {
+        if let Some(live) = self.live.get_mut(id) {
+            live.writing = false;
+            if stored {
+                live.registered = true;
+            } else {
+                live.dirty = true;
+            }
+        }
+    }
+
     fn unindex(&mut self, id: &str) {
         let Some(old) = self.live.get(id) else { return };
         for c in &old.manifest.capabilities {
@@ -155,10 +187,16 @@ pub(crate) struct Registry {
     kv: Kv,
     missed: u32,
     agents: Mutex<Table>,
+    /// Writes for the writer ([`Registry::writer`]): a heartbeat never waits for the bucket,
+    /// so a burst of joins (100,000 agents starting within a minute) does not hold the
+    /// heartbeat handlers and make the known agents' heartbeats drop on a full queue.
+    writes: tokio::sync::mpsc::Sender<Write>,
+    queued: Mutex<Option<tokio::sync::mpsc::Receiver<Write>>>,
 }
 
 impl Registry {
     pub(crate) fn new(subjects: chorus_sdk::Subjects, broker: Broker, kv: Kv, missed: u32) -> Self {
+        let (writes, queued) = tokio::sync::mpsc::channel(REGISTRY_WRITES_QUEUED);
         Registry {
             subjects,
             broker,
@@ -166,7 +204,14 @@ impl Registry {
             kv,
             missed,
             agents: Mutex::new(Table::default()),
+            writes,
+            queued: Mutex::new(Some(queued)),
         }
+    }
+
+    /// The queue of writes, for the one writer (none the second time).
+    pub(crate) fn writes(&self) -> Option<tokio::sync::mpsc::Receiver<Write>> {
+        self.queued.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     fn agents(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -197,6 +242,8 @@ impl Registry {
                             last_seen_ms: now_ms(),
                             manifest: record.manifest,
                             registered: true,
+                            writing: false,
+                            dirty: false,
                         },
                     );
                 }
@@ -221,37 +268,64 @@ impl Registry {
             .with_label_values(&["heartbeat", StatusCode::OK.label()])
             .inc();
         let now = now_ms();
-        let write = {
+        let create = {
             let mut agents = self.agents();
-            let (registered, changed) = agents.get(&manifest.agent).map_or((false, true), |l| {
-                (l.registered, !same_record(&l.manifest, &manifest))
-            });
+            let (registered, writing, dirty) =
+                agents
+                    .get(&manifest.agent)
+                    .map_or((false, false, true), |l| {
+                        (
+                            l.registered,
+                            l.writing,
+                            l.dirty || !same_record(&l.manifest, &manifest),
+                        )
+                    });
+            // One write per agent at a time; a change made meanwhile is written after it.
+            let due = (!registered || dirty) && !writing;
             agents.put(
                 manifest.agent.clone(),
                 Live {
                     manifest: manifest.clone(),
                     last_seen_ms: now,
                     registered,
+                    writing: writing || due,
+                    dirty: dirty && !due,
                 },
             );
-            if !registered {
-                Some(true)
-            } else if changed {
-                Some(false)
-            } else {
-                None
+            if !due {
+                return;
             }
+            !registered
         };
-        let Some(create) = write else { return };
+        let id = manifest.agent.clone();
+        let write = Write {
+            manifest,
+            seen_ms: now,
+            create,
+        };
+        if self.writes.try_send(write).is_err() {
+            tracing::debug!(agent = %id, "registry writes queued to the limit: its next heartbeat asks again");
+            self.agents().written(&id, false);
+        }
+    }
+
+    /// Makes one write the heartbeats asked for, and announces a join.
+    pub(crate) async fn store(&self, write: Write) {
+        let Write {
+            manifest,
+            seen_ms,
+            create,
+        } = write;
+        let key = manifest.agent.as_str();
         let record = AgentRecord {
             manifest: manifest.clone(),
-            last_seen_ms: now,
+            last_seen_ms: seen_ms,
             eta_ms: None,
         };
         let Ok(value) = serde_json::to_vec(&record) else {
+            self.agents().written(key, false);
             return;
         };
-        let key = manifest.agent.as_str();
         let result = if create {
             self.kv.create(key, value.into()).await
         } else {
@@ -259,7 +333,7 @@ impl Registry {
         };
         match result {
             Ok(_) => {
-                self.agents().mark_registered(key);
+                self.agents().written(key, true);
                 if create {
                     tracing::info!(agent = key, instance = %manifest.instance, "agent joined");
                     metrics()
@@ -270,10 +344,11 @@ impl Registry {
                 }
             }
             // Another coordinator registered it first.
-            Err(e) if e.kind() == ErrorKind::Conflict => {
-                self.agents().mark_registered(key);
+            Err(e) if e.kind() == ErrorKind::Conflict => self.agents().written(key, true),
+            Err(e) => {
+                tracing::warn!(agent = key, error = %Report(&e), "registry write failed");
+                self.agents().written(key, false);
             }
-            Err(e) => tracing::warn!(agent = key, error = %Report(&e), "registry write failed"),
         }
     }
 
@@ -300,9 +375,7 @@ impl Registry {
                 .filter_map(|id| agents.remove(&id).map(|l| l.manifest))
                 .collect()
         };
-        for manifest in gone {
-            self.remove(&manifest, "missed heartbeats").await;
-        }
+        // The gauges first: removing many agents from the bucket takes a while.
         let (registered, live) = {
             let agents = self.agents();
             (
@@ -317,6 +390,14 @@ impl Registry {
         m.agents
             .with_label_values(&["live"])
             .set(i64::try_from(live).unwrap_or(i64::MAX));
+        let removals: Vec<_> = gone
+            .iter()
+            .map(|manifest| self.remove(manifest, "missed heartbeats"))
+            .collect();
+        futures::stream::iter(removals)
+            .buffer_unordered(REGISTRY_WRITES_IN_FLIGHT)
+            .collect::<()>()
+            .await;
     }
 
     async fn remove(&self, manifest: &Manifest, reason: &str) {
@@ -518,6 +599,8 @@ mod tests {
             manifest,
             last_seen_ms: 0,
             registered: false,
+            writing: false,
+            dirty: false,
         }
     }
 

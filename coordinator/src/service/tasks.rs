@@ -49,6 +49,31 @@ pub(super) async fn spawn_registry_watch(shared: &Arc<Shared>, kv: &Kv) -> Resul
     Ok(())
 }
 
+/// The registry's writer: makes the writes heartbeats ask for,
+/// [`REGISTRY_WRITES_IN_FLIGHT`](super::registry::REGISTRY_WRITES_IN_FLIGHT) at a time, until
+/// the coordinator stops.
+pub(super) fn spawn_registry_writer(shared: &Arc<Shared>) {
+    let Some(mut queued) = shared.registry.writes() else {
+        return;
+    };
+    let s = Arc::clone(shared);
+    shared.tracker.spawn(async move {
+        let registry = &s.registry;
+        let mut running = futures::stream::FuturesUnordered::new();
+        loop {
+            let room = running.len() < super::registry::REGISTRY_WRITES_IN_FLIGHT;
+            tokio::select! {
+                write = queued.recv(), if room => match write {
+                    Some(write) => running.push(registry.store(write)),
+                    None => break,
+                },
+                Some(()) = running.next(), if !running.is_empty() => {}
+                _ = s.stop.cancelled() => break,
+            }
+        }
+    });
+}
+
 /// The reaper: declares silent agents gone, and keeps the dead-letter depth and connection
 /// gauges.
 pub(super) fn spawn_reaper(shared: &Arc<Shared>) {

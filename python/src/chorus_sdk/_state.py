@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, TypeVar, Union, cast
@@ -342,9 +343,22 @@ class AgentState:
             raise Unreachable(self._connection.lost.reason)
         return self._nc
 
-    def spawn(self, coro: Awaitable[Any], name: str = "chorus-setup") -> asyncio.Task[Any]:
-        """Runs ``coro`` as a task this agent owns: it waits for it at shutdown."""
-        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
+    def spawn(self, coro: Awaitable[Any], name: str = "chorus-setup", eager: bool = False) -> asyncio.Task[Any]:
+        """Runs ``coro`` as a task this agent owns: it waits for it at shutdown.
+
+        ``eager``: from Python 3.12, the task starts at once, in this turn of the event loop
+        (``eager_start``), and one that waits for nothing is done when this returns, without
+        a turn of the loop of its own nor a place among the tasks shutdown waits for; it is
+        its own task from its first line (``asyncio.current_task``, timeouts and task groups
+        see it). An event loop with a task factory of its own makes it as before."""
+        loop = asyncio.get_running_loop()
+        task: asyncio.Task[Any]
+        if sys.version_info >= (3, 12) and eager and loop.get_task_factory() is None:
+            task = asyncio.Task(coro, loop=loop, name=name, eager_start=True)  # type: ignore[arg-type]
+            if task.done():
+                return task
+        else:
+            task = loop.create_task(coro, name=name)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task

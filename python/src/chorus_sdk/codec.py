@@ -461,6 +461,22 @@ def _encode_json(env: Envelope) -> bytes:
 _CANONICAL_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
+def _field(head: bytes, code: int) -> bytes:
+    """``head`` (a compact key, below 128: one byte, and an array header if any) and a code
+    after it, as ``put_uint`` writes it."""
+    b = bytearray(head)
+    put_uint(b, code)
+    return bytes(b)
+
+
+# What every envelope writes of its vocabularies, written once per member: its kind (key 3),
+# its performative (key 4), and an expected reply's performative (key 19, the first of two).
+# A table per vocabulary: members of two vocabularies with the same name compare equal.
+_KIND_FIELDS = {m: _field(b"\x03", m.code) for m in Kind}
+_PERFORMATIVE_FIELDS = {m: _field(b"\x04", m.code) for m in Performative}
+_EXPECT_HEADS = {m: _field(b"\x13\x92", m.code) for m in Performative}
+
+
 def _encode_compact(env: Envelope, implied: Implied) -> bytes:
     # The body after key 0; the map's header is put in front once the count is known. Every
     # key is below 128: one byte.
@@ -468,10 +484,9 @@ def _encode_compact(env: Envelope, implied: Implied) -> bytes:
     b += env.id.bytes
     b.append(2)
     put_str(b, env.from_)
-    b.append(3)
-    put_uint(b, env.kind.code)
-    b.append(4)
-    put_uint(b, env.performative.code)
+    # Keys 3 and 4 written whole, looked up by member (no code lookup nor writer call).
+    b += _KIND_FIELDS[env.kind]
+    b += _PERFORMATIVE_FIELDS[env.performative]
     count = 4
     if uuid7_ms(env.id) != env.timestamp_ms:
         b.append(5)
@@ -542,8 +557,7 @@ def _encode_compact(env: Envelope, implied: Implied) -> bytes:
         put_uint(b, env.seq.n)
         count += 1
     if env.expect is not None:
-        b += b"\x13\x92"
-        put_uint(b, env.expect.performative.code)
+        b += _EXPECT_HEADS[env.expect.performative]
         put_uint(b, env.expect.timeout_ms)
         count += 1
     if env.progress is not None:
@@ -891,12 +905,17 @@ def _unpack_map(data: bytes, what: str) -> dict[Any, Any]:
     repeated: list[Any] = []
 
     def pairs(items: list[tuple[Any, Any]]) -> dict[Any, Any]:
-        out: dict[Any, Any] = {}
+        # Built at C speed; only a map that came out shorter than its pairs repeats a key,
+        # and only then are they walked to name the first one repeated.
+        out = dict(items)
         first = None
-        for k, v in items:
-            if k in out and first is None:
-                first = k
-            out[k] = v
+        if len(out) != len(items):
+            seen: set[Any] = set()
+            for k, _ in items:
+                if k in seen:
+                    first = k
+                    break
+                seen.add(k)
         repeated.append(first)
         return out
 
@@ -938,7 +957,7 @@ def _c_bin(v: Any) -> bytes:
 def _c_uuid(v: Any) -> uuid.UUID:
     if type(v) is not bytes or len(v) != 16:
         raise ValueError
-    return uuid_from_bytes(v)
+    return uuid_from_int(int.from_bytes(v, "big"))
 
 
 def _c_pair(v: Any) -> tuple[Any, Any]:
@@ -964,7 +983,11 @@ def _c_content_type(v: Any) -> str:
 def _c_strings(v: Any) -> list[str]:
     if type(v) is not list:
         raise ValueError
-    return [_c_str(x) for x in v]
+    # Checked in place (a call per string saved): the list is the unpacker's own, kept as is.
+    for x in v:
+        if type(x) is not str:
+            raise ValueError
+    return v
 
 
 def _c_headers(v: Any) -> dict[str, str]:
@@ -1003,7 +1026,8 @@ def _s_seq(env: Envelope, v: Any) -> None:
 
 def _s_expect(env: Envelope, v: Any) -> None:
     perf, timeout = _c_pair(v)
-    env.expect = Expect(Performative.from_code(_c_uint(perf)), _c_uint(timeout))
+    # As Performative.from_code(_c_uint(perf)), by the table key 4 is read with.
+    env.expect = Expect(_c_vocab(perf, _PERFORMATIVES, Performative.UNKNOWN), _c_uint(timeout))
 
 
 def _s_signature(env: Envelope, v: Any) -> None:
@@ -1018,29 +1042,31 @@ def _s_check(read: Callable[[Any], Any]) -> Callable[[Envelope, Any], None]:
     return setter
 
 
-# The compact keys (beyond 0-4) that set one attribute, read by their reader.
-_ATTRIBUTES: dict[int, tuple[str, Callable[[Any], Any]]] = {
-    7: ("in_reply_to", _c_uuid),
-    8: ("to", _c_strings),
-    9: ("topic", _c_str),
-    10: ("capability", _c_str),
-    11: ("name", _c_str),
-    12: ("ttl_ms", _c_uint),
-    13: ("deadline_ms", _c_uint),
-    14: ("hops", lambda v: _c_uint(v, 8)),
-    15: ("hop_limit", lambda v: _c_uint(v, 8)),
-    16: ("priority", lambda v: Priority.from_code(_c_uint(v))),
-    17: ("delivery", lambda v: Delivery.from_code(_c_uint(v))),
-    20: ("progress", _c_progress),
-    21: ("status", lambda v: _c_uint(v, 16)),
-    22: ("reason", _c_str),
-    26: ("session_id", _c_str),
-    27: ("customer_id", _c_str),
-    28: ("headers", _c_headers),
-    29: ("content_type", _c_content_type),
-    30: ("payload", _c_bin),
-    31: ("token", _c_str),
-    35: ("content_encoding", _c_str),
+# The compact keys (beyond 0-4) that set one attribute, read by their reader; the third is
+# the type a value that reads as itself has (the reader is then not called: it would return
+# it unchanged), ``None`` when every value goes through the reader.
+_ATTRIBUTES: dict[int, tuple[str, Callable[[Any], Any], type | None]] = {
+    7: ("in_reply_to", _c_uuid, None),
+    8: ("to", _c_strings, None),
+    9: ("topic", _c_str, str),
+    10: ("capability", _c_str, str),
+    11: ("name", _c_str, str),
+    12: ("ttl_ms", _c_uint, None),
+    13: ("deadline_ms", _c_uint, None),
+    14: ("hops", lambda v: _c_uint(v, 8), None),
+    15: ("hop_limit", lambda v: _c_uint(v, 8), None),
+    16: ("priority", lambda v: Priority.from_code(_c_uint(v)), None),
+    17: ("delivery", lambda v: Delivery.from_code(_c_uint(v)), None),
+    20: ("progress", _c_progress, None),
+    21: ("status", lambda v: _c_uint(v, 16), None),
+    22: ("reason", _c_str, str),
+    26: ("session_id", _c_str, str),
+    27: ("customer_id", _c_str, str),
+    28: ("headers", _c_headers, None),
+    29: ("content_type", _c_content_type, None),
+    30: ("payload", _c_bin, bytes),
+    31: ("token", _c_str, str),
+    35: ("content_encoding", _c_str, str),
 }
 # The others that set more than one, or only check; 5, 6 and 23-25 (the timestamp, the
 # correlation and the trace context) are read in the loop itself.
@@ -1103,7 +1129,8 @@ def _decode_compact(data: bytes) -> Envelope:
                 continue
             attribute = _ATTRIBUTES.get(key)
             if attribute is not None:
-                setattr(env, attribute[0], attribute[1](v))
+                attr, read, as_is = attribute
+                setattr(env, attr, v if type(v) is as_is else read(v))
             elif key == 5:
                 timestamp = _c_uint(v)
             elif key == 6:
@@ -1172,10 +1199,33 @@ def encode_payload(value: Any, content_type: str = CONTENT_TYPE_MSGPACK) -> byte
         if base == CONTENT_TYPE_JSON:
             return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_plain).encode("utf-8")
         if base in (CONTENT_TYPE_MSGPACK, "application/x-msgpack", "application/vnd.msgpack"):
-            return bytes(msgpack.packb(value, use_bin_type=True, default=_plain))
+            return _packb(value)
     except (TypeError, ValueError, OverflowError) as e:
         raise DecodeError(f"payload: {e}") from e
     raise DecodeError(f"unsupported payload content type {content_type!r}")
+
+
+# Packers kept for reuse: ``msgpack.packb`` makes one (and its buffer) per call, several times
+# the cost of packing a small payload. One is taken off this list while it packs, so no other
+# thread and no nested call shares it; they have no ``default`` (no Python code runs while
+# packing), a value that needs it is packed anew the full way.
+_PACKERS: list[msgpack.Packer] = []
+
+
+def _packb(value: Any) -> bytes:
+    try:
+        packer = _PACKERS.pop()
+    except IndexError:
+        packer = msgpack.Packer(use_bin_type=True)
+    try:
+        data: bytes = packer.pack(value)
+    except (TypeError, ValueError, OverflowError):
+        # Not a plain value (a dataclass, a model: ``_plain`` reads it), or one msgpack refuses
+        # either way: the full call says which. The packer is dropped, whatever its buffer holds.
+        return bytes(msgpack.packb(value, use_bin_type=True, default=_plain))
+    if len(_PACKERS) < 8:
+        _PACKERS.append(packer)
+    return data
 
 
 T = TypeVar("T")

@@ -375,7 +375,10 @@ class Outbound(AgentState):
             wait_ms = min(wait_ms, max(1, env.deadline_ms - env.timestamp_ms))
         env.ttl_ms = wait_ms
         env.expect = Expect(_INFORM, wait_ms)
-        env.headers = check_headers(headers)
+        if headers is not None:
+            # (Without headers the new envelope's own empty map stands: check_headers(None)
+            # would make another.)
+            env.headers = check_headers(headers)
         self.set_payload(env, payload, content_type)
         if encrypt_for:
             await self._encrypt(env, encrypt_for)
@@ -388,8 +391,11 @@ class Outbound(AgentState):
             reply = await self._attempts(subject, env, wait_ms / 1000, encoding, options)
         if raw:
             return reply
+        value = reply_value(reply)
+        if returns is None:
+            return value
         try:
-            return typed(reply_value(reply), returns)
+            return typed(value, returns)
         except DecodeError as e:
             raise ChorusError(StatusCode.DATA_FORMAT, e.reason) from e
 
@@ -515,7 +521,26 @@ class Outbound(AgentState):
         started = time.perf_counter()
         status = _OK
         try:
-            return await self._exchange(subject, env, data, wait)
+            # Written here rather than in a coroutine of its own: one call less per request.
+            try:
+                msg = await self.nc.request(subject, data, timeout=wait)
+            except nats.errors.NoRespondersError as err:
+                raise NoResponders(f"nobody serves {subject}") from err
+            except nats.errors.TimeoutError as err:
+                raise Timeout(f"no reply from {subject} within {wait:.3f} s") from err
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError) as err:
+                raise Unreachable(f"agent {self.id} lost its connection: {err}") from err
+            try:
+                reply, _ = decode(msg.data, self.subjects.implied(msg.subject))
+            except DecodeError as e:
+                raise ChorusError(StatusCode.DATA_FORMAT, f"the reply did not decode: {e.reason}") from e
+            if self.verifier is not None:
+                self.verifier.verify(msg.subject, reply)
+            if reply.status is not None and reply.status not in SUCCESS:
+                raise Refused(reply.status, reply.reason or "")
+            if reply.content_encoding is not None or reply.content_type == CONTENT_TYPE_OBJECT:
+                await self._payloads.open_reply(reply)
+            return reply
         except ChorusError as e:
             status = e.status
             raise
@@ -528,27 +553,6 @@ class Outbound(AgentState):
         finally:
             if status:
                 self._metrics.request(status, time.perf_counter() - started)
-
-    async def _exchange(self, subject: str, env: Envelope, data: bytes, wait: float) -> Envelope:
-        try:
-            msg = await self.nc.request(subject, data, timeout=wait)
-        except nats.errors.NoRespondersError as err:
-            raise NoResponders(f"nobody serves {subject}") from err
-        except nats.errors.TimeoutError as err:
-            raise Timeout(f"no reply from {subject} within {wait:.3f} s") from err
-        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError) as err:
-            raise Unreachable(f"agent {self.id} lost its connection: {err}") from err
-        try:
-            reply, _ = decode(msg.data, self.subjects.implied(msg.subject))
-        except DecodeError as e:
-            raise ChorusError(StatusCode.DATA_FORMAT, f"the reply did not decode: {e.reason}") from e
-        if self.verifier is not None:
-            self.verifier.verify(msg.subject, reply)
-        if reply.status is not None and reply.status not in SUCCESS:
-            raise Refused(reply.status, reply.reason or "")
-        if reply.content_encoding is not None or reply.content_type == CONTENT_TYPE_OBJECT:
-            await self._payloads.open_reply(reply)
-        return reply
 
     async def send(
         self,
