@@ -122,6 +122,34 @@ impl Table {
         }
     }
 
+    /// Notes a heartbeat carrying `manifest` at `now`; whether its record is to be written
+    /// (`Some(true)`: created, `Some(false)`: put), marking the write begun. One write per
+    /// agent at a time: a change made meanwhile is written after it.
+    fn heard(&mut self, manifest: &Manifest, now: u64) -> Option<bool> {
+        let (registered, writing, dirty) =
+            self.live
+                .get(&manifest.agent)
+                .map_or((false, false, true), |l| {
+                    (
+                        l.registered,
+                        l.writing,
+                        l.dirty || !same_record(&l.manifest, manifest),
+                    )
+                });
+        let due = (!registered || dirty) && !writing;
+        self.put(
+            manifest.agent.clone(),
+            Live {
+                manifest: manifest.clone(),
+                last_seen_ms: now,
+                registered,
+                writing: writing || due,
+                dirty: dirty && !due,
+            },
+        );
+        due.then_some(!registered)
+    }
+
     /// Ends the write of `id`: stored, or not (its next heartbeat asks again).
     fn written(&mut self, id: &str, stored: bool) {
         if let Some(live) = self.live.get_mut(id) {
@@ -268,34 +296,8 @@ impl Registry {
             .with_label_values(&["heartbeat", StatusCode::OK.label()])
             .inc();
         let now = now_ms();
-        let create = {
-            let mut agents = self.agents();
-            let (registered, writing, dirty) =
-                agents
-                    .get(&manifest.agent)
-                    .map_or((false, false, true), |l| {
-                        (
-                            l.registered,
-                            l.writing,
-                            l.dirty || !same_record(&l.manifest, &manifest),
-                        )
-                    });
-            // One write per agent at a time; a change made meanwhile is written after it.
-            let due = (!registered || dirty) && !writing;
-            agents.put(
-                manifest.agent.clone(),
-                Live {
-                    manifest: manifest.clone(),
-                    last_seen_ms: now,
-                    registered,
-                    writing: writing || due,
-                    dirty: dirty && !due,
-                },
-            );
-            if !due {
-                return;
-            }
-            !registered
+        let Some(create) = self.agents().heard(&manifest, now) else {
+            return;
         };
         let id = manifest.agent.clone();
         let write = Write {
@@ -602,6 +604,41 @@ mod tests {
             writing: false,
             dirty: false,
         }
+    }
+
+    #[test]
+    fn one_write_per_agent_at_a_time_and_a_change_made_meanwhile_is_written_after_it() {
+        let mut table = Table::default();
+        let first = live("a", &["ocr"], &[]).manifest;
+        let mut changed = first.clone();
+        changed.groups = vec!["night".into()];
+        // A new agent is created; its heartbeats wait while the create is in flight, a change
+        // among them.
+        assert_eq!(table.heard(&first, 1), Some(true));
+        assert_eq!(table.heard(&first, 2), None);
+        assert_eq!(table.heard(&changed, 3), None);
+        assert_eq!(
+            table["a"].manifest.groups,
+            ["night"],
+            "served from memory at once"
+        );
+        // The create lands: the change is put at the next heartbeat, once.
+        table.written("a", true);
+        assert!(table["a"].registered);
+        assert_eq!(table.heard(&changed, 4), Some(false));
+        assert_eq!(table.heard(&changed, 5), None);
+        table.written("a", true);
+        assert_eq!(table.heard(&changed, 6), None, "nothing new: no write");
+        // A write that fails (or finds the queue full) is asked for again by the next
+        // heartbeat: a create for an agent not in the bucket yet.
+        assert_eq!(table.heard(&first, 7), Some(false));
+        table.written("a", false);
+        assert_eq!(table.heard(&first, 8), Some(false));
+        let other = live("b", &[], &[]).manifest;
+        assert_eq!(table.heard(&other, 9), Some(true));
+        table.written("b", false);
+        assert!(!table["b"].registered);
+        assert_eq!(table.heard(&other, 10), Some(true));
     }
 
     fn ids(table: &Table, query: &DiscoverQuery) -> Vec<String> {
