@@ -223,15 +223,24 @@ pub struct Envelope {
     pub encryption: Option<Encryption>,
 }
 
-/// A time in ms since the epoch as RFC 3339 (UTC), as the service and A2A wires write it;
-/// empty if out of range.
+/// A time in ms since the epoch as RFC 3339 (UTC) with exactly three fractional digits
+/// (`2025-11-26T17:45:07.600Z`, not `.6Z`), as the service, A2A and MCP wires write it: of
+/// one width, so that two such times compare as strings as they do as times. Empty if out
+/// of range.
 pub fn rfc3339(ms: u64) -> String {
     let nanos = i128::from(ms) * 1_000_000;
     time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
+        .map(|t| {
+            format!(
+                "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+                t.year(),
+                u8::from(t.month()),
+                t.day(),
+                t.hour(),
+                t.minute(),
+                t.second(),
+                t.millisecond()
+            )
         })
         .unwrap_or_default()
 }
@@ -384,6 +393,16 @@ impl Envelope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_are_written_with_three_fractional_digits_and_compare_as_strings() {
+        assert_eq!(rfc3339(1_764_179_107_123), "2025-11-26T17:45:07.123Z");
+        assert_eq!(rfc3339(1_764_179_107_600), "2025-11-26T17:45:07.600Z");
+        assert_eq!(rfc3339(1_764_179_107_000), "2025-11-26T17:45:07.000Z");
+        // `.6Z` against `.621Z` would order the later time first.
+        assert!(rfc3339(1_764_179_107_600) < rfc3339(1_764_179_107_621));
+        assert_eq!(rfc3339(u64::MAX), "");
+    }
 
     #[test]
     fn the_timestamp_is_the_ids_own_and_the_clocks() {
