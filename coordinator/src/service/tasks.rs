@@ -23,7 +23,9 @@ pub const ADVISORY_MAX_ACK_PENDING: i64 = 64;
 /// Advisories fetched per pull.
 pub const ADVISORY_PULL_BATCH: usize = 64;
 
-fn broker_error(what: &'static str) -> impl FnOnce(chorus_broker_adapter::Error) -> Error {
+pub(super) fn broker_error(
+    what: &'static str,
+) -> impl FnOnce(chorus_broker_adapter::Error) -> Error {
     Error::wrap(ErrorKind::Broker, what)
 }
 

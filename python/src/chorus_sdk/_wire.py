@@ -37,24 +37,12 @@ def put_uint(b: bytearray, n: int) -> None:
 
 def put_str(b: bytearray, s: str) -> None:
     data = s.encode("utf-8")
-    n = len(data)
-    if n < 32:
-        # The fix form, as _header writes it, without the call: most strings an envelope
-        # carries (ids, names, reasons) are this short.
-        b.append(0xA0 | n)
-    else:
-        _header(b, n, 0xA0, 32, b"\xd9\xda\xdb")
+    _header(b, len(data), 0xA0, 32, b"\xd9\xda\xdb")
     b += data
 
 
 def put_bin(b: bytearray, data: bytes) -> None:
-    n = len(data)
-    if n < 0x100:
-        # The 8-bit form, as _header writes it, without the call (a small payload's).
-        b.append(0xC4)
-        b.append(n)
-    else:
-        _header(b, n, None, 0, b"\xc4\xc5\xc6")
+    _header(b, len(data), None, 0, b"\xc4\xc5\xc6")
     b += data
 
 

@@ -235,9 +235,7 @@ class Envelope:
     def new(cls, kind: Kind, performative: Performative, sender: str) -> Envelope:
         """A new message: a fresh UUIDv7 id and the current time."""
         id = uuid7()
-        # Positional: the generated __init__ binds them faster than by keyword (twice per
-        # request-reply).
-        return cls(id, sender, kind, performative, id.int >> 80)
+        return cls(id=id, from_=sender, kind=kind, performative=performative, timestamp_ms=id.int >> 80)
 
     @property
     def conversation(self) -> uuid.UUID:

@@ -257,13 +257,8 @@ class Usage:
             if len(rows) >= MAX_USAGE_ROWS:
                 key = (key[0], key[1], OVERFLOW, OVERFLOW)
             row = rows.setdefault(key, [0, 0, 0, 0, 0])
-        # Written out: five additions, not a loop (a message handled adds a row each time).
-        handled, failed, bytes_in, bytes_out, handling_us = counts
-        row[0] += handled
-        row[1] += failed
-        row[2] += bytes_in
-        row[3] += bytes_out
-        row[4] += handling_us
+        for i, n in enumerate(counts):
+            row[i] += n
 
     def take(self) -> UsageReport | None:
         """What was counted since the last report, as the next report (numbered); ``None``

@@ -19,6 +19,7 @@ use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
 use super::super::Shared;
+use super::super::tasks::broker_error;
 
 /// Times a watch that ended is opened again, one after the other, before the hosting state
 /// is declared no longer followed (hosting commands then answer 5xxx unavailable).
@@ -136,10 +137,6 @@ impl Seen {
     }
 }
 
-fn unavailable(what: &str) -> impl FnOnce(chorus_broker_adapter::Error) -> crate::error::Error {
-    crate::error::Error::wrap(crate::error::ErrorKind::Broker, what.to_owned())
-}
-
 /// Reads both buckets into the coordinator's [`Seen`] and follows them from then on: the
 /// watches are opened before the listing, so that no change falls between the two.
 pub(in crate::service) async fn follow(shared: &Arc<Shared>) -> crate::error::Result<()> {
@@ -148,15 +145,15 @@ pub(in crate::service) async fn follow(shared: &Arc<Shared>) -> crate::error::Re
         .deployments
         .watch()
         .await
-        .map_err(unavailable("cannot watch the deployments"))?;
+        .map_err(broker_error("cannot watch the deployments"))?;
     let hosts = hosting
         .hosts
         .watch()
         .await
-        .map_err(unavailable("cannot watch the hosts' reports"))?;
+        .map_err(broker_error("cannot watch the hosts' reports"))?;
     let (listed_deployments, listed_hosts) =
         futures::try_join!(hosting.deployments.entries(), hosting.hosts.entries())
-            .map_err(unavailable("cannot read the hosting buckets"))?;
+            .map_err(broker_error("cannot read the hosting buckets"))?;
     let listed_deployments: Vec<Change<Deployment>> = listed_deployments
         .into_iter()
         .map(|e| Change::decode(e, "deployment"))
