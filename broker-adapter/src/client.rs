@@ -35,6 +35,71 @@ struct Shared {
     yielded: Arc<AtomicU64>,
     /// Messages `sync` sent to itself and received.
     sync_echoes: AtomicU64,
+    /// The subscription every `sync` on this connection shares, made at the first.
+    sync_inbox: tokio::sync::Mutex<Option<Arc<SyncInbox>>>,
+    /// The next `sync`'s token.
+    sync_tokens: AtomicU64,
+}
+
+/// The connection's sync inbox: one subscription that every [`sync`](Broker::sync) on the
+/// connection shares, each sending a token of its own to it and waiting for that token to come
+/// back. Agents sharing a connection sync after each subscription they make: with an inbox of
+/// their own each time, a process starting 1,000 agents added and removed 6,000 subscriptions
+/// on the server, each a change to its subscription index (docs/SCALE.md).
+#[derive(Debug)]
+struct SyncInbox {
+    subject: String,
+    /// Read by one waiter at a time, which hands the others their tokens as they come.
+    reader: tokio::sync::Mutex<async_nats::Subscriber>,
+    /// The waiters, by token.
+    waiting: std::sync::Mutex<std::collections::HashMap<u64, tokio::sync::oneshot::Sender<()>>>,
+}
+
+/// What a sync heard of the connection's events while it waited.
+enum Heard {
+    /// The server refused the sync inbox (its words).
+    Refused(String),
+    /// No more events.
+    Closed,
+    Other,
+}
+
+/// Whether `event` is the server refusing the subject `quoted` (in quotes, as the server
+/// names it).
+fn refusal(
+    event: std::result::Result<ConnectionEvent, broadcast::error::RecvError>,
+    quoted: &str,
+) -> Heard {
+    match event {
+        Ok(ConnectionEvent::PermissionViolation(text)) if text.contains(quoted) => {
+            Heard::Refused(text)
+        }
+        Err(broadcast::error::RecvError::Closed) => Heard::Closed,
+        _ => Heard::Other,
+    }
+}
+
+impl SyncInbox {
+    /// Hands a token that came back to its waiter (one that gave up is no longer waiting).
+    fn arrived(&self, payload: &[u8]) {
+        let token = std::str::from_utf8(payload)
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok());
+        if let Some(token) = token
+            && let Some(waiter) = self.waiters().remove(&token)
+        {
+            let _ = waiter.send(());
+        }
+    }
+
+    fn waiters(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, tokio::sync::oneshot::Sender<()>>>
+    {
+        self.waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl Broker {
@@ -146,6 +211,8 @@ impl Broker {
                 jetstream_domain: options.jetstream_domain.clone(),
                 yielded: Arc::new(AtomicU64::new(0)),
                 sync_echoes: AtomicU64::new(0),
+                sync_inbox: tokio::sync::Mutex::new(None),
+                sync_tokens: AtomicU64::new(0),
             }),
         })
     }
@@ -319,9 +386,11 @@ impl Broker {
     }
 
     /// Waits until the server has processed everything this connection sent so far, by
-    /// sending a message to a fresh inbox of its own and waiting for it to come back. Use it
-    /// after subscribing, before relying on the subscription: [`flush`](Broker::flush) only
-    /// writes to the socket, it does not wait for the server.
+    /// sending a message to an inbox of its own and waiting for it to come back. Use it after
+    /// subscribing, before relying on the subscription: [`flush`](Broker::flush) only writes to
+    /// the socket, it does not wait for the server. Every sync on the connection (its clones
+    /// included) shares one inbox subscription, made at the first, each with a token of its
+    /// own: syncing adds no subscription to the server.
     ///
     /// # Errors
     /// [`ErrorKind::Refused`] at once when the server refuses this connection's inbox to its user
@@ -329,48 +398,71 @@ impl Broker {
     /// [`PermissionViolation`](crate::PermissionViolation) source; [`ErrorKind::TimedOut`] when the
     /// server does not answer within `timeout`; [`ErrorKind::Broker`] when the connection closes.
     pub async fn sync(&self, timeout: Duration) -> Result<()> {
-        use tokio::sync::broadcast::error::RecvError;
         let mut events = self.events();
-        let inbox = self.client.new_inbox();
-        let mut sub = self
-            .client
-            .subscribe(inbox.clone())
+        let inbox = self.sync_inbox().await?;
+        let token = self.shared.sync_tokens.fetch_add(1, Ordering::Relaxed);
+        let (done, mut echoed) = tokio::sync::oneshot::channel();
+        inbox.waiters().insert(token, done);
+        if let Err(e) = self
+            .publish(&inbox.subject, Bytes::from(token.to_string()))
             .await
-            .map_err(|e| classified("sync subscribe failed", e))?;
-        self.publish(&inbox, Bytes::new()).await?;
-        let quoted = format!("\"{inbox}\"");
+        {
+            inbox.waiters().remove(&token);
+            return Err(e);
+        }
+        let quoted = format!("\"{}\"", inbox.subject);
+        // A closed event stream stops the listening: only the echo (or the timeout) can end the
+        // wait then.
+        let mut listening = true;
         let answer = async {
             loop {
                 tokio::select! {
-                    echo = futures::StreamExt::next(&mut sub) => return Ok(echo),
-                    event = events.recv() => match event {
-                        Ok(ConnectionEvent::PermissionViolation(text))
-                            if text.contains(&quoted) => return Err(text),
-                        Ok(_) | Err(RecvError::Lagged(_)) => {}
-                        // No more events: only the echo (or the timeout) can end the wait.
-                        Err(RecvError::Closed) => {
-                            return Ok(futures::StreamExt::next(&mut sub).await);
+                    biased;
+                    _ = &mut echoed => return Ok(true),
+                    event = events.recv(), if listening => match refusal(event, &quoted) {
+                        Heard::Refused(text) => return Err(text),
+                        Heard::Closed => listening = false,
+                        Heard::Other => {}
+                    },
+                    mut reader = inbox.reader.lock() => loop {
+                        // This waiter reads for every waiter until its own token comes back.
+                        tokio::select! {
+                            biased;
+                            _ = &mut echoed => return Ok(true),
+                            echo = futures::StreamExt::next(&mut *reader) => match echo {
+                                Some(echo) => {
+                                    self.shared.sync_echoes.fetch_add(1, Ordering::Relaxed);
+                                    inbox.arrived(&echo.payload);
+                                }
+                                None => return Ok(false),
+                            },
+                            event = events.recv(), if listening => match refusal(event, &quoted) {
+                                Heard::Refused(text) => return Err(text),
+                                Heard::Closed => listening = false,
+                                Heard::Other => {}
+                            },
                         }
                     },
                 }
             }
         };
-        let echoed = tokio::time::timeout(timeout, answer).await;
-        let _ = sub.unsubscribe().await;
-        match echoed {
-            Ok(Ok(Some(_))) => {
-                self.shared.sync_echoes.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+        let answered = tokio::time::timeout(timeout, answer).await;
+        inbox.waiters().remove(&token);
+        match answered {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Err(text)) => {
+                // The inbox is refused: the next sync subscribes again, and hears so again.
+                self.forget_sync_inbox(&inbox).await;
+                Err(Error::with_source(
+                    ErrorKind::Refused,
+                    format!(
+                        "the server refused this connection's inbox {} to its user",
+                        self.inbox_prefix()
+                    ),
+                    crate::PermissionViolation(text),
+                ))
             }
-            Ok(Err(text)) => Err(Error::with_source(
-                ErrorKind::Refused,
-                format!(
-                    "the server refused this connection's inbox {} to its user",
-                    self.inbox_prefix()
-                ),
-                crate::PermissionViolation(text),
-            )),
-            Ok(Ok(None)) => Err(Error::new(
+            Ok(Ok(false)) => Err(Error::new(
                 ErrorKind::Broker,
                 "connection closed during sync",
             )),
@@ -378,6 +470,36 @@ impl Broker {
                 ErrorKind::TimedOut,
                 format!("server did not answer a sync within {timeout:?}"),
             )),
+        }
+    }
+
+    /// The connection's sync inbox, subscribed at the first call.
+    async fn sync_inbox(&self) -> Result<Arc<SyncInbox>> {
+        let mut slot = self.shared.sync_inbox.lock().await;
+        if let Some(inbox) = slot.as_ref() {
+            return Ok(Arc::clone(inbox));
+        }
+        let subject = self.client.new_inbox();
+        let reader = self
+            .client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| classified("sync subscribe failed", e))?;
+        let inbox = Arc::new(SyncInbox {
+            subject,
+            reader: tokio::sync::Mutex::new(reader),
+            waiting: std::sync::Mutex::default(),
+        });
+        *slot = Some(Arc::clone(&inbox));
+        Ok(inbox)
+    }
+
+    /// Lets go of `inbox` (refused by the server), unless another sync already did.
+    async fn forget_sync_inbox(&self, inbox: &Arc<SyncInbox>) {
+        let mut slot = self.shared.sync_inbox.lock().await;
+        if slot.as_ref().is_some_and(|now| Arc::ptr_eq(now, inbox)) {
+            *slot = None;
+            let _ = inbox.reader.lock().await.unsubscribe().await;
         }
     }
 

@@ -297,3 +297,48 @@ async fn a_stream_the_server_has_no_room_for_is_refused_with_what_to_do() {
         .await
         .expect("16 MiB fits");
 }
+
+/// Every sync on a connection, its clones' included, shares one inbox subscription: many at
+/// once all answer, and after the first none changes the server's subscriptions (each used
+/// to subscribe and unsubscribe an inbox of its own; a process starting 1,000 agents on one
+/// connection made 6,000 such changes).
+#[tokio::test]
+async fn syncs_share_one_inbox_and_change_no_subscriptions() {
+    let server = chorus_tests::ServerBuilder::default()
+        .arg("-m")
+        .arg("-1")
+        .start()
+        .expect("server");
+    let monitor = server.monitor_url().expect("a monitoring port").to_owned();
+    let broker = raw_broker(&server).await;
+    broker.sync(WAIT).await.expect("the first sync");
+    let before = sublist(&monitor).await;
+    let syncs = (0..200).map(|_| {
+        let broker = broker.clone();
+        async move { broker.sync(WAIT).await }
+    });
+    for answered in within(WAIT, "200 syncs", futures::future::join_all(syncs)).await {
+        answered.expect("sync");
+    }
+    let after = sublist(&monitor).await;
+    for counter in ["num_inserts", "num_removes"] {
+        assert_eq!(after[counter], before[counter], "{counter} changed: {before} -> {after}");
+    }
+}
+
+/// The server's subscription index counters (`/subsz`), read over plain HTTP.
+async fn sublist(monitor: &str) -> serde_json::Value {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = monitor.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = within(WAIT, "monitor", tokio::net::TcpStream::connect(host))
+        .await
+        .expect("connect to the monitoring port");
+    let request = format!("GET /subsz HTTP/1.0\r\nHost: {host}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut response = String::new();
+    within(WAIT, "subsz", stream.read_to_string(&mut response))
+        .await
+        .expect("read");
+    let body = response.split("\r\n\r\n").nth(1).expect("a body");
+    serde_json::from_str(body).expect("subsz is JSON")
+}
