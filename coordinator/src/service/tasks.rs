@@ -130,8 +130,12 @@ pub(super) fn spawn_payload_sweeper(shared: &Arc<Shared>) {
 }
 
 /// Whether to announce the protocol level now: at once when it changed (a protocol-1 agent
-/// joined, or the last one left), within a second when more agents are live (a newcomer
-/// learns it soon), and every `WIRE_ANNOUNCE_INTERVAL` in any case.
+/// joined, or the last one left), soon when more agents are live (a newcomer learns it), and
+/// every `WIRE_ANNOUNCE_INTERVAL` in any case. Every live agent gets a copy of each
+/// announcement, so the two waits grow with the fleet, by a second per
+/// [`WIRE_COPIES_PER_SECOND`] live agents: at 100,000 agents announcing every second for
+/// newcomers made 100,000 copies a second, and the server's work for them held up everything
+/// else the coordinator sent (docs/SCALE.md).
 fn wire_announcement_due(
     last: Option<(u16, usize, tokio::time::Instant)>,
     level: u16,
@@ -141,13 +145,20 @@ fn wire_announcement_due(
         return true;
     };
     let since = at.elapsed();
+    let spread =
+        Duration::from_secs(u64::try_from(live / WIRE_COPIES_PER_SECOND).unwrap_or(u64::MAX));
     last_level != level
-        || (live > last_live && since >= WIRE_NEWCOMER_DELAY)
-        || since >= chorus_sdk::registry::WIRE_ANNOUNCE_INTERVAL
+        || (live > last_live && since >= WIRE_NEWCOMER_DELAY.max(spread))
+        || since >= chorus_sdk::registry::WIRE_ANNOUNCE_INTERVAL.max(spread)
 }
 
 /// The least time between two announcements made for newcomers.
 const WIRE_NEWCOMER_DELAY: Duration = Duration::from_secs(1);
+
+/// About how many copies of its announcements the coordinator has the server make a second,
+/// at most, when the level does not change: the waits between them are a second per this
+/// many live agents, when that is longer.
+const WIRE_COPIES_PER_SECOND: usize = 1_000;
 
 /// Publishes the bus's protocol level on `<root>.sys.wire`, in the named form every agent
 /// reads, signed when the coordinator has a key. Whether it went out.
@@ -236,4 +247,37 @@ pub(super) async fn spawn_dead_letter_worker(shared: &Arc<Shared>) -> Result<()>
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    /// Announced `ago` with `live` agents at level 2.
+    fn last(live: usize, ago: Duration) -> Option<(u16, usize, Instant)> {
+        Some((2, live, Instant::now() - ago))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn announcements_for_newcomers_and_the_periodic_one_wait_longer_as_the_fleet_grows() {
+        let s = Duration::from_secs;
+        // The first, and a change of level, at once whatever the fleet.
+        assert!(wire_announcement_due(None, 2, 100_000));
+        assert!(wire_announcement_due(last(100_000, s(0)), 1, 100_000));
+        // A small fleet: newcomers within a second, and every 15 s.
+        assert!(!wire_announcement_due(
+            last(10, Duration::from_millis(500)),
+            2,
+            11
+        ));
+        assert!(wire_announcement_due(last(10, s(1)), 2, 11));
+        assert!(!wire_announcement_due(last(10, s(14)), 2, 10));
+        assert!(wire_announcement_due(last(10, s(15)), 2, 10));
+        // 100,000 agents: a second per 1,000 of them, for newcomers and the periodic one.
+        assert!(!wire_announcement_due(last(90_000, s(99)), 2, 100_000));
+        assert!(wire_announcement_due(last(90_000, s(100)), 2, 100_000));
+        assert!(!wire_announcement_due(last(100_000, s(99)), 2, 100_000));
+        assert!(wire_announcement_due(last(100_000, s(100)), 2, 100_000));
+    }
 }

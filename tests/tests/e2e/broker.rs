@@ -322,7 +322,10 @@ async fn syncs_share_one_inbox_and_change_no_subscriptions() {
     }
     let after = sublist(&monitor).await;
     for counter in ["num_inserts", "num_removes"] {
-        assert_eq!(after[counter], before[counter], "{counter} changed: {before} -> {after}");
+        assert_eq!(
+            after[counter], before[counter],
+            "{counter} changed: {before} -> {after}"
+        );
     }
 }
 
