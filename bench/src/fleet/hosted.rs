@@ -372,17 +372,26 @@ async fn run(
                 heartbeat,
             )?;
             // A host saturated by the agents it starts may report late and be taken for
-            // gone for a moment: its deployment is asked for again until it is placed.
+            // gone for a moment, and a coordinator that cannot write the deployment yet says
+            // to try again (5019): its deployment is asked for again until it is placed.
             let asked = Instant::now();
             loop {
-                let view: DeploymentView = ask(
+                let asking = ask(
                     coordinator_commands::DEPLOY,
                     serde_json::to_value(DeployRequest {
                         manifest: m.clone(),
                     })?,
                 )
-                .await?
-                .payload_as()?;
+                .await;
+                let reply = match asking {
+                    Err(e) if unavailable(&e) && asked.elapsed() < DEPLOY_RETRY => {
+                        progress(&format!("deployment w{i}: {e:#}; asked again"));
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        continue;
+                    }
+                    asked => asked?,
+                };
+                let view: DeploymentView = reply.payload_as()?;
                 let Some((_, why)) = view.failed.first_key_value() else {
                     break;
                 };
@@ -513,4 +522,10 @@ async fn run(
     coordinator.stop().await;
     drop(server);
     result
+}
+
+/// Whether `e` is the coordinator saying it cannot do it now (5019): asked again later.
+fn unavailable(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<chorus_sdk::SdkError>()
+        .is_some_and(|e| e.status() == chorus_sdk::StatusCode::UNAVAILABLE)
 }
