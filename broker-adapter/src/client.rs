@@ -494,12 +494,12 @@ impl Broker {
         Ok(inbox)
     }
 
-    /// Lets go of `inbox` (refused by the server), unless another sync already did.
+    /// Lets go of `inbox` (refused by the server), unless another sync already did: its
+    /// subscription ends when the last sync using it lets go of it too.
     async fn forget_sync_inbox(&self, inbox: &Arc<SyncInbox>) {
         let mut slot = self.shared.sync_inbox.lock().await;
         if slot.as_ref().is_some_and(|now| Arc::ptr_eq(now, inbox)) {
             *slot = None;
-            let _ = inbox.reader.lock().await.unsubscribe().await;
         }
     }
 
