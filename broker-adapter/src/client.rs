@@ -52,8 +52,11 @@ struct SyncInbox {
     /// Read by one waiter at a time, which hands the others their tokens as they come.
     reader: tokio::sync::Mutex<async_nats::Subscriber>,
     /// The waiters, by token.
-    waiting: std::sync::Mutex<std::collections::HashMap<u64, tokio::sync::oneshot::Sender<()>>>,
+    waiting: std::sync::Mutex<Waiters>,
 }
+
+/// The syncs waiting for their token, by token.
+type Waiters = std::collections::HashMap<u64, tokio::sync::oneshot::Sender<()>>;
 
 /// What a sync heard of the connection's events while it waited.
 enum Heard {
@@ -92,10 +95,7 @@ impl SyncInbox {
         }
     }
 
-    fn waiters(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, tokio::sync::oneshot::Sender<()>>>
-    {
+    fn waiters(&self) -> std::sync::MutexGuard<'_, Waiters> {
         self.waiting
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
