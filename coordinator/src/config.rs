@@ -49,6 +49,9 @@ pub struct CoordinatorConfig {
     pub metrics_addr: SocketAddr,
     /// Heartbeats an agent may miss before it is declared gone.
     pub missed_heartbeats: u32,
+    /// Heartbeats a second the whole fleet is asked to keep to: the coordinator announces a
+    /// heartbeat floor of one second per this many live agents (0: no floor).
+    pub max_heartbeats_per_second: u64,
     /// How often the registry looks for silent agents, in milliseconds.
     pub reap_interval_ms: u64,
     /// How often payloads carried by reference whose messages have expired are removed from
@@ -102,6 +105,7 @@ impl Default for CoordinatorConfig {
             root: chorus_sdk::subject::DEFAULT_ROOT.into(),
             metrics_addr: DEFAULT_METRICS_ADDR,
             missed_heartbeats: 3,
+            max_heartbeats_per_second: 2_000,
             reap_interval_ms: 1_000,
             payload_sweep_ms: 30_000,
             broadcast_timeout_ms: 5_000,
@@ -259,6 +263,14 @@ impl CoordinatorConfig {
         bus
     }
 
+    /// The heartbeat floor to announce while `live` agents are live: a second per
+    /// `max_heartbeats_per_second` of them, none when that is 0.
+    pub fn heartbeat_floor(&self, live: usize) -> Option<u64> {
+        let live = u64::try_from(live).unwrap_or(u64::MAX);
+        (self.max_heartbeats_per_second > 0)
+            .then(|| live.saturating_mul(1_000) / self.max_heartbeats_per_second)
+    }
+
     /// The reaper's period.
     pub fn reap_interval(&self) -> Duration {
         Duration::from_millis(self.reap_interval_ms)
@@ -314,6 +326,18 @@ mod tests {
         assert!(err.to_string().contains("no_such_key"), "{err}");
         let missing = dir.path().join("missing.toml");
         assert!(CoordinatorConfig::load(Some(&missing)).is_err());
+    }
+
+    #[test]
+    fn the_heartbeat_floor_is_a_second_per_max_heartbeats_per_second_live_agents() {
+        let mut config = CoordinatorConfig::default();
+        assert_eq!(config.heartbeat_floor(0), Some(0));
+        // Up to 10,000 agents the floor stays at or under the default 5 s interval.
+        assert_eq!(config.heartbeat_floor(10_000), Some(5_000));
+        assert_eq!(config.heartbeat_floor(100_000), Some(50_000));
+        assert_eq!(config.heartbeat_floor(usize::MAX), Some(u64::MAX / 2_000));
+        config.max_heartbeats_per_second = 0;
+        assert_eq!(config.heartbeat_floor(100_000), None);
     }
 
     #[test]

@@ -100,11 +100,34 @@ struct Watch {
     started: Instant,
     check: HealthCheck,
     grace: Duration,
-    /// How long without a heartbeat counts as stopped (three of the agent's intervals, or the
-    /// manifest's health interval times its failures, whichever is longer).
+    /// How long without a heartbeat counts as stopped: the manifest's health interval times
+    /// its failures (at least three), or three of the intervals the agent's last heartbeat
+    /// announced, whichever is longer (the bus may pace heartbeats slower than the manifest
+    /// says: docs/COORDINATOR.md).
     silence: Duration,
     last_heartbeat: Option<Instant>,
+    /// The interval the agent's last heartbeat announced.
+    beat: Duration,
     confirmed: bool,
+}
+
+impl Watch {
+    /// How long the agent may be silent before it is restarted.
+    fn allowed_silence(&self) -> Duration {
+        self.silence.max(self.beat * MISSED_HEARTBEATS)
+    }
+}
+
+/// The heartbeat interval a heartbeat announces (its manifest's `heartbeat_ms`), if it reads.
+fn announced_interval(heartbeat: &[u8]) -> Option<Duration> {
+    #[derive(serde::Deserialize)]
+    struct Interval {
+        heartbeat_ms: u64,
+    }
+    let (env, _) = chorus_sdk::codec::decode(heartbeat).ok()?;
+    let interval: Interval =
+        chorus_sdk::codec::decode_payload(&env.payload, &env.content_type).ok()?;
+    Some(Duration::from_millis(interval.heartbeat_ms))
 }
 
 /// How long a failed build is left failed: a deploy that comes later builds again (the
@@ -793,9 +816,11 @@ impl State {
             };
             let (watches, agent) = (Arc::clone(&self.watches), agent.clone());
             self.tasks.spawn(async move {
-                while sub.next_until(token.cancelled()).await.is_some() {
+                while let Some(msg) = sub.next_until(token.cancelled()).await {
+                    let beat = announced_interval(msg.payload());
                     if let Some(watch) = lock(&watches).get_mut(&agent) {
                         watch.last_heartbeat = Some(Instant::now());
+                        watch.beat = beat.unwrap_or(watch.beat);
                     }
                 }
             });
@@ -925,6 +950,7 @@ impl State {
                     grace: health.start_grace,
                     silence: health.interval * health.failures.max(MISSED_HEARTBEATS),
                     last_heartbeat: None,
+                    beat: Duration::ZERO,
                     confirmed: false,
                 };
                 let confirm_now = health.check == HealthCheck::None;
@@ -1044,11 +1070,11 @@ impl State {
                 (HealthCheck::Heartbeat, true)
                     if watch
                         .last_heartbeat
-                        .is_some_and(|t| now - t > watch.silence) =>
+                        .is_some_and(|t| now - t > watch.allowed_silence()) =>
                 {
                     restart.push((
                         watch.process.clone(),
-                        format!("{id}: no heartbeat for {:?}", watch.silence),
+                        format!("{id}: no heartbeat for {:?}", watch.allowed_silence()),
                     ));
                 }
                 _ => {}
@@ -1067,5 +1093,55 @@ impl State {
                 tracing::debug!(agent = %id, error = %err, "restart not done");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chorus_sdk::codec::{self, Encoding};
+    use chorus_sdk::envelope::CONTENT_TYPE_MSGPACK;
+    use chorus_sdk::{Envelope, Kind, Performative};
+
+    fn heartbeat(heartbeat_ms: u64, encoding: Encoding) -> Vec<u8> {
+        let manifest: chorus_sdk::registry::Manifest = serde_json::from_value(serde_json::json!({
+            "agent": "a1", "instance": "0", "heartbeat_ms": heartbeat_ms, "started_ms": 0,
+        }))
+        .expect("manifest");
+        let mut env = Envelope::new(Kind::Heartbeat, Performative::Health, "a1");
+        env.payload = codec::encode_payload(&manifest, CONTENT_TYPE_MSGPACK).expect("payload");
+        codec::encode(&env, encoding).expect("encode").to_vec()
+    }
+
+    #[test]
+    fn a_paced_agent_is_allowed_three_of_the_intervals_its_heartbeats_announce() {
+        for encoding in [Encoding::MsgPack, Encoding::Compact, Encoding::Json] {
+            assert_eq!(
+                announced_interval(&heartbeat(50_000, encoding)),
+                Some(Duration::from_secs(50)),
+                "{encoding:?}"
+            );
+        }
+        assert_eq!(announced_interval(b"not an envelope"), None);
+        let mut watch = Watch {
+            deployment: "d".into(),
+            replica: 0,
+            process: "d".into(),
+            started: Instant::now(),
+            check: HealthCheck::Heartbeat,
+            grace: Duration::from_secs(30),
+            silence: Duration::from_secs(30),
+            last_heartbeat: None,
+            beat: Duration::ZERO,
+            confirmed: true,
+        };
+        // Before a heartbeat says otherwise, and while the agent beats faster than the
+        // manifest's health interval: the manifest's silence.
+        assert_eq!(watch.allowed_silence(), Duration::from_secs(30));
+        watch.beat = Duration::from_secs(5);
+        assert_eq!(watch.allowed_silence(), Duration::from_secs(30));
+        // Paced by the bus to one beat in 50 s: three of those.
+        watch.beat = Duration::from_secs(50);
+        assert_eq!(watch.allowed_silence(), Duration::from_secs(150));
     }
 }

@@ -22,7 +22,7 @@ import pytest
 
 from chorus_sdk import Agent, DecodeError, Refused, StatusCode, Subjects, decode, decode_payload
 
-from .conftest import REPO, NatsServer, _free_port
+from .conftest import REPO, ChorusProcess, NatsServer, _free_port
 
 WAIT = 30.0
 README = REPO / "python" / "README.md"
@@ -281,3 +281,43 @@ async def test_ctrl_c_on_the_readme_greeter_ends_it_quietly(server: Any, program
         with pytest.raises(Exception) as gone:
             await after.request("greeter", "hello", "", timeout=1.0)
         assert getattr(gone.value, "status", None) in (StatusCode.NO_RESPONDERS, StatusCode.TIMEOUT)
+
+
+async def test_a_python_agent_keeps_to_the_heartbeat_floor_its_coordinator_announces(server: NatsServer) -> None:
+    """The coordinator paces a large fleet's heartbeats (docs/COORDINATOR.md): with one
+    heartbeat a second allowed and one agent live it announces a 1 s floor on ``sys.wire``, and a
+    Python agent beating every 0.2 s keeps to it, announces it in each beat, and stays live
+    through silences that three of its own intervals would not cover."""
+    coordinator = ChorusProcess(
+        server.url,
+        "serve",
+        CHORUS_SERVE__METRICS_ADDR="127.0.0.1:0",
+        CHORUS_SERVE__MAX_HEARTBEATS_PER_SECOND="1",
+        CHORUS_SERVE__REAP_INTERVAL_MS="50",
+    )
+    try:
+        async with Heartbeats(server.url, "py-paced") as heartbeats:
+            async with Agent("py-paced", servers=server.url, heartbeat_interval=0.2, durable_inbox=False) as paced:
+                deadline = asyncio.get_running_loop().time() + WAIT
+                while True:
+                    remaining = deadline - asyncio.get_running_loop().time()
+                    assert remaining > 0, "no heartbeat announced the 1 s floor"
+                    manifest = await asyncio.wait_for(heartbeats.beats.get(), remaining)
+                    if manifest["heartbeat_ms"] == 1000:
+                        break
+                    assert manifest["heartbeat_ms"] == 200, manifest
+                assert paced.beat_interval() == 1.0
+                loop = asyncio.get_running_loop()
+                at = loop.time()
+                for _ in range(2):
+                    # 0.8 s after a beat, past three of its own 0.2 s intervals: still found.
+                    await asyncio.sleep(0.8)
+                    found = [r for r in await paced.discover(timeout=WAIT) if r["manifest"]["agent"] == "py-paced"]
+                    assert [r["manifest"]["heartbeat_ms"] for r in found] == [1000], found
+                    manifest = await asyncio.wait_for(heartbeats.beats.get(), WAIT)
+                    now = loop.time()
+                    assert manifest["heartbeat_ms"] == 1000, manifest
+                    assert now - at >= 0.9, f"a paced agent beat after {now - at:.2f} s, within its 1 s floor"
+                    at = now
+    finally:
+        coordinator.stop()

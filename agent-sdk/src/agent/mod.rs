@@ -479,7 +479,7 @@ impl Inner {
                 }
             });
         }
-        if self.out.wire.follows_bus() {
+        if self.out.wire.follows_bus() || !self.presence.heartbeat_interval.is_zero() {
             let sub = self
                 .link
                 .broker

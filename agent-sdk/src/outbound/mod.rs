@@ -49,11 +49,13 @@ pub(crate) struct Parent<'a> {
 }
 
 /// How an agent chooses the form of what it sends: fixed by its options, or the bus's, as the
-/// coordinator announces it (`<root>.sys.wire`).
+/// coordinator announces it (`<root>.sys.wire`); and the least heartbeat interval the
+/// coordinator asks for in the same announcement.
 #[derive(Debug)]
 pub(crate) struct Wire {
     fixed: Option<Encoding>,
     bus_compact: std::sync::atomic::AtomicBool,
+    heartbeat_floor_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Wire {
@@ -61,7 +63,27 @@ impl Wire {
         Wire {
             fixed,
             bus_compact: std::sync::atomic::AtomicBool::new(false),
+            heartbeat_floor_ms: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Takes the bus's heartbeat floor (none: 0), bounded by
+    /// [`MAX_HEARTBEAT_FLOOR`](crate::registry::MAX_HEARTBEAT_FLOOR).
+    pub(crate) fn set_heartbeat_floor(&self, floor_ms: Option<u64>) {
+        let max =
+            u64::try_from(crate::registry::MAX_HEARTBEAT_FLOOR.as_millis()).unwrap_or(u64::MAX);
+        self.heartbeat_floor_ms.store(
+            floor_ms.unwrap_or(0).min(max),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// The least time between two heartbeats the bus asks for (zero: none).
+    pub(crate) fn heartbeat_floor(&self) -> Duration {
+        Duration::from_millis(
+            self.heartbeat_floor_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// Whether the agent follows the bus (no encoding was fixed).

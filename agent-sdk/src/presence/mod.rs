@@ -28,6 +28,8 @@ pub(crate) use wire::follow_wire;
 
 /// Default time between heartbeats.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+/// How long a heartbeat waits after a change of the manifest, for the changes that follow it.
+pub(crate) const CHANGE_SETTLE: Duration = Duration::from_millis(50);
 /// The capability version announced unless the agent sets one.
 pub const DEFAULT_CAPABILITY_VERSION: &str = "1.0";
 
@@ -81,8 +83,19 @@ impl Presence {
         (load, availability)
     }
 
+    /// The time until the next heartbeat: the agent's interval, or the bus's floor when that
+    /// is longer (section 3.5 of the protocol).
+    pub(crate) fn interval(&self) -> Duration {
+        self.heartbeat_interval.max(self.out.wire.heartbeat_floor())
+    }
+
     /// The manifest as of now.
     pub(crate) fn manifest(&self) -> Manifest {
+        self.manifest_beating(self.interval())
+    }
+
+    /// The manifest as of now, announcing heartbeats every `every`.
+    fn manifest_beating(&self, every: Duration) -> Manifest {
         let endpoints = self.endpoints.all();
         let mut capabilities: Vec<CapabilityInfo> = lock(&self.capabilities)
             .iter()
@@ -132,7 +145,7 @@ impl Presence {
             waiting: self.dispatcher.waiting(),
             public_key: self.out.identity.as_ref().map(|i| i.public_key()),
             encryption_key: self.encryption_key.clone(),
-            heartbeat_ms: u64::try_from(self.heartbeat_interval.as_millis()).unwrap_or(u64::MAX),
+            heartbeat_ms: u64::try_from(every.as_millis()).unwrap_or(u64::MAX),
             started_ms: self.started_ms,
             sdk_version: env!("CARGO_PKG_VERSION").to_owned(),
             metrics_url: self.metrics_url.clone(),
@@ -149,7 +162,7 @@ impl Presence {
         manifest
     }
 
-    async fn send(&self, kind: Performative) -> Result<(), SdkError> {
+    async fn send(&self, kind: Performative, every: Duration) -> Result<(), SdkError> {
         let out = &self.out;
         let subject = match kind {
             Performative::Health => out.link.subjects.heartbeat(&out.link.id),
@@ -161,26 +174,37 @@ impl Presence {
             env.status = Some(crate::StatusCode::DISCONNECTED);
         }
         env.content_type = CONTENT_TYPE_MSGPACK.into();
-        env.payload = codec::encode_payload(&self.manifest(), CONTENT_TYPE_MSGPACK)?;
+        env.payload = codec::encode_payload(&self.manifest_beating(every), CONTENT_TYPE_MSGPACK)?;
         out.seal(&subject, &mut env);
         let bytes = out.encode(&subject, &env)?;
         Ok(out.link.broker.publish(&subject, bytes).await?)
     }
 
-    /// Heartbeats every interval (and at once when the manifest changes) until the agent
-    /// stops; then a goodbye, so the registry drops it without waiting for missed beats.
+    /// Heartbeats every interval (and soon after the manifest changes) until the agent
+    /// stops; then a goodbye, so the registry drops it without waiting for missed beats. Each
+    /// beat announces the wait until the next one, which is what the registry and the host
+    /// allow before calling the agent silent. Changes made within [`CHANGE_SETTLE`] of each
+    /// other go out in one beat (an agent registering its handlers after it starts).
     pub(crate) async fn run(self: Arc<Self>) {
         loop {
-            if let Err(err) = self.send(Performative::Health).await {
+            let every = self.interval();
+            if let Err(err) = self.send(Performative::Health, every).await {
                 tracing::debug!(agent = %self.link.id, error = %Report(&err), "heartbeat not sent");
             }
             tokio::select! {
-                _ = tokio::time::sleep(self.heartbeat_interval) => {}
-                _ = self.changed.notified() => {}
+                _ = tokio::time::sleep(every) => {}
+                _ = self.changed.notified() => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(CHANGE_SETTLE.min(every)) => {}
+                        _ = self.stop.cancelled() => break,
+                    }
+                    // The changes made meanwhile are in this beat.
+                    let _ = futures::FutureExt::now_or_never(self.changed.notified());
+                }
                 _ = self.stop.cancelled() => break,
             }
         }
-        if let Err(err) = self.send(Performative::Done).await {
+        if let Err(err) = self.send(Performative::Done, self.interval()).await {
             tracing::debug!(agent = %self.link.id, error = %Report(&err), "goodbye not sent");
         }
     }

@@ -1,6 +1,7 @@
 //! Following the bus's protocol level: the coordinator announces on `<root>.sys.wire` the
 //! newest protocol major that every live agent reads, and an agent that has no encoding of its
-//! own writes the compact form while that is 2.
+//! own writes the compact form while that is 2. The same announcement carries the heartbeat
+//! floor, which every agent that heartbeats follows.
 
 use std::sync::Arc;
 
@@ -29,6 +30,7 @@ pub(crate) async fn follow_wire(
                     tracing::debug!(agent = %out.link.id, major = level.major, "following the bus's protocol");
                 }
                 out.wire.set_bus_compact(compact);
+                out.wire.set_heartbeat_floor(level.heartbeat_ms);
             }
             None => {
                 tracing::debug!(agent = %out.link.id, "an announcement on the wire subject did not decode");

@@ -188,12 +188,22 @@ impl Manifest {
 /// What the coordinator announces on `<root>.sys.wire`, when it changes and every
 /// [`WIRE_ANNOUNCE_INTERVAL`](crate::registry::WIRE_ANNOUNCE_INTERVAL): the newest protocol
 /// major that every live agent reads. Agents that follow the bus write the compact form
-/// (protocol 2) while it is 2, and the named form otherwise.
+/// (protocol 2) while it is 2, and the named form otherwise. It also paces heartbeats: an
+/// agent beats no more often than `heartbeat_ms` (up to [`MAX_HEARTBEAT_FLOOR`]), so the
+/// whole fleet sends about as many heartbeats a second as the coordinator can take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WireLevel {
     /// 1 or 2.
     pub major: u16,
+    /// The least time between two heartbeats of an agent, in milliseconds (absent: no
+    /// floor, each agent beats at its own interval).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_ms: Option<u64>,
 }
+
+/// The longest heartbeat interval an announcement can ask of an agent: the floor is bounded,
+/// so an announcement (not checked for a signature) cannot silence the fleet for long.
+pub const MAX_HEARTBEAT_FLOOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// How often the coordinator repeats its [`WireLevel`] announcement.
 pub const WIRE_ANNOUNCE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(15);

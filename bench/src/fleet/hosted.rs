@@ -156,7 +156,7 @@ pub(crate) async fn hosted(
     let mut rows = Vec::new();
     for &(n, heartbeat) in sizes {
         progress(&format!(
-            "{n} real SDK agents in host processes, a heartbeat every {} s each",
+            "{n} real SDK agents in host processes, a heartbeat every {} s each unless the coordinator paces them",
             heartbeat.as_secs_f64()
         ));
         match run(program, n, heartbeat, progress).await {
@@ -169,7 +169,7 @@ pub(crate) async fn hosted(
                     goal: format!("not reached: {e:#}"),
                     met: Some(false),
                     ..Row::chorus_only(
-                        &format!("{n} hosted agents, heartbeats every {heartbeat:?}"),
+                        &format!("{n} hosted agents, manifests' heartbeat {heartbeat:?}"),
                         "",
                         0.0,
                         "",
@@ -186,7 +186,7 @@ fn rows_of(f: &Figures) -> Vec<Row> {
     let n = f.agents;
     let at = |what: &str| {
         format!(
-            "{n} hosted SDK agents in {} processes, heartbeats every {:?}: {what}",
+            "{n} hosted SDK agents in {} processes, manifests' heartbeat {:?}: {what}",
             f.processes, f.heartbeat
         )
     };

@@ -92,7 +92,9 @@ pub(super) fn spawn_reaper(shared: &Arc<Shared>) {
             }
             s.registry.reap().await;
             let (level, live) = s.registry.wire_level();
-            if wire_announcement_due(announced, level, live) && announce_wire(&s, level).await {
+            if wire_announcement_due(announced, level, live)
+                && announce_wire(&s, level, s.config.heartbeat_floor(live)).await
+            {
                 announced = Some((level, live, tokio::time::Instant::now()));
             }
             if ticks.is_multiple_of(GAUGE_REFRESH_TICKS) {
@@ -160,16 +162,22 @@ const WIRE_NEWCOMER_DELAY: Duration = Duration::from_secs(1);
 /// many live agents, when that is longer.
 const WIRE_COPIES_PER_SECOND: usize = 1_000;
 
-/// Publishes the bus's protocol level on `<root>.sys.wire`, in the named form every agent
-/// reads, signed when the coordinator has a key. Whether it went out.
-async fn announce_wire(shared: &Shared, major: u16) -> bool {
+/// Publishes the bus's protocol level and heartbeat floor on `<root>.sys.wire`, in the named
+/// form every agent reads, signed when the coordinator has a key. Whether it went out.
+async fn announce_wire(shared: &Shared, major: u16, heartbeat_ms: Option<u64>) -> bool {
     use chorus_sdk::codec::{self, Encoding};
     use chorus_sdk::envelope::CONTENT_TYPE_MSGPACK;
     use chorus_sdk::registry::WireLevel;
     use chorus_sdk::{Envelope, Kind, Performative};
     let subject = shared.subjects.wire();
     let mut env = Envelope::new(Kind::Event, Performative::Inform, super::COORDINATOR_ID);
-    let Ok(payload) = codec::encode_payload(&WireLevel { major }, CONTENT_TYPE_MSGPACK) else {
+    let Ok(payload) = codec::encode_payload(
+        &WireLevel {
+            major,
+            heartbeat_ms,
+        },
+        CONTENT_TYPE_MSGPACK,
+    ) else {
         return false;
     };
     env.payload = payload;

@@ -210,6 +210,8 @@ class AgentState:
         self.servers = [servers] if isinstance(servers, str) else list(servers)
         self._fixed_encoding = encoding
         self._bus_major = 1
+        # The least time between heartbeats the coordinator asks for (docs/PROTOCOL.md 3.5).
+        self._heartbeat_floor = 0.0
         self.identity = identity
         self.verifier = verifier
         self.encryption_key = encryption_key
@@ -217,6 +219,8 @@ class AgentState:
         # The sessions payloads are sealed in for each recipient key (section 4.2).
         self._encryption_sessions = Sessions(_rekey(encryption_rekey))
         self.heartbeat_interval = heartbeat_interval
+        # The interval the last heartbeat announced, which the next one keeps to.
+        self._beat_every = heartbeat_interval
         self.request_timeout = request_timeout
         self.max_in_flight = max_in_flight
         self.queue_capacity = queue_capacity

@@ -21,6 +21,12 @@ from .status import StatusCode
 from ._state import log
 from .inbound import Inbound
 
+# The longest heartbeat interval an announcement on ``sys.wire`` can ask for, in milliseconds.
+MAX_HEARTBEAT_FLOOR_MS = 120_000
+
+# How long a heartbeat waits after a change of the manifest, for the changes that follow it.
+CHANGE_SETTLE = 0.05
+
 # The keys of the manifest's ``waiting``, in the order the handler slots count them.
 WAITING_KEYS = tuple(p.value for p in PRIORITIES)
 
@@ -65,7 +71,7 @@ class Presence(Inbound):
         if self.encryption_key is not None:
             fields.append(("encryption_key", self.encryption_key.public_key))
         fields += [
-            ("heartbeat_ms", int(self.heartbeat_interval * 1000)),
+            ("heartbeat_ms", int(self._beat_every * 1000)),
             ("started_ms", self.started_ms),
             ("sdk_version", __version__),
         ]
@@ -85,6 +91,11 @@ class Presence(Inbound):
         if open_circuits:
             fields.append(("open_circuits", open_circuits))
         return encode_struct(fields)
+
+    def beat_interval(self) -> float:
+        """Seconds until the next heartbeat: the agent's interval, or the bus's heartbeat floor
+        when that is longer (docs/PROTOCOL.md section 3.5)."""
+        return max(self.heartbeat_interval, self._heartbeat_floor)
 
     def _capability_info(self, capability: str) -> Struct:
         """What the manifest says of one capability: its name and version, the most tokens one
@@ -120,6 +131,7 @@ class Presence(Inbound):
 
     async def _send_presence(self, goodbye: bool = False) -> None:
         env = Envelope.new(Kind.HEARTBEAT, Performative.DONE if goodbye else Performative.HEALTH, self.id)
+        self._beat_every = self.beat_interval()
         env.payload = self.manifest()
         if goodbye:
             env.status = StatusCode.DISCONNECTED
@@ -139,7 +151,10 @@ class Presence(Inbound):
         self._breakers.on_change.append(lambda _destination, _state: changed.set())
         while not self._stopping:
             try:
-                await asyncio.wait_for(changed.wait(), timeout=self.heartbeat_interval)
+                # The wait the last beat announced (its ``heartbeat_ms``).
+                await asyncio.wait_for(changed.wait(), timeout=self._beat_every)
+                # The changes that follow within CHANGE_SETTLE go out in the same beat.
+                await asyncio.sleep(CHANGE_SETTLE)
             except asyncio.TimeoutError:
                 pass
             changed.clear()
@@ -182,3 +197,8 @@ class Presence(Inbound):
             return
         if isinstance(level, dict) and level.get("major") in (1, 2):
             self._bus_major = int(level["major"])
+            floor = level.get("heartbeat_ms")
+            # Bounded, as in Rust: an announcement cannot silence the agent for long.
+            self._heartbeat_floor = (
+                min(floor, MAX_HEARTBEAT_FLOOR_MS) / 1000 if isinstance(floor, int) and floor > 0 else 0.0
+            )

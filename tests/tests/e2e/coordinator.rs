@@ -1120,3 +1120,113 @@ async fn every_event_the_coordinator_publishes_is_numbered() {
     }
     coordinator.shutdown().await;
 }
+
+/// The heartbeat interval a heartbeat announces, and when it arrived.
+async fn next_beat(beats: &mut chorus_broker_adapter::Subscription) -> (u64, Instant) {
+    let msg = within(WAIT, "a heartbeat", beats.next())
+        .await
+        .expect("heartbeats");
+    let (env, _) = chorus_sdk::codec::decode(msg.payload()).expect("an envelope");
+    let manifest: chorus_sdk::registry::Manifest =
+        chorus_sdk::codec::decode_payload(&env.payload, &env.content_type).expect("a manifest");
+    (manifest.heartbeat_ms, Instant::now())
+}
+
+/// In a large fleet the coordinator paces heartbeats (docs/COORDINATOR.md): its announcement
+/// on `sys.wire` carries a floor of a second per `max_heartbeats_per_second` live agents,
+/// agents beat no more often than that whatever their own interval, and each beat announces
+/// the interval it keeps, so the registry counts them live through the longer silences.
+#[tokio::test]
+async fn the_coordinator_paces_heartbeats_and_paced_agents_stay_live() {
+    let server = server();
+    // One heartbeat a second for the whole fleet: two agents live, a floor of 2 s.
+    let config = chorus_coordinator::CoordinatorConfig {
+        servers: server.url().to_owned(),
+        metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        reap_interval_ms: 50,
+        max_heartbeats_per_second: 1,
+        ..chorus_coordinator::CoordinatorConfig::default()
+    };
+    let coordinator = within(
+        WAIT,
+        "coordinator start",
+        chorus_coordinator::Coordinator::start(config, false),
+    )
+    .await
+    .expect("coordinator");
+    let raw = raw_broker(&server).await;
+    let mut beats = raw
+        .subscribe("chorus.sys.hb.paced")
+        .await
+        .expect("subscribe");
+    raw.sync(WAIT).await.expect("sync");
+    let paced = within(
+        WAIT,
+        "connect",
+        agent_options(&server, "paced")
+            .heartbeat_interval(HEARTBEAT)
+            .connect(),
+    )
+    .await
+    .expect("paced");
+    paced
+        .on_capability("pacing", |_ctx: Context, (): ()| async move {
+            Ok::<_, HandlerError>(())
+        })
+        .await
+        .expect("serve");
+    let client = within(
+        WAIT,
+        "connect",
+        agent_options(&server, "client")
+            .heartbeat_interval(HEARTBEAT)
+            .connect(),
+    )
+    .await
+    .expect("client");
+
+    // Its beats come every 300 ms until it hears the floor.
+    let deadline = Instant::now() + WAIT;
+    let (mut every, mut at) = next_beat(&mut beats).await;
+    while every != 2_000 {
+        assert!(
+            Instant::now() < deadline,
+            "no heartbeat announced the 2 s floor; the last said {every} ms"
+        );
+        (every, at) = next_beat(&mut beats).await;
+    }
+    assert_eq!(paced.manifest().heartbeat_ms, 2_000);
+    // Then every 2 s, and the registry finds it all along: three of its own 300 ms intervals
+    // would have declared it gone long before.
+    for _ in 0..2 {
+        let mut looked = 0;
+        let next = loop {
+            tokio::select! {
+                beat = next_beat(&mut beats) => break beat,
+                () = tokio::time::sleep(Duration::from_millis(200)) => {
+                    let found = ids_for(&client, "pacing").await;
+                    assert_eq!(found, ["paced"], "a paced agent dropped out of discovery");
+                    looked += 1;
+                }
+            }
+        };
+        let gap = next.1 - at;
+        assert!(
+            gap >= Duration::from_millis(1_900),
+            "a paced agent beat after {gap:?}, within its 2 s floor"
+        );
+        assert!(
+            looked >= 5,
+            "discovery asked only {looked} times in {gap:?}"
+        );
+        assert_eq!(next.0, 2_000);
+        at = next.1;
+    }
+    let record = client
+        .discover_capability("pacing")
+        .await
+        .expect("discovery")
+        .remove(0);
+    assert_eq!(record.manifest.heartbeat_ms, 2_000);
+    coordinator.shutdown().await;
+}
