@@ -67,12 +67,24 @@ pub fn init_tracing() {
 /// Starts an in-process coordinator against `server` with fast timings for tests: registry
 /// sweeps every 50 ms, metrics on a free loopback port when `metrics` is set.
 pub async fn coordinator(server: &NatsServer, metrics: bool) -> chorus_coordinator::Coordinator {
-    let config = chorus_coordinator::CoordinatorConfig {
+    start_coordinator(coordinator_config(server), metrics).await
+}
+
+/// The configuration [`coordinator`] starts with, for a test that changes some of it.
+pub fn coordinator_config(server: &NatsServer) -> chorus_coordinator::CoordinatorConfig {
+    chorus_coordinator::CoordinatorConfig {
         servers: server.url().to_owned(),
         metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         reap_interval_ms: 50,
         ..chorus_coordinator::CoordinatorConfig::default()
-    };
+    }
+}
+
+/// Starts an in-process coordinator with `config`, within the test's deadline.
+pub async fn start_coordinator(
+    config: chorus_coordinator::CoordinatorConfig,
+    metrics: bool,
+) -> chorus_coordinator::Coordinator {
     within(
         WAIT,
         "coordinator start",

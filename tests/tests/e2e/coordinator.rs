@@ -1141,19 +1141,10 @@ async fn the_coordinator_paces_heartbeats_and_paced_agents_stay_live() {
     let server = server();
     // One heartbeat a second for the whole fleet: two agents live, a floor of 2 s.
     let config = chorus_coordinator::CoordinatorConfig {
-        servers: server.url().to_owned(),
-        metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        reap_interval_ms: 50,
         max_heartbeats_per_second: 1,
-        ..chorus_coordinator::CoordinatorConfig::default()
+        ..chorus_tests::coordinator_config(&server)
     };
-    let coordinator = within(
-        WAIT,
-        "coordinator start",
-        chorus_coordinator::Coordinator::start(config, false),
-    )
-    .await
-    .expect("coordinator");
+    let coordinator = chorus_tests::start_coordinator(config, false).await;
     let raw = raw_broker(&server).await;
     let mut beats = raw
         .subscribe("chorus.sys.hb.paced")
