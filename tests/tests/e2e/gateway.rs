@@ -181,7 +181,8 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
         eddsa("ops", now() + 300, &private_pem)
     );
 
-    // Discover, with the API key: the calculator once it has registered.
+    // Discover, with the API key: the calculator once it has registered with its command (its
+    // first heartbeat, sent as it connects, has none).
     let found = eventually(
         WAIT,
         "calculator discovered through the gateway",
@@ -196,7 +197,9 @@ async fn edge_callers_reach_the_bus_through_the_gateway_with_valid_credentials_o
                         .collect()
                 })
                 .unwrap_or_default();
-            ids.contains(&"calculator".to_owned()).then_some(a.body)
+            (ids.contains(&"calculator".to_owned())
+                && a.body["agents"][0]["commands"] == json!(["add"]))
+            .then_some(a.body)
         },
     )
     .await;
