@@ -1151,30 +1151,24 @@ async fn the_coordinator_paces_heartbeats_and_paced_agents_stay_live() {
         .await
         .expect("subscribe");
     raw.sync(WAIT).await.expect("sync");
-    let paced = within(
-        WAIT,
-        "connect",
-        agent_options(&server, "paced")
-            .heartbeat_interval(HEARTBEAT)
-            .connect(),
-    )
-    .await
-    .expect("paced");
+    // Both agents beat every 300 ms of their own accord.
+    let beating = |id: &str| {
+        within(
+            WAIT,
+            "connect",
+            agent_options(&server, id)
+                .heartbeat_interval(HEARTBEAT)
+                .connect(),
+        )
+    };
+    let paced = beating("paced").await.expect("paced");
     paced
         .on_capability("pacing", |_ctx: Context, (): ()| async move {
             Ok::<_, HandlerError>(())
         })
         .await
         .expect("serve");
-    let client = within(
-        WAIT,
-        "connect",
-        agent_options(&server, "client")
-            .heartbeat_interval(HEARTBEAT)
-            .connect(),
-    )
-    .await
-    .expect("client");
+    let client = beating("client").await.expect("client");
 
     // Its beats come every 300 ms until it hears the floor.
     let deadline = Instant::now() + WAIT;
