@@ -840,17 +840,25 @@ async fn broadcast_reports_failures_dead_letters_undeliverable_copies_and_target
         serve(false),
     );
     let client = agent(&server, "prober").await;
-    eventually(WAIT, "four agents in the group", || async {
-        let n = client
-            .discover(&chorus_sdk::DiscoverQuery {
+    // An agent's first heartbeat, sent as it connects, holds no capability yet: wait for the
+    // one that does, or the ghost could crash before the registry hears it offers `probing`.
+    eventually(
+        WAIT,
+        "four agents in the group, three offering probing",
+        || async {
+            let client = &client;
+            let count = move |query: chorus_sdk::DiscoverQuery| async move {
+                let found = client.discover(&query).await;
+                found.map(|v| v.len()).unwrap_or(0)
+            };
+            let group = count(chorus_sdk::DiscoverQuery {
                 group: Some("mixed".into()),
                 ..Default::default()
-            })
-            .await
-            .map(|v| v.len())
-            .unwrap_or(0);
-        (n == 4).then_some(())
-    })
+            });
+            let holders = count(chorus_sdk::DiscoverQuery::capability("probing"));
+            (group.await == 4 && holders.await == 3).then_some(())
+        },
+    )
     .await;
     ghost.crash();
     // Until the server has dropped the ghost's subscription, a copy could still reach it.
