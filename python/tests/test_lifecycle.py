@@ -20,9 +20,24 @@ from typing import Any
 import nats
 import pytest
 
-from chorus_sdk import Agent, DecodeError, Refused, StatusCode, Subjects, decode, decode_payload
+from chorus_sdk import (
+    Agent,
+    Context,
+    DecodeError,
+    Encoding,
+    Envelope,
+    Kind,
+    Performative,
+    Refused,
+    StatusCode,
+    Subjects,
+    decode,
+    decode_payload,
+    encode,
+    encode_payload,
+)
 
-from .conftest import REPO, ChorusProcess, NatsServer, _free_port
+from .conftest import REPO, ChorusProcess, NatsServer, _free_port, eventually
 
 WAIT = 30.0
 README = REPO / "python" / "README.md"
@@ -319,5 +334,83 @@ async def test_a_python_agent_keeps_to_the_heartbeat_floor_its_coordinator_annou
                     assert manifest["heartbeat_ms"] == 1000, manifest
                     assert now - at >= 0.9, f"a paced agent beat after {now - at:.2f} s, within its 1 s floor"
                     at = now
+                await _a_newcomer_is_told_the_floor(server.url)
     finally:
         coordinator.stop()
+
+
+async def _a_newcomer_is_told_the_floor(url: str) -> None:
+    """A newcomer hears the floor at its first heartbeat, in a ``chorus-wire`` notification from
+    the coordinator (docs/PROTOCOL.md section 3.5), not at the next announcement; its next
+    heartbeat keeps to it, and no handler of its own sees the notification."""
+    told: asyncio.Queue[Envelope] = asyncio.Queue()
+    nc = await nats.connect(url)
+    try:
+
+        async def notified(msg: Any) -> None:
+            await told.put(decode(msg.data, Subjects().implied(msg.subject))[0])
+
+        await nc.subscribe(Subjects().notification("py-newcomer"), cb=notified)
+        await nc.flush()
+        async with Heartbeats(url, "py-newcomer") as heartbeats:
+            async with Agent("py-newcomer", servers=url, heartbeat_interval=0.2, durable_inbox=False) as newcomer:
+                seen: list[str] = []
+
+                @newcomer.notification("*")
+                async def anything(ctx: Context) -> None:
+                    seen.append(ctx.envelope.name or "")
+
+                env = await asyncio.wait_for(told.get(), WAIT)
+                assert (env.from_, env.name) == ("coordinator", "chorus-wire")
+                level = decode_payload(env.payload, env.content_type)
+                assert isinstance(level, dict) and level["heartbeat_ms"] == 1000, level
+                first = await asyncio.wait_for(heartbeats.beats.get(), WAIT)
+                assert first["heartbeat_ms"] == 200, first
+                # (A beat for the handler registered above may come before the floor is heard.)
+                later: list[int] = []
+                while not later or later[-1] < 1000:
+                    assert len(later) < 4, f"the newcomer kept beating fast: {later}"
+                    later.append((await asyncio.wait_for(heartbeats.beats.get(), WAIT))["heartbeat_ms"])
+                assert newcomer.beat_interval() >= 1.0
+                assert seen == []
+    finally:
+        await nc.close()
+
+
+async def test_a_wire_notification_sets_the_floor_only_from_the_coordinator(server: NatsServer) -> None:
+    """A ``chorus-wire`` notification from ``coordinator`` gives a Python agent the heartbeat
+    floor as the announcement on ``sys.wire`` does, and no handler sees it; from any other
+    sender it is an ordinary notification and the floor stays as it was (no coordinator runs
+    here: nothing announces)."""
+    nc = await nats.connect(server.url)
+    try:
+
+        async def tell(sender: str, floor_ms: int) -> None:
+            env = Envelope.new(Kind.NOTIFICATION, Performative.INFORM, sender)
+            env.to, env.name = ["py-floored"], "chorus-wire"
+            env.payload = encode_payload({"major": 2, "heartbeat_ms": floor_ms})
+            await nc.publish(Subjects().notification("py-floored"), encode(env, Encoding.MSGPACK))
+            await nc.flush()
+
+        async with Agent("py-floored", servers=server.url, heartbeat_interval=0.2, durable_inbox=False) as agent:
+            seen: list[tuple[str, str]] = []
+
+            @agent.notification("*")
+            async def anything(ctx: Context) -> None:
+                seen.append((ctx.envelope.from_, ctx.envelope.name or ""))
+
+            async def forged_handled() -> bool:
+                return seen == [("mallory", "chorus-wire")]
+
+            async def floor_taken() -> bool:
+                return agent.beat_interval() == 1.5
+
+            await tell("mallory", 1500)
+            await eventually("the forged one handled as any other", forged_handled)
+            assert agent.beat_interval() == 0.2
+            await tell("coordinator", 1500)
+            await eventually("the floor taken", floor_taken)
+            assert seen == [("mallory", "chorus-wire")]
+            assert agent.stats.notifications_unhandled == 0
+    finally:
+        await nc.close()

@@ -25,8 +25,9 @@ use crate::handler::endpoint::{Endpoint, Endpoints};
 use crate::handler::{Context, EventHandler, Output};
 use crate::metrics::sdk_metrics;
 use crate::outbound::Outbound;
-use crate::protocol::codec::Encoding;
+use crate::protocol::codec::{Encoding, decode_payload};
 use crate::protocol::envelope::{DeliveryClass, Envelope, Kind, now_ms};
+use crate::protocol::registry::{COORDINATOR_ID, WIRE_NOTIFICATION, WireLevel};
 use crate::protocol::status::StatusCode;
 use crate::security::Verifier;
 use crate::security::access::Access;
@@ -448,6 +449,17 @@ impl Pipeline {
             Target::Notification => {
                 AgentCounters::bump(&counters.notifications_received);
                 let name = request.name.as_deref().unwrap_or_default();
+                if name == WIRE_NOTIFICATION && request.from.as_str() == COORDINATOR_ID {
+                    // The coordinator's word on the bus's level and heartbeat floor, for this
+                    // agent alone (section 3.5): taken here, never a handler's.
+                    match decode_payload::<WireLevel>(&request.payload, &request.content_type) {
+                        Ok(level) => self.out.take_wire(&level),
+                        Err(err) => {
+                            tracing::debug!(agent = %self.link.id, error = %Report(&err), "the coordinator's wire notification did not decode");
+                        }
+                    }
+                    return Outcome::Done(Output::default());
+                }
                 let Some(handler) = self.endpoints.notification(name) else {
                     // Nobody here takes it: counted, never answered. A core one is dropped; a
                     // durable one waits while the retry policy's attempts last (a handler

@@ -144,6 +144,18 @@ pub(crate) struct Outbound {
 }
 
 impl Outbound {
+    /// Takes what the coordinator announced, on `sys.wire` or in a
+    /// [`WIRE_NOTIFICATION`](crate::registry::WIRE_NOTIFICATION) (PROTOCOL.md section 3.5):
+    /// the form to write while following the bus, and the heartbeat floor.
+    pub(crate) fn take_wire(&self, level: &crate::registry::WireLevel) {
+        let compact = level.major >= 2;
+        if compact != (self.wire.encoding() == Encoding::Compact) {
+            tracing::debug!(agent = %self.link.id, major = level.major, "following the bus's protocol");
+        }
+        self.wire.set_bus_compact(compact);
+        self.wire.set_heartbeat_floor(level.heartbeat_ms);
+    }
+
     /// Encodes `env` in the agent's encoding for `subject` (the compact form leaves out what
     /// the subject carries).
     ///

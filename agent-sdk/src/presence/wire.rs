@@ -24,14 +24,7 @@ pub(crate) async fn follow_wire(
             codec::decode_payload::<WireLevel>(&env.payload, &env.content_type).ok()
         });
         match level {
-            Some(level) => {
-                let compact = level.major >= 2;
-                if compact != (out.wire.encoding() == codec::Encoding::Compact) {
-                    tracing::debug!(agent = %out.link.id, major = level.major, "following the bus's protocol");
-                }
-                out.wire.set_bus_compact(compact);
-                out.wire.set_heartbeat_floor(level.heartbeat_ms);
-            }
+            Some(level) => out.take_wire(&level),
             None => {
                 tracing::debug!(agent = %out.link.id, "an announcement on the wire subject did not decode");
             }

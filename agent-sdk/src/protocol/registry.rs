@@ -205,6 +205,12 @@ pub struct WireLevel {
 /// so an announcement (not checked for a signature) cannot silence the fleet for long.
 pub const MAX_HEARTBEAT_FLOOR: std::time::Duration = std::time::Duration::from_secs(120);
 
+/// The notification (section 7.14) in which the coordinator tells an agent whose heartbeats
+/// come faster than the floor what its last [`WireLevel`] announcement said, so a newcomer
+/// need not wait for the next one. An agent takes it only from [`COORDINATOR_ID`]; no
+/// handler sees it.
+pub const WIRE_NOTIFICATION: &str = "chorus-wire";
+
 /// How often the coordinator repeats its [`WireLevel`] announcement.
 pub const WIRE_ANNOUNCE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(15);
 

@@ -9,8 +9,10 @@
 
 use std::sync::{Arc, Weak};
 
+use chorus_sdk::registry::{WIRE_NOTIFICATION, WireLevel};
 use chorus_sdk::{
-    Agent, BoxFuture, Context, EventHandler, Handler, HandlerError, Output, SdkError, StatusCode,
+    Agent, BoxFuture, Context, EventHandler, Handler, HandlerError, Notify, Output, Report,
+    SdkError, StatusCode,
 };
 
 use super::{Shared, broadcast};
@@ -54,14 +56,31 @@ impl EventHandler for Presence {
             Presence::Goodbye(s) => (upgrade(s), false),
         };
         Box::pin(async move {
-            let registry = &shared?.registry;
-            if heartbeat {
-                registry.on_heartbeat(ctx.message(), ctx.subject()).await;
-            } else {
+            let shared = shared?;
+            let registry = &shared.registry;
+            if !heartbeat {
                 registry.on_goodbye(ctx.message(), ctx.subject()).await;
+            } else if let Some((agent, level)) =
+                registry.on_heartbeat(ctx.message(), ctx.subject()).await
+            {
+                tell_wire(&shared, agent, level).await;
             }
             Ok(())
         })
+    }
+}
+
+/// Tells `agent` in a notification what the last announcement on `sys.wire` said (PROTOCOL.md
+/// section 3.5): its heartbeats come faster than the floor. Not sent: its next heartbeat asks
+/// again only for a new floor, and the next announcement tells it anyway.
+async fn tell_wire(shared: &Shared, agent: String, level: WireLevel) {
+    let notify = Notify::agent(agent, WIRE_NOTIFICATION).payload(&level);
+    let sent = match notify {
+        Ok(notify) => shared.agent.notify(notify).await.map(|_| ()),
+        Err(err) => Err(err),
+    };
+    if let Err(err) = sent {
+        tracing::debug!(error = %Report(&err), "heartbeat floor not told");
     }
 }
 

@@ -15,6 +15,7 @@ use std::sync::Mutex;
 use chorus_broker_adapter::{Broker, ErrorKind, Kv, KvEntry, KvOp};
 use chorus_sdk::codec::{self, decode_payload, encode_payload};
 use chorus_sdk::envelope::{CONTENT_TYPE_MSGPACK, now_ms};
+use chorus_sdk::registry::{MAX_HEARTBEAT_FLOOR, WireLevel};
 use chorus_sdk::{
     AgentRecord, DiscoverQuery, Envelope, HandlerError, Kind, Manifest, Output, Performative,
     StatusCode,
@@ -49,7 +50,13 @@ struct Live {
     writing: bool,
     /// What the bucket holds of it is older than `manifest`.
     dirty: bool,
+    /// The heartbeat floor this coordinator told it in a [`WIRE_NOTIFICATION`](chorus_sdk::registry::WIRE_NOTIFICATION), once per
+    /// floor.
+    told_floor: Option<u64>,
 }
+
+/// [`MAX_HEARTBEAT_FLOOR`] in milliseconds: agents take no longer floor.
+const MAX_FLOOR_MS: u64 = MAX_HEARTBEAT_FLOOR.as_secs() * 1000;
 
 /// Registry writes waiting for the writer at most. A heartbeat that finds the queue full
 /// leaves its agent as it was (unregistered, or changed), and its next heartbeat asks again.
@@ -126,14 +133,15 @@ impl Table {
     /// (`Some(true)`: created, `Some(false)`: put), marking the write begun. One write per
     /// agent at a time: a change made meanwhile is written after it.
     fn heard(&mut self, manifest: &Manifest, now: u64) -> Option<bool> {
-        let (registered, writing, dirty) =
+        let (registered, writing, dirty, told_floor) =
             self.live
                 .get(&manifest.agent)
-                .map_or((false, false, true), |l| {
+                .map_or((false, false, true, None), |l| {
                     (
                         l.registered,
                         l.writing,
                         l.dirty || !same_record(&l.manifest, manifest),
+                        l.told_floor,
                     )
                 });
         let due = (!registered || dirty) && !writing;
@@ -145,9 +153,24 @@ impl Table {
                 registered,
                 writing: writing || due,
                 dirty: dirty && !due,
+                told_floor,
             },
         );
         due.then_some(!registered)
+    }
+
+    /// Whether to tell `id`, whose heartbeats say they come every `heartbeat_ms`, the
+    /// heartbeat floor `floor_ms` in a notification: when they come faster and it has not
+    /// been told this floor yet (a newcomer, or an agent that missed the announcement).
+    fn tell_floor(&mut self, id: &str, heartbeat_ms: u64, floor_ms: u64) -> bool {
+        let Some(live) = self.live.get_mut(id) else {
+            return false;
+        };
+        if heartbeat_ms >= floor_ms || live.told_floor == Some(floor_ms) {
+            return false;
+        }
+        live.told_floor = Some(floor_ms);
+        true
     }
 
     /// Ends the write of `id`: stored, or not (its next heartbeat asks again).
@@ -220,6 +243,8 @@ pub(crate) struct Registry {
     /// heartbeat handlers and make the known agents' heartbeats drop on a full queue.
     writes: tokio::sync::mpsc::Sender<Write>,
     queued: Mutex<Option<tokio::sync::mpsc::Receiver<Write>>>,
+    /// What this coordinator last announced on `sys.wire`.
+    said: Mutex<Option<WireLevel>>,
 }
 
 impl Registry {
@@ -234,7 +259,13 @@ impl Registry {
             agents: Mutex::new(Table::default()),
             writes,
             queued: Mutex::new(Some(queued)),
+            said: Mutex::new(None),
         }
+    }
+
+    /// Notes what this coordinator announced on `sys.wire`.
+    pub(crate) fn said(&self, level: WireLevel) {
+        *self.said.lock().unwrap_or_else(|p| p.into_inner()) = Some(level);
     }
 
     /// The queue of writes, for the one writer (none the second time).
@@ -272,6 +303,7 @@ impl Registry {
                             registered: true,
                             writing: false,
                             dirty: false,
+                            told_floor: None,
                         },
                     );
                 }
@@ -282,22 +314,44 @@ impl Registry {
         }
     }
 
-    /// Handles a heartbeat: refresh the agent, and register it if the bucket lacks it.
-    pub(crate) async fn on_heartbeat(&self, env: &Envelope, subject: &str) {
+    /// Handles a heartbeat: refresh the agent, and register it if the bucket lacks it. Returns
+    /// the agent and what to tell it in a [`WIRE_NOTIFICATION`](chorus_sdk::registry::WIRE_NOTIFICATION) when its heartbeats come
+    /// faster than the floor last announced, once per floor (a newcomer hears the floor at
+    /// its first heartbeat, not at the next announcement, which can be 100 s away at 100,000
+    /// agents).
+    pub(crate) async fn on_heartbeat(
+        &self,
+        env: &Envelope,
+        subject: &str,
+    ) -> Option<(String, WireLevel)> {
         let Some(manifest) = decode_presence(env, subject) else {
             metrics()
                 .messages
                 .with_label_values(&["heartbeat", StatusCode::DATA_FORMAT.label()])
                 .inc();
-            return;
+            return None;
         };
         metrics()
             .messages
             .with_label_values(&["heartbeat", StatusCode::OK.label()])
             .inc();
         let now = now_ms();
-        let Some(create) = self.agents().heard(&manifest, now) else {
-            return;
+        let said = *self.said.lock().unwrap_or_else(|p| p.into_inner());
+        let (write, tell) = {
+            let mut agents = self.agents();
+            let write = agents.heard(&manifest, now);
+            // The floor as agents take it: bounded.
+            let floor = said
+                .as_ref()
+                .and_then(|l| l.heartbeat_ms)
+                .map(|f| f.min(MAX_FLOOR_MS));
+            let tell =
+                floor.is_some_and(|f| agents.tell_floor(&manifest.agent, manifest.heartbeat_ms, f));
+            (write, tell)
+        };
+        let told = said.filter(|_| tell).map(|l| (manifest.agent.clone(), l));
+        let Some(create) = write else {
+            return told;
         };
         let id = manifest.agent.clone();
         let write = Write {
@@ -309,6 +363,7 @@ impl Registry {
             tracing::debug!(agent = %id, "registry writes queued to the limit: its next heartbeat asks again");
             self.agents().written(&id, false);
         }
+        told
     }
 
     /// Makes one write the heartbeats asked for, and announces a join.
@@ -603,6 +658,7 @@ mod tests {
             registered: false,
             writing: false,
             dirty: false,
+            told_floor: None,
         }
     }
 
@@ -639,6 +695,26 @@ mod tests {
         table.written("b", false);
         assert!(!table["b"].registered);
         assert_eq!(table.heard(&other, 10), Some(true));
+    }
+
+    #[test]
+    fn an_agent_beating_faster_than_the_floor_is_told_it_once_per_floor() {
+        let mut table = Table::default();
+        let a = live("a", &[], &[]).manifest;
+        assert!(!table.tell_floor("a", 1_000, 5_000), "not heard yet");
+        table.heard(&a, 1);
+        assert!(
+            table.tell_floor("a", 1_000, 5_000),
+            "a newcomer beating every second"
+        );
+        // Told: its next heartbeats, paced or not, do not ask again for the same floor.
+        table.heard(&a, 2);
+        assert!(!table.tell_floor("a", 1_000, 5_000));
+        assert!(!table.tell_floor("a", 5_000, 5_000));
+        // A new floor it beats faster than is told again; one it keeps to is not.
+        assert!(table.tell_floor("a", 5_000, 8_000));
+        assert!(!table.tell_floor("b", 1_000, 8_000));
+        assert!(!table.tell_floor("a", 9_000, 9_000));
     }
 
     fn ids(table: &Table, query: &DiscoverQuery) -> Vec<String> {

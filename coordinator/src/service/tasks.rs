@@ -200,7 +200,13 @@ async fn announce_wire(shared: &Shared, major: u16, heartbeat_ms: Option<u64>) -
         })
         .await;
     match sent {
-        Ok(()) => true,
+        Ok(()) => {
+            shared.registry.said(WireLevel {
+                major,
+                heartbeat_ms,
+            });
+            true
+        }
         Err(err) => {
             tracing::debug!(error = %err, "protocol level not announced");
             false

@@ -58,6 +58,13 @@ Payload = Union[bytes, Any]
 DEFAULT_QUEUE_CAPACITY = 4096
 # The most subjects an agent keeps event counts for (section 4.1, `seq`).
 MAX_SEQ_SUBJECTS = 4096
+# The longest heartbeat interval an announcement on ``sys.wire`` can ask for, in milliseconds.
+MAX_HEARTBEAT_FLOOR_MS = 120_000
+# The notification in which the coordinator tells an agent whose heartbeats come faster than
+# the floor what its last ``sys.wire`` announcement said (docs/PROTOCOL.md section 3.5); taken
+# only from the coordinator, never by a handler.
+WIRE_NOTIFICATION = "chorus-wire"
+COORDINATOR_ID = "coordinator"
 # How many times an agent tries to reach each server before its first connection fails with
 # Unreachable (about 2 s apart, nats-py's reconnect wait).
 DEFAULT_CONNECT_ATTEMPTS = 3
@@ -318,6 +325,17 @@ class AgentState:
             host, self.payload_limits, lambda capability, timeout: cast(Any, self).discover(capability=capability, timeout=timeout)
         )
 
+
+    def _take_wire(self, level: object) -> None:
+        """Takes what the coordinator announced, on ``sys.wire`` or in a ``chorus-wire``
+        notification: the bus's protocol major and the heartbeat floor (bounded, as in Rust:
+        an announcement cannot silence the agent for long). Anything else is ignored."""
+        if isinstance(level, dict) and level.get("major") in (1, 2):
+            self._bus_major = int(level["major"])
+            floor = level.get("heartbeat_ms")
+            self._heartbeat_floor = (
+                min(floor, MAX_HEARTBEAT_FLOOR_MS) / 1000 if isinstance(floor, int) and floor > 0 else 0.0
+            )
 
     @property
     def in_flight(self) -> int:

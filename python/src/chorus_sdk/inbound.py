@@ -11,7 +11,7 @@ from typing import Any, Awaitable, Callable
 
 from nats.aio.msg import Msg
 
-from .codec import DecodeError, Encoding, decode, encode_payload, sniff
+from .codec import DecodeError, Encoding, decode, decode_payload, encode_payload, sniff
 from .context import Context, Reply
 from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Delivery, Envelope, Kind, Performative, Priority, Seq, now_ms
 from .service import EndpointStats
@@ -21,7 +21,7 @@ from .subjects import NOTIFY_TOKEN
 from .usage import UsageKind
 
 from ._connection import CONNECTION_GONE, describe
-from ._state import MAX_SEQ_SUBJECTS, log
+from ._state import COORDINATOR_ID, MAX_SEQ_SUBJECTS, WIRE_NOTIFICATION, log
 from .outbound import Outbound
 
 
@@ -290,6 +290,14 @@ class Inbound(Outbound):
         stats = self.stats
         stats.notifications_received += 1
         name = env.name or ""
+        if name == WIRE_NOTIFICATION and env.from_ == COORDINATOR_ID:
+            # The coordinator's word on the bus's level and heartbeat floor, for this agent
+            # alone (section 3.5): taken here, never a handler's.
+            try:
+                self._take_wire(decode_payload(env.payload, env.content_type))
+            except DecodeError as e:
+                log.debug("agent %s: the coordinator's wire notification did not decode: %s", self.id, e.reason)
+            return None
         handler = self._notifications.get(name) or self._notifications.get("*")
         if handler is None:
             stats.notifications_unhandled += 1

@@ -21,9 +21,6 @@ from .status import StatusCode
 from ._state import log
 from .inbound import Inbound
 
-# The longest heartbeat interval an announcement on ``sys.wire`` can ask for, in milliseconds.
-MAX_HEARTBEAT_FLOOR_MS = 120_000
-
 # How long a heartbeat waits after a change of the manifest, for the changes that follow it.
 CHANGE_SETTLE = 0.05
 
@@ -195,10 +192,4 @@ class Presence(Inbound):
             level = decode_payload(env.payload, env.content_type)
         except DecodeError:
             return
-        if isinstance(level, dict) and level.get("major") in (1, 2):
-            self._bus_major = int(level["major"])
-            floor = level.get("heartbeat_ms")
-            # Bounded, as in Rust: an announcement cannot silence the agent for long.
-            self._heartbeat_floor = (
-                min(floor, MAX_HEARTBEAT_FLOOR_MS) / 1000 if isinstance(floor, int) and floor > 0 else 0.0
-            )
+        self._take_wire(level)

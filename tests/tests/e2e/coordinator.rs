@@ -1221,5 +1221,45 @@ async fn the_coordinator_paces_heartbeats_and_paced_agents_stay_live() {
         .expect("discovery")
         .remove(0);
     assert_eq!(record.manifest.heartbeat_ms, 2_000);
+
+    // A newcomer is told the floor at its first heartbeat, in a notification of its own, and
+    // not left to beat every 300 ms until the next announcement (100 s away at 100,000
+    // agents); its next heartbeat keeps it.
+    let mut told = raw
+        .subscribe("chorus.agent.newcomer.$notify")
+        .await
+        .expect("subscribe");
+    let mut newcomer_beats = raw
+        .subscribe("chorus.sys.hb.newcomer")
+        .await
+        .expect("subscribe");
+    raw.sync(WAIT).await.expect("sync");
+    let newcomer = beating("newcomer").await.expect("newcomer");
+    // Its command subscription carries notifications.
+    newcomer
+        .on_command("ping", |_ctx: Context, (): ()| async move {
+            Ok::<_, HandlerError>(())
+        })
+        .await
+        .expect("serve");
+    let msg = within(WAIT, "the floor told", told.next())
+        .await
+        .expect("notifications");
+    let (env, _) = chorus_sdk::codec::decode(msg.payload()).expect("an envelope");
+    assert_eq!(
+        (env.from.as_str(), env.name.as_deref()),
+        ("coordinator", Some(chorus_sdk::registry::WIRE_NOTIFICATION))
+    );
+    let level: chorus_sdk::registry::WireLevel =
+        chorus_sdk::codec::decode_payload(&env.payload, &env.content_type).expect("a level");
+    assert_eq!(level.heartbeat_ms, Some(2_000), "{level:?}");
+    let (first, _) = next_beat(&mut newcomer_beats).await;
+    assert_eq!(first, 300, "the first heartbeat, sent as it connects");
+    let mut later = Vec::new();
+    while later.last().is_none_or(|&every| every < 2_000) {
+        assert!(later.len() < 4, "the newcomer kept beating fast: {later:?}");
+        later.push(next_beat(&mut newcomer_beats).await.0);
+    }
+    assert!(newcomer.manifest().heartbeat_ms >= 2_000);
     coordinator.shutdown().await;
 }

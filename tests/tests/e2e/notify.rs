@@ -518,3 +518,105 @@ async fn a_handler_notifies_as_part_of_its_conversation() {
     watchdog.shutdown().await;
     operator.shutdown().await;
 }
+
+/// PROTOCOL.md section 3.5: a `chorus-wire` notification from `coordinator` gives the agent
+/// the heartbeat floor, as the announcement on `sys.wire` does, and no handler of its own sees
+/// it; the same notification from anyone else is an ordinary one, and changes nothing.
+#[tokio::test]
+async fn a_wire_notification_from_the_coordinator_sets_the_heartbeat_floor_and_no_other_does() {
+    use chorus_sdk::registry::{WIRE_NOTIFICATION, WireLevel};
+    use futures::StreamExt;
+    let server = server();
+    let raw = chorus_tests::raw_broker(&server).await;
+    let mut beats = raw
+        .subscribe("chorus.sys.hb.floored")
+        .await
+        .expect("subscribe");
+    raw.sync(WAIT).await.expect("sync");
+    // No coordinator: nothing announces on `sys.wire`.
+    let agent = agent_options(&server, "floored")
+        .heartbeat_interval(Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("connect");
+    let names: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let log = Arc::clone(&names);
+    agent
+        .on_notification("*", move |ctx: Context, _level: WireLevel| {
+            let env = ctx.message();
+            log.lock()
+                .expect("lock")
+                .push((env.from.to_string(), env.name.clone().unwrap_or_default()));
+            std::future::ready(Ok::<_, HandlerError>(()))
+        })
+        .await
+        .expect("register");
+    let subject = Subjects::default()
+        .notification("floored")
+        .expect("subject");
+    let tell = |from: &str, floor_ms: u64| {
+        let mut env = Envelope::new(Kind::Notification, Performative::Inform, from);
+        env.to = vec!["floored".into()];
+        env.name = Some(WIRE_NOTIFICATION.into());
+        env.payload = codec::encode_payload(
+            &WireLevel {
+                major: 2,
+                heartbeat_ms: Some(floor_ms),
+            },
+            chorus_sdk::envelope::CONTENT_TYPE_MSGPACK,
+        )
+        .expect("payload");
+        codec::encode(&env, Encoding::MsgPack).expect("encodes")
+    };
+
+    // From another agent: an ordinary notification, for its handler; the floor stays none.
+    raw.publish(&subject, tell("mallory", 1_500))
+        .await
+        .expect("publish");
+    eventually(WAIT, "the forged one handled as any other", || async {
+        (!names.lock().expect("lock").is_empty()).then_some(())
+    })
+    .await;
+    assert_eq!(
+        *names.lock().expect("lock"),
+        [("mallory".to_owned(), WIRE_NOTIFICATION.to_owned())]
+    );
+    assert_eq!(agent.manifest().heartbeat_ms, 200);
+
+    // From the coordinator: the agent's next heartbeats keep the floor, and no handler sees it.
+    raw.publish(&subject, tell("coordinator", 1_500))
+        .await
+        .expect("publish");
+    let mut said = Vec::new();
+    let mut at = None;
+    let deadline = std::time::Instant::now() + WAIT;
+    while said.len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no heartbeat kept the floor the coordinator told"
+        );
+        let msg = within(WAIT, "a heartbeat", beats.next())
+            .await
+            .expect("heartbeats");
+        let (env, _) = codec::decode(msg.payload()).expect("an envelope");
+        let manifest: chorus_sdk::registry::Manifest =
+            codec::decode_payload(&env.payload, &env.content_type).expect("a manifest");
+        if manifest.heartbeat_ms == 1_500 {
+            if let Some(last) = at {
+                let gap = std::time::Instant::now().duration_since(last);
+                assert!(gap >= Duration::from_millis(1_400), "beat after {gap:?}");
+            }
+            at = Some(std::time::Instant::now());
+            said.push(manifest.heartbeat_ms);
+        } else {
+            assert!(
+                said.is_empty(),
+                "a beat said {} after the floor",
+                manifest.heartbeat_ms
+            );
+        }
+    }
+    assert_eq!(agent.manifest().heartbeat_ms, 1_500);
+    assert_eq!(names.lock().expect("lock").len(), 1);
+    assert_eq!(agent.stats().notifications_unhandled, 0);
+}
