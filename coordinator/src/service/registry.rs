@@ -79,6 +79,8 @@ pub(crate) struct Write {
 #[derive(Default)]
 struct Table {
     live: HashMap<String, Live>,
+    /// What this coordinator last announced on `sys.wire`.
+    said: Option<WireLevel>,
     by_capability: HashMap<String, BTreeSet<String>>,
     by_group: HashMap<String, BTreeSet<String>>,
 }
@@ -159,18 +161,19 @@ impl Table {
         due.then_some(!registered)
     }
 
-    /// Whether to tell `id`, whose heartbeats say they come every `heartbeat_ms`, the
-    /// heartbeat floor `floor_ms` in a notification: when they come faster and it has not
-    /// been told this floor yet (a newcomer, or an agent that missed the announcement).
-    fn tell_floor(&mut self, id: &str, heartbeat_ms: u64, floor_ms: u64) -> bool {
-        let Some(live) = self.live.get_mut(id) else {
-            return false;
-        };
+    /// What to tell `id`, whose heartbeats say they come every `heartbeat_ms`, in a
+    /// notification: the last announcement, when they come faster than its floor (bounded,
+    /// as agents bound it) and `id` has not been told this floor yet (a newcomer, or an
+    /// agent that missed the announcement).
+    fn tell_floor(&mut self, id: &str, heartbeat_ms: u64) -> Option<WireLevel> {
+        let said = self.said?;
+        let floor_ms = said.heartbeat_ms?.min(MAX_FLOOR_MS);
+        let live = self.live.get_mut(id)?;
         if heartbeat_ms >= floor_ms || live.told_floor == Some(floor_ms) {
-            return false;
+            return None;
         }
         live.told_floor = Some(floor_ms);
-        true
+        Some(said)
     }
 
     /// Ends the write of `id`: stored, or not (its next heartbeat asks again).
@@ -243,8 +246,6 @@ pub(crate) struct Registry {
     /// heartbeat handlers and make the known agents' heartbeats drop on a full queue.
     writes: tokio::sync::mpsc::Sender<Write>,
     queued: Mutex<Option<tokio::sync::mpsc::Receiver<Write>>>,
-    /// What this coordinator last announced on `sys.wire`.
-    said: Mutex<Option<WireLevel>>,
 }
 
 impl Registry {
@@ -259,13 +260,12 @@ impl Registry {
             agents: Mutex::new(Table::default()),
             writes,
             queued: Mutex::new(Some(queued)),
-            said: Mutex::new(None),
         }
     }
 
     /// Notes what this coordinator announced on `sys.wire`.
     pub(crate) fn said(&self, level: WireLevel) {
-        *self.said.lock().unwrap_or_else(|p| p.into_inner()) = Some(level);
+        self.agents().said = Some(level);
     }
 
     /// The queue of writes, for the one writer (none the second time).
@@ -336,20 +336,14 @@ impl Registry {
             .with_label_values(&["heartbeat", StatusCode::OK.label()])
             .inc();
         let now = now_ms();
-        let said = *self.said.lock().unwrap_or_else(|p| p.into_inner());
-        let (write, tell) = {
+        let (write, told) = {
             let mut agents = self.agents();
             let write = agents.heard(&manifest, now);
-            // The floor as agents take it: bounded.
-            let floor = said
-                .as_ref()
-                .and_then(|l| l.heartbeat_ms)
-                .map(|f| f.min(MAX_FLOOR_MS));
-            let tell =
-                floor.is_some_and(|f| agents.tell_floor(&manifest.agent, manifest.heartbeat_ms, f));
-            (write, tell)
+            let told = agents
+                .tell_floor(&manifest.agent, manifest.heartbeat_ms)
+                .map(|level| (manifest.agent.clone(), level));
+            (write, told)
         };
-        let told = said.filter(|_| tell).map(|l| (manifest.agent.clone(), l));
         let Some(create) = write else {
             return told;
         };
@@ -699,22 +693,36 @@ mod tests {
 
     #[test]
     fn an_agent_beating_faster_than_the_floor_is_told_it_once_per_floor() {
+        let floor = |ms: u64| {
+            Some(WireLevel {
+                major: 2,
+                heartbeat_ms: Some(ms),
+            })
+        };
         let mut table = Table::default();
         let a = live("a", &[], &[]).manifest;
-        assert!(!table.tell_floor("a", 1_000, 5_000), "not heard yet");
         table.heard(&a, 1);
-        assert!(
-            table.tell_floor("a", 1_000, 5_000),
+        assert_eq!(table.tell_floor("a", 1_000), None, "nothing announced yet");
+        table.said = floor(5_000);
+        assert_eq!(table.tell_floor("b", 1_000), None, "not heard");
+        assert_eq!(
+            table.tell_floor("a", 1_000),
+            floor(5_000),
             "a newcomer beating every second"
         );
         // Told: its next heartbeats, paced or not, do not ask again for the same floor.
         table.heard(&a, 2);
-        assert!(!table.tell_floor("a", 1_000, 5_000));
-        assert!(!table.tell_floor("a", 5_000, 5_000));
+        assert_eq!(table.tell_floor("a", 1_000), None);
+        assert_eq!(table.tell_floor("a", 5_000), None);
         // A new floor it beats faster than is told again; one it keeps to is not.
-        assert!(table.tell_floor("a", 5_000, 8_000));
-        assert!(!table.tell_floor("b", 1_000, 8_000));
-        assert!(!table.tell_floor("a", 9_000, 9_000));
+        table.said = floor(8_000);
+        assert_eq!(table.tell_floor("a", 5_000), floor(8_000));
+        table.said = floor(9_000);
+        assert_eq!(table.tell_floor("a", 9_000), None);
+        // A floor past the bound is told as agents take it: they beat every 120 s at most.
+        table.said = floor(500_000);
+        assert_eq!(table.tell_floor("a", 120_000), None);
+        assert_eq!(table.tell_floor("a", 9_000), floor(500_000));
     }
 
     fn ids(table: &Table, query: &DiscoverQuery) -> Vec<String> {

@@ -325,7 +325,6 @@ class AgentState:
             host, self.payload_limits, lambda capability, timeout: cast(Any, self).discover(capability=capability, timeout=timeout)
         )
 
-
     def _take_wire(self, level: object) -> None:
         """Takes what the coordinator announced, on ``sys.wire`` or in a ``chorus-wire``
         notification: the bus's protocol major and the heartbeat floor (bounded, as in Rust:
