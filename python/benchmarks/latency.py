@@ -11,7 +11,9 @@ differences); what the whole SDK costs, the Chorus Python -> Python figure less 
 It starts its own nats-server (``NATS_SERVER`` or ``.tools/bin/nats-server``) on a free loopback
 port, and the Rust peer from ``CARGO_TARGET_DIR`` (or ``target``)/debug or /release; build it
 with ``cargo build --release -p chorus-sdk --example interop_peer`` for figures that mean
-something.
+something. With the compiled codec installed (``chorus-sdk[speedups]``, as
+``scripts/install-python-sdk`` installs it) both ends use it; ``CHORUS_SPEEDUPS=0`` measures
+the pure-Python codec instead.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 
 import nats
 
-from chorus_sdk import Agent, Context, Encoding, Envelope, Kind, Performative, Subjects, decode, encode
+from chorus_sdk import Agent, Context, Encoding, Envelope, Kind, Performative, Subjects, codec, decode, encode
 
 REPO = Path(__file__).resolve().parents[2]
 # A 128-byte MessagePack payload (a string of 126 characters), the same on every path.
@@ -163,6 +165,8 @@ async def run(url: str, n: int, rounds: int, encoding: Encoding) -> None:
     rows = list(zip(names, figures))
     await nc.close()
     print(f"request-reply latency from Python, {n} sequential requests per path in {rounds} interleaved rounds, 128-byte payload (µs):")
+    which = "compiled (chorus-sdk[speedups])" if codec.SPEEDUPS else "pure Python (CHORUS_SPEEDUPS=0 or chorus-sdk[speedups] not installed)"
+    print(f"  the compact codec, both ends: {which}")
     print(f"  {'path':<42} {'p50':>8} {'p99':>8}")
     for name, (p50, p99) in rows:
         print(f"  {name:<42} {p50:8.0f} {p99:8.0f}")

@@ -24,6 +24,7 @@ from nats.aio.client import Client as NATS
 from ._backlog import Slots
 from .batch import Batching
 from ._connection import Connection
+from ._dispatch import Replies
 from .credits import Ledger
 from . import metrics
 from .access import Access, RateLimit, SeenIds
@@ -305,6 +306,8 @@ class AgentState:
         self._nc: NATS | None = None
         self._connection: Connection | None = None
         self._subs: list[Any] = []
+        # The replies to its requests, on an inbox subscription of its own (:mod:`._dispatch`).
+        self._replies = Replies()
         self._tasks: set[asyncio.Task[Any]] = set()
         # Handler slots, given by priority when messages wait for one (section 7.9).
         self._slots = Slots(max_in_flight)

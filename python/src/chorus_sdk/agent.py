@@ -14,6 +14,7 @@ from typing import Any, Iterable
 from nats.aio.client import Client as NATS
 
 from ._connection import Connection
+from ._dispatch import subscribe
 from .batch import Batcher
 from .context import Context, Reply
 from . import config, service
@@ -108,7 +109,7 @@ class Agent(Handlers):
         if self.max_message_bytes is None:
             self.max_message_bytes = nc.max_payload
         await self._serve_metrics()
-        self._subs.append(await nc.subscribe(self.subjects.agent_inbound(self.id), cb=self._inbound("command")))
+        self._subs.append(await subscribe(nc, self.subjects.agent_inbound(self.id), self._inbound("command")))
         for capability in list(self._capabilities):
             await self._subscribe_capability(capability)
         for pattern in list(self._events):
@@ -285,7 +286,7 @@ class Agent(Handlers):
                     await self._send_presence(goodbye=True)
                 except Exception as e:  # noqa: BLE001 - leaving all the same
                     log.debug("agent %s: goodbye not sent: %s", self.id, e)
-            for sub in self._subs:
+            for sub in [*self._subs, *self._replies.stop()]:
                 try:
                     await sub.unsubscribe()
                 except Exception:  # noqa: BLE001 - the connection may be gone already

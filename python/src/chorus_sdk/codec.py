@@ -8,7 +8,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 import binascii
+import importlib
 import json
+import os
 import re
 import struct
 import uuid
@@ -478,6 +480,15 @@ _EXPECT_HEADS = {m: _field(b"\x13\x92", m.code) for m in Performative}
 
 
 def _encode_compact(env: Envelope, implied: Implied) -> bytes:
+    if _fast_encode is not None:
+        data = _fast_encode(env, implied)
+        if data is not None:
+            return data
+    return _encode_compact_py(env, implied)
+
+
+def _encode_compact_py(env: Envelope, implied: Implied) -> bytes:
+    # The definition of the compact form's writing (the compiled codec writes the same).
     # The body after key 0; the map's header is put in front once the count is known. Every
     # key is below 128: one byte.
     b = bytearray(b"\x01\xc4\x10")
@@ -664,7 +675,8 @@ def decode(data: bytes, implied: Implied | None = None, limit: int | None = None
     if encoding is None:
         raise DecodeError("not an envelope: unrecognised encoding")
     if encoding is Encoding.COMPACT:
-        env = _decode_compact(data)
+        fast = _fast_decode(data) if _fast_decode is not None and type(data) is bytes else None
+        env = _decode_compact(data) if fast is None else fast
         if implied is not None:
             restore(env, implied)
         return env, encoding
@@ -1272,3 +1284,83 @@ def decode_payload(data: bytes, content_type: str = CONTENT_TYPE_MSGPACK) -> Any
 F32 = _F32
 Struct = _Struct
 Json = _Json
+
+
+# ---------------------------------------------------------------------------------------------
+# The compiled compact codec
+
+
+def _speedups() -> tuple[Callable[[Envelope, Implied], bytes | None], Callable[[bytes], Envelope | None]] | None:
+    """The compact codec compiled (the ``chorus-sdk-speedups`` wheel, ``pip install
+    chorus-sdk[speedups]``), configured with this module's classes and vocabularies: its
+    encoder and decoder, which write and read what the functions above do and leave the rest
+    to them (returning ``None``). ``None`` when it is not installed, when ``CHORUS_SPEEDUPS=0``
+    turns it off, or when this module's vocabularies are not the plain tables it expects."""
+    if os.environ.get("CHORUS_SPEEDUPS", "1") == "0":
+        return None
+    try:
+        compiled = importlib.import_module("chorus_sdk_speedups")
+    except ImportError:
+        return None
+
+    def table(cls: type[Vocabulary]) -> list[tuple[Vocabulary, int]]:
+        # Code 0 (unknown) first, then every code from 1 that reads as a member of its own.
+        unknown = cls.from_code(0)
+        out: list[tuple[Vocabulary, int]] = [(unknown, 0)]
+        while (member := cls.from_code(len(out))) is not unknown:
+            out.append((member, len(out)))
+        if len(out) != len(cls) or any(member.code != code for member, code in out):
+            raise ValueError(f"{cls.__name__} is not a plain table of codes")
+        return out
+
+    defaults: list[tuple[str, Any, bool]] = []
+    for f in dataclasses.fields(Envelope):
+        if f.default_factory is not dataclasses.MISSING:
+            if (f.name, f.default_factory) not in (("to", list), ("headers", dict)):
+                return None
+            defaults.append((f.name, None, True))
+        else:
+            defaults.append((f.name, None if f.default is dataclasses.MISSING else f.default, False))
+    try:
+        kinds, performatives = table(Kind), table(Performative)
+        if tuple(m for m, _ in kinds[1:]) != _KINDS or tuple(m for m, _ in performatives[1:]) != _PERFORMATIVES:
+            return None
+        compiled.configure(
+            {
+                "envelope": Envelope,
+                "new_object": object.__new__,
+                "uuid": uuid.UUID,
+                "uuid_set_int": uuid.UUID.__dict__["int"].__set__,
+                "uuid_set_safety": uuid.UUID.__dict__["is_safe"].__set__,
+                "uuid_safety": uuid.SafeUUID.unknown,
+                "defaults": defaults,
+                "kinds": kinds,
+                "performatives": performatives,
+                "priorities": table(Priority),
+                "deliveries": table(Delivery),
+                "task_states": table(TaskState),
+                "priority_normal": Priority.NORMAL,
+                "at_most_once": Delivery.AT_MOST_ONCE,
+                "seq": Seq,
+                "expect": Expect,
+                "progress": Progress,
+                "trace": Trace,
+                "signature": Signature,
+                "encryption": Encryption,
+                "recipient": Recipient,
+                "msgpack": CONTENT_TYPE_MSGPACK,
+                "json": CONTENT_TYPE_JSON,
+                "encrypted": CONTENT_TYPE_ENCRYPTED,
+                "default_hop_limit": DEFAULT_HOP_LIMIT,
+            }
+        )
+    except ValueError:
+        # A table this build cannot take, or configured already by an earlier import.
+        return None
+    return compiled.encode_compact, compiled.decode_compact
+
+
+_compiled = _speedups()
+#: Whether the compact form is written and read by the compiled codec.
+SPEEDUPS = _compiled is not None
+_fast_encode, _fast_decode = _compiled if _compiled is not None else (None, None)

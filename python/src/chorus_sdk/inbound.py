@@ -21,6 +21,7 @@ from .subjects import NOTIFY_TOKEN
 from .usage import UsageKind
 
 from ._connection import CONNECTION_GONE, describe
+from ._dispatch import subscribe
 from ._state import COORDINATOR_ID, MAX_SEQ_SUBJECTS, WIRE_NOTIFICATION, log
 from .outbound import Outbound
 
@@ -54,9 +55,9 @@ class Inbound(Outbound):
     async def _subscribe_capability(self, capability: str) -> None:
         nc = self.nc
         shared = self.subjects.capability(capability)
-        self._subs.append(await nc.subscribe(shared, queue=shared, cb=self._inbound("capability", capability)))
+        self._subs.append(await subscribe(nc, shared, self._inbound("capability", capability), queue=shared))
         own = self.subjects.capability_at(self.id, capability)
-        self._subs.append(await nc.subscribe(own, cb=self._inbound("capability", capability)))
+        self._subs.append(await subscribe(nc, own, self._inbound("capability", capability)))
 
     async def _subscribe_bid(self, capability: str) -> None:
         """``<root>.agent.<id>.bid.<capability>``: calls for proposals and round outcomes
@@ -65,16 +66,17 @@ class Inbound(Outbound):
             return
         self._bidding.subscribed.add(capability)
         subject = bid_subject(self.subjects, self.id, capability)
-        self._subs.append(await self.nc.subscribe(subject, cb=self._inbound("bid", capability)))
+        self._subs.append(await subscribe(self.nc, subject, self._inbound("bid", capability)))
 
     async def _subscribe_event(self, pattern: str) -> None:
         gaps = _Gaps()
-        self._subs.append(
-            await self.nc.subscribe(self.subjects.event_pattern(pattern), cb=self._inbound("event", pattern, gaps))
-        )
+        self._subs.append(await subscribe(self.nc, self.subjects.event_pattern(pattern), self._inbound("event", pattern, gaps)))
 
-    def _inbound(self, route: str, name: str = "", gaps: _Gaps | None = None) -> Callable[[Msg], Awaitable[None]]:
-        async def on_message(msg: Msg) -> None:
+    def _inbound(self, route: str, name: str = "", gaps: _Gaps | None = None) -> Callable[[Msg], None]:
+        """What takes each message of a subscription as it is read (:mod:`._dispatch`): it
+        decodes it and starts its own task, or answers or drops it when the queue is full."""
+
+        def on_message(msg: Msg) -> None:
             if self._stopping:
                 return
             # Decoded once, here: an event's numbering is checked as it arrives, before anything
@@ -88,7 +90,7 @@ class Inbound(Outbound):
             if gaps is not None and not isinstance(decoded, DecodeError):
                 self.stats.lost += gaps.observe(decoded[0].from_, msg.subject, decoded[0].seq)
             if self._waiting >= self.queue_capacity:
-                await self._overflow(msg, route)
+                self._overflow(msg, route)
                 return
             self._waiting += 1
             # A task of its own (a slow handler holds up no other message), started eagerly
@@ -98,14 +100,15 @@ class Inbound(Outbound):
 
         return on_message
 
-    async def _overflow(self, msg: Msg, route: str) -> None:
+    def _overflow(self, msg: Msg, route: str) -> None:
         # A notification is dropped like an event, never answered.
         if route == "event" or not msg.reply or self.subjects.is_notification(msg.subject):
             self.stats.dropped += 1
             self.stats.lost += 1
             return
         self.stats.shed += 1
-        await self._answer(msg, None, _encoding_of(msg.data, self.encoding), ChorusError(StatusCode.UNAVAILABLE, "overloaded: the agent's queue is full"))
+        refusal = ChorusError(StatusCode.UNAVAILABLE, "overloaded: the agent's queue is full")
+        self.spawn(self._answer(msg, None, _encoding_of(msg.data, self.encoding), refusal), name="chorus-shed", eager=True)
 
     async def _run(self, msg: Msg, route: str, name: str, decoded: tuple[Envelope, Encoding] | DecodeError) -> None:
         try:

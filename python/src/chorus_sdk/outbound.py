@@ -523,7 +523,7 @@ class Outbound(AgentState):
         try:
             # Written here rather than in a coroutine of its own: one call less per request.
             try:
-                msg = await self.nc.request(subject, data, timeout=wait)
+                msg = await self._replies.request(self.nc, subject, data, wait)
             except nats.errors.NoRespondersError as err:
                 raise NoResponders(f"nobody serves {subject}") from err
             except nats.errors.TimeoutError as err:
