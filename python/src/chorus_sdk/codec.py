@@ -109,8 +109,12 @@ def encode(env: Envelope, encoding: Encoding = Encoding.MSGPACK, implied: Implie
     if encoding is Encoding.JSON:
         return _encode_json(env)
     if encoding is Encoding.COMPACT:
-        return _encode_compact(env, implied or Implied())
+        return _encode_compact(env, implied or _NO_SUBJECT)
     return _encode_named(env)
+
+
+# What a subject carries when none is given: nothing (one, not one per message).
+_NO_SUBJECT = Implied()
 
 
 def _named_fields(env: Envelope) -> list[tuple[str, Any]]:
