@@ -16,6 +16,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from chorus_sdk import Context, StatusCode, _dispatch
+from chorus_sdk._connection import settle
 from chorus_sdk._dispatch import Replies, _tested, subscribe
 
 from .conftest import py_agent
@@ -143,3 +144,45 @@ async def test_agents_take_their_messages_in_the_read_loop(server: Any) -> None:
         )
         assert results == [i * 2 for i in range(50)]
         assert caller._replies.waiting == 0
+
+
+async def test_settle_returns_once_the_server_has_the_subscriptions_queued_before_it(server: Any) -> None:
+    """nats-py's ``flush`` writes its PING ahead of commands still queued for its writer: the
+    PONG can come back before the server has a subscription just made. ``settle`` waits for
+    a PING written after them (the bytes the connection writes, in order)."""
+    nc = await nats.connect(server.url)
+    try:
+        written: list[bytes] = []
+        transport = nc._transport
+        assert transport is not None
+        write, writelines = transport.write, transport.writelines
+
+        def record(data: bytes) -> None:
+            written.append(bytes(data))
+            write(data)
+
+        def record_lines(lines: list[bytes]) -> None:
+            written.extend(bytes(line) for line in lines)
+            writelines(lines)
+
+        transport.write = record  # type: ignore[method-assign]
+        transport.writelines = record_lines  # type: ignore[method-assign]
+        try:
+            await nc.subscribe("settle.a", cb=_ignore)
+            await nc.flush()
+            # What nats-py does alone: the PING went first.
+            assert written.index(b"PING\r\n") < next(i for i, w in enumerate(written) if w.startswith(b"SUB settle.a"))
+            written.clear()
+            await nc.subscribe("settle.b", cb=_ignore)
+            await settle(nc)
+            sub = next(i for i, w in enumerate(written) if w.startswith(b"SUB settle.b"))
+            last_ping = max(i for i, w in enumerate(written) if w == b"PING\r\n")
+            assert last_ping > sub, written
+        finally:
+            transport.write, transport.writelines = write, writelines  # type: ignore[method-assign]
+    finally:
+        await nc.close()
+
+
+async def _ignore(msg: Msg) -> None:
+    return None

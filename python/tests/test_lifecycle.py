@@ -27,6 +27,7 @@ from chorus_sdk import (
     Encoding,
     Envelope,
     Kind,
+    NoResponders,
     Performative,
     Refused,
     StatusCode,
@@ -414,3 +415,56 @@ async def test_a_wire_notification_sets_the_floor_only_from_the_coordinator(serv
             assert agent.stats.notifications_unhandled == 0
     finally:
         await nc.close()
+
+
+async def test_a_request_that_comes_while_the_agent_starts_waits_for_the_handler_registered_after_it(server: NatsServer) -> None:
+    """The README's pattern, handlers registered right after ``async with Agent(...)``: a
+    request the agent takes while it is still starting (here held at a gate before its start
+    ends) is handled once it has started, by that handler, not refused with 5016."""
+    gate = asyncio.Event()
+
+    class SlowStart(Agent):
+        async def _start(self) -> None:
+            await super()._start()
+            await gate.wait()
+
+    late = SlowStart("late-greeter", servers=server.url, heartbeat_interval=0)
+
+    async def serve() -> None:
+        async with late:
+
+            @late.command("hello")
+            async def hello(ctx: Context) -> str:
+                return f"hello, {ctx.data()}"
+
+            await late.until_stopping()
+
+    async with Agent("early-asker", servers=server.url, heartbeat_interval=0) as asker:
+
+        async def ask() -> Any:
+            deadline = asyncio.get_running_loop().time() + WAIT
+            while True:
+                try:
+                    return await asker.request("late-greeter", "hello", "ada", timeout=WAIT)
+                except NoResponders:
+                    # Not subscribed yet.
+                    assert asyncio.get_running_loop().time() < deadline
+                    await asyncio.sleep(0.01)
+
+        serving = asyncio.ensure_future(serve())
+        try:
+            asking = asyncio.ensure_future(ask())
+
+            async def waiting() -> bool:
+                return late._waiting == 1
+
+            # Subscribed but not started: the request is taken and waits.
+            await eventually("the request taken while the agent starts", waiting, wait=WAIT, every=0.01)
+            assert not asking.done()
+            gate.set()
+            assert await asyncio.wait_for(asking, WAIT) == "hello, ada"
+            assert late.stats.unknown_command == 0
+        finally:
+            gate.set()
+            await late.shutdown()
+            await asyncio.wait_for(serving, WAIT)

@@ -56,6 +56,28 @@ def without_credentials(url: str) -> str:
         return "(a server URL that does not parse)"
 
 
+#: Round trips :func:`settle` makes at most while commands are still queued to be written.
+SETTLE_ROUNDS = 3
+
+
+async def settle(nc: NATS, timeout: float | None = None) -> None:
+    """Returns once the server has every command this connection sent so far: its
+    subscriptions, unsubscriptions and publishes. nats-py's ``flush`` writes its PING at once,
+    ahead of commands still queued for its writer task, so the PONG can come back before the
+    server has them (a request sent right after could find no subscription yet); a PING sent
+    with nothing queued comes after them. So it flushes again while something was queued when
+    the PING went, a few rounds at most (a connection publishing all the while is settled as
+    far as it can be)."""
+    for _ in range(SETTLE_ROUNDS):
+        queued = nc.pending_data_size > 0
+        if timeout is None:
+            await nc.flush()
+        else:
+            await nc.flush(timeout)  # type: ignore[arg-type]
+        if not queued:
+            return
+
+
 class Connection:
     """The NATS connection of agent ``agent`` and its states: ``connecting`` (the first
     connection), ``connected``, ``reconnecting`` (after a loss), ``closing`` (the agent shuts

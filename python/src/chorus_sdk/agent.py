@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 from nats.aio.client import Client as NATS
 
-from ._connection import Connection
+from ._connection import Connection, settle
 from ._dispatch import subscribe
 from .batch import Batcher
 from .context import Context, Reply
@@ -96,12 +96,17 @@ class Agent(Handlers):
             self._connection = connection
             self.connection_events.watch(options, lambda: connection.state == "closing")
             self._nc = await connection.open(options)
+        self._serving = False
+        self._started.clear()
         try:
             await self._start()
         except BaseException:
             # Cancelled (Ctrl-C) or failed half way: nothing is left running.
             await self._abandon()
             raise
+        # What came meanwhile is handled from the caller's next await on.
+        self._serving = True
+        self._started.set()
         return self
 
     async def _start(self) -> None:
@@ -120,7 +125,7 @@ class Agent(Handlers):
         if self.service_discovery:
             for subject in service.subjects(self.id, self.instance):
                 self._subs.append(await nc.subscribe(subject, cb=self._on_service))
-        await nc.flush()
+        await settle(nc)
         if self.verifier is not None or self.encryption_key is not None:
             # Signing and encryption keys announced in the registry, as the Rust SDK learns
             # them; the entries already there are read before the agent starts taking work.
@@ -266,7 +271,7 @@ class Agent(Handlers):
         pending = [t for t in self._tasks if not t.done() and t.get_name() == "chorus-setup"]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-        await self.nc.flush()
+        await settle(self.nc)
 
     async def shutdown(self) -> None:
         """Says goodbye, stops taking messages, waits for running handlers (up to
@@ -313,7 +318,7 @@ class Agent(Handlers):
                     # Its owner's, serving the process's other agents: only what this agent
                     # sent (its goodbye, its unsubscriptions) is flushed.
                     if nc.is_connected:
-                        await nc.flush(timeout=SHARED_FLUSH_TIMEOUT)
+                        await settle(nc, SHARED_FLUSH_TIMEOUT)
                 elif nc.is_connected:
                     await nc.drain()
                 else:

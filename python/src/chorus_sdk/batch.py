@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ._connection import settle
 from .envelope import Delivery
 from .status import ChorusError, StatusCode
 
@@ -205,7 +206,7 @@ class Batcher:
             # One flush for the batch's events and core commands: once it returns, the server
             # has them.
             try:
-                await agent.nc.flush()
+                await settle(agent.nc)
             except Exception as e:  # noqa: BLE001
                 log.debug("agent %s: batch flush failed: %s", agent.id, e)
                 for item in published:

@@ -112,6 +112,9 @@ class Inbound(Outbound):
 
     async def _run(self, msg: Msg, route: str, name: str, decoded: tuple[Envelope, Encoding] | DecodeError) -> None:
         try:
+            if not self._serving:
+                # Came while the agent starts: handled once connect() returns.
+                await self._started.wait()
             # With a backlog, the next free slot goes to the most urgent message waiting
             # (section 7.9, "Priority"); bytes that did not decode wait as normal.
             slots = self._slots

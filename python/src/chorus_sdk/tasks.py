@@ -22,6 +22,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
+from ._connection import settle
 from ._host import Host
 from .codec import DecodeError, decode, decode_payload, encode_payload, typed
 from .context import Context, Reply, check_headers
@@ -464,7 +465,7 @@ class Tasks:
             await nc.subscribe(self.store.subject(run.id, "cancel"), cb=on_cancel),
             await nc.subscribe(self.store.subject(run.id, "input"), cb=on_input),
         ]
-        await nc.flush()
+        await settle(nc)
         if await self.store.last(run.id, "cancel") is not None:
             run.halt("cancelled")
         return subs
