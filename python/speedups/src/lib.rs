@@ -36,7 +36,7 @@ struct Vocabulary {
 }
 
 impl Vocabulary {
-    fn read(py: Python<'_>, table: &Bound<'_, PyAny>) -> PyResult<Self> {
+    fn read(table: &Bound<'_, PyAny>) -> PyResult<Self> {
         // `table`: a list of (member, code) pairs, code 0 the member an unknown code reads as;
         // `by_code` answers codes 0..len.
         let mut by_code: Vec<Option<Py<PyAny>>> = Vec::new();
@@ -60,7 +60,6 @@ impl Vocabulary {
                 })
             })
             .collect::<PyResult<Vec<_>>>()?;
-        let _ = py;
         Ok(Self { by_code, codes })
     }
 
@@ -84,6 +83,15 @@ impl Vocabulary {
     }
 }
 
+/// What a new envelope's field starts as.
+enum Initial {
+    Value(Py<PyAny>),
+    /// A list of its own (`to`).
+    List,
+    /// A dict of its own (`headers`).
+    Dict,
+}
+
 /// What `configure` was given.
 struct Codec {
     envelope: Py<PyAny>,
@@ -92,9 +100,8 @@ struct Codec {
     uuid_set_int: Py<PyAny>,
     uuid_set_safety: Py<PyAny>,
     uuid_safety: Py<PyAny>,
-    /// Every field of the envelope, in order: its name and default, or `None` for a field
-    /// made fresh for each envelope (a list for `to`, a dict for `headers`).
-    defaults: Vec<(Py<PyString>, Option<Py<PyAny>>)>,
+    /// Every field of the envelope, in order, and what it starts as.
+    defaults: Vec<(Py<PyString>, Initial)>,
     kinds: Vocabulary,
     performatives: Vocabulary,
     priorities: Vocabulary,
@@ -129,14 +136,19 @@ fn configure(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
     let mut defaults = Vec::new();
     for field in item(config, "defaults")?.try_iter()? {
         let field = field?;
-        let name = field.get_item(0)?.downcast_into::<PyString>()?.unbind();
+        let name = field.get_item(0)?.downcast_into::<PyString>()?;
         let fresh: bool = field.get_item(2)?.extract()?;
-        let default = if fresh {
-            None
-        } else {
-            Some(field.get_item(1)?.unbind())
+        let default = match (fresh, name.to_str()?) {
+            (false, _) => Initial::Value(field.get_item(1)?.unbind()),
+            (true, "to") => Initial::List,
+            (true, "headers") => Initial::Dict,
+            (true, other) => {
+                return Err(PyValueError::new_err(format!(
+                    "configure: no fresh default known for {other}"
+                )))
+            }
         };
-        defaults.push((name, default));
+        defaults.push((name.unbind(), default));
     }
     let text = |key: &str| -> PyResult<String> { item(config, key)?.extract() };
     let object = |key: &str| -> PyResult<Py<PyAny>> { Ok(item(config, key)?.unbind()) };
@@ -148,11 +160,11 @@ fn configure(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         uuid_set_safety: object("uuid_set_safety")?,
         uuid_safety: object("uuid_safety")?,
         defaults,
-        kinds: Vocabulary::read(py, &item(config, "kinds")?)?,
-        performatives: Vocabulary::read(py, &item(config, "performatives")?)?,
-        priorities: Vocabulary::read(py, &item(config, "priorities")?)?,
-        deliveries: Vocabulary::read(py, &item(config, "deliveries")?)?,
-        task_states: Vocabulary::read(py, &item(config, "task_states")?)?,
+        kinds: Vocabulary::read(&item(config, "kinds")?)?,
+        performatives: Vocabulary::read(&item(config, "performatives")?)?,
+        priorities: Vocabulary::read(&item(config, "priorities")?)?,
+        deliveries: Vocabulary::read(&item(config, "deliveries")?)?,
+        task_states: Vocabulary::read(&item(config, "task_states")?)?,
         priority_normal: object("priority_normal")?,
         at_most_once: object("at_most_once")?,
         seq: object("seq")?,
@@ -277,6 +289,21 @@ fn canonical_traceparent(tp: &str) -> Option<[u8; 25]> {
     Some(out)
 }
 
+/// The map's body, key 0 first, and how many keys it has.
+struct Body {
+    b: Vec<u8>,
+    count: usize,
+}
+
+impl Body {
+    /// Starts one more key: its byte, and an array's header if its value is one.
+    fn key(&mut self, head: &[u8]) -> &mut Vec<u8> {
+        self.b.extend_from_slice(head);
+        self.count += 1;
+        &mut self.b
+    }
+}
+
 fn encode<'py>(
     codec: &Codec,
     env: &Bound<'py, PyAny>,
@@ -284,22 +311,21 @@ fn encode<'py>(
 ) -> Sure<Vec<u8>> {
     let py = env.py();
     let get = |name: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyAny>> { env.getattr(name) };
-    let mut b: Vec<u8> = Vec::with_capacity(256);
-    b.extend_from_slice(b"\x00\x02\x01\xc4\x10");
     let id = uuid_int(&get(intern!(py, "id"))?)?;
-    b.extend_from_slice(&id.to_be_bytes());
-    b.push(2);
-    put_str(&mut b, &text(&get(intern!(py, "from_"))?)?);
-    b.push(3);
-    put_uint(&mut b, codec.kinds.code_of(&get(intern!(py, "kind"))?)?);
-    b.push(4);
-    put_uint(
-        &mut b,
-        codec
-            .performatives
-            .code_of(&get(intern!(py, "performative"))?)?,
-    );
-    let mut count = 4usize;
+    let mut body = Body {
+        b: Vec::with_capacity(256),
+        count: 0,
+    };
+    body.key(b"\x00\x02");
+    body.key(b"\x01\xc4\x10")
+        .extend_from_slice(&id.to_be_bytes());
+    put_str(body.key(&[2]), &text(&get(intern!(py, "from_"))?)?);
+    let kind = codec.kinds.code_of(&get(intern!(py, "kind"))?)?;
+    put_uint(body.key(&[3]), kind);
+    let performative = codec
+        .performatives
+        .code_of(&get(intern!(py, "performative"))?)?;
+    put_uint(body.key(&[4]), performative);
     let timestamp = uint(&get(intern!(py, "timestamp_ms"))?)?;
     let from_id = if (id >> 76) & 0xf == 7 {
         Some((id >> 80) as u64)
@@ -307,9 +333,7 @@ fn encode<'py>(
         None
     };
     if from_id != Some(timestamp) {
-        b.push(5);
-        put_uint(&mut b, timestamp);
-        count += 1;
+        put_uint(body.key(&[5]), timestamp);
     }
     let cid = optional(get(intern!(py, "correlation_id"))?)
         .map(|u| uuid_int(&u))
@@ -319,20 +343,17 @@ fn encode<'py>(
         .transpose()?;
     match (cid, irt) {
         (Some(c), _) if Some(c) != irt => {
-            b.extend_from_slice(b"\x06\xc4\x10");
-            b.extend_from_slice(&c.to_be_bytes());
-            count += 1;
+            body.key(b"\x06\xc4\x10")
+                .extend_from_slice(&c.to_be_bytes());
         }
         (None, Some(_)) => {
-            b.extend_from_slice(b"\x06\xc0");
-            count += 1;
+            body.key(b"\x06\xc0");
         }
         _ => {}
     }
     if let Some(irt) = irt {
-        b.extend_from_slice(b"\x07\xc4\x10");
-        b.extend_from_slice(&irt.to_be_bytes());
-        count += 1;
+        body.key(b"\x07\xc4\x10")
+            .extend_from_slice(&irt.to_be_bytes());
     }
     let implied_text = |name: &Bound<'py, PyString>| -> Sure<Option<String>> {
         let v = implied.getattr(name)?;
@@ -343,9 +364,6 @@ fn encode<'py>(
         }
     };
     let agent = implied_text(intern!(py, "agent"))?;
-    let topic = implied_text(intern!(py, "topic"))?;
-    let capability = implied_text(intern!(py, "capability"))?;
-    let name = implied_text(intern!(py, "name"))?;
     let to = get(intern!(py, "to"))?;
     let to = to.downcast::<PyList>().map_err(|_| Unsure)?;
     if !to.is_empty() {
@@ -355,32 +373,25 @@ fn encode<'py>(
         }
         if !(names.len() == 1 && Some(&names[0]) == agent.as_ref()) {
             if names.len() >= 0x10000 {
+                // The Python codec writes at most a 16-bit count here: it says so.
                 return Err(Unsure);
             }
-            b.push(8);
-            if names.len() < 16 {
-                b.push(0x90 | names.len() as u8);
-            } else {
-                b.push(0xdc);
-                b.extend_from_slice(&(names.len() as u16).to_be_bytes());
-            }
+            let b = body.key(&[8]);
+            put_array(b, names.len());
             for t in &names {
-                put_str(&mut b, t);
+                put_str(b, t);
             }
-            count += 1;
         }
     }
-    for (key, attr, implied) in [
-        (9u8, intern!(py, "topic"), &topic),
-        (10, intern!(py, "capability"), &capability),
-        (11, intern!(py, "name"), &name),
+    for (key, attr) in [
+        (9u8, intern!(py, "topic")),
+        (10, intern!(py, "capability")),
+        (11, intern!(py, "name")),
     ] {
         if let Some(v) = optional(get(attr)?) {
             let v = text(&v)?;
-            if implied.as_deref() != Some(&*v) {
-                b.push(key);
-                put_str(&mut b, &v);
-                count += 1;
+            if implied_text(attr)?.as_deref() != Some(&*v) {
+                put_str(body.key(&[key]), &v);
             }
         }
     }
@@ -389,107 +400,87 @@ fn encode<'py>(
         (13, intern!(py, "deadline_ms")),
     ] {
         if let Some(v) = optional(get(attr)?) {
-            b.push(key);
-            put_uint(&mut b, uint(&v)?);
-            count += 1;
+            put_uint(body.key(&[key]), uint(&v)?);
         }
     }
-    let hops = get(intern!(py, "hops"))?;
     // `!= 0` as Python compares it: anything but an integer is the Python codec's.
-    let hops = uint(&hops)?;
+    let hops = uint(&get(intern!(py, "hops"))?)?;
     if hops != 0 {
-        b.push(14);
-        put_uint(&mut b, hops);
-        count += 1;
+        put_uint(body.key(&[14]), hops);
     }
     let hop_limit = uint(&get(intern!(py, "hop_limit"))?)?;
     if hop_limit != codec.default_hop_limit {
-        b.push(15);
-        put_uint(&mut b, hop_limit);
-        count += 1;
+        put_uint(body.key(&[15]), hop_limit);
     }
     let priority = get(intern!(py, "priority"))?;
     if !priority.is(codec.priority_normal.bind(py)) {
-        b.push(16);
-        put_uint(&mut b, codec.priorities.code_of(&priority)?);
-        count += 1;
+        put_uint(body.key(&[16]), codec.priorities.code_of(&priority)?);
     }
     let delivery = get(intern!(py, "delivery"))?;
     if !delivery.is(codec.at_most_once.bind(py)) {
-        b.push(17);
-        put_uint(&mut b, codec.deliveries.code_of(&delivery)?);
-        count += 1;
+        put_uint(body.key(&[17]), codec.deliveries.code_of(&delivery)?);
     }
     if let Some(seq) = optional(get(intern!(py, "seq"))?) {
-        b.extend_from_slice(b"\x12\x92");
-        put_uint(&mut b, uint(&seq.getattr(intern!(py, "epoch"))?)?);
-        put_uint(&mut b, uint(&seq.getattr(intern!(py, "n"))?)?);
-        count += 1;
+        let epoch = uint(&seq.getattr(intern!(py, "epoch"))?)?;
+        let n = uint(&seq.getattr(intern!(py, "n"))?)?;
+        let b = body.key(b"\x12\x92");
+        put_uint(b, epoch);
+        put_uint(b, n);
     }
     if let Some(expect) = optional(get(intern!(py, "expect"))?) {
-        b.extend_from_slice(b"\x13\x92");
-        put_uint(
-            &mut b,
-            codec
-                .performatives
-                .code_of(&expect.getattr(intern!(py, "performative"))?)?,
-        );
-        put_uint(&mut b, uint(&expect.getattr(intern!(py, "timeout_ms"))?)?);
-        count += 1;
+        let performative = codec
+            .performatives
+            .code_of(&expect.getattr(intern!(py, "performative"))?)?;
+        let timeout = uint(&expect.getattr(intern!(py, "timeout_ms"))?)?;
+        let b = body.key(b"\x13\x92");
+        put_uint(b, performative);
+        put_uint(b, timeout);
     }
     if let Some(progress) = optional(get(intern!(py, "progress"))?) {
-        let fraction = optional(progress.getattr(intern!(py, "fraction"))?);
-        b.extend_from_slice(if fraction.is_none() {
+        let state = codec
+            .task_states
+            .code_of(&progress.getattr(intern!(py, "state"))?)?;
+        let fraction = match optional(progress.getattr(intern!(py, "fraction"))?) {
+            Some(f) => {
+                let x: f64 = f.extract()?;
+                let narrow = x as f32;
+                if narrow.is_infinite() && x.is_finite() {
+                    // struct.pack(">f") refuses it: the Python codec says so.
+                    return Err(Unsure);
+                }
+                Some(narrow)
+            }
+            None => None,
+        };
+        let b = body.key(if fraction.is_none() {
             b"\x14\x91"
         } else {
             b"\x14\x92"
         });
-        put_uint(
-            &mut b,
-            codec
-                .task_states
-                .code_of(&progress.getattr(intern!(py, "state"))?)?,
-        );
-        if let Some(f) = fraction {
-            let x: f64 = f.extract()?;
-            let narrow = x as f32;
-            if narrow.is_infinite() && x.is_finite() {
-                // struct.pack(">f") refuses it: the Python codec says so.
-                return Err(Unsure);
-            }
+        put_uint(b, state);
+        if let Some(narrow) = fraction {
             b.push(0xca);
             b.extend_from_slice(&narrow.to_be_bytes());
         }
-        count += 1;
     }
     if let Some(status) = optional(get(intern!(py, "status"))?) {
-        b.push(21);
-        put_uint(&mut b, uint(&status)?);
-        count += 1;
+        put_uint(body.key(&[21]), uint(&status)?);
     }
     if let Some(reason) = optional(get(intern!(py, "reason"))?) {
-        b.push(22);
-        put_str(&mut b, &text(&reason)?);
-        count += 1;
+        put_str(body.key(&[22]), &text(&reason)?);
     }
     if let Some(trace) = optional(get(intern!(py, "trace"))?) {
         let tp = trace.getattr(intern!(py, "traceparent"))?;
         let tp = text(&tp)?;
         let canonical = canonical_traceparent(&tp);
         if let Some(raw) = canonical {
-            b.extend_from_slice(b"\x17\xc4\x19");
-            b.extend_from_slice(&raw);
-            count += 1;
+            body.key(b"\x17\xc4\x19").extend_from_slice(&raw);
         }
         if let Some(state) = optional(trace.getattr(intern!(py, "tracestate"))?) {
-            b.push(24);
-            put_str(&mut b, &text(&state)?);
-            count += 1;
+            put_str(body.key(&[24]), &text(&state)?);
         }
         if canonical.is_none() {
-            b.push(25);
-            put_str(&mut b, &tp);
-            count += 1;
+            put_str(body.key(&[25]), &tp);
         }
     }
     for (key, attr) in [
@@ -497,9 +488,7 @@ fn encode<'py>(
         (27, intern!(py, "customer_id")),
     ] {
         if let Some(v) = optional(get(attr)?) {
-            b.push(key);
-            put_str(&mut b, &text(&v)?);
-            count += 1;
+            put_str(body.key(&[key]), &text(&v)?);
         }
     }
     let headers = get(intern!(py, "headers"))?;
@@ -510,78 +499,63 @@ fn encode<'py>(
             items.push((text(&k)?.into_owned(), text(&v)?.into_owned()));
         }
         items.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-        b.push(28);
-        put_map(&mut b, items.len());
+        let b = body.key(&[28]);
+        put_map(b, items.len());
         for (k, v) in &items {
-            put_str(&mut b, k);
-            put_str(&mut b, v);
+            put_str(b, k);
+            put_str(b, v);
         }
-        count += 1;
     }
     let ct = get(intern!(py, "content_type"))?;
     let ct = text(&ct)?;
     if *ct != *codec.msgpack {
         if *ct == *codec.json {
-            b.extend_from_slice(b"\x1d\x01");
+            body.key(b"\x1d\x01");
         } else if *ct == *codec.encrypted {
-            b.extend_from_slice(b"\x1d\x02");
+            body.key(b"\x1d\x02");
         } else {
-            b.push(29);
-            put_str(&mut b, &ct);
+            put_str(body.key(&[29]), &ct);
         }
-        count += 1;
     }
     let payload = get(intern!(py, "payload"))?;
     let payload = bytes_of(&payload)?;
     if !payload.is_empty() {
-        b.push(30);
-        put_bin(&mut b, payload);
-        count += 1;
+        put_bin(body.key(&[30]), payload);
     }
     if let Some(token) = optional(get(intern!(py, "token"))?) {
-        b.push(31);
-        put_str(&mut b, &text(&token)?);
-        count += 1;
+        put_str(body.key(&[31]), &text(&token)?);
     }
     if let Some(signature) = optional(get(intern!(py, "signature"))?) {
-        b.extend_from_slice(b"\x20\x92");
-        put_str(&mut b, &text(&signature.getattr(intern!(py, "key"))?)?);
-        put_bin(&mut b, bytes_of(&signature.getattr(intern!(py, "value"))?)?);
-        count += 1;
+        let key = signature.getattr(intern!(py, "key"))?;
+        let value = signature.getattr(intern!(py, "value"))?;
+        let (key, value) = (text(&key)?, bytes_of(&value)?);
+        let b = body.key(b"\x20\x92");
+        put_str(b, &key);
+        put_bin(b, value);
     }
     if let Some(encryption) = optional(get(intern!(py, "encryption"))?) {
-        b.push(33);
-        put_array(&mut b, 3);
-        put_str(&mut b, &text(&encryption.getattr(intern!(py, "alg"))?)?);
-        put_str(
-            &mut b,
-            &text(&encryption.getattr(intern!(py, "inner_content_type"))?)?,
-        );
+        // A value that does not write leaves the whole envelope to the Python codec: what
+        // was written of it here is dropped with the rest.
+        let b = body.key(b"\x21\x93");
+        put_str(b, &text(&encryption.getattr(intern!(py, "alg"))?)?);
+        let inner_type = encryption.getattr(intern!(py, "inner_content_type"))?;
+        put_str(b, &text(&inner_type)?);
         let recipients = encryption.getattr(intern!(py, "recipients"))?;
         let recipients = recipients.downcast::<PyList>().map_err(|_| Unsure)?;
-        put_array(&mut b, recipients.len());
+        put_array(b, recipients.len());
         for r in recipients.iter() {
-            put_array(&mut b, 2);
-            put_str(&mut b, &text(&r.getattr(intern!(py, "agent"))?)?);
-            put_bin(&mut b, bytes_of(&r.getattr(intern!(py, "key"))?)?);
+            put_array(b, 2);
+            put_str(b, &text(&r.getattr(intern!(py, "agent"))?)?);
+            put_bin(b, bytes_of(&r.getattr(intern!(py, "key"))?)?);
         }
-        count += 1;
     }
     if let Some(ce) = optional(get(intern!(py, "content_encoding"))?) {
-        b.push(35);
-        put_str(&mut b, &text(&ce)?);
-        count += 1;
+        put_str(body.key(&[35]), &text(&ce)?);
     }
-    count += 1; // key 0
-                // The map's header in front of key 0 (written above with its value, 2).
-    let mut out = Vec::with_capacity(b.len() + 3);
-    if count < 16 {
-        out.push(0x80 | count as u8);
-    } else {
-        out.push(0xde);
-        out.extend_from_slice(&(count as u16).to_be_bytes());
-    }
-    out.extend_from_slice(&b);
+    // The map's header in front.
+    let mut out = Vec::with_capacity(body.b.len() + 3);
+    put_map(&mut out, body.count);
+    out.extend_from_slice(&body.b);
     Ok(out)
 }
 
@@ -795,9 +769,9 @@ fn decode<'py>(codec: &Codec, py: Python<'py>, data: &[u8]) -> Sure<Bound<'py, P
     for (name, default) in &codec.defaults {
         let name = name.bind(py);
         match default {
-            Some(v) => env.setattr(name, v.bind(py))?,
-            None if name.to_str()? == "headers" => env.setattr(name, PyDict::new(py))?,
-            None => env.setattr(name, PyList::empty(py))?,
+            Initial::Value(v) => env.setattr(name, v.bind(py))?,
+            Initial::List => env.setattr(name, PyList::empty(py))?,
+            Initial::Dict => env.setattr(name, PyDict::new(py))?,
         }
     }
     let mut seen: u64 = 1; // key 0
