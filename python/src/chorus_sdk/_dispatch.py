@@ -66,9 +66,6 @@ class _Taker:
     def cancelled(self) -> bool:
         return False
 
-    def done(self) -> bool:
-        return False
-
     def set_result(self, msg: Msg) -> None:
         try:
             self._deliver(msg)

@@ -321,7 +321,6 @@ class AgentState:
         # Set once connect() has returned: a message that comes while the agent starts waits
         # for it, so that the handlers registered right after ``async with Agent(...)`` (no
         # await in between) serve it, rather than a 5016 for a handler not there yet.
-        self._serving = False
         self._started = asyncio.Event()
         self._durable: DurableInbox | None = None
         # The parts that serve the agent see it as their Host; every layer is mixed in by Agent.

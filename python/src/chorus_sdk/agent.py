@@ -96,7 +96,6 @@ class Agent(Handlers):
             self._connection = connection
             self.connection_events.watch(options, lambda: connection.state == "closing")
             self._nc = await connection.open(options)
-        self._serving = False
         self._started.clear()
         try:
             await self._start()
@@ -105,7 +104,6 @@ class Agent(Handlers):
             await self._abandon()
             raise
         # What came meanwhile is handled from the caller's next await on.
-        self._serving = True
         self._started.set()
         return self
 

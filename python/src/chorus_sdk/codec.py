@@ -44,7 +44,7 @@ from .envelope import (
     uuid_from_int,
 )
 from .status import StatusCode
-from .subjects import Implied
+from .subjects import NOTHING_IMPLIED, Implied
 
 __all__ = ["encode_struct", "F32", "Struct", "Encoding", "DecodeError", "encode", "decode", "sniff", "encode_payload", "decode_payload"]
 
@@ -109,12 +109,8 @@ def encode(env: Envelope, encoding: Encoding = Encoding.MSGPACK, implied: Implie
     if encoding is Encoding.JSON:
         return _encode_json(env)
     if encoding is Encoding.COMPACT:
-        return _encode_compact(env, implied or _NO_SUBJECT)
+        return _encode_compact(env, implied or NOTHING_IMPLIED)
     return _encode_named(env)
-
-
-# What a subject carries when none is given: nothing (one, not one per message).
-_NO_SUBJECT = Implied()
 
 
 def _named_fields(env: Envelope) -> list[tuple[str, Any]]:

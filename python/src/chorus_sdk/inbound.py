@@ -112,7 +112,7 @@ class Inbound(Outbound):
 
     async def _run(self, msg: Msg, route: str, name: str, decoded: tuple[Envelope, Encoding] | DecodeError) -> None:
         try:
-            if not self._serving:
+            if not self._started.is_set():
                 # Came while the agent starts: handled once connect() returns.
                 await self._started.wait()
             # With a backlog, the next free slot goes to the most urgent message waiting

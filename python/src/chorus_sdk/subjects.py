@@ -47,7 +47,8 @@ class Implied:
     name: str | None = None
 
 
-_NOTHING = Implied()
+#: What a subject that carries nothing of an envelope implies (one, shared).
+NOTHING_IMPLIED = Implied()
 
 
 class Subjects:
@@ -196,7 +197,7 @@ class Subjects:
         """What ``subject`` carries (nothing for a reply inbox or another root's subject)."""
         if not subject.startswith(self._prefix):
             # A reply inbox (a new subject per request) carries nothing: not worth a cache slot.
-            return _NOTHING
+            return NOTHING_IMPLIED
         found = self._implied.get(subject)
         if found is None:
             found = self._implied_of(subject)
