@@ -13,6 +13,7 @@ use chorus_sdk::durable::InboxLimits;
 use chorus_sdk::security::ConnectionSecurity;
 use serde::{Deserialize, Serialize};
 
+use crate::authority::AuthorityConfig;
 use crate::error::{Error, ErrorKind, Result};
 
 /// Where `chorus serve` and `chorus up` find NATS unless told otherwise.
@@ -96,6 +97,9 @@ pub struct CoordinatorConfig {
     /// How often hosted agents' desired state is reconciled with what the hosts run, in
     /// milliseconds (and after every deploy, scale and terminate).
     pub reconcile_interval_ms: u64,
+    /// Who holds which role (docs/SECURITY.md, "Roles and authority"): the admins that may
+    /// deploy, scale and terminate, the operators that may read what is deployed.
+    pub authority: AuthorityConfig,
 }
 
 impl Default for CoordinatorConfig {
@@ -123,6 +127,7 @@ impl Default for CoordinatorConfig {
             circuit_breaker: None,
             host_grace_ms: DEFAULT_HOST_GRACE_MS,
             reconcile_interval_ms: DEFAULT_RECONCILE_INTERVAL_MS,
+            authority: AuthorityConfig::default(),
         }
     }
 }
@@ -248,9 +253,20 @@ impl CoordinatorConfig {
                 "circuit_breaker: failures and open_ms must be positive".into()
             })?;
         }
+        self.authority
+            .validate()
+            .map_err(|e| Error::new(ErrorKind::Config, e))?;
         self.gateway
             .validate()
             .map_err(Error::wrap(ErrorKind::Config, "gateway"))
+    }
+
+    /// Whether a role counts only for a signed sender: `authority.require_signed`, or when
+    /// unset, whether the coordinator connects with an nkey (a secured bus).
+    pub fn roles_require_signatures(&self) -> bool {
+        self.authority
+            .require_signed
+            .unwrap_or(self.security.nkey_seed_file.is_some())
     }
 
     /// How the gateway reaches the bus: the coordinator's own servers, root and security.

@@ -11,6 +11,7 @@
 // Every public item is documented, and every fallible one says how it fails.
 #![warn(missing_docs, clippy::missing_errors_doc)]
 
+pub mod authority;
 pub mod config;
 pub mod creds;
 pub mod error;

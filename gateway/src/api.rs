@@ -53,6 +53,11 @@ impl ApiError {
         self.http
     }
 
+    /// Its reason, as the body says it.
+    pub(crate) fn reason(&self) -> &str {
+        &self.reason
+    }
+
     pub(crate) fn bad_request(reason: impl Into<String>) -> Self {
         ApiError::new(StatusCode::INVALID_ARGUMENT, reason)
     }
@@ -171,6 +176,22 @@ impl Credential {
         command: Option<&str>,
         capability: Option<&str>,
     ) -> ApiResult<()> {
+        // The coordinator's commands run code and change the bus: only a scope that names it
+        // reaches them (neither `*` nor a gateway without scopes does), and the coordinator
+        // still checks the identity's role (docs/SECURITY.md, "Roles and authority").
+        if to == Some(chorus_sdk::registry::COORDINATOR_ID)
+            && command.is_some()
+            && !self
+                .grants
+                .as_ref()
+                .is_some_and(|g| g.names_agent(chorus_sdk::registry::COORDINATOR_ID))
+        {
+            return Err(out_of_scope(
+                "calls to the coordinator need a scope whose agents name \"coordinator\" (an \
+                 admin scope; `*` does not reach it)"
+                    .to_owned(),
+            ));
+        }
         let Some(g) = &self.grants else {
             return Ok(());
         };
@@ -786,6 +807,15 @@ pub(crate) async fn openapi(State(state): State<Arc<GatewayState>>) -> impl Into
 /// Anything else: 404 in the same JSON shape.
 pub(crate) async fn not_found() -> ApiError {
     ApiError::new(StatusCode::INVALID_ARGUMENT, "no such route").with_http(Http::NOT_FOUND)
+}
+
+/// A route asked with a method it does not take: 405 in the documented body.
+pub(crate) async fn method_not_allowed(method: axum::http::Method) -> ApiError {
+    ApiError::new(
+        StatusCode::INVALID_ARGUMENT,
+        format!("this route does not take {method}"),
+    )
+    .with_http(Http::METHOD_NOT_ALLOWED)
 }
 
 #[cfg(test)]

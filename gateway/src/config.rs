@@ -56,6 +56,11 @@ pub const DEFAULT_RATE_PER_SECOND: f64 = 100.0;
 pub const DEFAULT_RATE_BURST: f64 = 200.0;
 /// Requests the gateway handles at once.
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 1_024;
+/// Requests without valid credentials handled at once (the public cards and documents, and
+/// refusals).
+pub const DEFAULT_MAX_UNAUTHENTICATED_REQUESTS: usize = 64;
+/// Connections one peer may hold before any of them carried an authenticated request.
+pub const DEFAULT_MAX_UNPROVEN_CONNECTIONS_PER_PEER: usize = 64;
 /// WebSockets open at once.
 pub const DEFAULT_MAX_WEBSOCKETS: usize = 256;
 /// Clock skew allowed on a JWT's `exp` and `nbf`.
@@ -107,8 +112,15 @@ pub struct GatewayConfig {
     pub rate_per_second: f64,
     /// Requests an identity may make at once beyond its rate.
     pub rate_burst: f64,
-    /// Requests handled at once (503 and 5019 beyond it).
+    /// Requests handled at once for each identity, counted once its credentials check (503
+    /// and 5019 beyond it).
     pub max_concurrent_requests: usize,
+    /// Requests without valid credentials handled at once, in a pool of their own (503 and
+    /// 5019 beyond it): the public cards and documents, and refusals.
+    pub max_unauthenticated_requests: usize,
+    /// Connections one peer (an IP address) may hold before any of them carried an
+    /// authenticated request; one more closes its oldest such connection.
+    pub max_unproven_connections_per_peer: usize,
     /// WebSockets open at once (503 and 5008 beyond it).
     pub max_websockets: usize,
     /// The agent identities edge callers act as.
@@ -563,6 +575,8 @@ impl Default for GatewayConfig {
             rate_per_second: DEFAULT_RATE_PER_SECOND,
             rate_burst: DEFAULT_RATE_BURST,
             max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+            max_unauthenticated_requests: DEFAULT_MAX_UNAUTHENTICATED_REQUESTS,
+            max_unproven_connections_per_peer: DEFAULT_MAX_UNPROVEN_CONNECTIONS_PER_PEER,
             max_websockets: DEFAULT_MAX_WEBSOCKETS,
             identities: Vec::new(),
             api_keys: Vec::new(),
@@ -692,6 +706,16 @@ impl GatewayConfig {
         if self.request_timeout_ms == 0 || self.request_timeout_ms > self.max_request_timeout_ms {
             return Err(invalid(
                 "request_timeout_ms must be positive and at most max_request_timeout_ms".into(),
+            ));
+        }
+        if self.max_concurrent_requests == 0
+            || self.max_unauthenticated_requests == 0
+            || self.max_unproven_connections_per_peer == 0
+        {
+            return Err(invalid(
+                "max_concurrent_requests, max_unauthenticated_requests and \
+                 max_unproven_connections_per_peer must be positive"
+                    .into(),
             ));
         }
         if self.hold_ms == 0 || self.inbox_capacity == 0 {

@@ -15,6 +15,7 @@ mod agentify;
 mod api;
 mod auth;
 pub mod config;
+mod conn;
 mod console;
 pub mod error;
 mod https;
@@ -22,6 +23,7 @@ mod iacp;
 mod inbox;
 mod limits;
 mod mcp;
+mod metrics;
 mod openapi;
 mod sap;
 mod scopes;
@@ -30,7 +32,6 @@ mod tls;
 mod webhook;
 mod ws;
 
-use chorus_sdk::Report;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -253,7 +254,10 @@ impl Gateway {
             auth,
             edges,
             stop: stop.clone(),
-            limits: limits::Limits::new(gateway),
+            limits: {
+                metrics::register();
+                limits::Limits::new(gateway)
+            },
             a2a_index: a2a::TaskIndex::default(),
             push,
             scopes: scopes::Scopes::new(&gateway.scopes),
@@ -408,6 +412,7 @@ impl Gateway {
             .route("/mcp", post(mcp::post).get(mcp::get).delete(mcp::delete))
             .route("/openapi.json", get(api::openapi))
             .fallback(api::not_found)
+            .method_not_allowed_fallback(api::method_not_allowed)
             .layer(axum::middleware::from_fn_with_state(
                 Arc::clone(&state),
                 limits::concurrency,
@@ -427,11 +432,12 @@ impl Gateway {
             .map_err(Error::wrap(ErrorKind::Listen, "gateway: no local address"))?;
         let shutdown = stop.clone();
         // Owned by the `Gateway`: `stop` waits for it.
+        let peers = conn::Peers::new(gateway.max_unproven_connections_per_peer);
         match tls {
             Some(config) => {
                 let listener = tls::TlsListener::new(listener, config, stop.clone(), &tracker)
                     .map_err(Error::wrap(ErrorKind::Listen, "gateway: no local address"))?;
-                tracker.spawn(serve(listener, app, shutdown));
+                tracker.spawn(conn::serve(listener, app, peers, shutdown, tracker.clone()));
             }
             None => {
                 if !addr.ip().is_loopback() {
@@ -441,7 +447,7 @@ impl Gateway {
                          tokens and payloads cross the network in clear"
                     );
                 }
-                tracker.spawn(serve(listener, app, shutdown));
+                tracker.spawn(conn::serve(listener, app, peers, shutdown, tracker.clone()));
             }
         }
         tracing::info!(
@@ -488,19 +494,5 @@ impl Drop for Gateway {
         if let Some((_, agent)) = &self.console {
             agent.stop();
         }
-    }
-}
-
-/// Serves `app` on `listener` (plain or TLS) until `stop`.
-async fn serve<L>(listener: L, app: axum::Router, stop: CancellationToken)
-where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
-{
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await;
-    if let Err(err) = served {
-        tracing::error!(error = %Report(&err), "gateway listener failed");
     }
 }

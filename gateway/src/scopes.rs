@@ -117,6 +117,11 @@ impl Grants {
         any_or(&self.agents, |a| a == agent)
     }
 
+    /// Whether it names agent `agent` itself (not through `*`).
+    pub(crate) fn names_agent(&self, agent: &str) -> bool {
+        self.agents.iter().any(|a| a == agent)
+    }
+
     /// Whether it grants asking for capability `capability`.
     pub(crate) fn capability(&self, capability: &str) -> bool {
         any_or(&self.capabilities, |pattern| {

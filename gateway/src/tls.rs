@@ -81,7 +81,6 @@ fn config(what: String) -> Error {
 /// A listener that yields connections whose TLS handshake is done.
 pub(crate) struct TlsListener {
     ready: mpsc::Receiver<(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
 }
 
 impl TlsListener {
@@ -92,7 +91,6 @@ impl TlsListener {
         stop: CancellationToken,
         tracker: &TaskTracker,
     ) -> std::io::Result<TlsListener> {
-        let local = listener.local_addr()?;
         let acceptor = TlsAcceptor::from(config);
         let (tx, ready) = mpsc::channel(MAX_HANDSHAKES);
         let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
@@ -119,6 +117,9 @@ impl TlsListener {
                     },
                     _ = stop.cancelled() => break,
                 };
+                if let Err(err) = stream.set_nodelay(true) {
+                    tracing::debug!(%peer, error = %err, "gateway: TCP_NODELAY not set");
+                }
                 let acceptor = acceptor.clone();
                 let tx = tx.clone();
                 let stop = stop.clone();
@@ -142,25 +143,16 @@ impl TlsListener {
                 });
             }
         });
-        Ok(TlsListener { ready, local })
+        Ok(TlsListener { ready })
     }
 }
 
-impl axum::serve::Listener for TlsListener {
+impl crate::conn::Accept for TlsListener {
     type Io = tokio_rustls::server::TlsStream<TcpStream>;
-    type Addr = SocketAddr;
 
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(accepted) => accepted,
-            // The accept loop stopped (shutdown): no more connections; the server's graceful
-            // shutdown ends the serve loop.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
+    async fn next(&mut self) -> Option<(Self::Io, SocketAddr)> {
+        // None once the accept loop stopped (shutdown).
+        self.ready.recv().await
     }
 }
 

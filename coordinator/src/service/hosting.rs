@@ -27,6 +27,8 @@ use chorus_sdk::{Agent, Call, Context, HandlerError, Report, SdkError, StatusCod
 use futures::StreamExt;
 
 use super::Shared;
+use super::guard::authorize;
+use crate::authority::Action;
 
 /// Lines `chorus logs` may ask for at most.
 pub const MAX_LOG_LINES: usize = 10_000;
@@ -450,35 +452,57 @@ async fn logs(shared: &Shared, req: LogsRequest) -> Result<LogLines, HandlerErro
 pub(super) async fn serve(agent: &Agent, shared: &Arc<Shared>) -> Result<(), SdkError> {
     let subjects = &shared.subjects;
     let group = subjects.coordinator_group();
+    // Each command is what its action says: the sender's role is checked before it runs.
     macro_rules! route {
-        ($what:expr, $f:ident, $req:ty) => {{
+        ($action:expr, $what:expr, $f:ident, $req:ty) => {{
             let weak = Arc::downgrade(shared);
             agent
                 .handle_subject(
                     &subjects.command(super::COORDINATOR_ID, $what)?,
                     Some(&group),
-                    Typed::new(move |_ctx: Context, req: $req| {
+                    Typed::new(move |ctx: Context, req: $req| {
                         let weak = weak.clone();
-                        async move { $f(&*upgrade(&weak)?, req).await }
+                        async move {
+                            let shared = upgrade(&weak)?;
+                            authorize(&shared, &ctx, $action)?;
+                            $f(&shared, req).await
+                        }
                     }),
                 )
                 .await?;
         }};
     }
-    route!(coordinator_commands::DEPLOY, deploy_request, DeployRequest);
-    route!(coordinator_commands::SCALE, scale, ScaleRequest);
-    route!(coordinator_commands::TERMINATE, terminate, TerminateRequest);
     route!(
+        Action::Deploy,
+        coordinator_commands::DEPLOY,
+        deploy_request,
+        DeployRequest
+    );
+    route!(
+        Action::Scale,
+        coordinator_commands::SCALE,
+        scale,
+        ScaleRequest
+    );
+    route!(
+        Action::Terminate,
+        coordinator_commands::TERMINATE,
+        terminate,
+        TerminateRequest
+    );
+    route!(
+        Action::Deployments,
         coordinator_commands::DEPLOYMENTS,
         list_request,
         serde_json::Value
     );
     route!(
+        Action::Hosts,
         coordinator_commands::HOSTS,
         hosts_request,
         serde_json::Value
     );
-    route!(coordinator_commands::LOGS, logs, LogsRequest);
+    route!(Action::Logs, coordinator_commands::LOGS, logs, LogsRequest);
     Ok(())
 }
 

@@ -36,6 +36,10 @@ pub struct CoordinatorMetrics {
     /// Payload bytes the agents handled, from the same reports, by agent, customer and
     /// direction (`in`, `out`).
     pub usage_bytes: IntCounterVec,
+    /// Commands refused for want of authority, by action and reason (`role`: the sender does
+    /// not hold the role; `unsigned`: its role counts only signed; `identity`, `replay`: its
+    /// signature did not verify, or was seen before).
+    pub authority_refusals: IntCounterVec,
     /// Always 1, labelled with the build: `version` and `revision`.
     pub build_info: IntGauge,
 }
@@ -121,6 +125,11 @@ pub fn metrics() -> &'static CoordinatorMetrics {
                 "Payload bytes the agents handled, from their usage reports since this coordinator started, by agent, customer and direction (in, out).",
                 &["agent", "customer", "direction"],
             ),
+            authority_refusals: counter_vec(
+                "chorus_coordinator_authority_refusals_total",
+                "Commands the coordinator refused for want of authority, by action and reason (role, unsigned, identity, replay).",
+                &["action", "reason"],
+            ),
             build_info: IntGauge::with_opts(
                 Opts::new(
                     "chorus_build_info",
@@ -164,6 +173,7 @@ pub fn metrics() -> &'static CoordinatorMetrics {
             Box::new(m.connection_events.clone()),
             Box::new(m.usage_messages.clone()),
             Box::new(m.usage_bytes.clone()),
+            Box::new(m.authority_refusals.clone()),
             Box::new(m.build_info.clone()),
         ];
         for c in collectors {

@@ -16,6 +16,7 @@ mod broadcast;
 pub use broadcast::ORIGIN_HEADER;
 pub mod dlq;
 mod endpoints;
+mod guard;
 mod hosting;
 pub mod http;
 pub mod metrics;
@@ -66,6 +67,9 @@ pub(crate) struct Shared {
     /// Checks broadcast requests: a signed one must verify against its sender's key, and an
     /// unsigned one is refused where `require_signed_broadcasts` says so.
     pub(crate) broadcast_verifier: chorus_sdk::security::Verifier,
+    /// Checks the signatures of commands that need a role (`guard`), against the keys the
+    /// configuration holds only.
+    pub(crate) command_verifier: chorus_sdk::security::Verifier,
     /// The numbers (`seq`) of its protocol-level announcements on `<root>.sys.wire`.
     pub(crate) wire_numbers: chorus_sdk::EventNumbers,
     /// Hosted agents' desired state and the hosts' reports.
@@ -188,6 +192,9 @@ impl Coordinator {
             registry,
             identity,
             broadcast_verifier,
+            command_verifier: chorus_sdk::security::Verifier::new(
+                chorus_sdk::security::SignaturePolicy::default(),
+            ),
             wire_numbers: chorus_sdk::EventNumbers::default(),
             hosting: hosting::Hosting::new(buckets.deployments, buckets.hosts),
             agent,

@@ -607,7 +607,25 @@ impl Registry {
 fn decode_presence(env: &Envelope, subject: &str) -> Option<Manifest> {
     let manifest: Manifest = decode_payload(&env.payload, &env.content_type).ok()?;
     let subject_agent = subject.rsplit('.').next()?;
-    (manifest.agent == subject_agent && env.from == subject_agent).then_some(manifest)
+    (manifest.agent == subject_agent
+        && env.from == subject_agent
+        && follows_the_naming_rules(&manifest))
+    .then_some(manifest)
+}
+
+/// Whether the ids and names a manifest announces follow the naming rules (PROTOCOL.md
+/// section 3): a server lets any token through a subject, so `<svg/onload=...>` would
+/// otherwise be registered, listed and offered as a tool name.
+fn follows_the_naming_rules(m: &Manifest) -> bool {
+    use chorus_sdk::subject::{validate_dotted, validate_token};
+    validate_token("agent id", &m.agent).is_ok()
+        && m.capabilities
+            .iter()
+            .all(|c| validate_dotted("capability", &c.name).is_ok())
+        && m.commands
+            .iter()
+            .all(|c| validate_token("command", c).is_ok())
+        && m.groups.iter().all(|g| validate_token("group", g).is_ok())
 }
 
 /// Whether two manifests would be stored the same (load, availability, handling times, what

@@ -17,6 +17,8 @@ use chorus_sdk::usage::{
 use chorus_sdk::{Agent, Context, HandlerError, Report, SdkError, StatusCode, Typed};
 
 use super::Shared;
+use super::guard::authorize;
+use crate::authority::Action;
 
 async fn usage(shared: &Shared, query: UsageQuery) -> Result<UsageSummary, HandlerError> {
     let until = query.until_ms.unwrap_or(u64::MAX);
@@ -64,9 +66,13 @@ pub(super) async fn serve(agent: &Agent, shared: &Arc<Shared>) -> Result<(), Sdk
                 .subjects
                 .command(super::COORDINATOR_ID, USAGE_COMMAND)?,
             Some(&shared.subjects.coordinator_group()),
-            Typed::new(move |_ctx: Context, query: UsageQuery| {
+            Typed::new(move |ctx: Context, query: UsageQuery| {
                 let weak = weak.clone();
-                async move { usage(&*upgrade(&weak)?, query).await }
+                async move {
+                    let shared = upgrade(&weak)?;
+                    authorize(&shared, &ctx, Action::Usage)?;
+                    usage(&shared, query).await
+                }
             }),
         )
         .await

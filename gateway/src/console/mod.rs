@@ -353,11 +353,18 @@ pub(crate) async fn start(
     let addr = listener
         .local_addr()
         .map_err(Error::wrap(ErrorKind::Listen, "console: no local address"))?;
+    let peers = crate::conn::Peers::new(console.gateway.config.max_unproven_connections_per_peer);
     match tls {
         Some(config) => {
             let listener = crate::tls::TlsListener::new(listener, config, stop.clone(), tracker)
                 .map_err(Error::wrap(ErrorKind::Listen, "console: no local address"))?;
-            tracker.spawn(crate::serve(listener, app, stop));
+            tracker.spawn(crate::conn::serve(
+                listener,
+                app,
+                peers,
+                stop,
+                tracker.clone(),
+            ));
         }
         None => {
             if !addr.ip().is_loopback() {
@@ -367,7 +374,13 @@ pub(crate) async fn start(
                      tokens and session cookies cross the network in clear"
                 );
             }
-            tracker.spawn(crate::serve(listener, app, stop));
+            tracker.spawn(crate::conn::serve(
+                listener,
+                app,
+                peers,
+                stop,
+                tracker.clone(),
+            ));
         }
     }
     tracing::info!(%addr, tls = console.tls, "console listening");

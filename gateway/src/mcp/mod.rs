@@ -160,6 +160,16 @@ fn rpc_error(http: Http, id: &Value, e: RpcError) -> Response {
     (http, axum::Json(response(id, &Err(e)))).into_response()
 }
 
+/// A message refused by the transport before it was read (its body too large or too slow):
+/// a JSON-RPC error, id null, with status `http`.
+pub(crate) fn transport_refusal(http: Http, why: String) -> Response {
+    rpc_error(
+        http,
+        &Value::Null,
+        RpcError::new(code::INVALID_REQUEST, why),
+    )
+}
+
 /// A request refused before it reached a method: at the door (credentials, scopes, limits:
 /// the gateway's usual JSON body) or by the transport (a JSON-RPC error, id null).
 enum Refused {

@@ -1,6 +1,7 @@
 //! End-to-end tests. Each test starts its own `nats-server` (see `chorus_tests::server`).
 
 mod a2a_push;
+mod authority;
 mod batching;
 mod broker;
 mod cluster;
@@ -13,6 +14,7 @@ mod demo;
 mod deploy;
 mod discovery;
 mod docs;
+mod edge_exhaustion;
 mod examples;
 mod gateway;
 mod headers;

@@ -1,0 +1,321 @@
+//! Authority on the bus (docs/SECURITY.md, "Roles and authority"): the coordinator's commands
+//! that run code or read what runs check the sender's role before they act. Each refusal
+//! carries its code, is counted by reason, and changes nothing.
+
+use std::time::Duration;
+
+use chorus_coordinator::authority::AuthorityConfig;
+use chorus_host::manifest::Manifest;
+use chorus_host::protocol::{
+    COORDINATOR, DeployRequest, DeploymentView, ScaleRequest, TerminateRequest,
+    coordinator_commands,
+};
+use chorus_sdk::security::Identity;
+use chorus_sdk::{Agent, Call, SdkError, StatusCode};
+use chorus_tests::{
+    agent, agent_options, coordinator_config, http_get, metric_sum, server, start_coordinator,
+};
+
+/// A manifest an attacker would deploy: a shell command that leaves a mark.
+fn hostile(id: &str, mark: &std::path::Path) -> Manifest {
+    let mut m = Manifest::new(id, "sh");
+    m.run.args = vec!["-c".into(), format!("id > {}", mark.display())];
+    m
+}
+
+async fn ask<T: serde::Serialize>(
+    agent: &Agent,
+    command: &str,
+    body: &T,
+) -> Result<serde_json::Value, SdkError> {
+    let reply = agent
+        .call(
+            Call::agent(COORDINATOR, command)
+                .payload(body)?
+                .timeout(Duration::from_secs(10)),
+        )
+        .await?;
+    reply.payload_as()
+}
+
+async fn deployments(admin: &Agent) -> Vec<String> {
+    let views: Vec<DeploymentView> = serde_json::from_value(
+        ask(admin, coordinator_commands::DEPLOYMENTS, &())
+            .await
+            .expect("the admin lists the deployments"),
+    )
+    .expect("deployment views");
+    views.into_iter().map(|v| v.deployment).collect()
+}
+
+/// The admin terminates the deployment `kept`, and it is gone.
+async fn terminate_kept(admin: &Agent) {
+    ask(
+        admin,
+        coordinator_commands::TERMINATE,
+        &TerminateRequest {
+            deployment: "kept".into(),
+        },
+    )
+    .await
+    .expect("the admin terminates");
+    assert!(deployments(admin).await.is_empty());
+}
+
+fn refusal(result: Result<serde_json::Value, SdkError>, what: &str) -> StatusCode {
+    match result {
+        Ok(v) => panic!("{what}: done, but should have been refused: {v}"),
+        Err(e) => e.status(),
+    }
+}
+
+/// Every hosting command an ordinary agent might try, each refused for want of a role.
+async fn every_hosting_command_is_refused(agent: &Agent, mark: &std::path::Path, code: StatusCode) {
+    let who = agent.id().to_owned();
+    let deploy = DeployRequest {
+        manifest: hostile("pwn", mark),
+    };
+    assert_eq!(
+        refusal(
+            ask(agent, coordinator_commands::DEPLOY, &deploy).await,
+            "deploy"
+        ),
+        code,
+        "{who} deploy"
+    );
+    let scale = ScaleRequest {
+        deployment: "kept".into(),
+        replicas: 3,
+    };
+    assert_eq!(
+        refusal(
+            ask(agent, coordinator_commands::SCALE, &scale).await,
+            "scale"
+        ),
+        code,
+        "{who} scale"
+    );
+    let terminate = TerminateRequest {
+        deployment: "kept".into(),
+    };
+    assert_eq!(
+        refusal(
+            ask(agent, coordinator_commands::TERMINATE, &terminate).await,
+            "terminate"
+        ),
+        code,
+        "{who} terminate"
+    );
+    for command in [
+        coordinator_commands::DEPLOYMENTS,
+        coordinator_commands::HOSTS,
+    ] {
+        assert_eq!(
+            refusal(ask(agent, command, &()).await, command),
+            code,
+            "{who} {command}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn on_a_development_bus_only_the_named_admins_deploy_and_an_agent_is_refused_with_nothing_changed()
+ {
+    let server = server();
+    let mut config = coordinator_config(&server);
+    config.authority = AuthorityConfig {
+        admins: vec!["ops".into()],
+        operators: vec!["viewer".into()],
+        require_signed: None,
+    };
+    let coordinator = start_coordinator(config, true).await;
+    let ops = agent(&server, "ops").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mark = dir.path().join("pwned");
+    // The admin deploys a manifest no host runs (there is none here): it is kept, placed
+    // nowhere, and every later step can see whether it changed.
+    let mut kept = Manifest::new("kept", "true");
+    kept.replicas = 1;
+    ask(
+        &ops,
+        coordinator_commands::DEPLOY,
+        &DeployRequest { manifest: kept },
+    )
+    .await
+    .expect("the admin deploys");
+    assert_eq!(deployments(&ops).await, vec!["kept".to_owned()]);
+
+    let nlp = agent(&server, "nlp-agent").await;
+    every_hosting_command_is_refused(&nlp, &mark, StatusCode::ACCESS).await;
+    // The operator reads, and may not change.
+    let viewer = agent(&server, "viewer").await;
+    ask(&viewer, coordinator_commands::DEPLOYMENTS, &())
+        .await
+        .expect("an operator lists the deployments");
+    let refused = ask(
+        &viewer,
+        coordinator_commands::TERMINATE,
+        &TerminateRequest {
+            deployment: "kept".into(),
+        },
+    )
+    .await
+    .expect_err("an operator does not terminate");
+    assert_eq!(refused.status(), StatusCode::ACCESS);
+    assert!(
+        refused.to_string().contains("needs the admin role"),
+        "{refused}"
+    );
+
+    // Nothing changed: the deployment is still there, with its one replica, and no mark.
+    let views: Vec<DeploymentView> = serde_json::from_value(
+        ask(&ops, coordinator_commands::DEPLOYMENTS, &())
+            .await
+            .expect("list"),
+    )
+    .expect("views");
+    assert_eq!(views.len(), 1);
+    assert_eq!(
+        (views[0].deployment.as_str(), views[0].replicas),
+        ("kept", 1)
+    );
+    assert!(!mark.exists(), "the hostile command ran");
+
+    // Counted by reason.
+    let addr = coordinator.metrics_addr().expect("metrics");
+    let (_, text) = http_get(addr, "/metrics").await;
+    let refused = metric_sum(
+        &text,
+        "chorus_coordinator_authority_refusals_total",
+        &["reason=\"role\""],
+    )
+    .unwrap_or(0.0);
+    assert!(refused >= 6.0, "role refusals counted: {refused}");
+
+    terminate_kept(&ops).await;
+    coordinator.shutdown().await;
+}
+
+#[tokio::test]
+async fn where_signatures_are_required_a_role_counts_only_with_the_key_the_coordinator_holds() {
+    let server = server();
+    let ops_key = Identity::generate();
+    let mut config = coordinator_config(&server);
+    config.authority = AuthorityConfig {
+        admins: vec!["ops".into()],
+        operators: Vec::new(),
+        require_signed: Some(true),
+    };
+    config
+        .trusted_keys
+        .insert("ops".into(), ops_key.public_key());
+    let coordinator = start_coordinator(config, false).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mark = dir.path().join("pwned");
+
+    // Claiming to be ops without a signature: 5014.
+    let unsigned = agent(&server, "ops").await;
+    every_hosting_command_is_refused(&unsigned, &mark, StatusCode::UNAUTHORIZED).await;
+    unsigned.shutdown().await;
+    // Signed as ops with another key: 5004.
+    let forger = agent_options(&server, "ops")
+        .identity(Identity::generate())
+        .connect()
+        .await
+        .expect("forger");
+    every_hosting_command_is_refused(&forger, &mark, StatusCode::IDENTITY).await;
+    forger.shutdown().await;
+    // An agent with a key of its own, which the registry learns from it, is still an agent.
+    let nlp = agent_options(&server, "nlp-agent")
+        .identity(Identity::generate())
+        .connect()
+        .await
+        .expect("nlp-agent");
+    every_hosting_command_is_refused(&nlp, &mark, StatusCode::ACCESS).await;
+
+    // ops, signing with its key, deploys and terminates.
+    let ops = agent_options(&server, "ops")
+        .identity(ops_key)
+        .heartbeat_interval(Duration::ZERO)
+        .connect()
+        .await
+        .expect("ops");
+    ask(
+        &ops,
+        coordinator_commands::DEPLOY,
+        &DeployRequest {
+            manifest: Manifest::new("kept", "true"),
+        },
+    )
+    .await
+    .expect("ops deploys");
+    assert_eq!(deployments(&ops).await, vec!["kept".to_owned()]);
+    terminate_kept(&ops).await;
+    assert!(!mark.exists(), "the hostile command ran");
+    coordinator.shutdown().await;
+}
+
+/// Publishes a heartbeat for `agent` as a forger would, straight on the wire.
+async fn forged_heartbeat(raw: &chorus_broker_adapter::Broker, agent: &str) {
+    use chorus_sdk::codec::{self, Encoding};
+    use chorus_sdk::{Envelope, Kind, Performative};
+    let manifest: chorus_sdk::registry::Manifest = serde_json::from_value(serde_json::json!({
+        "agent": agent,
+        "instance": "forged",
+        "heartbeat_ms": 60_000,
+        "started_ms": chorus_sdk::envelope::now_ms(),
+    }))
+    .expect("manifest");
+    let mut env = Envelope::new(Kind::Heartbeat, Performative::Health, agent);
+    env.payload = codec::encode_payload(&manifest, chorus_sdk::envelope::CONTENT_TYPE_MSGPACK)
+        .expect("payload");
+    // Built by hand: the SDK's subject builder refuses such an id.
+    raw.publish(
+        &format!("chorus.sys.hb.{agent}"),
+        codec::encode(&env, Encoding::MsgPack).expect("encode"),
+    )
+    .await
+    .expect("publish");
+}
+
+#[tokio::test]
+async fn a_heartbeat_with_a_hostile_id_is_not_registered() {
+    let server = server();
+    let coordinator = start_coordinator(coordinator_config(&server), true).await;
+    let addr = coordinator.metrics_addr().expect("metrics");
+    let refused = || async move {
+        let (_, text) = http_get(addr, "/metrics").await;
+        metric_sum(
+            &text,
+            "chorus_coordinator_messages_total",
+            &["kind=\"heartbeat\"", "status=\"data_format\""],
+        )
+        .unwrap_or(0.0)
+    };
+    let before = refused().await;
+    let raw = chorus_tests::raw_broker(&server).await;
+    // No `>`: the client refuses a wildcard inside a token, but a server takes this one.
+    let hostile = "<img/src/onerror=alert(1)";
+    forged_heartbeat(&raw, hostile).await;
+    forged_heartbeat(&raw, "plain-agent").await;
+    let all = chorus_sdk::DiscoverQuery::default();
+    chorus_tests::eventually(
+        chorus_tests::WAIT,
+        "the hostile heartbeat refused and the plain one registered",
+        || async {
+            let registered = coordinator
+                .discover(&all)
+                .iter()
+                .any(|r| r.manifest.agent == "plain-agent");
+            (registered && refused().await > before).then_some(())
+        },
+    )
+    .await;
+    let ids: Vec<String> = coordinator
+        .discover(&all)
+        .into_iter()
+        .map(|r| r.manifest.agent)
+        .collect();
+    assert!(!ids.iter().any(|id| id == hostile), "registered: {ids:?}");
+    coordinator.shutdown().await;
+}

@@ -1,0 +1,267 @@
+//! The gateway against hostile clients (docs/SECURITY.md, "The gateway under attack"):
+//! half-open connections without credentials, by the thousand, do not stop a caller that
+//! authenticates; every error comes in the documented JSON body.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use chorus_gateway::config::{ApiKey, EdgeIdentity, GatewayConfig};
+use chorus_sdk::{Context, HandlerError};
+use chorus_tests::{server, within};
+use sha2::Digest;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const API_KEY: &str = "edge-key-under-attack";
+
+/// A gateway with one identity, `web-ui`, and an echo agent behind it.
+async fn gateway_and_echo(
+    server: &chorus_tests::NatsServer,
+) -> (
+    chorus_coordinator::Coordinator,
+    SocketAddr,
+    chorus_sdk::Agent,
+) {
+    let mut config = chorus_tests::coordinator_config(server);
+    config.gateway = GatewayConfig {
+        listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+        identities: vec![EdgeIdentity {
+            id: "web-ui".into(),
+            nkey_seed_file: None,
+            tenant: None,
+        }],
+        api_keys: vec![ApiKey {
+            identity: "web-ui".into(),
+            sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
+            scopes: Vec::new(),
+        }],
+        // Generous: the attack is not held off by the rate limit.
+        rate_per_second: 100_000.0,
+        rate_burst: 100_000.0,
+        ..GatewayConfig::default()
+    };
+    let coordinator = chorus_tests::start_coordinator(config, true).await;
+    let gw = coordinator.gateway_addr().expect("the gateway listens");
+    let echo = chorus_tests::agent(server, "echo").await;
+    echo.on_command("echo", |_ctx: Context, v: serde_json::Value| async move {
+        Ok::<_, HandlerError>(v)
+    })
+    .await
+    .expect("echo");
+    (coordinator, gw, echo)
+}
+
+/// An HTTP/1.1 client on one kept-alive connection, as real clients use them.
+struct KeptAlive {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl KeptAlive {
+    async fn connect(addr: SocketAddr) -> KeptAlive {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        KeptAlive {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Sends one request and reads its answer: (status, body).
+    async fn send(&mut self, method: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: gw\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        self.stream
+            .write_all(request.as_bytes())
+            .await
+            .expect("write");
+        self.read_answer().await
+    }
+
+    /// Reads one answer: (status, body).
+    async fn read_answer(&mut self) -> (u16, String) {
+        loop {
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&self.buf[..end]).to_ascii_lowercase();
+                let status = head
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .expect("a content-length");
+                if self.buf.len() >= end + 4 + length {
+                    let body =
+                        String::from_utf8_lossy(&self.buf[end + 4..end + 4 + length]).into_owned();
+                    self.buf.drain(..end + 4 + length);
+                    return (status, body);
+                }
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            let n = self.stream.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "the gateway closed a kept-alive connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// 1,000 authenticated requests on one kept-alive connection: every latency, sorted.
+async fn thousand_requests(gw: SocketAddr) -> Vec<Duration> {
+    let mut client = KeptAlive::connect(gw).await;
+    let key = format!("X-API-Key: {API_KEY}\r\n");
+    let mut took = Vec::with_capacity(1_000);
+    for i in 0..1_000 {
+        let body = format!(r#"{{"to":"echo","command":"echo","payload":{{"n":{i}}}}}"#);
+        let started = Instant::now();
+        let (status, answer) = client.send("POST", "/v1/requests", &key, &body).await;
+        took.push(started.elapsed());
+        assert_eq!(status, 200, "request {i}: {answer}");
+        assert!(
+            answer.contains(&format!(r#""n":{i}"#)),
+            "request {i}: {answer}"
+        );
+    }
+    took.sort();
+    took
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1_000.0
+}
+
+/// Half-open connections without credentials: half of them stop inside the headers, half
+/// inside a body they promised. Kept open by the caller.
+async fn half_open(gw: SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut held = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut stream = TcpStream::connect(gw).await.expect("attacker connects");
+        let partial = if i % 2 == 0 {
+            "POST /v1/requests HTTP/1.1\r\nHost: gw\r\nContent-Len".to_owned()
+        } else {
+            "POST /v1/requests HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"to\":".to_owned()
+        };
+        // A connection the gateway already closed to make room may refuse the write.
+        let _ = stream.write_all(partial.as_bytes()).await;
+        held.push(stream);
+    }
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_half_open_connections_do_not_stop_an_authenticated_caller() {
+    let server = server();
+    let (coordinator, gw, _echo) = gateway_and_echo(&server).await;
+    // Before the attack.
+    let quiet = within(
+        Duration::from_secs(120),
+        "1,000 requests, quiet",
+        thousand_requests(gw),
+    )
+    .await;
+    let attackers = within(
+        Duration::from_secs(60),
+        "2,000 half-open connections",
+        half_open(gw, 2_000),
+    )
+    .await;
+    let attacked = within(
+        Duration::from_secs(120),
+        "1,000 requests under attack",
+        thousand_requests(gw),
+    )
+    .await;
+    let p = |v: &[Duration], q: f64| {
+        let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
+        ms(v[i])
+    };
+    println!(
+        "edge exhaustion: 1,000 requests on one kept-alive connection: quiet p50 {:.2} ms p99 {:.2} ms; \
+         with 2,000 half-open unauthenticated connections p50 {:.2} ms p99 {:.2} ms",
+        p(&quiet, 0.5),
+        p(&quiet, 0.99),
+        p(&attacked, 0.5),
+        p(&attacked, 0.99)
+    );
+    // The gateway closed the attackers' connections past its per-peer allowance.
+    let metrics = coordinator.metrics_addr().expect("metrics");
+    let (_, text) = chorus_tests::http_get(metrics, "/metrics").await;
+    let closed = chorus_tests::metric_sum(
+        &text,
+        "chorus_gateway_refusals_total",
+        &["reason=\"unproven_connection_closed\""],
+    )
+    .unwrap_or(0.0);
+    assert!(closed >= 1_900.0, "unproven connections closed: {closed}");
+    drop(attackers);
+    coordinator.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_comes_in_the_documented_json_body() {
+    let server = server();
+    let (coordinator, gw, _echo) = gateway_and_echo(&server).await;
+    let mut client = KeptAlive::connect(gw).await;
+    let key = format!("X-API-Key: {API_KEY}\r\n");
+    for (what, method, path, headers, body, want) in [
+        ("no such route", "GET", "/nowhere", key.as_str(), "", 404),
+        (
+            "a method the route does not take",
+            "DELETE",
+            "/v1/requests",
+            key.as_str(),
+            "",
+            405,
+        ),
+        ("no credentials", "POST", "/v1/requests", "", "{}", 401),
+        (
+            "not JSON",
+            "POST",
+            "/v1/requests",
+            key.as_str(),
+            "{not json",
+            400,
+        ),
+        (
+            "the coordinator's deploy, for a key without an admin scope",
+            "POST",
+            "/v1/requests",
+            key.as_str(),
+            r#"{"to":"coordinator","command":"deploy","payload":{"manifest":{"id":"pwn","run":{"command":"sh","args":["-c","id"]}}}}"#,
+            403,
+        ),
+    ] {
+        let (status, answer) = client.send(method, path, headers, body).await;
+        assert_eq!(status, want, "{what}: {answer}");
+        let json: serde_json::Value = serde_json::from_str(&answer)
+            .unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {answer}"));
+        assert!(
+            json["status"]
+                .as_u64()
+                .is_some_and(|s| (5001..6000).contains(&s))
+                && json["label"].is_string()
+                && json["reason"].is_string(),
+            "{what}: {json}"
+        );
+    }
+    // A body declared over the limit is refused before it is read.
+    let mut stream = TcpStream::connect(gw).await.expect("connect");
+    let head = format!(
+        "POST /v1/requests HTTP/1.1\r\nHost: gw\r\nX-API-Key: {API_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"to\":",
+        4 << 20
+    );
+    stream.write_all(head.as_bytes()).await.expect("write");
+    let mut raw = KeptAlive {
+        stream,
+        buf: Vec::new(),
+    };
+    let (status, answer) = raw.read_answer().await;
+    assert_eq!(status, 413, "{answer}");
+    let json: serde_json::Value = serde_json::from_str(&answer).expect("413 in JSON");
+    assert_eq!(json["status"], 5006, "{json}");
+    coordinator.shutdown().await;
+}
