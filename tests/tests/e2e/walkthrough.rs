@@ -306,6 +306,8 @@ async fn walkthrough_running_with_security_on_works_as_documented_and_refuses_ea
     assert!(said.contains("2 live agent(s)"), "{said}");
     assert!(said.contains("3 words for ops"), "{said}");
     assert!(said.contains("2 delivered"), "{said}");
+    // `chorus hosts`, an operator's command, answered for ops's signature (no host runs here).
+    assert!(said.contains("slots"), "{said}");
     assert!(!said.contains("permission denied"), "{said}");
     ocr.wait_for("ocr-agent: reload from coordinator", 1);
     nlp.wait_for("nlp-agent: reload from coordinator", 1);
