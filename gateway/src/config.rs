@@ -60,7 +60,7 @@ pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 1_024;
 /// refusals).
 pub const DEFAULT_MAX_UNAUTHENTICATED_REQUESTS: usize = 64;
 /// Connections one peer may hold before any of them carried an authenticated request.
-pub const DEFAULT_MAX_UNPROVEN_CONNECTIONS_PER_PEER: usize = 64;
+pub const DEFAULT_MAX_UNPROVEN_CONNECTIONS_PER_PEER: usize = 256;
 /// WebSockets open at once.
 pub const DEFAULT_MAX_WEBSOCKETS: usize = 256;
 /// Clock skew allowed on a JWT's `exp` and `nbf`.

@@ -29,7 +29,7 @@ use tokio_util::task::TaskTracker;
 
 /// How long a client has to send a request's headers, and an idle kept-alive connection to
 /// start its next request.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a connection is given to finish its answer when the gateway stops.
 const DRAIN: Duration = Duration::from_secs(5);
