@@ -243,7 +243,9 @@ async fn connect(url: &str, name: &str) -> anyhow::Result<Broker> {
 
 /// The SDK agent that asks the coordinators (discovery, broadcasts) for a measurement.
 async fn client(url: &str) -> anyhow::Result<chorus_sdk::Agent> {
-    Ok(AgentOptions::new("fleet-client")
+    // A CLI user's id: `chorus serve`'s development default makes the CLI's ids (`cli-*`) the
+    // admins that may deploy (docs/SECURITY.md, "Roles and authority").
+    Ok(AgentOptions::new("cli-fleet")
         .servers([url])
         .root(ROOT)
         .heartbeat_interval(Duration::ZERO)
