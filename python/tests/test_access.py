@@ -511,3 +511,40 @@ async def test_session_and_customer_travel_along_replies_and_forwards_both_ways(
             tap.kill()
             tap.wait()
         assert (line["session_id"], line["customer_id"]) == ("s-3", "umbrella")
+
+
+@pytest.mark.parametrize("persist", [False, True])
+async def test_a_signed_durable_command_that_fails_twice_is_retried_not_refused_as_a_replay(server: Any, persist: bool) -> None:
+    """A redelivery of the same stored message is not a replay (SECURITY.md): a signed durable
+    command to an agent that requires signatures, whose handler fails twice and then
+    succeeds, runs three times and is acknowledged, with no refusal and no dead letter; with
+    ``persist_seen_ids`` too."""
+    shop = Identity.generate()
+    verifier = Verifier(require_signed=True)
+    verifier.trust("py-shop", shop.public_key)
+    worker_id = "py-payments-kept" if persist else "py-payments"
+    attempts: list[int] = []
+    worker = py_agent(server, worker_id, verifier=verifier, persist_seen_ids=persist)
+
+    @worker.command("charge")
+    async def charge(ctx: Context) -> int:
+        attempts.append(ctx.attempt)
+        if len(attempts) <= 2:
+            raise RuntimeError("the card service is down")
+        return int(ctx.data())
+
+    async with worker, py_agent(server, "py-shop", identity=shop) as sender:
+        assert worker._durable is not None
+        # A short policy for this agent alone (the published ones are read at start).
+        worker._durable.policies.default = RetryPolicy(
+            max_attempts=5, initial_backoff_ms=50, max_backoff_ms=50, jitter=0.0, retry_on=(int(StatusCode.HANDLER_FAILED),)
+        )
+        await sender.send(worker_id, "charge", 4200, delivery=Delivery.AT_LEAST_ONCE)
+
+        async def third() -> bool:
+            return len(attempts) >= 3
+
+        await eventually("the third attempt", third, WAIT)
+        assert attempts == [1, 2, 3]
+        assert worker.stats.security_refused == 0
+        assert worker.stats.dead_lettered == 0

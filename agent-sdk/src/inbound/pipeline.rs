@@ -336,11 +336,14 @@ impl Pipeline {
         // A signed message is checked with whatever else is waiting (the layer takes the
         // verdict); an unsigned one has nothing to batch.
         let (env, preverified) = match &self.batches {
-            Some(batches) if env.signature.is_some() => batches.verify(subject, env).await,
+            Some(batches) if env.signature.is_some() => {
+                batches.verify(subject, env, via.stored).await
+            }
             _ => (env, None),
         };
         let mut msg = Inbound::new(subject, env, endpoint);
         msg.preverified = preverified;
+        msg.stored = via.stored;
         for layer in &self.layers {
             if let Err(failure) = layer.check(&mut msg) {
                 return Processed {
@@ -373,7 +376,7 @@ impl Pipeline {
         if msg.verified
             && msg.endpoint.is_some()
             && let Some(seen) = &self.seen
-            && let Err(failure) = Box::pin(seen.record(&msg.env)).await
+            && let Err(failure) = Box::pin(seen.record(&msg.env, msg.stored)).await
         {
             return Processed {
                 request: Some(Arc::new(msg.env)),
@@ -627,12 +630,19 @@ pub(crate) struct Via {
     /// Which delivery of the message this is: 1 for a core message; the server's count for a
     /// durable one.
     pub(crate) attempt: u32,
+    /// The stream sequence of the stored copy it was delivered from (a durable delivery): a
+    /// redelivery of the same copy is not a replay.
+    pub(crate) stored: Option<u64>,
 }
 
 impl Via {
     /// A core message (delivered once).
     pub(crate) fn core(span: SpanKind) -> Via {
-        Via { span, attempt: 1 }
+        Via {
+            span,
+            attempt: 1,
+            stored: None,
+        }
     }
 }
 

@@ -54,12 +54,25 @@ impl SeenIds {
             .await
     }
 
-    /// Records `env`'s id; 5015 if it was recorded before (a replay, perhaps across a
-    /// restart), 5019 (retried) if the bucket cannot be written: failing closed.
-    pub(crate) async fn record(&self, env: &Envelope) -> Result<(), Failure> {
+    /// Records `env`'s id, with the stream sequence of the stored copy it came from (`copy`)
+    /// for a durable delivery; 5015 if it was recorded before from anywhere but that same copy
+    /// (a replay, perhaps across a restart; a redelivery of the copy is not one), 5019
+    /// (retried) if the bucket cannot be read or written: failing closed.
+    pub(crate) async fn record(&self, env: &Envelope, copy: Option<u64>) -> Result<(), Failure> {
         let key = format!("{}.{}", self.link.id, env.id);
+        let value = copy.map_or_else(Bytes::new, |seq| Bytes::from(seq.to_string()));
         let stored = match self.kv().await {
-            Ok(kv) => kv.create(&key, Bytes::new()).await,
+            Ok(kv) => match kv.create(&key, value.clone()).await {
+                // Recorded before: from this very copy (a redelivery), or a replay.
+                Err(e) if e.kind() == ErrorKind::Conflict && copy.is_some() => {
+                    match kv.get(&key).await {
+                        Ok(Some(entry)) if entry.value == value => Ok(0),
+                        Ok(_) => Err(e),
+                        Err(read) => Err(read),
+                    }
+                }
+                other => other,
+            },
             Err(e) => Err(e),
         };
         match stored {

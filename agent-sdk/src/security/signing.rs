@@ -157,7 +157,9 @@ struct TrustedKey {
 
 #[derive(Debug, Default)]
 struct SeenIds {
-    expiry: HashMap<Uuid, u64>,
+    /// Each id seen: until when it is remembered, and the stored copy it came from (a stream
+    /// sequence), if it came from one.
+    expiry: HashMap<Uuid, (u64, Option<u64>)>,
     next_prune_ms: u64,
 }
 
@@ -218,7 +220,23 @@ impl Verifier {
     /// algorithm; 5004 no key, another key or a bad signature; 5015 a replay or a timestamp past
     /// the tolerance.
     pub fn verify(&self, subject: &str, env: &Envelope, now_ms: u64) -> Result<(), Refused> {
-        self.verify_batch(&[(subject, env)], now_ms)
+        self.verify_delivery(subject, env, None, now_ms)
+    }
+
+    /// As [`Verifier::verify`], for a message delivered from a stored copy: `stored` is that
+    /// copy's stream sequence. The same copy delivered again (a redelivery after a failure,
+    /// a crash or a lost ack) is not a replay; the same id from anywhere else is.
+    ///
+    /// # Errors
+    /// As [`Verifier::verify`].
+    pub fn verify_delivery(
+        &self,
+        subject: &str,
+        env: &Envelope,
+        stored: Option<u64>,
+        now_ms: u64,
+    ) -> Result<(), Refused> {
+        self.verify_deliveries(&[(subject, env, stored)], now_ms)
             .pop()
             .unwrap_or(Ok(()))
     }
@@ -233,11 +251,22 @@ impl Verifier {
         items: &[(&str, &Envelope)],
         now_ms: u64,
     ) -> Vec<Result<(), Refused>> {
+        let items: Vec<_> = items.iter().map(|(s, e)| (*s, *e, None)).collect();
+        self.verify_deliveries(&items, now_ms)
+    }
+
+    /// As [`Verifier::verify_batch`], each item with the stream sequence of the stored copy it
+    /// was delivered from, if any ([`Verifier::verify_delivery`]).
+    pub fn verify_deliveries(
+        &self,
+        items: &[(&str, &Envelope, Option<u64>)],
+        now_ms: u64,
+    ) -> Vec<Result<(), Refused>> {
         let tolerance = u64::try_from(self.policy.tolerance.as_millis()).unwrap_or(u64::MAX);
         let mut results: Vec<Result<(), Refused>> = Vec::with_capacity(items.len());
         // (index, signed bytes, signature, key) of each envelope that passed the cheap checks.
         let mut pending = Vec::new();
-        for (i, (subject, env)) in items.iter().enumerate() {
+        for (i, (subject, env, _)) in items.iter().enumerate() {
             match self.precheck(env, now_ms, tolerance) {
                 Ok(Some((signature, key))) => {
                     pending.push((i, canonical_bytes(subject, env), signature, key));
@@ -260,7 +289,7 @@ impl Verifier {
                 .collect();
         };
         if now_ms >= seen.next_prune_ms {
-            seen.expiry.retain(|_, until| *until > now_ms);
+            seen.expiry.retain(|_, (until, _)| *until > now_ms);
             seen.next_prune_ms = now_ms + tolerance.max(1_000);
         }
         for (i, bytes, signature, key) in &pending {
@@ -268,11 +297,19 @@ impl Verifier {
                 results[*i] = Err((StatusCode::IDENTITY, "the signature does not verify".into()));
                 continue;
             }
-            let env = items[*i].1;
+            let (_, env, stored) = items[*i];
             // An id is remembered as long as its timestamp could still pass the tolerance check.
             let until = env.timestamp_ms.saturating_add(tolerance).saturating_add(1);
-            if seen.expiry.insert(env.id, until).is_some() {
-                results[*i] = Err((StatusCode::REPLAY, "this message id was seen before".into()));
+            match seen.expiry.get(&env.id) {
+                // The same stored copy delivered again: a redelivery, not a replay.
+                Some((_, Some(copy))) if stored == Some(*copy) => {}
+                Some(_) => {
+                    results[*i] =
+                        Err((StatusCode::REPLAY, "this message id was seen before".into()));
+                }
+                None => {
+                    seen.expiry.insert(env.id, (until, stored));
+                }
             }
         }
         results
@@ -379,6 +416,50 @@ mod tests {
         assert_eq!(
             verifier.verify("s", &unsigned, now).map_err(|e| e.0),
             Err(StatusCode::UNAUTHORIZED)
+        );
+    }
+
+    #[test]
+    fn a_redelivery_of_the_same_stored_copy_is_not_a_replay_but_another_copy_is() {
+        let alice = Identity::generate();
+        let verifier = Verifier::new(SignaturePolicy::default());
+        verifier.trust("alice", &alice.public_key());
+        let subject = "chorus.inbox.bob.pay";
+        let mut env = Envelope::new(Kind::Command, Performative::Request, "alice");
+        alice.sign(subject, &mut env);
+        let now = env.timestamp_ms;
+        assert_eq!(
+            verifier.verify_delivery(subject, &env, Some(7), now),
+            Ok(())
+        );
+        // The server delivers stored message 7 again: twice more.
+        assert_eq!(
+            verifier.verify_delivery(subject, &env, Some(7), now),
+            Ok(())
+        );
+        assert_eq!(
+            verifier.verify_delivery(subject, &env, Some(7), now),
+            Ok(())
+        );
+        // The same bytes stored again (sequence 8), or sent on a core subject: a replay.
+        for stored in [Some(8), None] {
+            assert_eq!(
+                verifier
+                    .verify_delivery(subject, &env, stored, now)
+                    .map_err(|e| e.0),
+                Err(StatusCode::REPLAY),
+                "{stored:?}"
+            );
+        }
+        // A core message's id seen again is a replay, whatever comes later.
+        let mut core = Envelope::new(Kind::Request, Performative::Request, "alice");
+        alice.sign(subject, &mut core);
+        assert_eq!(verifier.verify(subject, &core, now), Ok(()));
+        assert_eq!(
+            verifier
+                .verify_delivery(subject, &core, Some(9), now)
+                .map_err(|e| e.0),
+            Err(StatusCode::REPLAY)
         );
     }
 

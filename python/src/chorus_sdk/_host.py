@@ -56,7 +56,9 @@ class Host(Protocol):
         """Sends a request envelope and returns its reply; raises on a failure code."""
         ...
 
-    async def handle(self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1) -> Any: ...
+    async def handle(
+        self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1, stored: int | None = None
+    ) -> Any: ...
 
     # Sends, with the keyword options of the agent's own methods.
     @property

@@ -122,17 +122,28 @@ class SeenIds:
             self._kv = await ensure_bucket(js, name, self.window, "Chorus replay protection: verified message ids")
         return self._kv
 
-    async def record(self, env: Envelope) -> ChorusError | None:
-        """Records ``env``'s id: ``None`` the first time, else the refusal."""
+    async def record(self, env: Envelope, stored: int | None = None) -> ChorusError | None:
+        """Records ``env``'s id, with the stream sequence of the stored copy it came from
+        (``stored``) for a durable delivery: ``None`` the first time or for a redelivery of
+        that same copy, else the refusal."""
         from nats.js.errors import KeyWrongLastSequenceError
 
         from ._state import log
 
         key = f"{self.agent.id}.{env.id}"
+        value = b"" if stored is None else str(stored).encode()
         try:
             kv = await self._bucket()
-            await kv.create(key, b"")
+            await kv.create(key, value)
         except KeyWrongLastSequenceError:
+            if stored is not None:
+                try:
+                    entry = await kv.get(key)
+                except Exception as e:  # noqa: BLE001 - failing closed: refused, retried
+                    log.warning("agent %s: seen-id record unavailable: %s", self.agent.id, e)
+                    return ChorusError(StatusCode.UNAVAILABLE, "replay protection store unavailable")
+                if entry.value == value:
+                    return None
             log.warning("agent %s: replay refused: id %s from %s already seen", self.agent.id, env.id, env.from_)
             return ChorusError(StatusCode.REPLAY, f"message {env.id} was already received")
         except Exception as e:  # noqa: BLE001 - failing closed: refused, retried if durable

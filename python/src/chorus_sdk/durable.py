@@ -547,7 +547,7 @@ class DurableInbox:
             outcome: Any = ChorusError(StatusCode.DATA_FORMAT, decoded.reason)
         else:
             kind, message_id = decoded.kind, decoded.id
-            outcome = await agent.handle(decoded, msg.subject, "command", "", attempt=delivered)
+            outcome = await agent.handle(decoded, msg.subject, "command", "", attempt=delivered, stored=seq)
         decision = settle(self.policies, msg.subject, delivered, kind, outcome)
         try:
             if decision.action == "ack":

@@ -156,16 +156,20 @@ class Inbound(Outbound):
             return
         await self._answer(msg, env, encoding, outcome)
 
-    async def handle(self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1) -> Any:
+    async def handle(
+        self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1, stored: int | None = None
+    ) -> Any:
         """The inbound pipeline after decoding (:meth:`_handle`), counted as the Rust SDK
         counts it: received, and by kind and the status it is answered with, and in the
-        agent's usage (a copy that exactly-once does not run again only as received)."""
+        agent's usage (a copy that exactly-once does not run again only as received).
+        ``stored`` is the stream sequence of the stored copy a durable delivery came from: the
+        same copy delivered again is not a replay."""
         stats = self.stats
         stats.received += 1
         duplicates = stats.duplicates
         # Timed only when usage is counted: two clock reads per message otherwise saved.
         started = time.perf_counter_ns() if self._usage.enabled else 0
-        outcome = await self._handle(env, subject, route, name, attempt)
+        outcome = await self._handle(env, subject, route, name, attempt, stored)
         if env.delivery is not _EXACTLY_ONCE or stats.duplicates == duplicates:
             self._metrics.message(_KIND_LABELS[env.kind], outcome.status if isinstance(outcome, ChorusError) else _OK)
             if self._usage.enabled:
@@ -217,11 +221,13 @@ class Inbound(Outbound):
         self._usage.record(env, endpoint, kind, failed, bytes_out, (time.perf_counter_ns() - started) // 1000)
         return outcome
 
-    async def _handle(self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1) -> Any:
+    async def _handle(
+        self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1, stored: int | None = None
+    ) -> Any:
         """The inbound pipeline after decoding: admission, signature, the access rules, the
         payload opened (fetched, decrypted, decompressed), the handler. Returns the
         handler's value, or the :class:`ChorusError` to answer with."""
-        refused = self._admit(env, subject)
+        refused = self._admit(env, subject, stored)
         if refused is not None:
             self.stats.refused += 1
             return refused
@@ -246,7 +252,7 @@ class Inbound(Outbound):
             return ChorusError(StatusCode.UNKNOWN_COMMAND, f"no handler for {subject}")
         # Without access rules there is nothing to work out (nor a coroutine to make for it).
         if route != "event" and self._has_access_rules():
-            denied = await self._authorize(env, endpoint)
+            denied = await self._authorize(env, endpoint, stored)
             if denied is not None:
                 self.stats.refused += 1
                 if denied.status == StatusCode.RATE_LIMITED:
@@ -324,7 +330,7 @@ class Inbound(Outbound):
         limit, or ids kept across restarts."""
         return self._seen_ids is not None or self.access.rate_limit is not None or bool(self._required)
 
-    async def _authorize(self, env: Envelope, endpoint: str) -> ChorusError | None:
+    async def _authorize(self, env: Envelope, endpoint: str, stored: int | None = None) -> ChorusError | None:
         """The application's access rules for a command or request that passed admission
         (:meth:`_has_access_rules`): the permissions its endpoint requires (5007), the sender's
         rate (5013), and a verified id seen before a restart (5015, when ids are kept)."""
@@ -333,7 +339,7 @@ class Inbound(Outbound):
         verified = self.verifier is not None and env.signature is not None
         denied = access.check(env.from_, verified, endpoint, self._required.get(endpoint, ()))
         if denied is None and verified and self._seen_ids is not None:
-            denied = await self._seen_ids.record(env)
+            denied = await self._seen_ids.record(env, stored)
         return denied
 
     def _timed(self, handler: Callable[[Context], Awaitable[Any]], ctx: Context, kind: str, endpoint: str) -> Callable[[], Awaitable[Any]]:
@@ -369,7 +375,7 @@ class Inbound(Outbound):
         self.stats.handled += 1
         return result
 
-    def _admit(self, env: Envelope, subject: str) -> ChorusError | None:
+    def _admit(self, env: Envelope, subject: str, stored: int | None = None) -> ChorusError | None:
         # Each refusal counted by its reason (chorus_agent_refusals_total), as in Rust.
         if env.kind is _UNKNOWN_KIND:
             self.stats.bad_input += 1
@@ -384,7 +390,7 @@ class Inbound(Outbound):
             return ChorusError(StatusCode.LOOP_DETECTED, f"hops {env.hops} exceed the hop limit {limit}")
         if self.verifier is not None:
             try:
-                self.verifier.verify(subject, env)
+                self.verifier.verify(subject, env, stored=stored)
             except ChorusError as e:
                 self.stats.security_refused += 1
                 return e

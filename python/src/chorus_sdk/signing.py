@@ -94,7 +94,9 @@ class Verifier:
         self.require_signed = require_signed
         self.tolerance_ms = tolerance_ms
         self._keys: dict[str, tuple[str, nacl.signing.VerifyKey]] = {}
-        self._seen: dict[uuid.UUID, int] = {}
+        # Each id seen: until when it is remembered, and the stream sequence of the stored copy
+        # it came from, if it came from one.
+        self._seen: dict[uuid.UUID, tuple[int, int | None]] = {}
         self._next_prune = 0
         self._lock = threading.Lock()
 
@@ -116,9 +118,12 @@ class Verifier:
         entry = self._keys.get(agent)
         return entry[0] if entry else None
 
-    def verify(self, subject: str, env: Envelope, now: int | None = None) -> bool:
+    def verify(self, subject: str, env: Envelope, now: int | None = None, stored: int | None = None) -> bool:
         """Raises :class:`ChorusError` with 5014, 5004 or 5015 when ``env`` must be refused;
-        returns whether its signature proved its sender (``False``: unsigned, and allowed)."""
+        returns whether its signature proved its sender (``False``: unsigned, and allowed).
+        ``stored`` is the stream sequence of the stored copy a durable delivery came from: the
+        same copy delivered again (a redelivery) is not a replay; the same id from anywhere
+        else is."""
         now = now_ms() if now is None else now
         sig = env.signature
         if sig is None:
@@ -144,9 +149,12 @@ class Verifier:
             raise ChorusError(StatusCode.IDENTITY, "the signature does not verify") from err
         with self._lock:
             if now >= self._next_prune:
-                self._seen = {k: v for k, v in self._seen.items() if v > now}
+                self._seen = {k: v for k, v in self._seen.items() if v[0] > now}
                 self._next_prune = now + max(self.tolerance_ms, 1000)
-            if env.id in self._seen:
+            seen = self._seen.get(env.id)
+            if seen is not None:
+                if stored is not None and seen[1] == stored:
+                    return True
                 raise ChorusError(StatusCode.REPLAY, "this message id was seen before")
-            self._seen[env.id] = env.timestamp_ms + self.tolerance_ms + 1
+            self._seen[env.id] = (env.timestamp_ms + self.tolerance_ms + 1, stored)
         return True

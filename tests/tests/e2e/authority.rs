@@ -319,3 +319,86 @@ async fn a_heartbeat_with_a_hostile_id_is_not_registered() {
     assert!(!ids.iter().any(|id| id == hostile), "registered: {ids:?}");
     coordinator.shutdown().await;
 }
+
+/// A signed durable command to an agent that requires signatures: its handler fails twice,
+/// then succeeds. Each redelivery of the same stored message is not a replay, so it runs three
+/// times and is acknowledged, with no dead letter; with `persist_seen_ids` too.
+#[tokio::test]
+async fn a_signed_durable_command_that_fails_twice_then_succeeds_is_retried_not_refused_as_a_replay()
+ {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use chorus_sdk::durable::DeadLetterQueue;
+    use chorus_sdk::security::SignaturePolicy;
+    use chorus_sdk::{Context, HandlerError};
+
+    let server = server();
+    let _coordinator = start_coordinator(coordinator_config(&server), false).await;
+    for persist in [false, true] {
+        let worker_id = if persist { "payments-kept" } else { "payments" };
+        let shop_key = Identity::generate();
+        let tries = Arc::new(AtomicU32::new(0));
+        let worker = agent_options(&server, worker_id)
+            .durable_inbox(true)
+            .retry_policies(crate::coordinator::fast_policy(5))
+            .verify_signatures(SignaturePolicy {
+                require_signed: true,
+                ..SignaturePolicy::default()
+            })
+            .trust("shop", shop_key.public_key())
+            .persist_seen_ids(persist)
+            .connect()
+            .await
+            .expect("worker");
+        let t = Arc::clone(&tries);
+        worker
+            .on_command("charge", move |_ctx: Context, cents: u32| {
+                let attempt = t.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    if attempt <= 2 {
+                        Err(HandlerError::failed("the card service is down"))
+                    } else {
+                        Ok(cents)
+                    }
+                }
+            })
+            .await
+            .expect("register");
+        let shop = agent_options(&server, "shop")
+            .identity(shop_key)
+            .heartbeat_interval(Duration::ZERO)
+            .connect()
+            .await
+            .expect("shop");
+        shop.send_durable(
+            Call::agent(worker_id, "charge")
+                .command()
+                .payload(&4200u32)
+                .expect("payload"),
+        )
+        .await
+        .expect("stored");
+        chorus_tests::eventually(chorus_tests::WAIT, "the third attempt", || async {
+            (tries.load(Ordering::SeqCst) >= 3).then_some(())
+        })
+        .await;
+        chorus_tests::eventually(chorus_tests::WAIT, "acknowledged", || async {
+            chorus_tests::inbox_settled(&worker, worker_id)
+                .await
+                .then_some(())
+        })
+        .await;
+        assert_eq!(tries.load(Ordering::SeqCst), 3, "persist {persist}");
+        let dlq = DeadLetterQueue::new(shop.broker().clone(), shop.subjects().clone());
+        let letters = dlq.list(10).await.expect("list");
+        assert!(
+            letters.iter().all(|l| l.letter.agent != worker_id),
+            "persist {persist}: dead-lettered: {:?}",
+            letters.iter().map(|l| &l.letter.detail).collect::<Vec<_>>()
+        );
+        assert_eq!(worker.stats().security_refused, 0, "persist {persist}");
+        shop.shutdown().await;
+        worker.shutdown().await;
+    }
+}

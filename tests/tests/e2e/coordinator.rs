@@ -277,7 +277,7 @@ async fn a_broadcast_to_fifty_agents_with_five_silent_reports_45_delivered_and_5
     coordinator.shutdown().await;
 }
 
-fn fast_policy(attempts: u32) -> RetryPolicies {
+pub(crate) fn fast_policy(attempts: u32) -> RetryPolicies {
     RetryPolicies {
         default: RetryPolicy {
             max_attempts: attempts,

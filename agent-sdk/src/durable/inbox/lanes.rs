@@ -141,6 +141,7 @@ impl DurableInbox {
                     Via {
                         span: SpanKind::Consumer,
                         attempt: u32::try_from(delivery.delivered()).unwrap_or(u32::MAX),
+                        stored: Some(delivery.stream_seq()),
                     },
                 )
                 .await;

@@ -34,6 +34,9 @@ pub(crate) struct Inbound<'a> {
     /// The signature check's verdict, when it was made already in a batch
     /// ([`Batches`]); the verify layer makes it otherwise.
     pub(crate) preverified: Option<Result<(), crate::security::signing::Refused>>,
+    /// The stream sequence of the stored copy it was delivered from, if it was (a redelivery
+    /// of the same copy is not a replay).
+    pub(crate) stored: Option<u64>,
 }
 
 impl<'a> Inbound<'a> {
@@ -45,6 +48,7 @@ impl<'a> Inbound<'a> {
             endpoint,
             verified: false,
             preverified: None,
+            stored: None,
         }
     }
 }

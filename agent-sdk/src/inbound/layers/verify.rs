@@ -33,7 +33,9 @@ impl Layer for Verify {
         // Checked already in a batch ([`Batches`]), or here on its own.
         let verdict = match msg.preverified.take() {
             Some(verdict) => verdict,
-            None => self.verifier.verify(msg.subject, &msg.env, now_ms()),
+            None => self
+                .verifier
+                .verify_delivery(msg.subject, &msg.env, msg.stored, now_ms()),
         };
         verdict.map_err(|refused| self.refused(msg, refused))?;
         // An unsigned message passes where signatures are optional, but proves nothing.
@@ -43,8 +45,8 @@ impl Layer for Verify {
 
     /// Signatures checked as a batch: about half the cost per signature.
     fn check_batch(&self, msgs: &mut [Inbound<'_>]) -> Vec<Result<(), Failure>> {
-        let items: Vec<_> = msgs.iter().map(|m| (m.subject, &m.env)).collect();
-        let results = self.verifier.verify_batch(&items, now_ms());
+        let items: Vec<_> = msgs.iter().map(|m| (m.subject, &m.env, m.stored)).collect();
+        let results = self.verifier.verify_deliveries(&items, now_ms());
         msgs.iter_mut()
             .zip(results)
             .map(|(msg, result)| {
@@ -63,6 +65,8 @@ const BATCH: usize = 64;
 struct Job {
     subject: String,
     env: Arc<Envelope>,
+    /// The stored copy's stream sequence, for a durable delivery.
+    stored: Option<u64>,
     done: tokio::sync::oneshot::Sender<Result<(), Refused>>,
 }
 
@@ -136,12 +140,14 @@ impl Batches {
         &self,
         subject: &str,
         env: Envelope,
+        stored: Option<u64>,
     ) -> (Envelope, Option<Result<(), Refused>>) {
         let env = Arc::new(env);
         let (done, verdict) = tokio::sync::oneshot::channel();
         let job = Job {
             subject: subject.to_owned(),
             env: Arc::clone(&env),
+            stored,
             done,
         };
         let verdict = match self.jobs.send(job) {
@@ -156,11 +162,11 @@ impl Batches {
 
 /// Checks `jobs` as one batch and answers each.
 fn check(verifier: &Verifier, jobs: Vec<Job>) {
-    let items: Vec<(&str, &Envelope)> = jobs
+    let items: Vec<(&str, &Envelope, Option<u64>)> = jobs
         .iter()
-        .map(|j| (j.subject.as_str(), j.env.as_ref()))
+        .map(|j| (j.subject.as_str(), j.env.as_ref(), j.stored))
         .collect();
-    let verdicts = verifier.verify_batch(&items, now_ms());
+    let verdicts = verifier.verify_deliveries(&items, now_ms());
     drop(items);
     for (job, verdict) in jobs.into_iter().zip(verdicts) {
         let Job { env, done, .. } = job;
@@ -225,7 +231,7 @@ mod tests {
             let id = env.id;
             let batches = &batches;
             async move {
-                let (back, verdict) = batches.verify("chorus.agent.bank.pay", env).await;
+                let (back, verdict) = batches.verify("chorus.agent.bank.pay", env, None).await;
                 assert_eq!(back.id, id, "the same envelope comes back");
                 (i, verdict)
             }
@@ -251,7 +257,7 @@ mod tests {
             .expect("the collector stops");
         let env = signed(&alice, "alice");
         let id = env.id;
-        let (back, verdict) = batches.verify("chorus.agent.bank.pay", env).await;
+        let (back, verdict) = batches.verify("chorus.agent.bank.pay", env, None).await;
         assert_eq!((back.id, verdict), (id, None), "left to the layer");
     }
 
