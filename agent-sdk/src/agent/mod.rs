@@ -177,6 +177,13 @@ impl Agent {
             counters,
             inbox_ready: tokio::sync::OnceCell::new(),
         });
+        let verifier = options.signature_policy.clone().map(|policy| {
+            let verifier = Verifier::new(policy);
+            for (agent, key) in &options.trusted {
+                verifier.trust(agent, key);
+            }
+            Arc::new(verifier)
+        });
         let out = Arc::new(Outbound {
             link: Arc::clone(&link),
             wire: crate::outbound::Wire::new(options.encoding),
@@ -200,13 +207,7 @@ impl Agent {
             ),
             payload_limits: options.payload_limits,
             readers: crate::outbound::Readers::default(),
-        });
-        let verifier = options.signature_policy.clone().map(|policy| {
-            let verifier = Verifier::new(policy);
-            for (agent, key) in &options.trusted {
-                verifier.trust(agent, key);
-            }
-            Arc::new(verifier)
+            verifier: verifier.clone(),
         });
         let access = Arc::new(
             Access::new(options.grants.clone(), options.rate_limit)

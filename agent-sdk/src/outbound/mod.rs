@@ -141,6 +141,9 @@ pub(crate) struct Outbound {
     pub(crate) payload_limits: crate::payload::PayloadLimits,
     /// Which readers are known to read compressed payloads.
     pub(crate) readers: Readers,
+    /// Checks the replies to its requests when the agent verifies signatures: a reply is a
+    /// message from the agent that answered, held to the same policy as any other.
+    pub(crate) verifier: Option<Arc<crate::security::Verifier>>,
 }
 
 impl Outbound {

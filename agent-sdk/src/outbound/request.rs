@@ -339,6 +339,18 @@ impl Outbound {
                 _ => SdkError::Broker(e),
             })?;
         let (mut reply, _) = codec::decode_limited(msg.payload(), self.max_message_bytes)?;
+        if let Some(verifier) = &self.verifier
+            && let Err((status, reason)) =
+                verifier.verify(msg.subject(), &reply, crate::protocol::envelope::now_ms())
+        {
+            AgentCounters::bump(&self.link.counters.security_refused);
+            tracing::warn!(agent = %self.link.id, from = %reply.from, id = %reply.id, %status, %reason, "reply refused by signature check");
+            return Err(SdkError::Remote {
+                status,
+                reason: format!("the reply from {} was refused: {reason}", reply.from),
+                from: Some(reply.from.to_string()),
+            });
+        }
         match reply.status {
             Some(status) if !status.is_success() => Err(SdkError::Remote {
                 status,

@@ -151,7 +151,14 @@ impl Coordinator {
             )
             .map_err(Error::wrap(ErrorKind::Config, "security"))?;
         // No heartbeat or `$SRV` answers of its own: the coordinator is not in its registry.
-        let agent = AgentOptions::new(COORDINATOR_ID)
+        let mut options = AgentOptions::new(COORDINATOR_ID);
+        // With a key, everything it sends as an agent is signed (its replies, its
+        // notifications, its commands to hosts), so agents that require signatures and trust
+        // its key take them.
+        if let Some(own) = config.signing_identity()? {
+            options = options.identity(own);
+        }
+        let agent = options
             .root(&config.root)
             .broker(broker_options)
             .heartbeat_interval(Duration::ZERO)

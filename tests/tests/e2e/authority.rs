@@ -402,3 +402,91 @@ async fn a_signed_durable_command_that_fails_twice_then_succeeds_is_retried_not_
         worker.shutdown().await;
     }
 }
+
+/// Answers one request on `subject` with a reply claiming to be from `bank`, signed by
+/// `signer` (or unsigned), as a forger on the wire would.
+async fn forge_one_reply(
+    raw: chorus_broker_adapter::Broker,
+    mut requests: chorus_broker_adapter::Subscription,
+    signer: Option<Identity>,
+) {
+    use chorus_sdk::codec::{self, Encoding};
+    use chorus_sdk::{Envelope, Kind, Performative};
+    use futures::StreamExt;
+    let msg = chorus_tests::within(chorus_tests::WAIT, "a request", requests.next())
+        .await
+        .expect("a request");
+    let reply_to = msg.reply().expect("a reply subject").to_owned();
+    let mut env = Envelope::new(Kind::Response, Performative::Inform, "bank");
+    env.payload = codec::encode_payload(&"paid", "application/msgpack").expect("payload");
+    if let Some(signer) = &signer {
+        signer.sign(&reply_to, &mut env);
+    }
+    raw.publish(
+        &reply_to,
+        codec::encode(&env, Encoding::MsgPack).expect("encode"),
+    )
+    .await
+    .expect("publish");
+}
+
+/// A Rust requester that verifies signatures checks its replies as it checks requests: a
+/// reply from the real bank passes; one claiming to be the bank, signed by another key (5004)
+/// or unsigned (5014), is refused.
+#[tokio::test]
+async fn a_requester_that_verifies_signatures_refuses_a_forged_or_unsigned_reply() {
+    use chorus_sdk::security::SignaturePolicy;
+    use chorus_sdk::{Context, HandlerError};
+
+    let server = server();
+    let bank_key = Identity::generate();
+    let bank_public = bank_key.public_key();
+    let bank = agent_options(&server, "bank")
+        .identity(bank_key)
+        .heartbeat_interval(Duration::ZERO)
+        .connect()
+        .await
+        .expect("bank");
+    bank.on_command("pay", |_ctx: Context, cents: u32| async move {
+        Ok::<_, HandlerError>(format!("paid {cents}"))
+    })
+    .await
+    .expect("pay");
+    let shop = agent_options(&server, "shop")
+        .heartbeat_interval(Duration::ZERO)
+        .verify_signatures(SignaturePolicy {
+            require_signed: true,
+            ..SignaturePolicy::default()
+        })
+        .trust("bank", &bank_public)
+        .connect()
+        .await
+        .expect("shop");
+    let paid: String = shop
+        .request("bank", "pay", &5u32)
+        .await
+        .expect("the bank's reply");
+    assert_eq!(paid, "paid 5");
+
+    let raw = chorus_tests::raw_broker(&server).await;
+    for (signer, code) in [
+        (Some(Identity::generate()), StatusCode::IDENTITY),
+        (None, StatusCode::UNAUTHORIZED),
+    ] {
+        let requests = raw
+            .subscribe("chorus.agent.fake-bank.pay")
+            .await
+            .expect("subscribe");
+        raw.sync(chorus_tests::WAIT)
+            .await
+            .expect("the subscription is in place");
+        let forger = tokio::spawn(forge_one_reply(raw.clone(), requests, signer));
+        let refused = shop
+            .request::<_, String>("fake-bank", "pay", &5u32)
+            .await
+            .expect_err("a forged reply");
+        assert_eq!(refused.status(), code, "{refused}");
+        forger.await.expect("the forger answered");
+    }
+    assert_eq!(shop.stats().security_refused, 2);
+}
