@@ -7,7 +7,9 @@
 //! central revocation can move to JWTs (`nsc`) with the same permission sets.
 
 use chorus_sdk::Subjects;
-use chorus_sdk::durable::{IDEMPOTENCY_BUCKET, INBOX_STREAM};
+use chorus_sdk::durable::{
+    ADVISORY_STREAM, CONFIG_BUCKET, DLQ_STREAM, IDEMPOTENCY_BUCKET, INBOX_STREAM,
+};
 use chorus_sdk::security::SEEN_BUCKET;
 use chorus_sdk::task::TaskMessage;
 
@@ -28,6 +30,88 @@ pub const OBJECTS_ALL: &str = "$O.>";
 pub const ALL_REPLIES: &str = "_INBOX.>";
 /// The service API (`$SRV.PING`, `$SRV.INFO`, ...) every agent answers.
 pub const SERVICE_API: &str = "$SRV.>";
+
+/// JetStream API calls no role below the coordinator makes on any stream: they copy out or
+/// overwrite a whole stream, or move its leaders and peers. Denied (a deny wins over an allow
+/// in nats-server) wherever a role may call the JetStream API.
+pub const JETSTREAM_NEVER: [&str; 8] = [
+    "$JS.API.STREAM.SNAPSHOT.>",
+    "$JS.API.STREAM.RESTORE.>",
+    "$JS.API.STREAM.LEADER.>",
+    "$JS.API.STREAM.PEER.>",
+    "$JS.API.CONSUMER.LEADER.>",
+    "$JS.API.META.>",
+    "$JS.API.SERVER.>",
+    "$JS.API.ACCOUNT.PURGE.>",
+];
+
+/// The bus's streams by name (the stream of each key-value bucket among them), as `root`
+/// names them: what the deny list of [`publish_denied`] keeps out of reach.
+fn bus_streams(subjects: &Subjects) -> Vec<(String, StreamUse)> {
+    let kv = |bucket: &str| format!("KV_{}", subjects.bucket_name(bucket));
+    vec![
+        (subjects.stream_name(INBOX_STREAM), StreamUse::Fixed),
+        (subjects.stream_name(DLQ_STREAM), StreamUse::DeadLetters),
+        (subjects.stream_name(ADVISORY_STREAM), StreamUse::Fixed),
+        (
+            subjects.stream_name(chorus_sdk::task::TASK_STREAM),
+            StreamUse::Fixed,
+        ),
+        (
+            subjects.stream_name(chorus_sdk::usage::USAGE_STREAM),
+            StreamUse::Fixed,
+        ),
+        (kv(REGISTRY_BUCKET), StreamUse::Fixed),
+        (kv(CONFIG_BUCKET), StreamUse::Fixed),
+        (kv(chorus_sdk::credits::CREDITS_BUCKET), StreamUse::Fixed),
+        (
+            kv(chorus_host::protocol::DEPLOYMENTS_BUCKET),
+            StreamUse::Fixed,
+        ),
+        (kv(chorus_host::protocol::HOSTS_BUCKET), StreamUse::Fixed),
+        // Agents make these two if they are missing (create or update): their settings stay
+        // theirs to set, their contents not to purge.
+        (kv(IDEMPOTENCY_BUCKET), StreamUse::MadeByAgents),
+        (kv(SEEN_BUCKET), StreamUse::MadeByAgents),
+    ]
+}
+
+/// Who may reshape or empty a stream, besides the coordinator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamUse {
+    /// Nobody.
+    Fixed,
+    /// The dead-letter queue: an operator with `--dlq` purges it and removes entries.
+    DeadLetters,
+    /// A bucket agents create or update when missing (never purge or delete).
+    MadeByAgents,
+}
+
+/// The JetStream API calls `role` may not make, although its `$JS.API.>` allows the rest: no
+/// agent or CLI user purges, deletes or updates the bus's streams or removes their messages
+/// (the dead-letter queue's purge and removals are `--dlq`'s), and none calls
+/// [`JETSTREAM_NEVER`]. Empty for a role without the JetStream API.
+///
+/// # Errors
+/// As [`permissions`].
+pub fn publish_denied(subjects: &Subjects, role: &Role) -> Result<Vec<String>> {
+    let (publish, _) = permissions(subjects, role)?;
+    if !publish.iter().any(|p| p == JETSTREAM_API) {
+        return Ok(Vec::new());
+    }
+    let mut denied: Vec<String> = JETSTREAM_NEVER.iter().map(|s| (*s).to_owned()).collect();
+    for (stream, kind) in bus_streams(subjects) {
+        denied.push(format!("$JS.API.STREAM.DELETE.{stream}"));
+        if kind != StreamUse::MadeByAgents {
+            denied.push(format!("$JS.API.STREAM.UPDATE.{stream}"));
+        }
+        if !(kind == StreamUse::DeadLetters && role.dlq) {
+            denied.push(format!("$JS.API.STREAM.PURGE.{stream}"));
+            denied.push(format!("$JS.API.STREAM.MSG.DELETE.{stream}"));
+        }
+    }
+    Ok(denied)
+}
 
 /// What one agent may do.
 #[derive(Debug, Clone, Default)]
@@ -240,6 +324,12 @@ fn permissions_of(
 /// or an SAP name is malformed, or a CLI user is given SAP agents.
 pub fn authorization_entry(subjects: &Subjects, role: &Role, public_key: &str) -> Result<String> {
     let (publish, subscribe) = permissions(subjects, role)?;
+    let denied = publish_denied(subjects, role)?;
+    let deny = if denied.is_empty() {
+        String::new()
+    } else {
+        format!(", deny: [{}]", quote(&denied))
+    };
     let sap_responses = format!(", allow_responses: {{ max: {SAP_MAX_RESPONSES} }}");
     let (what, responses) = if role.cli {
         ("CLI user", "")
@@ -250,7 +340,7 @@ pub fn authorization_entry(subjects: &Subjects, role: &Role, public_key: &str) -
         ("agent", ", allow_responses: true")
     };
     Ok(format!(
-        "# {what} {}\n{{ nkey: \"{public_key}\", permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }}{responses} }} }}",
+        "# {what} {}\n{{ nkey: \"{public_key}\", permissions: {{ publish: {{ allow: [{}]{deny} }}, subscribe: {{ allow: [{}] }}{responses} }} }}",
         role.agent,
         quote(&publish),
         quote(&subscribe)

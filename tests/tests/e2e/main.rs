@@ -26,6 +26,7 @@ mod multicast;
 mod negotiation;
 mod notify;
 mod payloads;
+mod permissions;
 mod priority;
 mod protocol;
 mod reliability;

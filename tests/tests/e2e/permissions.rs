@@ -1,0 +1,288 @@
+//! The permissions matrix of docs/SECURITY.md ("Credentials by role"), against a real
+//! nats-server whose users are all `chorus creds` entries: each JetStream API call of the matrix
+//! tried with each role's credentials; exactly the allowed ones are answered, and after the
+//! refused ones nothing changed. A durable agent under its entry still serves its inbox.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use chorus_broker_adapter::{Broker, BrokerOptions, Credentials};
+use chorus_coordinator::creds::{Role, authorization_entry, coordinator_entry};
+use chorus_sdk::security::Identity;
+use chorus_sdk::{Call, Context, HandlerError, Subjects};
+use chorus_tests::{WAIT, within};
+
+/// How long a call waits for the server's answer: a refused publish gets none.
+const ANSWER: Duration = Duration::from_secs(2);
+
+/// Connects as `id` with `key`'s nkey.
+async fn connect(url: &str, id: &str, key: &Identity) -> Broker {
+    within(
+        WAIT,
+        "connect",
+        BrokerOptions::new([url])
+            .credentials(Credentials::NKeySeed(key.seed().expect("seed")))
+            .inbox_prefix(format!("_INBOX.{id}"))
+            .connect(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{id} connects: {e}"))
+}
+
+/// Whether the server answered `subject` (an allowed call gets an answer, even an error one;
+/// a refused publish gets none).
+async fn answered(broker: &Broker, subject: &str, body: &str) -> bool {
+    broker
+        .request(subject, None, Bytes::from(body.to_owned()), ANSWER)
+        .await
+        .is_ok()
+}
+
+/// The number of messages in `stream`, as the coordinator's user sees it.
+async fn messages(admin: &Broker, stream: &str) -> u64 {
+    let reply = admin
+        .request(
+            &format!("$JS.API.STREAM.INFO.{stream}"),
+            None,
+            Bytes::new(),
+            WAIT,
+        )
+        .await
+        .expect("stream info");
+    let info: serde_json::Value = serde_json::from_slice(reply.payload()).expect("JSON");
+    info["state"]["messages"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no state in {info}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_permissions_matrix_holds_and_a_durable_agent_still_works_under_its_entry() {
+    let subjects = Subjects::default();
+    let keys: Vec<Identity> = (0..4).map(|_| Identity::generate()).collect();
+    let (coordinator_key, agent_key, tasks_key, ops_key) = (&keys[0], &keys[1], &keys[2], &keys[3]);
+    let entry = |role: Role, key: &Identity| {
+        authorization_entry(&subjects, &role, &key.public_key()).expect("entry")
+    };
+    let users = [
+        coordinator_entry(&subjects, &coordinator_key.public_key()),
+        entry(
+            Role {
+                agent: "nlp-agent".into(),
+                serves: vec!["nlp.analyze".into()],
+                durable: true,
+                ..Role::default()
+            },
+            agent_key,
+        ),
+        entry(
+            Role {
+                agent: "writer".into(),
+                tasks: true,
+                ..Role::default()
+            },
+            tasks_key,
+        ),
+        entry(
+            Role {
+                agent: "ops".into(),
+                cli: true,
+                durable: true,
+                tasks: true,
+                dlq: true,
+                tap: true,
+                ..Role::default()
+            },
+            ops_key,
+        ),
+    ]
+    .join("\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("auth.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: \"127.0.0.1:-1\"\njetstream {{ store_dir: \"{}\" }}\nauthorization {{\n  users = [\n{users}\n  ]\n}}\n",
+            dir.path().join("js").display()
+        ),
+    )
+    .expect("write");
+    let server = chorus_tests::ServerBuilder::default()
+        .config(&conf)
+        .start()
+        .expect("the server takes the entries");
+    let url = server.url().to_owned();
+    let seed = dir.path().join("coordinator.nk");
+    std::fs::write(&seed, coordinator_key.seed().expect("seed")).expect("seed file");
+    let mut config = chorus_coordinator::CoordinatorConfig {
+        servers: url.clone(),
+        metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..chorus_coordinator::CoordinatorConfig::default()
+    };
+    config.security.nkey_seed_file = Some(seed);
+    let coordinator = chorus_tests::start_coordinator(config, false).await;
+    let admin = connect(&url, "coordinator", coordinator_key).await;
+
+    // The durable agent serves its inbox under its entry: a durable command from ops is
+    // handled (its consumer, acks, exactly-once and seen-id buckets all within its rights).
+    let agent = chorus_tests::agent_options(&server, "nlp-agent")
+        .broker(
+            BrokerOptions::new([url.as_str()])
+                .credentials(Credentials::NKeySeed(agent_key.seed().expect("seed"))),
+        )
+        .durable_inbox(true)
+        .connect()
+        .await
+        .expect("nlp-agent connects under its entry");
+    let (handled_tx, mut handled) = tokio::sync::mpsc::unbounded_channel();
+    agent
+        .on_command("reload", move |_ctx: Context, n: u32| {
+            let handled_tx = handled_tx.clone();
+            async move {
+                let _ = handled_tx.send(n);
+                Ok::<_, HandlerError>(())
+            }
+        })
+        .await
+        .expect("reload");
+    let ops = chorus_tests::agent_options(&server, "ops")
+        .broker(
+            BrokerOptions::new([url.as_str()])
+                .credentials(Credentials::NKeySeed(ops_key.seed().expect("seed"))),
+        )
+        .heartbeat_interval(Duration::ZERO)
+        .service_discovery(false)
+        .connect()
+        .await
+        .expect("ops connects under its entry");
+    ops.send_durable(
+        Call::agent("nlp-agent", "reload")
+            .command()
+            .payload(&7u32)
+            .expect("payload"),
+    )
+    .await
+    .expect("stored");
+    assert_eq!(
+        within(WAIT, "the durable command handled", handled.recv()).await,
+        Some(7)
+    );
+
+    // A dead letter in the queue, for the purge and removal rows.
+    let dlq = subjects.stream_name(chorus_sdk::durable::DLQ_STREAM);
+    let inbox = subjects.stream_name(chorus_sdk::durable::INBOX_STREAM);
+    let registry = format!(
+        "KV_{}",
+        subjects.bucket_name(chorus_coordinator::service::REGISTRY_BUCKET)
+    );
+    let agent_raw = connect(&url, "nlp-agent", agent_key).await;
+    let stored = agent_raw
+        .request(
+            &subjects.dead_letter("refused.nlp-agent").expect("subject"),
+            None,
+            Bytes::from_static(b"{}"),
+            WAIT,
+        )
+        .await
+        .expect("a dead letter stored");
+    assert!(!stored.payload().is_empty());
+    let letters = messages(&admin, &dlq).await;
+    assert!(letters >= 1);
+
+    let tasks_raw = connect(&url, "writer", tasks_key).await;
+    let ops_raw = connect(&url, "ops", ops_key).await;
+    // (call, subject, body, allowed for: the durable agent, the tasks agent, the operator).
+    let matrix: Vec<(&str, String, &str, [bool; 3])> = vec![
+        (
+            "read the inbox stream's state",
+            format!("$JS.API.STREAM.INFO.{inbox}"),
+            "",
+            [true, true, true],
+        ),
+        (
+            "delete the inbox stream",
+            format!("$JS.API.STREAM.DELETE.{inbox}"),
+            "",
+            [false, false, false],
+        ),
+        (
+            "update the inbox stream",
+            format!("$JS.API.STREAM.UPDATE.{inbox}"),
+            "{}",
+            [false, false, false],
+        ),
+        (
+            "purge the inbox stream",
+            format!("$JS.API.STREAM.PURGE.{inbox}"),
+            "{}",
+            [false, false, false],
+        ),
+        (
+            "snapshot the inbox stream",
+            format!("$JS.API.STREAM.SNAPSHOT.{inbox}"),
+            "{}",
+            [false, false, false],
+        ),
+        (
+            "purge the registry",
+            format!("$JS.API.STREAM.PURGE.{registry}"),
+            "{}",
+            [false, false, false],
+        ),
+        (
+            "delete the registry",
+            format!("$JS.API.STREAM.DELETE.{registry}"),
+            "",
+            [false, false, false],
+        ),
+        (
+            "remove a dead letter",
+            format!("$JS.API.STREAM.MSG.DELETE.{dlq}"),
+            r#"{"seq":999999}"#,
+            [false, false, true],
+        ),
+        (
+            "step a stream's leader down",
+            format!("$JS.API.STREAM.LEADER.STEPDOWN.{inbox}"),
+            "",
+            [false, false, false],
+        ),
+    ];
+    let brokers = [&agent_raw, &tasks_raw, &ops_raw];
+    let names = [
+        "nlp-agent (--durable)",
+        "writer (--tasks)",
+        "ops (--cli --dlq)",
+    ];
+    for (call, subject, body, allowed) in &matrix {
+        for ((broker, name), allowed) in brokers.iter().zip(names).zip(allowed) {
+            assert_eq!(
+                answered(broker, subject, body).await,
+                *allowed,
+                "{name}: {call} ({subject})"
+            );
+        }
+    }
+    // Nothing a refusal targeted changed: the streams are there, the dead letter too.
+    assert_eq!(messages(&admin, &dlq).await, letters);
+    let _ = messages(&admin, &registry).await;
+    let _ = messages(&admin, &inbox).await;
+    // The dead-letter queue's purge: refused to the agents, the operator's to do.
+    for broker in [&agent_raw, &tasks_raw] {
+        assert!(!answered(broker, &format!("$JS.API.STREAM.PURGE.{dlq}"), "{}").await);
+    }
+    assert_eq!(
+        messages(&admin, &dlq).await,
+        letters,
+        "an agent purged the DLQ"
+    );
+    assert!(answered(&ops_raw, &format!("$JS.API.STREAM.PURGE.{dlq}"), "{}").await);
+    assert_eq!(
+        messages(&admin, &dlq).await,
+        0,
+        "the operator purges the DLQ"
+    );
+
+    ops.shutdown().await;
+    agent.shutdown().await;
+    coordinator.shutdown().await;
+}
