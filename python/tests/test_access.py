@@ -548,3 +548,58 @@ async def test_a_signed_durable_command_that_fails_twice_is_retried_not_refused_
         assert attempts == [1, 2, 3]
         assert worker.stats.security_refused == 0
         assert worker.stats.dead_lettered == 0
+
+
+async def test_a_forged_wire_announcement_is_ignored_where_the_coordinators_key_is_known(server: Any) -> None:
+    """The coordinator's announcements on ``sys.wire`` are its word only when signed with its
+    key, where an agent verifies signatures and knows that key (as in Rust): a forged unsigned
+    one switching the bus to protocol 2 is ignored and counted; the same signed with the
+    coordinator's key is followed."""
+    from chorus_sdk.codec import Encoding, encode, encode_payload, sniff
+    from chorus_sdk.envelope import CONTENT_TYPE_MSGPACK, Envelope, Kind, Performative, now_ms, uuid7
+
+    coordinator = Identity.generate()
+    verifier = Verifier()
+    verifier.trust("coordinator", coordinator.public_key)
+    nc = await nats.connect(server.url)
+    forms: asyncio.Queue[Encoding | None] = asyncio.Queue()
+
+    async def probe(msg: Any) -> None:
+        await forms.put(sniff(msg.data))
+
+    await nc.subscribe("chorus.evt.probe", cb=probe)
+    await nc.flush()
+
+    async def announce(signed: bool) -> None:
+        env = Envelope(id=uuid7(), from_="coordinator", kind=Kind.EVENT, performative=Performative.INFORM, timestamp_ms=now_ms())
+        env.payload = encode_payload({"major": 2}, CONTENT_TYPE_MSGPACK)
+        env.content_type = CONTENT_TYPE_MSGPACK
+        if signed:
+            coordinator.sign("chorus.sys.wire", env)
+        await nc.publish("chorus.sys.wire", encode(env, Encoding.MSGPACK))
+        await nc.flush()
+
+    try:
+        async with py_agent(server, "py-follower", verifier=verifier) as agent:
+
+            async def form_now() -> Encoding | None:
+                await agent.publish("probe", 1)
+                return await asyncio.wait_for(forms.get(), WAIT)
+
+            assert await form_now() is Encoding.MSGPACK
+            await announce(signed=False)
+
+            async def counted() -> bool:
+                return agent.stats.security_refused >= 1
+
+            await eventually("the forgery counted", counted, WAIT)
+            assert await form_now() is Encoding.MSGPACK, "a forged announcement switched the form"
+            await announce(signed=True)
+
+            async def followed() -> bool:
+                return await form_now() is Encoding.COMPACT
+
+            await eventually("the coordinator's signed word followed", followed, WAIT)
+            assert agent.stats.security_refused == 1
+    finally:
+        await nc.close()

@@ -454,7 +454,19 @@ impl Pipeline {
                 let name = request.name.as_deref().unwrap_or_default();
                 if name == WIRE_NOTIFICATION && request.from.as_str() == COORDINATOR_ID {
                     // The coordinator's word on the bus's level and heartbeat floor, for this
-                    // agent alone (section 3.5): taken here, never a handler's.
+                    // agent alone (section 3.5): taken here, never a handler's. Where the
+                    // agent knows the coordinator's key, an unsigned one is not its word (a
+                    // signed one passed the signature check already).
+                    let keyed = self
+                        .out
+                        .verifier
+                        .as_ref()
+                        .is_some_and(|v| v.key_of(COORDINATOR_ID).is_some());
+                    if keyed && request.signature.is_none() {
+                        AgentCounters::bump(&counters.security_refused);
+                        tracing::warn!(agent = %self.link.id, "an unsigned wire notification from the coordinator ignored");
+                        return Outcome::Done(Output::default());
+                    }
                     match decode_payload::<WireLevel>(&request.payload, &request.content_type) {
                         Ok(level) => self.out.take_wire(&level),
                         Err(err) => {

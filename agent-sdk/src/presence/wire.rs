@@ -10,24 +10,55 @@ use tokio_util::sync::CancellationToken;
 
 use crate::outbound::Outbound;
 use crate::protocol::codec;
-use crate::protocol::registry::WireLevel;
+use crate::protocol::envelope::{Envelope, now_ms};
+use crate::protocol::registry::{COORDINATOR_ID, WireLevel};
+use crate::stats::AgentCounters;
 
 /// Reads the announcements until `stop`; what does not decode is ignored (the last good one
-/// holds).
+/// holds). An announcement is the coordinator's word: one that does not come from
+/// `coordinator` is ignored, and where the agent verifies signatures and knows the
+/// coordinator's key, so is one that is not signed with it (counted as a security refusal).
 pub(crate) async fn follow_wire(
     out: Arc<Outbound>,
     mut sub: Subscription,
     stop: CancellationToken,
 ) {
     while let Some(msg) = sub.next_until(stop.cancelled()).await {
-        let level = codec::decode(msg.payload()).ok().and_then(|(env, _)| {
-            codec::decode_payload::<WireLevel>(&env.payload, &env.content_type).ok()
-        });
-        match level {
-            Some(level) => out.take_wire(&level),
-            None => {
+        let Ok((env, _)) = codec::decode(msg.payload()) else {
+            tracing::debug!(agent = %out.link.id, "an announcement on the wire subject did not decode");
+            continue;
+        };
+        if let Err(why) = coordinators_word(&out, msg.subject(), &env) {
+            AgentCounters::bump(&out.link.counters.security_refused);
+            tracing::warn!(agent = %out.link.id, from = %env.from, %why, "an announcement on the wire subject ignored");
+            continue;
+        }
+        match codec::decode_payload::<WireLevel>(&env.payload, &env.content_type) {
+            Ok(level) => out.take_wire(&level),
+            Err(_) => {
                 tracing::debug!(agent = %out.link.id, "an announcement on the wire subject did not decode");
             }
         }
     }
+}
+
+/// Whether `env`, received on `subject`, is the coordinator's own word: from `coordinator`,
+/// and signed with its key where the agent verifies signatures and knows that key. Else why
+/// not.
+fn coordinators_word(out: &Outbound, subject: &str, env: &Envelope) -> Result<(), String> {
+    if env.from.as_str() != COORDINATOR_ID {
+        return Err(format!("{} is not the coordinator", env.from));
+    }
+    let Some(verifier) = &out.verifier else {
+        return Ok(());
+    };
+    if verifier.key_of(COORDINATOR_ID).is_none() {
+        return Ok(());
+    }
+    if env.signature.is_none() {
+        return Err("unsigned, and the coordinator's key is known".to_owned());
+    }
+    verifier
+        .verify(subject, env, now_ms())
+        .map_err(|(status, reason)| format!("{status}: {reason}"))
 }

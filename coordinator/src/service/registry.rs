@@ -619,6 +619,9 @@ fn decode_presence(env: &Envelope, subject: &str) -> Option<Manifest> {
 fn follows_the_naming_rules(m: &Manifest) -> bool {
     use chorus_sdk::subject::{validate_dotted, validate_token};
     validate_token("agent id", &m.agent).is_ok()
+        // The coordinator's id is its own: an agent registering it would give every agent
+        // that learns keys from the registry a key for the coordinator's word.
+        && m.agent != crate::service::COORDINATOR_ID
         && m.capabilities
             .iter()
             .all(|c| validate_dotted("capability", &c.name).is_ok())

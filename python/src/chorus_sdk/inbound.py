@@ -304,7 +304,13 @@ class Inbound(Outbound):
         name = env.name or ""
         if name == WIRE_NOTIFICATION and env.from_ == COORDINATOR_ID:
             # The coordinator's word on the bus's level and heartbeat floor, for this agent
-            # alone (section 3.5): taken here, never a handler's.
+            # alone (section 3.5): taken here, never a handler's. Where the agent knows the
+            # coordinator's key, an unsigned one is not its word (a signed one passed the
+            # signature check already).
+            if env.signature is None and self.verifier is not None and self.verifier.key_of(COORDINATOR_ID) is not None:
+                stats.security_refused += 1
+                log.warning("agent %s: an unsigned wire notification from the coordinator ignored", self.id)
+                return None
             try:
                 self._take_wire(decode_payload(env.payload, env.content_type))
             except DecodeError as e:

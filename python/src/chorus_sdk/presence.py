@@ -16,9 +16,9 @@ from .eta import PRIORITIES, estimate_eta_ms, waiting_at_or_above
 from . import service
 from .payloads import ZSTD
 from .service import EndpointStats
-from .status import StatusCode
+from .status import ChorusError, StatusCode
 
-from ._state import log
+from ._state import COORDINATOR_ID, log
 from .inbound import Inbound
 
 # How long a heartbeat waits after a change of the manifest, for the changes that follow it.
@@ -192,4 +192,26 @@ class Presence(Inbound):
             level = decode_payload(env.payload, env.content_type)
         except DecodeError:
             return
+        why = self._not_coordinators_word(msg.subject, env)
+        if why is not None:
+            self.stats.security_refused += 1
+            log.warning("agent %s: an announcement on the wire subject from %s ignored: %s", self.id, env.from_, why)
+            return
         self._take_wire(level)
+
+    def _not_coordinators_word(self, subject: str, env: Envelope) -> str | None:
+        """Why ``env`` (received on ``subject``) is not the coordinator's word, or ``None``: it
+        must come from ``coordinator``, and where this agent verifies signatures and knows the
+        coordinator's key, be signed with it (as the Rust SDK holds it)."""
+        if env.from_ != COORDINATOR_ID:
+            return f"{env.from_} is not the coordinator"
+        verifier = self.verifier
+        if verifier is None or verifier.key_of(COORDINATOR_ID) is None:
+            return None
+        if env.signature is None:
+            return "unsigned, and the coordinator's key is known"
+        try:
+            verifier.verify(subject, env)
+        except ChorusError as e:
+            return f"{e.status}: {e.reason}"
+        return None

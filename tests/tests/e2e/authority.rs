@@ -490,3 +490,89 @@ async fn a_requester_that_verifies_signatures_refuses_a_forged_or_unsigned_reply
     }
     assert_eq!(shop.stats().security_refused, 2);
 }
+
+/// Publishes an announcement on `sys.wire` claiming to be the coordinator's: protocol major 2,
+/// signed by `signer` or unsigned.
+async fn announce(raw: &chorus_broker_adapter::Broker, signer: Option<&Identity>) {
+    use chorus_sdk::codec::{self, Encoding};
+    use chorus_sdk::registry::WireLevel;
+    use chorus_sdk::{Envelope, Kind, Performative};
+    let subject = chorus_sdk::Subjects::default().wire();
+    let mut env = Envelope::new(Kind::Event, Performative::Inform, "coordinator");
+    env.payload = codec::encode_payload(
+        &WireLevel {
+            major: 2,
+            heartbeat_ms: None,
+        },
+        "application/msgpack",
+    )
+    .expect("payload");
+    if let Some(signer) = signer {
+        signer.sign(&subject, &mut env);
+    }
+    raw.publish(
+        &subject,
+        codec::encode(&env, Encoding::MsgPack).expect("encode"),
+    )
+    .await
+    .expect("publish");
+}
+
+/// The form an event from `publisher` travels in now, read off the wire.
+async fn form_now(
+    publisher: &Agent,
+    wire: &mut chorus_broker_adapter::Subscription,
+) -> chorus_sdk::codec::Encoding {
+    use futures::StreamExt;
+    publisher.publish("probe", &1u32).await.expect("publish");
+    let msg = chorus_tests::within(chorus_tests::WAIT, "probe on the wire", wire.next())
+        .await
+        .expect("probe");
+    chorus_sdk::codec::Encoding::sniff(msg.payload()).expect("an envelope")
+}
+
+/// The coordinator's announcements on `sys.wire` are its word only when signed with its key,
+/// where an agent verifies signatures and knows that key: a forged unsigned one (switching
+/// the bus to protocol 2) is ignored and counted; the same signed with the coordinator's key
+/// is followed.
+#[tokio::test]
+async fn a_forged_wire_announcement_is_ignored_where_the_coordinators_key_is_known() {
+    use chorus_sdk::codec::Encoding;
+    use chorus_sdk::security::SignaturePolicy;
+
+    let server = server();
+    let coordinator_key = Identity::generate();
+    // No coordinator runs: nothing but these announcements tells the agent the bus's level.
+    let publisher = agent_options(&server, "publisher")
+        .verify_signatures(SignaturePolicy::default())
+        .trust("coordinator", coordinator_key.public_key())
+        .connect()
+        .await
+        .expect("publisher");
+    let raw = chorus_tests::raw_broker(&server).await;
+    let mut wire = raw.subscribe("chorus.evt.probe").await.expect("subscribe");
+    raw.sync(chorus_tests::WAIT).await.expect("sync");
+    assert_eq!(form_now(&publisher, &mut wire).await, Encoding::MsgPack);
+
+    announce(&raw, None).await;
+    chorus_tests::eventually(chorus_tests::WAIT, "the forgery counted", || async {
+        (publisher.stats().security_refused >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        form_now(&publisher, &mut wire).await,
+        Encoding::MsgPack,
+        "a forged announcement switched the form"
+    );
+
+    announce(&raw, Some(&coordinator_key)).await;
+    let deadline = std::time::Instant::now() + chorus_tests::WAIT;
+    while form_now(&publisher, &mut wire).await != Encoding::Compact {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the coordinator's signed word not followed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(publisher.stats().security_refused, 1);
+}
