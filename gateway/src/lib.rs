@@ -183,14 +183,19 @@ async fn connect_edge(
             })?,
         None => bus.root.as_str(),
     };
+    // An identity with a key of its own announces it: it heartbeats, so the registry holds its
+    // public key and an agent that requires signatures verifies its callers' requests (and
+    // sees who they are). One without a key sends unsigned and stays out of the registry.
     let mut options = AgentOptions::new(identity.id.clone())
         .root(root)
         .broker(broker)
-        .heartbeat_interval(Duration::ZERO)
         .service_discovery(false)
         // Durable commands to the identity wait in its inbox stream for a poll.
         .durable_inbox(true)
         .shutdown_timeout(bus.shutdown_timeout);
+    if identity.nkey_seed_file.is_none() {
+        options = options.heartbeat_interval(Duration::ZERO);
+    }
     if let Some(breaker) = &bus.circuit_breaker {
         options = options.circuit_breaker(breaker.policy());
     }

@@ -576,3 +576,72 @@ async fn a_forged_wire_announcement_is_ignored_where_the_coordinators_key_is_kno
     }
     assert_eq!(publisher.stats().security_refused, 1);
 }
+
+/// A gateway identity with a key of its own signs what its callers send and announces its key
+/// in the registry, so an agent that requires signatures (and was told no key by hand) serves
+/// a gateway caller and sees who it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_requiring_signatures_serves_a_gateway_caller_and_sees_its_identity() {
+    use chorus_gateway::config::{ApiKey, EdgeIdentity, GatewayConfig};
+    use chorus_sdk::security::SignaturePolicy;
+    use chorus_sdk::{Context, HandlerError};
+    use sha2::Digest;
+
+    let server = server();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let seed = dir.path().join("web-ui.nk");
+    std::fs::write(&seed, Identity::generate().seed().expect("seed")).expect("seed file");
+    let mut config = coordinator_config(&server);
+    config.gateway = GatewayConfig {
+        listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+        identities: vec![EdgeIdentity {
+            id: "web-ui".into(),
+            nkey_seed_file: Some(seed),
+            tenant: None,
+        }],
+        api_keys: vec![ApiKey {
+            identity: "web-ui".into(),
+            sha256: hex::encode(sha2::Sha256::digest(b"signed-edge-key")),
+            scopes: Vec::new(),
+        }],
+        ..GatewayConfig::default()
+    };
+    let coordinator = start_coordinator(config, false).await;
+    let gw = coordinator.gateway_addr().expect("the gateway listens");
+    let strict = agent_options(&server, "strict")
+        .verify_signatures(SignaturePolicy {
+            require_signed: true,
+            ..SignaturePolicy::default()
+        })
+        .connect()
+        .await
+        .expect("strict");
+    strict
+        .on_command("whoami", |ctx: Context, (): ()| async move {
+            Ok::<_, HandlerError>(format!("asked by {}", ctx.from()))
+        })
+        .await
+        .expect("whoami");
+    // Once the registry has told the agent web-ui's key, the caller is served.
+    let args: Vec<String> = [
+        "-H",
+        "X-API-Key: signed-edge-key",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        r#"{"to":"strict","command":"whoami"}"#,
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect();
+    let answer = chorus_tests::eventually(chorus_tests::WAIT, "a gateway caller served", || {
+        let args = args.clone();
+        async move {
+            let (status, _, body) = chorus_tests::curl(gw, "POST", "/v1/requests", &args, 10).await;
+            (status == 200).then_some(body)
+        }
+    })
+    .await;
+    assert!(answer.contains("asked by web-ui"), "{answer}");
+    coordinator.shutdown().await;
+}
