@@ -25,3 +25,11 @@ pub(crate) struct Link {
     /// Set once the inbox stream is known to exist (before the first durable send).
     pub(crate) inbox_ready: tokio::sync::OnceCell<()>,
 }
+
+impl Link {
+    /// Counts one message refused or ignored for want of a proof of its sender
+    /// (`AgentStats::security_refused`).
+    pub(crate) fn count_security_refusal(&self) {
+        AgentCounters::bump(&self.counters.security_refused);
+    }
+}

@@ -603,3 +603,41 @@ async def test_a_forged_wire_announcement_is_ignored_where_the_coordinators_key_
             assert agent.stats.security_refused == 1
     finally:
         await nc.close()
+
+
+async def test_a_strangers_cancel_is_ignored_and_the_requesters_stops_the_task(server: Any) -> None:
+    """A task's cancel counts only from its requester (or the agent working on it, or the
+    bus's own agents), as in Rust: a stranger's cancel on the task's subject is ignored and
+    counted, and the requester's stops it."""
+    from chorus_sdk import TaskContext, TaskState
+    from chorus_sdk.codec import Encoding, encode
+    from chorus_sdk.envelope import Envelope, Kind, Performative, now_ms, uuid7
+
+    started = asyncio.Event()
+    stopped: list[str] = []
+    async with py_agent(server, "py-slow") as worker, py_agent(server, "py-boss") as boss:
+
+        @worker.task("wait")
+        async def wait(task: TaskContext) -> None:
+            started.set()
+            stopped.append(await task.cancelled())
+
+        await worker.flush()
+        handle = await boss.submit(None, to="py-slow", name="wait")
+        await asyncio.wait_for(started.wait(), WAIT)
+        nc = await nats.connect(server.url)
+        try:
+            forged = Envelope(id=uuid7(), from_="mallory", kind=Kind.COMMAND, performative=Performative.CANCEL, timestamp_ms=now_ms())
+            await nc.publish(f"chorus.task.{handle.id}.cancel", encode(forged, Encoding.MSGPACK))
+            await nc.flush()
+        finally:
+            await nc.close()
+
+        async def counted() -> bool:
+            return worker.stats.security_refused >= 1
+
+        await eventually("the stranger's cancel counted", counted, WAIT)
+        assert stopped == [], "a stranger cancelled the task"
+        report = await asyncio.wait_for(handle.cancel(), WAIT)
+        assert report.state is TaskState.CANCELLED
+        assert stopped == ["cancelled"]

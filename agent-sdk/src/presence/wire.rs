@@ -12,7 +12,6 @@ use crate::outbound::Outbound;
 use crate::protocol::codec;
 use crate::protocol::envelope::{Envelope, now_ms};
 use crate::protocol::registry::{COORDINATOR_ID, WireLevel};
-use crate::stats::AgentCounters;
 
 /// Reads the announcements until `stop`; what does not decode is ignored (the last good one
 /// holds). An announcement is the coordinator's word: one that does not come from
@@ -29,7 +28,7 @@ pub(crate) async fn follow_wire(
             continue;
         };
         if let Err(why) = coordinators_word(&out, msg.subject(), &env) {
-            AgentCounters::bump(&out.link.counters.security_refused);
+            out.link.count_security_refusal();
             tracing::warn!(agent = %out.link.id, from = %env.from, %why, "an announcement on the wire subject ignored");
             continue;
         }

@@ -13,6 +13,9 @@ pub const REGISTRY_BUCKET: &str = "registry";
 /// The coordinator's agent id: what it sends is `from` it, and the operators' commands
 /// (hosting, usage) go to it, answered by one of the coordinators in their queue group.
 pub const COORDINATOR_ID: &str = "coordinator";
+/// The agent id of the bus's web console (served by the gateway): the bus's own agent, which
+/// cancels tasks for the operators it lets in with the `console-admin` scope.
+pub const CONSOLE_ID: &str = "chorus-console";
 
 /// Whether an agent takes new work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -20,7 +20,7 @@ use super::store::{TaskStore, state_of};
 use crate::error::{HandlerError, SdkError};
 use crate::handler::endpoint::{Endpoint, EndpointKind, Endpoints};
 use crate::handler::{BoxFuture, Context, Handler, Output};
-use crate::outbound::Call;
+use crate::outbound::{Call, Outbound};
 use crate::protocol::codec::{self, decode_payload, encode_payload};
 use crate::protocol::envelope::{
     ContentType, Envelope, Kind, Performative, Progress, Sequence, TaskState, now_ms,
@@ -234,6 +234,7 @@ impl Tasks {
                 .expect
                 .as_ref()
                 .is_some_and(|e| e.performative == Performative::Confirm),
+            requester: record.from.to_string(),
         });
         self.listen(&run, inputs).await?;
         let tasks = Arc::clone(&self);
@@ -261,27 +262,30 @@ impl Tasks {
             .subscribe(&out.link.subjects.task(&run.id, TaskMessage::Input))
             .await?;
         out.link.broker.sync(LISTEN_TIMEOUT).await?;
-        if self
-            .store
-            .last_of(run.id, TaskMessage::Cancel)
-            .await?
-            .is_some()
+        if let Some(stored) = self.store.last_of(run.id, TaskMessage::Cancel).await?
+            && steered(out, run, &stored.subject, &stored.payload).is_some()
         {
             run.halt(TaskStop::Cancelled);
         }
         let run = Arc::clone(run);
+        let out = Arc::clone(out);
         self.tracker.spawn(async move {
             loop {
                 tokio::select! {
                     m = futures::StreamExt::next(&mut cancels) => match m {
-                        Some(_) => run.halt(TaskStop::Cancelled),
+                        Some(m) => {
+                            if steered(&out, &run, m.subject(), m.payload()).is_some() {
+                                run.halt(TaskStop::Cancelled);
+                            }
+                        }
                         None => break,
                     },
                     m = futures::StreamExt::next(&mut answers) => match m {
-                        Some(m) => match codec::decode_shared(m.payload()) {
-                            Ok((env, _)) => { let _ = inputs.send(env); }
-                            Err(err) => tracing::debug!(task = %run.id, error = %Report(&err), "task input does not decode"),
-                        },
+                        Some(m) => {
+                            if let Some(env) = steered(&out, &run, m.subject(), m.payload()) {
+                                let _ = inputs.send(env);
+                            }
+                        }
                         None => break,
                     },
                     () = run.finished.cancelled() => break,
@@ -447,6 +451,45 @@ impl Handler for TaskEndpoint {
 }
 
 /// One task being worked on here.
+/// A cancel or an answer for `run` (`payload`, received on `subject`), if it may steer the
+/// task: it decodes, comes from the task's requester, from the agent working on it, or from
+/// the bus's own agents (the coordinator, and the console acting for an operator it let in),
+/// and, where this agent verifies signatures, its signature verifies (an unsigned one passes
+/// only where signatures are optional). Anything else is ignored, counted and logged.
+fn steered(out: &Outbound, run: &Run, subject: &str, payload: &Bytes) -> Option<Envelope> {
+    let env = match codec::decode_shared(payload) {
+        Ok((env, _)) => env,
+        Err(err) => {
+            tracing::debug!(task = %run.id, error = %Report(&err), "a task's cancel or input does not decode");
+            return None;
+        }
+    };
+    let from = env.from.as_str();
+    let allowed = from == run.requester
+        || from == out.link.id
+        || from == crate::protocol::registry::COORDINATOR_ID
+        || from == crate::protocol::registry::CONSOLE_ID;
+    let verdict = if allowed {
+        out.verifier.as_ref().map_or(Ok(()), |v| {
+            v.verify(subject, &env, now_ms())
+                .map_err(|(status, reason)| format!("{status}: {reason}"))
+        })
+    } else {
+        Err(format!(
+            "{from} is neither its requester {} nor the agent working on it",
+            run.requester
+        ))
+    };
+    match verdict {
+        Ok(()) => Some(env),
+        Err(why) => {
+            out.link.count_security_refusal();
+            tracing::warn!(agent = %out.link.id, task = %run.id, %from, %why, "a task's cancel or input ignored");
+            None
+        }
+    }
+}
+
 struct Run {
     id: Uuid,
     store: Arc<TaskStore>,
@@ -465,6 +508,8 @@ struct Run {
     deadline_ms: Option<u64>,
     /// The requester verifies the result: it is reported, not written as the task's end.
     confirm: bool,
+    /// Who submitted it: one of those whose cancel and answers it takes ([`steers`]).
+    requester: String,
 }
 
 impl Run {

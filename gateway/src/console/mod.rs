@@ -61,7 +61,7 @@ use crate::scopes::{Grants, Route};
 use html::Chrome;
 
 /// The id of the console's own agent on the bus.
-pub(crate) const CONSOLE_AGENT: &str = "chorus-console";
+pub(crate) const CONSOLE_AGENT: &str = chorus_sdk::registry::CONSOLE_ID;
 
 const CSS: &str = include_str!("static/console.css");
 const JS: &str = include_str!("static/console.js");

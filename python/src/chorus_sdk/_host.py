@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client
 
     from .codec import Encoding
+    from .signing import Verifier
     from .subjects import Subjects
 
 
@@ -25,6 +26,8 @@ class Host(Protocol):
     request_timeout: float
     max_message_bytes: int | None
     stats: Any
+    #: Checks signatures, when the agent verifies them.
+    verifier: Verifier | None
     #: Called after the connection comes back (bells may have been lost meanwhile).
     reconnect_hooks: list[Callable[[], None]]
 

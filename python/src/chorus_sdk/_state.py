@@ -65,7 +65,7 @@ MAX_HEARTBEAT_FLOOR_MS = 120_000
 # the floor what its last ``sys.wire`` announcement said (docs/PROTOCOL.md section 3.5); taken
 # only from the coordinator, never by a handler.
 WIRE_NOTIFICATION = "chorus-wire"
-COORDINATOR_ID = "coordinator"
+from .subjects import COORDINATOR_ID as COORDINATOR_ID  # noqa: E402 - re-exported for the rooms above
 # How many times an agent tries to reach each server before its first connection fails with
 # Unreachable (about 2 s apart, nats-py's reconnect wait).
 DEFAULT_CONNECT_ATTEMPTS = 3

@@ -5,6 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# The bus's own agents: the coordinator (it never registers: its id is refused by the registry)
+# and the web console, which cancels tasks for the operators it lets in (as in Rust,
+# ``chorus_sdk::registry``).
+COORDINATOR_ID = "coordinator"
+CONSOLE_ID = "chorus-console"
+
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # The last token of an agent's notification subjects (section 7.14): under its command
 # wildcard, so the subscriptions it has carry notifications, and never a command name.

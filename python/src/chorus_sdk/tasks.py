@@ -41,6 +41,7 @@ from .envelope import (
 from .eta import Handling
 from .schema import Schema, payload_json
 from .status import ChorusError, Refused, StatusCode, Timeout, is_success, label
+from .subjects import CONSOLE_ID, COORDINATOR_ID
 from .usage import Usage
 
 
@@ -355,6 +356,8 @@ class _Run:
     content_type: str = CONTENT_TYPE_MSGPACK
     #: Handed to another agent: this run writes nothing more.
     handed_off: bool = False
+    #: Who submitted it: one of those whose cancel and answers it takes.
+    requester: str = ""
 
     def halt(self, why: str) -> None:
         if self.why is None:
@@ -443,6 +446,7 @@ class Tasks:
             inputs=asyncio.Queue(),
             epoch=random.getrandbits(32),
             content_type=context_env.content_type if context_env.content_type == CONTENT_TYPE_JSON else CONTENT_TYPE_MSGPACK,
+            requester=governs.from_,
         )
         subs = await self._listen(run)
         context = TaskContext(agent, context_env, ctx.subject, run)
@@ -452,23 +456,52 @@ class Tasks:
         nc = self.agent.nc
 
         async def on_cancel(msg: Any) -> None:
-            run.halt("cancelled")
+            if self._steers(run, msg.subject, msg.data) is not None:
+                run.halt("cancelled")
 
         async def on_input(msg: Any) -> None:
-            try:
-                env, _ = decode(msg.data)
-            except DecodeError:
-                return
-            run.inputs.put_nowait(env)
+            env = self._steers(run, msg.subject, msg.data)
+            if env is not None:
+                run.inputs.put_nowait(env)
 
         subs = [
             await nc.subscribe(self.store.subject(run.id, "cancel"), cb=on_cancel),
             await nc.subscribe(self.store.subject(run.id, "input"), cb=on_input),
         ]
         await settle(nc)
-        if await self.store.last(run.id, "cancel") is not None:
+        stored = await self.store.last(run.id, "cancel")
+        if stored is not None and self._steered(run, self.store.subject(run.id, "cancel"), stored[1]):
             run.halt("cancelled")
         return subs
+
+    def _steers(self, run: _Run, subject: str, data: bytes) -> Envelope | None:
+        """A cancel or an answer for ``run``, if it decodes and may steer the task
+        (:meth:`_steered`)."""
+        try:
+            env, _ = decode(data)
+        except DecodeError:
+            return None
+        return env if self._steered(run, subject, env) else None
+
+    def _steered(self, run: _Run, subject: str, env: Envelope) -> bool:
+        """Whether ``env`` may steer ``run``: it comes from the task's requester, the agent
+        working on it, or the bus's own agents (the coordinator, and the console acting for an
+        operator it let in), and, where this agent verifies signatures, its signature verifies.
+        Anything else is ignored, counted and logged (as the Rust SDK holds it)."""
+        agent = self.agent
+        why: str | None = None
+        if env.from_ not in (run.requester, agent.id, COORDINATOR_ID, CONSOLE_ID):
+            why = f"{env.from_} is neither its requester {run.requester} nor the agent working on it"
+        elif agent.verifier is not None:
+            try:
+                agent.verifier.verify(subject, env)
+            except ChorusError as e:
+                why = f"{e.status}: {e.reason}"
+        if why is None:
+            return True
+        agent.stats.security_refused += 1
+        log.warning("agent %s: task %s: a cancel or input from %s ignored: %s", agent.id, run.id, env.from_, why)
+        return False
 
     async def _drive(
         self, run: _Run, ctx: TaskContext, handler: TaskHandler, subs: list[Any], endpoint: tuple[str, str], submission: Envelope

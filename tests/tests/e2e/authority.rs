@@ -645,3 +645,70 @@ async fn an_agent_requiring_signatures_serves_a_gateway_caller_and_sees_its_iden
     assert!(answer.contains("asked by web-ui"), "{answer}");
     coordinator.shutdown().await;
 }
+
+/// A task's cancel counts only from its requester (or the agent working on it, or the bus's
+/// own agents): a stranger's cancel on the task's subject is ignored and counted, and the
+/// requester's stops it.
+#[tokio::test]
+async fn a_strangers_cancel_is_ignored_and_the_requesters_stops_the_task() {
+    use std::sync::{Arc, Mutex};
+
+    use chorus_sdk::codec::{self, Encoding};
+    use chorus_sdk::task::{TaskMessage, TaskStop};
+    use chorus_sdk::{Envelope, HandlerError, Kind, Performative, TaskContext};
+
+    let server = server();
+    let worker = agent(&server, "slow").await;
+    let seen: Arc<Mutex<Option<TaskStop>>> = Arc::default();
+    let slot = Arc::clone(&seen);
+    worker
+        .on_task("wait", move |task: TaskContext, (): ()| {
+            let slot = Arc::clone(&slot);
+            async move {
+                let why = task.cancelled().await;
+                *slot.lock().expect("lock") = Some(why);
+                Err::<(), _>(HandlerError::new(StatusCode::CANCELLED, "stopped"))
+            }
+        })
+        .await
+        .expect("wait");
+    let boss = agent(&server, "boss").await;
+    let task = boss
+        .submit(Call::agent("slow", "wait").payload(&()).expect("payload"))
+        .await
+        .expect("submit");
+    chorus_tests::eventually(chorus_tests::WAIT, "the task working", || async {
+        task.report()
+            .await
+            .ok()
+            .filter(|r| r.state == chorus_sdk::TaskState::Working)
+    })
+    .await;
+
+    let raw = chorus_tests::raw_broker(&server).await;
+    let mut cancel = Envelope::new(Kind::Command, Performative::Cancel, "mallory");
+    cancel.name = Some("cancel".into());
+    raw.publish(
+        &chorus_sdk::Subjects::default().task(&task.id(), TaskMessage::Cancel),
+        codec::encode(&cancel, Encoding::MsgPack).expect("encode"),
+    )
+    .await
+    .expect("publish");
+    chorus_tests::eventually(
+        chorus_tests::WAIT,
+        "the stranger's cancel counted",
+        || async { (worker.stats().security_refused >= 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        *seen.lock().expect("lock"),
+        None,
+        "a stranger cancelled the task"
+    );
+
+    let report = chorus_tests::within(chorus_tests::WAIT, "cancel", task.cancel())
+        .await
+        .expect("cancel");
+    assert_eq!(report.state, chorus_sdk::TaskState::Cancelled);
+    assert_eq!(*seen.lock().expect("lock"), Some(TaskStop::Cancelled));
+}
