@@ -482,6 +482,17 @@ async fn rpc(
         Ok(v) => v,
         Err(e) => return rpc_err(&Value::Null, &RpcError::new(code::PARSE, e.to_string())),
     };
+    // JSON-RPC 2.0: a request without an id is a notification, which is never answered. A2A
+    // defines none, so nothing is run for one: a message sent without an id cannot run an
+    // agent's work that nobody would hear the end of.
+    // (Only a well-formed one: a malformed message without an id is still -32600.)
+    if request.get("id").is_none()
+        && request.get("jsonrpc").and_then(Value::as_str) == Some("2.0")
+        && request.get("method").is_some_and(Value::is_string)
+    {
+        tracing::debug!(identity = %edge.agent.id(), "A2A: a JSON-RPC notification ignored");
+        return axum::http::StatusCode::NO_CONTENT.into_response();
+    }
     let id = request.get("id").cloned().unwrap_or(Value::Null);
     // JSON-RPC 2.0: an id is a string, a number or null; with another, the request is
     // invalid and the error's id is null.

@@ -275,3 +275,67 @@ async fn every_error_comes_in_the_documented_json_body() {
     assert_eq!(json["status"], 5006, "{json}");
     coordinator.shutdown().await;
 }
+
+/// JSON-RPC notifications are never run: an A2A `SendMessage` without an id is answered 204
+/// with nothing, and the agent never sees it; the same with an id reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_a2a_notification_is_never_run() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let server = server();
+    let (coordinator, gw, _echo) = gateway_and_echo(&server).await;
+    let counter = chorus_tests::agent(&server, "counter").await;
+    let runs = Arc::new(AtomicU64::new(0));
+    let r = Arc::clone(&runs);
+    counter
+        .on_command("count", move |_ctx: Context, _v: serde_json::Value| {
+            r.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, HandlerError>("counted".to_owned()) }
+        })
+        .await
+        .expect("count");
+    let mut client = KeptAlive::connect(gw).await;
+    let key = format!("X-API-Key: {API_KEY}\r\n");
+    let message =
+        r#""params":{"message":{"messageId":"m1","role":"ROLE_USER","parts":[{"text":"one"}]}}"#;
+    let notification = format!(r#"{{"jsonrpc":"2.0","method":"SendMessage",{message}}}"#);
+    let request = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"SendMessage",{message}}}"#);
+    let path = "/a2a/agents/counter/count";
+    // A 204 has no body, and no content-length: read the head alone.
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: gw\r\n{key}Content-Type: application/json\r\nA2A-Version: 1.0\r\nContent-Length: {}\r\n\r\n{notification}",
+        notification.len()
+    );
+    client
+        .stream
+        .write_all(head.as_bytes())
+        .await
+        .expect("write");
+    let mut seen = Vec::new();
+    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+        let mut chunk = [0u8; 4096];
+        let n = within(
+            Duration::from_secs(20),
+            "the 204",
+            client.stream.read(&mut chunk),
+        )
+        .await
+        .expect("read");
+        assert!(n > 0, "closed");
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.starts_with("HTTP/1.1 204"), "{text}");
+    let mut fresh = KeptAlive::connect(gw).await;
+    let headers = format!("{key}A2A-Version: 1.0\r\n");
+    let (status, answer) = fresh.send("POST", path, &headers, &request).await;
+    assert_eq!(status, 200, "{answer}");
+    chorus_tests::eventually(chorus_tests::WAIT, "the request run", || async {
+        (runs.load(Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await;
+    // Both were sent before the request's answer came: the notification would have run first.
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the notification ran");
+    coordinator.shutdown().await;
+}
