@@ -64,6 +64,24 @@ pub fn init_tracing() {
     }
 }
 
+/// A nats-server with JetStream (its store under `dir`) whose users are `users`: `nats.conf`
+/// authorization entries, one per line, as `chorus creds` prints them.
+pub fn server_with_users(dir: &std::path::Path, users: &str) -> NatsServer {
+    let conf = dir.join("auth.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: \"127.0.0.1:-1\"\njetstream {{ store_dir: \"{}\" }}\nauthorization {{\n  users = [\n{users}\n  ]\n}}\n",
+            dir.join("js").display()
+        ),
+    )
+    .expect("write the server's config");
+    ServerBuilder::default()
+        .config(&conf)
+        .start()
+        .expect("the server takes the entries")
+}
+
 /// Starts an in-process coordinator against `server` with fast timings for tests: registry
 /// sweeps every 50 ms, metrics on a free loopback port when `metrics` is set.
 pub async fn coordinator(server: &NatsServer, metrics: bool) -> chorus_coordinator::Coordinator {

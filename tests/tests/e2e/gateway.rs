@@ -1155,19 +1155,7 @@ async fn the_sap_binding_works_under_generated_credentials() {
     ]
     .join("\n");
     let dir = tempfile::tempdir().expect("tempdir");
-    let conf = dir.path().join("auth.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen: \"127.0.0.1:-1\"\njetstream {{ store_dir: \"{}\" }}\nauthorization {{\n  users = [\n{users}\n  ]\n}}\n",
-            dir.path().join("js").display()
-        ),
-    )
-    .expect("write");
-    let server = chorus_tests::ServerBuilder::default()
-        .config(&conf)
-        .start()
-        .expect("server");
+    let server = chorus_tests::server_with_users(dir.path(), &users);
     let seed_file = |name: &str, key: &Identity| {
         let path = dir.path().join(format!("{name}.nk"));
         std::fs::write(&path, key.seed().expect("seed")).expect("seed file");

@@ -97,19 +97,7 @@ async fn the_permissions_matrix_holds_and_a_durable_agent_still_works_under_its_
     ]
     .join("\n");
     let dir = tempfile::tempdir().expect("tempdir");
-    let conf = dir.path().join("auth.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen: \"127.0.0.1:-1\"\njetstream {{ store_dir: \"{}\" }}\nauthorization {{\n  users = [\n{users}\n  ]\n}}\n",
-            dir.path().join("js").display()
-        ),
-    )
-    .expect("write");
-    let server = chorus_tests::ServerBuilder::default()
-        .config(&conf)
-        .start()
-        .expect("the server takes the entries");
+    let server = chorus_tests::server_with_users(dir.path(), &users);
     let url = server.url().to_owned();
     let seed = dir.path().join("coordinator.nk");
     std::fs::write(&seed, coordinator_key.seed().expect("seed")).expect("seed file");

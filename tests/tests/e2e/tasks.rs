@@ -570,19 +570,7 @@ async fn tasks_work_under_per_agent_credentials() {
     ]
     .join("\n");
     let dir = tempfile::tempdir().expect("tempdir");
-    let conf = dir.path().join("auth.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen: \"127.0.0.1:-1\"\njetstream {{ store_dir: \"{}\" }}\nauthorization {{\n  users = [\n{users}\n  ]\n}}\n",
-            dir.path().join("js").display()
-        ),
-    )
-    .expect("write");
-    let server = chorus_tests::ServerBuilder::default()
-        .config(&conf)
-        .start()
-        .expect("server");
+    let server = chorus_tests::server_with_users(dir.path(), &users);
     let connect = |id: &'static str, key: &Identity| {
         agent_options(&server, id)
             .broker(
