@@ -109,6 +109,7 @@ impl Peers {
             peer,
             close,
             proven: Arc::new(AtomicBool::new(false)),
+            known: Arc::default(),
             peers: Arc::clone(self),
         }
     }
@@ -130,6 +131,9 @@ impl Peers {
     }
 }
 
+/// A credential's bytes and the identity they named.
+type Proved = (Vec<u8>, String);
+
 /// One connection, as each of its requests carries it (a request extension).
 #[derive(Debug, Clone)]
 pub(crate) struct Conn {
@@ -137,27 +141,51 @@ pub(crate) struct Conn {
     peer: IpAddr,
     close: CancellationToken,
     proven: Arc<AtomicBool>,
+    /// The credential (a header's bytes) this connection last proved, and the identity it
+    /// named: a kept-alive caller's next requests are placed without checking it again (its
+    /// handler checks it as always).
+    known: Arc<Mutex<Option<Proved>>>,
     peers: Arc<Peers>,
 }
 
 impl Conn {
-    /// Marks the connection as one that carried an authenticated request: no longer counted
-    /// against its peer, and never closed to make room.
-    pub(crate) fn prove(&self) {
+    /// Marks the connection as one that carried a request whose `credential` checked as
+    /// `identity`: no longer counted against its peer, never closed to make room, and the
+    /// credential remembered for the connection's next requests.
+    pub(crate) fn prove(&self, credential: Option<&[u8]>, identity: &str) {
         if !self.proven.swap(true, Ordering::AcqRel) {
             self.peers.forget(self.peer, self.id);
         }
+        if let Some(credential) = credential {
+            *self
+                .known
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some((credential.to_vec(), identity.to_owned()));
+        }
+    }
+
+    /// The identity `credential` named when this connection proved it, if it did.
+    pub(crate) fn known(&self, credential: &[u8]) -> Option<String> {
+        let known = self
+            .known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        known
+            .as_ref()
+            .filter(|(c, _)| c.as_slice() == credential)
+            .map(|(_, identity)| identity.clone())
     }
 }
+
+/// Forgets a connection when its task ends.
+struct ConnGuard(Conn);
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.0.peers.forget(self.0.peer, self.0.id);
     }
 }
-
-/// Forgets a connection when its task ends.
-struct ConnGuard(Conn);
 
 /// Serves `app` on connections from `listener` until `stop`, each connection a task of
 /// `tracker`.
@@ -193,7 +221,8 @@ async fn connection<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let close = conn.close.clone();
-    let guard = ConnGuard(conn.clone());
+    // Forgets the connection however this task ends.
+    let _guard = ConnGuard(conn.clone());
     let service =
         hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
             request.extensions_mut().insert(conn.clone());
@@ -229,7 +258,6 @@ async fn connection<I>(
     if let Err(err) = outcome {
         tracing::debug!(%peer, error = %Report(&err), "gateway: connection ended");
     }
-    drop(guard);
 }
 
 #[cfg(test)]
@@ -243,7 +271,9 @@ mod tests {
         let b: IpAddr = [127, 0, 0, 3].into();
         let first = peers.admit(a);
         let proven = peers.admit(a);
-        proven.prove();
+        proven.prove(Some(b"key"), "web-ui");
+        assert_eq!(proven.known(b"key").as_deref(), Some("web-ui"));
+        assert_eq!(proven.known(b"another key"), None);
         let second = peers.admit(a);
         assert_eq!(peers.held(), 2, "the proven one no longer counts");
         assert!(!first.close.is_cancelled() && !second.close.is_cancelled());

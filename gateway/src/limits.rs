@@ -172,12 +172,25 @@ pub(crate) async fn concurrency(
     request: Request,
     next: Next,
 ) -> Response {
-    let identity = identity_of(&state, &request);
-    if identity.is_some()
-        && let Some(conn) = request.extensions().get::<crate::conn::Conn>()
-    {
-        conn.prove();
+    // A kept-alive connection's credential is checked once here; its handler checks it on
+    // every request as always.
+    let conn = request.extensions().get::<crate::conn::Conn>().cloned();
+    let credential = request
+        .headers()
+        .get("x-api-key")
+        .or_else(|| request.headers().get(axum::http::header::AUTHORIZATION))
+        .map(|v| v.as_bytes().to_vec());
+    let identity = match (&conn, &credential) {
+        (Some(conn), Some(credential)) => conn.known(credential),
+        _ => None,
     }
+    .or_else(|| {
+        let identity = identity_of(&state, &request)?;
+        if let Some(conn) = &conn {
+            conn.prove(credential.as_deref(), &identity);
+        }
+        Some(identity)
+    });
     let _permit = match state.limits.place(identity.as_deref()) {
         Ok(permit) => permit,
         Err(refused) => return refused.into_response(),
