@@ -51,12 +51,18 @@ pub fn in_clone(manifest: &Manifest, dir: &Path) -> Manifest {
 }
 
 /// Builds `build` into `dir` (made afresh unless a finished build is there), its output in
-/// `log`; within `build.timeout`.
+/// `log`; within `build.timeout`. The clone and the build command run as the agents' user
+/// (`run_as`), in a folder given to it.
 ///
 /// # Errors
 /// Why it failed, for a `deploy_failure`: the step (clone, build), its exit and its last line
 /// of output, or the time it ran out of.
-pub async fn run(build: &Build, dir: &Path, log: &Path) -> Result<(), String> {
+pub async fn run(
+    build: &Build,
+    dir: &Path,
+    log: &Path,
+    run_as: &crate::process::RunAs,
+) -> Result<(), String> {
     if dir.join(BUILT_MARK).is_file() {
         return Ok(());
     }
@@ -65,10 +71,16 @@ pub async fn run(build: &Build, dir: &Path, log: &Path) -> Result<(), String> {
             std::fs::remove_dir_all(dir)
                 .map_err(|e| format!("cannot clear {}: {e}", dir.display()))?;
         }
-        if let Some(parent) = dir.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| format!("cannot make {}: {e}", parent.display()))?;
-        }
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        run_as
+            .hand_over(dir)
+            .map_err(|e| format!("cannot give {} to {}: {e}", dir.display(), run_as.name()))?;
+        let as_user = |cmd: &mut tokio::process::Command| {
+            if let Some(user) = run_as.user() {
+                cmd.uid(user.uid).gid(user.gid);
+            }
+            cmd.envs(run_as.env());
+        };
         let mut output = Vec::new();
         let mut clone = tokio::process::Command::new("git");
         clone.args(["clone", "--quiet", "--depth", "1"]);
@@ -80,10 +92,12 @@ pub async fn run(build: &Build, dir: &Path, log: &Path) -> Result<(), String> {
             .arg(&build.repository)
             .arg(dir)
             .env("GIT_TERMINAL_PROMPT", "0");
+        as_user(&mut clone);
         step("clone", clone, &mut output).await?;
         if let Some(command) = &build.command {
             let mut sh = tokio::process::Command::new("sh");
             sh.arg("-c").arg(command).current_dir(dir);
+            as_user(&mut sh);
             step("build", sh, &mut output).await?;
         }
         let _ = std::fs::write(log, bounded(&output));

@@ -53,6 +53,9 @@ pub struct HostOptions {
     /// Where agents built from a repository are cloned and built (default: beside the
     /// supervisor's log folder, `<log_dir>.builds`).
     pub build_dir: Option<std::path::PathBuf>,
+    /// The programs manifests may start here; any when empty. A manifest that names another
+    /// is refused: its replicas are reported failed with the reason.
+    pub allowed_programs: crate::process::AllowedPrograms,
 }
 
 impl HostOptions {
@@ -69,6 +72,7 @@ impl HostOptions {
             report_interval: DEFAULT_REPORT_INTERVAL,
             bucket_replicas: 1,
             build_dir: None,
+            allowed_programs: crate::process::AllowedPrograms::default(),
         }
     }
 }
@@ -190,6 +194,13 @@ struct State {
     build_dir: std::path::PathBuf,
     /// Builds, by deployment.
     builds: Arc<Mutex<HashMap<String, Built>>>,
+    /// The programs manifests may start.
+    allowed: crate::process::AllowedPrograms,
+    /// Deployments this host refuses to run, each with why and the replicas asked for:
+    /// reported failed.
+    refused: Mutex<BTreeMap<String, (String, BTreeSet<u32>)>>,
+    /// Who builds run as: the agents' user.
+    run_as: crate::process::RunAs,
 }
 
 /// A running host. [`shutdown`](Host::shutdown) stops its agents and waits.
@@ -273,7 +284,11 @@ impl Host {
             .build_dir
             .clone()
             .unwrap_or_else(|| supervisor.log_dir.with_extension("builds"));
+        let run_as = supervisor.run_as.clone();
         let state = Arc::new(State {
+            allowed: options.allowed_programs.clone(),
+            refused: Mutex::default(),
+            run_as,
             build_dir,
             builds: Arc::default(),
             name: options.name.clone(),
@@ -568,6 +583,17 @@ impl State {
         manifest: &Manifest,
         wanted: BTreeSet<u32>,
     ) -> Result<HostChange, HandlerError> {
+        // A program this host does not run: refused, its replicas reported failed with why.
+        if let Err(reason) = self.allowed.check(manifest) {
+            if wanted.is_empty() {
+                lock(&self.refused).remove(&manifest.id);
+            } else {
+                tracing::warn!(host = %self.name, deployment = %manifest.id, %reason, "manifest refused");
+                lock(&self.refused).insert(manifest.id.clone(), (reason, wanted));
+            }
+            return Ok(HostChange::default());
+        }
+        lock(&self.refused).remove(&manifest.id);
         // Built from a repository: from its clone, once the build is done; until then the
         // replicas are not started (the coordinator asks again) and not reported.
         let in_clone;
@@ -669,15 +695,16 @@ impl State {
         );
         drop(builds);
         tracing::info!(host = %self.name, deployment = %manifest.id, repository = %build.repository, "building");
-        let (builds, spec, id, stop) = (
+        let (builds, spec, id, stop, run_as) = (
             Arc::clone(&self.builds),
             build.clone(),
             manifest.id.clone(),
             self.stop.clone(),
+            self.run_as.clone(),
         );
         self.tasks.spawn(async move {
             let outcome = tokio::select! {
-                outcome = crate::build::run(&spec, &dir, &log) => outcome,
+                outcome = crate::build::run(&spec, &dir, &log, &run_as) => outcome,
                 () = stop.cancelled() => return,
             };
             match &outcome {
@@ -881,19 +908,35 @@ impl State {
                 }
             }
         }
-        // Replicas whose build failed: failed, with the reason, for the coordinator to record.
-        for (deployment, built) in lock(&self.builds).iter() {
-            let BuildState::Failed { reason, .. } = &built.state else {
-                continue;
-            };
-            for replica in &built.wanted {
+        // Replicas whose build failed, or whose program this host refuses: failed, with the
+        // reason, for the coordinator to record.
+        let mut failed: Vec<(String, String, BTreeSet<u32>)> = lock(&self.builds)
+            .iter()
+            .filter_map(|(deployment, built)| match &built.state {
+                BuildState::Failed { reason, .. } => Some((
+                    deployment.clone(),
+                    format!("build failed: {reason}"),
+                    built.wanted.clone(),
+                )),
+                _ => None,
+            })
+            .collect();
+        failed.extend(
+            lock(&self.refused)
+                .iter()
+                .map(|(deployment, (reason, wanted))| {
+                    (deployment.clone(), reason.clone(), wanted.clone())
+                }),
+        );
+        for (deployment, reason, wanted) in &failed {
+            for replica in wanted {
                 replicas.push(crate::process::ReplicaStatus {
                     agent_id: crate::manifest::replica_id(deployment, *replica),
                     deployment: deployment.clone(),
                     replica: *replica,
                     pid: None,
                     state: ReplicaState::Failed {
-                        reason: format!("build failed: {reason}"),
+                        reason: reason.clone(),
                     },
                     restarts: 0,
                     started: None,

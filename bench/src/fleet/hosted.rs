@@ -278,6 +278,10 @@ async fn host(
     Ok(tokio::process::Command::new(program)
         .args(["--server", url, "--root", ROOT, "host", "--name", name])
         .args(["--max-agents", "1000000", "--report-interval", "2s"])
+        // The agents are this benchmark's own program, run as whoever runs it, unsandboxed:
+        // what is measured is the hosting, not the isolation.
+        .args(["--user", &chorus_host::process::user::current_user()])
+        .args(["--sandbox", "none"])
         .arg("--log-dir")
         .arg(logs.join(name))
         .stdout(std::process::Stdio::null())

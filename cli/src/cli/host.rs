@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use chorus_cli::duration::parse_duration;
-use chorus_host::process::{LogLimits, SupervisorConfig};
+use chorus_host::process::{AllowedPrograms, LogLimits, RunAs, SupervisorConfig};
 use chorus_host::protocol::{COORDINATOR, Capacity};
 use chorus_host::service::{
     DEFAULT_MAX_AGENTS, DEFAULT_REPORT_INTERVAL, HOSTING_PERMISSION, Host, HostOptions,
@@ -76,6 +76,22 @@ pub(crate) struct Args {
     /// (they may outlive a killed host).
     #[arg(long)]
     no_launcher: bool,
+    /// The user agents run as, with their health commands and builds. A host started by root
+    /// runs them as `nobody` unless told another; `--user root` runs them as root. A host
+    /// started by another user runs them as itself and refuses any other.
+    #[arg(long, value_name = "NAME")]
+    user: Option<String>,
+    /// Programs manifests may start (repeatable): a path (`/usr/bin/python3`), a folder ending
+    /// in `/` (`/opt/agents/`), or a name found on the PATH (`python3`). Without one any
+    /// program may; with one, a manifest naming another (or with a `[build]`) is refused and
+    /// its replicas reported failed, saying why.
+    #[arg(long = "allow-program", value_name = "PROGRAM")]
+    allow_program: Vec<String>,
+    /// Whether each agent runs in a bubblewrap sandbox (`bwrap`): the machine's files
+    /// read-only but its working folder, and its own process namespace, so it
+    /// sees no other agent. `auto`: when bwrap is installed.
+    #[arg(long, value_enum, default_value_t = Sandbox::Auto)]
+    sandbox: Sandbox,
     /// More environment for every agent (`chorus up` passes its OTLP endpoint on).
     #[arg(skip)]
     pub(crate) env: Vec<(String, String)>,
@@ -101,9 +117,32 @@ impl Args {
             report_interval: DEFAULT_REPORT_INTERVAL,
             stop_grace: chorus_host::process::DEFAULT_STOP_GRACE,
             no_launcher: false,
+            // The demo's host runs its agents as whoever runs `chorus up`, as they are.
+            user: Some(chorus_host::process::user::current_user()),
+            allow_program: Vec::new(),
+            sandbox: Sandbox::None,
             env: Vec::new(),
         }
     }
+}
+
+/// Whether a host's agents run in a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Sandbox {
+    /// bubblewrap when `bwrap` is on the PATH, none otherwise.
+    Auto,
+    /// bubblewrap; the host does not start without it.
+    Bwrap,
+    /// None.
+    None,
+}
+
+/// The `bwrap` on the PATH, if any.
+fn find_bwrap() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("bwrap"))
+        .find(|candidate| candidate.is_file())
 }
 
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
@@ -165,7 +204,36 @@ pub(crate) async fn start(
             env.push((var.to_owned(), path.display().to_string()));
         }
     }
+    let run_as = RunAs::of_this_process(args.user.as_deref())?;
+    if run_as.is_root() {
+        tracing::warn!(
+            "agents run as root (--user root): every manifest deployed here runs with the machine's full rights"
+        );
+    }
+    let sandbox = match (args.sandbox, find_bwrap()) {
+        (Sandbox::None, _) => None,
+        (_, Some(_)) if args.no_launcher => {
+            if args.sandbox == Sandbox::Bwrap {
+                bail!("--sandbox bwrap needs the launcher: drop --no-launcher");
+            }
+            None
+        }
+        (_, Some(bwrap)) => Some(bwrap),
+        (Sandbox::Bwrap, None) => {
+            bail!(
+                "--sandbox bwrap: bubblewrap (bwrap) is not on the PATH; install it (Debian: apt-get install bubblewrap) or pass --sandbox none"
+            )
+        }
+        (Sandbox::Auto, None) => None,
+    };
+    let isolation = match &sandbox {
+        Some(_) => "sandboxed by bubblewrap",
+        None => "not sandboxed",
+    };
+    let agents_line = format!("agents run as {}, {isolation}", run_as.name());
     let supervisor = SupervisorConfig {
+        run_as,
+        sandbox,
         host: name.clone(),
         env,
         log_dir: log_dir.clone(),
@@ -193,6 +261,7 @@ pub(crate) async fn start(
         },
         bucket_replicas: 1,
         build_dir: args.build_dir.clone(),
+        allowed_programs: AllowedPrograms::new(args.allow_program.clone()),
     };
     let broker = conn.broker_options()?;
     let identity = conn.security.identity()?;
@@ -233,6 +302,7 @@ pub(crate) async fn start(
         supervisor,
     )
     .await?;
+    eprintln!("chorus host {name}: {agents_line}");
     Ok((host, name, log_dir))
 }
 

@@ -43,6 +43,9 @@ pub(crate) struct Launch {
     /// Resolve the command before starting the launcher, so a missing one is a spawn error
     /// rather than a crash of the launcher.
     check_command: bool,
+    /// The user and group it is started as without the launcher (the launcher switches
+    /// itself); `None`: the host's.
+    user: Option<(u32, u32)>,
 }
 
 /// The environment of a replica: the inherited basics, the manifest's `run.env`, the host's
@@ -89,8 +92,13 @@ pub(crate) fn group_command(
     args: &[impl AsRef<std::ffi::OsStr>],
     env: &[(String, String)],
     cwd: Option<&Path>,
+    user: Option<(u32, u32)>,
 ) -> Command {
     let mut command = Command::new(program);
+    if let Some((uid, gid)) = user {
+        // As root, `uid` also drops the supplementary groups before the program runs.
+        command.uid(uid).gid(gid);
+    }
     command
         .args(args)
         .env_clear()
@@ -134,7 +142,14 @@ impl Launch {
             env,
             cwd: manifest.run.working_dir.clone(),
             check_command: launcher.is_some(),
+            user: None,
         }
+    }
+
+    /// Started directly (without the launcher) as `user`, when it is set.
+    pub(crate) fn run_by(mut self, user: Option<(u32, u32)>) -> Launch {
+        self.user = user;
+        self
     }
 
     /// Starts the process in a process group of its own, stdin empty, stdout and stderr pumped
@@ -149,7 +164,13 @@ impl Launch {
         if self.check_command {
             resolve(&self.command, &self.env, self.cwd.as_deref())?;
         }
-        let mut command = group_command(&self.program, &self.args, &self.env, self.cwd.as_deref());
+        let mut command = group_command(
+            &self.program,
+            &self.args,
+            &self.env,
+            self.cwd.as_deref(),
+            self.user,
+        );
         // Forked from the calling thread, a tokio worker that lives as long as the runtime: the
         // launcher's parent-death signal fires when that thread exits (see `launch`).
         let mut child = command.spawn()?;

@@ -31,6 +31,8 @@ pub(crate) struct Probe {
     start_grace: Duration,
     env: Vec<(String, String)>,
     cwd: Option<PathBuf>,
+    /// The user and group it runs as (the agent's); `None`: the host's.
+    user: Option<(u32, u32)>,
 }
 
 impl Probe {
@@ -54,7 +56,14 @@ impl Probe {
             start_grace: health.start_grace,
             env: env.to_vec(),
             cwd,
+            user: None,
         })
+    }
+
+    /// Run as `user`, the agent's, when it is set.
+    pub(crate) fn run_by(mut self, user: Option<(u32, u32)>) -> Probe {
+        self.user = user;
+        self
     }
 
     /// Checks the replica `pid` until it is found unhealthy, and returns why; reports every
@@ -93,7 +102,13 @@ impl Probe {
 
     /// One check: `Err` says why it failed (its last line of output, else its exit).
     async fn check(&self, pid: u32) -> Result<(), String> {
-        let mut command = group_command(&self.program, &self.args, &self.env, self.cwd.as_deref());
+        let mut command = group_command(
+            &self.program,
+            &self.args,
+            &self.env,
+            self.cwd.as_deref(),
+            self.user,
+        );
         command.env(ENV_AGENT_PID, pid.to_string());
         let mut child = command
             .spawn()
@@ -173,6 +188,7 @@ mod tests {
             start_grace,
             env: Vec::new(),
             cwd: None,
+            user: None,
         }
     }
 

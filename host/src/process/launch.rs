@@ -12,7 +12,10 @@
 //!    If the host died before the signal was set, the launcher sees another parent and stops.
 //! 2. the limits ([`super::limits`]): joins the replica's prepared cgroup v2 after writing
 //!    `memory.max` and `cpu.max`, or caps the address space with `setrlimit(RLIMIT_AS)`.
-//! 3. `exec` of the agent's command.
+//! 3. the user ([`super::user`]): a host started by root drops the agent to its unprivileged
+//!    user here, after joining the cgroup (which needs the host's rights), for good.
+//! 4. `exec` of the agent's command, inside a bubblewrap sandbox when the host has one
+//!    ([`sandbox_args`]).
 //!
 //! The `chorus` binary has a hidden `host-exec` subcommand that calls [`exec`] with the
 //! arguments after it.
@@ -34,6 +37,10 @@ const MEMORY_BYTES: &str = "--memory-bytes";
 const CPU_MILLIS: &str = "--cpu-millis";
 const CGROUP: &str = "--cgroup";
 const PARENT_PID: &str = "--parent-pid";
+const UID: &str = "--uid";
+const GID: &str = "--gid";
+const SANDBOX: &str = "--sandbox";
+const WRITABLE: &str = "--writable";
 /// Between the spec and the agent's command.
 const END_OF_SPEC: &str = "--";
 
@@ -52,6 +59,12 @@ pub struct LaunchSpec {
     /// The host's pid: if the launcher's parent is another process by the time the
     /// parent-death signal is set, the host is already gone and the agent is not started.
     pub parent_pid: Option<u32>,
+    /// The user and group the agent runs as, dropped to after the limits; `None`: the host's.
+    pub user: Option<(u32, u32)>,
+    /// The bubblewrap binary to run the agent inside ([`sandbox_args`]); `None`: no sandbox.
+    pub sandbox: Option<PathBuf>,
+    /// The one folder a sandboxed agent may write besides its own `/tmp`: its working folder.
+    pub writable: Option<PathBuf>,
 }
 
 /// A launcher's arguments that do not parse.
@@ -95,6 +108,16 @@ impl LaunchSpec {
         if let Some(pid) = self.parent_pid {
             args.extend([PARENT_PID.into(), pid.to_string().into()]);
         }
+        if let Some((uid, gid)) = self.user {
+            args.extend([UID.into(), uid.to_string().into()]);
+            args.extend([GID.into(), gid.to_string().into()]);
+        }
+        if let Some(sandbox) = &self.sandbox {
+            args.extend([SANDBOX.into(), sandbox.clone().into_os_string()]);
+        }
+        if let Some(dir) = &self.writable {
+            args.extend([WRITABLE.into(), dir.clone().into_os_string()]);
+        }
         args
     }
 
@@ -129,6 +152,16 @@ impl LaunchSpec {
                         })?);
                 }
                 Some(CGROUP) => spec.cgroup = Some(PathBuf::from(value()?)),
+                Some(UID) => {
+                    let uid = id(&option, &value()?)?;
+                    spec.user = Some((uid, spec.user.map_or(uid, |(_, gid)| gid)));
+                }
+                Some(GID) => {
+                    let gid = id(&option, &value()?)?;
+                    spec.user = Some((spec.user.map_or(gid, |(uid, _)| uid), gid));
+                }
+                Some(SANDBOX) => spec.sandbox = Some(PathBuf::from(value()?)),
+                Some(WRITABLE) => spec.writable = Some(PathBuf::from(value()?)),
                 Some(END_OF_SPEC) => {
                     command.extend(args.by_ref());
                 }
@@ -143,6 +176,46 @@ impl LaunchSpec {
         }
         Ok((spec, command))
     }
+}
+
+fn id(option: &str, value: &OsStr) -> Result<u32, LaunchSpecError> {
+    number(option, value)?
+        .try_into()
+        .map_err(|_| LaunchSpecError::InvalidValue {
+            option: option.to_owned(),
+            expected: "a user or group id",
+            value: value.to_string_lossy().into_owned(),
+        })
+}
+
+/// What bubblewrap is given before the agent's command: the machine's files read-only (`/tmp`
+/// too: a program may live there), the agent's working folder (`writable`) writable, a `/dev`
+/// and `/proc` of its own, its own process, IPC and host-name namespaces (it sees and signals
+/// no other agent), the network shared (it must reach the bus), and death with the launcher.
+pub fn sandbox_args(writable: Option<&std::path::Path>) -> Vec<OsString> {
+    let mut args: Vec<OsString> = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        .into_iter()
+        .map(OsString::from)
+        .collect();
+    if let Some(dir) = writable {
+        args.extend([
+            OsString::from("--bind"),
+            dir.as_os_str().to_owned(),
+            dir.as_os_str().to_owned(),
+        ]);
+    }
+    args.extend(
+        [
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--die-with-parent",
+            "--",
+        ]
+        .into_iter()
+        .map(OsString::from),
+    );
+    args
 }
 
 fn number(option: &str, value: &OsStr) -> Result<u64, LaunchSpecError> {
@@ -189,14 +262,29 @@ pub fn exec(args: Vec<OsString>) -> io::Error {
     if let Err(err) = applied {
         return err;
     }
+    if let Some((uid, gid)) = spec.user
+        && let Err(err) = super::user::become_user(uid, gid)
+    {
+        return err;
+    }
     let mut command = command.into_iter();
     let Some(program) = command.next() else {
         return io::Error::new(io::ErrorKind::InvalidInput, LaunchSpecError::NoCommand);
     };
-    let err = Command::new(&program).args(command).exec();
+    let who = spec
+        .user
+        .map_or_else(String::new, |(uid, _)| format!(" as user id {uid}"));
+    let err = match &spec.sandbox {
+        Some(bwrap) => Command::new(bwrap)
+            .args(sandbox_args(spec.writable.as_deref()))
+            .arg(&program)
+            .args(command)
+            .exec(),
+        None => Command::new(&program).args(command).exec(),
+    };
     io::Error::new(
         err.kind(),
-        format!("cannot execute {}: {err}", program.to_string_lossy()),
+        format!("cannot execute {}{who}: {err}", program.to_string_lossy()),
     )
 }
 
@@ -217,6 +305,9 @@ mod tests {
             cpu_millis: Some(1500),
             cgroup: Some(PathBuf::from("/sys/fs/cgroup/chorus.service/chorus-echo")),
             parent_pid: Some(4242),
+            user: Some((65534, 65533)),
+            sandbox: Some(PathBuf::from("/usr/bin/bwrap")),
+            writable: Some(PathBuf::from("/srv/agents/echo")),
         };
         let mut args = spec.to_args();
         args.extend(os(&["--", "/bin/sh", "-c", "echo --memory-bytes"]));

@@ -15,6 +15,7 @@
 //!
 //! Every change is also a [`ReplicaEvent`], which the host service turns into bus events.
 
+pub mod allow;
 pub mod backoff;
 mod child;
 mod health;
@@ -22,14 +23,17 @@ pub mod launch;
 pub mod limits;
 pub mod logs;
 mod supervisor;
+pub mod user;
 
 use std::time::Duration;
 
+pub use allow::AllowedPrograms;
 pub use backoff::{Backoff, CrashWindow, Verdict};
 pub use launch::{HOST_EXEC, LaunchSpec, LaunchSpecError};
 pub use limits::Enforcement;
 pub use logs::{DEFAULT_LOG_FILE_BYTES, DEFAULT_LOG_FILES, DEFAULT_LOG_LINE_BYTES, LogLimits};
 pub use supervisor::{ReplicaEvent, ReplicaState, ReplicaStatus, Supervisor, SupervisorConfig};
+pub use user::{AgentUser, DEFAULT_AGENT_USER, RunAs, UserError};
 
 /// The replica's agent id (`<deployment>` for replica 1, `<deployment>-<n>` after).
 pub const ENV_AGENT_ID: &str = "CHORUS_AGENT_ID";

@@ -19,6 +19,7 @@ use super::health::Probe;
 use super::launch::LaunchSpec;
 use super::limits::{self, CgroupHost, Enforcement};
 use super::logs::{self, LogFile, LogLimits, SharedLog, StderrTail, Stream};
+use super::user::RunAs;
 use super::{DEFAULT_STOP_GRACE, KILL_WAIT, ProcessError, check_agent_id};
 use crate::duration::format_duration;
 use crate::manifest::{Manifest, Resources, Restart, RestartPolicy};
@@ -47,6 +48,12 @@ pub struct SupervisorConfig {
     pub launcher: Option<PathBuf>,
     /// Time a replica has to exit after SIGTERM before SIGKILL.
     pub stop_grace: Duration,
+    /// Who agents and their health commands run as ([`RunAs`]); the host's own user unless
+    /// set.
+    pub run_as: RunAs,
+    /// The bubblewrap binary each agent runs inside (through the launcher:
+    /// [`super::launch::sandbox_args`]); `None`: no sandbox.
+    pub sandbox: Option<PathBuf>,
 }
 
 impl SupervisorConfig {
@@ -60,6 +67,10 @@ impl SupervisorConfig {
             log_limits: LogLimits::default(),
             launcher: None,
             stop_grace: DEFAULT_STOP_GRACE,
+            run_as: RunAs::Host {
+                name: String::from("the host's user"),
+            },
+            sandbox: None,
         }
     }
 }
@@ -375,20 +386,31 @@ impl Supervisor {
                 }
             })?;
         let log = SharedLog::new(log);
-        let env = agent_env(&config.host, &config.env, manifest, replica);
+        let mut env = agent_env(&config.host, &config.env, manifest, replica);
+        let user = config.run_as.user().map(|u| (u.uid, u.gid));
+        for (name, value) in config.run_as.env() {
+            env.retain(|(k, _)| *k != name);
+            env.push((name, value));
+        }
         let (launch, enforcement, cgroup) = match &config.launcher {
             Some(launcher) => {
-                let plan = plan_limits(inner.cgroups.as_ref(), &agent_id, &manifest.resources);
+                let mut plan = plan_limits(inner.cgroups.as_ref(), &agent_id, &manifest.resources);
+                plan.spec.user = user;
+                if let Some(bwrap) = &config.sandbox {
+                    plan.spec.sandbox = Some(bwrap.clone());
+                    plan.spec.writable = manifest.run.working_dir.clone();
+                }
                 let launch = Launch::new(manifest, env.clone(), Some((launcher, &plan.spec)));
                 (launch, plan.enforcement, plan.cgroup)
             }
             None => (
-                Launch::new(manifest, env.clone(), None),
+                Launch::new(manifest, env.clone(), None).run_by(user),
                 Enforcement::None,
                 None,
             ),
         };
-        let probe = Probe::of(&manifest.health, &env, manifest.run.working_dir.clone());
+        let probe = Probe::of(&manifest.health, &env, manifest.run.working_dir.clone())
+            .map(|probe| probe.run_by(user));
         let tail = StderrTail::default();
         let running = match launch.spawn(&log, &tail, config.log_limits.line_bytes, &inner.tracker)
         {

@@ -79,6 +79,13 @@ impl Bus {
                 REPORT,
                 "--stop-grace",
                 "2s",
+                // The agents are this test's builds, in the builder's folders: run as the
+                // builder, unsandboxed (`agents_run_as_an_unprivileged_user_...` checks
+                // the defaults).
+                "--user",
+                &chorus_host::process::user::current_user(),
+                "--sandbox",
+                "none",
             ])
             .arg("--log-dir")
             .arg(self.dir.path().join(name))
@@ -626,6 +633,26 @@ async fn the_five_commands_of_the_hosting_guide_run_as_written() {
         ),
     )
     .expect("PATH");
+    // A host started by root runs its agents as nobody, who cannot reach a build under
+    // root's home: the test's `chorus` is linked into a folder anyone may read, as an
+    // installed one is.
+    let bin = bus.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin folder");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for folder in [bus.dir.path(), bin.as_path()] {
+            std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+        }
+    }
+    let installed = bin.join("chorus");
+    if std::fs::hard_link(&bus.chorus, &installed).is_err() {
+        std::fs::copy(&bus.chorus, &installed).expect("chorus copied");
+    }
+    let path = std::env::join_paths(
+        std::iter::once(bin.clone()).chain(std::env::split_paths(&path).skip(1)),
+    )
+    .expect("PATH");
     let script = format!("set -euo pipefail\n{block}\nkill %1\nwait\n");
     let mut shell = tokio::process::Command::new("bash");
     shell
@@ -824,4 +851,129 @@ async fn an_agent_built_from_a_repository_runs_from_its_clone_and_a_failed_build
         "{}",
         text(&out)
     );
+}
+
+/// Issue 56, hosts that do not hand out root: a host started by root runs its agents as
+/// `nobody` unless told another user, inside a bubblewrap sandbox when bwrap is installed
+/// (`scripts/test` installs it and says so in `CHORUS_TEST_BWRAP`): the agent writes only its
+/// working folder and sees no other process. With `--allow-program`, a manifest naming
+/// another program is refused, `chorus deploy` says why, and nothing of it runs. A `--user`
+/// the machine does not have stops the host at start, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_host_runs_agents_as_nobody_sandboxed_and_only_the_programs_it_allows() {
+    use std::os::unix::fs::PermissionsExt;
+    let bus = Bus::start().await;
+    let unknown = bus
+        .command()
+        .args(["host", "--name", "ghostly", "--user", "no-such-user-here"])
+        .output()
+        .expect("chorus host runs");
+    assert!(!unknown.status.success(), "{}", text(&unknown));
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("no user \"no-such-user-here\""),
+        "{}",
+        text(&unknown)
+    );
+    if chorus_host::process::user::current_user() != "root" {
+        // Only root switches users; anyone else is refused another user at start.
+        let other = bus
+            .command()
+            .args(["host", "--name", "other", "--user", "nobody"])
+            .output()
+            .expect("chorus host runs");
+        assert!(
+            String::from_utf8_lossy(&other.stderr).contains("needs a host started by root"),
+            "{}",
+            text(&other)
+        );
+        return;
+    }
+    // The agent's folder, which nobody may write; its way there, which nobody may walk.
+    let work = bus.dir.path().join("work");
+    std::fs::create_dir_all(&work).expect("work folder");
+    for (path, mode) in [(bus.dir.path(), 0o711), (work.as_path(), 0o777)] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    let escape = bus.dir.path().join("escaped");
+    let mut hosts = Processes::default();
+    hosts.0.push(
+        bus.command()
+            .args(["host", "--name", "safe", "--report-interval", REPORT])
+            .args(["--stop-grace", "2s", "--allow-program", "/bin/sh"])
+            .arg("--log-dir")
+            .arg(bus.dir.path().join("safe"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chorus host starts"),
+    );
+    bus.hosts_live(&["safe"]).await;
+    let script = format!(
+        "id -u > uid; ls /proc | grep -c '^[0-9]' > processes; \
+         (echo out > {escape}) 2>/dev/null; exec sleep 600",
+        escape = escape.display()
+    );
+    let manifest = bus.manifest(
+        "whoami",
+        &format!(
+            "id = \"whoami\"\n[run]\ncommand = \"/bin/sh\"\nargs = [\"-c\", {script:?}]\nworking_dir = {work:?}\n[health]\ncheck = \"none\"\n",
+            work = work.display().to_string()
+        ),
+    );
+    let out = bus
+        .run(&["deploy", manifest.to_str().expect("utf-8")], DEPLOY_WAIT)
+        .await;
+    assert!(out.status.success(), "{}", text(&out));
+    let uid = eventually(
+        Duration::from_secs(20),
+        "the agent says who it is",
+        || async {
+            let uid = std::fs::read_to_string(work.join("processes"))
+                .ok()
+                .and_then(|_| std::fs::read_to_string(work.join("uid")).ok())?;
+            Some(uid.trim().to_owned())
+        },
+    )
+    .await;
+    let nobody = std::process::Command::new("id")
+        .args(["-u", "nobody"])
+        .output()
+        .expect("id runs");
+    assert_eq!(uid, String::from_utf8_lossy(&nobody.stdout).trim());
+    assert!(!escape.exists(), "an agent wrote outside its folder");
+    let processes: usize = std::fs::read_to_string(work.join("processes"))
+        .expect("processes")
+        .trim()
+        .parse()
+        .expect("a count");
+    if std::env::var_os("CHORUS_TEST_BWRAP").is_some() {
+        // In its own process namespace: bwrap's init, the shell, `ls` and `grep`.
+        assert!(
+            processes <= 6,
+            "the sandboxed agent sees {processes} processes"
+        );
+    }
+
+    // A program the host does not allow: refused, said, never run.
+    let marker = work.join("python-ran");
+    let refused = bus.manifest(
+        "refused",
+        &format!(
+            "id = \"refused\"\n[run]\ncommand = \"python3\"\nargs = [\"-c\", {:?}]\n[health]\ncheck = \"none\"\n",
+            format!("open({:?}, 'w')", marker.display().to_string())
+        ),
+    );
+    let out = bus
+        .run(&["deploy", refused.to_str().expect("utf-8")], DEPLOY_WAIT)
+        .await;
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("run.command \"python3\" is not a program this host allows (/bin/sh)"),
+        "{}",
+        text(&out)
+    );
+    assert!(!marker.exists(), "a refused program ran");
+    let out = bus.run(&["terminate", "whoami"], DEPLOY_WAIT).await;
+    assert!(out.status.success(), "{}", text(&out));
 }
