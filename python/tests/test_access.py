@@ -550,6 +550,89 @@ async def test_a_signed_durable_command_that_fails_twice_is_retried_not_refused_
         assert worker.stats.dead_lettered == 0
 
 
+async def test_a_signed_dead_letter_replayed_by_a_trusted_operator_is_handled_once(server: Any, tmp_path: Path) -> None:
+    """An operator's replay of a signed dead letter (PROTOCOL.md, "Replaying a signed dead
+    letter"), as SECURITY.md's walk-through does it: ``chorus --id ops --nkey-file ops.seed dlq
+    replay ID`` signs the replay, and a Python agent that requires signatures and trusts ops's
+    key by hand handles it once, as from its original sender. Replayed by an id it does not
+    trust, the letter is refused (5004) and dead-lettered again, the handler not run; replayed
+    by ops a second time, refused as a replay (5015)."""
+    shop, ops, mallory = Identity.generate(), Identity.generate(), Identity.generate()
+    verifier = Verifier(require_signed=True)
+    verifier.trust("py-shop", shop.public_key)
+    verifier.trust("ops", ops.public_key)
+    broken = True
+    senders: list[str] = []
+    worker = py_agent(server, "py-ledger", verifier=verifier, persist_seen_ids=True)
+
+    @worker.command("charge")
+    async def charge(ctx: Context) -> int:
+        if broken:
+            raise RuntimeError("the card service is down")
+        senders.append(ctx.sender)
+        return int(ctx.data())
+
+    def replay(by: str, identity: Identity, letter: int) -> str:
+        done = subprocess.run(
+            [rust_binary("chorus"), "--server", server.url, "--id", by, "--nkey-file", seed_file(tmp_path, identity, by),
+             "dlq", "replay", str(letter)],
+            capture_output=True, text=True, timeout=WAIT,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def letters_for(status: int | None = None) -> list[dict[str, Any]]:
+        return [row for row in dead_letters(server.url)
+                if row["agent"] == "py-ledger" and (status is None or row["status"] == status)]
+
+    async with worker, py_agent(server, "py-shop", identity=shop) as sender:
+        assert worker._durable is not None
+        worker._durable.policies.default = RetryPolicy(
+            max_attempts=2, initial_backoff_ms=50, max_backoff_ms=50, jitter=0.0, retry_on=(int(StatusCode.HANDLER_FAILED),)
+        )
+        await sender.send("py-ledger", "charge", 4200, delivery=Delivery.AT_LEAST_ONCE)
+
+        async def dead_lettered(status: int | None = None) -> dict[str, Any] | None:
+            rows = await asyncio.to_thread(letters_for, status)
+            return rows[-1] if rows else None
+
+        first = await eventually("the dead letter", dead_lettered, WAIT)
+        broken = False
+        replay("mallory", mallory, first["id"])
+
+        async def refused_5004() -> dict[str, Any] | None:
+            return await dead_lettered(int(StatusCode.IDENTITY))
+
+        refused = await eventually("mallory's replay refused", refused_5004, WAIT)
+        assert "replays are accepted only from senders trusted here" in refused["detail"], refused
+        assert senders == []
+        js = sender.nc.jetstream()
+        original_bytes = (await js.get_msg("CHORUS_DLQ", refused["id"])).data
+        assert original_bytes
+        replay("ops", ops, refused["id"])
+
+        async def handled() -> bool:
+            return len(senders) == 1
+
+        await eventually("the operator's replay handled", handled, WAIT)
+        assert senders == ["py-shop"]
+        # The same dead letter replayed once more, signed afresh by ops (the letter's bytes as
+        # the queue kept them): refused as a replay, the handler not run again.
+        from chorus_sdk.envelope import now_ms
+        from chorus_sdk.replay import ReplayProof
+
+        of = f"CHORUS_DLQ:{refused['id']}"
+        proof = ReplayProof.sign(ops, "ops", refused["subject"], uuid.UUID(refused["message_id"]), of, now_ms())
+        await js.publish(refused["subject"], original_bytes, headers={**proof.headers(), "Nats-Msg-Id": "again"})
+
+        async def refused_5015() -> dict[str, Any] | None:
+            return await dead_lettered(int(StatusCode.REPLAY))
+
+        again = await eventually("the second replay refused", refused_5015, WAIT)
+        assert "replayed here already" in again["detail"], again
+        assert senders == ["py-shop"]
+
+
 async def test_a_forged_wire_announcement_is_ignored_where_the_coordinators_key_is_known(server: Any) -> None:
     """The coordinator's announcements on ``sys.wire`` are its word only when signed with its
     key, where an agent verifies signatures and knows that key (as in Rust): a forged unsigned

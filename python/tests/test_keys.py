@@ -114,11 +114,14 @@ async def test_a_python_agent_learns_signing_keys_from_the_registry(
         await eventually("py-signer's key forgotten", forgotten, WAIT)
 
 
-async def test_a_key_the_registry_announces_replaces_one_given_by_hand(server: Any, registry: None) -> None:
-    real = Identity.generate()
+async def test_a_key_given_by_hand_stays_whatever_the_registry_announces(server: Any, registry: None) -> None:
+    """A key given by hand (``Verifier.trust``: the bus's own, an operator's) is not replaced by
+    one the registry announces for that id, as in Rust: an agent registering under an
+    operator's id with a key of its own is refused, not taken for the operator."""
+    impostor = Identity.generate()
     verifier = Verifier(require_signed=True)
-    stale = Identity.generate().public_key
-    verifier.trust("py-rotated", stale)
+    pinned = Identity.generate().public_key
+    verifier.trust("py-ops", pinned)
     async with Agent("py-judge", servers=server.url, heartbeat_interval=0, verifier=verifier) as judge:
 
         @judge.command("ping")
@@ -126,7 +129,19 @@ async def test_a_key_the_registry_announces_replaces_one_given_by_hand(server: A
             return "pong"
 
         await judge.flush()
-        assert verifier.key_of("py-rotated") == stale
-        async with Agent("py-rotated", servers=server.url, heartbeat_interval=0.5, identity=real) as rotated:
-            await registered(verifier, "py-rotated", real.public_key)
-            assert await rotated.request(judge.id, "ping") == "pong"
+        async with Agent("py-ops", servers=server.url, heartbeat_interval=0.5, identity=impostor) as posing:
+            # Registered (the judge hears its record: its encryption key, say) but not trusted.
+            kv = await judge.nc.jetstream().key_value(Subjects().bucket_name("registry"))
+
+            async def announced() -> bool:
+                try:
+                    return bool((await kv.get("py-ops")).value)
+                except Exception:  # noqa: BLE001 - not registered yet
+                    return False
+
+            await eventually("py-ops registered", announced, WAIT)
+            assert verifier.key_of("py-ops") == pinned
+            with pytest.raises(ChorusError) as refused:
+                await posing.request(judge.id, "ping")
+            assert refused.value.status == StatusCode.IDENTITY
+        assert verifier.key_of("py-ops") == pinned

@@ -180,7 +180,7 @@ impl Agent {
         let verifier = options.signature_policy.clone().map(|policy| {
             let verifier = Verifier::new(policy);
             for (agent, key) in &options.trusted {
-                verifier.trust(agent, key);
+                verifier.pin(agent, key);
             }
             Arc::new(verifier)
         });

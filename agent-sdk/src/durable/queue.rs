@@ -89,10 +89,21 @@ pub struct DeadLetterQueue {
     js: JetStream,
     subjects: Subjects,
     stream: String,
+    /// Who signs its replays ([`DeadLetterQueue::signed_by`]).
+    replayer: Option<(String, std::sync::Arc<crate::security::Identity>)>,
 }
 
 /// The header a replayed message carries: the dead letter it came from.
-pub const REPLAY_HEADER: &str = "Chorus-Replay-Of";
+pub const REPLAY_HEADER: &str = crate::security::replay::REPLAY_OF_HEADER;
+
+/// The headers of a replay, dropped from a dead letter's kept headers before it is replayed
+/// again (a replay that was dead-lettered in turn).
+const REPLAY_HEADERS: [&str; 4] = [
+    crate::security::replay::REPLAY_OF_HEADER,
+    crate::security::replay::REPLAY_BY_HEADER,
+    crate::security::replay::REPLAY_MS_HEADER,
+    crate::security::replay::REPLAY_SIGNATURE_HEADER,
+];
 
 impl DeadLetterQueue {
     /// The queue of the bus at `broker` under `subjects`' root.
@@ -104,7 +115,22 @@ impl DeadLetterQueue {
             js,
             subjects,
             stream,
+            replayer: None,
         }
+    }
+
+    /// Replays signed by `id` with `identity` (docs/PROTOCOL.md, "Replaying a signed dead
+    /// letter"): the original bytes unchanged, their sender's signature kept as provenance, and
+    /// the replayer's own signature beside them, so a receiver that verifies signatures and
+    /// trusts `id` handles the replay once instead of refusing it as a replay.
+    #[must_use]
+    pub fn signed_by(
+        mut self,
+        id: impl Into<String>,
+        identity: std::sync::Arc<crate::security::Identity>,
+    ) -> Self {
+        self.replayer = Some((id.into(), identity));
+        self
     }
 
     /// The subjects of its bus.
@@ -225,11 +251,28 @@ impl DeadLetterQueue {
         }
         let mut headers = Headers::new();
         for (name, value) in &entry.letter.headers {
-            if name != REPLAY_HEADER {
+            if !REPLAY_HEADERS.contains(&name.as_str()) {
                 headers.insert(name, value)?;
             }
         }
-        headers.insert(REPLAY_HEADER, &format!("{}:{id}", self.stream))?;
+        let of = format!("{}:{id}", self.stream);
+        headers.insert(REPLAY_HEADER, &of)?;
+        if let (Some((by, identity)), Some(message_id)) = (&self.replayer, entry.letter.message_id)
+        {
+            let proof = crate::security::replay::ReplayProof::sign(
+                identity,
+                by,
+                &entry.letter.subject,
+                message_id,
+                &of,
+                crate::protocol::envelope::now_ms(),
+            );
+            for (name, value) in proof.headers() {
+                if name != REPLAY_HEADER {
+                    headers.insert(name, &value)?;
+                }
+            }
+        }
         let durable = self
             .subjects
             .durable_command(&entry.letter.subject)

@@ -304,7 +304,7 @@ impl Pipeline {
         subject: &Subject,
         decoded: Result<(Envelope, Encoding), Refused>,
         target: Target,
-        via: Via,
+        mut via: Via,
     ) -> Processed {
         let refused = |refused: Refused| Processed {
             request: refused.request.map(|r| Arc::new(*r)),
@@ -336,7 +336,7 @@ impl Pipeline {
         // A signed message is checked with whatever else is waiting (the layer takes the
         // verdict); an unsigned one has nothing to batch.
         let (env, preverified) = match &self.batches {
-            Some(batches) if env.signature.is_some() => {
+            Some(batches) if env.signature.is_some() && via.replay.is_none() => {
                 batches.verify(subject, env, via.stored).await
             }
             _ => (env, None),
@@ -344,6 +344,7 @@ impl Pipeline {
         let mut msg = Inbound::new(subject, env, endpoint);
         msg.preverified = preverified;
         msg.stored = via.stored;
+        msg.replay = via.replay.take();
         for layer in &self.layers {
             if let Err(failure) = layer.check(&mut msg) {
                 return Processed {
@@ -376,7 +377,7 @@ impl Pipeline {
         if msg.verified
             && msg.endpoint.is_some()
             && let Some(seen) = &self.seen
-            && let Err(failure) = Box::pin(seen.record(&msg.env, msg.stored)).await
+            && let Err(failure) = Box::pin(seen.record(&msg.env, msg.seen_id, msg.stored)).await
         {
             return Processed {
                 request: Some(Arc::new(msg.env)),
@@ -645,6 +646,9 @@ pub(crate) struct Via {
     /// The stream sequence of the stored copy it was delivered from (a durable delivery): a
     /// redelivery of the same copy is not a replay.
     pub(crate) stored: Option<u64>,
+    /// A replayer's signed word that this is its replay of a dead letter, read from the
+    /// message's headers (or why it could not be read).
+    pub(crate) replay: Option<Result<crate::security::replay::ReplayProof, String>>,
 }
 
 impl Via {
@@ -654,6 +658,7 @@ impl Via {
             span,
             attempt: 1,
             stored: None,
+            replay: None,
         }
     }
 }

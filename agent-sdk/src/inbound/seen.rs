@@ -54,12 +54,18 @@ impl SeenIds {
             .await
     }
 
-    /// Records `env`'s id, with the stream sequence of the stored copy it came from (`copy`)
+    /// Records `id` (`env`'s, or its replay's: [`crate::security::replay::replay_id`]), with
+    /// the stream sequence of the stored copy it came from (`copy`)
     /// for a durable delivery; 5015 if it was recorded before from anywhere but that same copy
     /// (a replay, perhaps across a restart; a redelivery of the copy is not one), 5019
     /// (retried) if the bucket cannot be read or written: failing closed.
-    pub(crate) async fn record(&self, env: &Envelope, copy: Option<u64>) -> Result<(), Failure> {
-        let key = format!("{}.{}", self.link.id, env.id);
+    pub(crate) async fn record(
+        &self,
+        env: &Envelope,
+        id: uuid::Uuid,
+        copy: Option<u64>,
+    ) -> Result<(), Failure> {
+        let key = format!("{}.{id}", self.link.id);
         let value = copy.map_or_else(Bytes::new, |seq| Bytes::from(seq.to_string()));
         let stored = match self.kv().await {
             Ok(kv) => match kv.create(&key, value.clone()).await {

@@ -6,6 +6,7 @@
 pub(crate) mod access;
 mod connection;
 pub mod encryption;
+pub mod replay;
 mod session;
 pub(crate) mod signing;
 

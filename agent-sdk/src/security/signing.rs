@@ -81,6 +81,12 @@ impl Identity {
             .map_err(|e| KeyError(e.to_string()))
     }
 
+    /// The ed25519 signature of `bytes` (a replay's: [`super::replay`]).
+    pub fn sign_bytes(&self, bytes: &[u8]) -> Vec<u8> {
+        use ed25519_dalek::Signer;
+        self.signer.sign(bytes).to_bytes().to_vec()
+    }
+
     /// Signs `env` as published to `subject`.
     pub fn sign(&self, subject: &str, env: &mut Envelope) {
         use ed25519_dalek::Signer;
@@ -146,6 +152,9 @@ pub struct Verifier {
     /// Agent id to its public key, parsed once.
     keys: Mutex<HashMap<String, Arc<TrustedKey>>>,
     seen: Mutex<SeenIds>,
+    /// The ids whose keys were pinned ([`Verifier::pin`]): their replays of dead letters are
+    /// accepted, and the registry does not change their keys.
+    replayers: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A registered public key: as written (`U...`) and parsed.
@@ -177,8 +186,11 @@ impl Verifier {
         &self.policy
     }
 
-    /// Registers (or replaces) `agent`'s public key.
+    /// Registers (or replaces) `agent`'s public key; a pinned one ([`Verifier::pin`]) stays.
     pub fn trust(&self, agent: &str, public_key: &str) {
+        if self.is_pinned(agent) {
+            return;
+        }
         let parsed = nkeys::from_public_key(public_key)
             .ok()
             .and_then(|(_, raw)| ed25519_dalek::VerifyingKey::from_bytes(&raw).ok());
@@ -197,8 +209,106 @@ impl Verifier {
         }
     }
 
-    /// Forgets `agent`'s key.
+    /// Trusts `agent`'s `public_key` for good, as given in the agent's options
+    /// (`AgentOptions::trust`): the registry neither replaces nor removes it, and `agent` may
+    /// replay dead letters here ([`Verifier::verify_replay`]). The bus's own keys
+    /// (coordinator, operators) are given so; keys learned from the registry never are.
+    pub fn pin(&self, agent: &str, public_key: &str) {
+        if let Ok(mut pinned) = self.replayers.lock() {
+            pinned.remove(agent);
+        }
+        self.trust(agent, public_key);
+        if let Ok(mut pinned) = self.replayers.lock() {
+            pinned.insert(agent.to_owned());
+        }
+    }
+
+    fn is_pinned(&self, agent: &str) -> bool {
+        self.replayers
+            .lock()
+            .is_ok_and(|pinned| pinned.contains(agent))
+    }
+
+    /// Checks a replay of a dead letter ([`super::replay`]): `env`, received on `subject`
+    /// from the stored copy `stored`, with the replayer's `proof`. Returns the id the replay is
+    /// remembered by ([`super::replay::replay_id`]).
+    ///
+    /// # Errors
+    /// 5004 a replayer not trusted for replays, another key or a signature (the replay's or
+    /// the original's) that does not verify; 5014 an unsigned original where signatures are
+    /// required; 5015 a replay time past the tolerance, or this replay seen already.
+    pub fn verify_replay(
+        &self,
+        subject: &str,
+        env: &Envelope,
+        stored: Option<u64>,
+        proof: &super::replay::ReplayProof,
+        now_ms: u64,
+    ) -> Result<Uuid, Refused> {
+        let tolerance = u64::try_from(self.policy.tolerance.as_millis()).unwrap_or(u64::MAX);
+        let identity = |why: String| (StatusCode::IDENTITY, why);
+        let replayer_trusted = self.is_pinned(&proof.by);
+        let Some(replayer) = self.trusted_key_of(&proof.by).filter(|_| replayer_trusted) else {
+            return Err(identity(format!(
+                "replays are accepted only from senders trusted here, not {:?}",
+                proof.by
+            )));
+        };
+        if replayer.encoded != proof.key {
+            return Err(identity(format!(
+                "the replay is signed with a key that is not {:?}'s",
+                proof.by
+            )));
+        }
+        if proof.at_ms.abs_diff(now_ms) > tolerance {
+            return Err((
+                StatusCode::REPLAY,
+                format!(
+                    "the replay's time is {} ms from this receiver's clock, beyond the tolerance of {tolerance} ms",
+                    proof.at_ms.abs_diff(now_ms)
+                ),
+            ));
+        }
+        let bytes = super::replay::replay_bytes(subject, env.id, &proof.of, proof.at_ms, &proof.by);
+        let verified = ed25519_dalek::Signature::from_slice(&proof.signature)
+            .is_ok_and(|sig| replayer.key.verify_strict(&bytes, &sig).is_ok());
+        if !verified {
+            return Err(identity("the replay signature does not verify".into()));
+        }
+        // The original as its sender signed it, however old.
+        if let Some((signature, key)) = self.precheck(env, env.timestamp_ms, tolerance)?
+            && key
+                .key
+                .verify_strict(&canonical_bytes(subject, env), &signature)
+                .is_err()
+        {
+            return Err(identity("the signature does not verify".into()));
+        }
+        let id = super::replay::replay_id(env.id, &proof.of);
+        let Ok(mut seen) = self.seen.lock() else {
+            return Err((StatusCode::INTERNAL, "replay cache unavailable".to_owned()));
+        };
+        match seen.expiry.get(&id) {
+            Some((_, Some(copy))) if stored == Some(*copy) => {}
+            Some(_) => {
+                return Err((
+                    StatusCode::REPLAY,
+                    format!("dead letter {} was replayed here already", proof.of),
+                ));
+            }
+            None => {
+                let until = proof.at_ms.saturating_add(tolerance).saturating_add(1);
+                seen.expiry.insert(id, (until, stored));
+            }
+        }
+        Ok(id)
+    }
+
+    /// Forgets `agent`'s key, unless it is pinned.
     pub fn forget(&self, agent: &str) {
+        if self.is_pinned(agent) {
+            return;
+        }
         if let Ok(mut keys) = self.keys.lock() {
             keys.remove(agent);
         }
@@ -371,6 +481,67 @@ impl Verifier {
 mod tests {
     use super::*;
     use crate::protocol::envelope::{Kind, Performative};
+
+    #[test]
+    fn a_replay_counts_only_from_a_pinned_key_and_only_once_per_dead_letter() {
+        use super::super::replay::ReplayProof;
+        let (alice, ops, eve) = (
+            Identity::generate(),
+            Identity::generate(),
+            Identity::generate(),
+        );
+        let verifier = Verifier::new(SignaturePolicy {
+            require_signed: true,
+            ..Default::default()
+        });
+        verifier.trust("alice", &alice.public_key());
+        verifier.pin("ops", &ops.public_key());
+        // Learned from the registry: may send, may not replay; nor replace a pinned key.
+        verifier.trust("eve", &eve.public_key());
+        verifier.trust("ops", &eve.public_key());
+        assert_eq!(verifier.key_of("ops"), Some(ops.public_key()));
+        verifier.forget("ops");
+        assert_eq!(verifier.key_of("ops"), Some(ops.public_key()));
+
+        let subject = "chorus.agent.bob.pay";
+        let mut env = Envelope::new(Kind::Request, Performative::Request, "alice");
+        env.timestamp_ms = 1_000;
+        alice.sign(subject, &mut env);
+        let now = 10_000_000;
+        // Old and seen: the plain check refuses it.
+        assert_eq!(
+            verifier.verify(subject, &env, now).map_err(|e| e.0),
+            Err(StatusCode::REPLAY)
+        );
+        let code = |proof: &ReplayProof, stored| {
+            verifier
+                .verify_replay(subject, &env, stored, proof, now)
+                .map(|_| ())
+                .map_err(|e| e.0)
+        };
+        let by_eve = ReplayProof::sign(&eve, "eve", subject, env.id, "DLQ:1", now);
+        assert_eq!(code(&by_eve, Some(5)), Err(StatusCode::IDENTITY));
+        let posing = ReplayProof::sign(&eve, "ops", subject, env.id, "DLQ:1", now);
+        assert_eq!(code(&posing, Some(5)), Err(StatusCode::IDENTITY));
+        let stale = ReplayProof::sign(&ops, "ops", subject, env.id, "DLQ:1", 1_000);
+        assert_eq!(code(&stale, Some(5)), Err(StatusCode::REPLAY));
+        let mut tampered = env.clone();
+        tampered.payload = Bytes::from_static(b"pay 1000");
+        let good = ReplayProof::sign(&ops, "ops", subject, env.id, "DLQ:1", now);
+        assert_eq!(
+            verifier
+                .verify_replay(subject, &tampered, Some(5), &good, now)
+                .map_err(|e| e.0),
+            Err(StatusCode::IDENTITY)
+        );
+        assert_eq!(code(&good, Some(5)), Ok(()));
+        // The same stored copy again: a redelivery; another copy of it: a replay.
+        assert_eq!(code(&good, Some(5)), Ok(()));
+        assert_eq!(code(&good, Some(6)), Err(StatusCode::REPLAY));
+        // Another dead letter of the same message is another replay.
+        let later = ReplayProof::sign(&ops, "ops", subject, env.id, "DLQ:2", now);
+        assert_eq!(code(&later, Some(7)), Ok(()));
+    }
 
     #[test]
     fn a_signed_envelope_verifies_and_every_tampering_is_refused_with_its_code() {

@@ -99,7 +99,12 @@ enum Action {
 pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode> {
     let subjects = conn.subjects()?;
     let broker = conn.broker(CONNECTION_NAME).await?;
-    let queue = DeadLetterQueue::new(broker.clone(), subjects);
+    let mut queue = DeadLetterQueue::new(broker.clone(), subjects);
+    // With a key, replays are signed as this CLI's id: receivers that verify signatures and
+    // trust that id handle them (docs/PROTOCOL.md, "Replaying a signed dead letter").
+    if let Some(identity) = conn.security.identity()? {
+        queue = queue.signed_by(conn.agent_id(), std::sync::Arc::new(identity));
+    }
     match args.action {
         Action::Ls {
             filter,

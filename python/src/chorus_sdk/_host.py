@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client
 
     from .codec import Encoding
+    from .replay import ReplayProof
     from .signing import Verifier
     from .subjects import Subjects
 
@@ -60,7 +61,14 @@ class Host(Protocol):
         ...
 
     async def handle(
-        self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1, stored: int | None = None
+        self,
+        env: Envelope,
+        subject: str,
+        route: str,
+        name: str,
+        attempt: int = 1,
+        stored: int | None = None,
+        replay: ReplayProof | str | None = None,
     ) -> Any: ...
 
     # Sends, with the keyword options of the agent's own methods.

@@ -84,7 +84,7 @@ class RegisteredKeys:
         signing key forgotten)."""
         if operation in _DELETES:
             if self.verifier is not None:
-                self.verifier.forget(agent)
+                self.verifier.unlearn(agent)
             return
         try:
             record = json.loads(value or b"")
@@ -96,7 +96,7 @@ class RegisteredKeys:
         public_key = manifest.get("public_key")
         if self.verifier is not None and isinstance(public_key, str) and self.verifier.key_of(agent) != public_key:
             try:
-                self.verifier.trust(agent, public_key)
+                self.verifier.learn(agent, public_key)
             except ValueError:
                 if self._unusable.get(agent) != public_key:
                     self._unusable[agent] = public_key

@@ -9,6 +9,7 @@ verified against that sender's key, unless the agent explicitly trusts unverifie
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
@@ -122,15 +123,16 @@ class SeenIds:
             self._kv = await ensure_bucket(js, name, self.window, "Chorus replay protection: verified message ids")
         return self._kv
 
-    async def record(self, env: Envelope, stored: int | None = None) -> ChorusError | None:
-        """Records ``env``'s id, with the stream sequence of the stored copy it came from
+    async def record(self, env: Envelope, stored: int | None = None, seen_id: uuid.UUID | None = None) -> ChorusError | None:
+        """Records ``seen_id`` (``env``'s id unless given: a replay's,
+        :func:`~chorus_sdk.replay.replay_id`), with the stream sequence of the stored copy it came from
         (``stored``) for a durable delivery: ``None`` the first time or for a redelivery of
         that same copy, else the refusal."""
         from nats.js.errors import KeyWrongLastSequenceError
 
         from ._state import log
 
-        key = f"{self.agent.id}.{env.id}"
+        key = f"{self.agent.id}.{env.id if seen_id is None else seen_id}"
         value = b"" if stored is None else str(stored).encode()
         try:
             kv = await self._bucket()

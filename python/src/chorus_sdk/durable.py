@@ -23,6 +23,7 @@ from .codec import DecodeError, decode
 from .dead_letters import DeadLetter, write_dead_letter
 from .envelope import Envelope, Kind
 from .exactly_once import RetryAfter
+from .replay import ReplayProof
 from .status import ChorusError, StatusCode
 
 
@@ -547,7 +548,9 @@ class DurableInbox:
             outcome: Any = ChorusError(StatusCode.DATA_FORMAT, decoded.reason)
         else:
             kind, message_id = decoded.kind, decoded.id
-            outcome = await agent.handle(decoded, msg.subject, "command", "", attempt=delivered, stored=seq)
+            outcome = await agent.handle(
+                decoded, msg.subject, "command", "", attempt=delivered, stored=seq, replay=ReplayProof.from_headers(msg.headers)
+            )
         decision = settle(self.policies, msg.subject, delivered, kind, outcome)
         try:
             if decision.action == "ack":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -17,6 +18,7 @@ from .envelope import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJE
 from .service import EndpointStats
 from .status import ChorusError, StatusCode, is_success, reply_performative
 from .negotiate import bid_subject
+from .replay import ReplayProof
 from .subjects import NOTIFY_TOKEN
 from .usage import UsageKind
 
@@ -157,19 +159,27 @@ class Inbound(Outbound):
         await self._answer(msg, env, encoding, outcome)
 
     async def handle(
-        self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1, stored: int | None = None
+        self,
+        env: Envelope,
+        subject: str,
+        route: str,
+        name: str,
+        attempt: int = 1,
+        stored: int | None = None,
+        replay: ReplayProof | str | None = None,
     ) -> Any:
         """The inbound pipeline after decoding (:meth:`_handle`), counted as the Rust SDK
         counts it: received, and by kind and the status it is answered with, and in the
         agent's usage (a copy that exactly-once does not run again only as received).
         ``stored`` is the stream sequence of the stored copy a durable delivery came from: the
-        same copy delivered again is not a replay."""
+        same copy delivered again is not a replay. ``replay`` is a replayer's signed word that
+        this is its replay of a dead letter (:mod:`chorus_sdk.replay`), read from its headers."""
         stats = self.stats
         stats.received += 1
         duplicates = stats.duplicates
         # Timed only when usage is counted: two clock reads per message otherwise saved.
         started = time.perf_counter_ns() if self._usage.enabled else 0
-        outcome = await self._handle(env, subject, route, name, attempt, stored)
+        outcome = await self._handle(env, subject, route, name, attempt, stored, replay)
         if env.delivery is not _EXACTLY_ONCE or stats.duplicates == duplicates:
             self._metrics.message(_KIND_LABELS[env.kind], outcome.status if isinstance(outcome, ChorusError) else _OK)
             if self._usage.enabled:
@@ -222,15 +232,22 @@ class Inbound(Outbound):
         return outcome
 
     async def _handle(
-        self, env: Envelope, subject: str, route: str, name: str, attempt: int = 1, stored: int | None = None
+        self,
+        env: Envelope,
+        subject: str,
+        route: str,
+        name: str,
+        attempt: int = 1,
+        stored: int | None = None,
+        replay: ReplayProof | str | None = None,
     ) -> Any:
         """The inbound pipeline after decoding: admission, signature, the access rules, the
         payload opened (fetched, decrypted, decompressed), the handler. Returns the
         handler's value, or the :class:`ChorusError` to answer with."""
-        refused = self._admit(env, subject, stored)
-        if refused is not None:
+        admitted = self._admit(env, subject, stored, replay)
+        if isinstance(admitted, ChorusError):
             self.stats.refused += 1
-            return refused
+            return admitted
         # The endpoint's name, worked out once: the handler, the access rules and the
         # endpoint's counts all go by it.
         endpoint = name
@@ -252,7 +269,7 @@ class Inbound(Outbound):
             return ChorusError(StatusCode.UNKNOWN_COMMAND, f"no handler for {subject}")
         # Without access rules there is nothing to work out (nor a coroutine to make for it).
         if route != "event" and self._has_access_rules():
-            denied = await self._authorize(env, endpoint, stored)
+            denied = await self._authorize(env, endpoint, stored, admitted)
             if denied is not None:
                 self.stats.refused += 1
                 if denied.status == StatusCode.RATE_LIMITED:
@@ -336,7 +353,9 @@ class Inbound(Outbound):
         limit, or ids kept across restarts."""
         return self._seen_ids is not None or self.access.rate_limit is not None or bool(self._required)
 
-    async def _authorize(self, env: Envelope, endpoint: str, stored: int | None = None) -> ChorusError | None:
+    async def _authorize(
+        self, env: Envelope, endpoint: str, stored: int | None = None, seen_id: uuid.UUID | None = None
+    ) -> ChorusError | None:
         """The application's access rules for a command or request that passed admission
         (:meth:`_has_access_rules`): the permissions its endpoint requires (5007), the sender's
         rate (5013), and a verified id seen before a restart (5015, when ids are kept)."""
@@ -345,7 +364,7 @@ class Inbound(Outbound):
         verified = self.verifier is not None and env.signature is not None
         denied = access.check(env.from_, verified, endpoint, self._required.get(endpoint, ()))
         if denied is None and verified and self._seen_ids is not None:
-            denied = await self._seen_ids.record(env, stored)
+            denied = await self._seen_ids.record(env, stored, seen_id)
         return denied
 
     def _timed(self, handler: Callable[[Context], Awaitable[Any]], ctx: Context, kind: str, endpoint: str) -> Callable[[], Awaitable[Any]]:
@@ -381,7 +400,11 @@ class Inbound(Outbound):
         self.stats.handled += 1
         return result
 
-    def _admit(self, env: Envelope, subject: str, stored: int | None = None) -> ChorusError | None:
+    def _admit(
+        self, env: Envelope, subject: str, stored: int | None = None, replay: ReplayProof | str | None = None
+    ) -> ChorusError | uuid.UUID:
+        """The refusal, or the id the message is remembered by against replays (its own, or
+        for a replay of a dead letter, :func:`~chorus_sdk.replay.replay_id`)."""
         # Each refusal counted by its reason (chorus_agent_refusals_total), as in Rust.
         if env.kind is _UNKNOWN_KIND:
             self.stats.bad_input += 1
@@ -396,11 +419,19 @@ class Inbound(Outbound):
             return ChorusError(StatusCode.LOOP_DETECTED, f"hops {env.hops} exceed the hop limit {limit}")
         if self.verifier is not None:
             try:
-                self.verifier.verify(subject, env, stored=stored)
+                if replay is None:
+                    self.verifier.verify(subject, env, stored=stored)
+                elif isinstance(replay, str):
+                    raise ChorusError(StatusCode.IDENTITY, replay)
+                else:
+                    seen_id = self.verifier.verify_replay(subject, env, replay, stored=stored)
+                    log.info("agent %s: dead letter %s replayed by %s (message %s from %s)", self.id, replay.of, replay.by, env.id, env.from_)
+                    return seen_id
             except ChorusError as e:
                 self.stats.security_refused += 1
+                log.warning("agent %s: message %s from %s refused by signature check: %s", self.id, env.id, env.from_, e)
                 return e
-        return None
+        return env.id
 
     async def _open(self, env: Envelope) -> ChorusError | None:
         """Puts back the payload as it was sent, after the signature check (which covers the

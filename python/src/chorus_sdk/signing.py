@@ -17,6 +17,7 @@ import nacl.signing
 import nkeys
 
 from .envelope import Envelope, Signature, now_ms
+from .replay import ReplayProof, replay_bytes, replay_id
 from .status import ChorusError, StatusCode
 
 SIGNATURE_ALG = "ed25519"
@@ -57,6 +58,10 @@ class Identity:
         """The seed, to store securely."""
         return self._seed
 
+    def sign_bytes(self, data: bytes) -> bytes:
+        """The ed25519 signature of ``data`` (a replay's: :mod:`chorus_sdk.replay`)."""
+        return bytes(self._signer.sign(data).signature)
+
     def sign(self, subject: str, env: Envelope) -> None:
         """Signs ``env`` as published to ``subject``."""
         value = self._signer.sign(canonical_bytes(subject, env)).signature
@@ -87,8 +92,9 @@ class Verifier:
 
     The keys are those given to :meth:`trust` and, for an agent built with this verifier,
     those the registry announces (each agent's manifest carries its ``public_key``): the agent
-    follows the registry bucket as the Rust SDK does, a key registered there replacing one
-    given by hand, and an agent that leaves the registry being forgotten."""
+    follows the registry bucket as the Rust SDK does (:meth:`learn`), an agent that leaves the
+    registry being forgotten. A key given by hand stays: the registry neither replaces nor
+    removes it, and its holder may replay dead letters here (:meth:`verify_replay`)."""
 
     def __init__(self, require_signed: bool = False, tolerance_ms: int = DEFAULT_TOLERANCE_MS) -> None:
         self.require_signed = require_signed
@@ -99,9 +105,21 @@ class Verifier:
         self._seen: dict[uuid.UUID, tuple[int, int | None]] = {}
         self._next_prune = 0
         self._lock = threading.Lock()
+        # The agents whose keys were given by hand.
+        self._pinned: set[str] = set()
 
     def trust(self, agent: str, public_key: str) -> None:
-        """Registers (or replaces) ``agent``'s public key (``U...``)."""
+        """Trusts ``agent``'s public key (``U...``), given by hand: the registry does not change
+        it, and ``agent`` may replay dead letters here."""
+        self._set(agent, public_key)
+        self._pinned.add(agent)
+
+    def learn(self, agent: str, public_key: str) -> None:
+        """A key the registry announces for ``agent``; one given by hand stays."""
+        if agent not in self._pinned:
+            self._set(agent, public_key)
+
+    def _set(self, agent: str, public_key: str) -> None:
         raw = _public_key_bytes(public_key)
         if raw is None:
             raise ValueError(f"{public_key!r} is not a user nkey public key")
@@ -110,7 +128,13 @@ class Verifier:
     def forget(self, agent: str) -> None:
         """Forgets ``agent``'s key (its messages are then refused with 5004 until one is
         registered again)."""
+        self._pinned.discard(agent)
         self._keys.pop(agent, None)
+
+    def unlearn(self, agent: str) -> None:
+        """``agent`` left the registry: its key is forgotten unless it was given by hand."""
+        if agent not in self._pinned:
+            self._keys.pop(agent, None)
 
     def key_of(self, agent: str) -> str | None:
         """The key registered for ``agent``: given to :meth:`trust`, or learned from the
@@ -118,13 +142,40 @@ class Verifier:
         entry = self._keys.get(agent)
         return entry[0] if entry else None
 
-    def verify(self, subject: str, env: Envelope, now: int | None = None, stored: int | None = None) -> bool:
-        """Raises :class:`ChorusError` with 5014, 5004 or 5015 when ``env`` must be refused;
-        returns whether its signature proved its sender (``False``: unsigned, and allowed).
-        ``stored`` is the stream sequence of the stored copy a durable delivery came from: the
-        same copy delivered again (a redelivery) is not a replay; the same id from anywhere
-        else is."""
+    def verify_replay(self, subject: str, env: Envelope, proof: ReplayProof, now: int | None = None, stored: int | None = None) -> uuid.UUID:
+        """Checks a replay of a dead letter (:mod:`chorus_sdk.replay`): the replayer trusted by
+        hand, its signature and time, the original's signature (its age not counted); returns the
+        id the replay is remembered by. Raises :class:`ChorusError` with 5004, 5014 or 5015."""
         now = now_ms() if now is None else now
+        entry = self._keys.get(proof.by) if proof.by in self._pinned else None
+        if entry is None:
+            raise ChorusError(StatusCode.IDENTITY, f"replays are accepted only from senders trusted here, not {_quoted(proof.by)}")
+        if entry[0] != proof.key:
+            raise ChorusError(StatusCode.IDENTITY, f"the replay is signed with a key that is not {_quoted(proof.by)}'s")
+        drift = abs(proof.at_ms - now)
+        if drift > self.tolerance_ms:
+            raise ChorusError(
+                StatusCode.REPLAY,
+                f"the replay's time is {drift} ms from this receiver's clock, beyond the tolerance of {self.tolerance_ms} ms",
+            )
+        try:
+            entry[1].verify(replay_bytes(subject, env.id, proof.of, proof.at_ms, proof.by), proof.signature)
+        except (nacl.exceptions.BadSignatureError, ValueError, TypeError) as err:
+            raise ChorusError(StatusCode.IDENTITY, "the replay signature does not verify") from err
+        self._check_signature(subject, env, env.timestamp_ms)
+        seen_id = replay_id(env.id, proof.of)
+        with self._lock:
+            seen = self._seen.get(seen_id)
+            if seen is not None:
+                if stored is not None and seen[1] == stored:
+                    return seen_id
+                raise ChorusError(StatusCode.REPLAY, f"dead letter {proof.of} was replayed here already")
+            self._seen[seen_id] = (proof.at_ms + self.tolerance_ms + 1, stored)
+        return seen_id
+
+    def _check_signature(self, subject: str, env: Envelope, now: int) -> bool:
+        """Everything but the seen ids: ``False`` for an unsigned envelope this verifier lets
+        through."""
         sig = env.signature
         if sig is None:
             if self.require_signed:
@@ -147,6 +198,17 @@ class Verifier:
             entry[1].verify(canonical_bytes(subject, env), bytes(sig.value))
         except (nacl.exceptions.BadSignatureError, ValueError, TypeError) as err:
             raise ChorusError(StatusCode.IDENTITY, "the signature does not verify") from err
+        return True
+
+    def verify(self, subject: str, env: Envelope, now: int | None = None, stored: int | None = None) -> bool:
+        """Raises :class:`ChorusError` with 5014, 5004 or 5015 when ``env`` must be refused;
+        returns whether its signature proved its sender (``False``: unsigned, and allowed).
+        ``stored`` is the stream sequence of the stored copy a durable delivery came from: the
+        same copy delivered again (a redelivery) is not a replay; the same id from anywhere
+        else is."""
+        now = now_ms() if now is None else now
+        if not self._check_signature(subject, env, now):
+            return False
         with self._lock:
             if now >= self._next_prune:
                 self._seen = {k: v for k, v in self._seen.items() if v[0] > now}

@@ -712,3 +712,156 @@ async fn a_strangers_cancel_is_ignored_and_the_requesters_stops_the_task() {
     assert_eq!(report.state, chorus_sdk::TaskState::Cancelled);
     assert_eq!(*seen.lock().expect("lock"), Some(TaskStop::Cancelled));
 }
+
+/// Issue 56: an operator's replay of a signed dead letter (docs/PROTOCOL.md, "Replaying a
+/// signed dead letter"). A signed durable command to an agent that requires signatures fails
+/// until it is dead-lettered; the fault is fixed. Replayed by someone the agent does not trust
+/// (`mallory`), it is refused (5004) and dead-lettered again, the handler not run. Replayed by
+/// the operator `ops`, whose key the agent trusts, it is handled once, its sender (`shop`)
+/// still the one the handler sees. A second replay of the same dead letter, signed afresh by
+/// ops, is refused as a replay (5015): handled once.
+#[tokio::test]
+async fn a_signed_dead_letter_replayed_by_a_trusted_operator_is_handled_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    use chorus_sdk::durable::DeadLetterQueue;
+    use chorus_sdk::security::SignaturePolicy;
+    use chorus_sdk::security::replay::ReplayProof;
+    use chorus_sdk::{Context, HandlerError};
+
+    let server = server();
+    let _coordinator = start_coordinator(coordinator_config(&server), false).await;
+    let (shop_key, ops_key) = (Identity::generate(), Arc::new(Identity::generate()));
+    let ops_public = ops_key.public_key();
+    let broken = Arc::new(AtomicBool::new(true));
+    let (runs, senders) = (
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(std::sync::Mutex::new(Vec::new())),
+    );
+    let worker = agent_options(&server, "payments")
+        .durable_inbox(true)
+        .retry_policies(crate::coordinator::fast_policy(2))
+        .verify_signatures(SignaturePolicy {
+            require_signed: true,
+            ..SignaturePolicy::default()
+        })
+        .trust("shop", shop_key.public_key())
+        .trust("ops", ops_public)
+        .persist_seen_ids(true)
+        .connect()
+        .await
+        .expect("worker");
+    let (b, r, s) = (Arc::clone(&broken), Arc::clone(&runs), Arc::clone(&senders));
+    worker
+        .on_command("charge", move |ctx: Context, cents: u32| {
+            let failing = b.load(Ordering::SeqCst);
+            if !failing {
+                r.fetch_add(1, Ordering::SeqCst);
+                s.lock().expect("senders").push(ctx.from().to_owned());
+            }
+            async move {
+                if failing {
+                    Err(HandlerError::failed("the card service is down"))
+                } else {
+                    Ok(cents)
+                }
+            }
+        })
+        .await
+        .expect("register");
+    let shop = agent_options(&server, "shop")
+        .identity(shop_key)
+        .heartbeat_interval(Duration::ZERO)
+        .connect()
+        .await
+        .expect("shop");
+    shop.send_durable(
+        Call::agent("payments", "charge")
+            .command()
+            .payload(&4200u32)
+            .expect("payload"),
+    )
+    .await
+    .expect("stored");
+    let dlq = DeadLetterQueue::new(shop.broker().clone(), shop.subjects().clone());
+    let letter_of = |reason: Option<u16>| {
+        let dlq = dlq.clone();
+        async move {
+            dlq.list(50).await.ok()?.into_iter().rev().find(|l| {
+                l.letter.agent == "payments" && reason.is_none_or(|r| l.letter.status.0 == r)
+            })
+        }
+    };
+    let first =
+        chorus_tests::eventually(chorus_tests::WAIT, "the dead letter", || letter_of(None)).await;
+    broken.store(false, Ordering::SeqCst);
+
+    // Mallory's replay: refused, dead-lettered again as refused 5004, nothing run.
+    let mallory = dlq
+        .clone()
+        .signed_by("mallory", Arc::new(Identity::generate()));
+    mallory.replay(first.id).await.expect("replayed");
+    let refused = chorus_tests::eventually(chorus_tests::WAIT, "mallory's replay refused", || {
+        letter_of(Some(StatusCode::IDENTITY.0))
+    })
+    .await;
+    assert!(
+        refused
+            .letter
+            .detail
+            .contains("replays are accepted only from senders trusted here"),
+        "{}",
+        refused.letter.detail
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // The operator's: handled once, as shop's.
+    let ops = dlq.clone().signed_by("ops", Arc::clone(&ops_key));
+    let entry = ops.show(refused.id).await.expect("the letter");
+    ops.replay(refused.id).await.expect("replayed");
+    chorus_tests::eventually(chorus_tests::WAIT, "the replay handled", || async {
+        (runs.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    assert_eq!(*senders.lock().expect("senders"), vec!["shop".to_owned()]);
+
+    // The same dead letter replayed again, signed afresh: refused as a replay.
+    let of = format!("{}:{}", shop.subjects().stream_name("DLQ"), refused.id);
+    let message_id = entry.letter.message_id.expect("the original's id");
+    let proof = ReplayProof::sign(
+        &ops_key,
+        "ops",
+        &entry.letter.subject,
+        message_id,
+        &of,
+        chorus_sdk::envelope::now_ms(),
+    );
+    let mut headers = chorus_broker_adapter::Headers::new();
+    for (name, value) in proof.headers() {
+        headers.insert(name, &value).expect("header");
+    }
+    shop.broker()
+        .jetstream(Duration::from_secs(5))
+        .publish(
+            &entry.letter.subject,
+            Some(headers),
+            Some("replayed-again"),
+            None,
+            entry.letter.envelope.clone(),
+        )
+        .await
+        .expect("published");
+    let again = chorus_tests::eventually(chorus_tests::WAIT, "the second replay refused", || {
+        letter_of(Some(StatusCode::REPLAY.0))
+    })
+    .await;
+    assert!(
+        again.letter.detail.contains("replayed here already"),
+        "{}",
+        again.letter.detail
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "handled once");
+    shop.shutdown().await;
+    worker.shutdown().await;
+}

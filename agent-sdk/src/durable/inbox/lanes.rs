@@ -142,6 +142,9 @@ impl DurableInbox {
                         span: SpanKind::Consumer,
                         attempt: u32::try_from(delivery.delivered()).unwrap_or(u32::MAX),
                         stored: Some(delivery.stream_seq()),
+                        replay: crate::security::replay::ReplayProof::from_headers(|name| {
+                            delivery.header(name)
+                        }),
                     },
                 )
                 .await;

@@ -37,11 +37,18 @@ pub(crate) struct Inbound<'a> {
     /// The stream sequence of the stored copy it was delivered from, if it was (a redelivery
     /// of the same copy is not a replay).
     pub(crate) stored: Option<u64>,
+    /// A replayer's signed word that this is its replay of a dead letter (or why it does not
+    /// read): checked by the verify layer instead of the usual age and seen-id checks.
+    pub(crate) replay: Option<Result<crate::security::replay::ReplayProof, String>>,
+    /// The id it is remembered by against replays: its own, or for a replay of a dead
+    /// letter, [`crate::security::replay::replay_id`]. Set by the verify layer.
+    pub(crate) seen_id: uuid::Uuid,
 }
 
 impl<'a> Inbound<'a> {
     /// A message not yet checked by any layer (so not verified).
     pub(crate) fn new(subject: &'a str, env: Envelope, endpoint: Option<&'a Endpoint>) -> Self {
+        let seen_id = env.id;
         Inbound {
             subject,
             env,
@@ -49,6 +56,8 @@ impl<'a> Inbound<'a> {
             verified: false,
             preverified: None,
             stored: None,
+            replay: None,
+            seen_id,
         }
     }
 }

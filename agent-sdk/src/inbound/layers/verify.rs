@@ -30,6 +30,27 @@ impl Verify {
 
 impl Layer for Verify {
     fn check(&self, msg: &mut Inbound<'_>) -> Result<(), Failure> {
+        // A replay of a dead letter: the replayer's signature instead of the age and seen id.
+        if let Some(replay) = msg.replay.take() {
+            let verdict = replay
+                .map_err(|why| (StatusCode::IDENTITY, why))
+                .and_then(|proof| {
+                    let verdict = self.verifier.verify_replay(
+                        msg.subject,
+                        &msg.env,
+                        msg.stored,
+                        &proof,
+                        now_ms(),
+                    );
+                    if verdict.is_ok() {
+                        tracing::info!(agent = %self.agent, from = %msg.env.from, id = %msg.env.id, by = %proof.by, of = %proof.of, "dead letter replayed");
+                    }
+                    verdict
+                });
+            msg.seen_id = verdict.map_err(|refused| self.refused(msg, refused))?;
+            msg.verified = msg.env.signature.is_some();
+            return Ok(());
+        }
         // Checked already in a batch ([`Batches`]), or here on its own.
         let verdict = match msg.preverified.take() {
             Some(verdict) => verdict,
