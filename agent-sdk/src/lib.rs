@@ -41,6 +41,7 @@
 #![warn(missing_docs, clippy::missing_errors_doc)]
 
 mod agent;
+pub mod audit;
 pub mod credits;
 mod dead_letter;
 pub mod durable;

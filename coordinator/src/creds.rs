@@ -61,6 +61,10 @@ fn bus_streams(subjects: &Subjects) -> Vec<(String, StreamUse)> {
             subjects.stream_name(chorus_sdk::usage::USAGE_STREAM),
             StreamUse::Fixed,
         ),
+        (
+            subjects.stream_name(chorus_sdk::audit::AUDIT_STREAM),
+            StreamUse::Fixed,
+        ),
         (kv(REGISTRY_BUCKET), StreamUse::Fixed),
         (kv(CONFIG_BUCKET), StreamUse::Fixed),
         (kv(chorus_sdk::credits::CREDITS_BUCKET), StreamUse::Fixed),
@@ -207,6 +211,9 @@ fn permissions_of(
         subjects.broadcasts(),
         // Its own inbox: the SDK confirms subscriptions by messaging itself.
         subjects.inbox_all(id)?,
+        // Audit records under its own id only (a gateway identity's callers' writes, the
+        // console's people's actions): no one writes in another's name.
+        chorus_sdk::audit::audit_of(subjects, id)?,
     ]);
     // Payloads carried by reference (the object store bucket), and the registry entries
     // that say which readers take compressed payloads.

@@ -93,6 +93,8 @@ pub(crate) struct Edge {
     iacp: Arc<iacp::Outbox>,
     /// The tenant the identity belongs to, if any (its agent lives under the tenant's root).
     tenant: Option<String>,
+    /// Its callers' writes, in the audit stream (`limits::concurrency`).
+    audit: chorus_sdk::audit::AuditSink,
 }
 
 /// What the routes share.
@@ -150,6 +152,7 @@ async fn connect_edge(
     subjects: &Subjects,
     identity: &config::EdgeIdentity,
     stop: &CancellationToken,
+    tracker: &TaskTracker,
 ) -> Result<Edge> {
     let mut security = bus.security.clone();
     if let Some(seed) = &identity.nkey_seed_file {
@@ -226,7 +229,19 @@ async fn connect_edge(
             ErrorKind::Broker,
             format!("gateway: cannot receive commands for {}", identity.id),
         ))?;
+    // What the identity's callers change, written as the identity (its credentials let it
+    // write records only under its own id).
+    let audit = chorus_sdk::audit::AuditSink::start(
+        chorus_sdk::audit::AuditLog::new(
+            agent.broker(),
+            agent.subjects().clone(),
+            identity.id.clone(),
+        ),
+        tracker,
+        stop.child_token(),
+    );
     Ok(Edge {
+        audit,
         agent,
         inbox,
         iacp: Arc::new(iacp::Outbox::new(gateway.inbox_capacity)),
@@ -241,12 +256,12 @@ impl Gateway {
         let subjects =
             Subjects::new(&bus.root).map_err(Error::wrap(ErrorKind::Config, "invalid root"))?;
         let stop = CancellationToken::new();
+        let tracker = TaskTracker::new();
         let mut edges = HashMap::new();
         for identity in &gateway.identities {
-            let edge = connect_edge(bus, gateway, &subjects, identity, &stop).await?;
+            let edge = connect_edge(bus, gateway, &subjects, identity, &stop, &tracker).await?;
             edges.insert(identity.id.clone(), edge);
         }
-        let tracker = TaskTracker::new();
         let push = match &gateway.push {
             Some(push) => Some(Arc::new(
                 a2a::push::Push::new(push, tracker.clone(), stop.child_token())

@@ -196,6 +196,20 @@ pub(crate) async fn concurrency(
         Err(refused) => return refused.into_response(),
     };
     let mcp = request.uri().path() == "/mcp";
+    // A write by a known identity goes to the audit stream with what it was answered
+    // (its path only: a query may carry a token).
+    let audited = (!matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
+    ))
+    .then(|| identity.clone())
+    .flatten()
+    .map(|identity| {
+        (
+            identity,
+            format!("{} {}", request.method(), request.uri().path()),
+        )
+    });
     let request = match read_body(request, state.limits.max_body_bytes).await {
         Ok(request) => request,
         // MCP's transport answers in JSON-RPC (id null), as it does every message it cannot read.
@@ -204,7 +218,24 @@ pub(crate) async fn concurrency(
         }
         Err(refused) => return refused.into_response(),
     };
-    next.run(request).await
+    let response = next.run(request).await;
+    if let Some((identity, action)) = audited
+        && let Some(edge) = state.edges.get(&identity)
+    {
+        let status = response.status();
+        let outcome = if status.is_success() || status.is_redirection() {
+            "ok"
+        } else if status.is_client_error() {
+            "refused"
+        } else {
+            "failed"
+        };
+        edge.audit.record(
+            chorus_sdk::audit::AuditRecord::new("gateway", identity, action, outcome)
+                .status(status.as_u16()),
+        );
+    }
+    response
 }
 
 fn too_large(limit: usize) -> ApiError {

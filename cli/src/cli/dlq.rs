@@ -203,7 +203,7 @@ async fn ls(
 }
 
 /// `ms` since the epoch as a UTC date and time to the second.
-fn utc(ms: u64) -> String {
+pub(crate) fn utc(ms: u64) -> String {
     let format = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]");
     time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .ok()

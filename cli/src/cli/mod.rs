@@ -3,6 +3,7 @@
 
 mod agent;
 mod agents;
+mod audit;
 mod bench;
 mod broadcast;
 mod certs;
@@ -155,6 +156,9 @@ pub(crate) enum Command {
     Certs(certs::Args),
     /// Inspect and act on the dead-letter queue.
     Dlq(dlq::Args),
+    /// Who asked for what, and what came of it: hosting commands, the gateway's writes, the
+    /// web console's actions, from the audit stream.
+    Audit(audit::Args),
     /// Submit, list, show, watch and cancel tasks (long work with progress), and respond to a
     /// task's question (`respond`).
     Task(task::Args),
@@ -262,6 +266,7 @@ async fn dispatch(
         Command::Creds(args) => creds::run(args, conn),
         Command::Certs(args) => certs::run(args),
         Command::Dlq(args) => dlq::run(args, conn).await,
+        Command::Audit(args) => audit::run(args, conn).await,
         Command::Task(args) => task::run(args, conn).await,
         Command::Negotiate(args) => negotiate::run(args, conn).await,
         Command::Credits(args) => credits::run(args, conn).await,

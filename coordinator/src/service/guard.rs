@@ -2,8 +2,10 @@
 //! before it acts: the sender's signature verified against the key the configuration holds
 //! for it (never a key the registry learned from the sender itself), then
 //! [`authority::decide`](crate::authority::decide). A refusal is counted by action and reason,
-//! logged with the sender's id, and answered with its code; nothing was done.
+//! logged with the sender's id, and answered with its code; nothing was done. Every decision,
+//! either way, goes to the audit stream with the sender.
 
+use chorus_sdk::audit::AuditRecord;
 use chorus_sdk::envelope::now_ms;
 use chorus_sdk::{Context, HandlerError};
 
@@ -18,12 +20,17 @@ pub(crate) fn authorize(
     action: Action,
 ) -> Result<Role, HandlerError> {
     let env = ctx.message();
-    let refuse = |status, reason: String, label: &'static str| {
+    let refuse = |status: chorus_sdk::StatusCode, reason: String, label: &'static str| {
         metrics()
             .authority_refusals
             .with_label_values(&[action.name(), label])
             .inc();
         tracing::warn!(from = %env.from, id = %env.id, action = action.name(), %status, %reason, "command refused");
+        shared.audit.record(
+            AuditRecord::new(VIA, env.from.as_str(), action.name(), "refused")
+                .status(status.0)
+                .detail(reason.clone()),
+        );
         HandlerError::new(status, reason)
     };
     let proof = match (
@@ -41,12 +48,22 @@ pub(crate) fn authorize(
         _ => Proof::Unproven,
     };
     let require_signed = shared.config.roles_require_signatures();
-    decide(
+    let role = decide(
         &shared.config.authority,
         require_signed,
         &env.from,
         proof,
         action,
     )
-    .map_err(|r| refuse(r.status, r.reason, r.label))
+    .map_err(|r| refuse(r.status, r.reason, r.label))?;
+    shared.audit.record(
+        AuditRecord::new(VIA, env.from.as_str(), action.name(), "ok").detail(match proof {
+            Proof::Verified => "signed",
+            Proof::Unproven => "unsigned",
+        }),
+    );
+    Ok(role)
 }
+
+/// Where the coordinator's records say they were asked.
+const VIA: &str = "coordinator";

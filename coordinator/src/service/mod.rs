@@ -79,6 +79,9 @@ pub(crate) struct Shared {
     agent: Agent,
     stop: CancellationToken,
     tracker: TaskTracker,
+    /// Who asked for what (`guard`'s decisions), written to the audit stream in the
+    /// background.
+    pub(crate) audit: chorus_sdk::audit::AuditSink,
     /// Cleared when shutdown begins, so `/readyz` says so at once.
     ready: AtomicBool,
 }
@@ -191,7 +194,14 @@ impl Coordinator {
         for entry in entries {
             registry.apply_kv(entry);
         }
+        let (stop, tracker) = (CancellationToken::new(), TaskTracker::new());
+        let audit = chorus_sdk::audit::AuditSink::start(
+            chorus_sdk::audit::AuditLog::new(&broker, subjects.clone(), COORDINATOR_ID),
+            &tracker,
+            stop.clone(),
+        );
         let shared = Arc::new(Shared {
+            audit,
             config,
             subjects,
             broker,
@@ -205,8 +215,8 @@ impl Coordinator {
             wire_numbers: chorus_sdk::EventNumbers::default(),
             hosting: hosting::Hosting::new(buckets.deployments, buckets.hosts),
             agent,
-            stop: CancellationToken::new(),
-            tracker: TaskTracker::new(),
+            stop,
+            tracker,
             ready: AtomicBool::new(true),
         });
         // From here on, an early return drops `coordinator`, whose guard stops what started.

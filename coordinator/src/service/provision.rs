@@ -34,6 +34,7 @@ pub(super) async fn provision(
         durable::advisory_stream(subjects, config.replicas),
         chorus_sdk::task::task_stream(subjects, config.replicas),
         chorus_sdk::usage::usage_stream(subjects, config.replicas),
+        chorus_sdk::audit::audit_stream(subjects, config.replicas),
     ] {
         js.ensure_stream(&stream).await.map_err(Error::wrap(
             ErrorKind::Broker,

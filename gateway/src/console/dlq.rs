@@ -378,7 +378,14 @@ pub(crate) async fn replay_one(
         Ok(id) => id,
         Err(r) => return r,
     };
-    match Queue::of(&c).replay(id).await {
+    let replayed = Queue::of(&c).replay(id).await;
+    let (outcome, detail) = match &replayed {
+        Ok(true) => ("ok", None),
+        Ok(false) => ("failed", Some("no such dead letter".to_owned())),
+        Err(e) => ("failed", Some(e.to_string())),
+    };
+    c.audit(&who, "dlq.replay", Some(id.to_string()), outcome, detail);
+    match replayed {
         Ok(true) => {
             tracing::info!(identity = who.identity, id, "console: dead letter replayed");
             html::see_other(&format!("/dlq?replayed={id}"))
@@ -406,6 +413,20 @@ fn admin_form(
             Some(&who.chrome()),
             &e,
         )),
+    }
+}
+
+/// What a set of dead letters was chosen by, for the audit stream: its filters, or `all`.
+fn described(filter: &Filter) -> String {
+    let pairs: Vec<String> = filter
+        .pairs()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    if pairs.is_empty() {
+        "all".to_owned()
+    } else {
+        pairs.join(" ")
     }
 }
 
@@ -437,6 +458,13 @@ pub(crate) async fn replay_set(
         replayed,
         failed = failed.len(),
         "console: dead letters replayed"
+    );
+    c.audit(
+        &who,
+        "dlq.replay",
+        Some(described(&filter)),
+        if failed.is_empty() { "ok" } else { "failed" },
+        Some(format!("{replayed} replayed, {} failed", failed.len())),
     );
     let failures: String = failed
         .iter()
@@ -498,7 +526,18 @@ pub(crate) async fn purge(
             html::layout("Purge dead letters?", Some(&who.chrome()), &body),
         );
     }
-    match queue.purge(&filter).await {
+    let purged = queue.purge(&filter).await;
+    c.audit(
+        &who,
+        "dlq.purge",
+        Some(described(&filter)),
+        if purged.is_ok() { "ok" } else { "failed" },
+        Some(match &purged {
+            Ok(n) => format!("{n} removed"),
+            Err(e) => e.to_string(),
+        }),
+    );
+    match purged {
         Ok(n) => {
             tracing::info!(
                 identity = who.identity,

@@ -77,6 +77,8 @@ pub(crate) struct Console {
     overview: overview::Samples,
     refusals: agents::Refusals,
     tap: tap::Counters,
+    /// What people do here, in the audit stream, each action by who did it.
+    audit: chorus_sdk::audit::AuditSink,
 }
 
 /// Who is asking, once authenticated.
@@ -194,6 +196,15 @@ impl Console {
                 "the form was not sent from this console (Origin does not match)",
             ));
         }
+        // An action counts against its identity's rate, as the gateway's requests do.
+        if let Err(refused) = self.gateway.limits.admit(&who.identity) {
+            crate::metrics::count_refusal("rate_limited");
+            return Err(html::error(
+                StatusCode::TOO_MANY_REQUESTS,
+                Some(&who.chrome()),
+                refused.reason(),
+            ));
+        }
         let form = form(body)
             .map_err(|e| html::error(StatusCode::BAD_REQUEST, Some(&who.chrome()), &e))?;
         if let Some(expected) = &who.csrf {
@@ -207,6 +218,27 @@ impl Console {
             }
         }
         Ok((who, form))
+    }
+
+    /// Records `who` doing `action` (on `target`) in the audit stream: `outcome` `ok`,
+    /// `refused` or `failed`, with a `detail` when there is one.
+    pub(crate) fn audit(
+        &self,
+        who: &Who,
+        action: &str,
+        target: Option<String>,
+        outcome: &str,
+        detail: Option<String>,
+    ) {
+        let mut record =
+            chorus_sdk::audit::AuditRecord::new("console", who.identity.as_str(), action, outcome);
+        if let Some(target) = target {
+            record = record.target(target);
+        }
+        if let Some(detail) = detail {
+            record = record.detail(detail);
+        }
+        self.audit.record(record);
     }
 
     /// Whether `headers`' `Origin`, if any, is this console's own (its scheme and `Host`).
@@ -328,7 +360,13 @@ pub(crate) async fn start(
         .map(crate::tls::server_config)
         .transpose()?;
     let agent = connect(bus).await?;
+    let audit = chorus_sdk::audit::AuditSink::start(
+        chorus_sdk::audit::AuditLog::new(agent.broker(), agent.subjects().clone(), CONSOLE_AGENT),
+        tracker,
+        stop.clone(),
+    );
     let console = Arc::new(Console {
+        audit,
         sessions: session::Sessions::new(
             Duration::from_secs(config.console.session_idle_secs),
             session::MAX_SESSIONS,

@@ -355,7 +355,15 @@ pub(crate) async fn cancel(
         Ok(h) => h,
         Err(r) => return r,
     };
-    match handle.cancel().await {
+    let cancelled = handle.cancel().await;
+    c.audit(
+        &who,
+        "task.cancel",
+        Some(id.clone()),
+        if cancelled.is_ok() { "ok" } else { "failed" },
+        cancelled.as_ref().err().map(ToString::to_string),
+    );
+    match cancelled {
         Ok(report) => {
             tracing::info!(identity = who.identity, task = %report.id, state = report.state.as_str(), "console: task cancelled");
             html::see_other(&format!("/tasks/{}", report.id))

@@ -1,6 +1,7 @@
 //! End-to-end tests. Each test starts its own `nats-server` (see `chorus_tests::server`).
 
 mod a2a_push;
+mod audit;
 mod authority;
 mod batching;
 mod broker;

@@ -158,6 +158,7 @@ async fn the_permissions_matrix_holds_and_a_durable_agent_still_works_under_its_
     // A dead letter in the queue, for the purge and removal rows.
     let dlq = subjects.stream_name(chorus_sdk::durable::DLQ_STREAM);
     let inbox = subjects.stream_name(chorus_sdk::durable::INBOX_STREAM);
+    let audit = subjects.stream_name(chorus_sdk::audit::AUDIT_STREAM);
     let registry = format!(
         "KV_{}",
         subjects.bucket_name(chorus_coordinator::service::REGISTRY_BUCKET)
@@ -226,6 +227,36 @@ async fn the_permissions_matrix_holds_and_a_durable_agent_still_works_under_its_
             "remove a dead letter",
             format!("$JS.API.STREAM.MSG.DELETE.{dlq}"),
             r#"{"seq":999999}"#,
+            [false, false, true],
+        ),
+        (
+            "purge the audit stream",
+            format!("$JS.API.STREAM.PURGE.{audit}"),
+            "{}",
+            [false, false, false],
+        ),
+        (
+            "remove an audit record",
+            format!("$JS.API.STREAM.MSG.DELETE.{audit}"),
+            r#"{"seq":1}"#,
+            [false, false, false],
+        ),
+        (
+            "write an audit record as nlp-agent",
+            "chorus.audit.gateway.nlp-agent".to_owned(),
+            r#"{"ms":1,"via":"gateway","actor":"x","action":"y","outcome":"ok"}"#,
+            [true, false, false],
+        ),
+        (
+            "write an audit record as writer",
+            "chorus.audit.gateway.writer".to_owned(),
+            r#"{"ms":1,"via":"gateway","actor":"x","action":"y","outcome":"ok"}"#,
+            [false, true, false],
+        ),
+        (
+            "write an audit record as ops",
+            "chorus.audit.console.ops".to_owned(),
+            r#"{"ms":1,"via":"console","actor":"x","action":"y","outcome":"ok"}"#,
             [false, false, true],
         ),
         (
