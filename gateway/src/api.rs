@@ -156,6 +156,15 @@ fn out_of_scope(what: String) -> ApiError {
 }
 
 impl Credential {
+    /// No credentials at all: no token, no scopes (what an anonymous reader of a public card
+    /// stands for).
+    pub(crate) fn none() -> Credential {
+        Credential {
+            token: None,
+            grants: None,
+        }
+    }
+
     /// Whether its scopes grant route group `route` (403 saying which if not).
     pub(crate) fn route(&self, route: Route) -> ApiResult<()> {
         match &self.grants {
@@ -176,21 +185,19 @@ impl Credential {
         command: Option<&str>,
         capability: Option<&str>,
     ) -> ApiResult<()> {
-        // The coordinator's commands run code and change the bus: only a scope that names it
-        // reaches them (neither `*` nor a gateway without scopes does), and the coordinator
-        // still checks the identity's role (docs/SECURITY.md, "Roles and authority").
-        if to == Some(chorus_sdk::registry::COORDINATOR_ID)
+        // The coordinator's and the hosts' commands run code and change the bus: only a scope
+        // that names the agent reaches them (neither `*` nor a gateway without scopes does),
+        // and the coordinator still checks the identity's role, a host its allowed senders
+        // (docs/SECURITY.md, "Roles and authority").
+        if let Some(agent) = to
             && command.is_some()
-            && !self
-                .grants
-                .as_ref()
-                .is_some_and(|g| g.names_agent(chorus_sdk::registry::COORDINATOR_ID))
+            && chorus_sdk::registry::is_admin_agent(agent)
+            && !self.grants.as_ref().is_some_and(|g| g.names_agent(agent))
         {
-            return Err(out_of_scope(
-                "calls to the coordinator need a scope whose agents name \"coordinator\" (an \
-                 admin scope; `*` does not reach it)"
-                    .to_owned(),
-            ));
+            return Err(out_of_scope(format!(
+                "calls to {agent} need a scope whose agents name \"{agent}\" (an admin scope; \
+                 `*` does not reach it)"
+            )));
         }
         let Some(g) = &self.grants else {
             return Ok(());

@@ -24,7 +24,7 @@ pub const HOSTS_BUCKET: &str = "hosts";
 /// The broadcast group every host's agent joins.
 pub const HOSTS_GROUP: &str = "hosts";
 /// A host's agent id is this prefix and its name.
-pub const HOST_AGENT_PREFIX: &str = "host-";
+pub use chorus_sdk::registry::HOST_AGENT_PREFIX;
 
 /// The agent the hosting commands of the CLI go to: the coordinator (its id on the bus;
 /// coordinators answer them in their queue group).

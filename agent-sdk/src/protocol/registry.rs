@@ -16,6 +16,15 @@ pub const COORDINATOR_ID: &str = "coordinator";
 /// The agent id of the bus's web console (served by the gateway): the bus's own agent, which
 /// cancels tasks for the operators it lets in with the `console-admin` scope.
 pub const CONSOLE_ID: &str = "chorus-console";
+/// What a host's agent id starts with (`host-<name>`): its commands start and stop programs,
+/// so the gateway reaches them, as the coordinator's, only through a scope naming them.
+pub const HOST_AGENT_PREFIX: &str = "host-";
+
+/// Whether `agent` is one of the bus's own agents whose commands run code or change the bus
+/// (the coordinator, a host): reached from the edge only through a scope that names it.
+pub fn is_admin_agent(agent: &str) -> bool {
+    agent == COORDINATOR_ID || agent.starts_with(HOST_AGENT_PREFIX)
+}
 
 /// Whether an agent takes new work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

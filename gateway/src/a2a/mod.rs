@@ -345,10 +345,20 @@ fn base_url(headers: &HeaderMap, tls: bool) -> String {
 /// The edge identity a card is looked up as: the caller's, or with `public_cards` and no
 /// credentials, the gateway's first identity (a card says nothing a caller could not learn
 /// from the card itself; every call still needs credentials).
-fn card_edge<'a>(state: &'a GatewayState, headers: &HeaderMap) -> Result<&'a Edge, ApiError> {
+/// The edge a card of `target` is read through, if the caller may see it: only a card of what
+/// its credentials may call (403 otherwise, as a call would be); anonymously, where
+/// `public_cards` allows, any card but the coordinator's, which only an admin scope reaches.
+fn card_edge<'a>(
+    state: &'a GatewayState,
+    headers: &HeaderMap,
+    target: &Target,
+) -> Result<&'a Edge, ApiError> {
+    let (to, command, capability) = target.names();
     let anonymous =
         !headers.contains_key("x-api-key") && !headers.contains_key(header::AUTHORIZATION);
     if state.config.public_cards && anonymous {
+        // No credentials: what a caller with no scopes could call.
+        api::Credential::none().target(to, command, capability)?;
         return state
             .config
             .identities
@@ -356,7 +366,9 @@ fn card_edge<'a>(state: &'a GatewayState, headers: &HeaderMap) -> Result<&'a Edg
             .and_then(|i| state.edges.get(&i.id))
             .ok_or_else(|| ApiError::new(StatusCode::UNAVAILABLE, "the gateway has no identity"));
     }
-    Ok(api::edge(state, headers, Route::A2a)?.0)
+    let (edge, credential) = api::edge(state, headers, Route::A2a)?;
+    credential.target(to, command, capability)?;
+    Ok(edge)
 }
 
 /// `GET /.well-known/agent-card.json`: the card of the agent `a2a_default` names (404 when
@@ -377,7 +389,7 @@ pub(crate) async fn default_card(
         // Checked when the configuration was loaded.
         Err(e) => return Err(ApiError::new(StatusCode::INTERNAL, e)),
     };
-    let edge = card_edge(&state, &headers)?;
+    let edge = card_edge(&state, &headers, &target)?;
     let base = base_url(&headers, state.config.tls.is_some());
     Ok(Json(card(edge, &target, &base, &state.config).await?))
 }
@@ -398,8 +410,8 @@ pub(crate) async fn agent_card(
     headers: HeaderMap,
     Path((agent, command)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let edge = card_edge(&state, &headers)?;
     let target = agent_target(agent, command)?;
+    let edge = card_edge(&state, &headers, &target)?;
     let base = base_url(&headers, state.config.tls.is_some());
     Ok(Json(card(edge, &target, &base, &state.config).await?))
 }
@@ -410,8 +422,8 @@ pub(crate) async fn capability_card(
     headers: HeaderMap,
     Path(capability): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let edge = card_edge(&state, &headers)?;
     let target = capability_target(capability)?;
+    let edge = card_edge(&state, &headers, &target)?;
     let base = base_url(&headers, state.config.tls.is_some());
     Ok(Json(card(edge, &target, &base, &state.config).await?))
 }

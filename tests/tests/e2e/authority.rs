@@ -865,3 +865,141 @@ async fn a_signed_dead_letter_replayed_by_a_trusted_operator_is_handled_once() {
     shop.shutdown().await;
     worker.shutdown().await;
 }
+
+/// Issue 56: MCP and A2A show only what the caller may call. A host's commands (`host-*`) and
+/// the coordinator's start and stop programs: a scope granting every agent (`*`) neither lists
+/// them as MCP tools nor reads their A2A cards (403), while it lists and reads an ordinary
+/// agent's; a scope naming the host lists its tools. Anonymous public cards never show them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_and_a2a_list_only_what_the_caller_may_call() {
+    use chorus_gateway::config::{ApiKey, EdgeIdentity};
+    use chorus_gateway::{GatewayConfig, ScopeConfig};
+    use chorus_sdk::{Context, HandlerError};
+    use sha2::Digest;
+
+    use crate::gateway::curl;
+
+    let server = server();
+    let sha = |k: &str| hex::encode(sha2::Sha256::digest(k.as_bytes()));
+    let scope = |name: &str, agents: &[&str]| ScopeConfig {
+        name: name.into(),
+        routes: vec!["mcp".into(), "a2a".into()],
+        agents: agents.iter().map(|a| (*a).to_owned()).collect(),
+        capabilities: vec!["*".into()],
+    };
+    let (coordinator, gw) = crate::gateway::with_gateway(
+        &server,
+        GatewayConfig {
+            listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+            identities: vec![EdgeIdentity {
+                id: "mcp-host".into(),
+                nkey_seed_file: None,
+                tenant: None,
+            }],
+            api_keys: vec![
+                ApiKey {
+                    identity: "mcp-host".into(),
+                    sha256: sha("every-agent-key-0123456789"),
+                    scopes: vec!["every".into()],
+                },
+                ApiKey {
+                    identity: "mcp-host".into(),
+                    sha256: sha("hosting-admin-key-0123456789"),
+                    scopes: vec!["hosting".into()],
+                },
+            ],
+            scopes: vec![
+                scope("every", &["*"]),
+                scope("hosting", &["host-h1", "echo"]),
+            ],
+            public_cards: true,
+            ..GatewayConfig::default()
+        },
+    )
+    .await;
+    let mut served = Vec::new();
+    for (id, command) in [("echo", "ping"), ("host-h1", "deploy")] {
+        let a = agent(&server, id).await;
+        a.on_command(command, |_ctx: Context, n: u32| async move {
+            Ok::<_, HandlerError>(n)
+        })
+        .await
+        .expect("serve");
+        served.push(a);
+    }
+    let list = |key: &'static str| async move {
+        let a = curl(
+            gw,
+            "POST",
+            "/mcp",
+            &[
+                &format!("X-API-Key: {key}"),
+                "Accept: application/json, text/event-stream",
+            ],
+            Some(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})),
+        )
+        .await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        let mut names: Vec<String> = a.body["result"]["tools"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let every = chorus_tests::eventually(chorus_tests::WAIT, "echo's tool listed", || async {
+        let names = list("every-agent-key-0123456789").await;
+        names.iter().any(|n| n == "echo.ping").then_some(names)
+    })
+    .await;
+    assert!(
+        !every
+            .iter()
+            .any(|n| n.starts_with("host-") || n.starts_with("coordinator")),
+        "{every:?}"
+    );
+    let hosting =
+        chorus_tests::eventually(chorus_tests::WAIT, "the host's tool listed", || async {
+            let names = list("hosting-admin-key-0123456789").await;
+            names.iter().any(|n| n == "host-h1.deploy").then_some(names)
+        })
+        .await;
+    assert!(hosting.contains(&"echo.ping".to_owned()), "{hosting:?}");
+
+    let card = |key: Option<&'static str>, path: &'static str| async move {
+        let auth = key.map(|k| format!("X-API-Key: {k}"));
+        let headers: Vec<&str> = auth.iter().map(String::as_str).collect();
+        curl(gw, "GET", path, &headers, None).await.status
+    };
+    let host_card = "/a2a/agents/host-h1/deploy/.well-known/agent-card.json";
+    let echo_card = "/a2a/agents/echo/ping/.well-known/agent-card.json";
+    let coordinator_card = "/a2a/agents/coordinator/deploy/.well-known/agent-card.json";
+    assert_eq!(
+        card(Some("every-agent-key-0123456789"), echo_card).await,
+        200
+    );
+    assert_eq!(
+        card(Some("every-agent-key-0123456789"), host_card).await,
+        403
+    );
+    assert_eq!(
+        card(Some("every-agent-key-0123456789"), coordinator_card).await,
+        403
+    );
+    assert_eq!(
+        card(Some("hosting-admin-key-0123456789"), host_card).await,
+        200
+    );
+    assert_eq!(card(None, echo_card).await, 200);
+    assert_eq!(card(None, host_card).await, 403);
+    assert_eq!(card(None, coordinator_card).await, 403);
+
+    for a in served {
+        a.shutdown().await;
+    }
+    coordinator.shutdown().await;
+}
