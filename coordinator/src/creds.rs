@@ -362,8 +362,10 @@ pub fn coordinator_entry(subjects: &Subjects, public_key: &str) -> String {
         KV_ALL.to_owned(),
         OBJECTS_ALL.to_owned(),
     ];
-    // The coordinator's id is a valid token, so its inbox always builds.
+    // The coordinator's id is a valid token, so its inbox always builds; and the web console's,
+    // the bus's own agent, which the gateway in the coordinator's process runs on this user.
     all.extend(subjects.inbox_all(COORDINATOR_ID).ok());
+    all.extend(subjects.inbox_all(chorus_sdk::registry::CONSOLE_ID).ok());
     format!(
         "# the coordinator\n{{ nkey: \"{public_key}\", permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }}, allow_responses: true }} }}",
         quote(&all),

@@ -289,6 +289,7 @@ impl Gateway {
         if let Some(refresh) = state.auth.jwks_refresh(stop.child_token()) {
             tracker.spawn(refresh);
         }
+        tracker.spawn(mcp::sweep_sessions(Arc::clone(&state), stop.child_token()));
         Ok(Gateway {
             addr: None,
             console: None,

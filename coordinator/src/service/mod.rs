@@ -286,6 +286,13 @@ impl Coordinator {
             .and_then(chorus_gateway::Gateway::local_addr)
     }
 
+    /// Where its gateway's web console listens, if it does.
+    pub fn console_addr(&self) -> Option<SocketAddr> {
+        self.gateway
+            .as_ref()
+            .and_then(chorus_gateway::Gateway::console_addr)
+    }
+
     /// Agents the registry considers live and matching `query`, least loaded first.
     pub fn discover(&self, query: &chorus_sdk::DiscoverQuery) -> Vec<chorus_sdk::AgentRecord> {
         self.shared.registry.discover(query)

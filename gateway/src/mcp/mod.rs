@@ -109,6 +109,20 @@ impl Mcp {
         Some(session)
     }
 
+    /// Removes the sessions idle past `session_idle_secs`: `(identity, id)` of each.
+    fn expire_idle(&self) -> Vec<(String, String)> {
+        let idle = Duration::from_secs(self.config.session_idle_secs);
+        let mut expired = Vec::new();
+        lock(&self.sessions).retain(|id, s| {
+            let live = lock(&s.last_used).elapsed() < idle;
+            if !live {
+                expired.push((s.identity.clone(), id.clone()));
+            }
+            live
+        });
+        expired
+    }
+
     /// Remembers that the call `key` started task `task`.
     pub(crate) fn remember_task(&self, key: InFlight, task: uuid::Uuid) {
         let mut calls = lock(&self.task_calls);
@@ -135,23 +149,40 @@ impl Mcp {
         calls.remove(at).map(|(_, task)| task)
     }
 
-    /// Session `id`, if `identity` opened it and it has not ended.
+    /// Session `id`, if `identity` opened it and it has not ended. One idle past its time is
+    /// gone for its client; [`sweep_sessions`] ends its calls and tasks.
     fn session(&self, id: &str, identity: &str) -> Option<Arc<Session>> {
         let idle = Duration::from_secs(self.config.session_idle_secs);
-        let mut sessions = lock(&self.sessions);
+        let sessions = lock(&self.sessions);
         let session = sessions
             .get(id)
             .filter(|s| s.identity == identity)
             .cloned()?;
         let mut used = lock(&session.last_used);
         if used.elapsed() >= idle {
-            drop(used);
-            sessions.remove(id);
             return None;
         }
         *used = Instant::now();
         drop(used);
         Some(session)
+    }
+}
+
+/// Ends the sessions that went idle, until `stop`: each one's calls end and the tasks they
+/// started are cancelled on the bus, as when its client ends it (`DELETE /mcp`). Looks every
+/// quarter of `session_idle_secs` (between 1 s and 30 s).
+pub(crate) async fn sweep_sessions(state: Arc<GatewayState>, stop: CancellationToken) {
+    let idle = Duration::from_secs(state.mcp.config.session_idle_secs);
+    let every = (idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = stop.cancelled() => return,
+        }
+        for (identity, id) in state.mcp.expire_idle() {
+            tracing::info!(%identity, session = %id, "mcp: session expired; its calls and tasks end");
+            server::end_session(&state, &identity, &id);
+        }
     }
 }
 

@@ -315,6 +315,47 @@ impl Resume {
     }
 }
 
+/// Ends every call of `identity`'s session `id` (ended by its client, or expired): no one can
+/// take their answers now, so the tasks they started are cancelled on the bus.
+pub(crate) fn end_session(state: &Arc<GatewayState>, identity: &str, id: &str) {
+    let mcp = &state.mcp;
+    let mine = |key: &InFlight| key.session.as_deref() == Some(id);
+    let mut keys: Vec<InFlight> = super::lock(&mcp.in_flight)
+        .keys()
+        .filter(|k| mine(k))
+        .cloned()
+        .collect();
+    keys.extend(mcp.task_keys().into_iter().filter(|k| mine(k)));
+    for key in keys {
+        cancel_call(state, identity, &key);
+    }
+}
+
+/// Cancels call `key` of `identity`: the call ends, and the task it started is cancelled on
+/// the bus.
+fn cancel_call(state: &Arc<GatewayState>, identity: &str, key: &InFlight) {
+    let call = super::lock(&state.mcp.in_flight).get(key).cloned();
+    if let Some(call) = call {
+        call.cancel();
+    }
+    // The task is cancelled here, by a task of the gateway's own, whether or not the call's
+    // stream is still open: the client may close it at once, and the call that follows the
+    // task goes with it.
+    if let Some(task) = state.mcp.forget_task(key)
+        && let Some(edge) = state.edges.get(identity)
+    {
+        let agent = edge.agent.clone();
+        // Owned by the gateway's tracker; a cancel takes one write to the task stream.
+        state.tracker.spawn(async move {
+            if let Ok(handle) = agent.task(task).await
+                && let Err(e) = handle.cancel().await
+            {
+                tracing::debug!(%task, error = %chorus_sdk::Report(&e), "cancel not recorded");
+            }
+        });
+    }
+}
+
 /// A caller of the MCP server: its identity's edge, what its credentials grant, its session.
 #[derive(Clone)]
 pub(crate) struct Caller {
@@ -373,38 +414,12 @@ impl Caller {
     /// Ends every call of session `id`, which the client has ended: no one can take their
     /// answers now, so their tasks on the bus are cancelled.
     pub(crate) fn end_session_calls(&self, id: &str) {
-        let mine = |key: &InFlight| key.session.as_deref() == Some(id);
-        let mut keys: Vec<InFlight> = super::lock(&self.mcp().in_flight)
-            .keys()
-            .filter(|k| mine(k))
-            .cloned()
-            .collect();
-        keys.extend(self.mcp().task_keys().into_iter().filter(|k| mine(k)));
-        for key in keys {
-            self.cancel_call(&key);
-        }
+        end_session(&self.state, &self.identity, id);
     }
 
     /// Cancels call `key`: the call ends, and the task it started is cancelled on the bus.
     fn cancel_call(&self, key: &InFlight) {
-        let call = super::lock(&self.mcp().in_flight).get(key).cloned();
-        if let Some(call) = call {
-            call.cancel();
-        }
-        // The task is cancelled here, by a task of the gateway's own, whether or not the
-        // call's stream is still open: the client may close it at once, and the call that
-        // follows the task goes with it.
-        if let Some(task) = self.mcp().forget_task(key) {
-            let agent = self.edge().agent.clone();
-            // Owned by the gateway's tracker; a cancel takes one write to the task stream.
-            self.state.tracker.spawn(async move {
-                if let Ok(handle) = agent.task(task).await
-                    && let Err(e) = handle.cancel().await
-                {
-                    tracing::debug!(%task, error = %chorus_sdk::Report(&e), "cancel not recorded");
-                }
-            });
-        }
+        cancel_call(&self.state, &self.identity, key);
     }
 
     fn in_flight_key(&self, id: &Value) -> InFlight {

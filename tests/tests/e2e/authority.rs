@@ -1003,3 +1003,110 @@ async fn mcp_and_a2a_list_only_what_the_caller_may_call() {
     }
     coordinator.shutdown().await;
 }
+
+/// Issue 56: an MCP session that expires ends its calls, and the tasks they started are
+/// cancelled on the bus, as when its client ends it. A client opens a session, calls a tool
+/// backed by a task and goes away without a word; once the session has been idle past
+/// `session_idle_secs`, the worker sees its task cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_mcp_sessions_tasks_are_cancelled() {
+    use chorus_gateway::GatewayConfig;
+    use chorus_gateway::config::{ApiKey, EdgeIdentity, McpConfig};
+    use chorus_sdk::{HandlerError, TaskContext};
+    use sha2::Digest;
+
+    let server = server();
+    let key = "mcp-expiry-key-0123456789";
+    let (coordinator, gw) = crate::gateway::with_gateway(
+        &server,
+        GatewayConfig {
+            listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+            identities: vec![EdgeIdentity {
+                id: "mcp-host".into(),
+                nkey_seed_file: None,
+                tenant: None,
+            }],
+            api_keys: vec![ApiKey {
+                identity: "mcp-host".into(),
+                sha256: hex::encode(sha2::Sha256::digest(key.as_bytes())),
+                scopes: Vec::new(),
+            }],
+            mcp: McpConfig {
+                session_idle_secs: 2,
+                ..McpConfig::default()
+            },
+            ..GatewayConfig::default()
+        },
+    )
+    .await;
+    let worker = agent(&server, "writer").await;
+    let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (cancelled_tx, mut cancelled) = tokio::sync::mpsc::unbounded_channel();
+    let began = std::sync::Arc::clone(&started);
+    worker
+        .on_task(
+            "draft",
+            move |task: TaskContext, _topic: serde_json::Value| {
+                let (began, cancelled_tx) = (std::sync::Arc::clone(&began), cancelled_tx.clone());
+                async move {
+                    began.store(true, std::sync::atomic::Ordering::SeqCst);
+                    let _ = task.cancelled().await;
+                    let _ = cancelled_tx.send(());
+                    Err::<String, _>(HandlerError::new(StatusCode::CANCELLED, "cancelled"))
+                }
+            },
+        )
+        .await
+        .expect("serve draft");
+    let auth = format!("X-API-Key: {key}");
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "expiry-test", "version": "1"}}});
+    let opened = crate::gateway::curl(
+        gw,
+        "POST",
+        "/mcp",
+        &[&auth, "Accept: application/json, text/event-stream"],
+        Some(&init),
+    )
+    .await;
+    assert_eq!(opened.status, 200, "{}", opened.body);
+    let session = opened
+        .headers
+        .lines()
+        .find_map(|l| l.strip_prefix("mcp-session-id:"))
+        .map(|v| v.trim().to_owned())
+        .expect("a session id");
+    // The tool appears once the registry has the writer; the call is made and abandoned.
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "writer.draft", "arguments": {"input": "plans"}}});
+    let args = vec![
+        "-H".to_owned(),
+        auth.clone(),
+        "-H".to_owned(),
+        format!("Mcp-Session-Id: {session}"),
+        "-H".to_owned(),
+        "Accept: application/json, text/event-stream".to_owned(),
+        "-H".to_owned(),
+        "content-type: application/json".to_owned(),
+        "--data-binary".to_owned(),
+        call.to_string(),
+    ];
+    chorus_tests::eventually(chorus_tests::WAIT, "the task started", || async {
+        // The client gives up after a second: its call stays with the session.
+        let _ = chorus_tests::curl(gw, "POST", "/mcp", &args, 1).await;
+        started
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then_some(())
+    })
+    .await;
+    chorus_tests::within(
+        Duration::from_secs(20),
+        "the task cancelled",
+        cancelled.recv(),
+    )
+    .await
+    .expect("cancelled");
+    worker.shutdown().await;
+    coordinator.shutdown().await;
+}

@@ -305,3 +305,110 @@ async fn the_permissions_matrix_holds_and_a_durable_agent_still_works_under_its_
     agent.shutdown().await;
     coordinator.shutdown().await;
 }
+
+/// Issue 56: the web console on a secured bus. The coordinator connects as its `chorus creds
+/// --coordinator` user and runs the gateway's console on it; the console's agent
+/// (`chorus-console`) takes its replies on its own inbox, which that entry grants, so the console
+/// starts and an operator sees its pages (the agents page lists the bus's agents).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_console_starts_on_a_secured_bus_under_the_coordinators_entry() {
+    use chorus_gateway::config::{ApiKey, ConsoleConfig, EdgeIdentity};
+    use chorus_gateway::{GatewayConfig, ScopeConfig};
+    use sha2::Digest;
+
+    let subjects = Subjects::default();
+    let (coordinator_key, agent_key, ops_key) = (
+        Identity::generate(),
+        Identity::generate(),
+        Identity::generate(),
+    );
+    let users = [
+        coordinator_entry(&subjects, &coordinator_key.public_key()),
+        // The gateway identity the operator signs in as: an agent of its own, `--durable`.
+        authorization_entry(
+            &subjects,
+            &Role {
+                agent: "ops".into(),
+                durable: true,
+                ..Role::default()
+            },
+            &ops_key.public_key(),
+        )
+        .expect("entry"),
+        authorization_entry(
+            &subjects,
+            &Role {
+                agent: "nlp-agent".into(),
+                durable: true,
+                ..Role::default()
+            },
+            &agent_key.public_key(),
+        )
+        .expect("entry"),
+    ]
+    .join("\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = chorus_tests::server_with_users(dir.path(), &users);
+    let url = server.url().to_owned();
+    let seed = dir.path().join("coordinator.nk");
+    std::fs::write(&seed, coordinator_key.seed().expect("seed")).expect("seed file");
+    let ops_seed = dir.path().join("ops.nk");
+    std::fs::write(&ops_seed, ops_key.seed().expect("seed")).expect("seed file");
+    let key = "console-ops-key-0123456789";
+    let mut config = chorus_coordinator::CoordinatorConfig {
+        servers: url.clone(),
+        metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        gateway: GatewayConfig {
+            identities: vec![EdgeIdentity {
+                id: "ops".into(),
+                nkey_seed_file: Some(ops_seed),
+                tenant: None,
+            }],
+            api_keys: vec![ApiKey {
+                identity: "ops".into(),
+                sha256: hex::encode(sha2::Sha256::digest(key.as_bytes())),
+                scopes: vec!["operator".into()],
+            }],
+            scopes: vec![ScopeConfig {
+                name: "operator".into(),
+                routes: vec!["console".into(), "console-admin".into()],
+                agents: vec![],
+                capabilities: vec![],
+            }],
+            console: ConsoleConfig {
+                listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+                ..ConsoleConfig::default()
+            },
+            ..GatewayConfig::default()
+        },
+        ..chorus_coordinator::CoordinatorConfig::default()
+    };
+    config.security.nkey_seed_file = Some(seed);
+    let coordinator = chorus_tests::start_coordinator(config, false).await;
+    let console = coordinator.console_addr().expect("the console listens");
+    let agent = chorus_tests::agent_options(&server, "nlp-agent")
+        .broker(
+            BrokerOptions::new([url.as_str()])
+                .credentials(Credentials::NKeySeed(agent_key.seed().expect("seed"))),
+        )
+        .durable_inbox(true)
+        .connect()
+        .await
+        .expect("nlp-agent connects under its entry");
+    let header = format!("x-api-key: {key}");
+    let page = chorus_tests::eventually(WAIT, "the agents page lists nlp-agent", || async {
+        let (status, _, body) = chorus_tests::curl(
+            console,
+            "GET",
+            "/agents",
+            &["-H".to_owned(), header.clone()],
+            10,
+        )
+        .await;
+        (status == 200 && body.contains("nlp-agent")).then_some(body)
+    })
+    .await;
+    assert!(page.contains("nlp-agent"), "{page}");
+    agent.shutdown().await;
+    coordinator.shutdown().await;
+}

@@ -351,6 +351,46 @@ async fn walkthrough_running_with_security_on_works_as_documented_and_refuses_ea
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
     assert!(text(&out).contains("permission denied"), "{}", text(&out));
 
+    // 6. A dead letter, replayed: the work sent before nlp-agent's index is ready is retried,
+    //    dead-lettered, and once the index is ready, replayed by ops and handled once.
+    let sh_ops = |script: &str| {
+        Command::new("sh")
+            .args(["-e", "-c", script])
+            .current_dir(dir)
+            .env("PATH", &path)
+            .envs(ops_env)
+            .output()
+            .expect("run sh")
+    };
+    let send = fenced(section, "sh", 2);
+    assert!(send.contains("--command index"), "{send}");
+    let out = sh_ops(send);
+    assert!(
+        out.status.success(),
+        "{send}
+{}",
+        text(&out)
+    );
+    eventually(Duration::from_secs(60), "the dead letter", || async {
+        let (ok, out) =
+            tokio::task::block_in_place(|| as_ops(&["dlq", "ls", "--agent", "nlp-agent"]));
+        (ok && out.contains("max_attempts")).then_some(())
+    })
+    .await;
+    let replay = fenced(section, "sh", 3);
+    assert!(replay.contains("dlq replay"), "{replay}");
+    let out = sh_ops(replay);
+    assert!(
+        out.status.success(),
+        "{replay}
+{}",
+        text(&out)
+    );
+    nlp.wait_for("nlp-agent: indexed 'q3 report' for ops", 1);
+    let (ok, out) = as_ops(&["dlq", "ls", "--agent", "nlp-agent"]);
+    assert!(ok && !out.contains("max_attempts"), "{out}");
+    assert_eq!(nlp.count("nlp-agent: indexed"), 1, "{}", nlp.output());
+
     // An attacker with ops's credentials, on the wire.
     let ops_key = Identity::from_seed(
         std::fs::read_to_string(dir.join(".keys/ops.nk"))
