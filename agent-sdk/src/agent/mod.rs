@@ -452,10 +452,13 @@ impl Inner {
             }
         }
         if let Some(durable) = &self.durable {
-            if options.retry_policies.is_none() {
-                durable.load_retry_policies().await;
-            }
-            durable.prepare(&options.inbox_limits).await?;
+            crate::durable::inbox::unless_jetstream_refused(&self.link, async {
+                if options.retry_policies.is_none() {
+                    durable.load_retry_policies().await;
+                }
+                durable.prepare(&options.inbox_limits).await
+            })
+            .await?;
         }
         if !self.presence.heartbeat_interval.is_zero() {
             self.tracker.spawn(Arc::clone(&self.presence).run());

@@ -412,3 +412,75 @@ async fn the_web_console_starts_on_a_secured_bus_under_the_coordinators_entry() 
     agent.shutdown().await;
     coordinator.shutdown().await;
 }
+
+/// Issue 56: a gateway identity whose NATS user lacks JetStream rights (made without
+/// `--durable`) cannot have the durable inbox the gateway gives each identity. The server's
+/// refusal of its first JetStream call ends the gateway's start at once, saying what is
+/// missing, instead of after each call's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_identity_without_jetstream_rights_is_refused_at_once_saying_why() {
+    chorus_tests::init_tracing();
+    use chorus_gateway::config::{ApiKey, EdgeIdentity};
+    use chorus_gateway::{Bus, Gateway, GatewayConfig};
+
+    let subjects = Subjects::default();
+    let (coordinator_key, web_key) = (Identity::generate(), Identity::generate());
+    let users = [
+        coordinator_entry(&subjects, &coordinator_key.public_key()),
+        authorization_entry(
+            &subjects,
+            &Role {
+                agent: "web-ui".into(),
+                ..Role::default()
+            },
+            &web_key.public_key(),
+        )
+        .expect("entry"),
+    ]
+    .join("\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = chorus_tests::server_with_users(dir.path(), &users);
+    let seed = dir.path().join("coordinator.nk");
+    std::fs::write(&seed, coordinator_key.seed().expect("seed")).expect("seed file");
+    let mut config = chorus_coordinator::CoordinatorConfig {
+        servers: server.url().to_owned(),
+        metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..chorus_coordinator::CoordinatorConfig::default()
+    };
+    config.security.nkey_seed_file = Some(seed);
+    let coordinator = chorus_tests::start_coordinator(config, false).await;
+    let web_seed = dir.path().join("web-ui.nk");
+    std::fs::write(&web_seed, web_key.seed().expect("seed")).expect("seed file");
+    let gateway = GatewayConfig {
+        listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+        identities: vec![EdgeIdentity {
+            id: "web-ui".into(),
+            nkey_seed_file: Some(web_seed),
+            tenant: None,
+        }],
+        api_keys: vec![ApiKey {
+            identity: "web-ui".into(),
+            sha256: "0".repeat(64),
+            scopes: Vec::new(),
+        }],
+        ..GatewayConfig::default()
+    };
+    let began = std::time::Instant::now();
+    let started = within(
+        WAIT,
+        "the gateway's start",
+        Gateway::start(&Bus::new(server.url()), &gateway),
+    )
+    .await;
+    let Err(err) = started else {
+        panic!("the gateway started without JetStream rights for web-ui");
+    };
+    let said = chorus_sdk::Report(&err).to_string();
+    assert!(said.contains("chorus creds web-ui --durable"), "{said}");
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "refused after {:?}: {said}",
+        began.elapsed()
+    );
+    coordinator.shutdown().await;
+}

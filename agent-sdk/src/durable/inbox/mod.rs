@@ -174,6 +174,55 @@ pub(crate) struct Taking {
     pub(crate) consumers: InboxConsumers,
 }
 
+/// Runs `work`, a durable inbox's JetStream calls, unless the server refuses one of them to the
+/// connection's user: such a user gets no answer, only the server's word that it refused, which
+/// ends `work` at once, saying what is missing, rather than after each call's timeout.
+///
+/// # Errors
+/// `work`'s; a refused JetStream call as [`ErrorKind::Refused`](chorus_broker_adapter::ErrorKind).
+pub(crate) async fn unless_jetstream_refused<T>(
+    link: &crate::link::Link,
+    work: impl std::future::Future<Output = Result<T, SdkError>>,
+) -> Result<T, SdkError> {
+    let mut events = link.broker.events();
+    let refused = async move {
+        loop {
+            match events.recv().await {
+                // A call the credentials deny on purpose (changing a bus stream) is not what
+                // is missing; one the inbox needs is.
+                Ok(chorus_broker_adapter::ConnectionEvent::PermissionViolation(text))
+                    if text.contains("\"$JS.API.")
+                        && ![
+                            "STREAM.UPDATE.",
+                            "STREAM.DELETE.",
+                            "STREAM.PURGE.",
+                            "MSG.DELETE.",
+                        ]
+                        .iter()
+                        .any(|denied| text.contains(denied)) =>
+                {
+                    return text;
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    std::future::pending::<()>().await;
+                }
+                _ => {}
+            }
+        }
+    };
+    tokio::select! {
+        done = work => done,
+        text = refused => Err(SdkError::Broker(chorus_broker_adapter::Error::with_source(
+            chorus_broker_adapter::ErrorKind::Refused,
+            format!(
+                "agent {}: the server refused its JetStream calls to its user, so it has no durable inbox (a durable inbox needs JetStream rights: `chorus creds {} --durable`)",
+                link.id, link.id
+            ),
+            chorus_broker_adapter::PermissionViolation(text),
+        ))),
+    }
+}
+
 impl DurableInbox {
     pub(crate) fn new(
         pipeline: Arc<Pipeline>,
@@ -252,6 +301,13 @@ impl DurableInbox {
         if *started {
             return Ok(());
         }
+        unless_jetstream_refused(&self.link, self.start_lanes()).await?;
+        *started = true;
+        Ok(())
+    }
+
+    /// [`DurableInbox::start`]'s work: the bells, the look and a consumer task per lane.
+    async fn start_lanes(self: &Arc<Self>) -> Result<(), SdkError> {
         let link = &self.link;
         let mut bells = [None, None];
         let mut bell_subjects = [None, None];
@@ -294,7 +350,6 @@ impl DurableInbox {
                 .spawn(async move { inbox.take_deliveries(lane, opened, waiting).await });
         }
         self.spawn_keeper();
-        *started = true;
         Ok(())
     }
 
