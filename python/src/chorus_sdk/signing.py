@@ -152,12 +152,7 @@ class Verifier:
             raise ChorusError(StatusCode.IDENTITY, f"replays are accepted only from senders trusted here, not {_quoted(proof.by)}")
         if entry[0] != proof.key:
             raise ChorusError(StatusCode.IDENTITY, f"the replay is signed with a key that is not {_quoted(proof.by)}'s")
-        drift = abs(proof.at_ms - now)
-        if drift > self.tolerance_ms:
-            raise ChorusError(
-                StatusCode.REPLAY,
-                f"the replay's time is {drift} ms from this receiver's clock, beyond the tolerance of {self.tolerance_ms} ms",
-            )
+        self._within_tolerance(proof.at_ms, now, "the replay's time")
         try:
             entry[1].verify(replay_bytes(subject, env.id, proof.of, proof.at_ms, proof.by), proof.signature)
         except (nacl.exceptions.BadSignatureError, ValueError, TypeError) as err:
@@ -172,6 +167,15 @@ class Verifier:
                 raise ChorusError(StatusCode.REPLAY, f"dead letter {proof.of} was replayed here already")
             self._seen[seen_id] = (proof.at_ms + self.tolerance_ms + 1, stored)
         return seen_id
+
+    def _within_tolerance(self, at_ms: int, now: int, what: str) -> None:
+        """Raises 5015 when ``at_ms`` is further than the tolerance from ``now``."""
+        drift = abs(at_ms - now)
+        if drift > self.tolerance_ms:
+            raise ChorusError(
+                StatusCode.REPLAY,
+                f"{what} is {drift} ms from this receiver's clock, beyond the tolerance of {self.tolerance_ms} ms",
+            )
 
     def _check_signature(self, subject: str, env: Envelope, now: int) -> bool:
         """Everything but the seen ids: ``False`` for an unsigned envelope this verifier lets
@@ -188,12 +192,7 @@ class Verifier:
             raise ChorusError(StatusCode.IDENTITY, f"no key is registered for {_quoted(env.from_)}")
         if entry[0] != sig.key:
             raise ChorusError(StatusCode.IDENTITY, f"signed with a key that is not {_quoted(env.from_)}'s")
-        drift = abs(env.timestamp_ms - now)
-        if drift > self.tolerance_ms:
-            raise ChorusError(
-                StatusCode.REPLAY,
-                f"timestamp is {drift} ms from this receiver's clock, beyond the tolerance of {self.tolerance_ms} ms",
-            )
+        self._within_tolerance(env.timestamp_ms, now, "timestamp")
         try:
             entry[1].verify(canonical_bytes(subject, env), bytes(sig.value))
         except (nacl.exceptions.BadSignatureError, ValueError, TypeError) as err:
