@@ -16,8 +16,6 @@ use chorus_sdk::task::TaskMessage;
 use crate::error::{Error, ErrorKind, Result};
 use crate::service::{COORDINATOR_ID, REGISTRY_BUCKET};
 
-/// The JetStream API: what an agent with a durable inbox calls to set up its consumer.
-pub const JETSTREAM_API: &str = "$JS.API.>";
 /// JetStream's advisories and events.
 pub const JETSTREAM_EVENTS: &str = "$JS.EVENT.>";
 /// Everything JetStream, for the coordinator.
@@ -31,90 +29,155 @@ pub const ALL_REPLIES: &str = "_INBOX.>";
 /// The service API (`$SRV.PING`, `$SRV.INFO`, ...) every agent answers.
 pub const SERVICE_API: &str = "$SRV.>";
 
-/// JetStream API calls no role below the coordinator makes on any stream: they copy out or
-/// overwrite a whole stream, or move its leaders and peers. Denied (a deny wins over an allow
-/// in nats-server) wherever a role may call the JetStream API.
-pub const JETSTREAM_NEVER: [&str; 8] = [
-    "$JS.API.STREAM.SNAPSHOT.>",
-    "$JS.API.STREAM.RESTORE.>",
-    "$JS.API.STREAM.LEADER.>",
-    "$JS.API.STREAM.PEER.>",
-    "$JS.API.CONSUMER.LEADER.>",
-    "$JS.API.META.>",
-    "$JS.API.SERVER.>",
-    "$JS.API.ACCOUNT.PURGE.>",
-];
+/// `$JS.API.<call>`.
+fn api(call: &str) -> String {
+    format!("$JS.API.{call}")
+}
 
-/// The bus's streams by name (the stream of each key-value bucket among them), as `root`
-/// names them: what the deny list of [`publish_denied`] keeps out of reach.
-fn bus_streams(subjects: &Subjects) -> Vec<(String, StreamUse)> {
-    let kv = |bucket: &str| format!("KV_{}", subjects.bucket_name(bucket));
-    vec![
-        (subjects.stream_name(INBOX_STREAM), StreamUse::Fixed),
-        (subjects.stream_name(DLQ_STREAM), StreamUse::DeadLetters),
-        (subjects.stream_name(ADVISORY_STREAM), StreamUse::Fixed),
-        (
-            subjects.stream_name(chorus_sdk::task::TASK_STREAM),
-            StreamUse::Fixed,
-        ),
-        (
-            subjects.stream_name(chorus_sdk::usage::USAGE_STREAM),
-            StreamUse::Fixed,
-        ),
-        (
-            subjects.stream_name(chorus_sdk::audit::AUDIT_STREAM),
-            StreamUse::Fixed,
-        ),
-        (kv(REGISTRY_BUCKET), StreamUse::Fixed),
-        (kv(CONFIG_BUCKET), StreamUse::Fixed),
-        (kv(chorus_sdk::credits::CREDITS_BUCKET), StreamUse::Fixed),
-        (
-            kv(chorus_host::protocol::DEPLOYMENTS_BUCKET),
-            StreamUse::Fixed,
-        ),
-        (kv(chorus_host::protocol::HOSTS_BUCKET), StreamUse::Fixed),
-        // Agents make these two if they are missing (create or update): their settings stay
-        // theirs to set, their contents not to purge.
-        (kv(IDEMPOTENCY_BUCKET), StreamUse::MadeByAgents),
-        (kv(SEEN_BUCKET), StreamUse::MadeByAgents),
+/// The calls that read stream `stream` and its messages, and make it when it is missing: a
+/// create of a stream that exists with another configuration fails, so no caller reshapes it.
+fn read_or_make(stream: &str) -> [String; 4] {
+    [
+        api(&format!("STREAM.INFO.{stream}")),
+        api(&format!("STREAM.CREATE.{stream}")),
+        api(&format!("STREAM.MSG.GET.{stream}")),
+        api(&format!("DIRECT.GET.{stream}.>")),
     ]
 }
 
-/// Who may reshape or empty a stream, besides the coordinator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum StreamUse {
-    /// Nobody.
-    Fixed,
-    /// The dead-letter queue: an operator with `--dlq` purges it and removes entries.
-    DeadLetters,
-    /// A bucket agents create or update when missing (never purge or delete).
-    MadeByAgents,
+/// The calls that read stream `stream` through short-lived consumers of the reader's own:
+/// ephemeral (named by the server) or named once (`follow_<nuid>`), created, pulled from and
+/// removed. A reader may so also remove another reader's short-lived consumer on that stream
+/// (nats-server cannot tell them apart): that reader's listing ends early, or its ordered
+/// consumer is made again; no message is lost. Never granted on the inbox stream, whose
+/// consumers are the agents' durable ones.
+fn short_lived_consumers(stream: &str) -> [String; 5] {
+    [
+        api(&format!("CONSUMER.CREATE.{stream}")),
+        api(&format!("CONSUMER.CREATE.{stream}.>")),
+        api(&format!("CONSUMER.INFO.{stream}.*")),
+        api(&format!("CONSUMER.MSG.NEXT.{stream}.*")),
+        api(&format!("CONSUMER.DELETE.{stream}.*")),
+    ]
 }
 
-/// The JetStream API calls `role` may not make, although its `$JS.API.>` allows the rest: no
-/// agent or CLI user purges, deletes or updates the bus's streams or removes their messages
-/// (the dead-letter queue's purge and removals are `--dlq`'s), and none calls
-/// [`JETSTREAM_NEVER`]. Empty for a role without the JetStream API.
+/// The calls on consumer `name` of stream `stream` that its owner makes: create or update it
+/// (with its filter in the subject, as clients since nats-server 2.9 do, or without), read
+/// its state, pull, remove it, and acknowledge its deliveries.
+fn own_consumer(stream: &str, name: &str) -> [String; 7] {
+    [
+        api(&format!("CONSUMER.CREATE.{stream}.{name}")),
+        api(&format!("CONSUMER.CREATE.{stream}.{name}.>")),
+        api(&format!("CONSUMER.DURABLE.CREATE.{stream}.{name}")),
+        api(&format!("CONSUMER.INFO.{stream}.{name}")),
+        api(&format!("CONSUMER.MSG.NEXT.{stream}.{name}")),
+        api(&format!("CONSUMER.DELETE.{stream}.{name}")),
+        format!("$JS.ACK.{stream}.{name}.>"),
+    ]
+}
+
+/// The JetStream API calls `role` may make, each named: an allow list, so anything not in it
+/// (deleting, updating or purging a stream, snapshots, restores, leader moves, another
+/// agent's inbox consumer, reading the inbox by sequence) is refused by the server.
+///
+/// - every entry: the account's limits (`$JS.API.INFO`); reads and watches of the registry
+///   bucket; the payload bucket's calls that store, find and read an object (no purge, no
+///   removal: the coordinator sweeps expired objects).
+/// - `--durable`: its own two inbox consumers (`<id>`, `<id>_high`) and their acks; reads of
+///   the inbox, dead-letter and advisory streams (made when missing) and of the retry
+///   settings; the exactly-once and seen-id buckets, made when missing, read and written
+///   under its own id.
+/// - `--tasks`: the task stream, read, made when missing, and followed through short-lived
+///   consumers.
+/// - `--dlq`: the dead-letter queue read, its letters removed, the queue purged; the
+///   exactly-once records of any agent (a replayed uncertain message clears its claim); the
+///   audit trail read.
 ///
 /// # Errors
-/// As [`permissions`].
-pub fn publish_denied(subjects: &Subjects, role: &Role) -> Result<Vec<String>> {
-    let (publish, _) = permissions(subjects, role)?;
-    if !publish.iter().any(|p| p == JETSTREAM_API) {
-        return Ok(Vec::new());
-    }
-    let mut denied: Vec<String> = JETSTREAM_NEVER.iter().map(|s| (*s).to_owned()).collect();
-    for (stream, kind) in bus_streams(subjects) {
-        denied.push(format!("$JS.API.STREAM.DELETE.{stream}"));
-        if kind != StreamUse::MadeByAgents {
-            denied.push(format!("$JS.API.STREAM.UPDATE.{stream}"));
+/// An invalid-input error when the role's agent id is not a valid token.
+pub fn jetstream_calls(subjects: &Subjects, role: &Role) -> Result<Vec<String>> {
+    jetstream_calls_of(subjects, role).map_err(Error::wrap(
+        ErrorKind::InvalidInput,
+        format!("no JetStream rights for agent {:?}", role.agent),
+    ))
+}
+
+fn jetstream_calls_of(
+    subjects: &Subjects,
+    role: &Role,
+) -> std::result::Result<Vec<String>, Box<dyn std::error::Error + Send + Sync>> {
+    let id = &role.agent;
+    let kv = |bucket: &str| format!("KV_{}", subjects.bucket_name(bucket));
+    let mut calls = vec![api("INFO")];
+    // The registry: keys to verify signatures with, which readers take compressed payloads.
+    let registry = kv(REGISTRY_BUCKET);
+    calls.extend([
+        api(&format!("STREAM.INFO.{registry}")),
+        api(&format!("STREAM.MSG.GET.{registry}")),
+        api(&format!("DIRECT.GET.{registry}.>")),
+        api(&format!("CONSUMER.CREATE.{registry}")),
+        api(&format!("CONSUMER.CREATE.{registry}.>")),
+        api(&format!("CONSUMER.INFO.{registry}.*")),
+    ]);
+    calls.extend(chorus_sdk::payload::payload_permissions(subjects));
+    if role.durable {
+        let inbox = subjects.stream_name(INBOX_STREAM);
+        for stream in [
+            inbox.clone(),
+            subjects.stream_name(DLQ_STREAM),
+            subjects.stream_name(ADVISORY_STREAM),
+        ] {
+            calls.push(api(&format!("STREAM.INFO.{stream}")));
+            calls.push(api(&format!("STREAM.CREATE.{stream}")));
         }
-        if !(kind == StreamUse::DeadLetters && role.dlq) {
-            denied.push(format!("$JS.API.STREAM.PURGE.{stream}"));
-            denied.push(format!("$JS.API.STREAM.MSG.DELETE.{stream}"));
+        // A token check first: a consumer name is the agent id.
+        subjects.durable_agent_all(id)?;
+        for name in [id.clone(), format!("{id}_high")] {
+            calls.extend(own_consumer(&inbox, &name));
+        }
+        let config = kv(CONFIG_BUCKET);
+        calls.extend([
+            api(&format!("STREAM.INFO.{config}")),
+            api(&format!("STREAM.MSG.GET.{config}")),
+            api(&format!("DIRECT.GET.{config}.>")),
+        ]);
+        for bucket in [IDEMPOTENCY_BUCKET, SEEN_BUCKET] {
+            let stream = kv(bucket);
+            calls.extend([
+                api(&format!("STREAM.INFO.{stream}")),
+                api(&format!("STREAM.CREATE.{stream}")),
+                api(&format!("STREAM.MSG.GET.{stream}")),
+                api(&format!(
+                    "DIRECT.GET.{stream}.{}",
+                    subjects.bucket_keys(bucket, id)?
+                )),
+            ]);
         }
     }
-    Ok(denied)
+    if role.tasks {
+        let tasks = subjects.stream_name(chorus_sdk::task::TASK_STREAM);
+        calls.extend(read_or_make(&tasks));
+        calls.extend(short_lived_consumers(&tasks));
+    }
+    if role.dlq {
+        let dlq = subjects.stream_name(DLQ_STREAM);
+        calls.extend(read_or_make(&dlq));
+        calls.extend(short_lived_consumers(&dlq));
+        calls.push(api(&format!("STREAM.MSG.DELETE.{dlq}")));
+        calls.push(api(&format!("STREAM.PURGE.{dlq}")));
+        let idempotency = kv(IDEMPOTENCY_BUCKET);
+        calls.extend([
+            api(&format!("STREAM.INFO.{idempotency}")),
+            api(&format!("STREAM.MSG.GET.{idempotency}")),
+            api(&format!("DIRECT.GET.{idempotency}.>")),
+        ]);
+        let audit = subjects.stream_name(chorus_sdk::audit::AUDIT_STREAM);
+        calls.push(api(&format!("STREAM.INFO.{audit}")));
+        calls.extend(short_lived_consumers(&audit));
+    }
+    let mut seen = std::collections::HashSet::new();
+    calls.retain(|c| seen.insert(c.clone()));
+    Ok(calls)
 }
 
 /// What one agent may do.
@@ -215,13 +278,9 @@ fn permissions_of(
         // console's people's actions): no one writes in another's name.
         chorus_sdk::audit::audit_of(subjects, id)?,
     ]);
-    // Payloads carried by reference (the object store bucket), and the registry entries
-    // that say which readers take compressed payloads.
-    publish.extend(chorus_sdk::payload::payload_permissions(subjects));
-    let registry = format!("KV_{}", subjects.bucket_name(REGISTRY_BUCKET));
-    publish.push(format!("$JS.API.STREAM.INFO.{registry}"));
-    publish.push(format!("$JS.API.DIRECT.GET.{registry}.>"));
-    publish.push(format!("$JS.API.STREAM.MSG.GET.{registry}"));
+    // The JetStream API calls it makes, each named (payloads carried by reference, the
+    // registry's reads, and those of --durable, --tasks and --dlq): [`jetstream_calls`].
+    publish.extend(jetstream_calls_of(subjects, role)?);
     if role.calls.is_empty() {
         publish.push(subjects.commands_all());
         publish.push(subjects.capabilities_all());
@@ -276,10 +335,8 @@ fn permissions_of(
         }
     }
     if role.durable {
-        // The JetStream API for its consumer and the bus's streams, acks of its deliveries,
-        // dead letters it writes, exactly-once records and seen message ids.
-        publish.push(JETSTREAM_API.to_owned());
-        publish.push(subjects.stream_acks(INBOX_STREAM));
+        // Dead letters it writes, exactly-once records and seen message ids (its consumers'
+        // acks are among its JetStream calls).
         publish.push(subjects.dead_letters());
         publish.push(subjects.bucket_keys(IDEMPOTENCY_BUCKET, id)?);
         // Seen message ids, for replay protection across restarts.
@@ -287,9 +344,6 @@ fn permissions_of(
         subscribe.push(JETSTREAM_EVENTS.to_owned());
     }
     if role.dlq {
-        if !role.durable && !role.tasks {
-            publish.push(JETSTREAM_API.to_owned());
-        }
         // A replayed uncertain message's interrupted claim, of any agent.
         publish.push(format!(
             "$KV.{}.>",
@@ -301,12 +355,9 @@ fn permissions_of(
         subscribe.push(ALL_REPLIES.to_owned());
     }
     if role.tasks {
-        // The task stream's API and every task subject: a submission, a state, progress, a
-        // chunk, an answer or a cancel may come from either side of a task, and task ids are
-        // not known in advance (signatures tell the writers apart, SECURITY.md).
-        if !role.durable && !role.dlq {
-            publish.push(JETSTREAM_API.to_owned());
-        }
+        // Every task subject: a submission, a state, progress, a chunk, an answer or a cancel
+        // may come from either side of a task, and task ids are not known in advance
+        // (signatures tell the writers apart, SECURITY.md).
         publish.push(subjects.tasks_all());
         // A worker hears its tasks' cancels and answers.
         subscribe.push(subjects.tasks_of_kind(TaskMessage::Cancel));
@@ -331,12 +382,6 @@ fn permissions_of(
 /// or an SAP name is malformed, or a CLI user is given SAP agents.
 pub fn authorization_entry(subjects: &Subjects, role: &Role, public_key: &str) -> Result<String> {
     let (publish, subscribe) = permissions(subjects, role)?;
-    let denied = publish_denied(subjects, role)?;
-    let deny = if denied.is_empty() {
-        String::new()
-    } else {
-        format!(", deny: [{}]", quote(&denied))
-    };
     let sap_responses = format!(", allow_responses: {{ max: {SAP_MAX_RESPONSES} }}");
     let (what, responses) = if role.cli {
         ("CLI user", "")
@@ -347,7 +392,7 @@ pub fn authorization_entry(subjects: &Subjects, role: &Role, public_key: &str) -
         ("agent", ", allow_responses: true")
     };
     Ok(format!(
-        "# {what} {}\n{{ nkey: \"{public_key}\", permissions: {{ publish: {{ allow: [{}]{deny} }}, subscribe: {{ allow: [{}] }}{responses} }} }}",
+        "# {what} {}\n{{ nkey: \"{public_key}\", permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }}{responses} }} }}",
         role.agent,
         quote(&publish),
         quote(&subscribe)

@@ -115,7 +115,7 @@ impl ExactlyOnce {
                 spec.max_age = self.ttl;
                 spec.replicas = self.replicas;
                 spec.description = "Chorus exactly-once records: handled message ids".into();
-                self.link.js.ensure_kv(&spec).await
+                self.link.js.ensure_kv_exists(&spec).await
             })
             .await
     }

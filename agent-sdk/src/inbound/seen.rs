@@ -49,7 +49,7 @@ impl SeenIds {
                 spec.max_age = self.window.max(Duration::from_secs(1));
                 spec.replicas = self.replicas;
                 spec.description = "Chorus replay protection: verified message ids".into();
-                self.link.js.ensure_kv(&spec).await
+                self.link.js.ensure_kv_exists(&spec).await
             })
             .await
     }

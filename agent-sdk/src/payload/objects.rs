@@ -45,20 +45,21 @@ pub fn payload_bucket(subjects: &Subjects, replicas: usize) -> ObjectSpec {
 }
 
 /// The subjects an agent publishes to use the payload bucket (`chorus creds` grants them):
-/// the bucket's chunks and metadata, the JetStream API calls that store, find, read and
-/// replace an object, and the flow control of the consumer that reads one.
+/// the bucket's chunks and metadata, the JetStream API calls that make the bucket when it is
+/// missing and store, find and read an object, and the flow control of the consumer that
+/// reads one. No purge and no consumer removal: only the coordinator, which sweeps expired
+/// objects, removes one.
 pub fn payload_permissions(subjects: &Subjects) -> Vec<String> {
     let bucket = subjects.bucket_name(PAYLOAD_BUCKET);
     let stream = format!("OBJ_{bucket}");
     vec![
         format!("$O.{bucket}.>"),
         format!("$JS.API.STREAM.INFO.{stream}"),
+        format!("$JS.API.STREAM.CREATE.{stream}"),
         format!("$JS.API.STREAM.MSG.GET.{stream}"),
-        format!("$JS.API.STREAM.PURGE.{stream}"),
         format!("$JS.API.DIRECT.GET.{stream}.>"),
         format!("$JS.API.CONSUMER.CREATE.{stream}"),
         format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
-        format!("$JS.API.CONSUMER.DELETE.{stream}.>"),
         format!("$JS.FC.{stream}.>"),
     ]
 }

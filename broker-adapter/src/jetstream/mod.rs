@@ -800,22 +800,68 @@ impl JetStream {
     /// [`ErrorKind::TimedOut`] when JetStream does not answer in time; [`ErrorKind::Broker`] when
     /// JetStream is unavailable or has no room for the bucket.
     pub async fn ensure_kv(&self, spec: &KvSpec) -> Result<Kv> {
-        let config = kv::Config {
-            bucket: spec.bucket.clone(),
-            history: spec.history,
-            max_age: spec.max_age,
-            num_replicas: spec.replicas.max(1),
-            description: spec.description.clone(),
-            storage: stream::StorageType::File,
-            ..Default::default()
-        };
         let store = self
             .ctx
-            .create_or_update_key_value(config)
+            .create_or_update_key_value(kv_config(spec))
             .await
             .map_err(|e| js_err(&format!("key-value bucket {}", spec.bucket), e))?;
         Ok(Kv {
             store,
+            link: self.link.clone(),
+        })
+    }
+
+    /// Opens the key-value bucket `spec` names, creating it as `spec` says when it is missing,
+    /// without reshaping one that exists: a bucket shared by many agents is its first maker's
+    /// (or the operator's), and credentials that may create it need not update it. One that
+    /// keeps entries for less than `spec.max_age` is kept as it is, with a warning naming
+    /// both ages.
+    ///
+    /// # Errors
+    /// As [`JetStream::ensure_kv`].
+    pub async fn ensure_kv_exists(&self, spec: &KvSpec) -> Result<Kv> {
+        let opened = match self.ctx.get_key_value(&spec.bucket).await {
+            Ok(store) => store,
+            Err(e) => {
+                let err = js_err(&format!("key-value bucket {}", spec.bucket), e);
+                if err.kind() != ErrorKind::NotFound {
+                    return Err(err);
+                }
+                // A create only (an update first would need the right to update).
+                return match self.ctx.create_key_value(kv_config(spec)).await {
+                    Ok(store) => Ok(Kv {
+                        store,
+                        link: self.link.clone(),
+                    }),
+                    // Made by another client meanwhile.
+                    Err(created) => match self.ctx.get_key_value(&spec.bucket).await {
+                        Ok(store) => Ok(Kv {
+                            store,
+                            link: self.link.clone(),
+                        }),
+                        Err(_) => Err(js_err(
+                            &format!("key-value bucket {}", spec.bucket),
+                            created,
+                        )),
+                    },
+                };
+            }
+        };
+        let kept = opened
+            .status()
+            .await
+            .map(|s| s.max_age())
+            .unwrap_or_default();
+        if !kept.is_zero() && kept < spec.max_age {
+            tracing::warn!(
+                bucket = %spec.bucket,
+                kept_secs = kept.as_secs_f64(),
+                wanted_secs = spec.max_age.as_secs_f64(),
+                "key-value bucket keeps entries for less than this client needs; it is left as it is (its maker's or the operator's to raise)"
+            );
+        }
+        Ok(Kv {
+            store: opened,
             link: self.link.clone(),
         })
     }
@@ -862,6 +908,19 @@ impl JetStream {
                 .await
                 .map_err(|_| js_err(&format!("object store bucket {}", spec.bucket), e)),
         }
+    }
+}
+
+/// The configuration of the key-value bucket `spec` describes.
+fn kv_config(spec: &KvSpec) -> kv::Config {
+    kv::Config {
+        bucket: spec.bucket.clone(),
+        history: spec.history,
+        max_age: spec.max_age,
+        num_replicas: spec.replicas.max(1),
+        description: spec.description.clone(),
+        storage: stream::StorageType::File,
+        ..Default::default()
     }
 }
 

@@ -177,15 +177,35 @@ async fn the_permissions_matrix_holds_and_a_durable_agent_still_works_under_its_
     let letters = messages(&admin, &dlq).await;
     assert!(letters >= 1);
 
+    let payloads = format!(
+        "OBJ_{}",
+        subjects.bucket_name(chorus_sdk::payload::PAYLOAD_BUCKET)
+    );
+    let seen = format!(
+        "KV_{}",
+        subjects.bucket_name(chorus_sdk::security::SEEN_BUCKET)
+    );
+    let tasks = subjects.stream_name(chorus_sdk::task::TASK_STREAM);
+    // A short-lived consumer reading a stream from its start (what `chorus audit` and a task
+    // watcher make).
+    let reader = |stream: &str| {
+        serde_json::json!({
+            "stream_name": stream,
+            "config": {"deliver_policy": "all", "ack_policy": "none", "inactive_threshold": 5_000_000_000u64},
+        })
+        .to_string()
+    };
+    let (audit_reader, tasks_reader) = (reader(&audit), reader(&tasks));
     let tasks_raw = connect(&url, "writer", tasks_key).await;
     let ops_raw = connect(&url, "ops", ops_key).await;
     // (call, subject, body, allowed for: the durable agent, the tasks agent, the operator).
+    // The last rows remove nlp-agent's consumer: its own to remove, no one else's.
     let matrix: Vec<(&str, String, &str, [bool; 3])> = vec![
         (
             "read the inbox stream's state",
             format!("$JS.API.STREAM.INFO.{inbox}"),
             "",
-            [true, true, true],
+            [true, false, true],
         ),
         (
             "delete the inbox stream",
@@ -264,6 +284,60 @@ async fn the_permissions_matrix_holds_and_a_durable_agent_still_works_under_its_
             format!("$JS.API.STREAM.LEADER.STEPDOWN.{inbox}"),
             "",
             [false, false, false],
+        ),
+        (
+            "read the inbox by sequence (another agent's commands)",
+            format!("$JS.API.STREAM.MSG.GET.{inbox}"),
+            r#"{"seq":1}"#,
+            [false, false, false],
+        ),
+        (
+            "create a stream of its own",
+            "$JS.API.STREAM.CREATE.MINE".to_owned(),
+            r#"{"name":"MINE","subjects":["mine.>"]}"#,
+            [false, false, false],
+        ),
+        (
+            "purge the payload bucket",
+            format!("$JS.API.STREAM.PURGE.{payloads}"),
+            "{}",
+            [false, false, false],
+        ),
+        (
+            "update the seen-id bucket",
+            format!("$JS.API.STREAM.UPDATE.{seen}"),
+            "{}",
+            [false, false, false],
+        ),
+        (
+            "read a dead letter",
+            format!("$JS.API.STREAM.MSG.GET.{dlq}"),
+            r#"{"seq":1}"#,
+            [false, false, true],
+        ),
+        (
+            "read the audit trail (a consumer of its own on it)",
+            format!("$JS.API.CONSUMER.CREATE.{audit}"),
+            &audit_reader,
+            [false, false, true],
+        ),
+        (
+            "follow a task (a consumer of its own on the task stream)",
+            format!("$JS.API.CONSUMER.CREATE.{tasks}"),
+            &tasks_reader,
+            [false, true, true],
+        ),
+        (
+            "read nlp-agent's inbox consumer",
+            format!("$JS.API.CONSUMER.INFO.{inbox}.nlp-agent"),
+            "",
+            [true, false, false],
+        ),
+        (
+            "delete nlp-agent's inbox consumer",
+            format!("$JS.API.CONSUMER.DELETE.{inbox}.nlp-agent"),
+            "",
+            [true, false, false],
         ),
     ];
     let brokers = [&agent_raw, &tasks_raw, &ops_raw];
