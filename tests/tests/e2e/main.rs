@@ -21,6 +21,7 @@ mod gateway;
 mod headers;
 mod hosting;
 mod inbox;
+mod insider;
 mod leaf;
 mod messaging;
 mod multicast;
