@@ -1,6 +1,7 @@
 //! Helpers for the end-to-end tests: a real `nats-server` per test, agents connected to it,
 //! and deadlines on every wait.
 
+pub mod creds_bus;
 pub mod vectors;
 
 use std::future::Future;

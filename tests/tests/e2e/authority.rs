@@ -23,7 +23,7 @@ fn hostile(id: &str, mark: &std::path::Path) -> Manifest {
     m
 }
 
-async fn ask<T: serde::Serialize>(
+pub(crate) async fn ask<T: serde::Serialize>(
     agent: &Agent,
     command: &str,
     body: &T,

@@ -17,60 +17,21 @@ use chorus_gateway::config::{ApiKey, EdgeIdentity};
 use chorus_gateway::{Bus, Gateway, GatewayConfig, ScopeConfig};
 use chorus_host::manifest::Manifest;
 use chorus_host::protocol::{
-    COORDINATOR, DeployRequest, DeploymentView, ScaleRequest, TerminateRequest,
-    coordinator_commands,
+    DeployRequest, DeploymentView, ScaleRequest, TerminateRequest, coordinator_commands,
 };
 use chorus_sdk::security::Identity;
-use chorus_sdk::{Agent, Call, SdkError, StatusCode, Subjects};
+use chorus_sdk::{Agent, StatusCode, Subjects};
+use chorus_tests::creds_bus::{answered, connect, consumer_exists, messages};
 use chorus_tests::{WAIT, within};
 use futures::StreamExt;
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::Digest;
 
+use crate::authority::ask;
 use crate::gateway::curl;
 
 /// The gateway key of the `web-ui` identity: it may call nlp-agent, nothing else.
 const WEB_KEY: &str = "web-ui-key-0123456789abcdef";
-
-/// How long a raw JetStream call waits for the server: a refused publish gets no answer.
-const ANSWER: Duration = Duration::from_secs(2);
-
-async fn connect(url: &str, id: &str, key: &Identity) -> Broker {
-    within(
-        WAIT,
-        "connect",
-        BrokerOptions::new([url])
-            .credentials(Credentials::NKeySeed(key.seed().expect("seed")))
-            .inbox_prefix(format!("_INBOX.{id}"))
-            .connect(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{id} connects: {e}"))
-}
-
-/// Whether the server answered the JetStream API call (an allowed call gets an answer, even
-/// an error one; a refused publish none).
-async fn answered(broker: &Broker, subject: &str, body: &str) -> bool {
-    broker
-        .request(subject, None, Bytes::from(body.to_owned()), ANSWER)
-        .await
-        .is_ok()
-}
-
-async fn ask<T: serde::Serialize>(
-    agent: &Agent,
-    command: &str,
-    body: &T,
-) -> Result<Value, SdkError> {
-    agent
-        .call(
-            Call::agent(COORDINATOR, command)
-                .payload(body)?
-                .timeout(Duration::from_secs(10)),
-        )
-        .await?
-        .payload_as()
-}
 
 /// The deployments and their replicas, as the admin sees them.
 async fn deployments(admin: &Agent) -> Vec<(String, u32)> {
@@ -84,38 +45,6 @@ async fn deployments(admin: &Agent) -> Vec<(String, u32)> {
         .into_iter()
         .map(|v| (v.deployment, v.replicas))
         .collect()
-}
-
-/// The number of messages in `stream`, and whether consumer `consumer` of the inbox exists,
-/// as the coordinator's user sees them.
-async fn stream_messages(admin: &Broker, stream: &str) -> u64 {
-    let reply = admin
-        .request(
-            &format!("$JS.API.STREAM.INFO.{stream}"),
-            None,
-            Bytes::new(),
-            WAIT,
-        )
-        .await
-        .expect("stream info");
-    let info: Value = serde_json::from_slice(reply.payload()).expect("JSON");
-    info["state"]["messages"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no stream {stream}: {info}"))
-}
-
-async fn consumer_exists(admin: &Broker, stream: &str, consumer: &str) -> bool {
-    let reply = admin
-        .request(
-            &format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}"),
-            None,
-            Bytes::new(),
-            WAIT,
-        )
-        .await
-        .expect("consumer info");
-    let info: Value = serde_json::from_slice(reply.payload()).expect("JSON");
-    info.get("error").is_none()
 }
 
 /// A heartbeat on `subject` whose manifest claims the id `claimed`, as a forger writes it.
@@ -186,11 +115,11 @@ impl Aims<'_> {
         assert_eq!(deployments(ops).await, self.before, "a deployment changed");
         assert!(!self.mark.exists(), "the hostile command ran");
         assert_eq!(
-            stream_messages(self.admin, self.dlq).await,
+            messages(self.admin, self.dlq).await,
             self.letters,
             "the DLQ changed"
         );
-        let _ = stream_messages(self.admin, self.inbox).await;
+        let _ = messages(self.admin, self.inbox).await;
         assert!(
             consumer_exists(self.admin, self.inbox, "ocr-agent").await,
             "ocr-agent's consumer is gone"
@@ -339,7 +268,7 @@ async fn an_agent_a_gateway_key_and_a_stranger_take_nothing_over_and_the_admin_d
         subjects.stream_name(chorus_sdk::durable::INBOX_STREAM),
         subjects.stream_name(chorus_sdk::durable::DLQ_STREAM),
     );
-    let letters = stream_messages(&admin_raw, &dlq).await;
+    let letters = messages(&admin_raw, &dlq).await;
     assert!(letters >= 1);
     assert!(consumer_exists(&admin_raw, &inbox, "ocr-agent").await);
     let dir_mark = tempfile::tempdir().expect("tempdir");
@@ -583,11 +512,7 @@ async fn an_agent_a_gateway_key_and_a_stranger_take_nothing_over_and_the_admin_d
         .await
     );
     assert!(answered(&ops_raw, &format!("$JS.API.STREAM.PURGE.{dlq}"), "{}").await);
-    assert_eq!(
-        stream_messages(&admin_raw, &dlq).await,
-        0,
-        "the admin purged"
-    );
+    assert_eq!(messages(&admin_raw, &dlq).await, 0, "the admin purged");
     ask(
         &ops,
         coordinator_commands::TERMINATE,

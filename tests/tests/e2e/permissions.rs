@@ -6,54 +6,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use chorus_broker_adapter::{Broker, BrokerOptions, Credentials};
+use chorus_broker_adapter::{BrokerOptions, Credentials};
 use chorus_coordinator::creds::{Role, authorization_entry, coordinator_entry};
 use chorus_sdk::security::Identity;
 use chorus_sdk::{Call, Context, HandlerError, Subjects};
+use chorus_tests::creds_bus::{answered, connect, messages};
 use chorus_tests::{WAIT, within};
-
-/// How long a call waits for the server's answer: a refused publish gets none.
-const ANSWER: Duration = Duration::from_secs(2);
-
-/// Connects as `id` with `key`'s nkey.
-async fn connect(url: &str, id: &str, key: &Identity) -> Broker {
-    within(
-        WAIT,
-        "connect",
-        BrokerOptions::new([url])
-            .credentials(Credentials::NKeySeed(key.seed().expect("seed")))
-            .inbox_prefix(format!("_INBOX.{id}"))
-            .connect(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{id} connects: {e}"))
-}
-
-/// Whether the server answered `subject` (an allowed call gets an answer, even an error one;
-/// a refused publish gets none).
-async fn answered(broker: &Broker, subject: &str, body: &str) -> bool {
-    broker
-        .request(subject, None, Bytes::from(body.to_owned()), ANSWER)
-        .await
-        .is_ok()
-}
-
-/// The number of messages in `stream`, as the coordinator's user sees it.
-async fn messages(admin: &Broker, stream: &str) -> u64 {
-    let reply = admin
-        .request(
-            &format!("$JS.API.STREAM.INFO.{stream}"),
-            None,
-            Bytes::new(),
-            WAIT,
-        )
-        .await
-        .expect("stream info");
-    let info: serde_json::Value = serde_json::from_slice(reply.payload()).expect("JSON");
-    info["state"]["messages"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no state in {info}"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_permissions_matrix_holds_and_a_durable_agent_still_works_under_its_entry() {
@@ -199,7 +157,7 @@ async fn the_permissions_matrix_holds_and_a_durable_agent_still_works_under_its_
     let tasks_raw = connect(&url, "writer", tasks_key).await;
     let ops_raw = connect(&url, "ops", ops_key).await;
     // (call, subject, body, allowed for: the durable agent, the tasks agent, the operator).
-    // The last rows remove nlp-agent's consumer: its own to remove, no one else's.
+    // nlp-agent's consumer is its own to read and remove, no one else's.
     let matrix: Vec<(&str, String, &str, [bool; 3])> = vec![
         (
             "read the inbox stream's state",
@@ -346,14 +304,21 @@ async fn the_permissions_matrix_holds_and_a_durable_agent_still_works_under_its_
         "writer (--tasks)",
         "ops (--cli --dlq)",
     ];
-    for (call, subject, body, allowed) in &matrix {
-        for ((broker, name), allowed) in brokers.iter().zip(names).zip(allowed) {
-            assert_eq!(
-                answered(broker, subject, body).await,
-                *allowed,
-                "{name}: {call} ({subject})"
-            );
-        }
+    // Every call at once (a refused one waits out its answer): each role's verdict on each.
+    let tries =
+        matrix.iter().flat_map(|(call, subject, body, allowed)| {
+            brokers.iter().zip(names).zip(allowed).map(
+                move |((broker, name), allowed)| async move {
+                    (
+                        answered(broker, subject, body).await,
+                        *allowed,
+                        format!("{name}: {call} ({subject})"),
+                    )
+                },
+            )
+        });
+    for (answered, allowed, what) in futures::future::join_all(tries).await {
+        assert_eq!(answered, allowed, "{what}");
     }
     // Nothing a refusal targeted changed: the streams are there, the dead letter too.
     assert_eq!(messages(&admin, &dlq).await, letters);
