@@ -382,6 +382,12 @@ fn permissions_of(
 /// or an SAP name is malformed, or a CLI user is given SAP agents.
 pub fn authorization_entry(subjects: &Subjects, role: &Role, public_key: &str) -> Result<String> {
     let (publish, subscribe) = permissions(subjects, role)?;
+    // The registry's events (`registry.joined`, `registry.left`) are the coordinator's alone,
+    // whatever event topics the role may publish.
+    let registry_events = subjects.event_pattern("registry.>").map_err(Error::wrap(
+        ErrorKind::InvalidInput,
+        "the registry's events",
+    ))?;
     let sap_responses = format!(", allow_responses: {{ max: {SAP_MAX_RESPONSES} }}");
     let (what, responses) = if role.cli {
         ("CLI user", "")
@@ -392,7 +398,7 @@ pub fn authorization_entry(subjects: &Subjects, role: &Role, public_key: &str) -
         ("agent", ", allow_responses: true")
     };
     Ok(format!(
-        "# {what} {}\n{{ nkey: \"{public_key}\", permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }}{responses} }} }}",
+        "# {what} {}\n{{ nkey: \"{public_key}\", permissions: {{ publish: {{ allow: [{}], deny: [\"{registry_events}\"] }}, subscribe: {{ allow: [{}] }}{responses} }} }}",
         role.agent,
         quote(&publish),
         quote(&subscribe)

@@ -147,6 +147,32 @@ pub(crate) struct Outbound {
 }
 
 impl Outbound {
+    /// Whether `env`, received on `subject`, is the coordinator's own word (a `sys.wire`
+    /// announcement, a `registry.left` event): from `coordinator`, and signed with its key
+    /// where this agent verifies signatures and knows that key. Else why not.
+    pub(crate) fn coordinators_word(
+        &self,
+        subject: &str,
+        env: &crate::protocol::envelope::Envelope,
+    ) -> Result<(), String> {
+        use crate::protocol::registry::COORDINATOR_ID;
+        if env.from.as_str() != COORDINATOR_ID {
+            return Err(format!("{} is not the coordinator", env.from));
+        }
+        let Some(verifier) = &self.verifier else {
+            return Ok(());
+        };
+        if verifier.key_of(COORDINATOR_ID).is_none() {
+            return Ok(());
+        }
+        if env.signature.is_none() {
+            return Err("unsigned, and the coordinator's key is known".to_owned());
+        }
+        verifier
+            .verify(subject, env, crate::protocol::envelope::now_ms())
+            .map_err(|(status, reason)| format!("{status}: {reason}"))
+    }
+
     /// Takes what the coordinator announced, on `sys.wire` or in a
     /// [`WIRE_NOTIFICATION`](crate::registry::WIRE_NOTIFICATION) (PROTOCOL.md section 3.5):
     /// the form to write while following the bus, and the heartbeat floor.

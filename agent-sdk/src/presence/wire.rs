@@ -10,8 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::outbound::Outbound;
 use crate::protocol::codec;
-use crate::protocol::envelope::{Envelope, now_ms};
-use crate::protocol::registry::{COORDINATOR_ID, WireLevel};
+use crate::protocol::registry::WireLevel;
 
 /// Reads the announcements until `stop`; what does not decode is ignored (the last good one
 /// holds). An announcement is the coordinator's word: one that does not come from
@@ -27,7 +26,7 @@ pub(crate) async fn follow_wire(
             tracing::debug!(agent = %out.link.id, "an announcement on the wire subject did not decode");
             continue;
         };
-        if let Err(why) = coordinators_word(&out, msg.subject(), &env) {
+        if let Err(why) = out.coordinators_word(msg.subject(), &env) {
             out.link.count_security_refusal();
             tracing::warn!(agent = %out.link.id, from = %env.from, %why, "an announcement on the wire subject ignored");
             continue;
@@ -39,25 +38,4 @@ pub(crate) async fn follow_wire(
             }
         }
     }
-}
-
-/// Whether `env`, received on `subject`, is the coordinator's own word: from `coordinator`,
-/// and signed with its key where the agent verifies signatures and knows that key. Else why
-/// not.
-fn coordinators_word(out: &Outbound, subject: &str, env: &Envelope) -> Result<(), String> {
-    if env.from.as_str() != COORDINATOR_ID {
-        return Err(format!("{} is not the coordinator", env.from));
-    }
-    let Some(verifier) = &out.verifier else {
-        return Ok(());
-    };
-    if verifier.key_of(COORDINATOR_ID).is_none() {
-        return Ok(());
-    }
-    if env.signature.is_none() {
-        return Err("unsigned, and the coordinator's key is known".to_owned());
-    }
-    verifier
-        .verify(subject, env, now_ms())
-        .map_err(|(status, reason)| format!("{status}: {reason}"))
 }

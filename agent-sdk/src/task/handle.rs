@@ -42,8 +42,16 @@ fn working_agent(report: &TaskReport) -> Option<String> {
 }
 
 /// Whether a `registry.left` event says `agent` stopped without a goodbye (5009: its
-/// heartbeats stopped). An agent that said goodbye ended its tasks itself.
-fn gone_without_goodbye(event: &chorus_broker_adapter::Message, agent: &str) -> bool {
+/// heartbeats stopped). An agent that said goodbye ended its tasks itself. Only the
+/// coordinator's word counts: from `coordinator`, and signed with its key where this agent
+/// verifies signatures and knows that key; another is ignored and counted
+/// (`AgentStats::security_refused`), so no one abandons a requester's task by forging a
+/// departure.
+fn gone_without_goodbye(
+    out: &crate::outbound::Outbound,
+    event: &chorus_broker_adapter::Message,
+    agent: &str,
+) -> bool {
     #[derive(serde::Deserialize)]
     struct Left {
         agent: String,
@@ -51,9 +59,20 @@ fn gone_without_goodbye(event: &chorus_broker_adapter::Message, agent: &str) -> 
     let Ok((env, _)) = crate::protocol::codec::decode_shared(event.payload()) else {
         return false;
     };
-    env.status == Some(StatusCode::UNEXPECTED_DISCONNECT)
-        && crate::protocol::codec::decode_payload::<Left>(&env.payload, &env.content_type)
+    if env.status != Some(StatusCode::UNEXPECTED_DISCONNECT)
+        || !crate::protocol::codec::decode_payload::<Left>(&env.payload, &env.content_type)
             .is_ok_and(|left| left.agent == agent)
+    {
+        return false;
+    }
+    match out.coordinators_word(event.subject(), &env) {
+        Ok(()) => true,
+        Err(why) => {
+            out.link.count_security_refusal();
+            tracing::warn!(agent = %out.link.id, from = %env.from, %why, "a registry.left event ignored");
+            false
+        }
+    }
 }
 
 /// The kinds of message a report is folded from, read through the task's one wildcard
@@ -338,7 +357,7 @@ impl TaskHandle {
                 }
                 Some(left) = departures.next() => {
                     if let Some(worker) = fold.report().and_then(working_agent)
-                        && gone_without_goodbye(&left, &worker)
+                        && gone_without_goodbye(out, &left, &worker)
                     {
                         self.abandon(&worker).await?;
                     }

@@ -185,6 +185,7 @@ impl Coordinator {
             broker.clone(),
             buckets.registry.clone(),
             config.missed_heartbeats,
+            config.signing_identity()?.map(std::sync::Arc::new),
         );
         let entries = buckets
             .registry

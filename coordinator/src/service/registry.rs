@@ -238,6 +238,9 @@ pub(crate) struct Registry {
     broker: Broker,
     /// The registry events' numbers (`seq`), per topic.
     numbers: chorus_sdk::EventNumbers,
+    /// The key its events are signed with, as `coordinator`: a requester that verifies takes a
+    /// `registry.left` only from it.
+    identity: Option<std::sync::Arc<chorus_sdk::security::Identity>>,
     kv: Kv,
     missed: u32,
     agents: Mutex<Table>,
@@ -249,12 +252,19 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    pub(crate) fn new(subjects: chorus_sdk::Subjects, broker: Broker, kv: Kv, missed: u32) -> Self {
+    pub(crate) fn new(
+        subjects: chorus_sdk::Subjects,
+        broker: Broker,
+        kv: Kv,
+        missed: u32,
+        identity: Option<std::sync::Arc<chorus_sdk::security::Identity>>,
+    ) -> Self {
         let (writes, queued) = tokio::sync::mpsc::channel(REGISTRY_WRITES_QUEUED);
         Registry {
             subjects,
             broker,
             numbers: chorus_sdk::EventNumbers::default(),
+            identity,
             kv,
             missed,
             agents: Mutex::new(Table::default()),
@@ -505,7 +515,11 @@ impl Registry {
         let sent = self
             .numbers
             .publish(&subject, &mut env, |env| {
-                let bytes = codec::encode(env, codec::Encoding::MsgPack);
+                let mut env = env.clone();
+                if let Some(identity) = &self.identity {
+                    identity.sign(&subject, &mut env);
+                }
+                let bytes = codec::encode(&env, codec::Encoding::MsgPack);
                 async {
                     let bytes = bytes.map_err(|e| e.to_string())?;
                     self.broker

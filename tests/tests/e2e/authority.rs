@@ -1110,3 +1110,127 @@ async fn an_expired_mcp_sessions_tasks_are_cancelled() {
     worker.shutdown().await;
     coordinator.shutdown().await;
 }
+
+/// A `registry.left` event (5009, the worker's heartbeats stopped) as the registry writes it,
+/// claiming to be the coordinator's: signed by `signer` or unsigned.
+async fn departure(raw: &chorus_broker_adapter::Broker, worker: &str, signer: Option<&Identity>) {
+    use chorus_sdk::codec::{self, Encoding};
+    use chorus_sdk::{Envelope, Kind, Performative};
+    let subject = chorus_sdk::Subjects::default()
+        .event("registry.left")
+        .expect("subject");
+    let mut env = Envelope::new(Kind::Event, Performative::Inform, "coordinator");
+    env.topic = Some("registry.left".into());
+    env.status = Some(StatusCode::UNEXPECTED_DISCONNECT);
+    env.payload = codec::encode_payload(
+        &chorus_coordinator::service::registry::RegistryEvent {
+            agent: worker.into(),
+            instance: "i".into(),
+            reason: "missed heartbeats".into(),
+        },
+        "application/msgpack",
+    )
+    .expect("payload");
+    if let Some(signer) = signer {
+        signer.sign(&subject, &mut env);
+    }
+    raw.publish(
+        &subject,
+        codec::encode(&env, Encoding::MsgPack).expect("encode"),
+    )
+    .await
+    .expect("publish");
+}
+
+/// A requester gives up a task whose worker the registry declares gone without a goodbye.
+/// Where it verifies signatures and knows the coordinator's key, a forged departure (unsigned)
+/// is ignored and counted, and the task goes on; the coordinator's signed word ends it. The
+/// coordinator signs its registry events with its key: a requester that verifies takes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_departure_does_not_end_a_task_where_the_coordinators_key_is_known() {
+    use chorus_sdk::security::SignaturePolicy;
+    use chorus_sdk::{TaskContext, TaskState};
+    use futures::StreamExt;
+
+    let server = server();
+    let coordinator_key = Identity::generate();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let seed = dir.path().join("coordinator.nk");
+    std::fs::write(&seed, coordinator_key.seed().expect("seed")).expect("seed file");
+    let mut config = coordinator_config(&server);
+    config.security.nkey_seed_file = Some(seed);
+    let coordinator = start_coordinator(config, false).await;
+    let raw = chorus_tests::raw_broker(&server).await;
+
+    // The coordinator's own registry events carry its signature.
+    let mut joined = raw
+        .subscribe("chorus.evt.registry.joined")
+        .await
+        .expect("subscribe");
+    raw.sync(chorus_tests::WAIT).await.expect("sync");
+    let worker = agent(&server, "slow-worker").await;
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    worker
+        .on_task("wait", move |_task: TaskContext, _: u32| {
+            let started_tx = started_tx.clone();
+            async move {
+                let _ = started_tx.send(());
+                std::future::pending::<()>().await;
+                Ok::<u32, chorus_sdk::HandlerError>(0)
+            }
+        })
+        .await
+        .expect("wait");
+    let event = chorus_tests::within(chorus_tests::WAIT, "registry.joined", joined.next())
+        .await
+        .expect("an event");
+    let (env, _) = chorus_sdk::codec::decode(event.payload()).expect("an envelope");
+    let checker = chorus_sdk::security::Verifier::new(SignaturePolicy::default());
+    checker.trust("coordinator", &coordinator_key.public_key());
+    checker
+        .verify(event.subject(), &env, chorus_sdk::envelope::now_ms())
+        .expect("the registry event is signed with the coordinator's key");
+
+    let requester = agent_options(&server, "requester")
+        .verify_signatures(SignaturePolicy::default())
+        .trust("coordinator", coordinator_key.public_key())
+        .connect()
+        .await
+        .expect("requester");
+    let task = requester
+        .submit(
+            Call::agent("slow-worker", "wait")
+                .payload(&1u32)
+                .expect("payload"),
+        )
+        .await
+        .expect("submit");
+    chorus_tests::within(chorus_tests::WAIT, "the worker starts", started.recv())
+        .await
+        .expect("started");
+    let mut result = tokio::spawn(async move { task.result().await });
+    // Forged until one is counted (the requester hears departures once it waits on the
+    // result and knows the worker has the task).
+    let forged = std::sync::atomic::AtomicU64::new(0);
+    tokio::select! {
+        ended = &mut result => panic!("a forged departure ended the task: {ended:?}"),
+        () = chorus_tests::eventually(chorus_tests::WAIT, "the forgery counted", || async {
+            departure(&raw, "slow-worker", None).await;
+            forged.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            (requester.stats().security_refused >= 1).then_some(())
+        }) => {}
+    }
+    departure(&raw, "slow-worker", Some(&coordinator_key)).await;
+    let report = chorus_tests::within(chorus_tests::WAIT, "the task given up", result)
+        .await
+        .expect("the waiter")
+        .expect("a report");
+    assert_eq!(report.state, TaskState::Failed);
+    // Every forgery the requester heard refused, and the signed word not among them.
+    assert!(
+        requester.stats().security_refused <= forged.load(std::sync::atomic::Ordering::Relaxed),
+        "the coordinator's signed departure was refused"
+    );
+    worker.shutdown().await;
+    coordinator.shutdown().await;
+}

@@ -350,8 +350,8 @@ async fn an_agent_a_gateway_key_and_a_stranger_take_nothing_over_and_the_admin_d
         );
         aims.unchanged(&ops).await;
     }
-    // Forgeries: a wire announcement, a reply into ops's inbox, a task's cancel, a heartbeat
-    // under another id, and one under its own subject claiming a hostile id.
+    // Forgeries: a wire announcement, a reply into ops's inbox, a task's cancel, a registry
+    // departure, a heartbeat under another id, and one under its own subject claiming a hostile id.
     let hostile_id = "<img/src/onerror=alert(1)";
     for (subject, watcher, what) in [
         (subjects.wire(), &admin_raw, "a sys.wire announcement"),
@@ -364,6 +364,11 @@ async fn an_agent_a_gateway_key_and_a_stranger_take_nothing_over_and_the_admin_d
             subjects.task(&uuid::Uuid::now_v7(), chorus_sdk::task::TaskMessage::Cancel),
             &admin_raw,
             "a task's cancel",
+        ),
+        (
+            subjects.event("registry.left").expect("subject"),
+            &admin_raw,
+            "a registry departure",
         ),
         (
             format!("chorus.sys.hb.{hostile_id}"),
