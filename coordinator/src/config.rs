@@ -276,6 +276,11 @@ impl CoordinatorConfig {
         bus.security = self.security.clone();
         bus.circuit_breaker = self.circuit_breaker;
         bus.shutdown_timeout = self.shutdown_timeout();
+        // The console's replays are signed with the key the coordinator signs with.
+        bus.replay_seed_file = self
+            .signing_seed_file
+            .clone()
+            .or_else(|| self.security.nkey_seed_file.clone());
         bus
     }
 

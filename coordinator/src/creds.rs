@@ -154,6 +154,13 @@ fn jetstream_calls_of(
             ]);
         }
     }
+    if role.host {
+        let hosts = kv(chorus_host::protocol::HOSTS_BUCKET);
+        calls.extend([
+            api(&format!("STREAM.INFO.{hosts}")),
+            api(&format!("STREAM.CREATE.{hosts}")),
+        ]);
+    }
     if role.tasks {
         let tasks = subjects.stream_name(chorus_sdk::task::TASK_STREAM);
         calls.extend(read_or_make(&tasks));
@@ -211,6 +218,20 @@ pub struct Role {
     /// `[[gateway.sap]]` bindings), each `<agent>.<owner>.<session>`: their `prompt` and
     /// `status` subjects, their heartbeat subject, and answers of many messages per prompt.
     pub sap: Vec<String>,
+    /// The machine `chorus host --name <name>` runs, as the agent `host-<name>`: its report
+    /// in the hosts bucket under its own name, and the heartbeats of the agents it runs.
+    pub host: bool,
+}
+
+/// The host name of a `--host` role's agent id, `host-<name>`, or why not.
+fn host_name(id: &str) -> std::result::Result<&str, String> {
+    id.strip_prefix(chorus_host::protocol::HOST_AGENT_PREFIX)
+        .filter(|name| !name.is_empty())
+        .ok_or_else(|| {
+            format!(
+                "--host takes the host's agent id, host-<name> (`chorus host --name <name>`), not {id:?}"
+            )
+        })
 }
 
 /// Replies one request may get from an agent that streams SAP answers (`allow_responses`).
@@ -349,6 +370,16 @@ fn permissions_of(
             "$KV.{}.>",
             subjects.bucket_name(IDEMPOTENCY_BUCKET)
         ));
+    }
+    if role.host {
+        let name = host_name(id)?;
+        // Its report, under its own name only.
+        publish.push(format!(
+            "$KV.{}.{name}",
+            subjects.bucket_name(chorus_host::protocol::HOSTS_BUCKET)
+        ));
+        // The heartbeats of the agents it runs (their health).
+        subscribe.push(subjects.heartbeats());
     }
     if role.tap {
         subscribe.push(subjects.everything());

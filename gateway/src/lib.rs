@@ -70,6 +70,11 @@ pub struct Bus {
     pub circuit_breaker: Option<CircuitBreakerConfig>,
     /// How long an identity's shutdown waits for its in-flight work.
     pub shutdown_timeout: Duration,
+    /// The nkey seed file of the coordinator's signing key, when the console runs in the
+    /// coordinator's process: the console's dead-letter replays are signed with it as
+    /// `coordinator` (docs/PROTOCOL.md 7.8), so an agent that verifies signatures and trusts
+    /// the coordinator's key handles them. Unsigned replays without it.
+    pub replay_seed_file: Option<std::path::PathBuf>,
 }
 
 impl Bus {
@@ -81,6 +86,7 @@ impl Bus {
             security: ConnectionSecurity::default(),
             circuit_breaker: None,
             shutdown_timeout: chorus_sdk::DEFAULT_SHUTDOWN_TIMEOUT,
+            replay_seed_file: None,
         }
     }
 }

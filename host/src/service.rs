@@ -272,7 +272,7 @@ impl Host {
         let hosts = agent
             .broker()
             .jetstream(chorus_sdk::JETSTREAM_TIMEOUT)
-            .ensure_kv(&spec)
+            .ensure_kv_exists(&spec)
             .await
             .map_err(|err| HostError::Bus {
                 name: name.clone(),

@@ -47,6 +47,11 @@ pub(crate) struct Args {
     /// identity with an `[[gateway.sap]]` binding; repeat for several).
     #[arg(long, value_name = "AGENT.OWNER.SESSION")]
     sap: Vec<String>,
+    /// The entry of a machine that runs agents (`chorus host --name NAME` connects as the
+    /// agent `host-NAME`: give that id): its report in the hosts bucket under its own name,
+    /// and the heartbeats of the agents it runs.
+    #[arg(long, conflicts_with = "cli")]
+    host: bool,
     /// Directory for the seed file `<agent>.nk` (written with mode 0600) and the public key
     /// `<agent>.pub`.
     #[arg(long, default_value = ".")]
@@ -86,6 +91,7 @@ pub(crate) fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode>
             tap: args.tap,
             cli: args.cli,
             sap: args.sap,
+            host: args.host,
         };
         chorus_coordinator::creds::authorization_entry(&subjects, &role, &identity.public_key())?
     };

@@ -120,10 +120,13 @@ struct Queue(DeadLetterQueue);
 
 impl Queue {
     fn of(c: &Console) -> Queue {
-        Queue(DeadLetterQueue::new(
-            c.agent.broker().clone(),
-            c.agent.subjects().clone(),
-        ))
+        let queue = DeadLetterQueue::new(c.agent.broker().clone(), c.agent.subjects().clone());
+        Queue(match &c.replayer {
+            // Replays in the coordinator's name, signed with its key: an agent that verifies
+            // and trusts that key handles them once (PROTOCOL.md 7.8).
+            Some(key) => queue.signed_by(chorus_sdk::registry::COORDINATOR_ID, Arc::clone(key)),
+            None => queue,
+        })
     }
 
     /// Entries matching `filter` with ids above `filter.after`, oldest first, at most `limit`.

@@ -79,6 +79,8 @@ pub(crate) struct Console {
     tap: tap::Counters,
     /// What people do here, in the audit stream, each action by who did it.
     audit: chorus_sdk::audit::AuditSink,
+    /// The coordinator's key, its dead-letter replays are signed with (`Bus::replay_seed_file`).
+    replayer: Option<Arc<chorus_sdk::security::Identity>>,
 }
 
 /// Who is asking, once authenticated.
@@ -359,6 +361,20 @@ pub(crate) async fn start(
         .as_ref()
         .map(crate::tls::server_config)
         .transpose()?;
+    let replayer = bus
+        .replay_seed_file
+        .as_ref()
+        .map(|path| {
+            chorus_sdk::security::ConnectionSecurity::nkey_seed_file(path.clone())
+                .identity()
+                .map_err(Error::wrap(
+                    ErrorKind::Config,
+                    format!("console: the replay key {}", path.display()),
+                ))
+        })
+        .transpose()?
+        .flatten()
+        .map(Arc::new);
     let agent = connect(bus).await?;
     let audit = chorus_sdk::audit::AuditSink::start(
         chorus_sdk::audit::AuditLog::new(agent.broker(), agent.subjects().clone(), CONSOLE_AGENT),
@@ -378,6 +394,7 @@ pub(crate) async fn start(
         tap: tap::Counters::default(),
         agent: agent.clone(),
         gateway,
+        replayer,
     });
     tracker.spawn(overview::sample(Arc::clone(&console)));
     tracker.spawn(agents::watch_refusals(Arc::clone(&console)));

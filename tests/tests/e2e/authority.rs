@@ -1234,3 +1234,148 @@ async fn a_forged_departure_does_not_end_a_task_where_the_coordinators_key_is_kn
     worker.shutdown().await;
     coordinator.shutdown().await;
 }
+
+/// The web console in the coordinator's process replays dead letters in the coordinator's
+/// name, signed with its key (PROTOCOL.md 7.8): an agent that requires signatures and trusts
+/// that key handles the replay of a signed dead letter once, as its original sender's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_replays_a_signed_dead_letter_in_the_coordinators_name_handled_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    use chorus_gateway::ScopeConfig;
+    use chorus_gateway::config::{ApiKey, ConsoleConfig, EdgeIdentity, GatewayConfig};
+    use chorus_sdk::durable::DeadLetterQueue;
+    use chorus_sdk::security::SignaturePolicy;
+    use chorus_sdk::{Context, HandlerError};
+    use sha2::Digest;
+
+    const OPS_KEY: &str = "ops-console-key-0123456789abcdef";
+    let server = server();
+    let (shop_key, coordinator_key) = (Identity::generate(), Identity::generate());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let seed = dir.path().join("coordinator.nk");
+    std::fs::write(&seed, coordinator_key.seed().expect("seed")).expect("seed file");
+    let mut config = coordinator_config(&server);
+    config.signing_seed_file = Some(seed);
+    config.gateway = GatewayConfig {
+        identities: vec![EdgeIdentity {
+            id: "ops".into(),
+            nkey_seed_file: None,
+            tenant: None,
+        }],
+        api_keys: vec![ApiKey {
+            identity: "ops".into(),
+            sha256: hex::encode(sha2::Sha256::digest(OPS_KEY.as_bytes())),
+            scopes: vec!["operator".into()],
+        }],
+        scopes: vec![ScopeConfig {
+            name: "operator".into(),
+            routes: vec!["console".into(), "console-admin".into()],
+            agents: vec![],
+            capabilities: vec![],
+        }],
+        console: ConsoleConfig {
+            listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+            ..ConsoleConfig::default()
+        },
+        ..GatewayConfig::default()
+    };
+    let coordinator = start_coordinator(config, false).await;
+    let console = coordinator.console_addr().expect("the console listens");
+
+    let broken = Arc::new(AtomicBool::new(true));
+    let (runs, senders) = (
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(std::sync::Mutex::new(Vec::new())),
+    );
+    let worker = agent_options(&server, "payments")
+        .durable_inbox(true)
+        .retry_policies(crate::coordinator::fast_policy(2))
+        .verify_signatures(SignaturePolicy {
+            require_signed: true,
+            ..SignaturePolicy::default()
+        })
+        .trust("shop", shop_key.public_key())
+        .trust("coordinator", coordinator_key.public_key())
+        .connect()
+        .await
+        .expect("worker");
+    let (b, r, s) = (Arc::clone(&broken), Arc::clone(&runs), Arc::clone(&senders));
+    worker
+        .on_command("charge", move |ctx: Context, cents: u32| {
+            let failing = b.load(Ordering::SeqCst);
+            if !failing {
+                r.fetch_add(1, Ordering::SeqCst);
+                s.lock().expect("senders").push(ctx.from().to_owned());
+            }
+            async move {
+                if failing {
+                    Err(HandlerError::failed("the card service is down"))
+                } else {
+                    Ok(cents)
+                }
+            }
+        })
+        .await
+        .expect("register");
+    let shop = agent_options(&server, "shop")
+        .identity(shop_key)
+        .heartbeat_interval(Duration::ZERO)
+        .connect()
+        .await
+        .expect("shop");
+    shop.send_durable(
+        Call::agent("payments", "charge")
+            .command()
+            .payload(&4200u32)
+            .expect("payload"),
+    )
+    .await
+    .expect("stored");
+    let dlq = DeadLetterQueue::new(shop.broker().clone(), shop.subjects().clone());
+    let letter = chorus_tests::eventually(chorus_tests::WAIT, "the dead letter", || {
+        let dlq = dlq.clone();
+        async move {
+            dlq.list(50)
+                .await
+                .ok()?
+                .into_iter()
+                .find(|l| l.letter.agent == "payments")
+        }
+    })
+    .await;
+    broken.store(false, Ordering::SeqCst);
+
+    let answer = crate::gateway::curl(
+        console,
+        "POST",
+        &format!("/dlq/{}/replay", letter.id),
+        &[&format!("x-api-key: {OPS_KEY}")],
+        None,
+    )
+    .await;
+    assert!(
+        (200..400).contains(&answer.status),
+        "the console's replay: {} {}",
+        answer.status,
+        answer.body
+    );
+    chorus_tests::eventually(chorus_tests::WAIT, "the replay handled", || async {
+        (runs.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    assert_eq!(*senders.lock().expect("senders"), vec!["shop".to_owned()]);
+    // Not dead-lettered again: the replay was taken, not refused.
+    assert!(
+        dlq.list(50)
+            .await
+            .expect("list")
+            .iter()
+            .all(|l| l.letter.agent != "payments"),
+        "the console's replay was refused"
+    );
+    shop.shutdown().await;
+    worker.shutdown().await;
+    coordinator.shutdown().await;
+}

@@ -523,3 +523,152 @@ async fn a_gateway_identity_without_jetstream_rights_is_refused_at_once_saying_w
     );
     coordinator.shutdown().await;
 }
+
+/// Issue 56: a host on a secured bus. `chorus host --name a` connects as `host-a` under its
+/// `chorus creds host-a --host` entry, reports to the hosts bucket under its own name (never
+/// another's), and runs what the admin `ops`, signing its commands, deploys; the admin then
+/// terminates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_under_its_entry_runs_what_the_admin_deploys_on_a_secured_bus() {
+    use chorus_host::manifest::Manifest;
+    use chorus_host::protocol::{DeployRequest, TerminateRequest, coordinator_commands};
+
+    // Built outside the deadlines below.
+    let chorus = chorus_tests::chorus_binary();
+    let subjects = Subjects::default();
+    let (coordinator_key, host_key, ops_key) = (
+        Identity::generate(),
+        Identity::generate(),
+        Identity::generate(),
+    );
+    let users = [
+        coordinator_entry(&subjects, &coordinator_key.public_key()),
+        authorization_entry(
+            &subjects,
+            &Role {
+                agent: "host-a".into(),
+                host: true,
+                ..Role::default()
+            },
+            &host_key.public_key(),
+        )
+        .expect("entry"),
+        authorization_entry(
+            &subjects,
+            &Role {
+                agent: "ops".into(),
+                cli: true,
+                ..Role::default()
+            },
+            &ops_key.public_key(),
+        )
+        .expect("entry"),
+    ]
+    .join("\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = chorus_tests::server_with_users(dir.path(), &users);
+    let url = server.url().to_owned();
+    let seed = |name: &str, key: &Identity| {
+        let path = dir.path().join(format!("{name}.nk"));
+        std::fs::write(&path, key.seed().expect("seed")).expect("seed file");
+        path
+    };
+    let mut config = chorus_coordinator::CoordinatorConfig {
+        servers: url.clone(),
+        metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        reconcile_interval_ms: 200,
+        ..chorus_coordinator::CoordinatorConfig::default()
+    };
+    config.security.nkey_seed_file = Some(seed("coordinator", &coordinator_key));
+    config.authority = chorus_coordinator::authority::AuthorityConfig {
+        admins: vec!["ops".into()],
+        operators: Vec::new(),
+        require_signed: Some(true),
+    };
+    config
+        .trusted_keys
+        .insert("ops".into(), ops_key.public_key());
+    let coordinator = chorus_tests::start_coordinator(config, false).await;
+
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).expect("work folder");
+    let mut host = std::process::Command::new(&chorus)
+        .args(["--server", &url, "--nkey-file"])
+        .arg(seed("host-a", &host_key))
+        .args(["host", "--name", "a", "--report-interval", "1s"])
+        .args(["--stop-grace", "2s", "--sandbox", "none", "--user"])
+        .arg(chorus_host::process::user::current_user())
+        .arg("--trust")
+        .arg(format!("coordinator={}", coordinator_key.public_key()))
+        .arg("--log-dir")
+        .arg(dir.path().join("logs"))
+        .env_remove("CHORUS_CONTEXT")
+        .env("CHORUS_CONFIG_DIR", dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("chorus host starts");
+    let ops = chorus_tests::agent_options(&server, "ops")
+        .broker(
+            BrokerOptions::new([url.as_str()])
+                .credentials(Credentials::NKeySeed(ops_key.seed().expect("seed"))),
+        )
+        .identity(Identity::from_seed(&ops_key.seed().expect("seed")).expect("key"))
+        .heartbeat_interval(Duration::ZERO)
+        .service_discovery(false)
+        .connect()
+        .await
+        .expect("ops connects");
+    let ask = |command: &'static str, body: serde_json::Value| {
+        let ops = ops.clone();
+        async move { crate::authority::ask(&ops, command, &body).await }
+    };
+    // The host reports under its own name.
+    chorus_tests::eventually(WAIT, "host a reports", || async {
+        let hosts = ask(coordinator_commands::HOSTS, serde_json::json!(null))
+            .await
+            .ok()?;
+        hosts
+            .as_array()?
+            .iter()
+            .any(|h| h["report"]["name"] == "a" && h["state"] == "live")
+            .then_some(())
+    })
+    .await;
+    let host_raw = connect(&url, "host-a", &host_key).await;
+    assert!(answered(&host_raw, "$KV.chorus_hosts.a", "{}").await);
+    assert!(
+        !answered(&host_raw, "$KV.chorus_hosts.b", "{}").await,
+        "host-a wrote host b's report"
+    );
+
+    let mut manifest = Manifest::from_toml(&format!(
+        "id = \"marker\"\n[run]\ncommand = \"/bin/sh\"\nargs = [\"-c\", \"echo ran > ran; exec sleep 600\"]\nworking_dir = {:?}\n[health]\ncheck = \"none\"\n",
+        work.display().to_string()
+    ))
+    .expect("manifest");
+    manifest.replicas = 1;
+    ask(
+        coordinator_commands::DEPLOY,
+        serde_json::to_value(DeployRequest { manifest }).expect("json"),
+    )
+    .await
+    .expect("the admin deploys");
+    chorus_tests::eventually(WAIT, "host a runs the deployment", || async {
+        work.join("ran").exists().then_some(())
+    })
+    .await;
+    ask(
+        coordinator_commands::TERMINATE,
+        serde_json::to_value(TerminateRequest {
+            deployment: "marker".into(),
+        })
+        .expect("json"),
+    )
+    .await
+    .expect("the admin terminates");
+    let _ = host.kill();
+    let _ = host.wait();
+    ops.shutdown().await;
+    coordinator.shutdown().await;
+}
