@@ -391,6 +391,56 @@ async fn walkthrough_running_with_security_on_works_as_documented_and_refuses_ea
     assert!(ok && !out.contains("max_attempts"), "{out}");
     assert_eq!(nlp.count("nlp-agent: indexed"), 1, "{}", nlp.output());
 
+    // 7. An admin deploys: host-a started as the document says (with step 5's variables), the
+    //    manifest saved as hello.toml, and ops's three commands, each run as written.
+    let host_line = ported(fenced(section, "sh", 4));
+    let host_line = host_line.trim();
+    assert!(
+        host_line.starts_with("chorus ") && !host_line.contains('\n'),
+        "{host_line}"
+    );
+    let mut host_command = Command::new(&chorus);
+    host_command
+        .args(host_line.split_whitespace().skip(1))
+        .current_dir(dir)
+        .envs(ops_env);
+    let host = Running::start("chorus host", host_command);
+    std::fs::write(dir.join("hello.toml"), fenced(section, "toml", 1)).expect("write hello.toml");
+    eventually(WAIT, "host a live", || async {
+        let (ok, out) = tokio::task::block_in_place(|| as_ops(&["hosts"]));
+        (ok && out.contains("a ") && out.contains("live")).then_some(())
+    })
+    .await;
+    let admin = fenced(section, "sh", 5);
+    let lines: Vec<&str> = admin.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 3, "{admin}");
+    let run_line = |line: &str| {
+        let args: Vec<&str> = line.split_whitespace().skip(1).collect();
+        tokio::task::block_in_place(|| as_ops(&args))
+    };
+    let (ok, out) = run_line(lines[0]);
+    assert!(
+        ok && lines[0].contains("deploy"),
+        "{}: {out}\n{}",
+        lines[0],
+        host.output()
+    );
+    let expected = if chorus_host::process::user::current_user() == "root" {
+        "hello from nobody".to_owned()
+    } else {
+        format!("hello from {}", chorus_host::process::user::current_user())
+    };
+    eventually(WAIT, "the deployed agent's log", || async {
+        let (ok, out) = run_line(lines[1]);
+        (ok && out.contains(&expected)).then_some(())
+    })
+    .await;
+    let (ok, out) = run_line(lines[2]);
+    assert!(ok && lines[2].contains("terminate"), "{}: {out}", lines[2]);
+    let (ok, out) = as_ops(&["deployments"]);
+    assert!(ok && !out.contains("hello"), "{out}");
+    drop(host);
+
     // An attacker with ops's credentials, on the wire.
     let ops_key = Identity::from_seed(
         std::fs::read_to_string(dir.join(".keys/ops.nk"))
