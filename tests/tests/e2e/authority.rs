@@ -491,10 +491,30 @@ async fn a_requester_that_verifies_signatures_refuses_a_forged_or_unsigned_reply
     assert_eq!(shop.stats().security_refused, 2);
 }
 
+/// Publishes `env`, which claims to be the coordinator's, on `subject`: signed by `signer`
+/// (the coordinator's key, or a forger's) or unsigned.
+async fn publish_as_coordinator(
+    raw: &chorus_broker_adapter::Broker,
+    subject: &str,
+    mut env: chorus_sdk::Envelope,
+    signer: Option<&Identity>,
+) {
+    use chorus_sdk::codec::{self, Encoding};
+    if let Some(signer) = signer {
+        signer.sign(subject, &mut env);
+    }
+    raw.publish(
+        subject,
+        codec::encode(&env, Encoding::MsgPack).expect("encode"),
+    )
+    .await
+    .expect("publish");
+}
+
 /// Publishes an announcement on `sys.wire` claiming to be the coordinator's: protocol major 2,
 /// signed by `signer` or unsigned.
 async fn announce(raw: &chorus_broker_adapter::Broker, signer: Option<&Identity>) {
-    use chorus_sdk::codec::{self, Encoding};
+    use chorus_sdk::codec;
     use chorus_sdk::registry::WireLevel;
     use chorus_sdk::{Envelope, Kind, Performative};
     let subject = chorus_sdk::Subjects::default().wire();
@@ -507,15 +527,7 @@ async fn announce(raw: &chorus_broker_adapter::Broker, signer: Option<&Identity>
         "application/msgpack",
     )
     .expect("payload");
-    if let Some(signer) = signer {
-        signer.sign(&subject, &mut env);
-    }
-    raw.publish(
-        &subject,
-        codec::encode(&env, Encoding::MsgPack).expect("encode"),
-    )
-    .await
-    .expect("publish");
+    publish_as_coordinator(raw, &subject, env, signer).await;
 }
 
 /// The form an event from `publisher` travels in now, read off the wire.
@@ -713,6 +725,113 @@ async fn a_strangers_cancel_is_ignored_and_the_requesters_stops_the_task() {
     assert_eq!(*seen.lock().expect("lock"), Some(TaskStop::Cancelled));
 }
 
+/// A worker, `payments`, that requires signatures and trusts `shop` and `trusted` by hand,
+/// whose `charge` fails while `broken`; and `shop`, signing, which has sent it one durable
+/// charge: it ends in the dead-letter queue (two attempts) while broken.
+struct Payments {
+    worker: Agent,
+    shop: Agent,
+    broken: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Charges handled, and who each was from.
+    runs: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    senders: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    dlq: chorus_sdk::durable::DeadLetterQueue,
+}
+
+impl Payments {
+    async fn start(server: &chorus_tests::NatsServer, trusted: (&str, String)) -> Payments {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+        use chorus_sdk::security::SignaturePolicy;
+        use chorus_sdk::{Context, HandlerError};
+
+        let shop_key = Identity::generate();
+        let broken = Arc::new(AtomicBool::new(true));
+        let (runs, senders) = (
+            Arc::new(AtomicU32::new(0)),
+            Arc::new(std::sync::Mutex::new(Vec::new())),
+        );
+        let worker = agent_options(server, "payments")
+            .durable_inbox(true)
+            .retry_policies(crate::coordinator::fast_policy(2))
+            .verify_signatures(SignaturePolicy {
+                require_signed: true,
+                ..SignaturePolicy::default()
+            })
+            .trust("shop", shop_key.public_key())
+            .trust(trusted.0, trusted.1)
+            .persist_seen_ids(true)
+            .connect()
+            .await
+            .expect("worker");
+        let (b, r, s) = (Arc::clone(&broken), Arc::clone(&runs), Arc::clone(&senders));
+        worker
+            .on_command("charge", move |ctx: Context, cents: u32| {
+                let failing = b.load(Ordering::SeqCst);
+                if !failing {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    s.lock().expect("senders").push(ctx.from().to_owned());
+                }
+                async move {
+                    if failing {
+                        Err(HandlerError::failed("the card service is down"))
+                    } else {
+                        Ok(cents)
+                    }
+                }
+            })
+            .await
+            .expect("register");
+        let shop = agent_options(server, "shop")
+            .identity(shop_key)
+            .heartbeat_interval(Duration::ZERO)
+            .connect()
+            .await
+            .expect("shop");
+        shop.send_durable(
+            Call::agent("payments", "charge")
+                .command()
+                .payload(&4200u32)
+                .expect("payload"),
+        )
+        .await
+        .expect("stored");
+        let dlq = chorus_sdk::durable::DeadLetterQueue::new(
+            shop.broker().clone(),
+            shop.subjects().clone(),
+        );
+        Payments {
+            worker,
+            shop,
+            broken,
+            runs,
+            senders,
+            dlq,
+        }
+    }
+
+    /// The newest dead letter of payments, with status `reason` if given.
+    async fn letter(&self, reason: Option<u16>) -> Option<chorus_sdk::durable::DlqEntry> {
+        self.dlq
+            .list(50)
+            .await
+            .ok()?
+            .into_iter()
+            .rev()
+            .find(|l| l.letter.agent == "payments" && reason.is_none_or(|r| l.letter.status.0 == r))
+    }
+
+    fn runs(&self) -> u32 {
+        self.runs.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn shutdown(self) {
+        self.shop.shutdown().await;
+        self.worker.shutdown().await;
+    }
+}
+
 /// Issue 56: an operator's replay of a signed dead letter (docs/PROTOCOL.md, "Replaying a
 /// signed dead letter"). A signed durable command to an agent that requires signatures fails
 /// until it is dead-lettered; the fault is fixed. Replayed by someone the agent does not trust
@@ -723,79 +842,18 @@ async fn a_strangers_cancel_is_ignored_and_the_requesters_stops_the_task() {
 #[tokio::test]
 async fn a_signed_dead_letter_replayed_by_a_trusted_operator_is_handled_once() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::atomic::Ordering;
 
-    use chorus_sdk::durable::DeadLetterQueue;
-    use chorus_sdk::security::SignaturePolicy;
     use chorus_sdk::security::replay::ReplayProof;
-    use chorus_sdk::{Context, HandlerError};
 
     let server = server();
     let _coordinator = start_coordinator(coordinator_config(&server), false).await;
-    let (shop_key, ops_key) = (Identity::generate(), Arc::new(Identity::generate()));
-    let ops_public = ops_key.public_key();
-    let broken = Arc::new(AtomicBool::new(true));
-    let (runs, senders) = (
-        Arc::new(AtomicU32::new(0)),
-        Arc::new(std::sync::Mutex::new(Vec::new())),
-    );
-    let worker = agent_options(&server, "payments")
-        .durable_inbox(true)
-        .retry_policies(crate::coordinator::fast_policy(2))
-        .verify_signatures(SignaturePolicy {
-            require_signed: true,
-            ..SignaturePolicy::default()
-        })
-        .trust("shop", shop_key.public_key())
-        .trust("ops", ops_public)
-        .persist_seen_ids(true)
-        .connect()
-        .await
-        .expect("worker");
-    let (b, r, s) = (Arc::clone(&broken), Arc::clone(&runs), Arc::clone(&senders));
-    worker
-        .on_command("charge", move |ctx: Context, cents: u32| {
-            let failing = b.load(Ordering::SeqCst);
-            if !failing {
-                r.fetch_add(1, Ordering::SeqCst);
-                s.lock().expect("senders").push(ctx.from().to_owned());
-            }
-            async move {
-                if failing {
-                    Err(HandlerError::failed("the card service is down"))
-                } else {
-                    Ok(cents)
-                }
-            }
-        })
-        .await
-        .expect("register");
-    let shop = agent_options(&server, "shop")
-        .identity(shop_key)
-        .heartbeat_interval(Duration::ZERO)
-        .connect()
-        .await
-        .expect("shop");
-    shop.send_durable(
-        Call::agent("payments", "charge")
-            .command()
-            .payload(&4200u32)
-            .expect("payload"),
-    )
-    .await
-    .expect("stored");
-    let dlq = DeadLetterQueue::new(shop.broker().clone(), shop.subjects().clone());
-    let letter_of = |reason: Option<u16>| {
-        let dlq = dlq.clone();
-        async move {
-            dlq.list(50).await.ok()?.into_iter().rev().find(|l| {
-                l.letter.agent == "payments" && reason.is_none_or(|r| l.letter.status.0 == r)
-            })
-        }
-    };
+    let ops_key = Arc::new(Identity::generate());
+    let pay = Payments::start(&server, ("ops", ops_key.public_key())).await;
+    let (dlq, shop) = (&pay.dlq, &pay.shop);
     let first =
-        chorus_tests::eventually(chorus_tests::WAIT, "the dead letter", || letter_of(None)).await;
-    broken.store(false, Ordering::SeqCst);
+        chorus_tests::eventually(chorus_tests::WAIT, "the dead letter", || pay.letter(None)).await;
+    pay.broken.store(false, Ordering::SeqCst);
 
     // Mallory's replay: refused, dead-lettered again as refused 5004, nothing run.
     let mallory = dlq
@@ -803,7 +861,7 @@ async fn a_signed_dead_letter_replayed_by_a_trusted_operator_is_handled_once() {
         .signed_by("mallory", Arc::new(Identity::generate()));
     mallory.replay(first.id).await.expect("replayed");
     let refused = chorus_tests::eventually(chorus_tests::WAIT, "mallory's replay refused", || {
-        letter_of(Some(StatusCode::IDENTITY.0))
+        pay.letter(Some(StatusCode::IDENTITY.0))
     })
     .await;
     assert!(
@@ -814,17 +872,20 @@ async fn a_signed_dead_letter_replayed_by_a_trusted_operator_is_handled_once() {
         "{}",
         refused.letter.detail
     );
-    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(pay.runs(), 0);
 
     // The operator's: handled once, as shop's.
     let ops = dlq.clone().signed_by("ops", Arc::clone(&ops_key));
     let entry = ops.show(refused.id).await.expect("the letter");
     ops.replay(refused.id).await.expect("replayed");
     chorus_tests::eventually(chorus_tests::WAIT, "the replay handled", || async {
-        (runs.load(Ordering::SeqCst) == 1).then_some(())
+        (pay.runs() == 1).then_some(())
     })
     .await;
-    assert_eq!(*senders.lock().expect("senders"), vec!["shop".to_owned()]);
+    assert_eq!(
+        *pay.senders.lock().expect("senders"),
+        vec!["shop".to_owned()]
+    );
 
     // The same dead letter replayed again, signed afresh: refused as a replay.
     let of = format!("{}:{}", shop.subjects().stream_name("DLQ"), refused.id);
@@ -853,7 +914,7 @@ async fn a_signed_dead_letter_replayed_by_a_trusted_operator_is_handled_once() {
         .await
         .expect("published");
     let again = chorus_tests::eventually(chorus_tests::WAIT, "the second replay refused", || {
-        letter_of(Some(StatusCode::REPLAY.0))
+        pay.letter(Some(StatusCode::REPLAY.0))
     })
     .await;
     assert!(
@@ -861,9 +922,8 @@ async fn a_signed_dead_letter_replayed_by_a_trusted_operator_is_handled_once() {
         "{}",
         again.letter.detail
     );
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "handled once");
-    shop.shutdown().await;
-    worker.shutdown().await;
+    assert_eq!(pay.runs(), 1, "handled once");
+    pay.shutdown().await;
 }
 
 /// Issue 56: MCP and A2A show only what the caller may call. A host's commands (`host-*`) and
@@ -1114,7 +1174,7 @@ async fn an_expired_mcp_sessions_tasks_are_cancelled() {
 /// A `registry.left` event (5009, the worker's heartbeats stopped) as the registry writes it,
 /// claiming to be the coordinator's: signed by `signer` or unsigned.
 async fn departure(raw: &chorus_broker_adapter::Broker, worker: &str, signer: Option<&Identity>) {
-    use chorus_sdk::codec::{self, Encoding};
+    use chorus_sdk::codec;
     use chorus_sdk::{Envelope, Kind, Performative};
     let subject = chorus_sdk::Subjects::default()
         .event("registry.left")
@@ -1131,15 +1191,7 @@ async fn departure(raw: &chorus_broker_adapter::Broker, worker: &str, signer: Op
         "application/msgpack",
     )
     .expect("payload");
-    if let Some(signer) = signer {
-        signer.sign(&subject, &mut env);
-    }
-    raw.publish(
-        &subject,
-        codec::encode(&env, Encoding::MsgPack).expect("encode"),
-    )
-    .await
-    .expect("publish");
+    publish_as_coordinator(raw, &subject, env, signer).await;
 }
 
 /// A requester gives up a task whose worker the registry declares gone without a goodbye.
@@ -1240,19 +1292,15 @@ async fn a_forged_departure_does_not_end_a_task_where_the_coordinators_key_is_kn
 /// that key handles the replay of a signed dead letter once, as its original sender's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_replays_a_signed_dead_letter_in_the_coordinators_name_handled_once() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::atomic::Ordering;
 
     use chorus_gateway::ScopeConfig;
     use chorus_gateway::config::{ApiKey, ConsoleConfig, EdgeIdentity, GatewayConfig};
-    use chorus_sdk::durable::DeadLetterQueue;
-    use chorus_sdk::security::SignaturePolicy;
-    use chorus_sdk::{Context, HandlerError};
     use sha2::Digest;
 
     const OPS_KEY: &str = "ops-console-key-0123456789abcdef";
     let server = server();
-    let (shop_key, coordinator_key) = (Identity::generate(), Identity::generate());
+    let coordinator_key = Identity::generate();
     let dir = tempfile::tempdir().expect("temp dir");
     let seed = dir.path().join("coordinator.nk");
     std::fs::write(&seed, coordinator_key.seed().expect("seed")).expect("seed file");
@@ -1284,68 +1332,10 @@ async fn the_console_replays_a_signed_dead_letter_in_the_coordinators_name_handl
     let coordinator = start_coordinator(config, false).await;
     let console = coordinator.console_addr().expect("the console listens");
 
-    let broken = Arc::new(AtomicBool::new(true));
-    let (runs, senders) = (
-        Arc::new(AtomicU32::new(0)),
-        Arc::new(std::sync::Mutex::new(Vec::new())),
-    );
-    let worker = agent_options(&server, "payments")
-        .durable_inbox(true)
-        .retry_policies(crate::coordinator::fast_policy(2))
-        .verify_signatures(SignaturePolicy {
-            require_signed: true,
-            ..SignaturePolicy::default()
-        })
-        .trust("shop", shop_key.public_key())
-        .trust("coordinator", coordinator_key.public_key())
-        .connect()
-        .await
-        .expect("worker");
-    let (b, r, s) = (Arc::clone(&broken), Arc::clone(&runs), Arc::clone(&senders));
-    worker
-        .on_command("charge", move |ctx: Context, cents: u32| {
-            let failing = b.load(Ordering::SeqCst);
-            if !failing {
-                r.fetch_add(1, Ordering::SeqCst);
-                s.lock().expect("senders").push(ctx.from().to_owned());
-            }
-            async move {
-                if failing {
-                    Err(HandlerError::failed("the card service is down"))
-                } else {
-                    Ok(cents)
-                }
-            }
-        })
-        .await
-        .expect("register");
-    let shop = agent_options(&server, "shop")
-        .identity(shop_key)
-        .heartbeat_interval(Duration::ZERO)
-        .connect()
-        .await
-        .expect("shop");
-    shop.send_durable(
-        Call::agent("payments", "charge")
-            .command()
-            .payload(&4200u32)
-            .expect("payload"),
-    )
-    .await
-    .expect("stored");
-    let dlq = DeadLetterQueue::new(shop.broker().clone(), shop.subjects().clone());
-    let letter = chorus_tests::eventually(chorus_tests::WAIT, "the dead letter", || {
-        let dlq = dlq.clone();
-        async move {
-            dlq.list(50)
-                .await
-                .ok()?
-                .into_iter()
-                .find(|l| l.letter.agent == "payments")
-        }
-    })
-    .await;
-    broken.store(false, Ordering::SeqCst);
+    let pay = Payments::start(&server, ("coordinator", coordinator_key.public_key())).await;
+    let letter =
+        chorus_tests::eventually(chorus_tests::WAIT, "the dead letter", || pay.letter(None)).await;
+    pay.broken.store(false, Ordering::SeqCst);
 
     let answer = crate::gateway::curl(
         console,
@@ -1362,20 +1352,23 @@ async fn the_console_replays_a_signed_dead_letter_in_the_coordinators_name_handl
         answer.body
     );
     chorus_tests::eventually(chorus_tests::WAIT, "the replay handled", || async {
-        (runs.load(Ordering::SeqCst) == 1).then_some(())
+        (pay.runs() == 1).then_some(())
     })
     .await;
-    assert_eq!(*senders.lock().expect("senders"), vec!["shop".to_owned()]);
+    assert_eq!(
+        *pay.senders.lock().expect("senders"),
+        vec!["shop".to_owned()]
+    );
     // Not dead-lettered again: the replay was taken, not refused.
     assert!(
-        dlq.list(50)
+        pay.dlq
+            .list(50)
             .await
             .expect("list")
             .iter()
             .all(|l| l.letter.agent != "payments"),
         "the console's replay was refused"
     );
-    shop.shutdown().await;
-    worker.shutdown().await;
+    pay.shutdown().await;
     coordinator.shutdown().await;
 }
