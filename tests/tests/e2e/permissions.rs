@@ -592,7 +592,8 @@ async fn a_host_under_its_entry_runs_what_the_admin_deploys_on_a_secured_bus() {
 
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).expect("work folder");
-    let mut host = std::process::Command::new(&chorus)
+    // Killed when the test ends, however it ends.
+    let host = std::process::Command::new(&chorus)
         .args(["--server", &url, "--nkey-file"])
         .arg(seed("host-a", &host_key))
         .args(["host", "--name", "a", "--report-interval", "1s"])
@@ -608,6 +609,7 @@ async fn a_host_under_its_entry_runs_what_the_admin_deploys_on_a_secured_bus() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("chorus host starts");
+    let host = chorus_tests::Processes(vec![host]);
     let ops = chorus_tests::agent_options(&server, "ops")
         .broker(
             BrokerOptions::new([url.as_str()])
@@ -667,8 +669,7 @@ async fn a_host_under_its_entry_runs_what_the_admin_deploys_on_a_secured_bus() {
     )
     .await
     .expect("the admin terminates");
-    let _ = host.kill();
-    let _ = host.wait();
+    drop(host);
     ops.shutdown().await;
     coordinator.shutdown().await;
 }
