@@ -820,31 +820,24 @@ impl JetStream {
     /// # Errors
     /// As [`JetStream::ensure_kv`].
     pub async fn ensure_kv_exists(&self, spec: &KvSpec) -> Result<Kv> {
+        let what = format!("key-value bucket {}", spec.bucket);
         let opened = match self.ctx.get_key_value(&spec.bucket).await {
             Ok(store) => store,
             Err(e) => {
-                let err = js_err(&format!("key-value bucket {}", spec.bucket), e);
+                let err = js_err(&what, e);
                 if err.kind() != ErrorKind::NotFound {
                     return Err(err);
                 }
-                // A create only (an update first would need the right to update).
-                return match self.ctx.create_key_value(kv_config(spec)).await {
-                    Ok(store) => Ok(Kv {
-                        store,
-                        link: self.link.clone(),
-                    }),
-                    // Made by another client meanwhile.
-                    Err(created) => match self.ctx.get_key_value(&spec.bucket).await {
-                        Ok(store) => Ok(Kv {
-                            store,
-                            link: self.link.clone(),
-                        }),
-                        Err(_) => Err(js_err(
-                            &format!("key-value bucket {}", spec.bucket),
-                            created,
-                        )),
-                    },
-                };
+                // A create only (an update first would need the right to update); one made
+                // by another client meanwhile is opened.
+                match self.ctx.create_key_value(kv_config(spec)).await {
+                    Ok(store) => store,
+                    Err(created) => self
+                        .ctx
+                        .get_key_value(&spec.bucket)
+                        .await
+                        .map_err(|_| js_err(&what, created))?,
+                }
             }
         };
         let kept = opened

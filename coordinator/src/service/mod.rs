@@ -63,7 +63,7 @@ pub(crate) struct Shared {
     pub(crate) js: JetStream,
     pub(crate) registry: Registry,
     /// The key broadcast copies are signed with, as `coordinator`.
-    pub(crate) identity: Option<chorus_sdk::security::Identity>,
+    pub(crate) identity: Option<Arc<chorus_sdk::security::Identity>>,
     /// Checks broadcast requests: a signed one must verify against its sender's key, and an
     /// unsigned one is refused where `require_signed_broadcasts` says so.
     pub(crate) broadcast_verifier: chorus_sdk::security::Verifier,
@@ -134,7 +134,8 @@ impl Coordinator {
     pub async fn start(mut config: CoordinatorConfig, serve_metrics: bool) -> Result<Coordinator> {
         config.validate()?;
         config.read_trusted_keys()?;
-        let identity = config.signing_identity()?;
+        // Read once: broadcast copies, task records and registry events are signed with it.
+        let identity = config.signing_identity()?.map(Arc::new);
         let broadcast_verifier =
             chorus_sdk::security::Verifier::new(chorus_sdk::security::SignaturePolicy {
                 require_signed: config.require_signed_broadcasts,
@@ -185,7 +186,7 @@ impl Coordinator {
             broker.clone(),
             buckets.registry.clone(),
             config.missed_heartbeats,
-            config.signing_identity()?.map(std::sync::Arc::new),
+            identity.clone(),
         );
         let entries = buckets
             .registry
