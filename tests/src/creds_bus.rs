@@ -57,3 +57,18 @@ pub async fn consumer_exists(admin: &Broker, stream: &str, consumer: &str) -> bo
     let info = info(admin, &format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}")).await;
     info.get("error").is_none()
 }
+
+/// Names `admin` the coordinator's one admin, whose commands count only signed with
+/// `public_key` (as SECURITY.md's walk-through configures `ops`).
+pub fn signing_admin(
+    config: &mut chorus_coordinator::CoordinatorConfig,
+    admin: &str,
+    public_key: String,
+) {
+    config.authority = chorus_coordinator::authority::AuthorityConfig {
+        admins: vec![admin.to_owned()],
+        operators: Vec::new(),
+        require_signed: Some(true),
+    };
+    config.trusted_keys.insert(admin.to_owned(), public_key);
+}

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chorus_broker_adapter::{Broker, BrokerOptions, Credentials};
-use chorus_coordinator::authority::AuthorityConfig;
 use chorus_coordinator::creds::{Role, authorization_entry, coordinator_entry};
 use chorus_gateway::config::{ApiKey, EdgeIdentity};
 use chorus_gateway::{Bus, Gateway, GatewayConfig, ScopeConfig};
@@ -193,14 +192,7 @@ async fn an_agent_a_gateway_key_and_a_stranger_take_nothing_over_and_the_admin_d
         ..chorus_coordinator::CoordinatorConfig::default()
     };
     config.security.nkey_seed_file = Some(seed("coordinator", &coordinator_key));
-    config.authority = AuthorityConfig {
-        admins: vec!["ops".into()],
-        operators: Vec::new(),
-        require_signed: Some(true),
-    };
-    config
-        .trusted_keys
-        .insert("ops".into(), ops_key.public_key());
+    chorus_tests::creds_bus::signing_admin(&mut config, "ops", ops_key.public_key());
     let coordinator = chorus_tests::start_coordinator(config, false).await;
     let admin_raw = connect(&url, "coordinator", &coordinator_key).await;
     let creds = |key: &Identity| {

@@ -580,14 +580,7 @@ async fn a_host_under_its_entry_runs_what_the_admin_deploys_on_a_secured_bus() {
         ..chorus_coordinator::CoordinatorConfig::default()
     };
     config.security.nkey_seed_file = Some(seed("coordinator", &coordinator_key));
-    config.authority = chorus_coordinator::authority::AuthorityConfig {
-        admins: vec!["ops".into()],
-        operators: Vec::new(),
-        require_signed: Some(true),
-    };
-    config
-        .trusted_keys
-        .insert("ops".into(), ops_key.public_key());
+    chorus_tests::creds_bus::signing_admin(&mut config, "ops", ops_key.public_key());
     let coordinator = chorus_tests::start_coordinator(config, false).await;
 
     let work = dir.path().join("work");
