@@ -152,6 +152,22 @@ fn connection_name(id: &str) -> String {
     format!("chorus-gateway-{id}")
 }
 
+/// Where an edge identity's replies come back: under its own id when it connects as its own
+/// user (`chorus creds <id>` allows `_INBOX.<id>.>`); under the coordinator's, as
+/// `_INBOX.coordinator.edge-<id>`, when it shares the coordinator's user, whose entry allows
+/// that prefix and no other identity's.
+fn edge_inbox_prefix(
+    subjects: &Subjects,
+    identity: &config::EdgeIdentity,
+) -> std::result::Result<String, chorus_sdk::subject::SubjectError> {
+    let own = subjects.inbox_prefix(&identity.id)?;
+    if identity.nkey_seed_file.is_some() {
+        return Ok(own);
+    }
+    let shared = subjects.inbox_prefix(chorus_sdk::registry::COORDINATOR_ID)?;
+    Ok(format!("{shared}.edge-{}", identity.id))
+}
+
 async fn connect_edge(
     bus: &Bus,
     gateway: &GatewayConfig,
@@ -164,8 +180,7 @@ async fn connect_edge(
     if let Some(seed) = &identity.nkey_seed_file {
         security.nkey_seed_file = Some(seed.clone());
     }
-    let inbox_prefix = subjects
-        .inbox_prefix(&identity.id)
+    let inbox_prefix = edge_inbox_prefix(subjects, identity)
         .map_err(Error::wrap(ErrorKind::Config, "gateway: identity"))?;
     let broker = security
         .apply(
@@ -521,5 +536,31 @@ impl Drop for Gateway {
         if let Some((_, agent)) = &self.console {
             agent.stop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_identity_on_the_coordinators_user_takes_its_replies_under_the_coordinators_inbox() {
+        let subjects = Subjects::default();
+        let mut identity = config::EdgeIdentity {
+            id: "ops".into(),
+            nkey_seed_file: None,
+            tenant: None,
+        };
+        assert_eq!(
+            edge_inbox_prefix(&subjects, &identity).expect("prefix"),
+            "_INBOX.coordinator.edge-ops"
+        );
+        identity.nkey_seed_file = Some("ops.nk".into());
+        assert_eq!(
+            edge_inbox_prefix(&subjects, &identity).expect("prefix"),
+            "_INBOX.ops"
+        );
+        identity.id = "not.one.token".into();
+        assert!(edge_inbox_prefix(&subjects, &identity).is_err());
     }
 }

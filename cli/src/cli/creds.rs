@@ -116,7 +116,7 @@ pub(crate) fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode>
 }
 
 /// Writes a secret readable by its owner only; an existing file is never overwritten.
-fn write_secret(path: &Path, secret: &str) -> anyhow::Result<()> {
+pub(super) fn write_secret(path: &Path, secret: &str) -> anyhow::Result<()> {
     use std::io::Write;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);

@@ -3,6 +3,7 @@
 
 mod agent;
 mod agents;
+mod api_key;
 mod audit;
 mod bench;
 mod broadcast;
@@ -152,6 +153,9 @@ pub(crate) enum Command {
     /// Create an agent's NATS identity (an nkey seed file) and print the `nats.conf`
     /// authorization entry that confines it to its own subjects.
     Creds(creds::Args),
+    /// Create a gateway API key (a file of its own, mode 0600) and print the
+    /// `[[gateway.api_keys]]` block, with its SHA-256 only, for the coordinator's configuration.
+    ApiKey(api_key::Args),
     /// Generate a development CA, server and client certificates for NATS with TLS.
     Certs(certs::Args),
     /// Inspect and act on the dead-letter queue.
@@ -264,6 +268,7 @@ async fn dispatch(
         Command::Bench(args) => bench::run(args, conn).await,
         Command::Chaos(args) => chaos::run(args).await,
         Command::Creds(args) => creds::run(args, conn),
+        Command::ApiKey(args) => api_key::run(args),
         Command::Certs(args) => certs::run(args),
         Command::Dlq(args) => dlq::run(args, conn).await,
         Command::Audit(args) => audit::run(args, conn).await,

@@ -3,8 +3,11 @@
 //! real `nats-server`, `chorus serve` with the `toml` block, ocr-agent as the Rust block (which
 //! is `agent-sdk/examples/secure_ocr_agent.rs`, run as its built binary), nlp-agent as the
 //! Python block (run with the interpreter `scripts/test` installs the SDK into), and the
-//! operator's `sh` block and `tap` command. The one change: the port, `4222` in the document,
-//! is one the OS picks, so tests run side by side. Then a spoofed `from`, a replay across a
+//! operator's `sh` block and `tap` command, the dead letter replayed, the host and the admin's
+//! deploy, then the gateway's block appended to `chorus.toml` with the keys `chorus api-key`
+//! makes, the HTTP caller's `curl` (served by ocr-agent, which requires signatures, as web-ui)
+//! and ops's console sign-in. The one change: the ports, `4222`, `8480` and `8490` in the
+//! document, are ones the OS picks, so tests run side by side. Then a spoofed `from`, a replay across a
 //! restart and a forged broadcast are each refused with their code.
 
 use std::io::{BufRead, BufReader};
@@ -21,6 +24,19 @@ use chorus_tests::{WAIT, chorus_binary, eventually, within};
 
 /// The address the document uses; the test puts its own port in its place.
 const DOC_ADDRESS: &str = "127.0.0.1:4222";
+/// The gateway's and the console's addresses in step 8.
+const DOC_GATEWAY: &str = "127.0.0.1:8480";
+const DOC_CONSOLE: &str = "127.0.0.1:8490";
+
+/// The value of cookie `name` set in response headers `head`.
+fn cookie(head: &str, name: &str) -> Option<String> {
+    head.lines()
+        .filter_map(|l| l.split_once(": "))
+        .filter(|(n, _)| n.eq_ignore_ascii_case("set-cookie"))
+        .filter_map(|(_, c)| c.split(';').next()?.split_once('='))
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.trim().to_owned())
+}
 
 fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
@@ -440,6 +456,109 @@ async fn walkthrough_running_with_security_on_works_as_documented_and_refuses_ea
     let (ok, out) = as_ops(&["deployments"]);
     assert!(ok && !out.contains("hello"), "{out}");
     drop(host);
+
+    // 8. The gateway and the console: the coordinator stopped, the toml block appended, the
+    //    keys made as written, and `chorus serve` started again; its listeners on free ports.
+    let (api, console) = (free_port(), free_port());
+    let ported = |text: &str| {
+        text.replace(DOC_ADDRESS, &address)
+            .replace(DOC_GATEWAY, &format!("127.0.0.1:{api}"))
+            .replace(DOC_CONSOLE, &format!("127.0.0.1:{console}"))
+    };
+    coordinator.stop();
+    let mut toml = std::fs::read_to_string(dir.join("chorus.toml")).expect("chorus.toml");
+    toml.push('\n');
+    toml.push_str(&ported(fenced(section, "toml", 2)));
+    std::fs::write(dir.join("chorus.toml"), toml).expect("append to chorus.toml");
+    let keys = fenced(section, "sh", 6);
+    assert!(keys.contains("chorus api-key"), "{keys}");
+    let out = sh(keys);
+    assert!(out.status.success(), "{keys}\n{}", text(&out));
+    let mut serve = Command::new(&chorus);
+    serve
+        .args(["serve", "--config", "chorus.toml"])
+        .current_dir(dir)
+        .env("CHORUS_SERVE__METRICS_ADDR", "127.0.0.1:0");
+    coordinator = Running::start("chorus serve", serve);
+    coordinator.wait_for("chorus serve: coordinator", 1);
+    // The caller's request, as written, once the registry has told ocr-agent web-ui's key.
+    let call = ported(fenced(section, "sh", 7));
+    assert!(call.starts_with("curl "), "{call}");
+    let answer = eventually(WAIT, "ocr-agent answers the gateway's caller", || async {
+        let out = tokio::task::block_in_place(|| sh(&call));
+        let said = text(&out);
+        (out.status.success() && said.contains("words for")).then_some(said)
+    })
+    .await;
+    let expected =
+        r#"{"status":5002,"label":"ok","from":"ocr-agent","payload":"5 words for web-ui"}"#;
+    assert!(section.contains(expected), "the document gives the answer");
+    assert!(answer.contains(expected), "{answer}");
+    // The console, signed in with ops's key as a browser does (the login form's token in its
+    // cookie and the form).
+    let console_addr: std::net::SocketAddr =
+        format!("127.0.0.1:{console}").parse().expect("address");
+    let read_key = |id: &str| {
+        std::fs::read_to_string(dir.join(format!(".keys/{id}.key")))
+            .expect("the key file")
+            .trim()
+            .to_owned()
+    };
+    let (ops_key_text, web_key_text) = (read_key("ops"), read_key("web-ui"));
+    let (_, head, form) = chorus_tests::curl(console_addr, "GET", "/login", &[], 10).await;
+    let token = cookie(&head, "chorus_console_login").expect("a login cookie");
+    assert!(form.contains(&token), "the form carries its token");
+    let login_body = format!("credential={}&csrf={token}&next=%2Fagents", ops_key_text);
+    let (status, head, _) = chorus_tests::curl(
+        console_addr,
+        "POST",
+        "/login",
+        &[
+            "-H".into(),
+            format!("cookie: chorus_console_login={token}"),
+            "-H".into(),
+            "content-type: application/x-www-form-urlencoded".into(),
+            "--data-binary".into(),
+            login_body,
+        ],
+        10,
+    )
+    .await;
+    assert_eq!(status, 303, "{head}");
+    let session = cookie(&head, "chorus_console").expect("a session cookie");
+    let signed_in = vec!["-H".to_owned(), format!("cookie: chorus_console={session}")];
+    eventually(WAIT, "the console lists the agents", || async {
+        let (status, _, page) =
+            chorus_tests::curl(console_addr, "GET", "/agents", &signed_in, 10).await;
+        (status == 200
+            && ["ocr-agent", "nlp-agent", "web-ui"]
+                .iter()
+                .all(|a| page.contains(a)))
+        .then_some(page)
+    })
+    .await;
+    let (status, _, page) = chorus_tests::curl(console_addr, "GET", "/dlq", &signed_in, 10).await;
+    assert!(
+        status == 200
+            && page.contains(r#"signed in as <b id="identity">ops</b>"#)
+            && page.contains("0 dead letter(s) in the queue"),
+        "{page}"
+    );
+    // Each key reaches what its scope names: web-ui's no console page, ops's no agent.
+    let (status, _, _) = chorus_tests::curl(
+        console_addr,
+        "GET",
+        "/agents",
+        &["-H".into(), format!("x-api-key: {web_key_text}")],
+        10,
+    )
+    .await;
+    assert_eq!(status, 403, "web-ui's key on the console");
+    let ops_call = call
+        .replace(".keys/web-ui.key", ".keys/ops.key")
+        .replace("curl -s", "curl -s -o /dev/null -w %{http_code}");
+    let out = sh(&ops_call);
+    assert_eq!(text(&out).trim(), "403", "{ops_call}");
 
     // An attacker with ops's credentials, on the wire.
     let ops_key = Identity::from_seed(
