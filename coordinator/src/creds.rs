@@ -120,7 +120,7 @@ fn jetstream_calls_of(
         api(&format!("CONSUMER.INFO.{registry}.*")),
     ]);
     calls.extend(chorus_sdk::payload::payload_permissions(subjects));
-    if role.durable {
+    if role.durable || role.gateway {
         let inbox = subjects.stream_name(INBOX_STREAM);
         for stream in [
             inbox.clone(),
@@ -153,6 +153,19 @@ fn jetstream_calls_of(
                 )),
             ]);
         }
+    }
+    if role.gateway {
+        // The A2A push configs its callers register, kept under its own name only: it may
+        // make the bucket, write and remove its own keys, and list them through a consumer
+        // whose filter (named in the subject) is its own keys.
+        let stream = kv(chorus_gateway::PUSH_BUCKET);
+        let own = subjects.bucket_keys(chorus_gateway::PUSH_BUCKET, id)?;
+        calls.extend([
+            api(&format!("STREAM.INFO.{stream}")),
+            api(&format!("STREAM.CREATE.{stream}")),
+            api(&format!("CONSUMER.CREATE.{stream}.*.{own}")),
+            own,
+        ]);
     }
     if role.host {
         let hosts = kv(chorus_host::protocol::HOSTS_BUCKET);
@@ -218,6 +231,9 @@ pub struct Role {
     /// `[[gateway.sap]]` bindings), each `<agent>.<owner>.<session>`: their `prompt` and
     /// `status` subjects, their heartbeat subject, and answers of many messages per prompt.
     pub sap: Vec<String>,
+    /// A gateway identity (`[[gateway.identities]]` with its own `nkey_seed_file`): its
+    /// durable inbox, and the A2A push configs of its callers kept under its own name.
+    pub gateway: bool,
     /// The machine `chorus host --name <name>` runs, as the agent `host-<name>`: its report
     /// in the hosts bucket under its own name, and the heartbeats of the agents it runs.
     pub host: bool,

@@ -45,6 +45,7 @@ use tokio_util::task::TaskTracker;
 
 use chorus_sdk::security::ConnectionSecurity;
 
+pub use a2a::push::PUSH_BUCKET;
 pub use agentify::TASK_HEADER as AGENTIFY_TASK_HEADER;
 pub use config::{
     CircuitBreakerConfig, ConsoleConfig, GatewayConfig, McpConfig, PushConfig, ScopeConfig, Tenant,
@@ -290,6 +291,14 @@ impl Gateway {
             )),
             None => None,
         };
+        // Each identity's kept push configs, read back and resumed before anything is served.
+        if let Some(push) = &push {
+            for edge in edges.values() {
+                push.open(&edge.agent)
+                    .await
+                    .map_err(|e| Error::new(ErrorKind::Config, format!("gateway.push: {e}")))?;
+            }
+        }
         let state = Arc::new(GatewayState {
             config: gateway.clone(),
             auth,

@@ -15,6 +15,9 @@ use crate::events::Link;
 /// How many of a bucket's entries [`Kv::entries`] reads at once.
 const ENTRIES_IN_FLIGHT: usize = 16;
 
+/// How long [`Kv::entries_under`] waits for the next entry the server said it holds.
+const LIST_WAIT: Duration = Duration::from_secs(10);
+
 /// What a key-value bucket should look like.
 #[derive(Debug, Clone)]
 pub struct KvSpec {
@@ -83,6 +86,8 @@ impl KvEntry {
 #[derive(Debug, Clone)]
 pub struct Kv {
     pub(super) store: kv::Store,
+    /// Its JetStream context, for a listing's subscription and the messages it reads.
+    pub(super) ctx: async_nats::jetstream::Context,
     /// The connection, so that a write in flight when it is lost ends soon after it is back.
     pub(super) link: Link,
 }
@@ -210,6 +215,114 @@ impl Kv {
             .try_collect()
             .await?;
         Ok(read.into_iter().flatten().collect())
+    }
+
+    /// Every live entry whose key is under `prefix` (`<prefix>.<rest>`), read through a
+    /// consumer that sees only those keys: credentials that may read their own keys and no
+    /// others' list them (the consumer's name and filter are in the subject of its creation,
+    /// `$JS.API.CONSUMER.CREATE.<stream>.<name>.$KV.<bucket>.<prefix>.>`). The consumer is
+    /// the server's to remove once unused.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for a prefix that is not
+    /// one or more key tokens; [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) when the
+    /// server does not answer or the entries stop coming; [`ErrorKind::Broker`](crate::ErrorKind::Broker)
+    /// when the consumer cannot be created.
+    pub async fn entries_under(&self, prefix: &str) -> Result<Vec<KvEntry>> {
+        use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, ReplayPolicy, push};
+        if prefix.is_empty()
+            || prefix.split('.').any(|t| {
+                t.is_empty()
+                    || !t
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_=/".contains(c))
+            })
+        {
+            return Err(crate::Error::new(
+                crate::ErrorKind::InvalidInput,
+                format!("kv entries under {prefix:?}: not a key prefix"),
+            ));
+        }
+        let what = || format!("kv entries under {prefix}");
+        let subject_prefix = self.store.prefix.clone();
+        let client = self.ctx.client();
+        let deliver = client.new_inbox();
+        // Subscribed before the consumer exists: a push consumer delivers at once, and what
+        // comes before a subscription is lost.
+        let mut delivered = client
+            .subscribe(deliver.clone())
+            .await
+            .map_err(|e| crate::Error::new(crate::ErrorKind::Broker, format!("{}: {e}", what())))?;
+        let config = push::Config {
+            name: Some(format!("list_{}", nuid::next())),
+            deliver_subject: deliver,
+            filter_subject: format!("{subject_prefix}{prefix}.>"),
+            deliver_policy: DeliverPolicy::LastPerSubject,
+            ack_policy: AckPolicy::None,
+            replay_policy: ReplayPolicy::Instant,
+            inactive_threshold: Duration::from_secs(10),
+            memory_storage: true,
+            ..Default::default()
+        };
+        let consumer = self
+            .link
+            .answered(what, async {
+                self.store
+                    .stream
+                    .create_consumer(config)
+                    .await
+                    .map_err(|e| js_err(what(), e))
+            })
+            .await?;
+        let mut pending = consumer.cached_info().num_pending;
+        let mut entries = Vec::new();
+        while pending > 0 {
+            let message = tokio::time::timeout(LIST_WAIT, delivered.next())
+                .await
+                .map_err(|_| {
+                    crate::Error::new(
+                        crate::ErrorKind::TimedOut,
+                        format!("{}: the entries stopped coming", what()),
+                    )
+                })?
+                .ok_or_else(|| {
+                    crate::Error::new(
+                        crate::ErrorKind::Broker,
+                        format!("{}: the subscription ended", what()),
+                    )
+                })?;
+            let message = async_nats::jetstream::Message {
+                message,
+                context: self.ctx.clone(),
+            };
+            pending = message
+                .info()
+                .map_err(|e| {
+                    crate::Error::new(crate::ErrorKind::Broker, format!("{}: {e}", what()))
+                })?
+                .pending;
+            let Some(key) = message.subject.strip_prefix(subject_prefix.as_str()) else {
+                continue;
+            };
+            let deleted = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("KV-Operation"))
+                .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+            if !deleted {
+                entries.push(KvEntry {
+                    key: key.to_owned(),
+                    value: message.payload.clone(),
+                    revision: message
+                        .info()
+                        .map(|i| i.stream_sequence)
+                        .unwrap_or_default(),
+                    op: KvOp::Put,
+                });
+            }
+        }
+        let _ = delivered.unsubscribe().await;
+        Ok(entries)
     }
 
     /// Every change from now on, after the current value of every key.

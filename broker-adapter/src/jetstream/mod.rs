@@ -789,6 +789,7 @@ impl JetStream {
             .map_err(|e| js_err(&format!("key-value bucket {bucket}"), e))?;
         Ok(Kv {
             store,
+            ctx: self.ctx.clone(),
             link: self.link.clone(),
         })
     }
@@ -807,6 +808,7 @@ impl JetStream {
             .map_err(|e| js_err(&format!("key-value bucket {}", spec.bucket), e))?;
         Ok(Kv {
             store,
+            ctx: self.ctx.clone(),
             link: self.link.clone(),
         })
     }
@@ -855,6 +857,7 @@ impl JetStream {
         }
         Ok(Kv {
             store: opened,
+            ctx: self.ctx.clone(),
             link: self.link.clone(),
         })
     }

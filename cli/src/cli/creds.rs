@@ -47,6 +47,11 @@ pub(crate) struct Args {
     /// identity with an `[[gateway.sap]]` binding; repeat for several).
     #[arg(long, value_name = "AGENT.OWNER.SESSION")]
     sap: Vec<String>,
+    /// The entry of a gateway identity (`[[gateway.identities]]` with its own
+    /// `nkey_seed_file`): its durable inbox, and the A2A push configs its callers register,
+    /// kept under its own name.
+    #[arg(long, conflicts_with = "cli")]
+    gateway: bool,
     /// The entry of a machine that runs agents (`chorus host --name NAME` connects as the
     /// agent `host-NAME`: give that id): its report in the hosts bucket under its own name,
     /// and the heartbeats of the agents it runs.
@@ -92,6 +97,7 @@ pub(crate) fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<ExitCode>
             cli: args.cli,
             sap: args.sap,
             host: args.host,
+            gateway: args.gateway,
         };
         chorus_coordinator::creds::authorization_entry(&subjects, &role, &identity.public_key())?
     };

@@ -847,12 +847,13 @@ impl Method<'_> {
         };
         Ok(Answer::One(match method {
             "CreateTaskPushNotificationConfig" => {
-                push.create(&self.edge.agent, task.handle, task.folded, params)?
+                push.create(&self.edge.agent, task.handle, task.folded, params)
+                    .await?
             }
             "GetTaskPushNotificationConfig" => push.get(id, config_id()?)?,
             "ListTaskPushNotificationConfigs" => push.list(id),
             "DeleteTaskPushNotificationConfig" => {
-                push.delete(id, config_id()?);
+                push.delete(&self.edge.agent, id, config_id()?).await?;
                 json!({})
             }
             other => {
@@ -934,7 +935,8 @@ impl Method<'_> {
                 handle,
                 Folded::new(id, &task.updates),
                 config,
-            )?;
+            )
+            .await?;
         }
         Ok(Started {
             task,

@@ -14,19 +14,25 @@
 //!   of an event envelope from the caller's identity, the webhook named in its headers) and the
 //!   config is dropped: the rest of that task's updates are not sent to it.
 //! - A task's configs go when it ends; one asked for an ended task is refused (-32004).
-//! - Configs live in the gateway's memory: a gateway that restarts forgets them (a client
-//!   registers again, or reads the task).
+//! - Configs are kept in JetStream, in the key-value bucket `<root>_a2a_push`, each under
+//!   `<identity>.<task>.<config id>` with the last update delivered to it: a config is
+//!   answered once the server has it, and a gateway that restarts reads its identities' configs
+//!   back and goes on from the first update each has not had. An identity's credentials reach
+//!   its own keys only (`chorus creds <identity> --gateway`): the credentials a webhook was
+//!   given are readable by that identity's user and the coordinator's, nobody else's.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
+use chorus_broker_adapter::jetstream::{Kv, KvSpec};
 use chorus_sdk::durable::{DeadLetter, DeadLetterReason, write_dead_letter};
 use chorus_sdk::task::TaskHandle;
 use chorus_sdk::{Agent, Envelope, Kind, Performative, StatusCode};
 use futures::StreamExt;
 use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::Sha256;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +46,24 @@ use crate::webhook::Webhook;
 
 /// Most tasks with push configs at once.
 const MAX_TASKS: usize = 10_000;
+
+/// The key-value bucket (under the root) that keeps push configs.
+pub const PUSH_BUCKET: &str = "a2a_push";
+
+/// Most messages of a task read back to resume its pushes after a restart.
+const MAX_RESUME_MESSAGES: usize = 10_000;
+
+/// A config as kept in the bucket: what it was given, and the sequence of the last task
+/// message whose updates were delivered to it.
+#[derive(Debug, Serialize, Deserialize)]
+struct Record {
+    url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    authorization: Option<String>,
+    delivered_seq: u64,
+}
 
 /// One push config, as registered.
 #[derive(Debug, Clone)]
@@ -69,8 +93,10 @@ impl Config {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct TaskPush {
+    /// The identity whose caller registered them (its bucket keys).
+    identity: String,
     configs: BTreeMap<String, Config>,
     watched: bool,
 }
@@ -82,6 +108,8 @@ pub(crate) struct Push {
     secret: Option<Vec<u8>>,
     client: reqwest::Client,
     tasks: Mutex<HashMap<Uuid, TaskPush>>,
+    /// Each identity's view of the bucket, through its own connection.
+    stores: Mutex<HashMap<String, Kv>>,
     tracker: TaskTracker,
     stop: CancellationToken,
 }
@@ -149,6 +177,7 @@ impl Push {
             secret,
             client,
             tasks: Mutex::new(HashMap::new()),
+            stores: Mutex::new(HashMap::new()),
             tracker,
             stop,
         })
@@ -196,13 +225,19 @@ impl Push {
         let id = match text(params, "id")? {
             Some(id)
                 if id.len() <= 128
-                    && id
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
+                    && id.split('.').all(|t| {
+                        !t.is_empty()
+                            && t.chars()
+                                .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
+                    }) =>
             {
                 id.to_owned()
             }
-            Some(_) => return Err(invalid("id: up to 128 letters, digits, '-', '_' and '.'")),
+            Some(_) => {
+                return Err(invalid(
+                    "id: up to 128 letters, digits, '-', '_' and '.' (not first, last or twice in a row)",
+                ));
+            }
             None => Uuid::now_v7().to_string(),
         };
         Ok(Config {
@@ -218,9 +253,179 @@ impl Push {
         self.config_of(params).map(|_| ())
     }
 
+    /// The bucket key of config `id` of `task`, registered by `identity`'s caller.
+    fn key(identity: &str, task: Uuid, id: &str) -> String {
+        format!("{identity}.{task}.{id}")
+    }
+
+    /// `identity`'s view of the bucket.
+    fn store(&self, identity: &str) -> Result<Kv, RpcError> {
+        self.stores
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(identity)
+            .cloned()
+            .ok_or_else(|| {
+                RpcError::new(
+                    code::INTERNAL,
+                    format!("push configs cannot be kept for {identity} on this gateway"),
+                )
+            })
+    }
+
+    /// Keeps `config` of `task` in `store` with the last delivered message `delivered_seq`.
+    async fn keep(
+        store: &Kv,
+        identity: &str,
+        task: Uuid,
+        config: &Config,
+        delivered_seq: u64,
+    ) -> chorus_broker_adapter::Result<()> {
+        let record = Record {
+            url: config.url.to_string(),
+            token: config.token.clone(),
+            authorization: config.authorization.clone(),
+            delivered_seq,
+        };
+        let bytes = serde_json::to_vec(&record).unwrap_or_default();
+        store
+            .put(&Self::key(identity, task, &config.id), Bytes::from(bytes))
+            .await
+            .map(|_| ())
+    }
+
+    /// Opens the bucket for `agent`'s identity (making it if it is missing) and resumes the
+    /// pushes its callers registered before the gateway last stopped: each from the first
+    /// update its configs have not had. Configs of tasks that are gone or ended, or whose
+    /// webhook this gateway no longer allows, are removed.
+    ///
+    /// # Errors
+    /// A message naming the identity when the bucket cannot be opened or read (its
+    /// credentials, most often: `chorus creds <identity> --gateway`).
+    pub(crate) async fn open(self: &Arc<Self>, agent: &Agent) -> Result<(), String> {
+        let identity = agent.id().to_owned();
+        let why = |e: &dyn std::fmt::Display| {
+            format!(
+                "identity {identity} cannot keep A2A push configs in JetStream ({e}); its NATS user needs `chorus creds {identity} --gateway`"
+            )
+        };
+        let spec = KvSpec {
+            description: "A2A push notification configs, by gateway identity".into(),
+            ..KvSpec::new(agent.subjects().bucket_name(PUSH_BUCKET))
+        };
+        let store = agent
+            .broker()
+            .jetstream(chorus_sdk::JETSTREAM_TIMEOUT)
+            .ensure_kv_exists(&spec)
+            .await
+            .map_err(|e| why(&chorus_sdk::Report(&e)))?;
+        let entries = store
+            .entries_under(&identity)
+            .await
+            .map_err(|e| why(&chorus_sdk::Report(&e)))?;
+        self.stores
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(identity.clone(), store.clone());
+        let mut by_task: BTreeMap<Uuid, Vec<(Config, u64)>> = BTreeMap::new();
+        for entry in entries {
+            match self.config_of_record(&identity, &entry.key, &entry.value) {
+                Some((task, config, delivered)) => {
+                    by_task.entry(task).or_default().push((config, delivered));
+                }
+                None => {
+                    tracing::warn!(key = %entry.key, "push: a kept config this gateway no longer takes is removed");
+                    let _ = store.delete(&entry.key).await;
+                }
+            }
+        }
+        let mut resumed = 0usize;
+        for (task, configs) in by_task {
+            let forget = || async {
+                for (config, _) in &configs {
+                    let _ = store.delete(&Self::key(&identity, task, &config.id)).await;
+                }
+            };
+            let handle = match agent.task(task).await {
+                Ok(handle) => handle,
+                Err(chorus_sdk::SdkError::TaskNotFound(_)) => {
+                    forget().await;
+                    continue;
+                }
+                Err(err) => {
+                    tracing::warn!(%task, error = %chorus_sdk::Report(&err), "push: a kept task cannot be read; its configs wait for the next start");
+                    continue;
+                }
+            };
+            let mut updates = match handle.history(MAX_RESUME_MESSAGES).await {
+                Ok(updates) => updates,
+                Err(err) => {
+                    tracing::warn!(%task, error = %chorus_sdk::Report(&err), "push: a kept task cannot be read; its configs wait for the next start");
+                    continue;
+                }
+            };
+            let delivered = configs.iter().map(|(_, d)| *d).min().unwrap_or_default();
+            updates.truncate(updates.partition_point(|u| u.seq <= delivered));
+            let folded = Folded::new(task, &updates);
+            if updates.is_empty() || is_terminal(folded.state) {
+                forget().await;
+                continue;
+            }
+            self.tasks().insert(
+                task,
+                TaskPush {
+                    identity: identity.clone(),
+                    configs: configs
+                        .into_iter()
+                        .map(|(c, _)| (c.id.clone(), c))
+                        .collect(),
+                    watched: true,
+                },
+            );
+            let push = Arc::clone(self);
+            let (agent, store) = (agent.clone(), store.clone());
+            self.tracker
+                .spawn(async move { push.watch(agent, handle, folded, store).await });
+            resumed += 1;
+        }
+        if resumed > 0 {
+            tracing::info!(%identity, tasks = resumed, "push: resumed the kept configs");
+        }
+        Ok(())
+    }
+
+    /// A kept entry read back: its task, its config (the webhook still allowed) and the last
+    /// message delivered to it; `None` when it no longer reads as one.
+    fn config_of_record(
+        &self,
+        identity: &str,
+        key: &str,
+        value: &[u8],
+    ) -> Option<(Uuid, Config, u64)> {
+        let rest = key.strip_prefix(identity)?.strip_prefix('.')?;
+        let (task, id) = rest.split_once('.')?;
+        let task: Uuid = task.parse().ok()?;
+        let record: Record = serde_json::from_slice(value).ok()?;
+        let (hook, url) = Webhook::parse(&record.url).ok()?;
+        if !self.allow.iter().any(|prefix| hook.under(prefix)) {
+            return None;
+        }
+        Some((
+            task,
+            Config {
+                id: id.to_owned(),
+                url,
+                token: record.token,
+                authorization: record.authorization,
+            },
+            record.delivered_seq,
+        ))
+    }
+
     /// Registers a config for the task `handle` names, whose messages so far are folded in
-    /// `folded`; starts its watcher unless it has one.
-    pub(super) fn create(
+    /// `folded`, kept in JetStream before it is answered; starts its watcher unless it has
+    /// one.
+    pub(super) async fn create(
         self: &Arc<Self>,
         agent: &Agent,
         handle: TaskHandle,
@@ -240,17 +445,18 @@ impl Push {
                 ),
             ));
         }
-        let answer = config.json(task);
-        let start = {
-            let mut tasks = self.tasks();
+        let identity = agent.id().to_owned();
+        let store = self.store(&identity)?;
+        {
+            let tasks = self.tasks();
             if !tasks.contains_key(&task) && tasks.len() >= MAX_TASKS {
                 return Err(RpcError::new(
                     code::INTERNAL,
                     "too many tasks have push configs on this gateway",
                 ));
             }
-            let entry = tasks.entry(task).or_default();
-            if !entry.configs.contains_key(&config.id)
+            if let Some(entry) = tasks.get(&task)
+                && !entry.configs.contains_key(&config.id)
                 && entry.configs.len() >= self.config.max_configs_per_task
             {
                 return Err(invalid(format!(
@@ -258,6 +464,23 @@ impl Push {
                     entry.configs.len()
                 )));
             }
+        }
+        Self::keep(&store, &identity, task, &config, folded.last_seq)
+            .await
+            .map_err(|e| {
+                RpcError::new(
+                    code::INTERNAL,
+                    format!("the push config was not kept: {}", chorus_sdk::Report(&e)),
+                )
+            })?;
+        let answer = config.json(task);
+        let start = {
+            let mut tasks = self.tasks();
+            let entry = tasks.entry(task).or_insert_with(|| TaskPush {
+                identity,
+                configs: BTreeMap::new(),
+                watched: false,
+            });
             entry.configs.insert(config.id.clone(), config);
             let start = !entry.watched;
             entry.watched |= start;
@@ -267,7 +490,7 @@ impl Push {
             let push = Arc::clone(self);
             let agent = agent.clone();
             self.tracker
-                .spawn(async move { push.watch(agent, handle, folded).await });
+                .spawn(async move { push.watch(agent, handle, folded, store).await });
         }
         Ok(answer)
     }
@@ -296,17 +519,40 @@ impl Push {
         json!({"configs": configs, "nextPageToken": ""})
     }
 
-    /// Removes the config `id` of `task` (nothing if there is none: deleting twice is fine).
-    pub(super) fn delete(&self, task: Uuid, id: &str) {
+    /// Removes the config `id` of `task`, from memory and from the bucket (nothing if there
+    /// is none: deleting twice is fine).
+    pub(super) async fn delete(&self, agent: &Agent, task: Uuid, id: &str) -> Result<(), RpcError> {
         if let Some(t) = self.tasks().get_mut(&task) {
             t.configs.remove(id);
         }
+        let store = self.store(agent.id())?;
+        store
+            .delete(&Self::key(agent.id(), task, id))
+            .await
+            .map_err(|e| {
+                RpcError::new(
+                    code::INTERNAL,
+                    format!(
+                        "the push config was not removed: {}",
+                        chorus_sdk::Report(&e)
+                    ),
+                )
+            })
     }
 
     /// Follows the task and delivers each update to its configs, until it ends, its configs
-    /// are gone, or the gateway stops.
-    async fn watch(self: Arc<Self>, agent: Agent, handle: TaskHandle, mut folded: Folded) {
+    /// are gone, or the gateway stops; each config's progress is kept after each update it
+    /// had, and its record removed when the task ends or its webhook gives up (a gateway
+    /// that stops keeps them, to go on when it starts again).
+    async fn watch(
+        self: Arc<Self>,
+        agent: Agent,
+        handle: TaskHandle,
+        mut folded: Folded,
+        store: Kv,
+    ) {
         let task = folded.id;
+        let identity = agent.id().to_owned();
         let mut updates = match handle.updates_after(folded.last_seq).await {
             Ok(updates) => updates,
             Err(err) => {
@@ -315,13 +561,15 @@ impl Push {
                 return;
             }
         };
+        let mut ended = false;
         loop {
             let next = tokio::select! {
                 () = self.stop.cancelled() => break,
                 next = updates.next() => next,
             };
             let Some(Ok(update)) = next else { break };
-            let ended = update.state().is_some_and(is_terminal);
+            ended = update.state().is_some_and(is_terminal);
+            let mut delivered = false;
             for event in folded.apply(&update) {
                 let configs: Vec<Config> = match self.tasks().get(&task) {
                     Some(t) if !t.configs.is_empty() => t.configs.values().cloned().collect(),
@@ -332,11 +580,27 @@ impl Push {
                 }
                 let body = Bytes::from(event.to_string());
                 for config in configs {
-                    if !self.deliver(&config, &body).await {
+                    if self.deliver(&config, &body).await {
+                        delivered = true;
+                    } else {
                         self.dead_letter(&agent, task, &config, &body).await;
                         if let Some(t) = self.tasks().get_mut(&task) {
                             t.configs.remove(&config.id);
                         }
+                        let _ = store.delete(&Self::key(&identity, task, &config.id)).await;
+                    }
+                }
+            }
+            if delivered && !ended {
+                let configs: Vec<Config> = self
+                    .tasks()
+                    .get(&task)
+                    .map(|t| t.configs.values().cloned().collect())
+                    .unwrap_or_default();
+                for config in &configs {
+                    if let Err(err) = Self::keep(&store, &identity, task, config, update.seq).await
+                    {
+                        tracing::debug!(%task, error = %chorus_sdk::Report(&err), "push: progress not kept (a restart sends this update again)");
                     }
                 }
             }
@@ -345,7 +609,12 @@ impl Push {
             }
         }
         updates.close().await;
-        self.tasks().remove(&task);
+        let left = self.tasks().remove(&task);
+        if ended && let Some(left) = left {
+            for id in left.configs.keys() {
+                let _ = store.delete(&Self::key(&left.identity, task, id)).await;
+            }
+        }
     }
 
     /// Posts `body` to the config's webhook until it answers 2xx or the attempts run out.

@@ -523,3 +523,157 @@ async fn two_tenants_on_one_bus_never_see_each_others_tasks() {
     }
     coordinator.shutdown().await;
 }
+
+/// Push configs are kept in JetStream: a gateway that stops (its coordinator shut down) and
+/// starts again reads them back and goes on from the first update each config has not had,
+/// with the webhook's credentials as given. What the task did while no gateway ran reaches
+/// the webhook after the restart, what was delivered before is not sent again, and the
+/// config's record goes when the task ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_configs_outlive_a_gateway_restart_and_go_on_where_they_stopped() {
+    let server = server();
+    let (seen_tx, mut seen) = mpsc::unbounded_channel();
+    let app = axum::Router::new()
+        .route("/hooks/ok", axum::routing::post(ok))
+        .with_state((Arc::new(Hook::default()), seen_tx));
+    let webhook = LocalHttp::serve(app).await;
+    let hook_addr = webhook.addr;
+    let config = GatewayConfig {
+        listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+        identities: vec![EdgeIdentity {
+            id: "hooked".into(),
+            nkey_seed_file: None,
+            tenant: None,
+        }],
+        api_keys: vec![ApiKey {
+            identity: "hooked".into(),
+            sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
+            scopes: Vec::new(),
+        }],
+        push: Some(PushConfig {
+            allow: vec![format!("http://{hook_addr}/hooks")],
+            ..PushConfig::default()
+        }),
+        ..GatewayConfig::default()
+    };
+    let (coordinator, gw) = with_gateway(&server, config.clone()).await;
+
+    // A writer whose task streams "one", then waits, then streams "two" and ends.
+    let (first, second) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let writer = agent(&server, "writer").await;
+    let gates = (Arc::clone(&first), Arc::clone(&second));
+    writer
+        .on_task("draft", move |task: TaskContext, (): ()| {
+            let (first, second) = gates.clone();
+            async move {
+                first.notified().await;
+                task.chunk(&"one").await?;
+                second.notified().await;
+                task.last_chunk(&"two").await?;
+                Ok::<_, HandlerError>("done".to_owned())
+            }
+        })
+        .await
+        .expect("serve draft");
+    let key = format!("X-API-Key: {API_KEY}");
+    let send = |gw: SocketAddr, body: Value| {
+        let key = key.clone();
+        async move {
+            curl(
+                gw,
+                "POST",
+                "/a2a/agents/writer/draft/",
+                &[key.as_str(), "A2A-Version: 1.0"],
+                Some(&body),
+            )
+            .await
+        }
+    };
+    let sent = eventually(WAIT, "the task submitted", || async {
+        let a = send(gw, json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+            "message": {"messageId": uuid::Uuid::now_v7().to_string(), "role": "ROLE_USER", "parts": [{"data": null}]},
+            "configuration": {"returnImmediately": true, "taskPushNotificationConfig": {
+                "id": "kept", "url": format!("http://{hook_addr}/hooks/ok"),
+                "authentication": {"scheme": "Bearer", "credentials": "hook-secret"}}}}}))
+        .await;
+        a.body["result"]["task"]["id"].as_str().map(str::to_owned)
+    })
+    .await;
+    let task = sent;
+    // A text chunk delivered, with the credentials the config was given.
+    let chunk_of = |body: &Value| {
+        (body.pointer("/artifactUpdate/artifact/name") == Some(&json!("stream")))
+            .then(|| body["artifactUpdate"]["artifact"]["parts"][0]["text"].clone())
+    };
+    first.notify_one();
+    loop {
+        let (headers, body) = within(WAIT, "chunk one pushed", seen.recv())
+            .await
+            .expect("a delivery");
+        assert_eq!(headers["authorization"], "Bearer hook-secret");
+        if chunk_of(&body) == Some(json!("one")) {
+            break;
+        }
+    }
+    // The record is in the bucket, under the identity's name, with its progress.
+    let bucket = writer
+        .broker()
+        .jetstream(WAIT)
+        .open_kv(&writer.subjects().bucket_name(chorus_gateway::PUSH_BUCKET))
+        .await
+        .expect("the push bucket");
+    let kept = bucket.entries_under("hooked").await.expect("listed");
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].key, format!("hooked.{task}.kept"));
+
+    // The gateway stops; the task goes on and ends while none runs.
+    coordinator.shutdown().await;
+    second.notify_one();
+    let handle = writer
+        .task(task.parse().expect("a task id"))
+        .await
+        .expect("the task");
+    eventually(WAIT, "the task completed", || async {
+        handle
+            .history(100)
+            .await
+            .ok()?
+            .iter()
+            .any(|u| u.state() == Some(chorus_sdk::TaskState::Completed))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        seen.try_recv().is_err(),
+        "nothing is pushed while no gateway runs"
+    );
+
+    // Started again: the rest reaches the webhook, and "one" is not sent again.
+    let (coordinator, _gw) = with_gateway(&server, config).await;
+    let mut after = Vec::new();
+    loop {
+        let (headers, body) = within(WAIT, "the rest pushed", seen.recv())
+            .await
+            .expect("a delivery");
+        assert_eq!(headers["authorization"], "Bearer hook-secret");
+        let done =
+            body.pointer("/statusUpdate/status/state") == Some(&json!("TASK_STATE_COMPLETED"));
+        after.push(body);
+        if done {
+            break;
+        }
+    }
+    let chunks: Vec<Value> = after.iter().filter_map(chunk_of).collect();
+    assert_eq!(chunks, [json!("two")], "{after:?}");
+    eventually(WAIT, "the ended task's record removed", || async {
+        bucket
+            .entries_under("hooked")
+            .await
+            .ok()
+            .filter(Vec::is_empty)
+    })
+    .await;
+    writer.shutdown().await;
+    coordinator.shutdown().await;
+    webhook.stop().await;
+}

@@ -345,3 +345,54 @@ async fn sublist(monitor: &str) -> serde_json::Value {
     let body = response.split("\r\n\r\n").nth(1).expect("a body");
     serde_json::from_str(body).expect("subsz is JSON")
 }
+
+/// `Kv::entries_under` lists the live keys under a prefix and nothing else: not other
+/// prefixes' keys, not deleted ones, and an empty prefix as empty (without waiting).
+#[tokio::test]
+async fn a_buckets_entries_under_a_prefix_are_its_live_keys_there_and_no_others() {
+    use chorus_broker_adapter::jetstream::KvSpec;
+
+    let server = server();
+    let broker = raw_broker(&server).await;
+    let js = broker.jetstream(WAIT);
+    let kv = js
+        .ensure_kv_exists(&KvSpec::new("listing"))
+        .await
+        .expect("bucket");
+    for (key, value) in [
+        ("web-ui.t1.a", "1"),
+        ("web-ui.t1.b", "2"),
+        ("web-ui.t2.a", "3"),
+        ("web-uix.t1.a", "other identity"),
+        ("ops.t1.a", "other"),
+    ] {
+        kv.put(key, Bytes::from(value)).await.expect("put");
+    }
+    kv.put("web-ui.t1.b", Bytes::from("2 again"))
+        .await
+        .expect("put");
+    kv.delete("web-ui.t2.a").await.expect("delete");
+    let mut listed: Vec<(String, String)> = within(WAIT, "entries", kv.entries_under("web-ui"))
+        .await
+        .expect("listed")
+        .into_iter()
+        .map(|e| (e.key, String::from_utf8_lossy(&e.value).into_owned()))
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        [
+            ("web-ui.t1.a".to_owned(), "1".to_owned()),
+            ("web-ui.t1.b".to_owned(), "2 again".to_owned())
+        ]
+    );
+    let none = within(WAIT, "nothing", kv.entries_under("nobody"))
+        .await
+        .expect("listed");
+    assert!(none.is_empty(), "{none:?}");
+    let refused = kv
+        .entries_under("web-ui.>")
+        .await
+        .expect_err("not a prefix");
+    assert_eq!(refused.kind(), ErrorKind::InvalidInput);
+}

@@ -524,6 +524,129 @@ async fn a_gateway_identity_without_jetstream_rights_is_refused_at_once_saying_w
     coordinator.shutdown().await;
 }
 
+/// Issue 56: a gateway identity's A2A push configs on a secured bus. Under its
+/// `chorus creds web-ui --gateway` entry the gateway opens the push bucket and reads back its
+/// own configs at start; another identity's entry (even with `--gateway`) neither lists nor
+/// writes web-ui's keys; and an identity with `--durable` alone is refused at start, saying
+/// which flag it lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_identity_keeps_push_configs_under_its_own_name_only() {
+    use chorus_gateway::config::{ApiKey, EdgeIdentity};
+    use chorus_gateway::{Bus, Gateway, GatewayConfig, PushConfig};
+
+    let subjects = Subjects::default();
+    let keys: Vec<Identity> = (0..4).map(|_| Identity::generate()).collect();
+    let role = |agent: &str, gateway: bool| Role {
+        agent: agent.into(),
+        durable: true,
+        gateway,
+        ..Role::default()
+    };
+    let users = [
+        coordinator_entry(&subjects, &keys[0].public_key()),
+        authorization_entry(&subjects, &role("web-ui", true), &keys[1].public_key())
+            .expect("entry"),
+        authorization_entry(&subjects, &role("other-ui", true), &keys[2].public_key())
+            .expect("entry"),
+        authorization_entry(&subjects, &role("plain-ui", false), &keys[3].public_key())
+            .expect("entry"),
+    ]
+    .join("\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = chorus_tests::server_with_users(dir.path(), &users);
+    let seed = |name: &str, key: &Identity| {
+        let path = dir.path().join(format!("{name}.nk"));
+        std::fs::write(&path, key.seed().expect("seed")).expect("seed file");
+        path
+    };
+    let gateway = |id: &str, key: &Identity| GatewayConfig {
+        listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+        identities: vec![EdgeIdentity {
+            id: id.into(),
+            nkey_seed_file: Some(seed(id, key)),
+            tenant: None,
+        }],
+        api_keys: vec![ApiKey {
+            identity: id.into(),
+            sha256: "0".repeat(64),
+            scopes: Vec::new(),
+        }],
+        push: Some(PushConfig {
+            allow: vec!["https://hooks.example.com/".into()],
+            ..PushConfig::default()
+        }),
+        ..GatewayConfig::default()
+    };
+    let bus = Bus::new(server.url());
+    let started = within(
+        WAIT,
+        "web-ui's gateway",
+        Gateway::start(&bus, &gateway("web-ui", &keys[1])),
+    )
+    .await
+    .expect("the gateway starts under web-ui's --gateway entry");
+    // web-ui's own keys, written and listed under its entry.
+    let web = connect(server.url(), "web-ui", &keys[1]).await;
+    let bucket_name = subjects.bucket_name(chorus_gateway::PUSH_BUCKET);
+    let web_bucket = web
+        .jetstream(WAIT)
+        .open_kv(&bucket_name)
+        .await
+        .expect("the bucket the gateway made");
+    web_bucket
+        .put(
+            "web-ui.0190a7c4-0000-7000-8000-000000000000.mine",
+            Bytes::from_static(b"{}"),
+        )
+        .await
+        .expect("its own key");
+    let own = web_bucket
+        .entries_under("web-ui")
+        .await
+        .expect("its own keys");
+    assert_eq!(own.len(), 1, "{own:?}");
+    // other-ui neither lists nor writes them.
+    let other = connect(server.url(), "other-ui", &keys[2]).await;
+    let other_bucket = other
+        .jetstream(chorus_tests::creds_bus::ANSWER)
+        .open_kv(&bucket_name)
+        .await
+        .expect("the bucket's info");
+    assert!(
+        other_bucket.entries_under("web-ui").await.is_err(),
+        "other-ui listed web-ui's configs"
+    );
+    assert!(
+        other_bucket
+            .put("web-ui.forged.x", Bytes::from_static(b"{}"))
+            .await
+            .is_err(),
+        "other-ui wrote under web-ui's name"
+    );
+    assert_eq!(
+        web_bucket
+            .entries_under("web-ui")
+            .await
+            .expect("listed")
+            .len(),
+        1,
+        "nothing changed"
+    );
+    started.stop().await;
+    // An identity with --durable alone: refused at start, saying what it lacks.
+    let refused = within(
+        WAIT,
+        "plain-ui's gateway",
+        Gateway::start(&bus, &gateway("plain-ui", &keys[3])),
+    )
+    .await;
+    let Err(err) = refused else {
+        panic!("a gateway without push rights started with push configured");
+    };
+    let said = chorus_sdk::Report(&err).to_string();
+    assert!(said.contains("chorus creds plain-ui --gateway"), "{said}");
+}
+
 /// Issue 56: a host on a secured bus. `chorus host --name a` connects as `host-a` under its
 /// `chorus creds host-a --host` entry, reports to the hosts bucket under its own name (never
 /// another's), and runs what the admin `ops`, signing its commands, deploys; the admin then
