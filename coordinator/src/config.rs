@@ -55,9 +55,6 @@ pub struct CoordinatorConfig {
     pub max_heartbeats_per_second: u64,
     /// How often the registry looks for silent agents, in milliseconds.
     pub reap_interval_ms: u64,
-    /// How often payloads carried by reference whose messages have expired are removed from
-    /// the object store, in milliseconds.
-    pub payload_sweep_ms: u64,
     /// How long broadcast recipients have to answer when the sender does not say, in ms.
     pub broadcast_timeout_ms: u64,
     /// Recipients contacted at once by one broadcast.
@@ -111,7 +108,6 @@ impl Default for CoordinatorConfig {
             missed_heartbeats: 3,
             max_heartbeats_per_second: 2_000,
             reap_interval_ms: 1_000,
-            payload_sweep_ms: 30_000,
             broadcast_timeout_ms: 5_000,
             broadcast_concurrency: 256,
             replicas: 1,
@@ -223,9 +219,6 @@ impl CoordinatorConfig {
         })?;
         ensure(self.reap_interval_ms >= 10, || {
             "reap_interval_ms must be at least 10".into()
-        })?;
-        ensure(self.payload_sweep_ms >= 100, || {
-            "payload_sweep_ms must be at least 100".into()
         })?;
         ensure(self.broadcast_timeout_ms >= 1, || {
             "broadcast_timeout_ms must be positive".into()

@@ -119,7 +119,7 @@ fn jetstream_calls_of(
         api(&format!("CONSUMER.CREATE.{registry}.>")),
         api(&format!("CONSUMER.INFO.{registry}.*")),
     ]);
-    calls.extend(chorus_sdk::payload::payload_permissions(subjects));
+    calls.extend(chorus_sdk::payload::payload_permissions(subjects, id)?);
     if role.durable || role.gateway {
         let inbox = subjects.stream_name(INBOX_STREAM);
         for stream in [

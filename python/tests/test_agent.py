@@ -355,7 +355,7 @@ def large_payload(env: Envelope, how: str, encoding: str = "zstd") -> Envelope:
 # server where no payload was stored yet), with the Rust SDK's reasons (tests/test_payloads.py
 # has the rest of large payloads).
 REFERENCE_REASONS = (
-    "the payload 01a2ce8b-d410-7010-9010-101010101010 is gone (expired or removed)",
+    "the payload scanner.01a2ce8b-d410-7010-9010-101010101010 is gone (expired or removed)",
     "the payload's bucket cannot be opened: no bucket chorus_payloads",
 )
 

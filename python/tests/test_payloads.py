@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import random
 from typing import Any
@@ -15,12 +16,11 @@ from typing import Any
 import nats
 import pytest
 import zstandard
-from nats.js.api import ObjectMeta
 
 from chorus_sdk import Agent, ChorusError, Context, Delivery, Envelope, Kind, PayloadLimits, Performative, Reply, StatusCode
 from chorus_sdk import decode, decode_payload, encode, encode_payload
 from chorus_sdk.envelope import CONTENT_TYPE_OBJECT
-from chorus_sdk.payloads import ObjectRef, compress, decompress
+from chorus_sdk.payloads import ObjectRef, bucket_config, compress, decompress
 
 from .conftest import Coordinator, eventually, py_agent
 
@@ -122,7 +122,7 @@ async def test_a_50_mib_payload_goes_by_reference_both_ways_with_the_same_digest
             size, env = await tap.next()
             assert env.content_type == CONTENT_TYPE_OBJECT and size < 4096
             reference = ObjectRef.decode(env.payload)
-            assert (reference.size, reference.sha256, reference.name) == (len(big), sha(big), str(env.id))
+            assert (reference.size, reference.sha256, reference.name) == (len(big), sha(big), f"{env.from_}.{env.id}")
             assert reference.expires_ms > env.timestamp_ms
             # Rust -> Python: the Rust agent makes 50 MiB and sends them; the Python handler
             # hashes what it fetched.
@@ -283,12 +283,11 @@ def forged(to: str, command: str, **fields: Any) -> Envelope:
     return env
 
 
-async def payload_bucket(js: Any) -> Any:
-    """The payload bucket, created through nats-py's object store when no test made it yet."""
-    try:
-        return await js.object_store("chorus_payloads")
-    except nats.js.errors.BucketNotFoundError:
-        return await js.create_object_store("chorus_payloads")
+async def plant(nc: Any, name: str, data: bytes) -> None:
+    """Writes ``data`` as the first part of payload ``name`` in the payload bucket (made as the
+    SDKs make it when no test made it yet), as another writer of the layout would."""
+    await nc.request("$JS.API.STREAM.CREATE.KV_chorus_payloads", json.dumps(bucket_config("chorus_payloads")).encode(), timeout=WAIT)
+    await nc.jetstream().publish(f"$KV.chorus_payloads.{name}.0", data)
 
 
 def reference(name: str, size: int, digest: str) -> bytes:
@@ -304,10 +303,9 @@ async def test_refusals_are_the_rust_sdks_codes_and_reasons(server: Any, rust_pe
         async with py_agent(server, "py-guard", payload_limits=PayloadLimits(max_bytes=limit)) as py:
             handled = digest_handler(py)
             await py.flush()
-            # An object planted through nats-py's own object store (another writer of the layout).
-            store = await payload_bucket(nc.jetstream())
+            # A payload planted by hand (another writer of the layout).
             planted = noise(4096)
-            await store.put("planted", planted, meta=ObjectMeta(name="planted"))
+            await plant(nc, "planted", planted)
             bomb = zstandard.ZstdCompressor().compress(bytes(limit + 1))
             cases = {
                 "a digest that does not match": dict(content_type=CONTENT_TYPE_OBJECT, payload=reference("planted", 4096, sha(b"else"))),
@@ -356,7 +354,7 @@ async def test_a_durable_command_whose_payload_does_not_open_is_dead_lettered_wi
         handled = digest_handler(py, "store")
         await py.flush()
         js = py.nc.jetstream()
-        await payload_bucket(js)
+        await py.nc.request("$JS.API.STREAM.CREATE.KV_chorus_payloads", json.dumps(bucket_config("chorus_payloads")).encode(), timeout=WAIT)
         inbox = py.subjects.durable_inbox(py.id, False, "store")
         cases = [
             (dict(content_type=CONTENT_TYPE_OBJECT, payload=reference("absent-durable", 10, sha(b"x"))), "the payload absent-durable is gone (expired or removed)"),

@@ -290,7 +290,8 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
     .expect("the counter encodes");
 
     // 16. A 50 MiB payload carried by reference (section 7.11): the archivist's `store`
-    //     command, its payload a reference to the object the sender stored.
+    //     command, its payload a reference to the payload the sender stored under its own
+    //     name.
     let mut by_reference = base(Kind::Request, Performative::Request, "scanner", 16);
     by_reference.to = vec!["archivist".into()];
     by_reference.name = Some("store".into());
@@ -303,7 +304,7 @@ pub fn all() -> Vec<(&'static str, Envelope)> {
     by_reference.payload = encode_payload(
         &chorus_sdk::payload::ObjectRef {
             bucket: "chorus_payloads".into(),
-            name: id(16).hyphenated().to_string(),
+            name: format!("scanner.{}", id(16).hyphenated()),
             size: 50 * 1024 * 1024,
             sha256: "9c1185a5c5e9fc54612808977ee8f548b2258d31a0b6e0e2a5f1c6f3b6b1e6d2".into(),
             content_type: "application/octet-stream".into(),

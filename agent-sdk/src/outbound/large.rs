@@ -129,7 +129,15 @@ impl Outbound {
             let grace = u64::try_from(limits.keep_after_expiry.as_millis()).unwrap_or(u64::MAX);
             let expires = env.expires_at_ms().map(|t| t.saturating_add(grace));
             let chunk = payload::PayloadLimits::chunk_for(self.link.broker.max_payload());
-            payload::store(&self.link.js, &self.link.subjects, env, expires, chunk).await?;
+            payload::store(
+                &self.link.js,
+                &self.link.subjects,
+                &self.link.id,
+                env,
+                expires,
+                chunk,
+            )
+            .await?;
             AgentCounters::bump(&self.link.counters.payloads_stored);
         }
         Ok(())

@@ -1,9 +1,10 @@
 //! Large payloads (`docs/PROTOCOL.md` section 7.11). Above one size a payload is compressed
 //! with zstd, when its reader's manifest says it reads zstd; above a larger one (by default
 //! the server's `max_payload`, less room for the envelope) it travels by reference: it is
-//! stored in the bus's JetStream object store and the message carries an [`ObjectRef`] with
-//! its size and SHA-256 digest, and the object is removed once the message's time to live has
-//! passed (by the coordinator's sweep; the bucket's own age limit otherwise).
+//! stored in parts in the bus's payload bucket under the writer's own name, the message
+//! carries an [`ObjectRef`] with its size and SHA-256 digest, and the server removes the parts
+//! once the message's time to live has passed (their own TTL; the bucket's age limit for
+//! messages that never expire).
 //!
 //! On the way out a payload is compressed (before encryption: ciphertext does not compress,
 //! so an encrypted payload is not), then stored by reference, then signed: the signature
@@ -17,7 +18,7 @@ mod objects;
 use std::time::Duration;
 
 pub use compress::{compress, decompress, open_encoding};
-pub use objects::{ObjectRef, payload_bucket, payload_permissions, reap_expired};
+pub use objects::{ObjectRef, payload_bucket, payload_permissions};
 pub(crate) use objects::{fetch, store};
 
 /// Content type of a payload carried by reference: its bytes are an [`ObjectRef`] in
@@ -25,7 +26,7 @@ pub(crate) use objects::{fetch, store};
 pub const CONTENT_TYPE_OBJECT: &str = "application/chorus-object";
 /// The one content encoding Chorus writes.
 pub const ZSTD: &str = "zstd";
-/// Suffix of the object store bucket's name (`<root>_payloads`).
+/// Suffix of the payload bucket's name (`<root>_payloads`, a key-value bucket).
 pub const PAYLOAD_BUCKET: &str = "payloads";
 /// Payloads at least this large are compressed for readers that read zstd, by default.
 pub const DEFAULT_COMPRESS_ABOVE: usize = 64 * 1024;
@@ -38,10 +39,8 @@ pub const INLINE_HEADROOM: usize = 64 * 1024;
 /// default age), and the bucket's age limit.
 pub const DEFAULT_PAYLOAD_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How long an object outlives its message's expiry by default: room for the clocks of the
-/// sender, the reader and the coordinator that sweeps to differ.
+/// sender and the reader to differ.
 pub const PAYLOAD_GRACE: Duration = Duration::from_secs(60);
-/// Object metadata: when the object may be removed (ms since the epoch).
-pub const EXPIRES_KEY: &str = "chorus-expires-ms";
 
 /// An agent's limits for large payloads ([`AgentOptions::payload_limits`](crate::AgentOptions::payload_limits)).
 /// Start from the defaults and change what differs:

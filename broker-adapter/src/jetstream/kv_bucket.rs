@@ -31,6 +31,9 @@ pub struct KvSpec {
     pub replicas: usize,
     /// Description.
     pub description: String,
+    /// Whether each key may carry a TTL of its own (`Nats-TTL`; the server removes the key when
+    /// it passes, and marks the removal for a second).
+    pub per_key_ttl: bool,
 }
 
 impl KvSpec {
@@ -42,6 +45,7 @@ impl KvSpec {
             max_age: Duration::ZERO,
             replicas: 1,
             description: String::new(),
+            per_key_ttl: false,
         }
     }
 }

@@ -916,6 +916,7 @@ fn kv_config(spec: &KvSpec) -> kv::Config {
         num_replicas: spec.replicas.max(1),
         description: spec.description.clone(),
         storage: stream::StorageType::File,
+        limit_markers: spec.per_key_ttl.then_some(Duration::from_secs(1)),
         ..Default::default()
     }
 }

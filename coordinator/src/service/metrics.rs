@@ -23,9 +23,6 @@ pub struct CoordinatorMetrics {
     pub dead_letters: IntCounterVec,
     /// Advisories given up after every attempt failed (their messages stay in the inbox).
     pub advisories_abandoned: IntCounter,
-    /// Payloads carried by reference removed from the object store after their messages
-    /// expired.
-    pub payloads_removed: IntCounter,
     /// Messages in the dead-letter stream, by reason (whoever wrote them).
     pub dlq_depth: IntGaugeVec,
     /// The coordinator's own NATS connection events, by event.
@@ -100,11 +97,6 @@ pub fn metrics() -> &'static CoordinatorMetrics {
                 "Advisories given up after every attempt to dead-letter their message failed; the message stays in the inbox stream.",
             )
             .expect("static metric definition"),
-            payloads_removed: IntCounter::new(
-                "chorus_coordinator_payloads_removed_total",
-                "Payloads carried by reference that the coordinator removed from the object store once their messages expired.",
-            )
-            .expect("static metric definition"),
             dlq_depth: gauge_vec(
                 "chorus_dlq_messages",
                 "Messages in the dead-letter queue, by reason.",
@@ -168,7 +160,6 @@ pub fn metrics() -> &'static CoordinatorMetrics {
             Box::new(m.broadcast_recipients.clone()),
             Box::new(m.dead_letters.clone()),
             Box::new(m.advisories_abandoned.clone()),
-            Box::new(m.payloads_removed.clone()),
             Box::new(m.dlq_depth.clone()),
             Box::new(m.connection_events.clone()),
             Box::new(m.usage_messages.clone()),

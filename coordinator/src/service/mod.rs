@@ -248,7 +248,6 @@ impl Coordinator {
             .map_err(Error::wrap(ErrorKind::Broker, "cannot serve usage queries"))?;
         usage::spawn_metrics(&shared);
         tasks::spawn_reaper(&shared);
-        tasks::spawn_payload_sweeper(&shared);
         tasks::spawn_dead_letter_worker(&shared).await?;
         if serve_metrics {
             coordinator.metrics_server = Some(start_metrics(&shared).await?);

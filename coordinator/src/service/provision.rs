@@ -42,9 +42,9 @@ pub(super) async fn provision(
         ))?;
     }
     let payloads = chorus_sdk::payload::payload_bucket(subjects, config.replicas);
-    js.ensure_objects(&payloads).await.map_err(Error::wrap(
+    js.ensure_kv(&payloads).await.map_err(Error::wrap(
         ErrorKind::Broker,
-        format!("cannot set up the object store bucket {}", payloads.bucket),
+        format!("cannot set up the payload bucket {}", payloads.bucket),
     ))?;
     let registry = bucket(
         js,

@@ -106,31 +106,6 @@ pub(super) fn spawn_reaper(shared: &Arc<Shared>) {
     });
 }
 
-/// The payload sweeper: removes the objects of payloads carried by reference once their
-/// messages have expired (`chorus_sdk::payload`), every `payload_sweep_ms`. Coordinators that
-/// sweep together delete each object once; a sweep that fails is tried at the next tick.
-pub(super) fn spawn_payload_sweeper(shared: &Arc<Shared>) {
-    let s = Arc::clone(shared);
-    shared.tracker.spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(s.config.payload_sweep_ms));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = s.stop.cancelled() => break,
-            }
-            match chorus_sdk::payload::reap_expired(&s.js, &s.subjects).await {
-                Ok(0) => {}
-                Ok(n) => {
-                    metrics().payloads_removed.inc_by(n as u64);
-                    tracing::debug!(removed = n, "expired payloads removed");
-                }
-                Err(err) => tracing::debug!(error = %Report(&err), "payload sweep failed"),
-            }
-        }
-    });
-}
-
 /// Whether to announce the protocol level now: at once when it changed (a protocol-1 agent
 /// joined, or the last one left), soon when more agents are live (a newcomer learns it), and
 /// every `WIRE_ANNOUNCE_INTERVAL` in any case. Every live agent gets a copy of each

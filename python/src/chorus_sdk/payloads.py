@@ -2,11 +2,12 @@
 
 Above one size a payload is compressed with zstd when its reader's manifest says it reads zstd;
 above a larger one (by default the server's ``max_payload`` less room for the envelope) it
-travels by reference: it is stored in the bus's JetStream object store bucket
-(``<root>_payloads``) and the message carries an :class:`ObjectRef` with its size and SHA-256
-digest instead. The object is removed once the message's time to live has passed (by the
-coordinator's sweep, which reads the object's ``chorus-expires-ms``; the bucket's own age limit
-otherwise).
+travels by reference: it is stored in parts in the bus's payload bucket (the key-value bucket
+``<root>_payloads``) under the writer's own name, ``<writer>.<message id>``, and the message
+carries an :class:`ObjectRef` with its size and SHA-256 digest instead. Each part carries the
+message's expiry as its TTL, so the server removes it then (the bucket's own age limit removes
+those of messages that never expire). An agent's credentials let it write under its own id
+only: no agent replaces or removes another's payload.
 
 On the way out a payload is compressed (never an encrypted one, nor an event's: its readers
 are not known), then stored by reference, then signed: the signature covers the reference and
@@ -15,26 +16,22 @@ and checked against the reference, then the payload is decrypted and decompresse
 directions are transparent to handlers and callers. Every refusal is a :class:`ChorusError`
 with the code and reason the Rust SDK answers with: 5006 for a payload over the limit, a
 reference that does not read, an object that is gone or does not match, an unknown encoding or
-a frame that does not decompress within the limit; 5019 when the object store cannot be read
+a frame that does not decompress within the limit; 5019 when the payload bucket cannot be read
 (a durable delivery is then tried again after 2 s)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import json
 import re
 import time
-import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
 import zstandard
-from nats.js.api import ObjectStoreConfig, StorageType
 
 from .codec import DecodeError, decode_payload, encode_payload
 from .envelope import CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Envelope, now_ms
@@ -46,7 +43,7 @@ if TYPE_CHECKING:
 
 #: The one content encoding Chorus writes.
 ZSTD = "zstd"
-#: Suffix of the object store bucket's name (``<root>_payloads``).
+#: Suffix of the payload bucket's name (``<root>_payloads``, a key-value bucket).
 PAYLOAD_BUCKET = "payloads"
 #: Payloads at least this large are compressed for readers that read zstd, by default.
 DEFAULT_COMPRESS_ABOVE = 64 * 1024
@@ -59,8 +56,6 @@ INLINE_HEADROOM = 64 * 1024
 DEFAULT_PAYLOAD_RETENTION = 7 * 24 * 3600.0
 #: How long an object outlives its message's expiry by default (seconds).
 PAYLOAD_GRACE = 60.0
-#: Object metadata: when the object may be removed (ms since the epoch).
-EXPIRES_KEY = "chorus-expires-ms"
 
 #: zstd's default level: fast on both sides.
 _LEVEL = 3
@@ -122,7 +117,7 @@ class PayloadLimits:
 
     @staticmethod
     def chunk_for(server_max: int) -> int:
-        """The chunks an object is stored in on a server whose ``max_payload`` is
+        """The parts a payload is stored in on a server whose ``max_payload`` is
         ``server_max``: half of it, between 16 KiB and 1 MiB."""
         return min(max(server_max // 2, 16 * 1024), 1024 * 1024)
 
@@ -132,9 +127,9 @@ class ObjectRef:
     """What a message carried by reference holds in place of its payload (content type
     ``application/chorus-object``), a MessagePack map."""
 
-    #: The object store bucket.
+    #: The payload bucket (``<root>_payloads``).
     bucket: str
-    #: The object's name in it (the message id, hyphenated).
+    #: The payload's name in it, ``<writer>.<message id>``: its parts are the keys ``<name>.<n>``.
     name: str
     #: The payload's size in bytes.
     size: int
@@ -257,12 +252,40 @@ async def open_encoding(env: Envelope, limit: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The object store (the layout of NATS object stores: chunks on `$O.<bucket>.C.<nuid>`, the
-# object's description on `$O.<bucket>.M.<base64url(name)>`, in the stream `OBJ_<bucket>`)
+# The payload bucket (docs/PROTOCOL.md section 7.11): the key-value bucket `<root>_payloads`
+# (stream `KV_<root>_payloads`, per-message TTLs allowed); a payload's parts are the keys
+# `<writer>.<message id>.<n>` from 0, each the chunk size but the last.
+
+#: Parts written or read at once.
+_PARTS_IN_FLIGHT = 16
+#: A payload's name: key tokens of letters, digits, ``-`` and ``_``.
+_PAYLOAD_NAME = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
 
-def _meta_subject(bucket: str, name: str) -> str:
-    return f"$O.{bucket}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
+def bucket_config(bucket: str) -> dict[str, Any]:
+    """The payload bucket's stream, as ``$JS.API.STREAM.CREATE`` takes it (one replica): one
+    revision per key, per-key TTLs, parts of messages that never expire kept seven days."""
+    return {
+        "name": f"KV_{bucket}",
+        "description": "Chorus: payloads carried by reference",
+        "subjects": [f"$KV.{bucket}.>"],
+        "retention": "limits",
+        "max_msgs_per_subject": 1,
+        "max_age": int(DEFAULT_PAYLOAD_RETENTION * 1_000_000_000),
+        "storage": "file",
+        "num_replicas": 1,
+        "discard": "new",
+        "duplicate_window": 120_000_000_000,
+        "allow_rollup_hdrs": True,
+        "deny_delete": True,
+        "allow_direct": True,
+        "allow_msg_ttl": True,
+        "subject_delete_marker_ttl": 1_000_000_000,
+    }
+
+
+def _part_subject(bucket: str, name: str, n: int) -> str:
+    return f"$KV.{bucket}.{name}.{n}"
 
 
 def _digest_of(payload: bytes) -> bytes:
@@ -401,22 +424,24 @@ class Payloads:
     # -- storing ---------------------------------------------------------------------------
 
     async def store(self, env: Envelope, expires_ms: int | None, chunk: int) -> None:
-        """Stores ``env``'s payload in the payload bucket as the message's id, in chunks of
-        ``chunk`` bytes, and puts a reference to it in its place, kept until ``expires_ms``
-        (seven days from now when ``None``). Creates the bucket (one replica) when there is none.
+        """Stores ``env``'s payload in the payload bucket as ``<agent id>.<message id>``, in parts
+        of ``chunk`` bytes kept until ``expires_ms`` (seven days from now when ``None``), and
+        puts a reference to it in its place. Creates the bucket (one replica) when there is none.
 
         Raises :class:`ChorusError` 5005 when JetStream does not answer in time, 5009 when it
-        refuses the object."""
+        refuses a part."""
         host = self.host
         js = host.nc.jetstream(timeout=host.request_timeout)
         bucket = host.subjects.bucket_name(PAYLOAD_BUCKET)
+        now = now_ms()
         if expires_ms is None:
-            expires_ms = now_ms() + int(DEFAULT_PAYLOAD_RETENTION * 1000)
-        name = str(env.id)
+            expires_ms = now + int(DEFAULT_PAYLOAD_RETENTION * 1000)
+        name = f"{host.id}.{env.id}"
         payload = env.payload
         try:
             await self._ensure_bucket(js, bucket)
-            digest = await self._put(js, bucket, name, payload, {EXPIRES_KEY: str(expires_ms)}, chunk)
+            digest = await _hash(payload)
+            await self._put(js, bucket, name, payload, expires_ms - now, chunk)
         except ChorusError:
             raise
         except asyncio.CancelledError:
@@ -430,58 +455,37 @@ class Payloads:
         env.content_type = CONTENT_TYPE_OBJECT
 
     async def _ensure_bucket(self, js: Any, bucket: str) -> None:
-        """Creates the payload bucket as the coordinator does, when there is none."""
+        """Creates the payload bucket as the coordinator does, when there is none (never
+        reshaping one that exists)."""
         if self._bucket_ready == bucket:
             return
+        stream = f"KV_{bucket}"
         try:
-            await js.stream_info(f"OBJ_{bucket}")
+            await js.stream_info(stream)
         except nats.js.errors.NotFoundError:
-            try:
-                await js.create_object_store(
-                    bucket,
-                    config=ObjectStoreConfig(
-                        bucket=bucket,
-                        description="Chorus: payloads carried by reference",
-                        ttl=DEFAULT_PAYLOAD_RETENTION,
-                        storage=StorageType.FILE,
-                        replicas=1,
-                    )
-                )
-            except nats.js.errors.BadRequestError:
-                pass  # created by someone else meanwhile
+            answer = await self.host.nc.request(
+                f"$JS.API.STREAM.CREATE.{stream}", json.dumps(bucket_config(bucket)).encode(), timeout=self.host.request_timeout
+            )
+            error = json.loads(answer.data or b"{}").get("error")
+            # 10058: made by someone else meanwhile.
+            if error and error.get("err_code") != 10058:
+                raise ChorusError(StatusCode.UNEXPECTED_DISCONNECT, f"the payload bucket {bucket} cannot be made: {error.get('description')}")
         self._bucket_ready = bucket
 
-    async def _put(self, js: Any, bucket: str, name: str, payload: bytes, metadata: dict[str, str], chunk: int) -> bytes:
-        """Stores ``payload`` as the object ``name`` with ``metadata``; its SHA-256 digest."""
-        stream = f"OBJ_{bucket}"
-        nuid = uuid.uuid4().hex
-        chunks_subject = f"$O.{bucket}.C.{nuid}"
-        digest = await _hash(payload)
+    async def _put(self, js: Any, bucket: str, name: str, payload: bytes, ttl_ms: int, chunk: int) -> None:
+        """Stores ``payload`` as the parts of ``name``, each kept ``ttl_ms`` (whole seconds, at
+        least one)."""
+        ttl = str(max(1, -(-ttl_ms // 1000)))
         view = memoryview(payload)
-        count = 0
-        try:
-            for start in range(0, len(payload), chunk):
-                await js.publish(chunks_subject, bytes(view[start : start + chunk]))
-                count += 1
-            info = {
-                "name": name,
-                "metadata": metadata,
-                "options": {"max_chunk_size": chunk},
-                "bucket": bucket,
-                "nuid": nuid,
-                "size": len(payload),
-                "chunks": count,
-                "mtime": datetime.now(timezone.utc).isoformat(),
-                "digest": "SHA-256=" + base64.urlsafe_b64encode(digest).decode(),
-            }
-            await js.publish(_meta_subject(bucket, name), json.dumps(info).encode(), headers={"Nats-Rollup": "sub"})
-        except BaseException:
-            try:
-                await js.purge_stream(stream, subject=chunks_subject)
-            except Exception:  # noqa: BLE001 - the bucket's age limit removes them
-                pass
-            raise
-        return digest
+        chunk = max(chunk, 1)
+        parts = [bytes(view[at : at + chunk]) for at in range(0, len(payload), chunk)] or [b""]
+        for first in range(0, len(parts), _PARTS_IN_FLIGHT):
+            await asyncio.gather(
+                *(
+                    js.publish(_part_subject(bucket, name, n), part, headers={"Nats-TTL": ttl})
+                    for n, part in enumerate(parts[first : first + _PARTS_IN_FLIGHT], start=first)
+                )
+            )
 
     # -- fetching --------------------------------------------------------------------------
 
@@ -510,67 +514,53 @@ class Payloads:
         bucket, name = reference.bucket, reference.name
         if not _BUCKET_NAME.match(bucket):
             raise _refused(f"the payload's bucket cannot be opened: invalid bucket name {bucket!r}")
-        stream = f"OBJ_{bucket}"
+        if len(name) > 256 or not _PAYLOAD_NAME.match(name):
+            raise _refused(f"the payload reference does not read: invalid name {json.dumps(name)}")
+        stream = f"KV_{bucket}"
         js = host.nc.jetstream(timeout=host.request_timeout)
 
         def unavailable(e: BaseException) -> RetryAfter:
             why = str(e) or type(e).__name__
             return RetryAfter(StatusCode.UNAVAILABLE, f"the payload {name} could not be read: {why}", _FETCH_RETRY_DELAY)
 
-        try:
-            raw = await js.get_last_msg(stream, _meta_subject(bucket, name))
-        except nats.js.errors.NotFoundError as e:
-            if getattr(e, "err_code", None) == 10059:
-                raise _refused(f"the payload's bucket cannot be opened: no bucket {bucket}") from None
-            raise _refused(f"the payload {name} is gone (expired or removed)") from None
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - out of reach: tried again later
-            raise unavailable(e) from e
-        try:
-            info = json.loads(raw.data or b"null")
-            size = int(info["size"])
-            nuid = str(info.get("nuid") or "")
-            deleted = bool(info.get("deleted"))
-        except (ValueError, KeyError, TypeError):
-            raise unavailable(ValueError("the object's description does not read")) from None
-        if deleted:
-            raise _refused(f"the payload {name} is gone (expired or removed)")
-        if size > limit:
-            raise _refused(f"object {name} is {size} bytes, over the limit of {limit}")
-        if size == 0:
-            return b""
-        if not nuid:
-            raise unavailable(ValueError("the object's description names no chunks"))
-        buf = bytearray()
-        try:
-            sub = await js.subscribe(f"$O.{bucket}.C.{nuid}", stream=stream, ordered_consumer=True)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - out of reach: tried again later
-            raise unavailable(e) from e
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=host.request_timeout)
-                except nats.errors.TimeoutError as e:
-                    raise unavailable(ValueError(f"no chunk within {host.request_timeout:.0f} s")) from e
-                buf += msg.data
-                if len(buf) > limit:
-                    raise _refused(f"object {name} grew over the limit of {limit} bytes")
-                if msg.metadata.num_pending == 0:
-                    break
-        except ChorusError:
-            raise
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - out of reach: tried again later
-            raise unavailable(e) from e
-        finally:
+        async def part(n: int) -> bytes:
             try:
-                await sub.unsubscribe()
-            except Exception:  # noqa: BLE001 - the connection closing
-                pass
+                raw = await js.get_msg(stream, subject=_part_subject(bucket, name, n), direct=True)
+            except nats.js.errors.NotFoundError as e:
+                if getattr(e, "err_code", None) == 10059:
+                    raise _refused(f"the payload's bucket cannot be opened: no bucket {bucket}") from None
+                raise _refused(f"the payload {name} is gone (expired or removed)") from None
+            except nats.errors.NoRespondersError as e:
+                # A direct read of a stream that is not there has no one to answer it.
+                try:
+                    await js.stream_info(stream)
+                except nats.js.errors.NotFoundError:
+                    raise _refused(f"the payload's bucket cannot be opened: no bucket {bucket}") from None
+                except Exception:  # noqa: BLE001 - out of reach: tried again later
+                    pass
+                raise unavailable(e) from e
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - out of reach: tried again later
+                raise unavailable(e) from e
+            headers = raw.headers or {}
+            if "Nats-Marker-Reason" in headers or headers.get("KV-Operation") in ("DEL", "PURGE"):
+                raise _refused(f"the payload {name} is gone (expired or removed)")
+            return raw.data or b""
+
+        size = reference.size
+        first = await part(0)
+        if len(first) >= size:
+            return first
+        if not first:
+            raise _refused(f"the payload {name} is damaged: its first part is empty")
+        count = -(-size // len(first))
+        buf = bytearray(first)
+        for start in range(1, count, _PARTS_IN_FLIGHT):
+            for data in await asyncio.gather(*(part(n) for n in range(start, min(count, start + _PARTS_IN_FLIGHT)))):
+                buf += data
+                if len(buf) > limit:
+                    raise _refused(f"the payload {name} grew over the limit of {limit} bytes")
         return bytes(buf)
 
 
@@ -582,7 +572,6 @@ def _manifest_reads_zstd(manifest: Any) -> bool:
 __all__ = [
     "DEFAULT_COMPRESS_ABOVE",
     "DEFAULT_MAX_PAYLOAD_BYTES",
-    "EXPIRES_KEY",
     "INLINE_HEADROOM",
     "ObjectRef",
     "PAYLOAD_BUCKET",

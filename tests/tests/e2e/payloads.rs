@@ -1,7 +1,7 @@
 //! Large payloads through a real nats-server: a 50 MiB payload by reference through the
-//! object store both ways, its digest checked; a compressible 512 KiB payload compressed for
-//! a reader that reads zstd and plain for one that does not; a damaged or oversized object
-//! refused with 5006; objects removed once their messages expire.
+//! payload bucket both ways, its digest checked; a compressible 512 KiB payload compressed for
+//! a reader that reads zstd and plain for one that does not; a damaged or oversized payload
+//! refused with 5006; payloads removed by the server once their messages expire.
 
 use std::time::Duration;
 
@@ -145,6 +145,11 @@ async fn a_50_mib_payload_round_trips_by_reference_with_its_digest_checked() {
         reference.expires_ms > env.timestamp_ms,
         "kept until the request expires"
     );
+    assert_eq!(
+        reference.name,
+        format!("client.{}", env.id.hyphenated()),
+        "named by its writer"
+    );
 
     let (c, v) = (client.stats(), vault.stats());
     assert_eq!(
@@ -286,21 +291,31 @@ async fn a_damaged_missing_or_oversized_object_is_refused_with_5006() {
     assert!(matches!(err, SdkError::Codec(_)), "{err}");
     assert_eq!(err.status(), StatusCode::DATA_FORMAT);
 
-    // A reference whose object does not match its digest, and one whose object is gone.
+    // A reference whose payload does not match its digest, one whose payload is gone, one
+    // whose parts stop short of its size, and one whose name reaches outside the bucket.
     let raw = raw_broker(&server).await;
     let js = raw.jetstream(WAIT);
-    let objects = js
-        .ensure_objects(&chorus_broker_adapter::ObjectSpec::new("chorus_payloads"))
+    let parts = js
+        .ensure_kv_exists(&chorus_sdk::payload::payload_bucket(
+            &chorus_sdk::Subjects::default(),
+            1,
+        ))
         .await
         .expect("bucket");
     let stored = noise(4096);
-    objects
-        .put("planted", &stored, Default::default(), 65_536)
+    parts
+        .put("forger.planted.0", stored.clone())
+        .await
+        .expect("planted");
+    parts
+        .put("forger.short.0", stored.slice(..1024))
         .await
         .expect("planted");
     for (name, sha256, why) in [
-        ("planted", digest(b"something else"), "SHA-256"),
-        ("absent", digest(&stored), "gone"),
+        ("forger.planted", digest(b"something else"), "SHA-256"),
+        ("forger.absent", digest(&stored), "gone"),
+        ("forger.short", digest(&stored), "gone"),
+        ("forger.>", digest(&stored), "invalid name"),
     ] {
         let mut env = Envelope::new(Kind::Request, Performative::Request, "forger");
         env.to = vec!["small".into()];
@@ -433,12 +448,11 @@ async fn a_compressible_payload_is_compressed_for_a_reader_of_zstd_and_plain_for
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_object_is_removed_once_its_message_has_expired() {
+async fn a_payload_is_removed_by_the_server_once_its_message_has_expired() {
     let server = server();
     let config = chorus_coordinator::CoordinatorConfig {
         servers: server.url().to_owned(),
         metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        payload_sweep_ms: 200,
         ..chorus_coordinator::CoordinatorConfig::default()
     };
     let coordinator = within(
@@ -475,31 +489,23 @@ async fn an_object_is_removed_once_its_message_has_expired() {
     let reference: ObjectRef =
         codec::decode_payload(&env.payload, "application/msgpack").expect("a reference");
     let raw = raw_broker(&server).await;
-    let objects = raw
+    let parts = raw
         .jetstream(WAIT)
-        .open_objects(&reference.bucket)
+        .open_kv(&reference.bucket)
         .await
         .expect("bucket");
-    let names = |list: Vec<chorus_broker_adapter::ObjectEntry>| {
-        list.into_iter().map(|e| e.name).collect::<Vec<_>>()
-    };
     // Kept while the request could still be read (its 2 s time to live)...
-    assert!(
-        names(objects.list().await.expect("list")).contains(&reference.name),
-        "stored"
-    );
-    // ...and removed by the coordinator's sweep once it has expired.
-    eventually(WAIT, "the object removed", || async {
-        let live = names(objects.list().await.ok()?);
-        (!live.contains(&reference.name)).then_some(())
+    let first = format!("{}.0", reference.name);
+    assert!(parts.get(&first).await.expect("read").is_some(), "stored");
+    // ...and removed by the server (each part's own TTL) once it has expired: every part.
+    eventually(WAIT, "the payload removed", || async {
+        parts
+            .entries_under(&reference.name)
+            .await
+            .ok()
+            .filter(Vec::is_empty)
     })
     .await;
-    assert!(
-        chorus_sdk::payload::reap_expired(&raw.jetstream(WAIT), &chorus_sdk::Subjects::default())
-            .await
-            .is_ok(),
-        "a sweep of an emptied bucket is no error"
-    );
     client.shutdown().await;
     sink.shutdown().await;
     coordinator.shutdown().await;

@@ -135,10 +135,8 @@ async fn the_permissions_matrix_holds_and_a_durable_agent_still_works_under_its_
     let letters = messages(&admin, &dlq).await;
     assert!(letters >= 1);
 
-    let payloads = format!(
-        "OBJ_{}",
-        subjects.bucket_name(chorus_sdk::payload::PAYLOAD_BUCKET)
-    );
+    let payload_bucket = subjects.bucket_name(chorus_sdk::payload::PAYLOAD_BUCKET);
+    let payloads = format!("KV_{payload_bucket}");
     let seen = format!(
         "KV_{}",
         subjects.bucket_name(chorus_sdk::security::SEEN_BUCKET)
@@ -260,6 +258,24 @@ async fn the_permissions_matrix_holds_and_a_durable_agent_still_works_under_its_
             format!("$JS.API.STREAM.PURGE.{payloads}"),
             "{}",
             [false, false, false],
+        ),
+        (
+            "write a payload part under nlp-agent's name",
+            format!("$KV.{payload_bucket}.nlp-agent.m.0"),
+            "part",
+            [true, false, false],
+        ),
+        (
+            "write a payload part under ops's name",
+            format!("$KV.{payload_bucket}.ops.m.0"),
+            "part",
+            [false, false, true],
+        ),
+        (
+            "read a payload part",
+            format!("$JS.API.DIRECT.GET.{payloads}.$KV.{payload_bucket}.nlp-agent.m.0"),
+            "",
+            [true, true, true],
         ),
         (
             "update the seen-id bucket",
