@@ -87,6 +87,19 @@ pub(crate) async fn store(
     expires_ms: Option<u64>,
     chunk: usize,
 ) -> Result<(), SdkError> {
+    // On the heap: the bucket's calls make a large future, and every send that may carry a
+    // payload by reference would hold its room on its caller's stack.
+    Box::pin(store_parts(js, subjects, writer, env, expires_ms, chunk)).await
+}
+
+async fn store_parts(
+    js: &JetStream,
+    subjects: &Subjects,
+    writer: &str,
+    env: &mut Envelope,
+    expires_ms: Option<u64>,
+    chunk: usize,
+) -> Result<(), SdkError> {
     let kv = js.ensure_kv_exists(&payload_bucket(subjects, 1)).await?;
     let now = now_ms();
     let expires_ms = expires_ms.unwrap_or_else(|| {
@@ -143,6 +156,16 @@ fn valid_name(name: &str) -> bool {
 /// `limit` and its digest against the reference's: 5006 when the reference does not read,
 /// the payload is gone, too large or damaged.
 pub(crate) async fn fetch(
+    js: &JetStream,
+    env: &mut Envelope,
+    limit: usize,
+) -> Result<(), (StatusCode, String)> {
+    // On the heap, as [`store`]: every reply and delivery that may come by reference would
+    // otherwise hold the reads' room on its reader's stack.
+    Box::pin(fetch_parts(js, env, limit)).await
+}
+
+async fn fetch_parts(
     js: &JetStream,
     env: &mut Envelope,
     limit: usize,

@@ -56,6 +56,25 @@ fn verify(headers: &HeaderMap, body: &Value) {
     assert_eq!(signature, expected, "the signature of {body}");
 }
 
+/// A gateway whose one identity, `hooked`, is reached with [`API_KEY`], with `push`.
+fn hooked(push: PushConfig) -> GatewayConfig {
+    GatewayConfig {
+        listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+        identities: vec![EdgeIdentity {
+            id: "hooked".into(),
+            nkey_seed_file: None,
+            tenant: None,
+        }],
+        api_keys: vec![ApiKey {
+            identity: "hooked".into(),
+            sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
+            scopes: Vec::new(),
+        }],
+        push: Some(push),
+        ..GatewayConfig::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_notifications_reach_an_allowed_webhook_signed_and_a_dead_one_ends_in_the_dlq() {
     let server = server();
@@ -74,28 +93,14 @@ async fn push_notifications_reach_an_allowed_webhook_signed_and_a_dead_one_ends_
     std::fs::write(&secret, SIGNING_SECRET).expect("secret");
     let (coordinator, gw) = with_gateway(
         &server,
-        GatewayConfig {
-            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
-            identities: vec![EdgeIdentity {
-                id: "hooked".into(),
-                nkey_seed_file: None,
-                tenant: None,
-            }],
-            api_keys: vec![ApiKey {
-                identity: "hooked".into(),
-                sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
-                scopes: Vec::new(),
-            }],
-            push: Some(PushConfig {
-                allow: vec![format!("http://{hook_addr}/hooks")],
-                max_attempts: 3,
-                first_backoff_ms: 20,
-                max_backoff_ms: 100,
-                signing_secret_file: Some(secret),
-                ..PushConfig::default()
-            }),
-            ..GatewayConfig::default()
-        },
+        hooked(PushConfig {
+            allow: vec![format!("http://{hook_addr}/hooks")],
+            max_attempts: 3,
+            first_backoff_ms: 20,
+            max_backoff_ms: 100,
+            signing_secret_file: Some(secret),
+            ..PushConfig::default()
+        }),
     )
     .await;
 
@@ -538,24 +543,10 @@ async fn push_configs_outlive_a_gateway_restart_and_go_on_where_they_stopped() {
         .with_state((Arc::new(Hook::default()), seen_tx));
     let webhook = LocalHttp::serve(app).await;
     let hook_addr = webhook.addr;
-    let config = GatewayConfig {
-        listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
-        identities: vec![EdgeIdentity {
-            id: "hooked".into(),
-            nkey_seed_file: None,
-            tenant: None,
-        }],
-        api_keys: vec![ApiKey {
-            identity: "hooked".into(),
-            sha256: hex::encode(sha2::Sha256::digest(API_KEY.as_bytes())),
-            scopes: Vec::new(),
-        }],
-        push: Some(PushConfig {
-            allow: vec![format!("http://{hook_addr}/hooks")],
-            ..PushConfig::default()
-        }),
-        ..GatewayConfig::default()
-    };
+    let config = hooked(PushConfig {
+        allow: vec![format!("http://{hook_addr}/hooks")],
+        ..PushConfig::default()
+    });
     let (coordinator, gw) = with_gateway(&server, config.clone()).await;
 
     // A writer whose task streams "one", then waits, then streams "two" and ends.
