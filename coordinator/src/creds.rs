@@ -168,7 +168,7 @@ fn jetstream_calls_of(
         ]);
     }
     if role.host {
-        let hosts = kv(chorus_host::protocol::HOSTS_BUCKET);
+        let hosts = kv(chorus_hosting::protocol::HOSTS_BUCKET);
         calls.extend([
             api(&format!("STREAM.INFO.{hosts}")),
             api(&format!("STREAM.CREATE.{hosts}")),
@@ -241,7 +241,7 @@ pub struct Role {
 
 /// The host name of a `--host` role's agent id, `host-<name>`, or why not.
 fn host_name(id: &str) -> std::result::Result<&str, String> {
-    id.strip_prefix(chorus_host::protocol::HOST_AGENT_PREFIX)
+    id.strip_prefix(chorus_hosting::protocol::HOST_AGENT_PREFIX)
         .filter(|name| !name.is_empty())
         .ok_or_else(|| {
             format!(
@@ -392,7 +392,7 @@ fn permissions_of(
         // Its report, under its own name only.
         publish.push(format!(
             "$KV.{}.{name}",
-            subjects.bucket_name(chorus_host::protocol::HOSTS_BUCKET)
+            subjects.bucket_name(chorus_hosting::protocol::HOSTS_BUCKET)
         ));
         // The heartbeats of the agents it runs (their health).
         subscribe.push(subjects.heartbeats());

@@ -11,7 +11,7 @@ use super::model::{
     Calculation, DemoReport, OcrReport, Posting, ScannedDocument, Summary, TaskScenes,
 };
 use super::{Demo, ORCHESTRATOR, RELAY_HOP_LIMIT, WATCHERS};
-use chorus_coordinator::service::dlq::DeadLetterQueue;
+use chorus_sdk::durable::DeadLetterQueue;
 
 /// How long the orchestrator waits for each watcher's copy of the event.
 const EVENT_WAIT: Duration = Duration::from_secs(5);

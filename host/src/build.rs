@@ -178,3 +178,36 @@ async fn read_bounded(
 fn bounded(output: &[u8]) -> &[u8] {
     &output[..output.len().min(MAX_BUILD_LOG)]
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    #[test]
+    fn a_built_agents_command_and_working_folder_are_found_in_its_clone() {
+        // From a file, the working folder stays relative: it is inside the clone.
+        let dir = tempfile::tempdir().expect("a folder");
+        let path = dir.path().join("calc.toml");
+        std::fs::write(
+            &path,
+            "id = \"calc\"\n[build]\nrepository = \"/srv/calc.git\"\n\
+             [run]\ncommand = \"./target/calc\"\nworking_dir = \"agent\"\n",
+        )
+        .expect("written");
+        let loaded = Manifest::load(&path).expect("valid");
+        assert_eq!(loaded.run.working_dir, Some(PathBuf::from("agent")));
+        let built = in_clone(&loaded, Path::new("/builds/calc/k"));
+        assert_eq!(
+            built.run.working_dir,
+            Some(PathBuf::from("/builds/calc/k/agent"))
+        );
+        assert_eq!(built.run.command, "/builds/calc/k/target/calc");
+        let on_path = Manifest::new("calc", "calc-agent");
+        assert_eq!(
+            in_clone(&on_path, Path::new("/b")).run.command,
+            "calc-agent"
+        );
+    }
+}

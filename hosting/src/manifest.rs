@@ -1436,30 +1436,6 @@ nkey_file = "secrets/calculator.nk"
         );
         let unknown = Manifest::from_toml(&with("url = \"r\"")).expect_err("refused");
         assert!(unknown.to_string().contains("build.url"), "{unknown}");
-        // From a file, the working folder stays relative: it is inside the clone.
-        let dir = tempfile::tempdir().expect("a folder");
-        let path = dir.path().join("calc.toml");
-        std::fs::write(
-            &path,
-            "id = \"calc\"\n[build]\nrepository = \"/srv/calc.git\"\n\
-             [run]\ncommand = \"./target/calc\"\nworking_dir = \"agent\"\n",
-        )
-        .expect("written");
-        let loaded = Manifest::load(&path).expect("valid");
-        assert_eq!(loaded.run.working_dir, Some(PathBuf::from("agent")));
-        let built = crate::build::in_clone(&loaded, Path::new("/builds/calc/k"));
-        assert_eq!(
-            built.run.working_dir,
-            Some(PathBuf::from("/builds/calc/k/agent"))
-        );
-        assert_eq!(built.run.command, "/builds/calc/k/target/calc");
-        let on_path = Manifest::new("calc", "calc-agent");
-        assert_eq!(
-            crate::build::in_clone(&on_path, Path::new("/b"))
-                .run
-                .command,
-            "calc-agent"
-        );
     }
 
     #[test]

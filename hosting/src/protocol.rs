@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::manifest::Manifest;
-use crate::process::ReplicaStatus;
+use crate::replica::ReplicaStatus;
 
 /// Suffix of the bucket holding the desired state, one [`Deployment`] per key.
 pub const DEPLOYMENTS_BUCKET: &str = "deployments";
@@ -293,7 +293,7 @@ pub struct PlacedReplica {
     pub host: String,
     /// What that host last reported of it (none before it did).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<crate::process::ReplicaState>,
+    pub state: Option<crate::replica::ReplicaState>,
     /// Whether it was found healthy since its last start (its first heartbeat, a passing
     /// health command, or its start when the manifest checks nothing); what `chorus deploy`
     /// and `chorus scale` wait for.
@@ -409,7 +409,7 @@ pub struct DeployFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::process::ReplicaState;
+    use crate::replica::ReplicaState;
 
     fn shared(m: &Manifest, replicas: &[u32], healthy: &[u32]) -> SharedProcess {
         SharedProcess {

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use crate::manifest::Manifest;
 use crate::placement::{Candidate, Usage, place};
-use crate::process::ReplicaState;
 use crate::protocol::{DeployFailure, Deployment, HostReport};
+use crate::replica::ReplicaState;
 
 /// Missed reports after which a host is no longer live (nothing new is placed on it and
 /// nothing sent to it).
@@ -279,8 +279,8 @@ pub fn plan<H: Borrow<HostReport>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::process::ReplicaStatus;
     use crate::protocol::{Capacity, SharedProcess};
+    use crate::replica::ReplicaStatus;
 
     const GRACE: Duration = Duration::from_secs(30);
     const NOW: u64 = 1_000_000;

@@ -6,6 +6,7 @@
 pub(crate) mod access;
 mod connection;
 pub mod encryption;
+mod identity;
 pub mod replay;
 mod session;
 pub(crate) mod signing;

@@ -20,7 +20,7 @@
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use super::signing::{Identity, SIGNATURE_ALG};
+use super::identity::{Identity, SIGNATURE_ALG};
 
 /// The dead letter replayed: `<DLQ stream>:<sequence>`.
 pub const REPLAY_OF_HEADER: &str = "Chorus-Replay-Of";

@@ -43,7 +43,7 @@ pub(crate) async fn run(args: Args, conn: &ConnectionArgs) -> anyhow::Result<Exi
     chorus_sdk::subject::validate_token("agent id", &id)?;
     let _otel = chorus_cli::otel::from_env()?;
     let mut signals = crate::Signals::new()?;
-    let (metrics, url) = super::up::serve_metrics(args.metrics_addr, None).await?;
+    let (metrics, url) = super::metrics_http::serve_metrics(args.metrics_addr, None).await?;
     let mut options = AgentOptions::new(&id)
         .broker(conn.broker_options()?)
         .root(conn.root())

@@ -18,6 +18,7 @@ mod host;
 mod hosting;
 mod listen;
 mod mcp;
+mod metrics_http;
 mod negotiate;
 mod notify;
 mod request;

@@ -13,6 +13,7 @@ use chorus_demo::{Demo, PYTHON_AGENT, PythonAgent};
 
 use super::ConnectionArgs;
 use super::demo_agent::{HostedDemo, manifests_in, python_manifest};
+use super::metrics_http::{serve_metrics, taken_port_error};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -271,35 +272,6 @@ async fn run_joined(
     Ok(finished(forced, failed))
 }
 
-/// Serves this process's metrics (its agents') on `addr`; returns the server and the URL to
-/// announce: `url`, or the address it listens on.
-pub(crate) async fn serve_metrics(
-    addr: SocketAddr,
-    url: Option<String>,
-) -> anyhow::Result<(chorus_coordinator::MetricsServer, String)> {
-    let ready: chorus_coordinator::service::http::ReadinessCheck =
-        std::sync::Arc::new(|| chorus_coordinator::service::http::Readiness::Ready);
-    let server = chorus_coordinator::MetricsServer::start(addr, ready, axum::Router::new())
-        .await
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AddrInUse {
-                taken_port_error(addr)
-            } else {
-                anyhow::Error::new(e).context(format!("cannot listen for metrics on {addr}"))
-            }
-        })?;
-    let bound = server.local_addr();
-    let url = match url {
-        Some(url) => url,
-        None if bound.ip().is_unspecified() => anyhow::bail!(
-            "--metrics-addr {bound} listens on every interface: pass --metrics-url with the \
-             address Prometheus reaches this process at"
-        ),
-        None => format!("http://{bound}/metrics"),
-    };
-    Ok((server, url))
-}
-
 /// Starts the demo's Python agent when `python` names an interpreter.
 async fn start_python(
     python: Option<&std::path::Path>,
@@ -375,12 +347,4 @@ fn taken_port_hint(err: chorus_coordinator::Error, addr: SocketAddr) -> anyhow::
     } else {
         anyhow::Error::new(err)
     }
-}
-
-fn taken_port_error(addr: SocketAddr) -> anyhow::Error {
-    anyhow::anyhow!(
-        "the metrics address {addr} is taken (another `chorus up` or `chorus serve`?): \
-         pass --metrics-addr (or set CHORUS_METRICS_ADDR) with another, or 127.0.0.1:0 \
-         for any free port"
-    )
 }

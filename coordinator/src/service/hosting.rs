@@ -3,7 +3,7 @@
 //! `reconcile_interval_ms` and after every change, so that each live host runs exactly what is
 //! placed on it and the replicas of a host gone for longer than `host_grace_ms` run elsewhere.
 //!
-//! The decision is `chorus_host::reconcile::plan`, pure and tested apart; this room decides
+//! The decision is `chorus_hosting::reconcile::plan`, pure and tested apart; this room decides
 //! on the two buckets as its watches last showed them ([`seen`]), writes back the deployments
 //! the plan changed (on the revision seen, so two coordinators never both win), sends the
 //! hosts their commands and publishes the failures.
@@ -16,13 +16,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chorus_broker_adapter::Kv;
-use chorus_host::manifest::{Manifest, deployment_of};
-use chorus_host::protocol::{
+use chorus_hosting::manifest::{Manifest, deployment_of};
+use chorus_hosting::protocol::{
     self as hosting, DeployRequest, Deployment, DeploymentView, HostDeploy, HostReport,
     HostTerminate, LogLines, LogsRequest, PlacedReplica, ReportedReplica, ScaleRequest,
     TerminateRequest, coordinator_commands, host_agent, host_commands,
 };
-use chorus_host::reconcile::{HostCommand, Liveness, Plan, liveness, plan};
+use chorus_hosting::reconcile::{HostCommand, Liveness, Plan, liveness, plan};
 use chorus_sdk::{Agent, Call, Context, HandlerError, Report, SdkError, StatusCode, Typed};
 use futures::StreamExt;
 
@@ -548,13 +548,13 @@ pub(super) fn spawn_reconciler(shared: &Arc<Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chorus_host::process::{ReplicaState, ReplicaStatus};
-    use chorus_host::protocol::{Capacity, SharedProcess};
+    use chorus_hosting::protocol::{Capacity, SharedProcess};
+    use chorus_hosting::replica::{ReplicaState, ReplicaStatus};
 
     fn report(name: &str, m: &Manifest, replicas: &[u32], healthy: &[u32]) -> HostReport {
         HostReport {
             name: name.to_owned(),
-            agent: chorus_host::protocol::host_agent(name),
+            agent: chorus_hosting::protocol::host_agent(name),
             instance: "i".into(),
             capacity: Capacity::default(),
             replicas: Vec::new(),

@@ -77,7 +77,7 @@ pub(super) async fn provision(
         js,
         subjects,
         config,
-        chorus_host::protocol::DEPLOYMENTS_BUCKET,
+        chorus_hosting::protocol::DEPLOYMENTS_BUCKET,
         "Chorus hosted agents: desired state",
     )
     .await?;
@@ -85,7 +85,7 @@ pub(super) async fn provision(
         js,
         subjects,
         config,
-        chorus_host::protocol::HOSTS_BUCKET,
+        chorus_hosting::protocol::HOSTS_BUCKET,
         "Chorus hosts: their latest reports",
     )
     .await?;

@@ -24,7 +24,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+pub use chorus_hosting::replica::Enforcement;
 
 /// Where the unified cgroup hierarchy is mounted, under the filesystem root.
 const CGROUP_MOUNT: &str = "sys/fs/cgroup";
@@ -38,28 +38,6 @@ const AGENT_CGROUP_PREFIX: &str = "chorus-";
 pub const CPU_PERIOD_MICROS: u64 = 100_000;
 /// The smallest quota the kernel accepts, in microseconds.
 const CPU_MIN_QUOTA_MICROS: u64 = 1_000;
-
-/// Which limits are enforced for a replica, and how.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Enforcement {
-    /// In a cgroup v2 of its own; each flag says whether that limit is set there.
-    CgroupV2 {
-        /// `memory.max` is set.
-        memory: bool,
-        /// `cpu.max` is set.
-        cpu: bool,
-    },
-    /// By `setrlimit(RLIMIT_AS)` on the address space. CPU cannot be limited this way: a CPU
-    /// limit asked for is not enforced.
-    Rlimit {
-        /// The memory limit is set.
-        memory: bool,
-    },
-    /// No limit is enforced: none was asked for, or the replica was started without the
-    /// launcher, or the machine allows neither mechanism.
-    None,
-}
 
 /// The cgroup v2 setup of a host: where its agents' cgroups go and which controllers they get.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,10 +29,11 @@ use std::time::Duration;
 
 pub use allow::AllowedPrograms;
 pub use backoff::{Backoff, CrashWindow, Verdict};
+pub use chorus_hosting::replica::{ReplicaState, ReplicaStatus};
 pub use launch::{HOST_EXEC, LaunchSpec, LaunchSpecError};
 pub use limits::Enforcement;
 pub use logs::{DEFAULT_LOG_FILE_BYTES, DEFAULT_LOG_FILES, DEFAULT_LOG_LINE_BYTES, LogLimits};
-pub use supervisor::{ReplicaEvent, ReplicaState, ReplicaStatus, Supervisor, SupervisorConfig};
+pub use supervisor::{ReplicaEvent, Supervisor, SupervisorConfig};
 pub use user::{AgentUser, DEFAULT_AGENT_USER, RunAs, UserError};
 
 /// The replica's agent id (`<deployment>` for replica 1, `<deployment>-<n>` after).

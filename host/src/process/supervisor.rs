@@ -5,9 +5,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -21,6 +20,7 @@ use super::limits::{self, CgroupHost, Enforcement};
 use super::logs::{self, LogFile, LogLimits, SharedLog, StderrTail, Stream};
 use super::user::RunAs;
 use super::{DEFAULT_STOP_GRACE, KILL_WAIT, ProcessError, check_agent_id};
+use super::{ReplicaState, ReplicaStatus};
 use crate::duration::format_duration;
 use crate::manifest::{Manifest, Resources, Restart, RestartPolicy};
 
@@ -71,88 +71,6 @@ impl SupervisorConfig {
                 name: String::from("the host's user"),
             },
             sandbox: None,
-        }
-    }
-}
-
-/// What a replica is doing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum ReplicaState {
-    /// Being started.
-    Starting,
-    /// Its process runs.
-    Running,
-    /// Exited; waits `delay_ms` before start number `attempt` of a row of crashes.
-    BackingOff {
-        /// Consecutive crashes so far.
-        attempt: u32,
-        /// The wait, in milliseconds.
-        delay_ms: u64,
-    },
-    /// Given up: it failed under policy `never`, or crash-looped.
-    Failed {
-        /// Why, with the last exit and stderr line.
-        reason: String,
-    },
-    /// Stopped, by [`Supervisor::stop`] or by a clean exit its policy does not restart.
-    Stopped,
-}
-
-impl ReplicaState {
-    /// Stopped or failed: no process runs and none will be started.
-    pub fn is_finished(&self) -> bool {
-        matches!(self, ReplicaState::Stopped | ReplicaState::Failed { .. })
-    }
-}
-
-/// A replica as its host sees it; JSON on the bus.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ReplicaStatus {
-    /// Its agent id.
-    pub agent_id: String,
-    /// The deployment (manifest id) it belongs to.
-    pub deployment: String,
-    /// Its number, from 1.
-    pub replica: u32,
-    /// Its process, while one runs.
-    pub pid: Option<u32>,
-    /// What it is doing.
-    pub state: ReplicaState,
-    /// Times it was started again since [`Supervisor::run`].
-    pub restarts: u32,
-    /// When its current (or last) process started; RFC 3339 in JSON.
-    #[serde(default, with = "rfc3339")]
-    pub started: Option<SystemTime>,
-    /// Resident memory of its process, in bytes (from `/proc`; `None` elsewhere).
-    pub rss_bytes: Option<u64>,
-    /// CPU time its process used, user and system, in seconds (from `/proc`).
-    pub cpu_seconds: Option<f64>,
-    /// Which of its limits are enforced, and how.
-    pub limits: Enforcement,
-    /// How its last process ended (`exit code 3; stderr: boom`), or why it was restarted.
-    pub last_exit: Option<String>,
-    /// The last result of its health command; `None` before the first, and for health the
-    /// host does not check itself (heartbeats are watched on the bus).
-    pub healthy: Option<bool>,
-}
-
-impl ReplicaStatus {
-    /// Replica `replica` of `manifest` about to start: nothing known of it yet.
-    pub fn starting(manifest: &Manifest, replica: u32) -> ReplicaStatus {
-        ReplicaStatus {
-            agent_id: manifest.replica_id(replica),
-            deployment: manifest.id.clone(),
-            replica,
-            pid: None,
-            state: ReplicaState::Starting,
-            restarts: 0,
-            started: None,
-            rss_bytes: None,
-            cpu_seconds: None,
-            limits: Enforcement::None,
-            last_exit: None,
-            healthy: None,
         }
     }
 }
@@ -971,42 +889,6 @@ impl ReplicaTask {
             }
             Exit::Stopped => String::from("stopped"),
         }
-    }
-}
-
-/// `Option<SystemTime>` as an RFC 3339 UTC string.
-mod rfc3339 {
-    use std::time::SystemTime;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-    use time::OffsetDateTime;
-    use time::format_description::well_known::Rfc3339;
-
-    pub(super) fn serialize<S: Serializer>(
-        value: &Option<SystemTime>,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        match value {
-            Some(time) => {
-                let text = OffsetDateTime::from(*time)
-                    .format(&Rfc3339)
-                    .map_err(serde::ser::Error::custom)?;
-                serializer.serialize_some(&text)
-            }
-            None => serializer.serialize_none(),
-        }
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Option<SystemTime>, D::Error> {
-        Option::<String>::deserialize(deserializer)?
-            .map(|text| {
-                OffsetDateTime::parse(&text, &Rfc3339)
-                    .map(SystemTime::from)
-                    .map_err(serde::de::Error::custom)
-            })
-            .transpose()
     }
 }
 

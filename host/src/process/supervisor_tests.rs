@@ -2,7 +2,7 @@
 //! with a deadline.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::broadcast;
 use tokio::time::Instant;

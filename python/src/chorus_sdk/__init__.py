@@ -30,7 +30,8 @@ from .negotiate import Answer, Award, Bid, CounterOffer, NoAward, Policy, Propos
 from .payloads import PayloadLimits  # noqa: E402
 from .access import RateLimit  # noqa: E402
 from .routing import BreakerPolicy, CircuitOpen, CircuitState, Routing  # noqa: E402
-from .signing import Identity, Verifier  # noqa: E402
+from .identity import Identity  # noqa: E402
+from .signing import Verifier  # noqa: E402
 from .status import ChorusError, NoResponders, Refused, StatusCode, Timeout, Unreachable  # noqa: E402
 from .subjects import SubjectError, Subjects  # noqa: E402
 from .schema import Schema, SchemaError  # noqa: E402

@@ -39,7 +39,8 @@ from .envelope import DEFAULT_HOP_LIMIT, Delivery, now_ms, uuid7
 from .eta import U64_MAX, Handling
 from .encryption import EncryptionKey, Rekey, Sessions
 from .service import EndpointStats
-from .signing import Identity, Verifier
+from .identity import Identity
+from .signing import Verifier
 from .status import Unreachable
 from .subjects import Subjects, validate_dotted, validate_token
 from .tasks import Tasks

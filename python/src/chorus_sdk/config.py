@@ -17,7 +17,8 @@ from typing import Any
 from .batch import MAX_BATCH_DELAY, MAX_BATCH_MESSAGES, Batching
 from .codec import Encoding
 from .envelope import Delivery
-from .signing import Identity, Verifier
+from .identity import Identity
+from .signing import Verifier
 from .subjects import SubjectError, validate_token
 
 if sys.version_info >= (3, 11):

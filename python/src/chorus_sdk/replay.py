@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .signing import Identity
+    from .identity import Identity
 
 REPLAY_OF_HEADER = "Chorus-Replay-Of"
 REPLAY_BY_HEADER = "Chorus-Replay-By"

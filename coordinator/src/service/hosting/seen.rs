@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus_broker_adapter::{Kv, KvEntry, KvOp, KvWatch};
-use chorus_host::protocol::{Deployment, HostReport};
+use chorus_hosting::protocol::{Deployment, HostReport};
 use chorus_sdk::Report;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
