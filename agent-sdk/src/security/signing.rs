@@ -379,8 +379,8 @@ impl Verifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
     use crate::protocol::envelope::{Kind, Performative};
+    use bytes::Bytes;
 
     #[test]
     fn a_replay_counts_only_from_a_pinned_key_and_only_once_per_dead_letter() {
