@@ -406,10 +406,6 @@ class DurableInbox:
             # The consumer delivers what is stored: no bell for each (PROTOCOL.md 7.5).
             await self._stop_hearing_bells(high)
             await self._pull(sub, queues, quiet=self.options.release_after)
-            try:
-                await sub.unsubscribe()
-            except Exception:  # noqa: BLE001 - the connection closing
-                pass
             if self._stop.is_set():
                 return
             # Bells heard again before the state below is read: one from now on is for a command
@@ -476,7 +472,23 @@ class DurableInbox:
         quiet: float | None = None,
     ) -> None:
         """Takes deliveries until the agent stops or, with ``quiet``, until nothing has arrived
-        for that long and nothing is held here."""
+        for that long and nothing is held here. The subscription goes with it, however it ends:
+        one left behind (a pull cancelled as the agent stops) would hold the connection's
+        drain until its timeout."""
+        try:
+            await self._pull_until_done(sub, queues, quiet)
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - unsubscribed already, or the connection closing
+                pass
+
+    async def _pull_until_done(
+        self,
+        sub: Any,
+        queues: list[asyncio.Queue[tuple[Msg, Envelope | DecodeError]]],
+        quiet: float | None,
+    ) -> None:
         batch = min(self.options.max_in_flight, MAX_PULL_BATCH)
         loop = asyncio.get_running_loop()
         last = loop.time()
