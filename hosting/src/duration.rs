@@ -41,7 +41,7 @@ pub fn parse_timeout(text: &str) -> Result<Duration, DurationError> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use chorus_host::duration::{format_duration, parse_duration};
+/// use chorus_hosting::duration::{format_duration, parse_duration};
 ///
 /// assert_eq!(format_duration(Duration::from_secs(600)), "10m");
 /// assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");

@@ -557,7 +557,7 @@ impl Manifest {
     /// deployment's `id` itself, replica `n >= 2` is `<id>-<n>`. Replica 0 is read as 1.
     ///
     /// ```
-    /// let manifest = chorus_host::manifest::Manifest::new("calc", "calc-agent");
+    /// let manifest = chorus_hosting::manifest::Manifest::new("calc", "calc-agent");
     /// assert_eq!(manifest.replica_id(1), "calc");
     /// assert_eq!(manifest.replica_id(3), "calc-3");
     /// ```
@@ -891,7 +891,7 @@ pub fn replica_id(id: &str, replica: u32) -> String {
 /// replica 1 of the deployment of that id.
 ///
 /// ```
-/// use chorus_host::manifest::deployment_of;
+/// use chorus_hosting::manifest::deployment_of;
 /// assert_eq!(deployment_of("calc-3"), ("calc", 3));
 /// assert_eq!(deployment_of("calc"), ("calc", 1));
 /// ```
