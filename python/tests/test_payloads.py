@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import random
 from typing import Any
@@ -20,7 +19,8 @@ import zstandard
 from chorus_sdk import Agent, ChorusError, Context, Delivery, Envelope, Kind, PayloadLimits, Performative, Reply, StatusCode
 from chorus_sdk import decode, decode_payload, encode, encode_payload
 from chorus_sdk.envelope import CONTENT_TYPE_OBJECT
-from chorus_sdk.payloads import ObjectRef, bucket_config, compress, decompress
+from chorus_sdk._buckets import ensure_bucket
+from chorus_sdk.payloads import DEFAULT_PAYLOAD_RETENTION, ObjectRef, compress, decompress
 
 from .conftest import Coordinator, eventually, py_agent
 
@@ -286,7 +286,7 @@ def forged(to: str, command: str, **fields: Any) -> Envelope:
 async def plant(nc: Any, name: str, data: bytes) -> None:
     """Writes ``data`` as the first part of payload ``name`` in the payload bucket (made as the
     SDKs make it when no test made it yet), as another writer of the layout would."""
-    await nc.request("$JS.API.STREAM.CREATE.KV_chorus_payloads", json.dumps(bucket_config("chorus_payloads")).encode(), timeout=WAIT)
+    await ensure_bucket(nc.jetstream(), "chorus_payloads", DEFAULT_PAYLOAD_RETENTION, "Chorus: payloads carried by reference", per_key_ttl=True)
     await nc.jetstream().publish(f"$KV.chorus_payloads.{name}.0", data)
 
 
@@ -354,7 +354,7 @@ async def test_a_durable_command_whose_payload_does_not_open_is_dead_lettered_wi
         handled = digest_handler(py, "store")
         await py.flush()
         js = py.nc.jetstream()
-        await py.nc.request("$JS.API.STREAM.CREATE.KV_chorus_payloads", json.dumps(bucket_config("chorus_payloads")).encode(), timeout=WAIT)
+        await ensure_bucket(js, "chorus_payloads", DEFAULT_PAYLOAD_RETENTION, "Chorus: payloads carried by reference", per_key_ttl=True)
         inbox = py.subjects.durable_inbox(py.id, False, "store")
         cases = [
             (dict(content_type=CONTENT_TYPE_OBJECT, payload=reference("absent-durable", 10, sha(b"x"))), "the payload absent-durable is gone (expired or removed)"),

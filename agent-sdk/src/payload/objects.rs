@@ -100,7 +100,7 @@ async fn store_parts(
     expires_ms: Option<u64>,
     chunk: usize,
 ) -> Result<(), SdkError> {
-    let kv = js.ensure_kv_exists(&payload_bucket(subjects, 1)).await?;
+    js.ensure_kv_exists(&payload_bucket(subjects, 1)).await?;
     let now = now_ms();
     let expires_ms = expires_ms.unwrap_or_else(|| {
         now.saturating_add(u64::try_from(DEFAULT_PAYLOAD_RETENTION.as_millis()).unwrap_or(u64::MAX))
@@ -127,7 +127,6 @@ async fn store_parts(
         .buffer_unordered(PARTS_IN_FLIGHT)
         .try_collect::<Vec<_>>()
         .await?;
-    drop(kv);
     let reference = ObjectRef {
         bucket,
         name,

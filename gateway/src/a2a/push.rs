@@ -95,8 +95,6 @@ impl Config {
 
 #[derive(Debug)]
 struct TaskPush {
-    /// The identity whose caller registered them (its bucket keys).
-    identity: String,
     configs: BTreeMap<String, Config>,
     watched: bool,
 }
@@ -374,7 +372,6 @@ impl Push {
             self.tasks().insert(
                 task,
                 TaskPush {
-                    identity: identity.clone(),
                     configs: configs
                         .into_iter()
                         .map(|(c, _)| (c.id.clone(), c))
@@ -477,7 +474,6 @@ impl Push {
         let start = {
             let mut tasks = self.tasks();
             let entry = tasks.entry(task).or_insert_with(|| TaskPush {
-                identity,
                 configs: BTreeMap::new(),
                 watched: false,
             });
@@ -612,7 +608,7 @@ impl Push {
         let left = self.tasks().remove(&task);
         if ended && let Some(left) = left {
             for id in left.configs.keys() {
-                let _ = store.delete(&Self::key(&left.identity, task, id)).await;
+                let _ = store.delete(&Self::key(&identity, task, id)).await;
             }
         }
     }

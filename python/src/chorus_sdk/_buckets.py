@@ -13,9 +13,11 @@ from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
 
-async def ensure_bucket(js: Any, bucket: str, ttl: float, description: str) -> Any:
+async def ensure_bucket(js: Any, bucket: str, ttl: float, description: str, per_key_ttl: bool = False) -> Any:
     """The key-value bucket ``bucket``: opened if it exists, else made as the Rust SDK makes
-    it (one value per key, entries expiring after ``ttl`` seconds, file storage)."""
+    it (one value per key, entries expiring after ``ttl`` seconds, file storage; with
+    ``per_key_ttl``, each key may carry a ``Nats-TTL`` of its own, its removal marked for a
+    second, as ``KvSpec::per_key_ttl``)."""
     try:
         return await js.key_value(bucket)
     except (BucketNotFoundError, NotFoundError):
@@ -34,6 +36,8 @@ async def ensure_bucket(js: Any, bucket: str, ttl: float, description: str) -> A
             deny_purge=False,
             allow_direct=True,
             discard=DiscardPolicy.NEW,
+            allow_msg_ttl=True if per_key_ttl else None,
+            subject_delete_marker_ttl=1.0 if per_key_ttl else None,
         )
     )
     return await js.key_value(bucket)

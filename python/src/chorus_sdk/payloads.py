@@ -33,6 +33,7 @@ import nats.errors
 import nats.js.errors
 import zstandard
 
+from ._buckets import ensure_bucket
 from .codec import DecodeError, decode_payload, encode_payload
 from .envelope import CONTENT_TYPE_MSGPACK, CONTENT_TYPE_OBJECT, Envelope, now_ms
 from .exactly_once import RetryAfter
@@ -262,28 +263,6 @@ _PARTS_IN_FLIGHT = 16
 _PAYLOAD_NAME = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
 
-def bucket_config(bucket: str) -> dict[str, Any]:
-    """The payload bucket's stream, as ``$JS.API.STREAM.CREATE`` takes it (one replica): one
-    revision per key, per-key TTLs, parts of messages that never expire kept seven days."""
-    return {
-        "name": f"KV_{bucket}",
-        "description": "Chorus: payloads carried by reference",
-        "subjects": [f"$KV.{bucket}.>"],
-        "retention": "limits",
-        "max_msgs_per_subject": 1,
-        "max_age": int(DEFAULT_PAYLOAD_RETENTION * 1_000_000_000),
-        "storage": "file",
-        "num_replicas": 1,
-        "discard": "new",
-        "duplicate_window": 120_000_000_000,
-        "allow_rollup_hdrs": True,
-        "deny_delete": True,
-        "allow_direct": True,
-        "allow_msg_ttl": True,
-        "subject_delete_marker_ttl": 1_000_000_000,
-    }
-
-
 def _part_subject(bucket: str, name: str, n: int) -> str:
     return f"$KV.{bucket}.{name}.{n}"
 
@@ -459,17 +438,10 @@ class Payloads:
         reshaping one that exists)."""
         if self._bucket_ready == bucket:
             return
-        stream = f"KV_{bucket}"
         try:
-            await js.stream_info(stream)
-        except nats.js.errors.NotFoundError:
-            answer = await self.host.nc.request(
-                f"$JS.API.STREAM.CREATE.{stream}", json.dumps(bucket_config(bucket)).encode(), timeout=self.host.request_timeout
-            )
-            error = json.loads(answer.data or b"{}").get("error")
-            # 10058: made by someone else meanwhile.
-            if error and error.get("err_code") != 10058:
-                raise ChorusError(StatusCode.UNEXPECTED_DISCONNECT, f"the payload bucket {bucket} cannot be made: {error.get('description')}")
+            await ensure_bucket(js, bucket, DEFAULT_PAYLOAD_RETENTION, "Chorus: payloads carried by reference", per_key_ttl=True)
+        except nats.js.errors.BadRequestError:
+            pass  # made by someone else meanwhile
         self._bucket_ready = bucket
 
     async def _put(self, js: Any, bucket: str, name: str, payload: bytes, ttl_ms: int, chunk: int) -> None:
